@@ -1,0 +1,209 @@
+// ds41 engram: ByteLevel alphabet, Python-compatible UTF-8 replacement decoding and the
+// MODEL_SPEC 3.2.1 normalisation, on top of utf8proc.
+#include "engram/engram_normalize.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <utf8proc.h>
+
+#include "core/check.h"
+
+namespace ds41::engram {
+
+namespace {
+
+struct ByteLevelTables {
+  std::array<char32_t, 256> to_char{};
+  std::array<int16_t, 512> to_byte{};  // every alphabet character is < U+0144
+  ByteLevelTables() {
+    to_byte.fill(-1);
+    // Bytes that are printable in Latin-1 map to themselves; the other 68 bytes map, in byte
+    // order, to U+0100, U+0101, ... (GPT-2 bytes_to_unicode).
+    int extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      const char32_t c = keep ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + extra++);
+      to_char[b] = c;
+      to_byte[c] = static_cast<int16_t>(b);
+    }
+  }
+};
+
+const ByteLevelTables& byte_level_tables() {
+  static const ByteLevelTables t;
+  return t;
+}
+
+}  // namespace
+
+char32_t byte_level_char(uint8_t b) { return byte_level_tables().to_char[b]; }
+
+int byte_level_byte(char32_t cp) {
+  return cp < 512 ? byte_level_tables().to_byte[cp] : -1;
+}
+
+void append_utf8(char32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+Utf8Decoded decode_utf8_replace(std::string_view s) {
+  // Unicode "substitution of maximal subparts" (what CPython's decoder does): a lead byte
+  // followed by the longest prefix of a well-formed sequence is replaced by one U+FFFD, and
+  // decoding resumes at the first byte that broke the sequence.
+  Utf8Decoded r;
+  r.text.reserve(s.size());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const auto b0 = static_cast<uint8_t>(s[i]);
+    if (b0 < 0x80) {
+      r.text.push_back(static_cast<char>(b0));
+      ++i;
+      continue;
+    }
+    int len = 0;
+    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+      len = 2;
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+      len = 3;
+      if (b0 == 0xE0) lo = 0xA0;  // no overlongs
+      if (b0 == 0xED) hi = 0x9F;  // no surrogates
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+      len = 4;
+      if (b0 == 0xF0) lo = 0x90;  // no overlongs
+      if (b0 == 0xF4) hi = 0x8F;  // <= U+10FFFF
+    }
+    if (len == 0) {  // 0x80..0xC1, 0xF5..0xFF can never start a sequence
+      append_utf8(0xFFFD, r.text);
+      r.replaced = true;
+      ++i;
+      continue;
+    }
+    size_t k = 1;
+    for (; k < static_cast<size_t>(len) && i + k < n; ++k) {
+      const auto b = static_cast<uint8_t>(s[i + k]);
+      const uint8_t l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
+      if (b < l || b > h) break;
+    }
+    if (k == static_cast<size_t>(len)) {
+      r.text.append(s.substr(i, len));
+    } else {
+      append_utf8(0xFFFD, r.text);
+      r.replaced = true;
+    }
+    i += k;
+  }
+  return r;
+}
+
+bool contains_replacement_char(std::string_view utf8) {
+  return utf8.find("\xEF\xBF\xBD") != std::string_view::npos;
+}
+
+bool is_unicode_white_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+void append_lower(char32_t cp, std::u32string& out) {
+  // Python's str.lower uses the full lowercase mapping. The only unconditional multi-character
+  // lowercase mapping in SpecialCasing.txt is U+0130 -> "i" + U+0307; Final_Sigma cannot apply
+  // to a single character. Everything else is the simple mapping (checked over every code point
+  // against Python in tests/unit/engram).
+  if (cp == 0x130) {
+    out.push_back(0x69);
+    out.push_back(0x307);
+    return;
+  }
+  out.push_back(static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))));
+}
+
+std::string engram_normalize(std::string_view input) {
+  std::string valid_storage;
+  std::string_view text = input;
+  bool ascii = true;
+  for (char ch : input) ascii = ascii && static_cast<uint8_t>(ch) < 0x80;
+  if (!ascii) {
+    Utf8Decoded d = decode_utf8_replace(input);
+    if (d.replaced) {
+      valid_storage = std::move(d.text);
+      text = valid_storage;
+    }
+  }
+
+  // Steps 1-4 (NFKC, NFD, drop marks, lower) produce code points in `cps`.
+  std::u32string cps;
+  cps.reserve(text.size() + 4);
+  if (ascii) {
+    // NFKC/NFD are the identity on ASCII, which has no marks; Python lowers only A-Z.
+    for (char ch : text) cps.push_back(static_cast<char32_t>(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch));
+  } else {
+    utf8proc_uint8_t* nfkc = nullptr;
+    const utf8proc_ssize_t nfkc_len =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                     static_cast<utf8proc_ssize_t>(text.size()), &nfkc,
+                     static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT));
+    DS41_CHECK(nfkc_len >= 0, "utf8proc NFKC failed on valid UTF-8");
+    std::u32string nfd(static_cast<size_t>(nfkc_len) * 4 + 8, U'\0');
+    utf8proc_ssize_t nfd_len = 0;
+    for (;;) {  // NFD of the NFKC text (grows the buffer if utf8proc asks for more)
+      nfd_len = utf8proc_decompose(nfkc, nfkc_len, reinterpret_cast<utf8proc_int32_t*>(nfd.data()),
+                                   static_cast<utf8proc_ssize_t>(nfd.size()),
+                                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_DECOMPOSE));
+      DS41_CHECK(nfd_len >= 0, "utf8proc NFD failed on valid UTF-8");
+      if (static_cast<size_t>(nfd_len) <= nfd.size()) break;
+      nfd.resize(static_cast<size_t>(nfd_len));
+    }
+    std::free(nfkc);
+    for (utf8proc_ssize_t k = 0; k < nfd_len; ++k) {
+      const char32_t c = nfd[static_cast<size_t>(k)];
+      const utf8proc_category_t cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+      if (cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME) continue;
+      append_lower(c, cps);
+    }
+  }
+
+  // Step 5: collapse runs of the four ASCII characters [ \t\r\n] into one space.
+  std::u32string t;
+  t.reserve(cps.size());
+  bool in_run = false;
+  for (char32_t c : cps) {
+    const bool ws = c == U' ' || c == U'\t' || c == U'\r' || c == U'\n';
+    if (ws) {
+      if (!in_run) t.push_back(U' ');
+      in_run = true;
+    } else {
+      t.push_back(c);
+      in_run = false;
+    }
+  }
+
+  // Step 6: a text that is exactly one space stays; otherwise strip Unicode White_Space.
+  if (t.size() == 1 && t[0] == U' ') return std::string(1, ' ');
+  std::string out;
+  size_t b = 0, e = t.size();
+  while (b < e && is_unicode_white_space(t[b])) ++b;
+  while (e > b && is_unicode_white_space(t[e - 1])) --e;
+  out.reserve(e - b);
+  for (size_t k = b; k < e; ++k) append_utf8(t[k], out);
+  return out;
+}
+
+}  // namespace ds41::engram
