@@ -42,6 +42,22 @@ std::vector<Case> make_cases() {
     const int len = 1 + static_cast<int>(g.below(i % 10 == 0 ? 2000 : 200));
     cases.push_back({g.make(k, len), false, text_kind_name(k)});
   }
+  // Long pre-tokens (> 128 bytes take the heap-based merge path): letter runs, random
+  // base64-like words, long space / tab / newline runs, long CJK runs, long digit runs.
+  const std::string kAlnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  for (int i = 0; i < 120; ++i) {
+    const int len = 100 + static_cast<int>(g.below(3000));
+    std::string s;
+    switch (i % 6) {
+      case 0: s = std::string(len, "aeiouxyz"[i % 8]); break;
+      case 1: for (int k = 0; k < len; ++k) s += kAlnum[g.below(52)]; break;
+      case 2: for (int k = 0; k < len; ++k) s += kAlnum[g.below(kAlnum.size())]; break;
+      case 3: s = "x" + std::string(len, " \t\n"[i % 3]) + "y"; break;
+      case 4: s = g.make(TextKind::kChinese, len); break;
+      default: for (int k = 0; k < len; ++k) s += static_cast<char>('0' + g.below(10)); break;
+    }
+    cases.push_back({s, false, "long"});
+  }
   // Every added token embedded in text (and, for some, glued to others or cut short).
   const auto& added = v41_tokenizer().added_tokens();
   for (size_t i = 0; i < added.size(); ++i) {
