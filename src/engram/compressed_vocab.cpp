@@ -2,11 +2,10 @@
 #include "engram/compressed_vocab.h"
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
-
-#include <nlohmann/json.hpp>
 
 #include "engram/engram_normalize.h"
 
@@ -46,11 +45,14 @@ bool byte_level_to_bytes(std::string_view piece, std::string& bytes) {
 Result<TokenizerVocab> tokenizer_vocab_from_json(const nlohmann::json& doc) {
   if (!doc.is_object()) return invalid_argument("tokenizer.json: top level is not an object");
   auto model = doc.find("model");
-  if (model == doc.end() || !model->is_object()) return not_found("tokenizer.json: 'model' object is missing");
+  if (model == doc.end() || !model->is_object())
+    return not_found("tokenizer.json: 'model' object is missing");
   auto vocab = model->find("vocab");
-  if (vocab == model->end() || !vocab->is_object()) return not_found("tokenizer.json: 'model.vocab' is missing");
+  if (vocab == model->end() || !vocab->is_object())
+    return not_found("tokenizer.json: 'model.vocab' is missing");
   auto added = doc.find("added_tokens");
-  if (added != doc.end() && !added->is_array()) return invalid_argument("tokenizer.json: 'added_tokens' is not a list");
+  if (added != doc.end() && !added->is_array())
+    return invalid_argument("tokenizer.json: 'added_tokens' is not a list");
 
   int64_t max_id = -1;
   auto check_id = [&](const nlohmann::json& v, const std::string& what) -> Result<int64_t> {
@@ -70,7 +72,8 @@ Result<TokenizerVocab> tokenizer_vocab_from_json(const nlohmann::json& doc) {
       if (!a.is_object() || !a.contains("id") || !a.contains("content") || !a["content"].is_string()) {
         return invalid_argument("tokenizer.json: an added_tokens entry lacks 'id' or string 'content'");
       }
-      DS41_ASSIGN_OR_RETURN(int64_t id, check_id(a["id"], "added token '" + a["content"].get<std::string>() + "'"));
+      DS41_ASSIGN_OR_RETURN(int64_t id,
+                            check_id(a["id"], "added token '" + a["content"].get<std::string>() + "'"));
       max_id = std::max(max_id, id);
     }
   }
@@ -101,7 +104,8 @@ Result<TokenizerVocab> tokenizer_vocab_from_json(const nlohmann::json& doc) {
   for (size_t id = 0; id < n; ++id) {
     if (!present[id]) {
       return invalid_argument("tokenizer.json: token id " + std::to_string(id) +
-                              " is in neither model.vocab nor added_tokens (ids run to " + std::to_string(max_id) + ")");
+                              " is in neither model.vocab nor added_tokens (ids run to " +
+                              std::to_string(max_id) + ")");
     }
   }
   return out;
@@ -161,9 +165,10 @@ CompressedVocab build_compressed_vocab(const TokenizerVocab& vocab) {
 Result<CompressedVocab> build_compressed_vocab_checked(const TokenizerVocab& vocab, int64_t expected_size) {
   CompressedVocab cv = build_compressed_vocab(vocab);
   if (cv.size != expected_size) {
-    return failed_precondition("Engram compressed vocabulary has " + std::to_string(cv.size) +
-                               " keys but engram_compressed_vocab_size is " + std::to_string(expected_size) +
-                               " (MODEL_SPEC 3.2.1: wrong tokenizer or normalisation; every Engram hash would be wrong)");
+    return failed_precondition(
+        "Engram compressed vocabulary has " + std::to_string(cv.size) +
+        " keys but engram_compressed_vocab_size is " + std::to_string(expected_size) +
+        " (MODEL_SPEC 3.2.1: wrong tokenizer or normalisation; every Engram hash would be wrong)");
   }
   return cv;
 }

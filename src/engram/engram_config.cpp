@@ -2,21 +2,21 @@
 #include "engram/engram_config.h"
 
 #include <climits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 namespace ds41::engram {
 
 Status EngramConfig::validate() const {
   if (max_ngram_size < 2 || max_ngram_size > kMaxNgram) {
-    return invalid_argument("engram_max_ngram_size = " + std::to_string(max_ngram_size) +
-                            " must be in [2, " + std::to_string(kMaxNgram) + "]");
+    return invalid_argument("engram_max_ngram_size = " + std::to_string(max_ngram_size) + " must be in [2, " +
+                            std::to_string(kMaxNgram) + "]");
   }
   if (n_heads < 1) return invalid_argument("engram_n_heads = " + std::to_string(n_heads) + " must be >= 1");
-  if (head_dim < 1) return invalid_argument("engram_head_dim = " + std::to_string(head_dim) + " must be >= 1");
+  if (head_dim < 1)
+    return invalid_argument("engram_head_dim = " + std::to_string(head_dim) + " must be >= 1");
   if (vocab_size < 2 || vocab_size > (int64_t{1} << 40)) {
     return invalid_argument("engram_vocab_size = " + std::to_string(vocab_size) + " must be in [2, 2^40]");
   }
@@ -34,15 +34,15 @@ Status EngramConfig::validate() const {
   std::set<int> seen;
   for (size_t i = 0; i < layer_ids.size(); ++i) {
     if (layer_ids[i] < 0) {
-      return invalid_argument("engram_layer_ids[" + std::to_string(i) + "] = " +
-                              std::to_string(layer_ids[i]) + " is negative");
+      return invalid_argument("engram_layer_ids[" + std::to_string(i) +
+                              "] = " + std::to_string(layer_ids[i]) + " is negative");
     }
     if (!seen.insert(layer_ids[i]).second) {
       return invalid_argument("engram_layer_ids lists layer " + std::to_string(layer_ids[i]) + " twice");
     }
     if (num_embeddings[i] < 1 || num_embeddings[i] > INT32_MAX) {
-      return invalid_argument("engram_num_embeddings[" + std::to_string(i) + "] = " +
-                              std::to_string(num_embeddings[i]) +
+      return invalid_argument("engram_num_embeddings[" + std::to_string(i) +
+                              "] = " + std::to_string(num_embeddings[i]) +
                               " must be in [1, 2^31-1] (row ids are int32)");
     }
   }
@@ -60,7 +60,8 @@ Status narrow(const char* key, const nlohmann::json& v, T* out) {
     *out = static_cast<T>(u);
   } else {
     const int64_t i = v.get<int64_t>();
-    if (!std::in_range<T>(i)) return out_of_range(std::string("config key '") + key + "' value is out of range");
+    if (!std::in_range<T>(i))
+      return out_of_range(std::string("config key '") + key + "' value is out of range");
     *out = static_cast<T>(i);
   }
   return ok_status();
@@ -70,7 +71,8 @@ template <typename T>
 Status read_int(const nlohmann::json& obj, const char* key, T* out) {
   auto it = obj.find(key);
   if (it == obj.end()) return not_found(std::string("config key '") + key + "' is missing");
-  if (!it->is_number_integer()) return invalid_argument(std::string("config key '") + key + "' is not an integer");
+  if (!it->is_number_integer())
+    return invalid_argument(std::string("config key '") + key + "' is not an integer");
   return narrow(key, *it, out);
 }
 

@@ -5,27 +5,26 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
 #include <nlohmann/json_fwd.hpp>
+#include <vector>
 
 #include "core/status.h"
 
 namespace ds41::engram {
 
 struct EngramConfig {
-  std::vector<int> layer_ids;              // engram_layer_ids (may be empty: no Engram)
-  std::vector<int64_t> num_embeddings;     // engram_num_embeddings: table rows per layer
-  int max_ngram_size = 0;                  // engram_max_ngram_size: hashes n = 2..max
-  int n_heads = 0;                         // engram_n_heads: primes per n-gram order
-  int head_dim = 0;                        // engram_head_dim: width of one table row
-  int64_t vocab_size = 0;                  // engram_vocab_size: prime search start (NOT the LM vocab)
-  int64_t compressed_vocab_size = 0;       // engram_compressed_vocab_size (99,092 for V4.1)
-  int32_t pad_token_id = 0;                // engram_pad_token_id / engram_pad_id
+  std::vector<int> layer_ids;           // engram_layer_ids (may be empty: no Engram)
+  std::vector<int64_t> num_embeddings;  // engram_num_embeddings: table rows per layer
+  int max_ngram_size = 0;               // engram_max_ngram_size: hashes n = 2..max
+  int n_heads = 0;                      // engram_n_heads: primes per n-gram order
+  int head_dim = 0;                     // engram_head_dim: width of one table row
+  int64_t vocab_size = 0;               // engram_vocab_size: prime search start (NOT the LM vocab)
+  int64_t compressed_vocab_size = 0;    // engram_compressed_vocab_size (99,092 for V4.1)
+  int32_t pad_token_id = 0;             // engram_pad_token_id / engram_pad_id
 
   int n_layers() const { return static_cast<int>(layer_ids.size()); }
-  int n_orders() const { return max_ngram_size - 1; }     // n = 2..max_ngram_size
-  int n_cols() const { return n_orders() * n_heads; }     // row ids per position per layer
+  int n_orders() const { return max_ngram_size - 1; }  // n = 2..max_ngram_size
+  int n_cols() const { return n_orders() * n_heads; }  // row ids per position per layer
 
   // Bounds: 2 <= max_ngram_size <= kMaxNgram, n_heads >= 1, head_dim >= 1,
   // 2 <= vocab_size <= 2^40, compressed_vocab_size >= 1, pad_token_id >= 0,

@@ -2,10 +2,10 @@
 // MODEL_SPEC 3.2.1 normalisation, on top of utf8proc.
 #include "engram/engram_normalize.h"
 
+#include <utf8proc.h>
+
 #include <cstdlib>
 #include <cstring>
-
-#include <utf8proc.h>
 
 #include "core/check.h"
 
@@ -39,9 +39,7 @@ const ByteLevelTables& byte_level_tables() {
 
 char32_t byte_level_char(uint8_t b) { return byte_level_tables().to_char[b]; }
 
-int byte_level_byte(char32_t cp) {
-  return cp < 512 ? byte_level_tables().to_byte[cp] : -1;
-}
+int byte_level_byte(char32_t cp) { return cp < 512 ? byte_level_tables().to_byte[cp] : -1; }
 
 void append_utf8(char32_t cp, std::string& out) {
   if (cp < 0x80) {
@@ -156,10 +154,9 @@ std::string engram_normalize(std::string_view input) {
     for (char ch : text) cps.push_back(static_cast<char32_t>(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch));
   } else {
     utf8proc_uint8_t* nfkc = nullptr;
-    const utf8proc_ssize_t nfkc_len =
-        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                     static_cast<utf8proc_ssize_t>(text.size()), &nfkc,
-                     static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT));
+    const utf8proc_ssize_t nfkc_len = utf8proc_map(
+        reinterpret_cast<const utf8proc_uint8_t*>(text.data()), static_cast<utf8proc_ssize_t>(text.size()),
+        &nfkc, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT));
     DS41_CHECK(nfkc_len >= 0, "utf8proc NFKC failed on valid UTF-8");
     std::u32string nfd(static_cast<size_t>(nfkc_len) * 4 + 8, U'\0');
     utf8proc_ssize_t nfd_len = 0;

@@ -75,7 +75,8 @@ std::vector<int64_t> engram_primes(int n_layers, int n_orders, int n_heads, int6
 
 Result<std::vector<int64_t>> engram_multipliers(const std::vector<int>& layer_ids, int max_ngram,
                                                 int64_t compressed_vocab) {
-  if (compressed_vocab < 1) return invalid_argument("engram multipliers: compressed vocabulary size must be >= 1");
+  if (compressed_vocab < 1)
+    return invalid_argument("engram multipliers: compressed vocabulary size must be >= 1");
   if (max_ngram < 1) return invalid_argument("engram multipliers: max_ngram must be >= 1");
   const int64_t bound = (INT64_MAX / compressed_vocab) / 2;
   if (bound < 1) {
@@ -101,8 +102,8 @@ Result<EngramHashConstants> compute_engram_hash_constants(const EngramConfig& co
   c.n_heads = config.n_heads;
   c.n_cols = config.n_cols();
   c.layer_ids = config.layer_ids;
-  DS41_ASSIGN_OR_RETURN(c.multipliers,
-                        engram_multipliers(config.layer_ids, config.max_ngram_size, config.compressed_vocab_size));
+  DS41_ASSIGN_OR_RETURN(c.multipliers, engram_multipliers(config.layer_ids, config.max_ngram_size,
+                                                          config.compressed_vocab_size));
   c.primes = engram_primes(c.n_layers, c.n_orders, c.n_heads, config.vocab_size);
   c.offsets.resize(c.primes.size());
   c.table_rows.resize(static_cast<size_t>(c.n_layers));
@@ -115,11 +116,11 @@ Result<EngramHashConstants> compute_engram_hash_constants(const EngramConfig& co
     }
     c.table_rows[static_cast<size_t>(l)] = sum;
     if (sum != config.num_embeddings[static_cast<size_t>(l)]) {
-      return failed_precondition(
-          "Engram layer " + std::to_string(config.layer_ids[static_cast<size_t>(l)]) + ": the " +
-          std::to_string(c.n_cols) + " hash primes sum to " + std::to_string(sum) +
-          " but engram_num_embeddings is " + std::to_string(config.num_embeddings[static_cast<size_t>(l)]) +
-          " (MODEL_SPEC 3.2.2: wrong engram_vocab_size, n_heads or max_ngram_size)");
+      return failed_precondition("Engram layer " + std::to_string(config.layer_ids[static_cast<size_t>(l)]) +
+                                 ": the " + std::to_string(c.n_cols) + " hash primes sum to " +
+                                 std::to_string(sum) + " but engram_num_embeddings is " +
+                                 std::to_string(config.num_embeddings[static_cast<size_t>(l)]) +
+                                 " (MODEL_SPEC 3.2.2: wrong engram_vocab_size, n_heads or max_ngram_size)");
     }
   }
   return c;

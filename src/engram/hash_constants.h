@@ -30,14 +30,16 @@ struct EngramHashConstants {
   int max_ngram = 0;  // look-back distances j = 0..max_ngram-1
   int n_orders = 0;   // n = 2..max_ngram
   int n_heads = 0;
-  int n_cols = 0;     // n_orders * n_heads: columns (n = 2 heads 0..H-1, n = 3 ..., ...)
+  int n_cols = 0;  // n_orders * n_heads: columns (n = 2 heads 0..H-1, n = 3 ..., ...)
   std::vector<int> layer_ids;
   std::vector<int64_t> multipliers;  // [n_layers][max_ngram]
   std::vector<int64_t> primes;       // [n_layers][n_cols]
   std::vector<int64_t> offsets;      // [n_layers][n_cols], running sum of primes, 0 per layer
   std::vector<int64_t> table_rows;   // [n_layers], sum of the layer's primes
 
-  int64_t multiplier(int layer, int j) const { return multipliers[static_cast<size_t>(layer * max_ngram + j)]; }
+  int64_t multiplier(int layer, int j) const {
+    return multipliers[static_cast<size_t>(layer * max_ngram + j)];
+  }
   int64_t prime(int layer, int col) const { return primes[static_cast<size_t>(layer * n_cols + col)]; }
   int64_t offset(int layer, int col) const { return offsets[static_cast<size_t>(layer * n_cols + col)]; }
 };

@@ -8,16 +8,18 @@
 namespace ds41::engram {
 
 Result<EngramHasher> EngramHasher::create(EngramHashConstants c, CompressedVocab v, int32_t pad_token_id) {
-  if (c.max_ngram < 2 || c.max_ngram > EngramConfig::kMaxNgram || c.n_orders != c.max_ngram - 1 || c.n_heads < 1 ||
-      c.n_cols != c.n_orders * c.n_heads || c.n_layers < 0 ||
+  if (c.max_ngram < 2 || c.max_ngram > EngramConfig::kMaxNgram || c.n_orders != c.max_ngram - 1 ||
+      c.n_heads < 1 || c.n_cols != c.n_orders * c.n_heads || c.n_layers < 0 ||
       c.multipliers.size() != static_cast<size_t>(c.n_layers) * c.max_ngram ||
       c.primes.size() != static_cast<size_t>(c.n_layers) * c.n_cols || c.offsets.size() != c.primes.size() ||
       c.table_rows.size() != static_cast<size_t>(c.n_layers)) {
-    return invalid_argument("EngramHasher: inconsistent hash constants (build them with compute_engram_hash_constants)");
+    return invalid_argument(
+        "EngramHasher: inconsistent hash constants (build them with compute_engram_hash_constants)");
   }
   for (int64_t rows : c.table_rows) {
     if (rows < 1 || rows > INT32_MAX) {
-      return out_of_range("EngramHasher: table of " + std::to_string(rows) + " rows does not fit int32 row ids");
+      return out_of_range("EngramHasher: table of " + std::to_string(rows) +
+                          " rows does not fit int32 row ids");
     }
   }
   for (int64_t p : c.primes) {
@@ -45,12 +47,12 @@ Result<EngramHasher> EngramHasher::create(EngramHashConstants c, CompressedVocab
   return EngramHasher(std::move(c), std::move(v), pad);
 }
 
-Status EngramHasher::append(EngramHashState& state, std::span<const int32_t> ids, std::span<const uint8_t> dead,
-                            std::span<int32_t> out) const {
+Status EngramHasher::append(EngramHashState& state, std::span<const int32_t> ids,
+                            std::span<const uint8_t> dead, std::span<int32_t> out) const {
   const size_t n = ids.size();
   if (!dead.empty() && dead.size() != n) {
-    return invalid_argument("Engram hash: " + std::to_string(dead.size()) + " DEAD flags for " + std::to_string(n) +
-                            " tokens");
+    return invalid_argument("Engram hash: " + std::to_string(dead.size()) + " DEAD flags for " +
+                            std::to_string(n) + " tokens");
   }
   const size_t per = static_cast<size_t>(ids_per_token());
   if (!out.empty() && out.size() != n * per) {
@@ -60,8 +62,9 @@ Status EngramHasher::append(EngramHashState& state, std::span<const int32_t> ids
   for (size_t i = 0; i < n; ++i) {  // validate everything before touching the state
     if (!dead.empty() && dead[i]) continue;
     if (ids[i] < 0 || static_cast<size_t>(ids[i]) >= vocab_.map.size()) {
-      return out_of_range("Engram hash: token id " + std::to_string(ids[i]) + " at chunk index " + std::to_string(i) +
-                          " is outside the vocabulary of " + std::to_string(vocab_.map.size()));
+      return out_of_range("Engram hash: token id " + std::to_string(ids[i]) + " at chunk index " +
+                          std::to_string(i) + " is outside the vocabulary of " +
+                          std::to_string(vocab_.map.size()));
     }
   }
 
@@ -90,23 +93,40 @@ Status EngramHasher::append(EngramHashState& state, std::span<const int32_t> ids
         for (int k = 1; k < m; ++k) {  // order n = k + 1
           r ^= t[static_cast<size_t>(k)] * static_cast<uint64_t>(a[k]);
           for (int h = 0; h < c_.n_heads; ++h, ++col) {
-            o[l * c_.n_cols + col] = static_cast<int32_t>(r % static_cast<uint64_t>(pr[col]) + static_cast<uint64_t>(off[col]));
+            o[l * c_.n_cols + col] =
+                static_cast<int32_t>(r % static_cast<uint64_t>(pr[col]) + static_cast<uint64_t>(off[col]));
           }
         }
       }
     }
-    for (int k = m - 2; k > 0; --k) state.recent[static_cast<size_t>(k)] = state.recent[static_cast<size_t>(k - 1)];
+    for (int k = m - 2; k > 0; --k)
+      state.recent[static_cast<size_t>(k)] = state.recent[static_cast<size_t>(k - 1)];
     state.recent[0] = c0;
     ++state.length;
   }
   return ok_status();
 }
 
-Result<std::vector<int32_t>> EngramHasher::hash_ids(std::span<const int32_t> ids, std::span<const uint8_t> dead) const {
+Result<std::vector<int32_t>> EngramHasher::hash_ids(std::span<const int32_t> ids,
+                                                    std::span<const uint8_t> dead) const {
   std::vector<int32_t> out(ids.size() * static_cast<size_t>(ids_per_token()));
   EngramHashState st = new_state();
   DS41_RETURN_IF_ERROR(append(st, ids, dead, out));
   return out;
+}
+
+Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const TokenizerVocab& vocab) {
+  DS41_ASSIGN_OR_RETURN(EngramHashConstants constants, compute_engram_hash_constants(config));
+  DS41_ASSIGN_OR_RETURN(CompressedVocab cv,
+                        build_compressed_vocab_checked(vocab, config.compressed_vocab_size));
+  return EngramHasher::create(std::move(constants), std::move(cv), config.pad_token_id);
+}
+
+Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const std::string& tokenizer_json_path) {
+  DS41_ASSIGN_OR_RETURN(EngramHashConstants constants, compute_engram_hash_constants(config));
+  DS41_ASSIGN_OR_RETURN(CompressedVocab cv,
+                        load_compressed_vocab(tokenizer_json_path, config.compressed_vocab_size));
+  return EngramHasher::create(std::move(constants), std::move(cv), config.pad_token_id);
 }
 
 }  // namespace ds41::engram

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -32,7 +33,8 @@ class EngramHasher {
   // Takes ownership of the constants and the compressed map. Fails if pad_token_id is outside
   // the map, if the constants are inconsistent, or if some t * a_{l,j} could exceed 2^63-1
   // (possible only with a map that does not belong to the config).
-  static Result<EngramHasher> create(EngramHashConstants constants, CompressedVocab vocab, int32_t pad_token_id);
+  static Result<EngramHasher> create(EngramHashConstants constants, CompressedVocab vocab,
+                                     int32_t pad_token_id);
 
   int n_layers() const { return c_.n_layers; }
   int n_cols() const { return c_.n_cols; }
@@ -65,5 +67,11 @@ class EngramHasher {
   CompressedVocab vocab_;
   int32_t pad_ = 0;  // pad* (compressed id of the pad token)
 };
+
+// Everything the forward pass needs at load time: validates the config, computes the hash
+// constants (checking engram_num_embeddings), builds the compressed map from the tokenizer
+// (checking engram_compressed_vocab_size) and returns the hasher.
+Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const TokenizerVocab& vocab);
+Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const std::string& tokenizer_json_path);
 
 }  // namespace ds41::engram

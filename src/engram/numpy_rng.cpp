@@ -120,7 +120,8 @@ uint32_t NumpyPcg64::next_uint32() {
 
 Result<std::vector<int64_t>> NumpyGenerator::integers(int64_t low, int64_t high, size_t count) {
   if (high <= low) {
-    return invalid_argument("integers: high (" + std::to_string(high) + ") <= low (" + std::to_string(low) + ")");
+    return invalid_argument("integers: high (" + std::to_string(high) + ") <= low (" + std::to_string(low) +
+                            ")");
   }
   // _rand_int64 with endpoint=False: rng = (high - 1) - low as uint64, off = low.
   const uint64_t rng = static_cast<uint64_t>(high) - 1 - static_cast<uint64_t>(low);

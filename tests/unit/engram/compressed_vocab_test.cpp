@@ -1,12 +1,13 @@
 // Tests for src/engram/compressed_vocab.*: the full V4.1 map against the Python executable spec
 // (fixtures/compressed_map.json: sha256 of all 129,280 entries, per-4096-block sha256 to localise
 // a mismatch, sampled entries), the checked loader, and the fallback rules on small vocabularies.
-#include <chrono>
+#include "engram/compressed_vocab.h"
 
 #include <gtest/gtest.h>
+
+#include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "engram/compressed_vocab.h"
 #include "engram/engram_normalize.h"
 #include "unit/engram/engram_test_util.h"
 
@@ -53,10 +54,12 @@ TEST(EngramCompressedVocab, FullV41MapEqualsPythonSpec) {
 }
 
 TEST(EngramCompressedVocab, Sha256HelperIsRight) {
-  EXPECT_EQ(testing::sha256_hex("abc", 3), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(testing::sha256_hex("abc", 3),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(testing::sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   const std::string m(1000, 'a');  // crosses block boundaries
-  EXPECT_EQ(testing::sha256_hex(m.data(), m.size()), "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
+  EXPECT_EQ(testing::sha256_hex(m.data(), m.size()),
+            "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
 }
 
 TEST(EngramCompressedVocab, CheckedLoaderRejectsWrongCount) {
@@ -80,17 +83,22 @@ std::string bl(const std::string& bytes) {
 TEST(EngramCompressedVocab, FallbackRulesOnASmallVocabulary) {
   nlohmann::json doc;
   doc["model"]["vocab"] = {
-      {bl("Hello"), 0}, {bl(" hello"), 1}, {bl("HELLO"), 2},
-      {bl("\xC3"), 3},                // half a UTF-8 sequence -> U+FFFD -> raw key
-      {bl("\xEF\xBF\xBD"), 4},        // a literal U+FFFD -> raw key as well
-      {bl("\xCC\x81"), 5},            // lone combining mark: normalises to "" -> text itself
-      {bl("\xE1\x9A\x80"), 6},        // U+1680 (White_Space, no NFKC mapping): "" -> text itself
-      {bl(" "), 7}, {bl("\t\t"), 8},  // both become " "
-      {bl("Caf\xC3\xA9"), 9}, {bl("cafe"), 10},
-      {"x\xE2\x80\x83", 11},          // U+2003 is not a ByteLevel character: raw string is the text
-      {bl("\xC3") + "!", 12},         // Ã + '!' spelled in ByteLevel chars: bytes C3 21 -> invalid
+      {bl("Hello"), 0},
+      {bl(" hello"), 1},
+      {bl("HELLO"), 2},
+      {bl("\xC3"), 3},          // half a UTF-8 sequence -> U+FFFD -> raw key
+      {bl("\xEF\xBF\xBD"), 4},  // a literal U+FFFD -> raw key as well
+      {bl("\xCC\x81"), 5},      // lone combining mark: normalises to "" -> text itself
+      {bl("\xE1\x9A\x80"), 6},  // U+1680 (White_Space, no NFKC mapping): "" -> text itself
+      {bl(" "), 7},
+      {bl("\t\t"), 8},  // both become " "
+      {bl("Caf\xC3\xA9"), 9},
+      {bl("cafe"), 10},
+      {"x\xE2\x80\x83", 11},   // U+2003 is not a ByteLevel character: raw string is the text
+      {bl("\xC3") + "!", 12},  // Ã + '!' spelled in ByteLevel chars: bytes C3 21 -> invalid
   };
-  doc["added_tokens"] = {{{"id", 13}, {"content", "<|User|>"}}, {{"id", 14}, {"content", "HELLO"}},
+  doc["added_tokens"] = {{{"id", 13}, {"content", "<|User|>"}},
+                         {{"id", 14}, {"content", "HELLO"}},
                          {{"id", 15}, {"content", "\xEF\xBF\xBD"}}};
   auto v = tokenizer_vocab_from_json(doc);
   ASSERT_TRUE(v.ok()) << v.status().to_string();

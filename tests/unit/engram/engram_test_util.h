@@ -4,18 +4,18 @@
 // map of the V4.1 tokenizer.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "engram/compressed_vocab.h"
 
@@ -51,7 +51,8 @@ inline std::string sha256_hex(const void* data, size_t len) {
       0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
       0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
       0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   auto rotr = [](uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
   // Message plus padding: 0x80, zeros, 64-bit big-endian bit length, to a multiple of 64 bytes.
   std::vector<uint8_t> m(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + len);
@@ -74,9 +75,23 @@ inline std::string sha256_hex(const void* data, size_t len) {
     for (int i = 0; i < 64; ++i) {
       const uint32_t t1 = hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
       const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      hh = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+      hh = g;
+      g = f;
+      f = e;
+      e = d + t1;
+      d = c;
+      c = b;
+      b = a;
+      a = t1 + t2;
     }
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += hh;
   }
   char out[65];
   for (int i = 0; i < 8; ++i) std::snprintf(out + 8 * i, 9, "%08x", h[i]);
@@ -104,7 +119,8 @@ struct MiniSafetensors {
     bytes = read_file(path);
     if (bytes.size() < 8) return false;
     uint64_t n = 0;
-    for (int k = 0; k < 8; ++k) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[static_cast<size_t>(k)])) << (8 * k);
+    for (int k = 0; k < 8; ++k)
+      n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[static_cast<size_t>(k)])) << (8 * k);
     if (8 + n > bytes.size()) return false;
     header = nlohmann::json::parse(bytes.substr(8, n));
     data_start = 8 + n;

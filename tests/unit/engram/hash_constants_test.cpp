@@ -1,10 +1,12 @@
 // Tests for src/engram/hash_constants.* and engram_config.*: the released config reproduces the
 // MODEL_SPEC 3.2.2 prime lists, row totals and multipliers; the tiny golden config (primes from
 // 601, totals 3,688 and 3,904); wrong totals and bad configs are errors.
+#include "engram/hash_constants.h"
+
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
-#include "engram/hash_constants.h"
 #include "unit/engram/engram_test_util.h"
 
 namespace ds41::engram {
@@ -29,11 +31,10 @@ TEST(EngramHashConstants, ReleasedConfigMatchesModelSpec) {
   const EngramHashConstants& c = *r;
   // MODEL_SPEC 3.2.2, layer 1 then layer 14, n = 2, 3, 4.
   const std::vector<int64_t> want = {
-      16000057, 16000079, 16000081, 16000097, 16000121, 16000129, 16000133, 16000183,
-      16000189, 16000207, 16000211, 16000253, 16000277, 16000289, 16000307, 16000321,
-      16000339, 16000381, 16000393, 16000399, 16000403, 16000409, 16000447, 16000463,
-      16000477, 16000487, 16000499, 16000507, 16000511, 16000573, 16000609, 16000627,
-      16000667, 16000669, 16000693, 16000697, 16000711, 16000729, 16000759, 16000769,
+      16000057, 16000079, 16000081, 16000097, 16000121, 16000129, 16000133, 16000183, 16000189, 16000207,
+      16000211, 16000253, 16000277, 16000289, 16000307, 16000321, 16000339, 16000381, 16000393, 16000399,
+      16000403, 16000409, 16000447, 16000463, 16000477, 16000487, 16000499, 16000507, 16000511, 16000573,
+      16000609, 16000627, 16000667, 16000669, 16000693, 16000697, 16000711, 16000729, 16000759, 16000769,
       16000781, 16000799, 16000813, 16000819, 16000841, 16000877, 16000879, 16000889};
   EXPECT_EQ(c.primes, want);
   EXPECT_EQ(c.n_cols, 24);
@@ -43,7 +44,8 @@ TEST(EngramHashConstants, ReleasedConfigMatchesModelSpec) {
   EXPECT_EQ(c.multipliers, mult);
   for (int l = 0; l < 2; ++l) {
     EXPECT_EQ(c.offset(l, 0), 0);
-    for (int col = 1; col < 24; ++col) EXPECT_EQ(c.offset(l, col), c.offset(l, col - 1) + c.prime(l, col - 1));
+    for (int col = 1; col < 24; ++col)
+      EXPECT_EQ(c.offset(l, col), c.offset(l, col - 1) + c.prime(l, col - 1));
   }
   // The spec's net effect: the 48 consecutive primes >= 16,000,000 in order.
   int64_t p = 16000000;
@@ -109,10 +111,14 @@ TEST(EngramHashConstants, InvalidConfigsAreErrors) {
 }
 
 TEST(EngramConfigJson, PadKeySpellingsAndMissingKeys) {
-  nlohmann::json tc = {{"engram_layer_ids", {1, 14}},        {"engram_num_embeddings", {384006168, 384016682}},
-                       {"engram_max_ngram_size", 4},         {"engram_n_heads", 8},
-                       {"engram_head_dim", 256},             {"engram_vocab_size", 16000000},
-                       {"engram_compressed_vocab_size", 99092}, {"engram_pad_id", 2}};
+  nlohmann::json tc = {{"engram_layer_ids", {1, 14}},
+                       {"engram_num_embeddings", {384006168, 384016682}},
+                       {"engram_max_ngram_size", 4},
+                       {"engram_n_heads", 8},
+                       {"engram_head_dim", 256},
+                       {"engram_vocab_size", 16000000},
+                       {"engram_compressed_vocab_size", 99092},
+                       {"engram_pad_id", 2}};
   auto a = engram_config_from_text_config(tc);  // HF spelling only (MODEL_SPEC 7 item 16)
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(a->pad_token_id, 2);
@@ -143,8 +149,8 @@ TEST(EngramHashConstants, PrimalityTest) {
   EXPECT_TRUE(is_prime_u64((uint64_t{1} << 61) - 1));
   EXPECT_TRUE(is_prime_u64(18446744073709551557ULL));  // largest 64-bit prime
   EXPECT_FALSE(is_prime_u64(18446744073709551615ULL));
-  EXPECT_FALSE(is_prime_u64(3215031751ULL));            // strong pseudoprime to bases 2, 3, 5, 7
-  EXPECT_FALSE(is_prime_u64(3825123056546413051ULL));   // strong pseudoprime to bases 2..23
+  EXPECT_FALSE(is_prime_u64(3215031751ULL));           // strong pseudoprime to bases 2, 3, 5, 7
+  EXPECT_FALSE(is_prime_u64(3825123056546413051ULL));  // strong pseudoprime to bases 2..23
   EXPECT_FALSE(is_prime_u64(561));                     // Carmichael numbers
   EXPECT_FALSE(is_prime_u64(41041));
 }

@@ -3,11 +3,12 @@
 // make_goldens.engram_hash_ids plus a DEAD-mask variant of the same loop), chunked and
 // token-by-token equality, sticky blocking at DEAD positions against a from-the-spec reference,
 // and error handling.
-#include <random>
+#include "engram/hasher.h"
 
 #include <gtest/gtest.h>
 
-#include "engram/hasher.h"
+#include <random>
+
 #include "unit/engram/engram_test_util.h"
 
 namespace ds41::engram {
@@ -29,20 +30,22 @@ EngramConfig tiny_config() {
 }
 
 EngramConfig released_config() {
-  auto cfg = engram_config_from_text_config(testing::load_json(testing::fixture_path("released_hash.json"))["config"]);
+  auto cfg = engram_config_from_text_config(
+      testing::load_json(testing::fixture_path("released_hash.json"))["config"]);
   EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
   return *cfg;
 }
 
 // Feeds ids in chunks of the given sizes (cycled) and returns the concatenated row ids.
-std::vector<int32_t> chunked(const EngramHasher& h, const std::vector<int32_t>& ids, const std::vector<uint8_t>& dead,
-                             const std::vector<size_t>& sizes) {
+std::vector<int32_t> chunked(const EngramHasher& h, const std::vector<int32_t>& ids,
+                             const std::vector<uint8_t>& dead, const std::vector<size_t>& sizes) {
   std::vector<int32_t> out(ids.size() * static_cast<size_t>(h.ids_per_token()));
   EngramHashState st = h.new_state();
   size_t pos = 0, k = 0;
   while (pos < ids.size()) {
     const size_t n = std::min(sizes[k++ % sizes.size()], ids.size() - pos);
-    const std::span<const uint8_t> d = dead.empty() ? std::span<const uint8_t>() : std::span(dead).subspan(pos, n);
+    const std::span<const uint8_t> d =
+        dead.empty() ? std::span<const uint8_t>() : std::span(dead).subspan(pos, n);
     const Status s = h.append(st, std::span(ids).subspan(pos, n), d,
                               std::span(out).subspan(pos * static_cast<size_t>(h.ids_per_token()),
                                                      n * static_cast<size_t>(h.ids_per_token())));
@@ -98,7 +101,8 @@ TEST(EngramHasher, TinyGoldenPromptsExact) {
     auto got = h.hash_ids(ids);
     ASSERT_TRUE(got.ok()) << got.status().to_string();
     for (size_t k = 0; k < want.size(); ++k) {
-      ASSERT_EQ((*got)[k], want[k]) << p << " position " << k / 12 << " layer " << (k % 12) / 6 << " column " << k % 6;
+      ASSERT_EQ((*got)[k], want[k]) << p << " position " << k / 12 << " layer " << (k % 12) / 6 << " column "
+                                    << k % 6;
     }
     // Chunked prefill and token-by-token decode give the same ids.
     EXPECT_EQ(chunked(h, ids, {}, {1}), want) << p;
@@ -149,7 +153,7 @@ TEST(EngramHasher, DeadPositionsBlockStickilyAndChunkingIsExact) {
   for (auto& x : ids) x = static_cast<int32_t>(rng() % 129280);
   // DEAD runs of several lengths, including one at position 0 and one at the very end.
   for (size_t p : {0, 1, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 200, 202, 204, 300, 699}) dead[p] = 1;
-  for (size_t p = 400; p < 656; ++p) dead[p] = 1;  // an image span of 256 positions
+  for (size_t p = 400; p < 656; ++p) dead[p] = 1;         // an image span of 256 positions
   for (size_t p : {0, 1, 50, 200, 400}) ids[p] = 129264;  // DEAD ids are not looked up
 
   std::vector<int32_t> ref = reference_hash(h, ids, dead);
@@ -226,7 +230,8 @@ TEST(EngramHasher, BadInputIsAnErrorAndLeavesStateUnchanged) {
   EXPECT_EQ(st.recent, before.recent);
   // A negative id is fine at a DEAD position (its id is never read).
   const uint8_t dead1[1] = {1};
-  EXPECT_TRUE(h.append(st, negative, dead1, std::span(out).first(static_cast<size_t>(h.ids_per_token()))).ok());
+  EXPECT_TRUE(
+      h.append(st, negative, dead1, std::span(out).first(static_cast<size_t>(h.ids_per_token()))).ok());
 }
 
 TEST(EngramHasher, CreateRejectsMismatchedInputs) {
@@ -243,6 +248,31 @@ TEST(EngramHasher, CreateRejectsMismatchedInputs) {
   EngramHashConstants broken = *c;
   broken.primes.pop_back();
   EXPECT_FALSE(EngramHasher::create(broken, small, 2).ok());
+}
+
+TEST(EngramHasher, MakeFromConfigAndTokenizerFile) {
+  // The load-time entry point: both checks (row totals, compressed vocabulary size) and the
+  // golden ids of prompt1.
+  const EngramConfig cfg = tiny_config();
+  auto h = make_engram_hasher(cfg, testing::tokenizer_path());
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_EQ(h->vocab().size, 99092);
+  EXPECT_EQ(h->pad_compressed_id(), h->vocab().map[2]);
+  testing::MiniSafetensors st;
+  ASSERT_TRUE(st.open(testing::shared_path("golden/v41-tiny-public/goldens.safetensors")));
+  auto got = h->hash_ids(st.i32("prompt1.input_ids"));
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, st.i32("prompt1.engram_hash_ids"));
+
+  EngramConfig wrong_vocab = cfg;
+  wrong_vocab.compressed_vocab_size = 99093;
+  auto a = make_engram_hasher(wrong_vocab, testing::tokenizer_path());
+  EXPECT_EQ(a.status().code(), StatusCode::kFailedPrecondition);
+  EngramConfig wrong_rows = cfg;
+  wrong_rows.num_embeddings[0] = 3689;
+  auto b = make_engram_hasher(wrong_rows, testing::tokenizer_path());
+  EXPECT_EQ(b.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(b.status().message().find("3688"), std::string::npos) << b.status().message();
 }
 
 }  // namespace

@@ -3,11 +3,12 @@
 // integers(0, bound, 6, int64) for 22 bounds covering rng == 0, the 32-bit Lemire path, the
 // rng == 2^32-1 path and the 64-bit Lemire path; one generator shared across calls; list
 // entropy), plus the MODEL_SPEC 3.2.2 multiplier table.
-#include <string>
+#include "engram/numpy_rng.h"
 
 #include <gtest/gtest.h>
 
-#include "engram/numpy_rng.h"
+#include <string>
+
 #include "unit/engram/engram_test_util.h"
 
 namespace ds41::engram {
@@ -69,7 +70,8 @@ TEST(NumpyRng, CallsSharingOneGeneratorMatchNumpy) {
     const int64_t lo = i64(s[0]), hi = i64(s[1]);
     auto got = g.integers(lo, hi, s[2].get<size_t>());
     ASSERT_TRUE(got.ok());
-    for (size_t i = 0; i < s[3].size(); ++i) EXPECT_EQ((*got)[i], i64(s[3][i])) << "[" << lo << ", " << hi << ")";
+    for (size_t i = 0; i < s[3].size(); ++i)
+      EXPECT_EQ((*got)[i], i64(s[3][i])) << "[" << lo << ", " << hi << ")";
   }
 }
 
@@ -96,7 +98,8 @@ TEST(NumpyRng, ModelSpecMultiplierTable) {
     auto g = NumpyGenerator::default_rng(10007u * static_cast<uint64_t>(layers[k]));
     auto u = g.integers(0, bound, 4);
     ASSERT_TRUE(u.ok());
-    for (int j = 0; j < 4; ++j) EXPECT_EQ(2 * (*u)[static_cast<size_t>(j)] + 1, want[k][j]) << "layer " << layers[k];
+    for (int j = 0; j < 4; ++j)
+      EXPECT_EQ(2 * (*u)[static_cast<size_t>(j)] + 1, want[k][j]) << "layer " << layers[k];
   }
 }
 
