@@ -5,6 +5,7 @@
 #include <set>
 
 #include "text/python_json.h"
+#include "text/utf8.h"
 
 namespace ds41::text {
 namespace {
@@ -102,8 +103,16 @@ bool parse_dsml_tool_calls(std::string_view block, std::vector<ToolCall>* calls_
   return true;
 }
 
-ParsedOutput parse_assistant_output(std::string_view text, bool thinking) {
+ParsedOutput parse_assistant_output(std::string_view input, bool thinking) {
   ParsedOutput out;
+  // Decoded text is valid UTF-8 already; anything else is repaired first so that the JSON we
+  // build from it is valid.
+  std::string repaired;
+  std::string_view text = input;
+  if (!utf8_is_valid(input)) {
+    repaired = utf8_sanitize(input);
+    text = repaired;
+  }
   std::string_view rest = text;
   if (thinking) {
     const size_t p = rest.find(kThinkEnd);

@@ -7,7 +7,7 @@
 // string="false" values copied as JSON).
 //
 // Robustness contract: any input (truncated, interleaved, malformed DSML, invalid UTF-8) is
-// handled without crashing; when the DSML block cannot be parsed completely the whole
+// handled without crashing (invalid UTF-8 is first repaired with U+FFFD, text/utf8.h); when the DSML block cannot be parsed completely the whole
 // post-reasoning text is returned as plain `content` with no tool calls and
 // `tool_calls_malformed` set. [deviation] The official parser raises on such input; it also
 // accepts a string="false" value that is not valid JSON, which we treat as malformed so that
