@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engram/engram_normalize.h"
@@ -151,6 +153,58 @@ TEST(EngramCompressedVocab, MalformedTokenizerJsonIsAnError) {
   EXPECT_EQ(v->pieces[1], "B");
   EXPECT_EQ(v->pieces[2], "Z");
   EXPECT_EQ(v->is_added[2], 1);
+}
+
+TEST(EngramCompressedVocab, StreamingReaderEqualsDomReader) {
+  // read_tokenizer_vocab streams the file (SAX, skipping merges); tokenizer_vocab_from_json takes
+  // a parsed document. Both must give the same table for the real tokenizer.
+  auto streamed = read_tokenizer_vocab(testing::tokenizer_path());
+  ASSERT_TRUE(streamed.ok()) << streamed.status().to_string();
+  auto dom = tokenizer_vocab_from_json(load_json(testing::tokenizer_path()));
+  ASSERT_TRUE(dom.ok()) << dom.status().to_string();
+  ASSERT_EQ(streamed->size(), 129280u);
+  EXPECT_EQ(streamed->pieces, dom->pieces);
+  EXPECT_EQ(streamed->is_added, dom->is_added);
+  EXPECT_EQ(std::count(streamed->is_added.begin(), streamed->is_added.end(), 1), 1283);
+}
+
+TEST(EngramCompressedVocab, StreamingReaderRejectsMalformedFiles) {
+  auto read_text = [](const std::string& name, const std::string& text) {
+    const std::string path = ::testing::TempDir() + "/engram_vocab_" + name + ".json";
+    std::ofstream(path, std::ios::binary) << text;
+    return read_tokenizer_vocab(path);
+  };
+  const auto good =
+      read_text("good", R"({"added_tokens":[{"id":2,"content":"<x>","special":true,"extra":{"a":[1]}}],)"
+                        R"("model":{"type":"BPE","merges":[["a","b"]],"vocab":{"a":0,"b":1,"c":2}}})");
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ(good->pieces, (std::vector<std::string>{"a", "b", "<x>"}));
+  EXPECT_EQ(good->is_added, (std::vector<uint8_t>{0, 0, 1}));
+
+  struct Case {
+    const char* name;
+    const char* text;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"truncated", R"({"model":{"vocab":{"a":0)", "JSON"},
+      {"no_model", R"({"added_tokens":[]})", "'model'"},
+      {"model_list", R"({"model":[1]})", "'model'"},
+      {"no_vocab", R"({"model":{"merges":[]}})", "model.vocab"},
+      {"vocab_list", R"({"model":{"vocab":["a"]}})", "model.vocab"},
+      {"float_id", R"({"model":{"vocab":{"a":0.5}}})", "non-integer"},
+      {"negative_id", R"({"model":{"vocab":{"a":0,"b":-3}}})", "out of range"},
+      {"huge_id", R"({"model":{"vocab":{"a":18446744073709551615}}})", "out of range"},
+      {"gap", R"({"model":{"vocab":{"a":0,"b":2}}})", "token id 1"},
+      {"added_no_content", R"({"model":{"vocab":{"a":0}},"added_tokens":[{"id":1}]})", "content"},
+      {"added_not_list", R"({"model":{"vocab":{"a":0}},"added_tokens":{"id":1}})", "added_tokens"},
+  };
+  for (const Case& c : cases) {
+    auto r = read_text(c.name, c.text);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_NE(r.status().message().find(c.needle), std::string::npos)
+        << c.name << ": " << r.status().message();
+  }
 }
 
 }  // namespace
