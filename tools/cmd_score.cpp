@@ -1,0 +1,199 @@
+// ds41 score: run the exact CPU reference forward pass on token-id prompts and write the logits
+// (and with --debug the selections) under the golden array names, so the output is checked by
+// `make_goldens.py compare` (../shared/golden/README.md).
+//
+// IN.json: {"prompts": {"NAME": [ids...], ...}, "decode": {"after": "NAME", "input_ids": [...]}}
+// Writes NAME.logits [len, vocab] (one prefill of each prompt; chunked with --chunk K, which is
+// exact) and decode.logits [n, vocab] (single-token steps after the named prompt).
+// --replay decoder (MODEL_SPEC 4.4) or encoder:H (4.5) switch to the approximate paths; rows
+// the decoder replay never computes are written as NaN.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "cli_registry.h"
+#include "core/clock.h"
+#include "forward_cli_util.h"
+
+namespace ds41::cli {
+namespace {
+
+struct ScoreArgs {
+  std::string model_dir, tokenizer_dir, input, out, replay, dump_dir;
+  int64_t chunk = 0;
+  int threads = 2;
+  bool debug = false;
+  bool stale_keys = false;
+};
+
+struct Prompt {
+  std::string name;
+  std::vector<int32_t> ids;
+};
+
+Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t>>>> read_input(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return not_found(path + ": cannot open");
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument(path + ": not a JSON object");
+  if (!j.contains("prompts") || !j["prompts"].is_object() || j["prompts"].empty())
+    return invalid_argument(path + ": 'prompts' must be a non-empty object of NAME: [ids]");
+  std::vector<Prompt> prompts;
+  for (auto it = j["prompts"].begin(); it != j["prompts"].end(); ++it) {
+    Prompt p;
+    p.name = it.key();
+    if (!it.value().is_array() || it.value().empty())
+      return invalid_argument(path + ": prompts." + p.name + " must be a non-empty list of token ids");
+    for (auto& v : it.value()) {
+      if (!v.is_number_integer()) return invalid_argument(path + ": prompts." + p.name + " holds a non-integer");
+      p.ids.push_back(v.get<int32_t>());
+    }
+    prompts.push_back(std::move(p));
+  }
+  std::pair<std::string, std::vector<int32_t>> dec;
+  if (j.contains("decode")) {
+    auto& d = j["decode"];
+    if (!d.is_object() || !d.contains("after") || !d["after"].is_string() || !d.contains("input_ids") ||
+        !d["input_ids"].is_array())
+      return invalid_argument(path + ": 'decode' must be {\"after\": NAME, \"input_ids\": [ids]}");
+    dec.first = d["after"].get<std::string>();
+    bool found = false;
+    for (auto& p : prompts) found |= p.name == dec.first;
+    if (!found) return invalid_argument(path + ": decode.after names unknown prompt '" + dec.first + "'");
+    for (auto& v : d["input_ids"]) {
+      if (!v.is_number_integer()) return invalid_argument(path + ": decode.input_ids holds a non-integer");
+      dec.second.push_back(v.get<int32_t>());
+    }
+  }
+  return std::make_pair(std::move(prompts), std::move(dec));
+}
+
+Status run_score(const ScoreArgs& a) {
+  DS41_ASSIGN_OR_RETURN(auto input, read_input(a.input));
+  auto& [prompts, dec] = input;
+  int64_t replay_h = -1;
+  bool replay_decoder = false;
+  if (a.replay == "decoder") {
+    replay_decoder = true;
+  } else if (a.replay.rfind("encoder:", 0) == 0) {
+    try {
+      replay_h = std::stoll(a.replay.substr(8));
+    } catch (...) {
+      return invalid_argument("--replay encoder:H needs an integer H, got '" + a.replay + "'");
+    }
+    if (replay_h < 1) return invalid_argument("--replay encoder:H needs H >= 1");
+  } else if (!a.replay.empty()) {
+    return invalid_argument("--replay must be 'decoder' or 'encoder:H', got '" + a.replay + "'");
+  }
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads));
+  model::Model& m = *lm.model;
+  const model::ModelConfig& c = m.config();
+  const int64_t V = c.vocab_size;
+  model::SafetensorsWriter w;
+  w.set_metadata("producer", "ds41 score (CPU reference)");
+  std::unique_ptr<model::SequenceState> keep_state;
+  for (const Prompt& p : prompts) {
+    const int64_t S = static_cast<int64_t>(p.ids.size());
+    auto st = m.new_sequence();
+    model::ForwardOptions opt;
+    opt.logits = model::LogitsRows::kAll;
+    opt.record = a.debug;
+    opt.stale_index_keys = a.stale_keys;
+    model::SafetensorsWriter dumpw;
+    model::DumpFn dfn = dump_into(&dumpw, "");
+    if (!a.dump_dir.empty()) opt.dump = &dfn;
+    model::SequenceOutput out;
+    std::vector<float> logits(S * V, std::numeric_limits<float>::quiet_NaN());
+    if (replay_decoder) {
+      DS41_ASSIGN_OR_RETURN(out, m.prefill_decoder_replay(*st, p.ids, opt));
+    } else if (replay_h > 0 && replay_h < S) {
+      std::span<const int32_t> ids(p.ids);
+      DS41_ASSIGN_OR_RETURN(out, m.prefill(*st, ids.subspan(0, replay_h), a.chunk, opt));
+      DS41_ASSIGN_OR_RETURN(auto rep, m.encoder_replay(*st, ids.subspan(0, replay_h), opt));
+      (void)rep;  // replayed rows re-derive positions < H; the exact rows above are kept
+      DS41_ASSIGN_OR_RETURN(auto rest, m.prefill(*st, ids.subspan(replay_h), a.chunk, opt));
+      out.append(std::move(rest));
+    } else {
+      DS41_ASSIGN_OR_RETURN(out, m.prefill(*st, p.ids, a.chunk, opt));
+    }
+    for (size_t i = 0; i < out.positions.size(); ++i)
+      std::copy(out.logits.begin() + i * V, out.logits.begin() + (i + 1) * V, logits.begin() + out.positions[i] * V);
+    w.add_f32(p.name + ".logits", {S, V}, logits.data());
+    if (a.debug && !replay_decoder) {
+      const model::ForwardRecord& r = out.record;
+      if (!r.hash_ids.empty()) {
+        const int64_t nel = static_cast<int64_t>(c.engram_layer_ids.size());
+        w.add_i32(p.name + ".engram_hash_ids", {S, nel, static_cast<int64_t>(r.hash_ids.size()) / (S * nel)},
+                  r.hash_ids.data());
+      }
+      for (auto& [l, v] : r.topk)
+        w.add_i32(p.name + ".layer" + std::to_string(l) + ".topk_indices", {S, c.index_topk}, v.data());
+      for (auto& [l, v] : r.router_experts)
+        w.add_i32(p.name + ".layer" + std::to_string(l) + ".router_experts", {S, c.num_experts_per_tok}, v.data());
+      for (auto& [l, v] : r.router_weights)
+        w.add_f32(p.name + ".layer" + std::to_string(l) + ".router_weights", {S, c.num_experts_per_tok}, v.data());
+      for (auto& [l, blocks] : r.cand_blocks) {
+        // Mask over the candidate source's entries after the prompt (golden layout [S, T]).
+        const int64_t T = st->source(m.schedule().layers[l].kv_owner)->count;
+        const int64_t B = c.candidate_block_size, nb = c.candidate_topk_blocks;
+        std::vector<uint8_t> mask(S * T, 0);
+        for (int64_t row = 0; row < S; ++row)
+          for (int64_t j = 0; j < nb; ++j) {
+            const int32_t b = blocks[row * nb + j];
+            if (b < 0) continue;
+            for (int64_t t = b * B; t < std::min(T, (b + 1) * B); ++t) mask[row * T + t] = 1;
+          }
+        w.add_u8(p.name + ".layer" + std::to_string(l) + ".candidate_mask", {S, T}, mask.data());
+      }
+    }
+    if (!a.dump_dir.empty()) {
+      std::filesystem::create_directories(a.dump_dir);
+      DS41_RETURN_IF_ERROR(dumpw.write(a.dump_dir + "/" + p.name + ".safetensors"));
+    }
+    if (p.name == dec.first) keep_state = std::move(st);
+  }
+  if (!dec.second.empty()) {
+    const int64_t n = static_cast<int64_t>(dec.second.size());
+    std::vector<float> logits(n * V);
+    model::ForwardOptions opt;
+    opt.logits = model::LogitsRows::kLast;
+    opt.stale_index_keys = a.stale_keys;
+    for (int64_t t = 0; t < n; ++t) {
+      DS41_ASSIGN_OR_RETURN(auto o, m.decode_step(*keep_state, dec.second[t], opt));
+      std::copy(o.logits.begin(), o.logits.end(), logits.begin() + t * V);
+    }
+    w.add_f32("decode.logits", {n, V}, logits.data());
+  }
+  return w.write(a.out);
+}
+
+void setup_score(CLI::App& parent, int& exit_code) {
+  auto args = std::make_shared<ScoreArgs>();
+  CLI::App* cmd = parent.add_subcommand("score", "Exact CPU reference forward on token ids; writes logits (golden names)");
+  cmd->add_option("--model", args->model_dir, "Model directory (config.json + safetensors)")->required();
+  cmd->add_option("--tokenizer", args->tokenizer_dir, "Folder with tokenizer.json (Engram compressed vocabulary)");
+  cmd->add_option("--input", args->input, "IN.json with prompts and decode ids")->required();
+  cmd->add_option("--out", args->out, "Output .safetensors")->required();
+  cmd->add_option("--chunk", args->chunk, "Prefill chunk size (0 = one shot; exact for any size)");
+  cmd->add_option("--replay", args->replay, "Approximate paths: decoder | encoder:H (MODEL_SPEC 4.4 / 4.5)");
+  cmd->add_flag("--debug", args->debug, "Also write hash ids, top-k, candidate masks and routing");
+  cmd->add_option("--dump", args->dump_dir, "Write every named per-layer intermediate to DIR/NAME.safetensors");
+  cmd->add_option("--threads", args->threads, "CPU threads (default 2)");
+  cmd->add_flag("--stale-index-keys", args->stale_keys, "Official reference's stale index keys (MODEL_SPEC 7.21)");
+  cmd->callback([args, &exit_code] {
+    Status s = run_score(*args);
+    if (!s.ok()) {
+      std::cerr << "ds41 score: " << s.message() << "\n";
+      exit_code = 1;
+    }
+  });
+}
+
+}  // namespace
+
+DS41_REGISTER_COMMAND("score", setup_score);
+
+}  // namespace ds41::cli
