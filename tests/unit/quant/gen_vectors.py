@@ -175,15 +175,17 @@ def kv_cases():
     blocks += special_blocks(bs, F32(6) * F32(2.0 ** -9))
     # Scales exactly on the E4M3 grid (A = 6 s) with E2M1 midpoints after scaling.
     for code in list(range(1, 0x7F, 3)) + [0x7E]:
-        s = np.uint8(code).view(E4M3).astype(F32)
+        s = np.array([code], dtype=np.uint8).view(E4M3).astype(F32)[0]
         b = np.zeros(bs, F32)
         m = np.concatenate([E2M1_MIDS, -E2M1_MIDS])
         b[:14] = m * s
         b[14] = F32(6) * s
         b[15] = -F32(6) * s * F32(0.999)
         blocks.append(b)
-    # A / 6 exactly at an E4M3 midpoint (scale ties) and one ulp either side.
-    for mid in E4M3_MIDS[::2]:
+    # A / 6 exactly at an E4M3 midpoint (scale ties) and one ulp either side. The ulp below is
+    # where the spec's division differs from A * f32(1/6) (e.g. A = 7.1249995: A / 6 rounds below
+    # the midpoint 1.1875, A * f32(1/6) onto it), so every midpoint is included.
+    for mid in E4M3_MIDS:
         a = F32(6) * mid
         if a >= 2784 or a < F32(6) * F32(2.0 ** -9):
             continue
