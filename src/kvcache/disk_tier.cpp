@@ -1,0 +1,449 @@
+// ds41 kvcache: DiskTier implementation. File I/O always happens outside mu_; the index is a
+// per-process view of the shared directory, corrected lazily (a missing file is dropped, a file
+// written by another process is adopted on first sight, a rescan reconciles everything).
+#include "kvcache/disk_tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+
+#include "core/log.h"
+
+namespace ds41 {
+namespace {
+
+constexpr const char* kLayoutMarker = "ds41-kvstore-layout 1\n";
+constexpr const char* kBlockSuffix = ".kvb";
+constexpr int64_t kRefuseLogIntervalNs = 10 * kNsPerSecond;
+
+std::string hostname_tag() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "host";
+  std::string s;
+  for (char* p = buf; *p; ++p) s += (std::isalnum(static_cast<unsigned char>(*p)) || *p == '-') ? *p : '_';
+  return s.empty() ? "host" : s;
+}
+
+double elapsed_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+DiskTier::DiskTier(const DiskTierConfig& config, FileIo& io, Clock& clock, MetricsRegistry& m)
+    : config_(config),
+      io_(io),
+      clock_(clock),
+      blocks_dir_(config.dir + "/blocks"),
+      tmp_dir_(config.dir + "/tmp"),
+      hits_(m.counter("ds41_kv_disk_hits_total", "Global-KV blocks read from the persistent tier")),
+      misses_(m.counter("ds41_kv_disk_misses_total", "Global-KV block reads that missed (absent, corrupt, error)")),
+      read_bytes_(m.counter("ds41_kv_disk_read_bytes_total", "Bytes of verified blocks read")),
+      written_bytes_(m.counter("ds41_kv_disk_written_bytes_total", "Bytes of blocks published")),
+      writes_(m.counter("ds41_kv_disk_writes_total", "Blocks published")),
+      write_dedup_(m.counter("ds41_kv_disk_write_dedup_total", "Writes skipped because the block already existed")),
+      write_errors_(m.counter("ds41_kv_disk_write_errors_total", "Block writes that failed with an I/O error")),
+      refused_(m.counter("ds41_kv_disk_writes_refused_total",
+                         "Writes refused because capacity is full of blocks under retention")),
+      checksum_failures_(m.counter("ds41_kv_disk_checksum_failures_total",
+                                   "Blocks that failed verification (corrupt or torn) and were deleted")),
+      incompatible_(m.counter("ds41_kv_disk_incompatible_total",
+                              "Blocks of another format version or model fingerprint (treated as misses)")),
+      read_errors_(m.counter("ds41_kv_disk_read_errors_total", "Block reads that failed with an I/O error")),
+      evict_lru_(m.counter("ds41_kv_disk_evictions_total", "Blocks removed from the persistent tier",
+                           {{"reason", "lru"}})),
+      evict_corrupt_(m.counter("ds41_kv_disk_evictions_total", "Blocks removed from the persistent tier",
+                               {{"reason", "corrupt"}})),
+      evict_external_(m.counter("ds41_kv_disk_evictions_total", "Blocks removed from the persistent tier",
+                                {{"reason", "external"}})),
+      used_gauge_(m.gauge("ds41_kv_disk_used_bytes", "Bytes of blocks in this process's index of the tier")),
+      blocks_gauge_(m.gauge("ds41_kv_disk_blocks", "Blocks in this process's index of the tier")),
+      scan_ms_gauge_(m.gauge("ds41_kv_disk_index_scan_ms", "Duration of the last index rebuild (directory scan), ms")) {}
+
+DiskTier::~DiskTier() = default;
+
+Result<std::unique_ptr<DiskTier>> DiskTier::open(const DiskTierConfig& config, FileIo& io, Clock& clock,
+                                                 MetricsRegistry& metrics) {
+  DS41_RETURN_IF_ERROR(config.validate());
+  std::unique_ptr<DiskTier> t(new DiskTier(config, io, clock, metrics));
+  DS41_RETURN_IF_ERROR(t->init_layout());
+  DS41_RETURN_IF_ERROR(t->remove_stale_temps());
+  auto t0 = std::chrono::steady_clock::now();
+  DS41_ASSIGN_OR_RETURN(Index idx, t->scan_directory());
+  {
+    std::lock_guard<std::mutex> lock(t->mu_);
+    t->install_index(std::move(idx));
+  }
+  t->last_scan_ms_.store(elapsed_ms(t0));
+  t->scan_ms_gauge_.set(static_cast<int64_t>(t->last_scan_ms_.load()));
+  t->last_rescan_mono_ns_.store(clock.now_mono_ns());
+  log_info("kvcache", "disk tier " + config.dir + ": " + std::to_string(t->block_count()) + " blocks, " +
+                          std::to_string(t->used_bytes()) + " bytes indexed in " +
+                          std::to_string(t->last_scan_ms_.load()) + " ms");
+  return t;
+}
+
+Status DiskTier::init_layout() {
+  // mkdir -p for the root (shared mounts may already have it).
+  std::string acc;
+  size_t pos = 0;
+  const std::string& d = config_.dir;
+  while (pos != std::string::npos) {
+    size_t next = d.find('/', pos + 1);
+    acc = d.substr(0, next);
+    if (!acc.empty() && acc != "/") DS41_RETURN_IF_ERROR(io_.mkdir(acc).with_context("kv disk tier"));
+    pos = next;
+  }
+  DS41_RETURN_IF_ERROR(io_.mkdir(blocks_dir_));
+  DS41_RETURN_IF_ERROR(io_.mkdir(tmp_dir_));
+  char sub[3];
+  for (int i = 0; i < 256; ++i) {
+    std::snprintf(sub, sizeof(sub), "%02x", i);
+    DS41_RETURN_IF_ERROR(io_.mkdir(blocks_dir_ + "/" + sub));
+  }
+  std::string marker = config_.dir + "/LAYOUT";
+  auto existing = read_whole_file(io_, marker);
+  if (existing.ok()) {
+    std::string got(existing->begin(), existing->end());
+    if (got != kLayoutMarker)
+      return failed_precondition("kv disk tier " + config_.dir + ": LAYOUT is '" + got + "', this build writes '" +
+                                 std::string(kLayoutMarker, std::strlen(kLayoutMarker) - 1) + "'");
+    return ok_status();
+  }
+  if (existing.status().code() != StatusCode::kNotFound) return existing.status();
+  std::span<const uint8_t> part(reinterpret_cast<const uint8_t*>(kLayoutMarker), std::strlen(kLayoutMarker));
+  std::span<const uint8_t> parts[1] = {part};
+  // Several processes may race here; each renames identical content, so the last one wins harmlessly.
+  return publish_file_atomic(io_, temp_path(BlockKey{}), marker, parts, kTimeOmit, config_.sync);
+}
+
+Status DiskTier::remove_stale_temps() {
+  std::vector<std::string> names;
+  DS41_RETURN_IF_ERROR(io_.list_dir(tmp_dir_, &names));
+  int64_t now = clock_.now_unix_ns();
+  int removed = 0;
+  for (const auto& n : names) {
+    std::string p = tmp_dir_ + "/" + n;
+    auto st = io_.stat(p);
+    if (!st.ok()) continue;
+    // Another live process may be writing it: only remove temps that are clearly abandoned.
+    if (now - st->mtime_ns > config_.stale_tmp_age_ns && io_.unlink(p).ok()) ++removed;
+  }
+  if (removed) log_info("kvcache", "disk tier: removed " + std::to_string(removed) + " stale temp files");
+  return ok_status();
+}
+
+Result<DiskTier::Index> DiskTier::scan_directory() {
+  Index idx;
+  char sub[3];
+  std::vector<std::string> names;
+  for (int i = 0; i < 256; ++i) {
+    std::snprintf(sub, sizeof(sub), "%02x", i);
+    std::string d = blocks_dir_ + "/" + sub;
+    names.clear();
+    DS41_RETURN_IF_ERROR(io_.list_dir(d, &names));
+    for (const auto& n : names) {
+      if (n.size() != 32 + std::strlen(kBlockSuffix) || !n.ends_with(kBlockSuffix)) continue;
+      auto key = BlockKey::from_hex(std::string_view(n).substr(0, 32));
+      if (!key) continue;
+      auto st = io_.stat(d + "/" + n);
+      if (!st.ok() || !st->is_regular) continue;  // raced with an eviction
+      Entry e;
+      e.bytes = st->size;
+      e.created_ns = st->mtime_ns;
+      e.access_ns = std::max(st->atime_ns, st->mtime_ns);
+      idx.emplace(*key, e);
+    }
+  }
+  return idx;
+}
+
+void DiskTier::install_index(Index fresh) {
+  // Keep access times this process knows to be newer (a throttled touch may not be on disk).
+  for (auto& [k, e] : fresh) {
+    auto it = index_.find(k);
+    if (it != index_.end() && it->second.created_ns == e.created_ns)
+      e.access_ns = std::max(e.access_ns, it->second.access_ns);
+  }
+  index_.clear();
+  young_.clear();
+  old_lru_.clear();
+  used_bytes_ = 0;
+  for (auto& [k, e] : fresh) index_insert(k, e);
+}
+
+void DiskTier::index_insert(const BlockKey& key, const Entry& e0) {
+  Entry e = e0;
+  int64_t cutoff = clock_.now_unix_ns() - config_.retention_ns;
+  e.old = e.created_ns <= cutoff;
+  if (e.old) old_lru_.emplace(e.access_ns, key);
+  else young_.emplace(e.created_ns, key);
+  index_[key] = e;
+  used_bytes_ += e.bytes;
+  used_gauge_.set(static_cast<int64_t>(used_bytes_));
+  blocks_gauge_.set(static_cast<int64_t>(index_.size()));
+}
+
+void DiskTier::index_remove(const BlockKey& key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  const Entry& e = it->second;
+  if (e.old) old_lru_.erase({e.access_ns, key});
+  else young_.erase({e.created_ns, key});
+  used_bytes_ -= e.bytes;
+  index_.erase(it);
+  used_gauge_.set(static_cast<int64_t>(used_bytes_));
+  blocks_gauge_.set(static_cast<int64_t>(index_.size()));
+}
+
+void DiskTier::index_touch(const BlockKey& key, int64_t access_ns) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return;
+  Entry& e = it->second;
+  if (e.old) {
+    old_lru_.erase({e.access_ns, key});
+    old_lru_.emplace(access_ns, key);
+  }
+  e.access_ns = access_ns;
+}
+
+void DiskTier::promote_aged(int64_t now_ns) {
+  int64_t cutoff = now_ns - config_.retention_ns;
+  while (!young_.empty() && young_.begin()->first <= cutoff) {
+    BlockKey k = young_.begin()->second;
+    young_.erase(young_.begin());
+    Entry& e = index_[k];
+    e.old = true;
+    old_lru_.emplace(e.access_ns, k);
+  }
+}
+
+bool DiskTier::make_room(std::unique_lock<std::mutex>& lock, uint64_t incoming) {
+  int guard = 0;
+  while (used_bytes_ + reserved_bytes_ + incoming > config_.capacity_bytes) {
+    if (++guard > 100000) return false;
+    promote_aged(clock_.now_unix_ns());
+    if (old_lru_.empty()) return false;
+    auto [access_ns, key] = *old_lru_.begin();
+    Entry e = index_[key];
+    std::string path = block_path(key);
+    lock.unlock();
+    auto st = io_.stat(path);
+    lock.lock();
+    auto it = index_.find(key);
+    if (it == index_.end() || it->second.access_ns != e.access_ns) continue;  // changed meanwhile
+    if (!st.ok()) {
+      // Gone (another process evicted it) or unreadable metadata: stop accounting for it.
+      index_remove(key);
+      evict_external_.inc();
+      continue;
+    }
+    // Another process used or rewrote it since we last looked: refresh, pick again.
+    if (st->mtime_ns > e.created_ns || st->atime_ns > e.access_ns) {
+      Entry fresh = e;
+      fresh.created_ns = std::max(e.created_ns, st->mtime_ns);
+      fresh.access_ns = std::max({e.access_ns, st->atime_ns, st->mtime_ns});
+      fresh.bytes = st->size;
+      index_remove(key);
+      index_insert(key, fresh);
+      continue;
+    }
+    index_remove(key);
+    lock.unlock();
+    Status s = io_.unlink(path);
+    lock.lock();
+    if (s.ok() || s.code() == StatusCode::kNotFound) evict_lru_.inc();
+    else log_warn("kvcache", "disk tier: evicting " + path + ": " + s.to_string());
+  }
+  return true;
+}
+
+std::string DiskTier::block_path(const BlockKey& key) const {
+  std::string h = key.hex();
+  return blocks_dir_ + "/" + h.substr(0, 2) + "/" + h + kBlockSuffix;
+}
+
+std::string DiskTier::temp_path(const BlockKey& key) {
+  static const std::string host = hostname_tag();
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), ".%d.%llx.%llu.tmp", static_cast<int>(getpid()),
+                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(this)),
+                static_cast<unsigned long long>(temp_seq_.fetch_add(1)));
+  return tmp_dir_ + "/" + key.hex() + "." + host + buf;
+}
+
+void DiskTier::maybe_rescan() {
+  if (config_.rescan_interval_ns == 0) return;
+  int64_t now = clock_.now_mono_ns();
+  if (now - last_rescan_mono_ns_.load() < config_.rescan_interval_ns) return;
+  if (rescanning_.exchange(true)) return;
+  last_rescan_mono_ns_.store(now);
+  Status s = rescan();
+  if (!s.ok()) log_warn("kvcache", "disk tier rescan: " + s.to_string());
+  rescanning_.store(false);
+}
+
+Status DiskTier::rescan() {
+  auto t0 = std::chrono::steady_clock::now();
+  DS41_ASSIGN_OR_RETURN(Index idx, scan_directory());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    install_index(std::move(idx));
+  }
+  last_scan_ms_.store(elapsed_ms(t0));
+  scan_ms_gauge_.set(static_cast<int64_t>(last_scan_ms_.load()));
+  return ok_status();
+}
+
+Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload) {
+  if (payload.size() > kBlockMaxPayloadBytes)
+    return invalid_argument("kv disk tier: payload of " + std::to_string(payload.size()) + " bytes exceeds the " +
+                            std::to_string(kBlockMaxPayloadBytes) + "-byte block limit");
+  maybe_rescan();
+  const uint64_t size = kBlockHeaderBytes + payload.size();
+  const std::string path = block_path(key);
+  // Content address: if the file is already there (ours or another process's), we are done.
+  if (auto st = io_.stat(path); st.ok() && st->is_regular && st->size == size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.find(key) == index_.end())
+      index_insert(key, Entry{st->size, st->mtime_ns, std::max(st->atime_ns, st->mtime_ns), false});
+    write_dedup_.inc();
+    return ok_status();
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    index_remove(key);  // a stale entry (file vanished or has the wrong size)
+    if (size > config_.capacity_bytes || !make_room(lock, size)) {
+      refused_.inc();
+      int64_t now = clock_.now_mono_ns();
+      int64_t last = last_refuse_log_ns_.load();
+      if (last == 0 || now - last >= kRefuseLogIntervalNs) {
+        last_refuse_log_ns_.store(now);
+        log_warn("kvcache", "disk tier " + config_.dir + ": refusing block writes: capacity " +
+                                std::to_string(config_.capacity_bytes) + " bytes is full of blocks younger than " +
+                                "the retention period (" + std::to_string(config_.retention_ns / kNsPerSecond) +
+                                " s); refused so far: " + std::to_string(refused_.value()));
+      }
+      return resource_exhausted("kv disk tier: capacity " + std::to_string(config_.capacity_bytes) +
+                                " bytes is full of blocks under retention; write of " + key.hex() + " refused");
+    }
+    reserved_bytes_ += size;
+  }
+  BlockMeta meta{key, BlockKind::kGlobalKv, config_.model_fingerprint, token_count};
+  auto header = encode_block_header(meta, payload);
+  std::span<const uint8_t> parts[2] = {std::span<const uint8_t>(header), payload};
+  const int64_t now = clock_.now_unix_ns();
+  Status s = publish_file_atomic(io_, temp_path(key), path, parts, now, config_.sync);
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_bytes_ -= size;
+  if (!s.ok()) {
+    write_errors_.inc();
+    log_warn("kvcache", "disk tier: write of block " + key.hex() + " failed: " + s.to_string());
+    return s;
+  }
+  index_remove(key);
+  index_insert(key, Entry{size, now, now, false});
+  writes_.inc();
+  written_bytes_.inc(size);
+  return ok_status();
+}
+
+void DiskTier::note_corrupt(const BlockKey& key, const std::string& path, const FileStat& st, const Status& why) {
+  checksum_failures_.inc();
+  log_warn("kvcache", "disk tier: " + path + " failed verification, deleting: " + why.message());
+  // Only delete the file we actually read: another process may have just published a good one.
+  auto now_st = io_.stat(path);
+  if (now_st.ok() && now_st->ino == st.ino && now_st->dev == st.dev) (void)io_.unlink(path);
+  std::lock_guard<std::mutex> lock(mu_);
+  index_remove(key);
+  evict_corrupt_.inc();
+}
+
+std::optional<StoredBlock> DiskTier::get(const BlockKey& key) {
+  const std::string path = block_path(key);
+  FileStat st;
+  auto bytes = read_whole_file(io_, path, &st);
+  if (!bytes.ok()) {
+    misses_.inc();
+    if (bytes.status().code() == StatusCode::kNotFound) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (index_.count(key)) {
+        index_remove(key);
+        evict_external_.inc();
+      }
+    } else {
+      read_errors_.inc();
+      log_warn("kvcache", "disk tier: reading " + path + ": " + bytes.status().to_string());
+    }
+    return std::nullopt;
+  }
+  BlockMeta expect{key, BlockKind::kGlobalKv, config_.model_fingerprint, 0};
+  auto meta = decode_block(*bytes, expect);
+  if (!meta.ok()) {
+    misses_.inc();
+    if (meta.status().code() == StatusCode::kDataLoss) note_corrupt(key, path, st, meta.status());
+    else incompatible_.inc();
+    return std::nullopt;
+  }
+  hits_.inc();
+  read_bytes_.inc(bytes->size());
+  const int64_t now = clock_.now_unix_ns();
+  bool stamp = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end() || it->second.created_ns != st.mtime_ns) {
+      index_remove(key);
+      index_insert(key, Entry{st.size, st.mtime_ns, std::max(st.atime_ns, st.mtime_ns), false});
+      it = index_.find(key);
+    }
+    if (now - it->second.access_ns >= config_.touch_interval_ns) {
+      index_touch(key, now);
+      stamp = true;
+    }
+  }
+  // The file's atime is the LRU clock shared with other processes (docs/formats/kv_block.md).
+  if (stamp) {
+    Status s = io_.set_times(path, now, kTimeOmit);
+    if (!s.ok()) log_debug("kvcache", "disk tier: touching " + path + ": " + s.to_string());
+  }
+  return StoredBlock{*meta, std::move(*bytes)};
+}
+
+bool DiskTier::contains(const BlockKey& key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.count(key)) return true;
+  }
+  auto st = io_.stat(block_path(key));
+  if (!st.ok() || !st->is_regular || st->size < kBlockHeaderBytes) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!index_.count(key))
+    index_insert(key, Entry{st->size, st->mtime_ns, std::max(st->atime_ns, st->mtime_ns), false});
+  return true;
+}
+
+Status DiskTier::erase(const BlockKey& key) {
+  Status s = io_.unlink(block_path(key));
+  std::lock_guard<std::mutex> lock(mu_);
+  index_remove(key);
+  if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
+  return ok_status();
+}
+
+uint64_t DiskTier::used_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_bytes_;
+}
+
+size_t DiskTier::block_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.size();
+}
+
+}  // namespace ds41

@@ -1,0 +1,140 @@
+// ds41 kvcache: the persistent global-KV tier — content-addressed block files in a directory that
+// several processes (on one or several machines) may share. Owns: the directory layout, atomic
+// publish of blocks, verified reads (a corrupt/torn block is a miss and is deleted), the
+// in-process index (rebuilt by scanning the directory at open and on rescan), retention (never
+// evict a block younger than the retention period) and LRU eviction above it under the capacity
+// cap, with refused writes when only young blocks fill the disk. Format and cross-process rules:
+// docs/formats/kv_block.md.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "kvcache/block_format.h"
+#include "kvcache/io_layer.h"
+#include "kvcache/metrics.h"
+#include "kvcache/store_config.h"
+
+namespace ds41 {
+
+// A verified block read from the tier: the whole file; payload() skips the header.
+struct StoredBlock {
+  BlockMeta meta;
+  std::vector<uint8_t> bytes;
+  std::span<const uint8_t> payload() const { return std::span<const uint8_t>(bytes).subspan(kBlockHeaderBytes); }
+};
+
+class DiskTier {
+ public:
+  // Creates the layout if missing, removes stale temp files, rebuilds the index. `io`, `clock`
+  // and `metrics` must outlive the tier.
+  static Result<std::unique_ptr<DiskTier>> open(const DiskTierConfig& config, FileIo& io, Clock& clock,
+                                                MetricsRegistry& metrics);
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // Durably publishes one global-KV block (meta.kind must be kGlobalKv; the fingerprint is the
+  // tier's). Returns ok once the block is on disk under its final name (or already was: keys are
+  // content addresses). kResourceExhausted when capacity is full of blocks under retention (the
+  // write is refused, counted and logged) or the disk is full; other I/O errors as kIoError.
+  Status put(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload);
+
+  // Verified read. nullopt = miss: absent, evicted, unreadable, or corrupt/torn (then deleted).
+  std::optional<StoredBlock> get(const BlockKey& key);
+
+  // Whether the block is present (index, else the directory: another process may have written
+  // it). Does not verify the content (get() does).
+  bool contains(const BlockKey& key);
+
+  // Removes a block; ok when absent.
+  Status erase(const BlockKey& key);
+
+  // Re-lists the directory and replaces the index (keeps newer access times known in-process).
+  Status rescan();
+
+  uint64_t used_bytes() const;
+  size_t block_count() const;
+  const DiskTierConfig& config() const { return config_; }
+  // Final path of a block: <dir>/blocks/<first two hex digits>/<32 hex digits>.kvb
+  std::string block_path(const BlockKey& key) const;
+  // Wall time the last index build took (open or rescan), ms.
+  double last_scan_ms() const { return last_scan_ms_.load(); }
+
+ private:
+  struct Entry {
+    uint64_t bytes = 0;
+    int64_t created_ns = 0;  // publish time (file mtime)
+    int64_t access_ns = 0;   // last use (file atime, stamped explicitly)
+    bool old = false;        // true once in old_lru_ (created_ns <= now - retention)
+  };
+  using Index = std::unordered_map<BlockKey, Entry, BlockKeyHash>;
+
+  DiskTier(const DiskTierConfig& config, FileIo& io, Clock& clock, MetricsRegistry& metrics);
+  Status init_layout();
+  Status remove_stale_temps();
+  Result<Index> scan_directory();
+  void install_index(Index index);  // replaces index_ (mu_ held by caller)
+
+  // Index maintenance (mu_ held).
+  void index_insert(const BlockKey& key, const Entry& e);
+  void index_remove(const BlockKey& key);
+  void index_touch(const BlockKey& key, int64_t access_ns);
+  void promote_aged(int64_t now_ns);
+  // Frees space until used + reserved + incoming <= capacity by evicting LRU blocks older than
+  // retention. Returns false when that is impossible. mu_ held; drops it around file deletes.
+  bool make_room(std::unique_lock<std::mutex>& lock, uint64_t incoming);
+
+  void note_corrupt(const BlockKey& key, const std::string& path, const FileStat& st, const Status& why);
+  std::string temp_path(const BlockKey& key);
+  void maybe_rescan();
+
+  DiskTierConfig config_;
+  FileIo& io_;
+  Clock& clock_;
+  std::string blocks_dir_;
+  std::string tmp_dir_;
+
+  mutable std::mutex mu_;  // guards index_, young_, old_lru_, used_bytes_, reserved_bytes_
+  Index index_;
+  std::set<std::pair<int64_t, BlockKey>, std::less<>> young_;    // (created_ns, key): under retention
+  std::set<std::pair<int64_t, BlockKey>, std::less<>> old_lru_;  // (access_ns, key): evictable, LRU first
+  uint64_t used_bytes_ = 0;
+  uint64_t reserved_bytes_ = 0;  // in-flight writes that already passed the capacity check
+
+  std::atomic<uint64_t> temp_seq_{0};
+  std::atomic<bool> rescanning_{false};
+  std::atomic<int64_t> last_rescan_mono_ns_{0};
+  std::atomic<double> last_scan_ms_{0};
+  std::atomic<int64_t> last_refuse_log_ns_{0};
+
+  Counter& hits_;
+  Counter& misses_;
+  Counter& read_bytes_;
+  Counter& written_bytes_;
+  Counter& writes_;
+  Counter& write_dedup_;
+  Counter& write_errors_;
+  Counter& refused_;
+  Counter& checksum_failures_;
+  Counter& incompatible_;
+  Counter& read_errors_;
+  Counter& evict_lru_;
+  Counter& evict_corrupt_;
+  Counter& evict_external_;
+  Gauge& used_gauge_;
+  Gauge& blocks_gauge_;
+  Gauge& scan_ms_gauge_;
+};
+
+}  // namespace ds41

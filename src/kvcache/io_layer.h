@@ -1,0 +1,153 @@
+// ds41 kvcache: the injectable file I/O layer under the persistent tier. FileIo is a thin
+// POSIX-shaped interface (PosixIo is the real one); FaultInjectingIo wraps another FileIo and
+// injects failed/short writes, ENOSPC, fsync errors, torn or corrupted writes and corrupted
+// reads on a schedule, so the reliability tests can prove nothing corrupt is ever served.
+// Also owns the two composite operations every writer/reader uses: atomic publish
+// (temp file, write, fsync, rename, fsync dir) and whole-file read.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace ds41 {
+
+struct FileStat {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t atime_ns = 0;
+  uint64_t ino = 0;
+  uint64_t dev = 0;
+  bool is_regular = false;
+  bool is_dir = false;
+};
+
+// Timestamp value meaning "leave unchanged" for set_times().
+inline constexpr int64_t kTimeOmit = -1;
+
+// All paths are absolute or relative to the process cwd. Every call returns an error Status
+// naming the path and errno text instead of throwing. Thread-safe.
+class FileIo {
+ public:
+  virtual ~FileIo() = default;
+  // open(2) flags; O_CLOEXEC is always added. kNotFound when the path does not exist.
+  virtual Result<int> open(const std::string& path, int flags, int mode = 0644) = 0;
+  // May write fewer bytes than asked (callers use write_fully).
+  virtual Result<size_t> pwrite(int fd, const void* buf, size_t n, uint64_t offset) = 0;
+  // Returns 0 at end of file; may read fewer bytes than asked.
+  virtual Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) = 0;
+  virtual Status fsync(int fd) = 0;
+  virtual Status close(int fd) = 0;
+  virtual Result<FileStat> fstat(int fd) = 0;
+  // kNotFound when absent.
+  virtual Result<FileStat> stat(const std::string& path) = 0;
+  virtual Status rename(const std::string& from, const std::string& to) = 0;
+  // kNotFound when absent.
+  virtual Status unlink(const std::string& path) = 0;
+  // Creates one directory; ok when it already exists.
+  virtual Status mkdir(const std::string& path) = 0;
+  // Entry names of a directory (without "." and "..").
+  virtual Status list_dir(const std::string& path, std::vector<std::string>* names) = 0;
+  // Makes a rename inside `dir` durable.
+  virtual Status fsync_dir(const std::string& dir) = 0;
+  // Explicit access/modification times in Unix ns (kTimeOmit keeps one unchanged).
+  virtual Status set_times_fd(int fd, int64_t atime_ns, int64_t mtime_ns) = 0;
+  virtual Status set_times(const std::string& path, int64_t atime_ns, int64_t mtime_ns) = 0;
+};
+
+class PosixIo final : public FileIo {
+ public:
+  Result<int> open(const std::string& path, int flags, int mode) override;
+  Result<size_t> pwrite(int fd, const void* buf, size_t n, uint64_t offset) override;
+  Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) override;
+  Status fsync(int fd) override;
+  Status close(int fd) override;
+  Result<FileStat> fstat(int fd) override;
+  Result<FileStat> stat(const std::string& path) override;
+  Status rename(const std::string& from, const std::string& to) override;
+  Status unlink(const std::string& path) override;
+  Status mkdir(const std::string& path) override;
+  Status list_dir(const std::string& path, std::vector<std::string>* names) override;
+  Status fsync_dir(const std::string& dir) override;
+  Status set_times_fd(int fd, int64_t atime_ns, int64_t mtime_ns) override;
+  Status set_times(const std::string& path, int64_t atime_ns, int64_t mtime_ns) override;
+  static PosixIo& instance();
+};
+
+enum class FaultKind {
+  kFailWrite,     // pwrite returns EIO, nothing written
+  kShortWrite,    // pwrite writes only half and reports that (legal POSIX behaviour)
+  kNoSpace,       // pwrite returns ENOSPC
+  kTornWrite,     // pwrite writes only half but reports full success (lost data)
+  kCorruptWrite,  // pwrite writes everything with one byte flipped, reports success
+  kFailFsync,     // fsync returns EIO
+  kFailRename,    // rename returns EIO
+  kFailRead,      // pread returns EIO
+  kCorruptRead,   // pread flips one byte of what it returns
+};
+
+// Wraps `base`. A rule fires on the eligible calls (writes for the write kinds, fsync, rename,
+// reads) numbered [skip, skip+times) counted from when it was added; times < 0 = forever.
+class FaultInjectingIo final : public FileIo {
+ public:
+  explicit FaultInjectingIo(FileIo& base) : base_(base) {}
+  void inject(FaultKind kind, int skip = 0, int times = 1);
+  void clear();
+  // How many faults fired so far.
+  int fired() const { return fired_.load(); }
+
+  Result<int> open(const std::string& path, int flags, int mode) override { return base_.open(path, flags, mode); }
+  Result<size_t> pwrite(int fd, const void* buf, size_t n, uint64_t offset) override;
+  Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) override;
+  Status fsync(int fd) override;
+  Status close(int fd) override { return base_.close(fd); }
+  Result<FileStat> fstat(int fd) override { return base_.fstat(fd); }
+  Result<FileStat> stat(const std::string& path) override { return base_.stat(path); }
+  Status rename(const std::string& from, const std::string& to) override;
+  Status unlink(const std::string& path) override { return base_.unlink(path); }
+  Status mkdir(const std::string& path) override { return base_.mkdir(path); }
+  Status list_dir(const std::string& path, std::vector<std::string>* names) override {
+    return base_.list_dir(path, names);
+  }
+  Status fsync_dir(const std::string& dir) override { return base_.fsync_dir(dir); }
+  Status set_times_fd(int fd, int64_t a, int64_t m) override { return base_.set_times_fd(fd, a, m); }
+  Status set_times(const std::string& p, int64_t a, int64_t m) override { return base_.set_times(p, a, m); }
+
+ private:
+  enum class Op { kWrite, kFsync, kRename, kRead };
+  struct Rule {
+    FaultKind kind;
+    Op op;
+    int skip;
+    int times;
+    int seen = 0;
+  };
+  // Returns the fault to apply to this call of `op`, if any (advances rule counters).
+  bool take(Op op, FaultKind* kind);
+
+  FileIo& base_;
+  std::mutex mu_;  // guards rules_
+  std::vector<Rule> rules_;
+  std::atomic<int> fired_{0};
+};
+
+// Writes all of `data` at `offset`, retrying short writes; an error or a zero-byte write fails.
+Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t offset, const std::string& path);
+
+// Atomic publish: creates `tmp_path` exclusively, writes the parts back to back, stamps
+// atime/mtime (unless kTimeOmit), fsyncs (when `sync`), closes, renames onto `final_path` and
+// fsyncs the final directory (when `sync`). On any failure the temp file is removed and
+// `final_path` is untouched. Readers see either no file or the complete file.
+Status publish_file_atomic(FileIo& io, const std::string& tmp_path, const std::string& final_path,
+                           std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync);
+
+// Reads a whole file (size from fstat, then reads until EOF). kNotFound when absent.
+// When `st` is non-null it receives the fstat of the opened file.
+Result<std::vector<uint8_t>> read_whole_file(FileIo& io, const std::string& path, FileStat* st = nullptr);
+
+}  // namespace ds41

@@ -1,0 +1,77 @@
+// ds41 kvcache: a small generic metrics registry (counters and gauges with names, help text and
+// optional labels), exportable as Prometheus text exposition format (version 0.0.4). The server
+// publishes one registry at /metrics; every kvcache component takes a MetricsRegistry& and
+// registers its series once at construction, then updates them lock-free.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ds41 {
+
+// Label pairs in the order given, e.g. {{"tier", "disk"}, {"reason", "lru"}}.
+using MetricLabels = std::vector<std::pair<std::string, std::string>>;
+
+// Monotonic counter. Thread-safe.
+class Counter {
+ public:
+  void inc(uint64_t n = 1) { v_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t value() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
+// Gauge: a value that goes up and down. Thread-safe.
+class Gauge {
+ public:
+  void set(int64_t v) { v_.store(v, std::memory_order_relaxed); }
+  void add(int64_t d) { v_.fetch_add(d, std::memory_order_relaxed); }
+  int64_t value() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> v_{0};
+};
+
+class MetricsRegistry {
+ public:
+  MetricsRegistry() = default;
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  // Returns the counter for (name, labels), creating it on first use. The reference stays valid
+  // for the registry's lifetime. Registering the same name as a gauge and a counter, or a name
+  // that is not a valid Prometheus metric name, is a programming error (DS41_CHECK).
+  Counter& counter(const std::string& name, const std::string& help, const MetricLabels& labels = {});
+  Gauge& gauge(const std::string& name, const std::string& help, const MetricLabels& labels = {});
+
+  // Current value of a series; 0 when absent. For tests and benchmarks.
+  uint64_t counter_value(const std::string& name, const MetricLabels& labels = {}) const;
+  int64_t gauge_value(const std::string& name, const MetricLabels& labels = {}) const;
+
+  // Prometheus text exposition: one "# HELP"/"# TYPE" pair per family, then its series,
+  // families sorted by name.
+  std::string prometheus_text() const;
+
+ private:
+  enum class Kind { kCounter, kGauge };
+  struct Family {
+    Kind kind;
+    std::string help;
+    std::map<std::string, size_t> series;  // rendered label string -> index into counters_/gauges_
+  };
+  static std::string render_labels(const MetricLabels& labels);
+
+  mutable std::mutex mu_;  // guards families_ and the deques' growth
+  std::map<std::string, Family> families_;
+  std::deque<Counter> counters_;  // deque: stable addresses
+  std::deque<Gauge> gauges_;
+};
+
+}  // namespace ds41
