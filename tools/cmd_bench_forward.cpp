@@ -1,0 +1,131 @@
+// ds41 bench forward: CPU reference prefill and decode throughput on a preset model
+// (`ds41 make-checkpoint` presets, generated on first use under --work-dir) or on --model DIR,
+// plus the allocator's global KV bytes per token (layout and measured on the sequence state).
+// Prints one JSON object with --json (git revision, device, config, numbers).
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli_registry.h"
+#include "core/clock.h"
+#include "forward_cli_util.h"
+#include "model/checkpoint_maker.h"
+#include "model/presets.h"
+
+namespace ds41::cli {
+namespace {
+
+struct BenchArgs {
+  std::string preset = "tiny", model_dir, tokenizer_dir = "../shared/tokenizer-v41", work_dir = "/tmp/ds41-bench";
+  int64_t prompt_len = 256, decode = 32;
+  int threads = 2;
+  bool json = false;
+};
+
+std::string git_rev() {
+  std::string r;
+  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
+    char buf[64];
+    if (fgets(buf, sizeof buf, p)) r = buf;
+    pclose(p);
+  }
+  while (!r.empty() && (r.back() == '\n' || r.back() == ' ')) r.pop_back();
+  return r.empty() ? "unknown" : r;
+}
+
+Status run_bench(const BenchArgs& a) {
+  std::string dir = a.model_dir;
+  if (dir.empty()) {
+    DS41_ASSIGN_OR_RETURN(model::ModelConfig pc, model::preset_config(a.preset));
+    dir = a.work_dir + "/" + a.preset;
+    if (!std::filesystem::exists(dir + "/config.json")) {
+      model::MakeCheckpointOptions mo;
+      mo.seed = 1;
+      DS41_ASSIGN_OR_RETURN(auto made, model::make_checkpoint(dir, pc, mo));
+      (void)made;
+    }
+  }
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(dir, a.tokenizer_dir, a.threads));
+  model::Model& m = *lm.model;
+  const model::ModelConfig& c = m.config();
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int32_t> d(3, static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 100000) - 1));
+  std::vector<int32_t> ids{static_cast<int32_t>(c.bos_token_id)};
+  while (static_cast<int64_t>(ids.size()) < a.prompt_len) ids.push_back(d(rng));
+  SystemClock clock;
+  auto st = m.new_sequence();
+  model::ForwardOptions opt;
+  // Warm-up (dequantized-weight cache) on a throwaway sequence.
+  {
+    auto w = m.new_sequence();
+    std::vector<int32_t> two(ids.begin(), ids.begin() + std::min<size_t>(2, ids.size()));
+    DS41_RETURN_IF_ERROR(m.prefill(*w, two, 0, opt).status());
+  }
+  const int64_t t0 = clock.now_mono_ns();
+  DS41_ASSIGN_OR_RETURN(auto out, m.prefill(*st, ids, 0, opt));
+  const int64_t t1 = clock.now_mono_ns();
+  int32_t next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+  for (int64_t i = 0; i < a.decode; ++i) {
+    DS41_ASSIGN_OR_RETURN(auto o, m.decode_step(*st, next, opt));
+    next = static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin());
+  }
+  const int64_t t2 = clock.now_mono_ns();
+  const double pre_s = (t1 - t0) * 1e-9, dec_s = (t2 - t1) * 1e-9;
+  nlohmann::ordered_json j;
+  j["bench"] = "forward";
+  j["git_rev"] = git_rev();
+  j["device"] = "cpu-reference";
+  j["threads"] = a.threads;
+  j["model"] = a.model_dir.empty() ? "preset:" + a.preset : dir;
+  j["config"] = {{"layers", c.num_hidden_layers}, {"hidden", c.hidden_size}, {"vocab", c.vocab_size},
+                 {"experts", c.n_routed_experts}, {"window", c.sliding_window}};
+  j["prefill_tokens"] = a.prompt_len;
+  j["prefill_s"] = pre_s;
+  j["prefill_tok_per_s"] = a.prompt_len / std::max(pre_s, 1e-12);
+  j["decode_tokens"] = a.decode;
+  j["decode_s"] = dec_s;
+  j["decode_tok_per_s"] = a.decode / std::max(dec_s, 1e-12);
+  j["kv_bytes_per_token_layout"] = m.kv_layout().global_bytes_per_token();
+  j["kv_bytes_per_token_measured"] = static_cast<double>(st->global_kv_bytes()) / static_cast<double>(st->position());
+  j["bounded_state_bytes"] = st->bounded_bytes();
+  j["dequantized_weight_cache_bytes"] = lm.backend->cached_weight_bytes();
+  if (a.json) {
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << j.dump(2) << "\n";
+  }
+  return ok_status();
+}
+
+void setup_bench(CLI::App& parent, int& exit_code) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = parent.add_subcommand("forward", "CPU reference prefill/decode tokens/s and KV bytes per token");
+  cmd->add_option("--preset", a->preset, "tiny | small (generated with make-checkpoint under --work-dir)");
+  cmd->add_option("--model", a->model_dir, "Use this model directory instead of a preset");
+  cmd->add_option("--tokenizer", a->tokenizer_dir, "Folder with tokenizer.json (Engram vocabulary)");
+  cmd->add_option("--work-dir", a->work_dir, "Where preset checkpoints are generated (default /tmp/ds41-bench)");
+  cmd->add_option("--prompt-len", a->prompt_len, "Prefill tokens (default 256)");
+  cmd->add_option("--decode", a->decode, "Decode steps (default 32)");
+  cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
+  cmd->add_flag("--json", a->json, "One-line JSON");
+  cmd->callback([a, &exit_code] {
+    if (a->prompt_len < 1 || a->decode < 0) {
+      std::cerr << "ds41 bench forward: --prompt-len must be >= 1 and --decode >= 0\n";
+      exit_code = 2;
+      return;
+    }
+    Status s = run_bench(*a);
+    if (!s.ok()) {
+      std::cerr << "ds41 bench forward: " << s.message() << "\n";
+      exit_code = 1;
+    }
+  });
+}
+
+}  // namespace
+
+DS41_REGISTER_BENCH("forward", setup_bench);
+
+}  // namespace ds41::cli
