@@ -17,6 +17,10 @@ namespace {
 class GatedIo final : public FileIo {
  public:
   explicit GatedIo(FileIo& base) : base_(base) {}
+  void close_gate() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = false;
+  }
   void open_gate() {
     std::lock_guard<std::mutex> l(mu_);
     open_ = true;
@@ -49,7 +53,7 @@ class GatedIo final : public FileIo {
   FileIo& base_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool open_ = false;
+  bool open_ = true;  // open while the tier is created; tests close it
 };
 
 class AsyncWriterTest : public ::testing::Test {
@@ -74,6 +78,7 @@ class AsyncWriterTest : public ::testing::Test {
 TEST_F(AsyncWriterTest, BoundedQueueRejectsOrBlocks) {
   GatedIo io(PosixIo::instance());
   auto tier = open_tier(io);
+  io.close_gate();
   AsyncWriterConfig wc;
   wc.threads = 1;
   wc.queue_blocks = 2;
@@ -131,6 +136,7 @@ TEST_F(AsyncWriterTest, CallbacksCarryErrorsAndDestructorDrains) {
 TEST_F(AsyncWriterTest, QueueIsBoundedByBytesToo) {
   GatedIo io(PosixIo::instance());
   auto tier = open_tier(io);
+  io.close_gate();
   AsyncWriterConfig wc;
   wc.threads = 1;
   wc.queue_blocks = 100;

@@ -1,0 +1,390 @@
+// ds41 bench kvstore: the two-class KV store against the disk it runs on. Measures, in one run:
+// raw sequential write/read bandwidth of a plain file on the same directory (the roofline),
+// persistent-tier write/read bandwidth with 128-token global blocks of the released model's size
+// (890 B/token x 128 = 113,920 B), the restore time of a 128K-token prefix (lookup + verified
+// reads, cold and warm page cache), SWA snapshot put/get latency (p50/p99) for the embedded DRAM
+// pool and for Redis (two local redis-server nodes it starts itself), and optionally the index
+// rebuild time for N blocks (--index-blocks 1000000). Prints JSON with --json.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "cli_registry.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "kvcache/dram_swa_pool.h"
+#include "kvcache/kv_store.h"
+#include "kvcache/redis_swa_pool.h"
+
+namespace ds41 {
+namespace {
+
+using Clk = std::chrono::steady_clock;
+double secs_since(Clk::time_point t0) { return std::chrono::duration<double>(Clk::now() - t0).count(); }
+
+struct Options {
+  std::string dir;
+  size_t blocks = 1024;  // 1024 x 128 tokens = the 128K-token prefix
+  size_t block_bytes = 890 * 128;
+  int write_threads = 8;
+  int read_threads = 8;
+  bool no_sync = false;
+  size_t swa_bytes = 2700000;  // ~2.7 MB SWA snapshot (issue 4)
+  int swa_iters = 200;
+  std::string redis_nodes;     // existing nodes "h:p,h:p"; empty = start two local ones
+  bool no_redis = false;
+  size_t index_blocks = 0;
+  bool keep = false;
+  bool json = false;
+};
+
+std::string git_revision() {
+  FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
+  if (!p) return "unknown";
+  char buf[64] = {0};
+  std::string s = fgets(buf, sizeof(buf), p) ? buf : "";
+  pclose(p);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s.empty() ? "unknown" : s;
+}
+
+void drop_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  fdatasync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void drop_cache_tree(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec)) drop_cache(it->path().string());
+}
+
+// Raw sequential I/O of `bytes` to one file in `dir`: 1 MiB writes, one fsync; then a cold read.
+Result<std::pair<double, double>> raw_sequential(const std::string& dir, uint64_t bytes) {
+  std::string path = dir + "/raw_sequential.bin";
+  std::vector<uint8_t> buf(1 << 20, 0x5a);
+  auto t0 = Clk::now();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return io_error("raw: open " + path + ": " + std::strerror(errno));
+  for (uint64_t off = 0; off < bytes; off += buf.size()) {
+    size_t n = std::min<uint64_t>(buf.size(), bytes - off);
+    if (::pwrite(fd, buf.data(), n, off) != static_cast<ssize_t>(n)) {
+      ::close(fd);
+      return io_error("raw: write failed");
+    }
+  }
+  fsync(fd);
+  ::close(fd);
+  double w = secs_since(t0);
+  drop_cache(path);
+  t0 = Clk::now();
+  fd = ::open(path.c_str(), O_RDONLY);
+  for (uint64_t off = 0; off < bytes; off += buf.size())
+    if (::pread(fd, buf.data(), buf.size(), off) <= 0) break;
+  ::close(fd);
+  double r = secs_since(t0);
+  std::filesystem::remove(path);
+  return std::make_pair(bytes / w / 1e6, bytes / r / 1e6);
+}
+
+nlohmann::json percentiles_us(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+  return {{"p50_us", at(0.50) * 1e6}, {"p99_us", at(0.99) * 1e6}, {"max_us", v.empty() ? 0.0 : v.back() * 1e6},
+          {"n", v.size()}};
+}
+
+// put_swa/get_swa through KvStore: includes the header + XXH3 checksum wrap and verification.
+nlohmann::json swa_latency(KvStore& s, const Options& o) {
+  std::vector<uint8_t> snap(o.swa_bytes);
+  std::mt19937_64 rng(3);
+  for (auto& b : snap) b = static_cast<uint8_t>(rng());
+  std::vector<double> put_s, get_s;
+  int misses = 0;
+  for (int i = 0; i < o.swa_iters; ++i) {
+    BlockKey k{0x5a5a, static_cast<uint64_t>(i)};
+    auto t0 = Clk::now();
+    Status st = s.put_swa_key(k, 131072, snap);
+    put_s.push_back(secs_since(t0));
+    if (!st.ok()) ++misses;
+    t0 = Clk::now();
+    auto got = s.get_swa_key(k);
+    get_s.push_back(secs_since(t0));
+    if (!got) ++misses;
+  }
+  for (int i = 0; i < o.swa_iters; ++i) (void)s.swa().erase(BlockKey{0x5a5a, static_cast<uint64_t>(i)});
+  return {{"backend", s.swa().backend_name()}, {"value_bytes", o.swa_bytes}, {"put", percentiles_us(put_s)},
+          {"get", percentiles_us(get_s)}, {"failures", misses}};
+}
+
+struct LocalRedis {
+  pid_t pid = -1;
+  int port = 0;
+  ~LocalRedis() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+bool start_local_redis(LocalRedis* r, int port) {
+  pid_t parent = getpid();
+  r->port = port;
+  r->pid = fork();
+  if (r->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    int devnull = ::open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    std::string p = std::to_string(port);
+    execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+           "no", "--daemonize", "no", "--dir", "/tmp", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return r->pid > 0;
+}
+
+int run(const Options& o0) {
+  Options o = o0;
+  if (o.dir.empty()) o.dir = "/tmp/ds41-bench-kvstore." + std::to_string(getpid());
+  std::error_code ec;
+  std::filesystem::create_directories(o.dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "ds41 bench kvstore: cannot create --dir %s: %s\n", o.dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  nlohmann::json out;
+  out["bench"] = "kvstore";
+  out["git_revision"] = git_revision();
+  struct statfs sf {};
+  statfs(o.dir.c_str(), &sf);
+  char fstype[32];
+  std::snprintf(fstype, sizeof(fstype), "0x%lx", static_cast<unsigned long>(sf.f_type));
+  out["device"] = {{"dir", o.dir}, {"fs_type", fstype}, {"cpus", std::thread::hardware_concurrency()},
+                   {"host_memory_bytes", host_memory_bytes()}};
+  out["config"] = {{"blocks", o.blocks},         {"block_tokens", 128},           {"block_bytes", o.block_bytes},
+                   {"write_threads", o.write_threads}, {"read_threads", o.read_threads}, {"sync", !o.no_sync},
+                   {"swa_bytes", o.swa_bytes},   {"swa_iters", o.swa_iters},     {"index_blocks", o.index_blocks}};
+  const uint64_t total = static_cast<uint64_t>(o.blocks) * o.block_bytes;
+
+  // 1. Roofline: raw sequential I/O on the same directory.
+  auto raw = raw_sequential(o.dir, total);
+  if (!raw.ok()) {
+    std::fprintf(stderr, "ds41 bench kvstore: %s\n", raw.status().to_string().c_str());
+    return 1;
+  }
+
+  // 2. Persistent tier write through the async writer.
+  MetricsRegistry metrics;
+  KvStoreConfig c;
+  c.model_identity = "ds41-bench";
+  c.model_fingerprint = 1;
+  c.disk.dir = o.dir + "/store";
+  c.disk.capacity_bytes = total * 2 + (64 << 20);
+  c.disk.sync = !o.no_sync;
+  c.writer.threads = o.write_threads;
+  c.writer.queue_blocks = 64;
+  c.dram.capacity_bytes = std::max<uint64_t>(o.swa_bytes * 4 + (1 << 20), 64 << 20);
+  std::filesystem::remove_all(c.disk.dir, ec);
+  auto store_r = KvStore::open(c, PosixIo::instance(), SystemClock::instance(), metrics);
+  if (!store_r.ok()) {
+    std::fprintf(stderr, "ds41 bench kvstore: %s\n", store_r.status().to_string().c_str());
+    return 1;
+  }
+  auto& store = **store_r;
+  std::mt19937_64 rng(11);
+  std::vector<int32_t> tokens(o.blocks * 128);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 129280);
+  auto keys = store.hasher().chain_keys(tokens);
+  std::vector<std::vector<uint8_t>> payloads(std::min<size_t>(o.blocks, 16));
+  for (auto& p : payloads) {
+    p.resize(o.block_bytes);
+    for (auto& b : p) b = static_cast<uint8_t>(rng());
+  }
+  auto t0 = Clk::now();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Status s = store.write_block(keys[i], 128, payloads[i % payloads.size()], SubmitMode::kBlock);
+    if (!s.ok()) {
+      std::fprintf(stderr, "ds41 bench kvstore: write: %s\n", s.to_string().c_str());
+      return 1;
+    }
+  }
+  store.writer().drain();
+  double write_s = secs_since(t0);
+  uint64_t write_errors = metrics.counter_value("ds41_kv_write_completed_total", {{"result", "error"}});
+
+  // 3. Restore the whole prefix: cold (page cache dropped), then warm.
+  drop_cache_tree(c.disk.dir);
+  ThreadPool pool(o.read_threads);
+  t0 = Clk::now();
+  auto lk = store.lookup(tokens);
+  double lookup_s = secs_since(t0);
+  auto blocks = store.restore(lk.block_keys, &pool);
+  double cold_s = secs_since(t0);
+  size_t wrong = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto& want = payloads[i % payloads.size()];
+    if (!std::equal(want.begin(), want.end(), blocks[i].payload().begin(), blocks[i].payload().end())) ++wrong;
+  }
+  size_t restored = blocks.size();
+  blocks.clear();
+  t0 = Clk::now();
+  auto lk2 = store.lookup(tokens);
+  auto warm = store.restore(lk2.block_keys, &pool);
+  double warm_s = secs_since(t0);
+  warm.clear();
+
+  double store_w = total / write_s / 1e6, store_r_bw = total / cold_s / 1e6;
+  out["persistent_tier"] = {
+      {"raw_seq_write_MBps", raw->first},
+      {"raw_seq_read_MBps", raw->second},
+      {"store_write_MBps", store_w},
+      {"store_read_cold_MBps", store_r_bw},
+      {"write_ratio_vs_raw", store_w / raw->first},
+      {"read_ratio_vs_raw", store_r_bw / raw->second},
+      {"target_ratio", 0.7},
+      {"write_errors", write_errors},
+      {"note", "store write = one file per block, temp+fsync+rename+dir fsync each; raw = one file, one fsync"}};
+  out["restore_prefix"] = {{"tokens", lk.cached_tokens},
+                           {"blocks_found", lk.cached_blocks},
+                           {"blocks_restored", restored},
+                           {"wrong_blocks", wrong},
+                           {"lookup_ms", lookup_s * 1e3},
+                           {"cold_ms", cold_s * 1e3},
+                           {"warm_ms", warm_s * 1e3}};
+
+  // 4. SWA pools.
+  nlohmann::json swa = nlohmann::json::array();
+  swa.push_back(swa_latency(store, o));
+  if (!o.no_redis) {
+    std::vector<std::unique_ptr<LocalRedis>> local;
+    RedisSwaPoolConfig rc;
+    if (!o.redis_nodes.empty()) {
+      size_t pos = 0;
+      while (pos != std::string::npos) {
+        size_t e = o.redis_nodes.find(',', pos);
+        rc.nodes.push_back(o.redis_nodes.substr(pos, e == std::string::npos ? e : e - pos));
+        pos = e == std::string::npos ? e : e + 1;
+      }
+    } else {
+      for (int i = 0; i < 2; ++i) {
+        auto r = std::make_unique<LocalRedis>();
+        int port = 20000 + static_cast<int>((getpid() * 2 + i) % 30000);
+        if (start_local_redis(r.get(), port)) rc.nodes.push_back("127.0.0.1:" + std::to_string(port));
+        local.push_back(std::move(r));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    rc.timeout_ms = 2000;
+    auto pool_r = RedisSwaPool::create(rc, SystemClock::instance(), metrics);
+    if (pool_r.ok()) {
+      // Wait for the nodes to answer (a fresh redis-server needs a moment).
+      for (int i = 0; i < 50 && !(*pool_r)->put(BlockKey{1, 1}, std::vector<uint8_t>(1)).ok(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      KvStoreConfig rcfg = c;
+      rcfg.swa_backend = SwaBackend::kRedis;
+      rcfg.redis = rc;
+      auto rs = KvStore::open_with_pool(rcfg, PosixIo::instance(), SystemClock::instance(), metrics,
+                                        std::move(*pool_r));
+      if (rs.ok()) {
+        auto j = swa_latency(**rs, o);
+        j["nodes"] = rc.nodes;
+        swa.push_back(j);
+      }
+    } else {
+      swa.push_back({{"backend", "redis"}, {"error", pool_r.status().to_string()}});
+    }
+  }
+  out["swa_pool"] = swa;
+
+  // 5. Index rebuild with many blocks (tiny payloads: the scan cost is per file, not per byte).
+  if (o.index_blocks > 0) {
+    DiskTierConfig ic;
+    ic.dir = o.dir + "/index";
+    ic.capacity_bytes = 1ULL << 50;
+    ic.sync = false;
+    MetricsRegistry im;
+    std::filesystem::remove_all(ic.dir, ec);
+    {
+      auto t = DiskTier::open(ic, PosixIo::instance(), SystemClock::instance(), im);
+      if (!t.ok()) return 1;
+      std::vector<uint8_t> tiny(64, 1);
+      auto tp0 = Clk::now();
+      std::atomic<size_t> next{0};
+      std::vector<std::thread> ts;
+      for (int w = 0; w < 4; ++w)
+        ts.emplace_back([&] {
+          for (size_t i; (i = next.fetch_add(1)) < o.index_blocks;) (void)(*t)->put(BlockKey{i, ~i}, 1, tiny);
+        });
+      for (auto& th : ts) th.join();
+      out["index_rebuild"]["populate_s"] = secs_since(tp0);
+    }
+    auto t1 = Clk::now();
+    auto t = DiskTier::open(ic, PosixIo::instance(), SystemClock::instance(), im);
+    double open_s = secs_since(t1);
+    out["index_rebuild"]["blocks"] = t.ok() ? (*t)->block_count() : 0;
+    out["index_rebuild"]["open_ms"] = open_s * 1e3;
+    out["index_rebuild"]["page_cache"] = "warm (directory entries and inodes cached after populate)";
+  }
+
+  if (!o.keep) std::filesystem::remove_all(o.dir, ec);
+  if (o.json) {
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    const auto& p = out["persistent_tier"];
+    std::printf("persistent tier: write %.0f MB/s (raw %.0f, ratio %.2f), cold read %.0f MB/s (raw %.0f, ratio %.2f)\n",
+                p["store_write_MBps"].get<double>(), p["raw_seq_write_MBps"].get<double>(),
+                p["write_ratio_vs_raw"].get<double>(), p["store_read_cold_MBps"].get<double>(),
+                p["raw_seq_read_MBps"].get<double>(), p["read_ratio_vs_raw"].get<double>());
+    std::printf("restore %zu tokens: cold %.1f ms, warm %.1f ms\n", lk.cached_tokens, cold_s * 1e3, warm_s * 1e3);
+    for (const auto& s : swa) std::printf("swa %s\n", s.dump().c_str());
+    if (out.contains("index_rebuild")) std::printf("index %s\n", out["index_rebuild"].dump().c_str());
+  }
+  return wrong == 0 && restored == o.blocks ? 0 : 1;
+}
+
+void setup(CLI::App& parent, int& exit_code) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = parent.add_subcommand("kvstore", "Persistent KV tier vs raw disk, 128K restore, SWA pool latency");
+  cmd->add_option("--dir", opts->dir, "Directory on the disk to measure (default /tmp/ds41-bench-kvstore.<pid>)");
+  cmd->add_option("--blocks", opts->blocks, "Global blocks to write/read (1024 = a 128K-token prefix)")
+      ->check(CLI::Range(1, 10000000));
+  cmd->add_option("--block-bytes", opts->block_bytes, "Payload bytes per block (890 B/token x 128)")
+      ->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--write-threads", opts->write_threads, "Async writer threads")->check(CLI::Range(1, 256));
+  cmd->add_option("--read-threads", opts->read_threads, "Restore reader threads")->check(CLI::Range(1, 256));
+  cmd->add_flag("--no-sync", opts->no_sync, "Skip fsync on publish (not durable; for tmpfs comparisons)");
+  cmd->add_option("--swa-bytes", opts->swa_bytes, "SWA snapshot size")->check(CLI::Range(1, 1 << 30));
+  cmd->add_option("--swa-iters", opts->swa_iters, "SWA put/get pairs per backend")->check(CLI::Range(1, 1000000));
+  cmd->add_option("--redis", opts->redis_nodes, "Existing Redis nodes host:port,host:port (default: start two)");
+  cmd->add_flag("--no-redis", opts->no_redis, "Skip the Redis SWA pool");
+  cmd->add_option("--index-blocks", opts->index_blocks, "Also time the index rebuild with this many blocks");
+  cmd->add_flag("--keep", opts->keep, "Keep the benchmark directory");
+  cmd->add_flag("--json", opts->json, "Print JSON");
+  cmd->callback([opts, &exit_code] {
+    if (opts->json) set_log_level(LogLevel::kWarn);
+    exit_code = run(*opts);
+  });
+}
+
+DS41_REGISTER_BENCH("kvstore", setup);
+
+}  // namespace
+}  // namespace ds41
