@@ -80,7 +80,9 @@ Status run_generate(const GenerateArgs& a) {
   } else if (a.chat) {
     text::ChatOptions co;
     co.thinking = !a.effort.empty();
-    if (co.thinking) DS41_ASSIGN_OR_RETURN(co.reasoning_effort, text::parse_reasoning_effort(a.effort));
+    if (co.thinking) {
+      DS41_ASSIGN_OR_RETURN(co.reasoning_effort, text::parse_reasoning_effort(a.effort));
+    }
     text::ChatMessage msg;
     msg.role = text::ChatRole::kUser;
     msg.content = a.prompt;

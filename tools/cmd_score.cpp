@@ -103,7 +103,7 @@ Status run_score(const ScoreArgs& a) {
     opt.record = a.debug;
     opt.stale_index_keys = a.stale_keys;
     model::SafetensorsWriter dumpw;
-    model::DumpFn dfn = dump_into(&dumpw, "");
+    model::DumpFn dfn = dump_into(&dumpw, "debug.");  // golden debug.* names
     if (!a.dump_dir.empty()) opt.dump = &dfn;
     model::SequenceOutput out;
     std::vector<float> logits(S * V, std::numeric_limits<float>::quiet_NaN());
