@@ -87,7 +87,16 @@ int64_t ModelConfig::engram_index(int64_t l) const {
 }
 
 Result<ModelConfig> parse_model_config(std::string_view text) {
-  json root = json::parse(text.begin(), text.end(), nullptr, false);
+  // Nesting is bounded while parsing: error messages dump() offending values, and dump()
+  // recurses, so a value nested ~60k deep overflowed the stack (found by
+  // tests/fuzz/mutation/parser_mutation_test.cpp). Real configs nest 3-4 levels.
+  constexpr int kMaxConfigDepth = 32;
+  bool too_deep = false;
+  json root = json::parse(
+      text.begin(), text.end(),
+      [&](int depth, json::parse_event_t, json&) { return !(too_deep |= depth > kMaxConfigDepth); }, false);
+  if (too_deep)
+    return invalid_argument("config.json: JSON nesting deeper than " + std::to_string(kMaxConfigDepth) + " levels");
   if (root.is_discarded()) return invalid_argument("config.json: not valid JSON");
   if (!root.is_object()) return invalid_argument("config.json: top level is not an object");
   std::vector<std::string> errors;

@@ -34,7 +34,15 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }  // namespace
 
 Result<SafetensorsHeader> parse_safetensors_header(std::string_view text, uint64_t data_size) {
-  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  // A header nests 3 levels (root -> entry -> shape). Deeper input is refused while parsing, so
+  // a 256 MB header of '[' cannot build a tree of hundreds of millions of nodes first.
+  constexpr int kMaxHeaderDepth = 8;
+  bool too_deep = false;
+  json j = json::parse(
+      text.begin(), text.end(),
+      [&](int depth, json::parse_event_t, json&) { return !(too_deep |= depth > kMaxHeaderDepth); },
+      /*allow_exceptions=*/false);
+  if (too_deep) return invalid_argument("header JSON nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels");
   if (j.is_discarded()) return invalid_argument("header is not valid JSON");
   if (!j.is_object()) return invalid_argument("header JSON is not an object");
   SafetensorsHeader h;
