@@ -115,7 +115,7 @@ ModelConfig small() {
   c.index_topk = 64;
   c.n_routed_experts = 16;
   c.num_experts_per_tok = 4;
-  c.moe_intermediate_size = 512;
+  c.moe_intermediate_size = 256;
   c.engram_layer_ids = {1, 5};
   c.engram_n_heads = 4;
   c.engram_head_dim = 64;

@@ -37,12 +37,17 @@ class Rng {
       have_spare_ = false;
       return spare_;
     }
-    double u1 = uniform(), u2 = uniform();
-    if (u1 < 1e-300) u1 = 1e-300;
-    double r = std::sqrt(-2.0 * std::log(u1)), th = 6.283185307179586 * u2;
-    spare_ = r * std::sin(th);
+    // Marsaglia's polar method: one log + sqrt per pair, no trigonometry.
+    double u, v, q;
+    do {
+      u = 2.0 * uniform() - 1.0;
+      v = 2.0 * uniform() - 1.0;
+      q = u * u + v * v;
+    } while (q >= 1.0 || q == 0.0);
+    const double f = std::sqrt(-2.0 * std::log(q) / q);
+    spare_ = v * f;
     have_spare_ = true;
-    return r * std::cos(th);
+    return u * f;
   }
 
  private:

@@ -41,14 +41,15 @@ Status pwrite_all(int fd, const uint8_t* p, uint64_t n, uint64_t off, const std:
 
 }  // namespace
 
-Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::create(const std::string& path,
+Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create(const std::string& path,
                                                                      std::vector<TensorSpec> tensors,
                                                                      const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  // Built as text (not via ordered_json, whose inserts are linear): tensors in list order.
+  std::string text = "{";
   if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    nlohmann::json m = nlohmann::json::object();
     for (auto& [k, v] : metadata) m[k] = v;
-    h["__metadata__"] = m;
+    text += "\"__metadata__\":" + m.dump();
   }
   std::set<std::string> seen;
   uint64_t off = 0;
@@ -56,14 +57,16 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::create(const std::
     if (t.name == "__metadata__" || !seen.insert(t.name).second)
       return invalid_argument(path + ": duplicate or reserved tensor name '" + t.name + "'");
     uint64_t n = t.nbytes();
-    h[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    nlohmann::json e = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    if (text.size() > 1) text += ",";
+    text += nlohmann::json(t.name).dump() + ":" + e.dump();
     off += n;
   }
-  std::string text = h.dump();
+  text += "}";
   while (text.size() % 8) text.push_back(' ');  // data section 8-byte aligned (as the reference writer does)
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return io_error(path + ": cannot create (" + errno_text() + ")");
-  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter());
+  std::unique_ptr<SafetensorsStreamWriter> w(new SafetensorsStreamWriter());
   w->path_ = path;
   w->fd_ = fd;
   w->tensors_ = std::move(tensors);
@@ -76,11 +79,11 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::create(const std::
   return w;
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status SafetensorsWriter::write_next(const uint8_t* data, uint64_t n) {
+Status SafetensorsStreamWriter::write_next(const uint8_t* data, uint64_t n) {
   if (next_ >= tensors_.size()) return failed_precondition(path_ + ": write past the last tensor");
   const TensorSpec& t = tensors_[next_];
   if (n != t.nbytes())
@@ -92,14 +95,14 @@ Status SafetensorsWriter::write_next(const uint8_t* data, uint64_t n) {
   return ok_status();
 }
 
-Status SafetensorsWriter::skip_next() {
+Status SafetensorsStreamWriter::skip_next() {
   if (next_ >= tensors_.size()) return failed_precondition(path_ + ": skip past the last tensor");
   cursor_ += tensors_[next_].nbytes();  // never written: stays a hole after finish()'s ftruncate
   ++next_;
   return ok_status();
 }
 
-Status SafetensorsWriter::finish() {
+Status SafetensorsStreamWriter::finish() {
   if (fd_ < 0) return failed_precondition(path_ + ": already finished");
   if (next_ != tensors_.size())
     return failed_precondition(path_ + ": finish() with " + std::to_string(tensors_.size() - next_) +
@@ -169,7 +172,7 @@ Status write_checkpoint(const std::string& dir, const std::vector<TensorSpec>& t
   const int k = tensors.empty() ? 1 : shard_of.back() + 1;
   if (tensors.size() >= static_cast<size_t>(options.shards) && k != options.shards)
     return internal_error("shard assignment produced " + std::to_string(k) + " shards");
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  nlohmann::json weight_map = nlohmann::json::object();  // sorted, as in the release
   std::vector<uint8_t> buf;
   uint64_t done = 0;
   size_t i = 0;
@@ -181,13 +184,13 @@ Status write_checkpoint(const std::string& dir, const std::vector<TensorSpec>& t
       idx.push_back(j);
     }
     const std::string fname = shard_file_name(s, k);
-    DS41_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::create(dir + "/" + fname, part));
+    DS41_ASSIGN_OR_RETURN(auto w, SafetensorsStreamWriter::create(dir + "/" + fname, part));
     for (size_t j : idx) {
       weight_map[tensors[j].name] = fname;
       if (options.layout_only) {
         DS41_RETURN_IF_ERROR(w->skip_next());
       } else {
-        buf.assign(sizes[j], 0);
+        if (buf.size() < sizes[j]) buf.resize(sizes[j]);  // fill writes every byte
         DS41_RETURN_IF_ERROR(fill(j, buf.data(), sizes[j]).with_context("tensor '" + tensors[j].name + "'"));
         DS41_RETURN_IF_ERROR(w->write_next(buf.data(), sizes[j]));
       }
@@ -198,7 +201,7 @@ Status write_checkpoint(const std::string& dir, const std::vector<TensorSpec>& t
     i += idx.size();
   }
   if (k > 1) {
-    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     DS41_RETURN_IF_ERROR(write_text_file(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
   }
   return ok_status();

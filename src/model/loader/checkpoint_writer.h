@@ -1,5 +1,5 @@
 // ds41 model/loader: writing safetensors checkpoints (used by `ds41 make-checkpoint` and tests).
-// A SafetensorsWriter streams one file: the header (computed up front from the tensor list, padded
+// A SafetensorsStreamWriter streams one file: the header (computed up front from the tensor list, padded
 // with spaces to a multiple of 8 bytes) and then every tensor's bytes in list order, contiguous.
 // A tensor can be skipped instead of written: the file keeps a hole there (lseek past it, and
 // ftruncate to the final size at the end), which reads back as zeros and costs no disk blocks —
@@ -28,15 +28,15 @@ struct TensorSpec {
   uint64_t nbytes() const;
 };
 
-class SafetensorsWriter {
+class SafetensorsStreamWriter {
  public:
   // Creates (truncates) path and writes the header. Fails on duplicate names or an unwritable path.
-  static Result<std::unique_ptr<SafetensorsWriter>> create(const std::string& path, std::vector<TensorSpec> tensors,
+  static Result<std::unique_ptr<SafetensorsStreamWriter>> create(const std::string& path, std::vector<TensorSpec> tensors,
                                                            const std::map<std::string, std::string>& metadata = {
                                                                {"format", "pt"}});
-  ~SafetensorsWriter();
-  SafetensorsWriter(const SafetensorsWriter&) = delete;
-  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
 
   // Index of the tensor the next write_next/skip_next refers to.
   size_t next_index() const { return next_; }
@@ -53,7 +53,7 @@ class SafetensorsWriter {
   uint64_t file_size() const { return 8 + header_len_ + data_size_; }
 
  private:
-  SafetensorsWriter() = default;
+  SafetensorsStreamWriter() = default;
   std::string path_;
   int fd_ = -1;
   std::vector<TensorSpec> tensors_;

@@ -99,7 +99,7 @@ TEST(CheckpointWriter, WritesDataAndSparseHolesThatReadBack) {
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/model.safetensors";
   std::vector<TensorSpec> specs = {{"a", DType::kF32, {3}}, {"big", DType::kI8, {64, 1 << 20}}, {"c", DType::kBF16, {2, 2}}};
-  auto w = SafetensorsWriter::create(path, specs);
+  auto w = SafetensorsStreamWriter::create(path, specs);
   ASSERT_TRUE(w.ok()) << w.status().message();
   float a[3] = {1.5f, -2.0f, 3.25f};
   ASSERT_TRUE((*w)->write_next(reinterpret_cast<uint8_t*>(a), 12).ok());

@@ -1,0 +1,79 @@
+// ds41 make-checkpoint: write a checkpoint in the official format (MODEL_SPEC 1, 2) for a preset:
+// random weights with sane scales (model/random_weights.h), or with --layout-only real headers and
+// sparse holes instead of data (the 510 GB released layout costs a few MB of disk).
+//   ds41 make-checkpoint --preset tiny|small|v41-flash --seed N --out DIR [--layout-only] [--shards K]
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <unistd.h>
+
+#include "cli_registry.h"
+#include "model/checkpoint_maker.h"
+#include "model/presets.h"
+
+namespace ds41::cli {
+namespace {
+
+struct MakeArgs {
+  std::string preset, out;
+  uint64_t seed = 1;
+  int shards = 0;  // 0: the preset's default (48 for v41-flash, 1 otherwise)
+  bool layout_only = false;
+  bool force = false;
+};
+
+int run_make_checkpoint(const MakeArgs& a) {
+  auto cfg = model::preset_config(a.preset);
+  if (!cfg.ok()) {
+    std::cerr << "ds41 make-checkpoint: " << cfg.status().message() << "\n";
+    return 2;
+  }
+  if (a.preset == "v41-flash" && !a.layout_only && !a.force) {
+    std::cerr << "ds41 make-checkpoint: preset v41-flash with random data would write 510,286,023,000 bytes "
+                 "(510 GB) and take hours; pass --layout-only for the sparse layout (a few MB), or --force if "
+                 "you really mean it\n";
+    return 2;
+  }
+  model::MakeCheckpointOptions o;
+  o.seed = a.seed;
+  o.shards = a.shards > 0 ? a.shards : model::preset_default_shards(a.preset);
+  o.layout_only = a.layout_only;
+  const bool tty = isatty(fileno(stderr));
+  int last_pct = -1;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    int pct = total ? static_cast<int>(done * 100 / total) : 100;
+    if (!tty || a.layout_only || pct == last_pct) return;
+    last_pct = pct;
+    std::fprintf(stderr, "\rwriting %3d%% (%.1f / %.1f MB)", pct, done / 1e6, total / 1e6);
+    if (pct == 100) std::fprintf(stderr, "\n");
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  auto made = model::make_checkpoint(a.out, *cfg, o);
+  if (!made.ok()) {
+    std::cerr << "ds41 make-checkpoint: " << made.status().message() << "\n";
+    return 1;
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("wrote %s: preset %s, seed %llu, %llu tensors, %llu payload bytes, %d shard(s)%s in %.2f s\n",
+              a.out.c_str(), a.preset.c_str(), static_cast<unsigned long long>(a.seed),
+              static_cast<unsigned long long>(made->tensor_count), static_cast<unsigned long long>(made->payload_bytes),
+              made->shards, a.layout_only ? " (layout only: sparse, no data)" : "", s);
+  return 0;
+}
+
+void setup(CLI::App& parent, int& exit_code) {
+  auto args = std::make_shared<MakeArgs>();
+  CLI::App* sub = parent.add_subcommand("make-checkpoint", "Write a preset checkpoint (random weights or sparse layout)");
+  sub->add_option("--preset", args->preset, "tiny | small | v41-flash")->required();
+  sub->add_option("--seed", args->seed, "Random seed (weights depend only on seed and tensor name)");
+  sub->add_option("--out", args->out, "Output directory (must not hold a checkpoint yet)")->required();
+  sub->add_flag("--layout-only", args->layout_only, "Real headers, sparse all-zero data (holes)");
+  sub->add_option("--shards", args->shards, "Number of shards (default: 48 for v41-flash, else 1)")->check(CLI::Range(1, 100000));
+  sub->add_flag("--force", args->force, "Allow writing v41-flash with random data (510 GB)");
+  sub->callback([args, &exit_code] { exit_code = run_make_checkpoint(*args); });
+}
+
+}  // namespace
+}  // namespace ds41::cli
+
+DS41_REGISTER_COMMAND("make-checkpoint", ds41::cli::setup);
