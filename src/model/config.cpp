@@ -2,6 +2,8 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -23,10 +25,7 @@ class FieldReader {
   void i64(const char* key, int64_t& out, bool required = true) {
     if (!has(key)) return missing(key, required);
     const json& v = obj_.at(key);
-    if (v.is_number_integer()) out = v.get<int64_t>();
-    else if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
-      out = static_cast<int64_t>(v.get<double>());
-    else bad(key, "an integer", v);
+    if (!to_i64(v, out)) bad(key, "an integer", v);
   }
   void f64(const char* key, double& out, bool required = true) {
     if (!has(key)) return missing(key, required);
@@ -52,13 +51,36 @@ class FieldReader {
     if (!v.is_array()) return bad(key, "a list of integers", v);
     out.clear();
     for (const json& e : v) {
-      if (!e.is_number_integer()) return bad(key, "a list of integers", v);
-      out.push_back(e.get<int64_t>());
+      int64_t x = 0;
+      if (!e.is_number_integer() || !to_i64(e, x)) return bad(key, "a list of integers", v);
+      out.push_back(x);
     }
   }
   const std::string& path() const { return path_; }
 
  private:
+  // JSON number -> int64 without undefined behaviour: unsigned values above INT64_MAX and
+  // non-integral or out-of-range floats (e.g. 3.3e83, found by the config fuzzer: the old
+  // double -> int64 cast was UB) are refused.
+  static bool to_i64(const json& v, int64_t& out) {
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) return false;
+      out = static_cast<int64_t>(u);
+      return true;
+    }
+    if (v.is_number_integer()) {
+      out = v.get<int64_t>();
+      return true;
+    }
+    if (v.is_number_float()) {
+      double d = v.get<double>();
+      if (!(d >= -0x1p63 && d < 0x1p63) || d != std::trunc(d)) return false;
+      out = static_cast<int64_t>(d);
+      return true;
+    }
+    return false;
+  }
   void missing(const char* key, bool required) {
     if (required) errors_->push_back(path_ + key + ": missing");
   }
