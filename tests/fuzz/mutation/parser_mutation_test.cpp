@@ -298,6 +298,39 @@ TEST(ParserMutation, Issue2DeeplyNestedConfigValueIsRejectedNotACrash) {
   EXPECT_NE(c2.status().message().find("hidden_size: expected an integer"), std::string::npos) << c2.status().message();
 }
 
+// Regression (issue 2, found by the libFuzzer config target under UBSan): an integer field given
+// as a huge float (3.3e83) was cast double -> int64 (undefined behaviour); unsigned values above
+// INT64_MAX wrapped to negative numbers.
+TEST(ParserMutation, Issue2OutOfRangeIntegersAreRejectedWithoutUB) {
+  for (const char* bad : {"333333333333333333333333333333333333333333333333333333333333333333333333333333333192",
+                          "3.3e83", "-1e300", "9223372036854775808", "18446744073709551615", "2.5"}) {
+    std::string cfg = kTinyConfigJson;
+    size_t at = cfg.find("\"hidden_size\":");
+    size_t b = cfg.find(':', at) + 1, e = cfg.find_first_of(",}", b);
+    cfg.replace(b, e - b, bad);
+    auto c = model::parse_model_config(cfg);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("hidden_size: expected an integer"), std::string::npos)
+        << bad << ": " << c.status().message();
+  }
+  std::string cfg = kTinyConfigJson;
+  size_t at = cfg.find("\"compress_ratios\":");
+  size_t b = cfg.find('[', at) + 1;
+  cfg.insert(b, "18446744073709551615, ");
+  auto c = model::parse_model_config(cfg);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("compress_ratios: expected a list of integers"), std::string::npos)
+      << c.status().message();
+  // Integral floats in range stay accepted, as before the fix.
+  std::string ok = kTinyConfigJson;
+  size_t hs = ok.find("\"hidden_size\":");
+  size_t hb = ok.find(':', hs) + 1, he = ok.find_first_of(",}", hb);
+  std::string v = ok.substr(hb, he - hb);
+  ok.replace(hb, he - hb, v + ".0");
+  auto c2 = model::parse_model_config(ok);
+  EXPECT_TRUE(c2.ok()) << c2.status().message();
+}
+
 TEST(ParserMutation, Issue2DeeplyNestedHeaderIsRejected) {
   auto r = model::parse_safetensors_header("{\"a\":" + nested("{\"b\":", "}", 100000, "1") + "}", 0);
   ASSERT_FALSE(r.ok());
