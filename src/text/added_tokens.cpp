@@ -25,7 +25,8 @@ void AddedTokenMatcher::add(std::string_view content, int32_t id) {
   first_byte_[static_cast<unsigned char>(content[0])] = true;
 }
 
-void AddedTokenMatcher::find_all(std::string_view text, uint32_t begin, uint32_t end, std::vector<Match>* out) const {
+void AddedTokenMatcher::find_all(std::string_view text, uint32_t begin, uint32_t end,
+                                 std::vector<Match>* out) const {
   if (num_tokens_ == 0) return;
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   uint32_t i = begin;

@@ -8,24 +8,34 @@
 
 namespace ds41::text {
 
+// Below this many initial symbols the quadratic rescan beats the heap (measured with
+// `ds41 bench tokenize`); must stay <= 128 (the size of merge_small's arrays).
+constexpr size_t kSmallWord = 24;
+
 Result<BpeModel> BpeModel::from_json(const nlohmann::json& m) {
   if (!m.is_object() || m.value("type", "") != "BPE")
     return unimplemented("tokenizer.json model.type is not BPE (only byte-level BPE is supported)");
-  if (m.contains("dropout") && !m["dropout"].is_null()) return unimplemented("tokenizer.json model.dropout is set");
+  if (m.contains("dropout") && !m["dropout"].is_null())
+    return unimplemented("tokenizer.json model.dropout is set");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (m.contains(k) && !m[k].is_null() && m[k] != "") return unimplemented(std::string("tokenizer.json model.") + k);
+    if (m.contains(k) && !m[k].is_null() && m[k] != "")
+      return unimplemented(std::string("tokenizer.json model.") + k);
   }
   if (m.value("byte_fallback", false)) return unimplemented("tokenizer.json model.byte_fallback=true");
   if (m.value("ignore_merges", false)) return unimplemented("tokenizer.json model.ignore_merges=true");
-  if (!m.contains("vocab") || !m["vocab"].is_object()) return invalid_argument("tokenizer.json model.vocab missing");
-  if (!m.contains("merges") || !m["merges"].is_array()) return invalid_argument("tokenizer.json model.merges missing");
+  if (!m.contains("vocab") || !m["vocab"].is_object())
+    return invalid_argument("tokenizer.json model.vocab missing");
+  if (!m.contains("merges") || !m["merges"].is_array())
+    return invalid_argument("tokenizer.json model.merges missing");
 
   BpeModel b;
   int32_t max_id = -1;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer()) return invalid_argument("tokenizer.json vocab entry '" + it.key() + "' has a non-integer id");
+    if (!it.value().is_number_integer())
+      return invalid_argument("tokenizer.json vocab entry '" + it.key() + "' has a non-integer id");
     const int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > INT32_MAX / 2) return invalid_argument("tokenizer.json vocab id out of range: " + std::to_string(id));
+    if (id < 0 || id > INT32_MAX / 2)
+      return invalid_argument("tokenizer.json vocab id out of range: " + std::to_string(id));
     max_id = std::max<int32_t>(max_id, static_cast<int32_t>(id));
   }
   b.id_to_token_.assign(max_id + 1, std::string());
@@ -33,7 +43,8 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& m) {
   b.token_to_id_.reserve(m["vocab"].size() * 2);
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
     const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-    if (b.has_id_[id]) return invalid_argument("tokenizer.json vocab: id " + std::to_string(id) + " used twice");
+    if (b.has_id_[id])
+      return invalid_argument("tokenizer.json vocab: id " + std::to_string(id) + " used twice");
     b.has_id_[id] = 1;
     b.id_to_token_[id] = it.key();
     b.token_to_id_.emplace(it.key(), id);
@@ -41,7 +52,9 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& m) {
   const ByteLevel& bl = ByteLevel::instance();
   for (int byte = 0; byte < 256; ++byte) {
     auto f = b.find(bl.byte_to_utf8(static_cast<uint8_t>(byte)));
-    if (!f) return invalid_argument("tokenizer.json vocab lacks the byte-level token of byte " + std::to_string(byte));
+    if (!f)
+      return invalid_argument("tokenizer.json vocab lacks the byte-level token of byte " +
+                              std::to_string(byte));
     b.byte_id_[byte] = *f;
   }
 
@@ -72,7 +85,8 @@ Result<BpeModel> BpeModel::from_json(const nlohmann::json& m) {
     if (!l || !rr || !mg)
       return invalid_argument("tokenizer.json merge " + std::to_string(r) + " ('" + left + "' '" + right +
                               "') refers to a token missing from the vocabulary");
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(*l)) << 32) | static_cast<uint32_t>(*rr);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(*l)) << 32) | static_cast<uint32_t>(*rr);
     size_t h = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> b.shift_);
     while (b.slots_[h].key != kEmpty && b.slots_[h].key != key) h = (h + 1) & b.mask_;
     if (b.slots_[h].key == key) continue;  // duplicate merge: the first (lowest) rank wins, as in HF
@@ -87,7 +101,8 @@ std::optional<int32_t> BpeModel::find(std::string_view token) const {
   return it->second;
 }
 
-// Small words: keep the rank of every adjacent pair and rescan for the minimum after each merge.
+// Words up to kSmallWord symbols: keep the rank of every adjacent pair and rescan for the minimum after each
+// merge.
 void BpeModel::merge_small(std::vector<int32_t>* syms_ptr) const {
   auto& syms = *syms_ptr;
   int32_t ranks[128], merged[128];
@@ -168,7 +183,7 @@ void BpeModel::encode_word(std::string_view bytes, std::vector<int32_t>* out) co
   thread_local std::vector<int32_t> syms;
   syms.clear();
   for (unsigned char c : bytes) syms.push_back(byte_id_[c]);
-  if (syms.size() <= 128) {
+  if (syms.size() <= kSmallWord) {
     merge_small(&syms);
   } else {
     merge_large(&syms);

@@ -5,13 +5,12 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -45,7 +44,8 @@ class BpeModel {
   };
   static constexpr uint64_t kEmpty = ~0ull;
   const MergeSlot* find_merge(int32_t left, int32_t right) const {
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
     size_t h = static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
     for (;;) {
       const MergeSlot& s = slots_[h];

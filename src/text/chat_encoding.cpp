@@ -85,7 +85,8 @@ Status process_images(std::vector<ContentPart>* parts, size_t msg_index, std::ve
   for (auto& p : *parts) {
     switch (p.type) {
       case ContentPart::Type::kImage:
-        if (p.image_source.empty()) return invalid_argument(where(msg_index, "content") + ": image block without a source");
+        if (p.image_source.empty())
+          return invalid_argument(where(msg_index, "content") + ": image block without a source");
         images->push_back(p.image_source);
         p.type = ContentPart::Type::kText;
         p.text = std::string(kImageToken);
@@ -122,8 +123,11 @@ std::string render_tool_content_list(const std::vector<ContentPart>& parts) {
   for (size_t i = 0; i < parts.size(); ++i) {
     if (i) s += "\n\n";
     const auto& p = parts[i];
-    if (p.type == ContentPart::Type::kText) s += p.text;
-    else s += "[Unsupported " + (p.type == ContentPart::Type::kOther ? p.other_type : std::string("tool_result")) + "]";
+    if (p.type == ContentPart::Type::kText)
+      s += p.text;
+    else
+      s += "[Unsupported " +
+           (p.type == ContentPart::Type::kOther ? p.other_type : std::string("tool_result")) + "]";
   }
   return s;
 }
@@ -184,7 +188,8 @@ Result<int> parse_reasoning_effort(std::string_view s) {
   if (s == "high") return 75;
   if (s == "max") return 100;
   int v = 0;
-  const bool digits = !s.empty() && s.size() <= 3 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool digits = !s.empty() && s.size() <= 3 &&
+                      std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
   if (digits) std::from_chars(s.data(), s.data() + s.size(), v);
   if (!digits || v < 1 || v > 100)
     return invalid_argument("invalid reasoning effort '" + std::string(s) +
@@ -198,7 +203,8 @@ Result<std::string> render_tools_block(const nlohmann::ordered_json& tools) {
   for (size_t i = 0; i < tools.size(); ++i) {
     const auto& t = tools[i];
     if (!t.is_object() || !t.contains("function") || !t["function"].is_object())
-      return invalid_argument("tools[" + std::to_string(i) + "] has no 'function' object (OpenAI tool format)");
+      return invalid_argument("tools[" + std::to_string(i) +
+                              "] has no 'function' object (OpenAI tool format)");
     if (i) schemas += "\n";
     schemas += python_json_dumps(t["function"]);
   }
@@ -217,7 +223,8 @@ std::string render_tool_calls(const std::vector<ToolCall>& calls) {
     invokes += encode_arguments_dsml(calls[i]);
     invokes += "\n</" + std::string(kDsmlToken) + " invoke>";
   }
-  return "\n\n<" + std::string(kDsmlToken) + " calls>\n" + invokes + "\n</" + std::string(kDsmlToken) + " calls>";
+  return "\n\n<" + std::string(kDsmlToken) + " calls>\n" + invokes + "\n</" + std::string(kDsmlToken) +
+         " calls>";
 }
 
 Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const ChatOptions& opt) {
@@ -239,7 +246,8 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
       return invalid_argument(where(i, "reasoning_content") + " contains the image token");
     if (json_truthy(m.tools)) {
       if (m.role != ChatRole::kSystem)
-        return invalid_argument(where(i, "tools") + ": tools can only be declared on a system message (role is " +
+        return invalid_argument(where(i, "tools") +
+                                ": tools can only be declared on a system message (role is " +
                                 chat_role_name(m.role) + ")");
       any_tools = true;
     }
@@ -249,7 +257,8 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
       return invalid_argument(where(i, "task") + ": unknown task '" + *m.task +
                               "' (valid: action, query, authority, domain, title, read_url)");
     for (size_t k = 0; k < m.tool_calls.size(); ++k) {
-      if (m.role != ChatRole::kAssistant) return invalid_argument(where(i, "tool_calls") + ": only assistants make tool calls");
+      if (m.role != ChatRole::kAssistant)
+        return invalid_argument(where(i, "tool_calls") + ": only assistants make tool calls");
       if (m.tool_calls[k].name.empty())
         return invalid_argument(where(i, "tool_calls") + "[" + std::to_string(k) + "] has no function name");
     }
@@ -271,7 +280,8 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
           if (p.type == ContentPart::Type::kText) {
             t.blocks.push_back({Block::kText, p.text, ""});
           } else if (p.type == ContentPart::Type::kToolResult) {
-            t.blocks.push_back({Block::kToolResult, p.tool_content ? render_tool_content_list(*p.tool_content) : p.text,
+            t.blocks.push_back({Block::kToolResult,
+                                p.tool_content ? render_tool_content_list(*p.tool_content) : p.text,
                                 p.tool_call_id});
           } else {
             t.blocks.push_back({Block::kText, "[Unsupported " + p.other_type + "]", ""});
@@ -378,8 +388,10 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
         for (size_t k = 0; k < t.blocks.size(); ++k) {
           if (k) p += "\n\n";  // blocks (and tool results) joined by a blank line
           const Block& b = t.blocks[k];
-          if (b.kind == Block::kToolResult) p += "<tool_result>" + b.text + "</tool_result>";
-          else p += b.text;
+          if (b.kind == Block::kToolResult)
+            p += "<tool_result>" + b.text + "</tool_result>";
+          else
+            p += b.text;
         }
         break;
       }
@@ -405,7 +417,8 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
     }
 
     // Generation header: only before an assistant / latest_reminder turn or at the end.
-    if (i + 1 < n && turns[i + 1].role != ChatRole::kAssistant && turns[i + 1].role != ChatRole::kLatestReminder)
+    if (i + 1 < n && turns[i + 1].role != ChatRole::kAssistant &&
+        turns[i + 1].role != ChatRole::kLatestReminder)
       continue;
     if (t.task) {
       const std::string_view tok = task_tokens().at(*t.task);

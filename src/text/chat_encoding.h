@@ -8,12 +8,11 @@
 // JSON conversion (OpenAI chat format) lives in chat_json.h.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -53,15 +52,15 @@ struct ToolCall {
 
 struct ChatMessage {
   ChatRole role = ChatRole::kUser;
-  std::string content;                             // string content
-  std::optional<std::vector<ContentPart>> parts;   // array content (takes precedence)
-  std::optional<std::string> reasoning_content;    // assistant
-  std::vector<ToolCall> tool_calls;                // assistant
-  std::string tool_call_id;                        // tool
-  nlohmann::ordered_json tools;                    // system: OpenAI `tools` array (null = none)
-  nlohmann::ordered_json response_format;          // system: JSON schema object (null = none)
-  std::optional<std::string> task;                 // action/query/authority/domain/title/read_url
-  bool wo_eos = false;                             // assistant: no EOS (continue a prefix)
+  std::string content;                            // string content
+  std::optional<std::vector<ContentPart>> parts;  // array content (takes precedence)
+  std::optional<std::string> reasoning_content;   // assistant
+  std::vector<ToolCall> tool_calls;               // assistant
+  std::string tool_call_id;                       // tool
+  nlohmann::ordered_json tools;                   // system: OpenAI `tools` array (null = none)
+  nlohmann::ordered_json response_format;         // system: JSON schema object (null = none)
+  std::optional<std::string> task;                // action/query/authority/domain/title/read_url
+  bool wo_eos = false;                            // assistant: no EOS (continue a prefix)
 };
 
 // Reasoning effort budget (MODEL_SPEC 6.2): integer 1..100 or tier low=50, high=75, max=100.
@@ -70,10 +69,10 @@ inline constexpr int kDefaultReasoningEffort = 75;
 Result<int> parse_reasoning_effort(std::string_view s);
 
 struct ChatOptions {
-  bool thinking = true;                    // thinking mode (else chat mode)
+  bool thinking = true;                            // thinking mode (else chat mode)
   int reasoning_effort = kDefaultReasoningEffort;  // 1..100; used only in thinking mode
-  bool add_bos = true;                     // false when continuing a context
-  bool drop_thinking = true;               // drop reasoning of turns before the last user turn
+  bool add_bos = true;                             // false when continuing a context
+  bool drop_thinking = true;                       // drop reasoning of turns before the last user turn
 };
 
 struct ChatPrompt {

@@ -15,21 +15,25 @@ Result<std::string> optional_string(const nlohmann::ordered_json& m, const char*
 Result<std::vector<ContentPart>> parts_from_json(const nlohmann::ordered_json& arr, size_t i, int depth);
 
 Result<ContentPart> part_from_json(const nlohmann::ordered_json& b, size_t i, int depth) {
-  if (b.is_string()) return ContentPart{ContentPart::Type::kText, b.get<std::string>(), "", "", std::nullopt, ""};
+  if (b.is_string())
+    return ContentPart{ContentPart::Type::kText, b.get<std::string>(), "", "", std::nullopt, ""};
   if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
     return invalid_argument(at(i) + ".content: every part needs a string 'type'");
   const std::string type = b["type"].get<std::string>();
   ContentPart p;
   if (type == "text") {
     p.type = ContentPart::Type::kText;
-    if (!b.contains("text") || !b["text"].is_string()) return invalid_argument(at(i) + ".content: text part without 'text'");
+    if (!b.contains("text") || !b["text"].is_string())
+      return invalid_argument(at(i) + ".content: text part without 'text'");
     p.text = b["text"].get<std::string>();
   } else if (type == "image_url" || type == "image") {
     p.type = ContentPart::Type::kImage;
     if (type == "image_url" && b.contains("image_url")) {
       const auto& u = b["image_url"];
-      if (u.is_string()) p.image_source = u.get<std::string>();
-      else if (u.is_object() && u.contains("url") && u["url"].is_string()) p.image_source = u["url"].get<std::string>();
+      if (u.is_string())
+        p.image_source = u.get<std::string>();
+      else if (u.is_object() && u.contains("url") && u["url"].is_string())
+        p.image_source = u["url"].get<std::string>();
     } else {
       for (const char* k : {"source", "url", "data"}) {
         if (!b.contains(k) || b[k].is_null()) continue;
@@ -40,7 +44,8 @@ Result<ContentPart> part_from_json(const nlohmann::ordered_json& b, size_t i, in
     // An empty source is reported by encode_chat with the message index.
   } else if (type == "tool_result") {
     p.type = ContentPart::Type::kToolResult;
-    if (b.contains("tool_use_id") && b["tool_use_id"].is_string()) p.tool_call_id = b["tool_use_id"].get<std::string>();
+    if (b.contains("tool_use_id") && b["tool_use_id"].is_string())
+      p.tool_call_id = b["tool_use_id"].get<std::string>();
     if (b.contains("content") && b["content"].is_array()) {
       if (depth > 0) return invalid_argument(at(i) + ".content: nested tool_result");
       DS41_ASSIGN_OR_RETURN(auto inner, parts_from_json(b["content"], i, depth + 1));
@@ -68,8 +73,9 @@ Result<std::vector<ContentPart>> parts_from_json(const nlohmann::ordered_json& a
 
 Result<int> reasoning_effort_from_json(const nlohmann::ordered_json& v) {
   if (v.is_number_integer() || v.is_number_unsigned()) {
-    const int64_t x = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), 1000))
-                                             : v.get<int64_t>();
+    const int64_t x = v.is_number_unsigned()
+                          ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), 1000))
+                          : v.get<int64_t>();
     if (x < 1 || x > 100)
       return invalid_argument("invalid reasoning effort " + std::to_string(x) +
                               ": expected an integer 1..100 or one of low (50), high (75), max (100)");
@@ -85,12 +91,19 @@ Result<ChatMessage> chat_message_from_json(const nlohmann::ordered_json& m, size
   if (!m.contains("role") || !m["role"].is_string()) return invalid_argument(at(i) + " has no string 'role'");
   const std::string role = m["role"].get<std::string>();
   ChatMessage msg;
-  if (role == "system") msg.role = ChatRole::kSystem;
-  else if (role == "user") msg.role = ChatRole::kUser;
-  else if (role == "assistant") msg.role = ChatRole::kAssistant;
-  else if (role == "tool") msg.role = ChatRole::kTool;
-  else if (role == "latest_reminder") msg.role = ChatRole::kLatestReminder;
-  else return invalid_argument(at(i) + ".role '" + role + "' is not one of system, user, assistant, tool, latest_reminder");
+  if (role == "system")
+    msg.role = ChatRole::kSystem;
+  else if (role == "user")
+    msg.role = ChatRole::kUser;
+  else if (role == "assistant")
+    msg.role = ChatRole::kAssistant;
+  else if (role == "tool")
+    msg.role = ChatRole::kTool;
+  else if (role == "latest_reminder")
+    msg.role = ChatRole::kLatestReminder;
+  else
+    return invalid_argument(at(i) + ".role '" + role +
+                            "' is not one of system, user, assistant, tool, latest_reminder");
 
   if (m.contains("content") && m["content"].is_array()) {
     DS41_ASSIGN_OR_RETURN(auto parts, parts_from_json(m["content"], i, 0));
@@ -99,7 +112,8 @@ Result<ChatMessage> chat_message_from_json(const nlohmann::ordered_json& m, size
     DS41_ASSIGN_OR_RETURN(msg.content, optional_string(m, "content", i));
   }
   if (m.contains("reasoning_content") && !m["reasoning_content"].is_null()) {
-    if (!m["reasoning_content"].is_string()) return invalid_argument(at(i) + ".reasoning_content must be a string");
+    if (!m["reasoning_content"].is_string())
+      return invalid_argument(at(i) + ".reasoning_content must be a string");
     msg.reasoning_content = m["reasoning_content"].get<std::string>();
   }
   DS41_ASSIGN_OR_RETURN(msg.tool_call_id, optional_string(m, "tool_call_id", i));
@@ -115,7 +129,8 @@ Result<ChatMessage> chat_message_from_json(const nlohmann::ordered_json& m, size
       const auto& f = tc["function"];
       if (f.contains("name") && f["name"].is_string()) call.name = f["name"].get<std::string>();
       if (f.contains("arguments")) {
-        call.arguments = f["arguments"].is_string() ? f["arguments"].get<std::string>() : f["arguments"].dump();
+        call.arguments =
+            f["arguments"].is_string() ? f["arguments"].get<std::string>() : f["arguments"].dump();
       }
       msg.tool_calls.push_back(std::move(call));
     }
@@ -154,15 +169,19 @@ Result<Conversation> conversation_from_json(const nlohmann::ordered_json& j) {
   if (!j.is_object()) return c;
   if (j.contains("thinking_mode") && !j["thinking_mode"].is_null()) {
     const auto& t = j["thinking_mode"];
-    if (t == "thinking") c.options.thinking = true;
-    else if (t == "chat") c.options.thinking = false;
-    else return invalid_argument("thinking_mode must be \"thinking\" or \"chat\", got " + t.dump());
+    if (t == "thinking")
+      c.options.thinking = true;
+    else if (t == "chat")
+      c.options.thinking = false;
+    else
+      return invalid_argument("thinking_mode must be \"thinking\" or \"chat\", got " + t.dump());
   }
   if (j.contains("reasoning_effort") && !j["reasoning_effort"].is_null()) {
     DS41_ASSIGN_OR_RETURN(c.options.reasoning_effort, reasoning_effort_from_json(j["reasoning_effort"]));
   }
   const bool has_tools = j.contains("tools") && !j["tools"].is_null() && !j["tools"].empty();
-  const bool has_rf = j.contains("response_format") && !j["response_format"].is_null() && !j["response_format"].empty();
+  const bool has_rf =
+      j.contains("response_format") && !j["response_format"].is_null() && !j["response_format"].empty();
   if (has_tools || has_rf) {
     if (c.messages.empty() || c.messages[0].role != ChatRole::kSystem) {
       ChatMessage sys;

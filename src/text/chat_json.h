@@ -12,9 +12,8 @@
 // tools would be silently ignored); we prefer to render them.
 #pragma once
 
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/status.h"
 #include "text/chat_encoding.h"

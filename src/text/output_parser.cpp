@@ -50,7 +50,8 @@ bool only_whitespace(std::string_view s) {
 bool parse_dsml_tool_calls(std::string_view block, std::vector<ToolCall>* calls_out) {
   static const std::string kCallsOpen = dsml("<", " calls>\n"), kCallsClose = dsml("</", " calls>"),
                            kInvokeOpen = dsml("<", " invoke name=\""), kInvokeClose = dsml("</", " invoke>"),
-                           kParamOpen = dsml("<", " parameter name=\""), kParamClose = dsml("</", " parameter>");
+                           kParamOpen = dsml("<", " parameter name=\""),
+                           kParamClose = dsml("</", " parameter>");
   Cursor c(block);
   if (!c.eat(kCallsOpen)) return false;
   std::vector<ToolCall> calls;
@@ -72,9 +73,12 @@ bool parse_dsml_tool_calls(std::string_view block, std::vector<ToolCall>* calls_
           key.find('\n') != std::string_view::npos)
         return false;
       bool is_string;
-      if (c.eat("true\">")) is_string = true;
-      else if (c.eat("false\">")) is_string = false;
-      else return false;
+      if (c.eat("true\">"))
+        is_string = true;
+      else if (c.eat("false\">"))
+        is_string = false;
+      else
+        return false;
       if (!c.until(kParamClose, &value)) return false;
       // A value must not swallow other DSML tags (interleaved / truncated blocks).
       if (value.find(kDsmlToken) != std::string_view::npos) return false;

@@ -7,11 +7,11 @@
 // string="false" values copied as JSON).
 //
 // Robustness contract: any input (truncated, interleaved, malformed DSML, invalid UTF-8) is
-// handled without crashing (invalid UTF-8 is first repaired with U+FFFD, text/utf8.h); when the DSML block cannot be parsed completely the whole
-// post-reasoning text is returned as plain `content` with no tool calls and
-// `tool_calls_malformed` set. [deviation] The official parser raises on such input; it also
-// accepts a string="false" value that is not valid JSON, which we treat as malformed so that
-// `arguments` is always valid JSON.
+// handled without crashing (invalid UTF-8 is first repaired with U+FFFD, text/utf8.h); when the DSML block
+// cannot be parsed completely the whole post-reasoning text is returned as plain `content` with no tool calls
+// and `tool_calls_malformed` set. [deviation] The official parser raises on such input; it also accepts a
+// string="false" value that is not valid JSON, which we treat as malformed so that `arguments` is always
+// valid JSON.
 #pragma once
 
 #include <string>
@@ -25,10 +25,10 @@ namespace ds41::text {
 struct ParsedOutput {
   std::string reasoning_content;
   std::string content;
-  std::vector<ToolCall> tool_calls;  // id left empty (the server assigns ids)
-  bool reasoning_complete = false;   // thinking mode: `</think>` was seen
-  bool saw_eos = false;              // the EOS token text was seen (text after it is ignored)
-  bool tool_calls_malformed = false; // a DSML block was present but returned as plain text
+  std::vector<ToolCall> tool_calls;   // id left empty (the server assigns ids)
+  bool reasoning_complete = false;    // thinking mode: `</think>` was seen
+  bool saw_eos = false;               // the EOS token text was seen (text after it is ignored)
+  bool tool_calls_malformed = false;  // a DSML block was present but returned as plain text
 };
 
 // `text` is the decoded completion with special tokens kept (decode without skip_special),

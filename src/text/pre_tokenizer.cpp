@@ -9,7 +9,8 @@ namespace {
 
 // Unicode White_Space (PropList.txt), i.e. Oniguruma's `\s` for UTF-8 subjects.
 constexpr std::string_view kWhiteSpaceItems =
-    "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+    "\\x{9}-\\x{D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{"
+    "3000}";
 
 std::string pcre2_error_text(int code) {
   PCRE2_UCHAR buf[256];
@@ -77,8 +78,8 @@ Result<std::shared_ptr<const Pcre2Regex>> Pcre2Regex::compile(const std::string&
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
                                    PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
   if (code == nullptr) {
-    return invalid_argument("regex '" + pattern + "' does not compile at offset " + std::to_string(off) + ": " +
-                            pcre2_error_text(err));
+    return invalid_argument("regex '" + pattern + "' does not compile at offset " + std::to_string(off) +
+                            ": " + pcre2_error_text(err));
   }
   std::shared_ptr<Pcre2Regex> r(new Pcre2Regex());
   r->code_ = code;
@@ -149,7 +150,8 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j) {
       if (s.value("behavior", "") != "Isolated")
         return unimplemented(where + ": behavior '" + s.value("behavior", "") + "' (only Isolated)");
       if (s.value("invert", false)) return unimplemented(where + ": invert=true");
-      if (!s.contains("pattern") || !s["pattern"].is_object()) return invalid_argument(where + ": missing pattern");
+      if (!s.contains("pattern") || !s["pattern"].is_object())
+        return invalid_argument(where + ": missing pattern");
       const auto& pat = s["pattern"];
       std::string regex;
       if (pat.contains("Regex") && pat["Regex"].is_string()) {
@@ -170,7 +172,8 @@ Result<PreTokenizer> PreTokenizer::from_json(const nlohmann::json& j) {
       return unimplemented(where + ": pre-tokenizer type not supported");
     }
   }
-  if (!seen_byte_level) return unimplemented("pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)");
+  if (!seen_byte_level)
+    return unimplemented("pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)");
   return pt;
 }
 
@@ -182,7 +185,8 @@ PreTokenizer::Scratch::~Scratch() {
   for (void* md : match_data_) Pcre2Regex::free_match_data(md);
 }
 
-const std::vector<std::pair<uint32_t, uint32_t>>& PreTokenizer::split(std::string_view text, Scratch* sc) const {
+const std::vector<std::pair<uint32_t, uint32_t>>& PreTokenizer::split(std::string_view text,
+                                                                      Scratch* sc) const {
   sc->a_.clear();
   sc->a_.emplace_back(0u, static_cast<uint32_t>(text.size()));
   for (size_t k = 0; k < regexes_.size(); ++k) {

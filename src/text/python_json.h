@@ -9,9 +9,8 @@
 // parser (nlohmann), whereas Python keeps them exact.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace ds41::text {
 

@@ -10,13 +10,15 @@ namespace ds41::text {
 namespace {
 
 constexpr std::array<std::string_view, 64> kEnglishWords = {
-    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not",
-    "he", "I", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "had", "they", "you",
-    "were", "their", "one", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will",
-    "would", "who", "so", "no", "model", "token", "inference", "DeepSeek", "attention", "don't", "it's",
-    "we'll", "they're", "I'm", "you've", "O'Neil", "naïve", "café", "résumé"};
-constexpr std::array<std::string_view, 12> kEnglishPunct = {".", ",", "!", "?", ";", ":", " -", " (", ")", "\"",
-                                                            "'", "..."};
+    "the",    "of",        "and",      "to",        "in",    "is",    "that",  "for",     "it",   "as",
+    "was",    "with",      "be",       "by",        "on",    "not",   "he",    "I",       "this", "are",
+    "or",     "his",       "from",     "at",        "which", "but",   "have",  "an",      "had",  "they",
+    "you",    "were",      "their",    "one",       "all",   "we",    "can",   "her",     "has",  "there",
+    "been",   "if",        "more",     "when",      "will",  "would", "who",   "so",      "no",   "model",
+    "token",  "inference", "DeepSeek", "attention", "don't", "it's",  "we'll", "they're", "I'm",  "you've",
+    "O'Neil", "naïve",     "café",     "résumé"};
+constexpr std::array<std::string_view, 12> kEnglishPunct = {".",  ",",  "!", "?",  ";", ":",
+                                                            " -", " (", ")", "\"", "'", "..."};
 constexpr std::string_view kCjkPunct = "，。！？、：；“”（）《》【】";
 constexpr std::string_view kJaPunct = "。、「」ー・！？";
 constexpr std::array<std::string_view, 16> kCodeSnippets = {
@@ -29,30 +31,54 @@ constexpr std::array<std::string_view, 16> kCodeSnippets = {
     "<div class=\"box\"><a href=\"https://example.com/?q=1&x=2\">link</a></div>\n",
     "if [ -f \"$HOME/.bashrc\" ]; then source ~/.bashrc; fi 2>&1 | tee -a log.txt\n",
     "template <typename T>\nstd::vector<T> f(const std::map<int, T>& m) noexcept;\n",
-    "class Foo(Base):\n    \"\"\"Docstring.\"\"\"\n    def __init__(self, *args, **kwargs):\n        super().__init__()\n",
+    "class Foo(Base):\n    \"\"\"Docstring.\"\"\"\n    def __init__(self, *args, **kwargs):\n        "
+    "super().__init__()\n",
     "x = {'a': [1, 2.5e-3, None], \"b\": True}  # comment\r\n",
     "#include <stdio.h>\nint main(void){printf(\"%d\\n\", 42);return 0;}\n",
     "  public static void main(String[] args) throws IOException {\n      System.out.println(\"hi\");\n  }\n",
     "let re = /^[a-z0-9_-]{3,16}$/i; // regex\n",
     "local t = {1, 2, 3} -- lua\nfor i, v in ipairs(t) do print(i, v) end\n",
     "@@ -1,4 +1,5 @@\n-old line\n+new line\n     context\n"};
-constexpr std::array<std::string_view, 24> kEmoji = {
-    "😀", "🎉", "👍", "👍🏽", "❤️", "🇨🇳", "🇺🇸", "👨‍👩‍👧‍👦", "🧑🏻‍💻", "🏳️‍🌈", "👩‍❤️‍💋‍👨", "🤖", "✨", "🔥", "☕",
-    "🙏🏿", "😂", "🫠", "🐉", "1️⃣", "#️⃣", "🏴‍☠️", "🧪", "🚀"};
-constexpr std::array<std::string_view, 14> kWhitespace = {" ", "  ", "   ", "\t", "\t\t", "\n", "\r\n", "\n\n",
-                                                          "\r", "\u3000", "\u00a0", "\u2028", " \n ", "\u2003"};
+constexpr std::array<std::string_view, 24> kEmoji = {"😀",
+                                                     "🎉",
+                                                     "👍",
+                                                     "👍🏽",
+                                                     "❤️",
+                                                     "🇨🇳",
+                                                     "🇺🇸",
+                                                     "👨‍👩‍👧‍👦",
+                                                     "🧑🏻‍💻",
+                                                     "🏳️‍🌈",
+                                                     "👩‍❤️‍💋‍👨",
+                                                     "🤖",
+                                                     "✨",
+                                                     "🔥",
+                                                     "☕",
+                                                     "🙏🏿",
+                                                     "😂",
+                                                     "🫠",
+                                                     "🐉",
+                                                     "1️⃣",
+                                                     "#️⃣",
+                                                     "🏴‍☠️",
+                                                     "🧪",
+                                                     "🚀"};
+constexpr std::array<std::string_view, 14> kWhitespace = {" ",      "  ",     "   ",  "\t",    "\t\t",
+                                                          "\n",     "\r\n",   "\n\n", "\r",    "\u3000",
+                                                          "\u00a0", "\u2028", " \n ", "\u2003"};
 constexpr std::array<std::string_view, 24> kPunctClusters = {
-    "!!!", "???", "?!", "...", "…", "---", "--->", "<=>", "***", "«»", "„“", "—", "()", "[]{}", "::", "=>",
-    "@#$%", "^_^", "¯\\_(ツ)_/¯", "§¶", "±×÷", "™©®", "~~~", "|||"};
+    "!!!", "???",  "?!", "...", "…",    "---", "--->",        "<=>", "***", "«»",  "„“",  "—",
+    "()",  "[]{}", "::", "=>",  "@#$%", "^_^", "¯\\_(ツ)_/¯", "§¶",  "±×÷", "™©®", "~~~", "|||"};
 constexpr std::array<std::string_view, 12> kOtherScripts = {
-    "Ελληνικά γράμματα", "Привет, мир", "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया", "สวัสดีชาวโลก",
-    "Xin chào thế giới", "Grüße aus Köln", "ñandú pingüino", "e\u0301te\u0301 a\u0300", "ǅemal ǈ", "Ωμέγα ΣΊΣΥΦΟΣ"};
+    "Ελληνικά γράμματα", "Привет, мир",       "مرحبا بالعالم",  "שלום עולם",      "नमस्ते दुनिया",
+    "สวัสดีชาวโลก",        "Xin chào thế giới", "Grüße aus Köln", "ñandú pingüino", "e\u0301te\u0301 a\u0300",
+    "ǅemal ǈ",           "Ωμέγα ΣΊΣΥΦΟΣ"};
 
 }  // namespace
 
 const char* text_kind_name(TextKind k) {
-  static const char* kNames[] = {"english", "chinese",     "japanese",      "korean", "code", "digits",
-                                 "emoji",   "whitespace",  "punctuation",   "other_scripts", "mixed"};
+  static const char* kNames[] = {"english", "chinese",    "japanese",    "korean",        "code", "digits",
+                                 "emoji",   "whitespace", "punctuation", "other_scripts", "mixed"};
   const int i = static_cast<int>(k);
   return i >= 0 && i < static_cast<int>(TextKind::kCount) ? kNames[i] : "?";
 }
@@ -69,7 +95,12 @@ static std::string utf8_char_at(std::string_view s, size_t char_index) {
   while (i < s.size()) {
     size_t len = 1;
     const auto c = static_cast<uint8_t>(s[i]);
-    if (c >= 0xF0) len = 4; else if (c >= 0xE0) len = 3; else if (c >= 0xC0) len = 2;
+    if (c >= 0xF0)
+      len = 4;
+    else if (c >= 0xE0)
+      len = 3;
+    else if (c >= 0xC0)
+      len = 2;
     if (k == char_index) return std::string(s.substr(i, len));
     i += len;
     ++k;
@@ -124,10 +155,14 @@ std::string SyntheticText::japanese(int n) {
   const size_t np = utf8_count(kJaPunct);
   for (int i = 0; i < n; ++i) {
     const uint64_t r = below(10);
-    if (r < 4) utf8_append(0x3041 + static_cast<uint32_t>(below(0x3096 - 0x3041 + 1)), &s);       // hiragana
-    else if (r < 7) utf8_append(0x30A1 + static_cast<uint32_t>(below(0x30FA - 0x30A1 + 1)), &s);  // katakana
-    else if (r < 9) utf8_append(0x4E00 + static_cast<uint32_t>(below(0x5000)), &s);               // kanji
-    else s += utf8_char_at(kJaPunct, below(np));
+    if (r < 4)
+      utf8_append(0x3041 + static_cast<uint32_t>(below(0x3096 - 0x3041 + 1)), &s);  // hiragana
+    else if (r < 7)
+      utf8_append(0x30A1 + static_cast<uint32_t>(below(0x30FA - 0x30A1 + 1)), &s);  // katakana
+    else if (r < 9)
+      utf8_append(0x4E00 + static_cast<uint32_t>(below(0x5000)), &s);  // kanji
+    else
+      s += utf8_char_at(kJaPunct, below(np));
   }
   if (below(3) == 0) s += "ｶﾀｶﾅ１２３";  // half-width katakana, full-width digits
   return s;
@@ -158,9 +193,12 @@ std::string SyntheticText::digits(int n) {
   while (static_cast<int>(s.size()) < n) {
     const uint64_t r = below(8);
     const int len = 1 + static_cast<int>(below(r == 0 ? 60 : 12));
-    if (r == 1) s += "３．１４１５９";                       // full-width
-    else if (r == 2) s += "x² + y³ = ½ ⅔ Ⅻ ①②";               // other numerics
-    else if (r == 3) s += "٠١٢٣٤٥٦٧٨٩ ०१२३";                 // Arabic-Indic, Devanagari
+    if (r == 1)
+      s += "３．１４１５９";  // full-width
+    else if (r == 2)
+      s += "x² + y³ = ½ ⅔ Ⅻ ①②";  // other numerics
+    else if (r == 3)
+      s += "٠١٢٣٤٥٦٧٨٩ ०१२३";  // Arabic-Indic, Devanagari
     else {
       for (int i = 0; i < len; ++i) s += static_cast<char>('0' + below(10));
     }
@@ -195,9 +233,12 @@ std::string SyntheticText::punctuation(int n) {
   while (static_cast<int>(s.size()) < n) {
     s += kPunctClusters[below(kPunctClusters.size())];
     const uint64_t r = below(5);
-    if (r == 0) s += " ";
-    else if (r == 1) s += "abc";
-    else if (r == 2) s += "\n";
+    if (r == 0)
+      s += " ";
+    else if (r == 1)
+      s += "abc";
+    else if (r == 2)
+      s += "\n";
   }
   return s;
 }
@@ -237,14 +278,15 @@ std::string SyntheticText::make(TextKind kind, int n) {
 
 std::string SyntheticText::corpus_line() {
   // Weighted like a multilingual chat corpus: mostly English and code, then CJK, then the rest.
-  static constexpr TextKind kWeights[] = {TextKind::kEnglish, TextKind::kEnglish, TextKind::kEnglish,
-                                          TextKind::kCode,    TextKind::kCode,    TextKind::kChinese,
-                                          TextKind::kChinese, TextKind::kJapanese, TextKind::kKorean,
-                                          TextKind::kDigits,  TextKind::kEmoji,   TextKind::kWhitespace,
-                                          TextKind::kPunctuation, TextKind::kOtherScripts, TextKind::kMixed};
+  static constexpr TextKind kWeights[] = {
+      TextKind::kEnglish,     TextKind::kEnglish,      TextKind::kEnglish, TextKind::kCode,
+      TextKind::kCode,        TextKind::kChinese,      TextKind::kChinese, TextKind::kJapanese,
+      TextKind::kKorean,      TextKind::kDigits,       TextKind::kEmoji,   TextKind::kWhitespace,
+      TextKind::kPunctuation, TextKind::kOtherScripts, TextKind::kMixed};
   TextKind k = kWeights[below(sizeof(kWeights) / sizeof(kWeights[0]))];
   std::string s = make(k, 40 + static_cast<int>(below(400)));
-  for (char& c : s) if (c == '\n') c = ' ';  // one corpus line = one string
+  for (char& c : s)
+    if (c == '\n') c = ' ';  // one corpus line = one string
   return s;
 }
 

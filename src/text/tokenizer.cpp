@@ -55,7 +55,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_model_dir(const std::string& 
   return from_file(dir + "/tokenizer.json");
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view text, const std::string& source) {
+Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view text,
+                                                             const std::string& source) {
   nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return invalid_argument(source + ": not a JSON object");
   std::unique_ptr<Tokenizer> t(new Tokenizer());
@@ -65,7 +66,8 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view te
     const auto& n = j["normalizer"];
     const bool empty_seq = n.value("type", "") == "Sequence" && n.contains("normalizers") &&
                            n["normalizers"].is_array() && n["normalizers"].empty();
-    if (!empty_seq) return unimplemented(source + ": normalizer '" + n.value("type", "?") + "' is not supported");
+    if (!empty_seq)
+      return unimplemented(source + ": normalizer '" + n.value("type", "?") + "' is not supported");
   }
   if (!j.contains("decoder") || !j["decoder"].is_object() || j["decoder"].value("type", "") != "ByteLevel")
     return unimplemented(source + ": decoder must be ByteLevel");
@@ -89,8 +91,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json_text(std::string_view te
         return invalid_argument(source + ": added_tokens entry without integer id / string content");
       AddedTokenInfo info{a["id"].get<int32_t>(), a["content"].get<std::string>(), a.value("special", false),
                           a.value("normalized", !a.value("special", false))};
-      if (info.id < 0) return invalid_argument(source + ": added token '" + info.content + "' has a negative id");
-      if (info.content.empty()) return invalid_argument(source + ": added token " + std::to_string(info.id) + " is empty");
+      if (info.id < 0)
+        return invalid_argument(source + ": added token '" + info.content + "' has a negative id");
+      if (info.content.empty())
+        return invalid_argument(source + ": added token " + std::to_string(info.id) + " is empty");
       if (!utf8_is_valid(info.content))
         return invalid_argument(source + ": added token " + std::to_string(info.id) + " is not valid UTF-8");
       for (const char* k : {"lstrip", "rstrip", "single_word"}) {
@@ -169,7 +173,8 @@ void Tokenizer::encode_text_segment(std::string_view text, uint32_t begin, uint3
   }
 }
 
-void Tokenizer::encode_append(std::string_view input, std::vector<int32_t>* out, const EncodeOptions& opts) const {
+void Tokenizer::encode_append(std::string_view input, std::vector<int32_t>* out,
+                              const EncodeOptions& opts) const {
   std::string repaired;
   std::string_view text = input;
   if (!utf8_is_valid(input)) {

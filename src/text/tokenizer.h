@@ -48,7 +48,8 @@ class Tokenizer {
   static Result<std::unique_ptr<Tokenizer>> from_file(const std::string& path);
   // Loads DIR/tokenizer.json.
   static Result<std::unique_ptr<Tokenizer>> from_model_dir(const std::string& dir);
-  static Result<std::unique_ptr<Tokenizer>> from_json_text(std::string_view json_text, const std::string& source);
+  static Result<std::unique_ptr<Tokenizer>> from_json_text(std::string_view json_text,
+                                                           const std::string& source);
 
   // Token ids of `text` (no BOS/EOS are added: the V4.1 tokenizer_config has
   // add_bos_token=false; the chat encoder writes BOS explicitly).
@@ -76,7 +77,8 @@ class Tokenizer {
  private:
   enum Kind : uint8_t { kNone = 0, kVocab, kAdded, kSpecial };
   Tokenizer() = default;
-  void encode_text_segment(std::string_view text, uint32_t begin, uint32_t end, std::vector<int32_t>* out) const;
+  void encode_text_segment(std::string_view text, uint32_t begin, uint32_t end,
+                           std::vector<int32_t>* out) const;
 
   BpeModel model_;
   PreTokenizer pre_;

@@ -1,11 +1,12 @@
 // Chat encoding (MODEL_SPEC 6.2): golden fixtures (expected prompts written from the spec in
 // fixtures/make_chat_fixtures.py, ids from the npm tokenizer) and error cases.
+#include "text/chat_encoding.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "text/chat_encoding.h"
 #include "text/chat_json.h"
 #include "text_test_util.h"
 
@@ -16,7 +17,8 @@ namespace fs = std::filesystem;
 
 std::vector<fs::path> fixture_files() {
   std::vector<fs::path> v;
-  for (const auto& e : fs::directory_iterator(std::string(DS41_SOURCE_DIR) + "/tests/unit/text/fixtures/chat"))
+  for (const auto& e :
+       fs::directory_iterator(std::string(DS41_SOURCE_DIR) + "/tests/unit/text/fixtures/chat"))
     if (e.path().extension() == ".json") v.push_back(e.path());
   std::sort(v.begin(), v.end());
   return v;
@@ -80,8 +82,10 @@ TEST(ChatEncoding, ClearErrors) {
       {R"({"messages": [{"role": "wizard", "content": "x"}]})", "wizard"},
       {R"({"messages": [{"content": "x"}]})", "role"},
       {R"({"messages": [{"role": "user", "content": "see <｜deepseek_image｜>"}]})", "image"},
-      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "<｜deepseek_image｜>"}]}]})", "image"},
-      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})", "without a source"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "<｜deepseek_image｜>"}]}]})",
+       "image"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+       "without a source"},
       {R"({"messages": [{"role": "user", "content": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}]})",
        "system message"},
       {R"({"messages": [{"role": "user", "content": "x", "task": "dance"}]})", "unknown task"},

@@ -1,8 +1,9 @@
 // Streaming detokenization: never a partial UTF-8 sequence, and the stream equals decode().
+#include "text/incremental_decoder.h"
+
 #include <gtest/gtest.h>
 
 #include "text/byte_level.h"
-#include "text/incremental_decoder.h"
 #include "text/synthetic_text.h"
 #include "text/utf8.h"
 #include "text_test_util.h"
@@ -47,7 +48,8 @@ TEST(IncrementalDecoder, StreamEqualsDecodeOnRandomIds) {
       ids = t.encode(g.make(static_cast<TextKind>(round % static_cast<int>(TextKind::kCount)), 80));
     } else {  // arbitrary ids, including byte tokens that make invalid UTF-8
       const int n = 1 + static_cast<int>(g.below(60));
-      for (int k = 0; k < n; ++k) ids.push_back(static_cast<int32_t>(g.below(4) ? g.below(256) + 0 : g.below(t.id_end())));
+      for (int k = 0; k < n; ++k)
+        ids.push_back(static_cast<int32_t>(g.below(4) ? g.below(256) + 0 : g.below(t.id_end())));
     }
     for (bool skip : {false, true}) {
       IncrementalDecoder d(t, skip);

@@ -1,10 +1,11 @@
 // Completion parsing: reasoning / content split, DSML tool calls, and a fuzz of malformed DSML.
+#include "text/output_parser.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "text/chat_encoding.h"
-#include "text/output_parser.h"
 #include "text/python_json.h"
 #include "text/synthetic_text.h"
 
@@ -16,7 +17,8 @@ const std::string kCalls =
     "<｜DSML｜ invoke name=\"get_weather\">\n"
     "<｜DSML｜ parameter name=\"city\" string=\"true\">Paris \"intra\"\nmuros</｜DSML｜ parameter>\n"
     "<｜DSML｜ parameter name=\"days\" string=\"false\">3</｜DSML｜ parameter>\n"
-    "<｜DSML｜ parameter name=\"opts\" string=\"false\">{\"unit\": \"C\", \"x\": [1, 2.5]}</｜DSML｜ parameter>\n"
+    "<｜DSML｜ parameter name=\"opts\" string=\"false\">{\"unit\": \"C\", \"x\": [1, 2.5]}</｜DSML｜ "
+    "parameter>\n"
     "</｜DSML｜ invoke>\n"
     "<｜DSML｜ invoke name=\"now\">\n\n</｜DSML｜ invoke>\n"
     "</｜DSML｜ calls>";
@@ -46,7 +48,8 @@ TEST(OutputParser, ToolCalls) {
   ASSERT_EQ(o.tool_calls.size(), 2u);
   EXPECT_EQ(o.tool_calls[0].name, "get_weather");
   EXPECT_EQ(o.tool_calls[0].arguments,
-            "{\"city\": \"Paris \\\"intra\\\"\\nmuros\", \"days\": 3, \"opts\": {\"unit\": \"C\", \"x\": [1, 2.5]}}");
+            "{\"city\": \"Paris \\\"intra\\\"\\nmuros\", \"days\": 3, \"opts\": {\"unit\": \"C\", \"x\": [1, "
+            "2.5]}}");
   auto args = nlohmann::json::parse(o.tool_calls[0].arguments);
   EXPECT_EQ(args["city"], "Paris \"intra\"\nmuros");
   EXPECT_EQ(o.tool_calls[1].name, "now");
@@ -67,13 +70,19 @@ TEST(OutputParser, RoundTripWithEncoder) {
 
 TEST(OutputParser, MalformedDsmlIsPlainText) {
   const std::vector<std::string> bad = {
-      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n",                          // truncated
-      "x\n\n<｜DSML｜ calls>\n</｜DSML｜ calls>",                                          // no invoke
-      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"maybe\">1</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
-      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"false\">not json</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
-      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"true\">1</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"a\" string=\"true\">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n",  // truncated
+      "x\n\n<｜DSML｜ calls>\n</｜DSML｜ calls>",               // no invoke
+      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" "
+      "string=\"maybe\">1</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" "
+      "string=\"false\">not json</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" "
+      "string=\"true\">1</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"a\" string=\"true\">2</｜DSML｜ "
+      "parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
       // interleaved: an invoke opened inside a parameter value
-      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" string=\"true\">1<｜DSML｜ invoke name=\"g\">\n</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+      "x\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"a\" "
+      "string=\"true\">1<｜DSML｜ invoke name=\"g\">\n</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ "
+      "calls>",
       "x" + kCalls + "trailing text",
   };
   for (const auto& s : bad) {
@@ -95,9 +104,18 @@ TEST(OutputParser, FuzzTruncationsAndMutations) {
     for (const auto& c : o.tool_calls) EXPECT_TRUE(nlohmann::json::accept(c.arguments)) << c.arguments;
   }
   SyntheticText g(5);
-  const std::vector<std::string> pieces = {"<｜DSML｜ invoke name=\"", "</｜DSML｜ invoke>", "<｜DSML｜ parameter name=\"",
-                                           "</｜DSML｜ parameter>", "\" string=\"true\">", "\n", "</think>",
-                                           "<｜end▁of▁sentence｜>", "\n\n<｜DSML｜ calls>\n", "</｜DSML｜ calls>", "\"", ">"};
+  const std::vector<std::string> pieces = {"<｜DSML｜ invoke name=\"",
+                                           "</｜DSML｜ invoke>",
+                                           "<｜DSML｜ parameter name=\"",
+                                           "</｜DSML｜ parameter>",
+                                           "\" string=\"true\">",
+                                           "\n",
+                                           "</think>",
+                                           "<｜end▁of▁sentence｜>",
+                                           "\n\n<｜DSML｜ calls>\n",
+                                           "</｜DSML｜ calls>",
+                                           "\"",
+                                           ">"};
   int parsed = 0;
   for (int it = 0; it < 20000; ++it) {
     std::string s = full;
@@ -107,7 +125,9 @@ TEST(OutputParser, FuzzTruncationsAndMutations) {
       switch (g.below(4)) {
         case 0: s.insert(pos, pieces[g.below(pieces.size())]); break;
         case 1: s.erase(pos, g.below(12)); break;
-        case 2: if (pos < s.size()) s[pos] = static_cast<char>(g.below(256)); break;
+        case 2:
+          if (pos < s.size()) s[pos] = static_cast<char>(g.below(256));
+          break;
         default: s = s.substr(0, pos); break;
       }
     }

@@ -13,14 +13,17 @@
 
 namespace ds41::text::testing {
 
-inline std::string shared_tokenizer_path() { return std::string(DS41_SHARED_DIR) + "/tokenizer-v41/tokenizer.json"; }
+inline std::string shared_tokenizer_path() {
+  return std::string(DS41_SHARED_DIR) + "/tokenizer-v41/tokenizer.json";
+}
 
 // The V4.1 tokenizer from ../shared/tokenizer-v41 (aborts the test binary if it cannot load).
 inline const Tokenizer& v41_tokenizer() {
   static const Tokenizer* t = [] {
     auto r = Tokenizer::from_file(shared_tokenizer_path());
     if (!r.ok()) {
-      std::fprintf(stderr, "cannot load %s: %s\n", shared_tokenizer_path().c_str(), r.status().to_string().c_str());
+      std::fprintf(stderr, "cannot load %s: %s\n", shared_tokenizer_path().c_str(),
+                   r.status().to_string().c_str());
       std::abort();
     }
     return std::move(r).value().release();

@@ -39,22 +39,28 @@ std::vector<Case> make_cases() {
   const int kinds = static_cast<int>(TextKind::kCount);
   for (int i = 0; i < 1000 * kinds; ++i) {
     const auto k = static_cast<TextKind>(i % kinds);
-    const int len = 1 + static_cast<int>(g.below(i % 10 == 0 ? 2000 : 200));
+    const int len = 1 + static_cast<int>(g.below(i % 40 == 0 ? 1500 : 160));
     cases.push_back({g.make(k, len), false, text_kind_name(k)});
   }
   // Long pre-tokens (> 128 bytes take the heap-based merge path): letter runs, random
   // base64-like words, long space / tab / newline runs, long CJK runs, long digit runs.
   const std::string kAlnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  for (int i = 0; i < 120; ++i) {
-    const int len = 100 + static_cast<int>(g.below(3000));
+  for (int i = 0; i < 72; ++i) {
+    const int len = 100 + static_cast<int>(g.below(1500));
     std::string s;
     switch (i % 6) {
       case 0: s = std::string(len, "aeiouxyz"[i % 8]); break;
-      case 1: for (int k = 0; k < len; ++k) s += kAlnum[g.below(52)]; break;
-      case 2: for (int k = 0; k < len; ++k) s += kAlnum[g.below(kAlnum.size())]; break;
+      case 1:
+        for (int k = 0; k < len; ++k) s += kAlnum[g.below(52)];
+        break;
+      case 2:
+        for (int k = 0; k < len; ++k) s += kAlnum[g.below(kAlnum.size())];
+        break;
       case 3: s = "x" + std::string(len, " \t\n"[i % 3]) + "y"; break;
       case 4: s = g.make(TextKind::kChinese, len); break;
-      default: for (int k = 0; k < len; ++k) s += static_cast<char>('0' + g.below(10)); break;
+      default:
+        for (int k = 0; k < len; ++k) s += static_cast<char>('0' + g.below(10));
+        break;
     }
     cases.push_back({s, false, "long"});
   }
@@ -63,9 +69,10 @@ std::vector<Case> make_cases() {
   for (size_t i = 0; i < added.size(); ++i) {
     const auto& a = added[i];
     const auto k1 = static_cast<TextKind>(g.below(kinds)), k2 = static_cast<TextKind>(g.below(kinds));
-    std::string s = g.make(k1, static_cast<int>(g.below(30))) + a.content + g.make(k2, static_cast<int>(g.below(30)));
-    if (i % 5 == 0) s += a.content + a.content;                                 // repeated, adjacent
-    if (i % 7 == 0) s += a.content.substr(0, a.content.size() - 1) + "x";        // truncated: plain text
+    std::string s =
+        g.make(k1, static_cast<int>(g.below(30))) + a.content + g.make(k2, static_cast<int>(g.below(30)));
+    if (i % 5 == 0) s += a.content + a.content;                            // repeated, adjacent
+    if (i % 7 == 0) s += a.content.substr(0, a.content.size() - 1) + "x";  // truncated: plain text
     if (i % 11 == 0) s = "<" + s + ">";
     const auto& b = added[g.below(added.size())];
     if (i % 3 == 0) s += b.content;
@@ -94,7 +101,9 @@ TEST(TokenizerOracle, AgreesWithNpmDeepseekTokenizerOn11kStrings) {
   for (const auto& c : cases) jsonl += nlohmann::json{{"text", c.text}, {"v41", c.v41}}.dump() + "\n";
   write_file(dir + "/cases.jsonl", jsonl);
   out.clear();
-  int rc = run_command("cd '" + dir + "' && node oracle.js cases.jsonl ids.jsonl '" + testing::shared_tokenizer_path() + "'", &out);
+  int rc = run_command(
+      "cd '" + dir + "' && node oracle.js cases.jsonl ids.jsonl '" + testing::shared_tokenizer_path() + "'",
+      &out);
   ASSERT_EQ(rc, 0) << "node oracle.js failed:\n" << out;
 
   std::istringstream lines(read_file(dir + "/ids.jsonl"));
@@ -110,15 +119,16 @@ TEST(TokenizerOracle, AgreesWithNpmDeepseekTokenizerOn11kStrings) {
     n_tokens += got.size();
     if (got != expect) {
       if (++id_mismatch <= 5) {
-        ADD_FAILURE() << "case " << i - 1 << " (" << c.what << ") ids differ\ntext: "
-                      << nlohmann::json(c.text).dump() << "\nnpm:  " << j["ids"].dump()
-                      << "\nds41: " << nlohmann::json(got).dump();
+        ADD_FAILURE() << "case " << i - 1 << " (" << c.what
+                      << ") ids differ\ntext: " << nlohmann::json(c.text).dump()
+                      << "\nnpm:  " << j["ids"].dump() << "\nds41: " << nlohmann::json(got).dump();
       }
     }
     if (j["decoded"].get<std::string>() != c.text) ++js_roundtrip;
     auto dec = tok.decode(got);
     if (!dec.ok() || *dec != c.text) {
-      if (++cpp_roundtrip <= 5) ADD_FAILURE() << "case " << i - 1 << " (" << c.what << ") does not round-trip";
+      if (++cpp_roundtrip <= 5)
+        ADD_FAILURE() << "case " << i - 1 << " (" << c.what << ") does not round-trip";
     }
   }
   EXPECT_EQ(i, cases.size()) << "oracle output has fewer lines than cases";
@@ -126,8 +136,8 @@ TEST(TokenizerOracle, AgreesWithNpmDeepseekTokenizerOn11kStrings) {
   EXPECT_EQ(cpp_roundtrip, 0u);
   EXPECT_EQ(js_roundtrip, 0u) << "the oracle's own decode does not round-trip";
   EXPECT_GT(n_v41, 400u);
-  std::printf("oracle: %zu strings (%zu with V4.1-only tokens), %zu tokens, %zu id mismatches\n", cases.size(),
-              n_v41, n_tokens, id_mismatch);
+  std::printf("oracle: %zu strings (%zu with V4.1-only tokens), %zu tokens, %zu id mismatches\n",
+              cases.size(), n_v41, n_tokens, id_mismatch);
 }
 
 }  // namespace

