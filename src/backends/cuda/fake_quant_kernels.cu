@@ -26,7 +26,8 @@ __device__ __forceinline__ float group_amax(float v) {
 }
 
 // Q_win: blocks of 32 = one warp. Row: n E4M3 codes then n/32 E8M0 exponents.
-__global__ void q_win_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total, uint8_t* __restrict__ rows) {
+__global__ void q_win_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
+                                    uint8_t* __restrict__ rows) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = e < total;
   const float v = active ? x[e] : 0.0f;
@@ -36,12 +37,14 @@ __global__ void q_win_encode_kernel(const float* __restrict__ x, int64_t n, int6
   if (!active) return;
   const int64_t r = e / n, i = e % n;
   uint8_t* row = rows + r * (n + n / 32);
-  row[i] = static_cast<uint8_t>(isnan(v) ? 0x7fu : dev::e4m3_encode(dev::clamp_keep_nan(__fdiv_rn(v, s), -448.0f, 448.0f)));
+  row[i] = static_cast<uint8_t>(
+      isnan(v) ? 0x7fu : dev::e4m3_encode(dev::clamp_keep_nan(__fdiv_rn(v, s), -448.0f, 448.0f)));
   if ((i & 31) == 0) row[n + i / 32] = static_cast<uint8_t>(k + 127);
 }
 
 // Q_kv: blocks of 16 = half a warp. Row: n/2 packed E2M1 bytes then n/16 E4M3 scales.
-__global__ void q_kv_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total, uint8_t* __restrict__ rows) {
+__global__ void q_kv_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
+                                   uint8_t* __restrict__ rows) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = e < total;
   const float v = active ? x[e] : 0.0f;
@@ -58,7 +61,8 @@ __global__ void q_kv_encode_kernel(const float* __restrict__ x, int64_t n, int64
 }
 
 // Q_idx: blocks of 32 = one warp. Row: n/2 packed E2M1 bytes then n/32 E8M0 exponents.
-__global__ void q_idx_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total, uint8_t* __restrict__ rows) {
+__global__ void q_idx_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
+                                    uint8_t* __restrict__ rows) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = e < total;
   const float v = active ? x[e] : 0.0f;
@@ -77,7 +81,9 @@ __global__ void q_idx_encode_kernel(const float* __restrict__ x, int64_t n, int6
 template <typename T>
 __device__ __forceinline__ void put(T* out, int64_t e, float v);
 template <>
-__device__ __forceinline__ void put<float>(float* out, int64_t e, float v) { out[e] = v; }
+__device__ __forceinline__ void put<float>(float* out, int64_t e, float v) {
+  out[e] = v;
+}
 template <>
 __device__ __forceinline__ void put<__nv_bfloat16>(__nv_bfloat16* out, int64_t e, float v) {
   out[e] = __float2bfloat16_rn(v);
@@ -112,7 +118,9 @@ __global__ void e2m1_encode_kernel(const float* __restrict__ x, int64_t n, uint8
   if (e < n) codes[e] = static_cast<uint8_t>(dev::e2m1_encode(x[e]));
 }
 
-unsigned grid_for(int64_t items, int threads) { return static_cast<unsigned>((items + threads - 1) / threads); }
+unsigned grid_for(int64_t items, int threads) {
+  return static_cast<unsigned>((items + threads - 1) / threads);
+}
 
 Status check_elementwise(const char* what, int64_t n) {
   if (n <= 0 || (n + 255) / 256 > 0x7fffffff)
@@ -126,26 +134,37 @@ Result<FakeQuantPlan> plan_fake_quant(FakeQuantOp op, int64_t n, int64_t rows) {
   const char* name = op == FakeQuantOp::kWin ? "Q_win" : op == FakeQuantOp::kKv ? "Q_kv" : "Q_idx";
   const int64_t block = op == FakeQuantOp::kKv ? 16 : 32;
   if (n <= 0 || n % block || n > (int64_t{1} << 24))
-    return invalid_argument(std::string(name) + ": row width " + std::to_string(n) + " must be a positive multiple of " +
-                            std::to_string(block) + " (MODEL_SPEC 3.9 block size)");
+    return invalid_argument(std::string(name) + ": row width " + std::to_string(n) +
+                            " must be a positive multiple of " + std::to_string(block) +
+                            " (MODEL_SPEC 3.9 block size)");
   if (rows <= 0 || rows > (int64_t{1} << 40))
     return invalid_argument(std::string(name) + ": row count " + std::to_string(rows) + " out of range");
   FakeQuantPlan p;
   p.op = op;
   p.n = n;
   p.rows = rows;
-  p.row_bytes = op == FakeQuantOp::kWin ? n + n / 32 : op == FakeQuantOp::kKv ? n / 2 + n / 16 : n / 2 + n / 32;
+  p.row_bytes = op == FakeQuantOp::kWin  ? n + n / 32
+                : op == FakeQuantOp::kKv ? n / 2 + n / 16
+                                         : n / 2 + n / 32;
   DS41_RETURN_IF_ERROR(check_elementwise(name, n * rows));
   return p;
 }
 
-Status run_fake_quant_encode(const FakeQuantPlan& p, const float* x, uint8_t* packed_rows, cudaStream_t stream) {
+Status run_fake_quant_encode(const FakeQuantPlan& p, const float* x, uint8_t* packed_rows,
+                             cudaStream_t stream) {
   const int64_t total = p.n * p.rows;
-  const unsigned grid = grid_for(total, p.threads);  // threads is a multiple of 32: blocks never straddle CTAs
+  const unsigned grid =
+      grid_for(total, p.threads);  // threads is a multiple of 32: blocks never straddle CTAs
   switch (p.op) {
-    case FakeQuantOp::kWin: q_win_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows); break;
-    case FakeQuantOp::kKv: q_kv_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows); break;
-    case FakeQuantOp::kIdx: q_idx_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows); break;
+    case FakeQuantOp::kWin:
+      q_win_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
+      break;
+    case FakeQuantOp::kKv:
+      q_kv_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
+      break;
+    case FakeQuantOp::kIdx:
+      q_idx_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
+      break;
   }
   return last_launch_status("fake_quant_encode");
 }
@@ -156,7 +175,8 @@ Status run_fake_quant_decode(const FakeQuantPlan& p, const uint8_t* packed_rows,
   const unsigned grid = grid_for(total, p.threads);
   const int op = static_cast<int>(p.op);
   if (out_dtype == DType::kF32)
-    fake_quant_decode_kernel<<<grid, p.threads, 0, stream>>>(op, packed_rows, p.n, total, static_cast<float*>(out));
+    fake_quant_decode_kernel<<<grid, p.threads, 0, stream>>>(op, packed_rows, p.n, total,
+                                                             static_cast<float*>(out));
   else if (out_dtype == DType::kBF16)
     fake_quant_decode_kernel<<<grid, p.threads, 0, stream>>>(op, packed_rows, p.n, total,
                                                              static_cast<__nv_bfloat16*>(out));

@@ -20,7 +20,7 @@ enum class FakeQuantOp : uint8_t { kWin, kKv, kIdx };
 
 struct FakeQuantPlan {
   FakeQuantOp op = FakeQuantOp::kWin;
-  int64_t n = 0;          // channels per row (multiple of the op's block: 32 / 16 / 32)
+  int64_t n = 0;  // channels per row (multiple of the op's block: 32 / 16 / 32)
   int64_t rows = 0;
   int64_t row_bytes = 0;  // bytes of one packed row
   int threads = 256;
@@ -28,10 +28,11 @@ struct FakeQuantPlan {
 
 // x: rows x n float32 (row-major, contiguous) -> rows x row_bytes packed bytes.
 Result<FakeQuantPlan> plan_fake_quant(FakeQuantOp op, int64_t n, int64_t rows);
-Status run_fake_quant_encode(const FakeQuantPlan& plan, const float* x, uint8_t* packed_rows, cudaStream_t stream);
-// packed rows -> rows x n values of out_dtype (kF32 or kBF16).
-Status run_fake_quant_decode(const FakeQuantPlan& plan, const uint8_t* packed_rows, DType out_dtype, void* out,
+Status run_fake_quant_encode(const FakeQuantPlan& plan, const float* x, uint8_t* packed_rows,
                              cudaStream_t stream);
+// packed rows -> rows x n values of out_dtype (kF32 or kBF16).
+Status run_fake_quant_decode(const FakeQuantPlan& plan, const uint8_t* packed_rows, DType out_dtype,
+                             void* out, cudaStream_t stream);
 
 // Elementwise casts with the contracts of quant::e4m3_from_float / quant::e2m1_from_float
 // (one code per byte for E2M1). n values.

@@ -70,8 +70,14 @@ __device__ __forceinline__ uint32_t e2m1_encode(float x) {
   if (isnan(x)) return 0u;
   uint32_t sign = (__float_as_uint(x) >> 28) & 8u;
   float a = fabsf(x);
-  uint32_t c = a <= 0.25f ? 0u : a < 0.75f ? 1u : a <= 1.25f ? 2u : a < 1.75f ? 3u
-             : a <= 2.5f  ? 4u : a < 3.5f  ? 5u : a <= 5.0f  ? 6u : 7u;
+  uint32_t c = a <= 0.25f   ? 0u
+               : a < 0.75f  ? 1u
+               : a <= 1.25f ? 2u
+               : a < 1.75f  ? 3u
+               : a <= 2.5f  ? 4u
+               : a < 3.5f   ? 5u
+               : a <= 5.0f  ? 6u
+                            : 7u;
   return sign | c;
 }
 
@@ -82,9 +88,13 @@ __device__ __forceinline__ int pow2ceil_exponent(float t) {
 }
 
 // 2^k for k in [-126, 127] (normal floats only).
-__device__ __forceinline__ float exp2_int(int k) { return __uint_as_float(static_cast<uint32_t>(k + 127) << 23); }
+__device__ __forceinline__ float exp2_int(int k) {
+  return __uint_as_float(static_cast<uint32_t>(k + 127) << 23);
+}
 
 // The CPU clamp (NaN passes through unchanged).
-__device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) { return v < lo ? lo : (v > hi ? hi : v); }
+__device__ __forceinline__ float clamp_keep_nan(float v, float lo, float hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
 
 }  // namespace ds41::cuda::dev

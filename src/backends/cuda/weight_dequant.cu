@@ -17,9 +17,13 @@ constexpr int kTile = 32;
 template <typename T>
 __device__ __forceinline__ T cast_out(float v);
 template <>
-__device__ __forceinline__ float cast_out<float>(float v) { return v; }
+__device__ __forceinline__ float cast_out<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 cast_out<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 cast_out<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // Stores 16 consecutive values.
 template <typename T>
@@ -54,7 +58,8 @@ __device__ __forceinline__ void unpack16(uint4 raw, uint32_t (&b)[16]) {
 // FP8 tiles, 16 bytes per thread (in_dim % 16 == 0, so a group never straddles a tile).
 template <typename T>
 __global__ void fp8_tiles_vec_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
-                                     int64_t in_dim, int64_t row_begin, int64_t n_items, T* __restrict__ out) {
+                                     int64_t in_dim, int64_t row_begin, int64_t n_items,
+                                     T* __restrict__ out) {
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_items) return;
   const int64_t groups = in_dim / 16;
@@ -71,7 +76,8 @@ __global__ void fp8_tiles_vec_kernel(const uint8_t* __restrict__ w, const uint8_
 
 template <typename T>
 __global__ void fp8_tiles_scalar_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
-                                        int64_t in_dim, int64_t row_begin, int64_t n_items, T* __restrict__ out) {
+                                        int64_t in_dim, int64_t row_begin, int64_t n_items,
+                                        T* __restrict__ out) {
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_items) return;
   const int64_t r = idx / in_dim, i = idx % in_dim, o = row_begin + r;
@@ -105,8 +111,8 @@ __global__ void fp4_rows_kernel(const uint8_t* __restrict__ packed, const uint8_
 // Engram rows gathered by id, 16 bytes per thread (dim % 32 == 0).
 template <typename T>
 __global__ void engram_rows_kernel(const uint8_t* __restrict__ table, const uint8_t* __restrict__ scale,
-                                   const int64_t* __restrict__ ids, int64_t table_rows, int64_t dim, int64_t n_items,
-                                   T* __restrict__ out) {
+                                   const int64_t* __restrict__ ids, int64_t table_rows, int64_t dim,
+                                   int64_t n_items, T* __restrict__ out) {
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_items) return;
   const int64_t groups = dim / 16;
@@ -128,21 +134,25 @@ __global__ void engram_rows_kernel(const uint8_t* __restrict__ table, const uint
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-unsigned blocks_for(int64_t items, int threads) { return static_cast<unsigned>((items + threads - 1) / threads); }
+unsigned blocks_for(int64_t items, int threads) {
+  return static_cast<unsigned>((items + threads - 1) / threads);
+}
 
 Status check_out_dtype(DType t) {
   if (t != DType::kF32 && t != DType::kBF16)
-    return invalid_argument(std::string("weight dequant: output dtype ") + dtype_name(t) + " (want F32 or BF16)");
+    return invalid_argument(std::string("weight dequant: output dtype ") + dtype_name(t) +
+                            " (want F32 or BF16)");
   return ok_status();
 }
 
 Status check_rows(const char* what, int64_t out_dim, int64_t in_dim, int64_t row_begin, int64_t row_end) {
   if (out_dim <= 0 || in_dim <= 0)
-    return invalid_argument(std::string(what) + ": shape [" + std::to_string(out_dim) + ", " + std::to_string(in_dim) +
-                            "] must be positive");
+    return invalid_argument(std::string(what) + ": shape [" + std::to_string(out_dim) + ", " +
+                            std::to_string(in_dim) + "] must be positive");
   if (row_begin < 0 || row_end > out_dim || row_begin >= row_end)
     return invalid_argument(std::string(what) + ": row range [" + std::to_string(row_begin) + ", " +
-                            std::to_string(row_end) + ") is empty or outside [0, " + std::to_string(out_dim) + ")");
+                            std::to_string(row_end) + ") is empty or outside [0, " + std::to_string(out_dim) +
+                            ")");
   if (out_dim > (int64_t{1} << 40) || in_dim > (int64_t{1} << 40))
     return invalid_argument(std::string(what) + ": absurd shape");
   return ok_status();
@@ -151,7 +161,8 @@ Status check_rows(const char* what, int64_t out_dim, int64_t in_dim, int64_t row
 // Grid limit: 2^31 - 1 blocks of 256 threads covers 5.5e11 items, beyond any tensor of §2.
 Status check_grid(const char* what, int64_t items, int threads) {
   if (blocks_for(items, threads) == 0 || (items + threads - 1) / threads > 0x7fffffff)
-    return invalid_argument(std::string(what) + ": " + std::to_string(items) + " work items exceed one launch");
+    return invalid_argument(std::string(what) + ": " + std::to_string(items) +
+                            " work items exceed one launch");
   return ok_status();
 }
 
@@ -177,18 +188,23 @@ Result<WeightDequantPlan> plan_fp8_tiles_dequant(int64_t out_dim, int64_t in_dim
 
 Status run_fp8_tiles_dequant(const WeightDequantPlan& p, const uint8_t* w, const uint8_t* scale, void* out,
                              cudaStream_t stream) {
-  if (p.format != WeightFormat::kFp8Tiles) return invalid_argument("run_fp8_tiles_dequant: plan is for another format");
+  if (p.format != WeightFormat::kFp8Tiles)
+    return invalid_argument("run_fp8_tiles_dequant: plan is for another format");
   const bool vec = p.vec16 && aligned16(w) && aligned16(out);
   const int64_t items = vec ? p.work_items : p.scalar_items;
   const unsigned grid = blocks_for(items, p.threads);
   if (p.out_dtype == DType::kF32) {
     auto* o = static_cast<float*>(out);
-    if (vec) fp8_tiles_vec_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
-    else fp8_tiles_scalar_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+    if (vec)
+      fp8_tiles_vec_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+    else
+      fp8_tiles_scalar_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
   } else {
     auto* o = static_cast<__nv_bfloat16*>(out);
-    if (vec) fp8_tiles_vec_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
-    else fp8_tiles_scalar_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+    if (vec)
+      fp8_tiles_vec_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+    else
+      fp8_tiles_scalar_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
   }
   return last_launch_status("fp8_tiles_dequant");
 }
@@ -214,9 +230,10 @@ Result<WeightDequantPlan> plan_fp4_rows_dequant(int64_t out_dim, int64_t in_dim,
   return p;
 }
 
-Status run_fp4_rows_dequant(const WeightDequantPlan& p, const uint8_t* packed, const uint8_t* scale, void* out,
-                            cudaStream_t stream) {
-  if (p.format != WeightFormat::kFp4Rows) return invalid_argument("run_fp4_rows_dequant: plan is for another format");
+Status run_fp4_rows_dequant(const WeightDequantPlan& p, const uint8_t* packed, const uint8_t* scale,
+                            void* out, cudaStream_t stream) {
+  if (p.format != WeightFormat::kFp4Rows)
+    return invalid_argument("run_fp4_rows_dequant: plan is for another format");
   if (!aligned16(packed) || !aligned16(out))
     return invalid_argument("run_fp4_rows_dequant: packed weights and output must be 16-byte aligned");
   const unsigned grid = blocks_for(p.work_items, p.threads);
@@ -229,11 +246,13 @@ Status run_fp4_rows_dequant(const WeightDequantPlan& p, const uint8_t* packed, c
   return last_launch_status("fp4_rows_dequant");
 }
 
-Result<WeightDequantPlan> plan_engram_rows_dequant(int64_t table_rows, int64_t dim, int64_t n_ids, DType out_dtype) {
+Result<WeightDequantPlan> plan_engram_rows_dequant(int64_t table_rows, int64_t dim, int64_t n_ids,
+                                                   DType out_dtype) {
   DS41_RETURN_IF_ERROR(check_out_dtype(out_dtype));
   if (table_rows <= 0 || dim <= 0 || dim % 32 || n_ids <= 0)
-    return invalid_argument("engram row dequant: table [" + std::to_string(table_rows) + ", " + std::to_string(dim) +
-                            "] with " + std::to_string(n_ids) + " ids (dim must be a positive multiple of 32)");
+    return invalid_argument("engram row dequant: table [" + std::to_string(table_rows) + ", " +
+                            std::to_string(dim) + "] with " + std::to_string(n_ids) +
+                            " ids (dim must be a positive multiple of 32)");
   WeightDequantPlan p;
   p.format = WeightFormat::kEngramRows;
   p.out_dtype = out_dtype;

@@ -22,12 +22,12 @@ enum class WeightFormat : uint8_t { kFp8Tiles, kFp4Rows, kEngramRows };
 
 struct WeightDequantPlan {
   WeightFormat format = WeightFormat::kFp8Tiles;
-  DType out_dtype = DType::kF32;  // kF32 or kBF16
-  int64_t out_dim = 0, in_dim = 0;  // Engram: table rows, dim
+  DType out_dtype = DType::kF32;       // kF32 or kBF16
+  int64_t out_dim = 0, in_dim = 0;     // Engram: table rows, dim
   int64_t row_begin = 0, row_end = 0;  // Engram: number of ids in [0, row_end)
-  bool vec16 = false;       // FP8/Engram: 16 bytes per thread (in_dim % 16 == 0)
-  int64_t work_items = 0;   // threads needed on the vector path (or per element otherwise)
-  int64_t scalar_items = 0;  // threads needed on the per-element fallback (unaligned pointers)
+  bool vec16 = false;                  // FP8/Engram: 16 bytes per thread (in_dim % 16 == 0)
+  int64_t work_items = 0;              // threads needed on the vector path (or per element otherwise)
+  int64_t scalar_items = 0;            // threads needed on the per-element fallback (unaligned pointers)
   int threads = 256;
 };
 
@@ -40,12 +40,13 @@ Status run_fp8_tiles_dequant(const WeightDequantPlan& plan, const uint8_t* w, co
 // FP4 expert rows (in_dim % 32 == 0); same output layout.
 Result<WeightDequantPlan> plan_fp4_rows_dequant(int64_t out_dim, int64_t in_dim, int64_t row_begin,
                                                 int64_t row_end, DType out_dtype);
-Status run_fp4_rows_dequant(const WeightDequantPlan& plan, const uint8_t* packed, const uint8_t* scale, void* out,
-                            cudaStream_t stream);
+Status run_fp4_rows_dequant(const WeightDequantPlan& plan, const uint8_t* packed, const uint8_t* scale,
+                            void* out, cudaStream_t stream);
 
 // Engram table rows (dim % 32 == 0) gathered by n_ids row ids into out [n_ids, dim]. An id
 // outside [0, table_rows) yields a row of NaN (a visible poison value; callers validate ids).
-Result<WeightDequantPlan> plan_engram_rows_dequant(int64_t table_rows, int64_t dim, int64_t n_ids, DType out_dtype);
+Result<WeightDequantPlan> plan_engram_rows_dequant(int64_t table_rows, int64_t dim, int64_t n_ids,
+                                                   DType out_dtype);
 Status run_engram_rows_dequant(const WeightDequantPlan& plan, const uint8_t* table, const uint8_t* scale,
                                const int64_t* ids, void* out, cudaStream_t stream);
 

@@ -26,12 +26,30 @@ namespace {
 using json = nlohmann::json;
 
 const char* const kBigNumbers[] = {
-    "18446744073709551615", "18446744073709551616", "9223372036854775807", "-9223372036854775808",
-    "-9223372036854775809", "1099511627776",        "1099511627777",       "4611686018427387904",
-    "1e308",                "1e309",                "-1e309",              "4.9e-324",
-    "-0",                   "0.5",                  "1e2",                 "99999999999999999999999999999999",
-    "-1",                   "2147483648",           "4294967296",          "NaN",
-    "Infinity",             "0x10",                 "00",                  "1.",
+    "18446744073709551615",
+    "18446744073709551616",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "-9223372036854775809",
+    "1099511627776",
+    "1099511627777",
+    "4611686018427387904",
+    "1e308",
+    "1e309",
+    "-1e309",
+    "4.9e-324",
+    "-0",
+    "0.5",
+    "1e2",
+    "99999999999999999999999999999999",
+    "-1",
+    "2147483648",
+    "4294967296",
+    "NaN",
+    "Infinity",
+    "0x10",
+    "00",
+    "1.",
 };
 
 class Mutator {
@@ -50,7 +68,8 @@ class Mutator {
   std::string mutate_once(std::string s) {
     switch (pick(11)) {
       case 0: {  // bit flips
-        for (int k = 1 + static_cast<int>(pick(4)); k > 0 && !s.empty(); --k) s[pick(s.size())] ^= 1 << pick(8);
+        for (int k = 1 + static_cast<int>(pick(4)); k > 0 && !s.empty(); --k)
+          s[pick(s.size())] ^= 1 << pick(8);
         return s;
       }
       case 1: {  // overwrite bytes with JSON-significant or random characters
@@ -68,10 +87,12 @@ class Mutator {
       case 4: {  // replace an existing number literal
         std::vector<size_t> starts;
         for (size_t i = 0; i < s.size(); ++i)
-          if ((s[i] >= '0' && s[i] <= '9') && (i == 0 || !(s[i - 1] >= '0' && s[i - 1] <= '9'))) starts.push_back(i);
+          if ((s[i] >= '0' && s[i] <= '9') && (i == 0 || !(s[i - 1] >= '0' && s[i - 1] <= '9')))
+            starts.push_back(i);
         if (starts.empty()) return s;
         size_t b = starts[pick(starts.size())], e = b;
-        while (e < s.size() && ((s[e] >= '0' && s[e] <= '9') || s[e] == '.' || s[e] == 'e' || s[e] == '-')) ++e;
+        while (e < s.size() && ((s[e] >= '0' && s[e] <= '9') || s[e] == '.' || s[e] == 'e' || s[e] == '-'))
+          ++e;
         return s.replace(b, e - b, kBigNumbers[pick(std::size(kBigNumbers))]);
       }
       case 5: {  // nested garbage: deep arrays/objects, balanced or not
@@ -80,7 +101,8 @@ class Mutator {
         bool obj = pick(2);
         for (size_t i = 0; i < depth; ++i) open += obj ? "{\"a\":" : "[";
         for (size_t i = 0; i < depth; ++i) close += obj ? "}" : "]";
-        std::string g = open + (pick(2) ? "1" : "null") + (pick(4) ? close : close.substr(0, pick(close.size() + 1)));
+        std::string g =
+            open + (pick(2) ? "1" : "null") + (pick(4) ? close : close.substr(0, pick(close.size() + 1)));
         if (pick(2)) {  // as the value of an existing key
           size_t colon = s.find(':', pick(s.size() + 1));
           if (colon != std::string::npos) {
@@ -101,8 +123,9 @@ class Mutator {
         return s.erase(b, len);
       }
       case 8: {  // bad UTF-8 and escapes inside strings
-        static const char* kBad[] = {"\\u0000", "\\ud800", "\\udfff\\ud800", "\xc3\x28", "\xf0\x28\x8c\xbc",
-                                     "\xff\xfe", "\\x41", "\\", "\"", "\x01\x1f"};
+        static const char* kBad[] = {
+            "\\u0000", "\\ud800", "\\udfff\\ud800", "\xc3\x28", "\xf0\x28\x8c\xbc", "\xff\xfe", "\\x41",
+            "\\",      "\"",      "\x01\x1f"};
         size_t q = s.find('"', pick(s.size() + 1));
         size_t at = q == std::string::npos ? pick(s.size() + 1) : q + 1;
         return s.insert(at, kBad[pick(std::size(kBad))]);
@@ -129,7 +152,8 @@ class Mutator {
       }
       case 9: {
         json o = json::object();
-        for (int i = static_cast<int>(pick(4)); i > 0; --i) o["k" + std::to_string(pick(5))] = random_value(depth + 1);
+        for (int i = static_cast<int>(pick(4)); i > 0; --i)
+          o["k" + std::to_string(pick(5))] = random_value(depth + 1);
         return o;
       }
       default: {  // a long array of integers (shape / offsets / id lists)
@@ -195,7 +219,7 @@ TEST(ParserMutation, SafetensorsHeaderSurvivesMutations) {
   ASSERT_TRUE(ok0.ok()) << ok0.status().message();
   ASSERT_EQ(ok0->tensors.size(), 6u);
   int accepted = 0, rejected = 0;
-  const int kCases = 60000;
+  const int kCases = 52000;  // x 2 parsers = 104k cases (issue 2 asks for >= 100k)
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kCases; ++i) {
     std::string text = m.mutate(base);
@@ -204,7 +228,8 @@ TEST(ParserMutation, SafetensorsHeaderSurvivesMutations) {
     auto r = model::parse_safetensors_header(text, data_size);
     if (!r.ok()) {
       ++rejected;
-      ASSERT_FALSE(r.status().message().empty()) << "case " << i << ": empty message for\n" << text.substr(0, 400);
+      ASSERT_FALSE(r.status().message().empty()) << "case " << i << ": empty message for\n"
+                                                 << text.substr(0, 400);
       continue;
     }
     ++accepted;
@@ -224,7 +249,8 @@ TEST(ParserMutation, SafetensorsHeaderSurvivesMutations) {
     for (size_t k = 1; k < spans.size(); ++k) ASSERT_GE(spans[k]->begin, spans[k - 1]->end) << "case " << i;
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("safetensors header: %d cases, %d accepted, %d rejected, %.1f s\n", kCases, accepted, rejected, secs);
+  std::printf("safetensors header: %d cases, %d accepted, %d rejected, %.1f s\n", kCases, accepted, rejected,
+              secs);
   // The mutations must reach both outcomes, or the test only exercises the JSON syntax check.
   EXPECT_GT(accepted, kCases / 100);
   EXPECT_GT(rejected, kCases / 2);
@@ -236,14 +262,15 @@ TEST(ParserMutation, ModelConfigSurvivesMutations) {
   auto ok0 = model::parse_model_config(base);
   ASSERT_TRUE(ok0.ok()) << ok0.status().message();
   int accepted = 0, rejected = 0, schedules = 0;
-  const int kCases = 60000;
+  const int kCases = 52000;  // x 2 parsers = 104k cases (issue 2 asks for >= 100k)
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kCases; ++i) {
     std::string text = m.mutate(base);
     auto c = model::parse_model_config(text);
     if (!c.ok()) {
       ++rejected;
-      ASSERT_FALSE(c.status().message().empty()) << "case " << i << ": empty message for\n" << text.substr(0, 400);
+      ASSERT_FALSE(c.status().message().empty()) << "case " << i << ": empty message for\n"
+                                                 << text.substr(0, 400);
       continue;
     }
     ++accepted;
@@ -295,15 +322,17 @@ TEST(ParserMutation, Issue2DeeplyNestedConfigValueIsRejectedNotACrash) {
   cfg2.replace(b, e - b, nested("[", "]", 5, "1"));
   auto c2 = model::parse_model_config(cfg2);
   ASSERT_FALSE(c2.ok());
-  EXPECT_NE(c2.status().message().find("hidden_size: expected an integer"), std::string::npos) << c2.status().message();
+  EXPECT_NE(c2.status().message().find("hidden_size: expected an integer"), std::string::npos)
+      << c2.status().message();
 }
 
 // Regression (issue 2, found by the libFuzzer config target under UBSan): an integer field given
 // as a huge float (3.3e83) was cast double -> int64 (undefined behaviour); unsigned values above
 // INT64_MAX wrapped to negative numbers.
 TEST(ParserMutation, Issue2OutOfRangeIntegersAreRejectedWithoutUB) {
-  for (const char* bad : {"333333333333333333333333333333333333333333333333333333333333333333333333333333333192",
-                          "3.3e83", "-1e300", "9223372036854775808", "18446744073709551615", "2.5"}) {
+  for (const char* bad :
+       {"333333333333333333333333333333333333333333333333333333333333333333333333333333333192", "3.3e83",
+        "-1e300", "9223372036854775808", "18446744073709551615", "2.5"}) {
     std::string cfg = kTinyConfigJson;
     size_t at = cfg.find("\"hidden_size\":");
     size_t b = cfg.find(':', at) + 1, e = cfg.find_first_of(",}", b);

@@ -36,7 +36,8 @@ struct DevBuf {
   T* p = nullptr;
   size_t n = 0;
   explicit DevBuf(size_t count, size_t extra_bytes = 0) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T) + extra_bytes + 16) != cudaSuccess) p = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T) + extra_bytes + 16) != cudaSuccess)
+      p = nullptr;
   }
   ~DevBuf() {
     if (p) cudaFree(p);
@@ -93,8 +94,8 @@ TEST(CudaParity, ScalarEncodersOnBitPatternSweep) {
     for (size_t i = 0; i < n; ++i) {
       uint8_t want = kind == 0 ? quant::e4m3_from_float(x[i]) : quant::e2m1_from_float(x[i]);
       if (got[i] != want && ++bad <= 10)
-        ADD_FAILURE() << (kind ? "e2m1" : "e4m3") << " x=" << x[i] << " bits 0x" << std::hex << bits(x[i]) << " gpu 0x"
-                      << int{got[i]} << " cpu 0x" << int{want} << std::dec;
+        ADD_FAILURE() << (kind ? "e2m1" : "e4m3") << " x=" << x[i] << " bits 0x" << std::hex << bits(x[i])
+                      << " gpu 0x" << int{got[i]} << " cpu 0x" << int{want} << std::dec;
     }
     EXPECT_EQ(bad, 0u) << (kind ? "e2m1" : "e4m3") << " mismatches of " << n;
   }
@@ -113,8 +114,10 @@ std::vector<float> fake_quant_input(int64_t n, int64_t rows, uint32_t seed) {
       float v = nd(rng) * scale;
       if (kind == 0) v = 0.0f;
       if (kind == 1) v = (i % 2) ? -0.0f : 0.0f;
-      if (kind == 2) v = std::ldexp(static_cast<float>(static_cast<int>(rng() % 25) - 12) * 0.25f, -3);  // E2M1 ties
-      if (kind == 3) v = std::ldexp(static_cast<float>(rng() % 1024) + 0.5f, -7);  // E4M3 ties for some scales
+      if (kind == 2)
+        v = std::ldexp(static_cast<float>(static_cast<int>(rng() % 25) - 12) * 0.25f, -3);  // E2M1 ties
+      if (kind == 3)
+        v = std::ldexp(static_cast<float>(rng() % 1024) + 0.5f, -7);  // E4M3 ties for some scales
       x[i] = v;
     }
     if (kind == 4) x[b + rng() % 16] = NAN;
@@ -236,7 +239,7 @@ void compare_dequant(const std::vector<float>& want, int64_t count, Launch launc
 
 void check_fp8(int64_t out, int64_t in, int64_t r0, int64_t r1, size_t misalign) {
   const int64_t to = quant::ceil_div(out, 32), ti = quant::ceil_div(in, 32);
-  auto w = random_bytes(out * in, 11);  // includes the NaN codes 0x7f / 0xff
+  auto w = random_bytes(out * in, 11);         // includes the NaN codes 0x7f / 0xff
   auto s = random_bytes(to * ti, 12, 0, 255);  // includes 0 (2^-127), 0xff (NaN) and overflow to inf
   std::vector<float> want((r1 - r0) * in);
   quant::fp8_tiles_dequant_rows(w.data(), s.data(), out, in, r0, r1, want.data());
@@ -247,19 +250,22 @@ void check_fp8(int64_t out, int64_t in, int64_t r0, int64_t r1, size_t misalign)
   to_dev(ds.p, s);
   auto plan = plan_fp8_tiles_dequant(out, in, r0, r1, DType::kF32);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
-  compare_dequant(want, (r1 - r0) * in, [&](DType t, void* o) {
-    auto p = *plan;
-    p.out_dtype = t;
-    return run_fp8_tiles_dequant(p, wp, ds.p, o, nullptr).ok();
-  }, "fp8 tiles");
+  compare_dequant(
+      want, (r1 - r0) * in,
+      [&](DType t, void* o) {
+        auto p = *plan;
+        p.out_dtype = t;
+        return run_fp8_tiles_dequant(p, wp, ds.p, o, nullptr).ok();
+      },
+      "fp8 tiles");
 }
 
 TEST(CudaParity, Fp8TileDequant) {
   SKIP_WITHOUT_GPU();
-  check_fp8(1000, 1056, 0, 1000, 0);   // vector path, partial last row tile
-  check_fp8(1000, 1056, 37, 300, 0);   // row range
-  check_fp8(70, 100, 0, 70, 0);        // in_dim % 16 != 0: per-element path
-  check_fp8(64, 256, 0, 64, 3);        // unaligned weights: per-element fallback
+  check_fp8(1000, 1056, 0, 1000, 0);  // vector path, partial last row tile
+  check_fp8(1000, 1056, 37, 300, 0);  // row range
+  check_fp8(70, 100, 0, 70, 0);       // in_dim % 16 != 0: per-element path
+  check_fp8(64, 256, 0, 64, 3);       // unaligned weights: per-element fallback
 }
 
 TEST(CudaParity, Fp4ExpertDequant) {
@@ -276,11 +282,14 @@ TEST(CudaParity, Fp4ExpertDequant) {
     to_dev(ds.p, s);
     auto plan = plan_fp4_rows_dequant(out, in, r0, r1, DType::kF32);
     ASSERT_TRUE(plan.ok()) << plan.status().message();
-    compare_dequant(want, (r1 - r0) * in, [&](DType t, void* o) {
-      auto p = *plan;
-      p.out_dtype = t;
-      return run_fp4_rows_dequant(p, dp.p, ds.p, o, nullptr).ok();
-    }, "fp4 rows");
+    compare_dequant(
+        want, (r1 - r0) * in,
+        [&](DType t, void* o) {
+          auto p = *plan;
+          p.out_dtype = t;
+          return run_fp4_rows_dequant(p, dp.p, ds.p, o, nullptr).ok();
+        },
+        "fp4 rows");
   }
 }
 
@@ -306,11 +315,14 @@ TEST(CudaParity, EngramRowGather) {
   to_dev(di.p, ids);
   auto plan = plan_engram_rows_dequant(rows, dim, n_ids, DType::kF32);
   ASSERT_TRUE(plan.ok());
-  compare_dequant(want, n_ids * dim, [&](DType t, void* o) {
-    auto p = *plan;
-    p.out_dtype = t;
-    return run_engram_rows_dequant(p, dq.p, ds.p, di.p, o, nullptr).ok();
-  }, "engram rows");
+  compare_dequant(
+      want, n_ids * dim,
+      [&](DType t, void* o) {
+        auto p = *plan;
+        p.out_dtype = t;
+        return run_engram_rows_dequant(p, dq.p, ds.p, di.p, o, nullptr).ok();
+      },
+      "engram rows");
 }
 
 TEST(CudaParity, PlansRejectBadShapes) {
@@ -354,8 +366,9 @@ TEST(CudaParity, Fp8DequantThroughputReport) {
   float ms = 0;
   cudaEventElapsedTime(&ms, a, b);
   double bytes = static_cast<double>(out) * in * 3 * iters;
-  std::printf("fp8 tile dequant -> bf16 [%lld x %lld]: %.3f us/call, %.0f GB/s\n", static_cast<long long>(out),
-              static_cast<long long>(in), ms * 1000 / iters, bytes / (ms * 1e-3) / 1e9);
+  std::printf("fp8 tile dequant -> bf16 [%lld x %lld]: %.3f us/call, %.0f GB/s\n",
+              static_cast<long long>(out), static_cast<long long>(in), ms * 1000 / iters,
+              bytes / (ms * 1e-3) / 1e9);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
 }

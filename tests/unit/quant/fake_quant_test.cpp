@@ -2,6 +2,8 @@
 // layouts of the released row sizes (528 / 288 / 68 B), floors, midpoints, NaN/inf behaviour,
 // and lossless pack_on_grid of values that already lie on the grids. Bit-exact agreement with an
 // independent implementation is in golden_vectors_test.cpp.
+#include "quant/fake_quant.h"
+
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -14,7 +16,6 @@
 #include "quant/e2m1.h"
 #include "quant/e4m3.h"
 #include "quant/e8m0.h"
-#include "quant/fake_quant.h"
 
 namespace ds41::quant {
 namespace {
@@ -169,7 +170,7 @@ TEST(FakeQuant, NanAndInfInputsFollowTheDocumentedRules) {
   k[3] = -INFINITY;
   std::vector<uint8_t> krow(kv_row_bytes(16));
   q_kv_encode(k.data(), 16, krow.data());
-  EXPECT_EQ(krow[8], 0x7e);  // A = FLT_MAX -> A/6 saturates to 448
+  EXPECT_EQ(krow[8], 0x7e);                          // A = FLT_MAX -> A/6 saturates to 448
   EXPECT_EQ(e2m1_unpack_at(krow.data(), 2), 0);      // NaN -> +0 (E2M1 has no NaN)
   EXPECT_EQ(e2m1_unpack_at(krow.data(), 3), 8 | 7);  // -inf -> -6
   EXPECT_EQ(e2m1_unpack_at(krow.data(), 0), 0);      // 0.5/448 -> 0

@@ -133,8 +133,8 @@ void check_sweep(const char* file, uint32_t kind, uint8_t (*enc)(float)) {
     uint8_t want = b[16 + 4 * size_t{count} + i];
     uint8_t got = enc(x);
     if (got != want && ++bad <= 10)
-      ADD_FAILURE() << file << ": x=" << x << " (0x" << std::hex << bits(x) << ") got 0x" << int{got} << " want 0x"
-                    << int{want} << std::dec;
+      ADD_FAILURE() << file << ": x=" << x << " (0x" << std::hex << bits(x) << ") got 0x" << int{got}
+                    << " want 0x" << int{want} << std::dec;
   }
   EXPECT_EQ(bad, 0);
 }

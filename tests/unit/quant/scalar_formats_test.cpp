@@ -48,9 +48,9 @@ TEST(E4M3, EveryByteDecodes) {
   EXPECT_EQ(nans, 2);  // 0x7f and 0xff only: the FN variant has no infinities
   EXPECT_EQ(e4m3_to_float(0x7e), 448.0f);
   EXPECT_EQ(e4m3_to_float(0xfe), -448.0f);
-  EXPECT_EQ(e4m3_to_float(0x01), 0x1p-9f);  // smallest subnormal
+  EXPECT_EQ(e4m3_to_float(0x01), 0x1p-9f);      // smallest subnormal
   EXPECT_EQ(e4m3_to_float(0x07), 7 * 0x1p-9f);  // largest subnormal
-  EXPECT_EQ(e4m3_to_float(0x08), 0x1p-6f);  // smallest normal
+  EXPECT_EQ(e4m3_to_float(0x08), 0x1p-6f);      // smallest normal
   EXPECT_TRUE(same_bits(e4m3_to_float(0x80), -0.0f));
 }
 
@@ -181,8 +181,10 @@ TEST(E2M1, EveryCodeDecodes) {
 
 TEST(E2M1, MidpointsRoundToEvenCode) {
   // MODEL_SPEC 3.9: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4.
-  struct Case { float x; float want; } cases[] = {{0.25f, 0}, {0.75f, 1}, {1.25f, 1}, {1.75f, 2},
-                                                {2.5f, 2},  {3.5f, 4},  {5.0f, 4}};
+  struct Case {
+    float x;
+    float want;
+  } cases[] = {{0.25f, 0}, {0.75f, 1}, {1.25f, 1}, {1.75f, 2}, {2.5f, 2}, {3.5f, 4}, {5.0f, 4}};
   for (auto [x, want] : cases) {
     EXPECT_EQ(e2m1_round(x), want) << x;
     EXPECT_TRUE(same_bits(e2m1_round(-x), -want)) << -x;

@@ -1,6 +1,8 @@
 // Tests of the checkpoint weight formats (MODEL_SPEC 2.1): FP8 32x32 tiles, FP4 expert rows
 // (nibble order, per-row-per-32 scales), Engram rows. Values already on a grid must survive
 // quantize -> dequantize bit for bit; dequantization is checked against a double-precision formula.
+#include "quant/weight_formats.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 #include "quant/e2m1.h"
 #include "quant/e4m3.h"
 #include "quant/e8m0.h"
-#include "quant/weight_formats.h"
 
 namespace ds41::quant {
 namespace {
@@ -45,7 +46,8 @@ TEST(Fp8Tiles, DequantMatchesFormulaOnRaggedShape) {
   fp8_tiles_dequant_rows(w.data(), s.data(), out, in, 0, out, got.data());
   for (int64_t o = 0; o < out; ++o)
     for (int64_t i = 0; i < in; ++i)
-      ASSERT_EQ(static_cast<double>(got[o * in + i]), e4m3_times_scale(w[o * in + i], s[(o / 32) * ti + i / 32]))
+      ASSERT_EQ(static_cast<double>(got[o * in + i]),
+                e4m3_times_scale(w[o * in + i], s[(o / 32) * ti + i / 32]))
           << o << "," << i;
   // A row range equals the same rows of the full result.
   std::vector<float> part(9 * in);
@@ -93,7 +95,8 @@ TEST(Fp8Tiles, QuantizeIsNearestUnderTheTileScale) {
     int64_t r0 = (t / 2) * 32, c0 = (t % 2) * 32;
     double amax = 0;
     for (int r = 0; r < 32; ++r)
-      for (int c = 0; c < 32; ++c) amax = std::max(amax, std::fabs(static_cast<double>(wf[(r0 + r) * in + c0 + c])));
+      for (int c = 0; c < 32; ++c)
+        amax = std::max(amax, std::fabs(static_cast<double>(wf[(r0 + r) * in + c0 + c])));
     int k = static_cast<int>(std::ceil(std::log2(amax / 448.0)));
     ASSERT_EQ(s[t], k + 127);
     for (int r = 0; r < 32; ++r)
@@ -120,10 +123,10 @@ TEST(Fp4Rows, NibbleOrderAndPerRowScales) {
   packed[32 + 16] = 0x07;  // row 1, element 32 (first of block 1) = code 7 = 6
   std::vector<float> w(out * in);
   fp4_rows_dequant_rows(packed.data(), scale.data(), out, in, 0, out, w.data());
-  EXPECT_EQ(w[0], 0.5f);   // low nibble = element 0
-  EXPECT_EQ(w[1], 1.0f);   // high nibble = element 1
+  EXPECT_EQ(w[0], 0.5f);               // low nibble = element 0
+  EXPECT_EQ(w[1], 1.0f);               // high nibble = element 1
   EXPECT_EQ(bits(w[2]), bits(-0.0f));  // code 8
-  EXPECT_EQ(w[3], -6.0f);  // code 15
+  EXPECT_EQ(w[3], -6.0f);              // code 15
   EXPECT_EQ(w[64 + 0], 0.5f / 8);
   EXPECT_EQ(w[64 + 1], 1.0f / 8);
   EXPECT_EQ(w[64 + 32], 6.0f * 16);
@@ -162,7 +165,7 @@ TEST(Fp4Rows, DequantMatchesFormulaAndOnGridRoundTrips) {
 
 TEST(Fp4Rows, QuantizeScaleIsCeilLog2OfAmaxOver6) {
   std::vector<float> w(32, 0.0f);
-  w[5] = 6.0f * 0x1p-7f;  // amax/6 = 2^-7 exactly -> k = -7
+  w[5] = 6.0f * 0x1p-7f;    // amax/6 = 2^-7 exactly -> k = -7
   w[6] = -0.75f * 0x1p-7f;  // /2^-7 = -0.75 -> tie -> -1 (even code 2)
   w[7] = 0.25f * 0x1p-7f;   // tie -> 0
   std::vector<uint8_t> p(16), s(1);
@@ -183,7 +186,8 @@ TEST(EngramRows, DequantAndOnGridRoundTrip) {
   for (auto& b : q) b = random_finite_e4m3(rng);
   for (auto& b : s) b = static_cast<uint8_t>(100 + rng() % 40);
   std::vector<float> w(rows * dim);
-  for (int64_t r = 0; r < rows; ++r) engram_row_dequant(q.data() + r * dim, s.data() + r * 8, dim, w.data() + r * dim);
+  for (int64_t r = 0; r < rows; ++r)
+    engram_row_dequant(q.data() + r * dim, s.data() + r * 8, dim, w.data() + r * dim);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < dim; ++c)
       ASSERT_EQ(static_cast<double>(w[r * dim + c]), e4m3_times_scale(q[r * dim + c], s[r * 8 + c / 32]));
