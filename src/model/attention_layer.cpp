@@ -176,6 +176,17 @@ void ForwardPass::compress(int64_t l, const float* x) {
     ++src->count;
   }
   for (const SeqRows& s : seqs_) s.st->last_published_source = l;
+  if (opt_.dump && *opt_.dump) {  // the entries as stored (decoded from the packed rows)
+    std::vector<float> ev(m * hd), kv(m * dI);
+    for (int64_t i = 0; i < m; ++i) {
+      const KvSourceState* src = emits[i].src;
+      const int64_t k = emits[i].k;
+      quant::q_kv_decode(src->kv_row(k), hd, &ev[i * hd]);
+      quant::q_idx_decode(src->key_row(k), dI, &kv[i * dI]);
+    }
+    dump("layer" + std::to_string(l) + ".compressed_kv", {m, hd}, ev.data());
+    dump("layer" + std::to_string(l) + ".index_keys", {m, dI}, kv.data());
+  }
 }
 
 // 3.4.6: indexer query, head weights, scores over the visible keys of the KV owner, the

@@ -97,6 +97,18 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     DS41_ASSIGN_OR_RETURN(auto h, engram::EngramHasher::create(std::move(consts), std::move(vocab), ec.pad_token_id));
     m->hasher_ = std::make_unique<engram::EngramHasher>(std::move(h));
   }
+  // Let the backend convert / cache every linear weight once, at load.
+  const ModelWeights& w = *m->weights_;
+  backend->prepare(w.head);
+  for (const LayerWeights& lw : w.layers) {
+    for (const ops::WeightRef* r : {&lw.wq_a, &lw.wq_b, &lw.wkv, &lw.wo_a, &lw.wo_b, &lw.c_wkv, &lw.c_wgate, &lw.idx_wk,
+                                    &lw.idx_wq_b, &lw.idx_weights_proj, &lw.gate, &lw.shared.w1, &lw.shared.w2,
+                                    &lw.shared.w3})
+      backend->prepare(*r);
+    for (const ExpertWeights& e : lw.experts)
+      for (const ops::WeightRef* r : {&e.w1, &e.w2, &e.w3}) backend->prepare(*r);
+    if (lw.engram) backend->prepare(lw.engram->wkv);
+  }
   m->inv_freq_main_ = rope_inv_freq_main(c);
   m->inv_freq_yarn_ = rope_inv_freq_yarn(c);
   return m;

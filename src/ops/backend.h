@@ -60,6 +60,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
 
+  // Called once per weight at model load: a backend may convert or upload it here (the CPU
+  // reference fills its dequantized cache). Optional.
+  virtual void prepare(const WeightRef& w) {}
   // y[n, out] = x[n, in] . W^T.
   virtual void linear(const WeightRef& w, const float* x, int64_t n, float* y) = 0;
   // W = [groups * out_g, in_g]; x[n, groups * in_g]; y[n, groups * out_g]: group g multiplies

@@ -38,6 +38,51 @@ double dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// Four dot products against one weight row; each result equals dot_f32(x_j, w, n) bit for bit
+// (same lanes, same reduction order) — the weight row is just loaded once for four tokens.
+static void dot_f32_x4(const float* x0, const float* x1, const float* x2, const float* x3, const float* w, int64_t n,
+                       double* out) {
+  float a0[8] = {}, a1[8] = {}, a2[8] = {}, a3[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) {
+      const float wv = w[i + l];
+      a0[l] += x0[i + l] * wv;
+      a1[l] += x1[i + l] * wv;
+      a2[l] += x2[i + l] * wv;
+      a3[l] += x3[i + l] * wv;
+    }
+  double s[4] = {0, 0, 0, 0};
+  for (int l = 0; l < 8; ++l) {
+    s[0] += a0[l];
+    s[1] += a1[l];
+    s[2] += a2[l];
+    s[3] += a3[l];
+  }
+  for (; i < n; ++i) {
+    s[0] += static_cast<double>(x0[i]) * w[i];
+    s[1] += static_cast<double>(x1[i]) * w[i];
+    s[2] += static_cast<double>(x2[i]) * w[i];
+    s[3] += static_cast<double>(x3[i]) * w[i];
+  }
+  for (int j = 0; j < 4; ++j) out[j] = s[j];
+}
+
+// y[t, o] for t < n and o in [ob, oe) with rows of W at wf (row o at wf + (o - w0) * in).
+static void linear_rows(const float* wf, int64_t w0, int64_t ob, int64_t oe, const float* x, int64_t n, int64_t in,
+                        int64_t out, float* y) {
+  double r4[4];
+  for (int64_t o = ob; o < oe; ++o) {
+    const float* wr = wf + (o - w0) * in;
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      dot_f32_x4(x + t * in, x + (t + 1) * in, x + (t + 2) * in, x + (t + 3) * in, wr, in, r4);
+      for (int j = 0; j < 4; ++j) y[(t + j) * out + o] = static_cast<float>(r4[j]);
+    }
+    for (; t < n; ++t) y[t * out + o] = static_cast<float>(dot_f32(x + t * in, wr, in));
+  }
+}
+
 CpuBackend::CpuBackend(ThreadPool* pool, CpuBackendOptions opt) : pool_(pool), opt_(opt) {}
 CpuBackend::~CpuBackend() = default;
 
@@ -96,18 +141,17 @@ const float* CpuBackend::dequantized(const WeightRef& w) {
   return it->second->data();
 }
 
+void CpuBackend::prepare(const WeightRef& w) {
+  if (w.present() && opt_.cache_dequantized) dequantized(w);
+}
+
 void CpuBackend::linear(const WeightRef& w, const float* x, int64_t n, float* y) {
   DS41_CHECK(w.present(), "linear on an absent weight");
   const int64_t in = w.in_dim, out = w.out_dim;
   if (n == 0) return;
   if (opt_.cache_dequantized || w.format == WeightFormat::kF32) {
     const float* wf = dequantized(w);
-    for_rows(out, 16, [&](int64_t ob, int64_t oe) {
-      for (int64_t o = ob; o < oe; ++o) {
-        const float* wr = wf + o * in;
-        for (int64_t t = 0; t < n; ++t) y[t * out + o] = static_cast<float>(dot_f32(x + t * in, wr, in));
-      }
-    });
+    for_rows(out, 16, [&](int64_t ob, int64_t oe) { linear_rows(wf, 0, ob, oe, x, n, in, out, y); });
     return;
   }
   // Quantized-resident: dequantize 32 output rows at a time into a local buffer.
@@ -117,9 +161,7 @@ void CpuBackend::linear(const WeightRef& w, const float* x, int64_t n, float* y)
     for (int64_t blk = bb; blk < be; ++blk) {
       int64_t r0 = blk * 32, r1 = std::min(out, r0 + 32);
       dequant_rows(w, r0, r1, tmp.data());
-      for (int64_t o = r0; o < r1; ++o)
-        for (int64_t t = 0; t < n; ++t)
-          y[t * out + o] = static_cast<float>(dot_f32(x + t * in, tmp.data() + (o - r0) * in, in));
+      linear_rows(tmp.data(), r0, r0, r1, x, n, in, out, y);
     }
   });
 }

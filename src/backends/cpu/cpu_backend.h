@@ -33,6 +33,7 @@ class CpuBackend final : public ops::Backend {
   // Bytes held by the dequantized-weight cache.
   int64_t cached_weight_bytes() const;
 
+  void prepare(const ops::WeightRef& w) override;
   void linear(const ops::WeightRef& w, const float* x, int64_t n, float* y) override;
   void grouped_linear(const ops::WeightRef& w, int64_t groups, const float* x, int64_t n, float* y) override;
   void rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y) override;
