@@ -109,7 +109,10 @@ Status run_score(const ScoreArgs& a) {
     std::vector<float> logits(S * V, std::numeric_limits<float>::quiet_NaN());
     if (replay_decoder) {
       DS41_ASSIGN_OR_RETURN(out, m.prefill_decoder_replay(*st, p.ids, opt));
-    } else if (replay_h > 0 && replay_h < S) {
+    } else if (replay_h > 0) {
+      if (replay_h >= S)
+        return invalid_argument("--replay encoder:" + std::to_string(replay_h) + " needs H < the length of prompt '" +
+                                p.name + "' (" + std::to_string(S) + ")");
       std::span<const int32_t> ids(p.ids);
       DS41_ASSIGN_OR_RETURN(out, m.prefill(*st, ids.subspan(0, replay_h), a.chunk, opt));
       DS41_ASSIGN_OR_RETURN(auto rep, m.encoder_replay(*st, ids.subspan(0, replay_h), opt));

@@ -247,5 +247,59 @@ TEST_F(ForwardState, DecoderReplayComputesOnlyTheTail) {
   EXPECT_FALSE(m.prefill_decoder_replay(*st, ids, opt).ok());  // needs a fresh state
 }
 
+TEST_F(ForwardState, DumpReceivesNamedIntermediatesPerLayer) {
+  ASSERT_TRUE(tm_->model);
+  model::Model& m = *tm_->model;
+  const auto& c = m.config();
+  std::map<std::string, std::vector<int64_t>> seen;
+  model::DumpFn fn = [&](const std::string& name, const std::vector<int64_t>& shape, const float* data) {
+    ASSERT_NE(data, nullptr);
+    seen[name] = shape;
+  };
+  model::ForwardOptions opt;
+  opt.dump = &fn;
+  auto ids = random_prompt(30, 61);
+  auto st = m.new_sequence();
+  ASSERT_TRUE(m.prefill(*st, ids, 0, opt).ok());
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string L = "layer" + std::to_string(l) + ".";
+    for (const char* what : {"attn_in", "attn_out", "ffn_in", "ffn_out", "streams_after_attn", "streams_after_ffn",
+                             "hc_attn_pre", "hc_ffn_comb", "window_kv"})
+      EXPECT_TRUE(seen.count(L + what)) << L + what;
+  }
+  EXPECT_EQ(seen.at("layer3.engram_out"), (std::vector<int64_t>{30, c.hc_mult, c.hidden_size}));
+  EXPECT_EQ(seen.at("layer2.compressed_kv"), (std::vector<int64_t>{15, c.head_dim}));
+  EXPECT_EQ(seen.at("layer4.index_keys"), (std::vector<int64_t>{30, c.index_head_dim}));
+  EXPECT_EQ(seen.at("final_hidden"), (std::vector<int64_t>{1, c.hidden_size}));
+  EXPECT_FALSE(seen.count("layer0.engram_out"));
+}
+
+TEST_F(ForwardState, StaleIndexKeysSwitch) {
+  // MODEL_SPEC 7.21: off by default (owner's keys, = exact prefill); on, decode steps with an
+  // incomplete ratio-2 pair score against the most recently published keys and may differ.
+  ASSERT_TRUE(tm_->model);
+  model::Model& m = *tm_->model;
+  const int64_t V = m.config().vocab_size;
+  auto ids = random_prompt(140, 71);
+  auto ref = run(ids, 0);
+  std::span<const int32_t> all(ids);
+  auto a = m.new_sequence(), b = m.new_sequence();
+  ASSERT_TRUE(m.prefill(*a, all.subspan(0, 100), 0, {}).ok());
+  ASSERT_TRUE(m.prefill(*b, all.subspan(0, 100), 0, {}).ok());
+  model::ForwardOptions stale;
+  stale.stale_index_keys = true;
+  double e_default = 0, e_stale = 0;
+  for (int64_t p = 100; p < 140; ++p) {
+    auto oa = m.decode_step(*a, ids[p], {});
+    auto ob = m.decode_step(*b, ids[p], stale);
+    ASSERT_TRUE(oa.ok() && ob.ok());
+    e_default = std::max(e_default, row_error(&ref.logits[p * V], oa->logits.data(), V));
+    e_stale = std::max(e_stale, row_error(&ref.logits[p * V], ob->logits.data(), V));
+    for (float v : ob->logits) ASSERT_TRUE(std::isfinite(v));
+  }
+  EXPECT_LE(e_default, kTolExact);
+  EXPECT_GT(e_stale, kTolExact);  // the switch really changes the selection on this sequence
+}
+
 }  // namespace
 }  // namespace ds41::testing
