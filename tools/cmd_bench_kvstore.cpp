@@ -42,7 +42,7 @@ struct Options {
   bool no_sync = false;
   size_t swa_bytes = 2700000;  // ~2.7 MB SWA snapshot (issue 4)
   int swa_iters = 200;
-  std::string redis_nodes;     // existing nodes "h:p,h:p"; empty = start two local ones
+  std::string redis_nodes;  // existing nodes "h:p,h:p"; empty = start two local ones
   bool no_redis = false;
   size_t index_blocks = 0;
   bool keep = false;
@@ -104,8 +104,12 @@ Result<std::pair<double, double>> raw_sequential(const std::string& dir, uint64_
 
 nlohmann::json percentiles_us(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
-  return {{"p50_us", at(0.50) * 1e6}, {"p99_us", at(0.99) * 1e6}, {"max_us", v.empty() ? 0.0 : v.back() * 1e6},
+  auto at = [&](double q) {
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+  };
+  return {{"p50_us", at(0.50) * 1e6},
+          {"p99_us", at(0.99) * 1e6},
+          {"max_us", v.empty() ? 0.0 : v.back() * 1e6},
           {"n", v.size()}};
 }
 
@@ -128,8 +132,11 @@ nlohmann::json swa_latency(KvStore& s, const Options& o) {
     if (!got) ++misses;
   }
   for (int i = 0; i < o.swa_iters; ++i) (void)s.swa().erase(BlockKey{0x5a5a, static_cast<uint64_t>(i)});
-  return {{"backend", s.swa().backend_name()}, {"value_bytes", o.swa_bytes}, {"put", percentiles_us(put_s)},
-          {"get", percentiles_us(get_s)}, {"failures", misses}};
+  return {{"backend", s.swa().backend_name()},
+          {"value_bytes", o.swa_bytes},
+          {"put", percentiles_us(put_s)},
+          {"get", percentiles_us(get_s)},
+          {"failures", misses}};
 }
 
 struct LocalRedis {
@@ -154,8 +161,8 @@ bool start_local_redis(LocalRedis* r, int port) {
     dup2(devnull, 1);
     dup2(devnull, 2);
     std::string p = std::to_string(port);
-    execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-           "no", "--daemonize", "no", "--dir", "/tmp", static_cast<char*>(nullptr));
+    execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind", "127.0.0.1", "--save", "",
+           "--appendonly", "no", "--daemonize", "no", "--dir", "/tmp", static_cast<char*>(nullptr));
     _exit(127);
   }
   return r->pid > 0;
@@ -167,7 +174,8 @@ int run(const Options& o0) {
   std::error_code ec;
   std::filesystem::create_directories(o.dir, ec);
   if (ec) {
-    std::fprintf(stderr, "ds41 bench kvstore: cannot create --dir %s: %s\n", o.dir.c_str(), ec.message().c_str());
+    std::fprintf(stderr, "ds41 bench kvstore: cannot create --dir %s: %s\n", o.dir.c_str(),
+                 ec.message().c_str());
     return 1;
   }
   nlohmann::json out;
@@ -177,11 +185,19 @@ int run(const Options& o0) {
   statfs(o.dir.c_str(), &sf);
   char fstype[32];
   std::snprintf(fstype, sizeof(fstype), "0x%lx", static_cast<unsigned long>(sf.f_type));
-  out["device"] = {{"dir", o.dir}, {"fs_type", fstype}, {"cpus", std::thread::hardware_concurrency()},
+  out["device"] = {{"dir", o.dir},
+                   {"fs_type", fstype},
+                   {"cpus", std::thread::hardware_concurrency()},
                    {"host_memory_bytes", host_memory_bytes()}};
-  out["config"] = {{"blocks", o.blocks},         {"block_tokens", 128},           {"block_bytes", o.block_bytes},
-                   {"write_threads", o.write_threads}, {"read_threads", o.read_threads}, {"sync", !o.no_sync},
-                   {"swa_bytes", o.swa_bytes},   {"swa_iters", o.swa_iters},     {"index_blocks", o.index_blocks}};
+  out["config"] = {{"blocks", o.blocks},
+                   {"block_tokens", 128},
+                   {"block_bytes", o.block_bytes},
+                   {"write_threads", o.write_threads},
+                   {"read_threads", o.read_threads},
+                   {"sync", !o.no_sync},
+                   {"swa_bytes", o.swa_bytes},
+                   {"swa_iters", o.swa_iters},
+                   {"index_blocks", o.index_blocks}};
   const uint64_t total = static_cast<uint64_t>(o.blocks) * o.block_bytes;
 
   // 1. Roofline: raw sequential I/O on the same directory.
@@ -241,7 +257,8 @@ int run(const Options& o0) {
   size_t wrong = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const auto& want = payloads[i % payloads.size()];
-    if (!std::equal(want.begin(), want.end(), blocks[i].payload().begin(), blocks[i].payload().end())) ++wrong;
+    if (!std::equal(want.begin(), want.end(), blocks[i].payload().begin(), blocks[i].payload().end()))
+      ++wrong;
   }
   size_t restored = blocks.size();
   blocks.clear();
@@ -261,13 +278,11 @@ int run(const Options& o0) {
       {"read_ratio_vs_raw", store_r_bw / raw->second},
       {"target_ratio", 0.7},
       {"write_errors", write_errors},
-      {"note", "store write = one file per block, temp+fsync+rename+dir fsync each; raw = one file, one fsync"}};
-  out["restore_prefix"] = {{"tokens", lk.cached_tokens},
-                           {"blocks_found", lk.cached_blocks},
-                           {"blocks_restored", restored},
-                           {"wrong_blocks", wrong},
-                           {"lookup_ms", lookup_s * 1e3},
-                           {"cold_ms", cold_s * 1e3},
+      {"note",
+       "store write = one file per block, temp+fsync+rename+dir fsync each; raw = one file, one fsync"}};
+  out["restore_prefix"] = {{"tokens", lk.cached_tokens},  {"blocks_found", lk.cached_blocks},
+                           {"blocks_restored", restored}, {"wrong_blocks", wrong},
+                           {"lookup_ms", lookup_s * 1e3}, {"cold_ms", cold_s * 1e3},
                            {"warm_ms", warm_s * 1e3}};
 
   // 4. SWA pools.
@@ -349,11 +364,14 @@ int run(const Options& o0) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     const auto& p = out["persistent_tier"];
-    std::printf("persistent tier: write %.0f MB/s (raw %.0f, ratio %.2f), cold read %.0f MB/s (raw %.0f, ratio %.2f)\n",
-                p["store_write_MBps"].get<double>(), p["raw_seq_write_MBps"].get<double>(),
-                p["write_ratio_vs_raw"].get<double>(), p["store_read_cold_MBps"].get<double>(),
-                p["raw_seq_read_MBps"].get<double>(), p["read_ratio_vs_raw"].get<double>());
-    std::printf("restore %zu tokens: cold %.1f ms, warm %.1f ms\n", lk.cached_tokens, cold_s * 1e3, warm_s * 1e3);
+    std::printf(
+        "persistent tier: write %.0f MB/s (raw %.0f, ratio %.2f), cold read %.0f MB/s (raw %.0f, ratio "
+        "%.2f)\n",
+        p["store_write_MBps"].get<double>(), p["raw_seq_write_MBps"].get<double>(),
+        p["write_ratio_vs_raw"].get<double>(), p["store_read_cold_MBps"].get<double>(),
+        p["raw_seq_read_MBps"].get<double>(), p["read_ratio_vs_raw"].get<double>());
+    std::printf("restore %zu tokens: cold %.1f ms, warm %.1f ms\n", lk.cached_tokens, cold_s * 1e3,
+                warm_s * 1e3);
     for (const auto& s : swa) std::printf("swa %s\n", s.dump().c_str());
     if (out.contains("index_rebuild")) std::printf("index %s\n", out["index_rebuild"].dump().c_str());
   }
@@ -362,8 +380,10 @@ int run(const Options& o0) {
 
 void setup(CLI::App& parent, int& exit_code) {
   auto opts = std::make_shared<Options>();
-  CLI::App* cmd = parent.add_subcommand("kvstore", "Persistent KV tier vs raw disk, 128K restore, SWA pool latency");
-  cmd->add_option("--dir", opts->dir, "Directory on the disk to measure (default /tmp/ds41-bench-kvstore.<pid>)");
+  CLI::App* cmd =
+      parent.add_subcommand("kvstore", "Persistent KV tier vs raw disk, 128K restore, SWA pool latency");
+  cmd->add_option("--dir", opts->dir,
+                  "Directory on the disk to measure (default /tmp/ds41-bench-kvstore.<pid>)");
   cmd->add_option("--blocks", opts->blocks, "Global blocks to write/read (1024 = a 128K-token prefix)")
       ->check(CLI::Range(1, 10000000));
   cmd->add_option("--block-bytes", opts->block_bytes, "Payload bytes per block (890 B/token x 128)")
@@ -372,8 +392,10 @@ void setup(CLI::App& parent, int& exit_code) {
   cmd->add_option("--read-threads", opts->read_threads, "Restore reader threads")->check(CLI::Range(1, 256));
   cmd->add_flag("--no-sync", opts->no_sync, "Skip fsync on publish (not durable; for tmpfs comparisons)");
   cmd->add_option("--swa-bytes", opts->swa_bytes, "SWA snapshot size")->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--swa-iters", opts->swa_iters, "SWA put/get pairs per backend")->check(CLI::Range(1, 1000000));
-  cmd->add_option("--redis", opts->redis_nodes, "Existing Redis nodes host:port,host:port (default: start two)");
+  cmd->add_option("--swa-iters", opts->swa_iters, "SWA put/get pairs per backend")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--redis", opts->redis_nodes,
+                  "Existing Redis nodes host:port,host:port (default: start two)");
   cmd->add_flag("--no-redis", opts->no_redis, "Skip the Redis SWA pool");
   cmd->add_option("--index-blocks", opts->index_blocks, "Also time the index rebuild with this many blocks");
   cmd->add_flag("--keep", opts->keep, "Keep the benchmark directory");

@@ -13,10 +13,13 @@ AsyncWriter::AsyncWriter(DiskTier& tier, const AsyncWriterConfig& config, Metric
       config_(config),
       depth_(m.gauge("ds41_kv_write_queue_depth", "Blocks waiting in the persistent-tier write queue")),
       depth_bytes_(m.gauge("ds41_kv_write_queue_bytes", "Payload bytes waiting in the write queue")),
-      rejected_(m.counter("ds41_kv_write_queue_rejected_total", "Block writes rejected because the queue was full")),
+      rejected_(m.counter("ds41_kv_write_queue_rejected_total",
+                          "Block writes rejected because the queue was full")),
       blocked_(m.counter("ds41_kv_write_queue_blocked_total", "Submissions that had to wait for queue room")),
-      completed_ok_(m.counter("ds41_kv_write_completed_total", "Queued block writes completed", {{"result", "ok"}})),
-      completed_err_(m.counter("ds41_kv_write_completed_total", "Queued block writes completed", {{"result", "error"}})) {
+      completed_ok_(
+          m.counter("ds41_kv_write_completed_total", "Queued block writes completed", {{"result", "ok"}})),
+      completed_err_(m.counter("ds41_kv_write_completed_total", "Queued block writes completed",
+                               {{"result", "error"}})) {
   DS41_CHECK(config_.validate().ok(), "AsyncWriterConfig must be validated before use");
   for (int i = 0; i < config_.threads; ++i) threads_.emplace_back([this] { worker(); });
 }
@@ -42,15 +45,17 @@ Status AsyncWriter::submit(BlockWrite write, SubmitMode mode, int64_t timeout_ms
   if (!has_room()) {
     if (mode == SubmitMode::kReject) {
       rejected_.inc();
-      return resource_exhausted("kv async writer: queue full (" + std::to_string(queue_.size()) + " blocks, " +
-                                std::to_string(queued_bytes_) + " bytes)");
+      return resource_exhausted("kv async writer: queue full (" + std::to_string(queue_.size()) +
+                                " blocks, " + std::to_string(queued_bytes_) + " bytes)");
     }
     blocked_.inc();
-    bool ok = not_full_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return stop_ || has_room(); });
+    bool ok =
+        not_full_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return stop_ || has_room(); });
     if (stop_) return failed_precondition("kv async writer: shutting down");
     if (!ok) {
       rejected_.inc();
-      return resource_exhausted("kv async writer: queue still full after " + std::to_string(timeout_ms) + " ms");
+      return resource_exhausted("kv async writer: queue still full after " + std::to_string(timeout_ms) +
+                                " ms");
     }
   }
   queued_bytes_ += bytes;

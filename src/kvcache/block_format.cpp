@@ -70,7 +70,8 @@ Result<BlockHeaderInfo> peek_block_header(std::span<const uint8_t> bytes) {
                          std::to_string(kBlockFormatVersion) + ")");
   if (get_le(h + 10, 2) != kBlockHeaderBytes) return data_loss("kv block: header size field is corrupt");
   uint8_t kind = h[12];
-  if (kind != static_cast<uint8_t>(BlockKind::kGlobalKv) && kind != static_cast<uint8_t>(BlockKind::kSwaSnapshot))
+  if (kind != static_cast<uint8_t>(BlockKind::kGlobalKv) &&
+      kind != static_cast<uint8_t>(BlockKind::kSwaSnapshot))
     return data_loss("kv block: unknown kind " + std::to_string(kind));
   info.meta.kind = static_cast<BlockKind>(kind);
   info.meta.model_fingerprint = get_le(h + 16, 8);

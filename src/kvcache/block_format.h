@@ -38,8 +38,8 @@ std::vector<uint8_t> encode_block(const BlockMeta& meta, std::span<const uint8_t
 // Verifies `bytes` (a whole stored block) and that it is the block `expect` names (key, kind,
 // fingerprint). Errors: kDataLoss for anything corrupt or torn (bad magic, size mismatch,
 // checksum, or a valid block of another key/kind), kUnimplemented for an unknown format
-// version, kFailedPrecondition for a valid block written for another model fingerprint. On success returns the meta; the payload is
-// bytes.subspan(kBlockHeaderBytes).
+// version, kFailedPrecondition for a valid block written for another model fingerprint. On success returns
+// the meta; the payload is bytes.subspan(kBlockHeaderBytes).
 Result<BlockMeta> decode_block(std::span<const uint8_t> bytes, const BlockMeta& expect);
 
 // Only the header fields (no checksum check): for tools and size accounting.

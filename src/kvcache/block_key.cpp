@@ -75,9 +75,12 @@ std::optional<BlockKey> BlockKey::from_hex(std::string_view s) {
   for (int i = 0; i < 32; ++i) {
     char c = s[i];
     uint64_t d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return std::nullopt;
     parts[i / 16] = (parts[i / 16] << 4) | d;
   }
   return BlockKey{parts[0], parts[1]};

@@ -28,7 +28,9 @@ struct BlockKey {
 };
 
 struct BlockKeyHash {
-  size_t operator()(const BlockKey& k) const { return static_cast<size_t>(k.lo ^ (k.hi * 0x9e3779b97f4a7c15ULL)); }
+  size_t operator()(const BlockKey& k) const {
+    return static_cast<size_t>(k.lo ^ (k.hi * 0x9e3779b97f4a7c15ULL));
+  }
 };
 
 // Hashes token prefixes for one (model identity, block size). Stateless apart from config;

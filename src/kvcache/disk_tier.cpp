@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 
 #include "core/log.h"
 
@@ -42,12 +42,15 @@ DiskTier::DiskTier(const DiskTierConfig& config, FileIo& io, Clock& clock, Metri
       blocks_dir_(config.dir + "/blocks"),
       tmp_dir_(config.dir + "/tmp"),
       hits_(m.counter("ds41_kv_disk_hits_total", "Global-KV blocks read from the persistent tier")),
-      misses_(m.counter("ds41_kv_disk_misses_total", "Global-KV block reads that missed (absent, corrupt, error)")),
+      misses_(m.counter("ds41_kv_disk_misses_total",
+                        "Global-KV block reads that missed (absent, corrupt, error)")),
       read_bytes_(m.counter("ds41_kv_disk_read_bytes_total", "Bytes of verified blocks read")),
       written_bytes_(m.counter("ds41_kv_disk_written_bytes_total", "Bytes of blocks published")),
       writes_(m.counter("ds41_kv_disk_writes_total", "Blocks published")),
-      write_dedup_(m.counter("ds41_kv_disk_write_dedup_total", "Writes skipped because the block already existed")),
-      write_errors_(m.counter("ds41_kv_disk_write_errors_total", "Block writes that failed with an I/O error")),
+      write_dedup_(
+          m.counter("ds41_kv_disk_write_dedup_total", "Writes skipped because the block already existed")),
+      write_errors_(
+          m.counter("ds41_kv_disk_write_errors_total", "Block writes that failed with an I/O error")),
       refused_(m.counter("ds41_kv_disk_writes_refused_total",
                          "Writes refused because capacity is full of blocks under retention")),
       checksum_failures_(m.counter("ds41_kv_disk_checksum_failures_total",
@@ -63,7 +66,8 @@ DiskTier::DiskTier(const DiskTierConfig& config, FileIo& io, Clock& clock, Metri
                                 {{"reason", "external"}})),
       used_gauge_(m.gauge("ds41_kv_disk_used_bytes", "Bytes of blocks in this process's index of the tier")),
       blocks_gauge_(m.gauge("ds41_kv_disk_blocks", "Blocks in this process's index of the tier")),
-      scan_ms_gauge_(m.gauge("ds41_kv_disk_index_scan_ms", "Duration of the last index rebuild (directory scan), ms")) {}
+      scan_ms_gauge_(
+          m.gauge("ds41_kv_disk_index_scan_ms", "Duration of the last index rebuild (directory scan), ms")) {}
 
 DiskTier::~DiskTier() = default;
 
@@ -111,7 +115,8 @@ Status DiskTier::init_layout() {
   if (existing.ok()) {
     std::string got(existing->begin(), existing->end());
     if (got != kLayoutMarker)
-      return failed_precondition("kv disk tier " + config_.dir + ": LAYOUT is '" + got + "', this build writes '" +
+      return failed_precondition("kv disk tier " + config_.dir + ": LAYOUT is '" + got +
+                                 "', this build writes '" +
                                  std::string(kLayoutMarker, std::strlen(kLayoutMarker) - 1) + "'");
     return ok_status();
   }
@@ -181,8 +186,10 @@ void DiskTier::index_insert(const BlockKey& key, const Entry& e0) {
   Entry e = e0;
   int64_t cutoff = clock_.now_unix_ns() - config_.retention_ns;
   e.old = e.created_ns <= cutoff;
-  if (e.old) old_lru_.emplace(e.access_ns, key);
-  else young_.emplace(e.created_ns, key);
+  if (e.old)
+    old_lru_.emplace(e.access_ns, key);
+  else
+    young_.emplace(e.created_ns, key);
   index_[key] = e;
   used_bytes_ += e.bytes;
   used_gauge_.set(static_cast<int64_t>(used_bytes_));
@@ -193,8 +200,10 @@ void DiskTier::index_remove(const BlockKey& key) {
   auto it = index_.find(key);
   if (it == index_.end()) return;
   const Entry& e = it->second;
-  if (e.old) old_lru_.erase({e.access_ns, key});
-  else young_.erase({e.created_ns, key});
+  if (e.old)
+    old_lru_.erase({e.access_ns, key});
+  else
+    young_.erase({e.created_ns, key});
   used_bytes_ -= e.bytes;
   index_.erase(it);
   used_gauge_.set(static_cast<int64_t>(used_bytes_));
@@ -257,8 +266,10 @@ bool DiskTier::make_room(std::unique_lock<std::mutex>& lock, uint64_t incoming) 
     lock.unlock();
     Status s = io_.unlink(path);
     lock.lock();
-    if (s.ok() || s.code() == StatusCode::kNotFound) evict_lru_.inc();
-    else log_warn("kvcache", "disk tier: evicting " + path + ": " + s.to_string());
+    if (s.ok() || s.code() == StatusCode::kNotFound)
+      evict_lru_.inc();
+    else
+      log_warn("kvcache", "disk tier: evicting " + path + ": " + s.to_string());
   }
   return true;
 }
@@ -302,8 +313,9 @@ Status DiskTier::rescan() {
 
 Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload) {
   if (payload.size() > kBlockMaxPayloadBytes)
-    return invalid_argument("kv disk tier: payload of " + std::to_string(payload.size()) + " bytes exceeds the " +
-                            std::to_string(kBlockMaxPayloadBytes) + "-byte block limit");
+    return invalid_argument("kv disk tier: payload of " + std::to_string(payload.size()) +
+                            " bytes exceeds the " + std::to_string(kBlockMaxPayloadBytes) +
+                            "-byte block limit");
   maybe_rescan();
   const uint64_t size = kBlockHeaderBytes + payload.size();
   const std::string path = block_path(key);
@@ -325,12 +337,14 @@ Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const 
       if (last == 0 || now - last >= kRefuseLogIntervalNs) {
         last_refuse_log_ns_.store(now);
         log_warn("kvcache", "disk tier " + config_.dir + ": refusing block writes: capacity " +
-                                std::to_string(config_.capacity_bytes) + " bytes is full of blocks younger than " +
-                                "the retention period (" + std::to_string(config_.retention_ns / kNsPerSecond) +
+                                std::to_string(config_.capacity_bytes) +
+                                " bytes is full of blocks younger than " + "the retention period (" +
+                                std::to_string(config_.retention_ns / kNsPerSecond) +
                                 " s); refused so far: " + std::to_string(refused_.value()));
       }
       return resource_exhausted("kv disk tier: capacity " + std::to_string(config_.capacity_bytes) +
-                                " bytes is full of blocks under retention; write of " + key.hex() + " refused");
+                                " bytes is full of blocks under retention; write of " + key.hex() +
+                                " refused");
     }
     reserved_bytes_ += size;
   }
@@ -353,7 +367,8 @@ Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const 
   return ok_status();
 }
 
-void DiskTier::note_corrupt(const BlockKey& key, const std::string& path, const FileStat& st, const Status& why) {
+void DiskTier::note_corrupt(const BlockKey& key, const std::string& path, const FileStat& st,
+                            const Status& why) {
   checksum_failures_.inc();
   log_warn("kvcache", "disk tier: " + path + " failed verification, deleting: " + why.message());
   // Only delete the file we actually read: another process may have just published a good one.
@@ -386,8 +401,10 @@ std::optional<StoredBlock> DiskTier::get(const BlockKey& key) {
   auto meta = decode_block(*bytes, expect);
   if (!meta.ok()) {
     misses_.inc();
-    if (meta.status().code() == StatusCode::kDataLoss) note_corrupt(key, path, st, meta.status());
-    else incompatible_.inc();
+    if (meta.status().code() == StatusCode::kDataLoss)
+      note_corrupt(key, path, st, meta.status());
+    else
+      incompatible_.inc();
     return std::nullopt;
   }
   hits_.inc();

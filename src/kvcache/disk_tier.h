@@ -31,7 +31,9 @@ namespace ds41 {
 struct StoredBlock {
   BlockMeta meta;
   std::vector<uint8_t> bytes;
-  std::span<const uint8_t> payload() const { return std::span<const uint8_t>(bytes).subspan(kBlockHeaderBytes); }
+  std::span<const uint8_t> payload() const {
+    return std::span<const uint8_t>(bytes).subspan(kBlockHeaderBytes);
+  }
 };
 
 class DiskTier {

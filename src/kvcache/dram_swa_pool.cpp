@@ -30,8 +30,9 @@ Result<std::unique_ptr<DramSwaPool>> DramSwaPool::create(const DramSwaPoolConfig
   DS41_RETURN_IF_ERROR(config.validate());
   uint64_t cap = config.resolved_capacity(host_memory);
   if (cap == 0)
-    return invalid_argument("kv swa pool: capacity resolves to 0 bytes (host memory " + std::to_string(host_memory) +
-                            " x fraction " + std::to_string(config.memory_fraction) + ")");
+    return invalid_argument("kv swa pool: capacity resolves to 0 bytes (host memory " +
+                            std::to_string(host_memory) + " x fraction " +
+                            std::to_string(config.memory_fraction) + ")");
   return std::unique_ptr<DramSwaPool>(new DramSwaPool(config, cap, clock, metrics));
 }
 

@@ -195,7 +195,8 @@ Result<size_t> FaultInjectingIo::pwrite(int fd, const void* buf, size_t n, uint6
   switch (k) {
     case FaultKind::kFailWrite: return io_error("write fd " + std::to_string(fd) + ": injected EIO");
     case FaultKind::kNoSpace:
-      return resource_exhausted("write fd " + std::to_string(fd) + ": injected ENOSPC (No space left on device)");
+      return resource_exhausted("write fd " + std::to_string(fd) +
+                                ": injected ENOSPC (No space left on device)");
     case FaultKind::kShortWrite: return base_.pwrite(fd, buf, n / 2 > 0 ? n / 2 : n, offset);
     case FaultKind::kTornWrite: {
       auto r = base_.pwrite(fd, buf, n / 2, offset);
@@ -234,7 +235,8 @@ Status FaultInjectingIo::rename(const std::string& from, const std::string& to) 
 
 // ---------------------------------------------------------------- helpers
 
-Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t offset, const std::string& path) {
+Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t offset,
+                   const std::string& path) {
   size_t done = 0;
   while (done < data.size()) {
     auto r = io.pwrite(fd, data.data() + done, data.size() - done, offset + done);

@@ -101,7 +101,9 @@ class FaultInjectingIo final : public FileIo {
   // How many faults fired so far.
   int fired() const { return fired_.load(); }
 
-  Result<int> open(const std::string& path, int flags, int mode) override { return base_.open(path, flags, mode); }
+  Result<int> open(const std::string& path, int flags, int mode) override {
+    return base_.open(path, flags, mode);
+  }
   Result<size_t> pwrite(int fd, const void* buf, size_t n, uint64_t offset) override;
   Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) override;
   Status fsync(int fd) override;
@@ -137,7 +139,8 @@ class FaultInjectingIo final : public FileIo {
 };
 
 // Writes all of `data` at `offset`, retrying short writes; an error or a zero-byte write fails.
-Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t offset, const std::string& path);
+Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t offset,
+                   const std::string& path);
 
 // Atomic publish: creates `tmp_path` exclusively, writes the parts back to back, stamps
 // atime/mtime (unless kTimeOmit), fsyncs (when `sync`), closes, renames onto `final_path` and

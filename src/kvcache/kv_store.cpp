@@ -24,13 +24,15 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const KvStoreConfig& config, File
   return open_with_pool(config, io, clock, metrics, std::move(pool));
 }
 
-Result<std::unique_ptr<KvStore>> KvStore::open_with_pool(const KvStoreConfig& config0, FileIo& io, Clock& clock,
-                                                         MetricsRegistry& metrics, std::unique_ptr<SwaPool> swa) {
+Result<std::unique_ptr<KvStore>> KvStore::open_with_pool(const KvStoreConfig& config0, FileIo& io,
+                                                         Clock& clock, MetricsRegistry& metrics,
+                                                         std::unique_ptr<SwaPool> swa) {
   KvStoreConfig config = config0;
   config.disk.model_fingerprint = config.model_fingerprint;
   DS41_RETURN_IF_ERROR(config.validate());
   if (!swa) return invalid_argument("kv store: SWA pool must not be null");
-  DS41_ASSIGN_OR_RETURN(BlockChainHasher hasher, BlockChainHasher::create(config.model_identity, config.block_tokens));
+  DS41_ASSIGN_OR_RETURN(BlockChainHasher hasher,
+                        BlockChainHasher::create(config.model_identity, config.block_tokens));
   std::unique_ptr<KvStore> s(new KvStore(config, std::move(hasher), metrics));
   DS41_ASSIGN_OR_RETURN(s->disk_, DiskTier::open(config.disk, io, clock, metrics));
   s->swa_ = std::move(swa);
@@ -47,8 +49,10 @@ std::vector<StoredBlock> KvStore::restore(std::span<const BlockKey> keys, Thread
   auto read_range = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) got[i] = disk_->get(keys[i]);
   };
-  if (pool) pool->parallel_for(static_cast<int64_t>(keys.size()), read_range);
-  else read_range(0, static_cast<int64_t>(keys.size()));
+  if (pool)
+    pool->parallel_for(static_cast<int64_t>(keys.size()), read_range);
+  else
+    read_range(0, static_cast<int64_t>(keys.size()));
   std::vector<StoredBlock> out;
   out.reserve(keys.size());
   for (auto& g : got) {
@@ -70,7 +74,8 @@ Status KvStore::put_swa_key(const BlockKey& key, uint32_t token_count, std::span
 }
 
 Status KvStore::put_swa(std::span<const int32_t> prefix_tokens, std::span<const uint8_t> snapshot) {
-  return put_swa_key(hasher_.prefix_key(prefix_tokens), static_cast<uint32_t>(prefix_tokens.size()), snapshot);
+  return put_swa_key(hasher_.prefix_key(prefix_tokens), static_cast<uint32_t>(prefix_tokens.size()),
+                     snapshot);
 }
 
 std::optional<SwaSnapshot> KvStore::get_swa_key(const BlockKey& key) {

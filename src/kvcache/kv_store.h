@@ -37,8 +37,9 @@ class KvStore {
   static Result<std::unique_ptr<KvStore>> open(const KvStoreConfig& config, FileIo& io, Clock& clock,
                                                MetricsRegistry& metrics);
   // As open(), with a caller-built SWA pool (tests, custom backends).
-  static Result<std::unique_ptr<KvStore>> open_with_pool(const KvStoreConfig& config, FileIo& io, Clock& clock,
-                                                         MetricsRegistry& metrics, std::unique_ptr<SwaPool> swa);
+  static Result<std::unique_ptr<KvStore>> open_with_pool(const KvStoreConfig& config, FileIo& io,
+                                                         Clock& clock, MetricsRegistry& metrics,
+                                                         std::unique_ptr<SwaPool> swa);
 
   const BlockChainHasher& hasher() const { return hasher_; }
   PrefixLookupResult lookup(std::span<const int32_t> tokens, size_t max_tokens = 0);

@@ -22,10 +22,14 @@ bool valid_metric_name(const std::string& n) {
 std::string escape_label_value(const std::string& v) {
   std::string out;
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -33,9 +37,12 @@ std::string escape_label_value(const std::string& v) {
 std::string escape_help(const std::string& v) {
   std::string out;
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -53,7 +60,8 @@ std::string MetricsRegistry::render_labels(const MetricLabels& labels) {
   return s + "}";
 }
 
-Counter& MetricsRegistry::counter(const std::string& name, const std::string& help, const MetricLabels& labels) {
+Counter& MetricsRegistry::counter(const std::string& name, const std::string& help,
+                                  const MetricLabels& labels) {
   DS41_CHECK(valid_metric_name(name), "invalid metric name");
   std::string key = render_labels(labels);
   std::lock_guard<std::mutex> lock(mu_);

@@ -15,11 +15,11 @@
 namespace ds41 {
 
 struct PrefixLookupResult {
-  size_t cached_blocks = 0;           // leading blocks present in the global tier
-  size_t cached_tokens = 0;           // cached_blocks * block_tokens
-  std::vector<BlockKey> block_keys;   // keys of those blocks, in order
-  bool swa_snapshot = false;          // an SWA snapshot exists at exactly cached_tokens
-  BlockKey swa_key;                   // its key (valid when cached_blocks > 0)
+  size_t cached_blocks = 0;          // leading blocks present in the global tier
+  size_t cached_tokens = 0;          // cached_blocks * block_tokens
+  std::vector<BlockKey> block_keys;  // keys of those blocks, in order
+  bool swa_snapshot = false;         // an SWA snapshot exists at exactly cached_tokens
+  BlockKey swa_key;                  // its key (valid when cached_blocks > 0)
 };
 
 // `swa` may be null (no SWA pool). Only complete blocks count; max_tokens (0 = no limit) caps

@@ -99,20 +99,25 @@ RedisSwaPool::RedisSwaPool(const RedisSwaPoolConfig& config, Clock& clock, Metri
       clock_(clock),
       metrics_(m),
       hits_(m.counter("ds41_kv_swa_hits_total", "SWA snapshot lookups that hit", {{"backend", "redis"}})),
-      misses_(m.counter("ds41_kv_swa_misses_total", "SWA snapshot lookups that missed", {{"backend", "redis"}})),
+      misses_(
+          m.counter("ds41_kv_swa_misses_total", "SWA snapshot lookups that missed", {{"backend", "redis"}})),
       puts_(m.counter("ds41_kv_swa_puts_total", "SWA snapshots stored", {{"backend", "redis"}})),
-      put_errors_(m.counter("ds41_kv_swa_put_errors_total", "SWA snapshot stores that failed", {{"backend", "redis"}})) {
+      put_errors_(m.counter("ds41_kv_swa_put_errors_total", "SWA snapshot stores that failed",
+                            {{"backend", "redis"}})) {
   for (const auto& n : config_.nodes) {
     auto node = std::make_unique<Node>();
     node->name = n;
     (void)parse_host_port(n, &node->host, &node->port);  // validated by create()
     for (int i = 0; i < config_.connections_per_node; ++i) node->slots.push_back(std::make_unique<Slot>());
     const char* help = "Redis SWA pool failures (each one is a miss or a dropped store)";
-    node->err_connect = &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "connect"}});
-    node->err_timeout = &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "timeout"}});
+    node->err_connect =
+        &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "connect"}});
+    node->err_timeout =
+        &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "timeout"}});
     node->err_io = &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "io"}});
     node->err_reply = &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "reply"}});
-    node->skipped_down = &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "down"}});
+    node->skipped_down =
+        &m.counter("ds41_kv_swa_redis_errors_total", help, {{"node", n}, {"reason", "down"}});
     nodes_.push_back(std::move(node));
   }
 }
@@ -131,7 +136,8 @@ Result<std::unique_ptr<RedisSwaPool>> RedisSwaPool::create(const RedisSwaPoolCon
 
 size_t RedisSwaPool::node_for(const BlockKey& key) const { return jump_hash(key.lo ^ key.hi, nodes_.size()); }
 
-Result<RedisSwaPool::ReplyPtr> RedisSwaPool::command(const BlockKey& key, std::vector<std::string_view> argv) {
+Result<RedisSwaPool::ReplyPtr> RedisSwaPool::command(const BlockKey& key,
+                                                     std::vector<std::string_view> argv) {
   Node& node = *nodes_[node_for(key)];
   const int64_t now = clock_.now_mono_ns();
   if (now < node.down_until_ns.load()) {
@@ -167,11 +173,13 @@ Result<RedisSwaPool::ReplyPtr> RedisSwaPool::command(const BlockKey& key, std::v
     lens.push_back(a.size());
   }
   errno = 0;
-  auto* raw = static_cast<redisReply*>(redisCommandArgv(slot.ctx, static_cast<int>(argv.size()), ptrs.data(), lens.data()));
+  auto* raw = static_cast<redisReply*>(
+      redisCommandArgv(slot.ctx, static_cast<int>(argv.size()), ptrs.data(), lens.data()));
   if (raw == nullptr) {
     int err = errno;
     std::string why = slot.ctx->errstr;
-    bool timeout = err == EAGAIN || err == EWOULDBLOCK || why.find("temporarily unavailable") != std::string::npos ||
+    bool timeout = err == EAGAIN || err == EWOULDBLOCK ||
+                   why.find("temporarily unavailable") != std::string::npos ||
                    why.find("timed out") != std::string::npos;
     (timeout ? node.err_timeout : node.err_io)->inc();
     redisFree(slot.ctx);  // state unknown after a failed exchange
@@ -193,8 +201,9 @@ Status RedisSwaPool::put(const BlockKey& key, std::span<const uint8_t> value, in
   if (ttl_ms < 1) ttl_ms = 1;
   std::string k = redis_key(key);
   std::string ttl = std::to_string(ttl_ms);
-  auto r = command(key, {"SET", k, std::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
-                         "PX", ttl});
+  auto r = command(
+      key,
+      {"SET", k, std::string_view(reinterpret_cast<const char*>(value.data()), value.size()), "PX", ttl});
   if (!r.ok()) {
     put_errors_.inc();
     return r.status();

@@ -25,7 +25,8 @@ size_t parse_number(std::string_view s, double* out) {
 
 Status DiskTierConfig::validate() const {
   if (dir.empty()) return invalid_argument("kv disk tier: dir (--kv-dir) must be set");
-  if (capacity_bytes == 0) return invalid_argument("kv disk tier: capacity_bytes (--kv-disk-capacity) must be > 0");
+  if (capacity_bytes == 0)
+    return invalid_argument("kv disk tier: capacity_bytes (--kv-disk-capacity) must be > 0");
   if (retention_ns < 0) return invalid_argument("kv disk tier: retention (--kv-retention) must be >= 0");
   if (touch_interval_ns < 0) return invalid_argument("kv disk tier: touch_interval must be >= 0");
   if (stale_tmp_age_ns <= 0) return invalid_argument("kv disk tier: stale_tmp_age must be > 0");
@@ -43,7 +44,8 @@ Status AsyncWriterConfig::validate() const {
 
 Status DramSwaPoolConfig::validate() const {
   if (capacity_bytes == 0 && !(memory_fraction > 0.0 && memory_fraction <= 0.9))
-    return invalid_argument("kv swa pool: memory_fraction must be in (0, 0.9], got " + std::to_string(memory_fraction));
+    return invalid_argument("kv swa pool: memory_fraction must be in (0, 0.9], got " +
+                            std::to_string(memory_fraction));
   if (ttl_ns <= 0) return invalid_argument("kv swa pool: ttl must be > 0");
   return ok_status();
 }
@@ -61,7 +63,8 @@ Status RedisSwaPoolConfig::validate() const {
     DS41_RETURN_IF_ERROR(parse_host_port(n, &h, &p).with_context("kv redis swa pool: node"));
   }
   if (timeout_ms < 1 || timeout_ms > 60000)
-    return invalid_argument("kv redis swa pool: timeout_ms must be in [1, 60000], got " + std::to_string(timeout_ms));
+    return invalid_argument("kv redis swa pool: timeout_ms must be in [1, 60000], got " +
+                            std::to_string(timeout_ms));
   if (ttl_ns < 1'000'000) return invalid_argument("kv redis swa pool: ttl must be >= 1 ms");
   if (down_retry_ns < 0) return invalid_argument("kv redis swa pool: down_retry must be >= 0");
   if (connections_per_node < 1 || connections_per_node > 64)
@@ -72,7 +75,8 @@ Status RedisSwaPoolConfig::validate() const {
 Status KvStoreConfig::validate() const {
   if (model_identity.empty()) return invalid_argument("kv store: model_identity must be set");
   if (block_tokens == 0 || block_tokens > (1u << 20))
-    return invalid_argument("kv store: block_tokens must be in [1, 1048576], got " + std::to_string(block_tokens));
+    return invalid_argument("kv store: block_tokens must be in [1, 1048576], got " +
+                            std::to_string(block_tokens));
   DS41_RETURN_IF_ERROR(disk.validate());
   DS41_RETURN_IF_ERROR(writer.validate());
   if (swa_backend == SwaBackend::kDram) DS41_RETURN_IF_ERROR(dram.validate());
@@ -90,15 +94,22 @@ uint64_t host_memory_bytes() {
 Result<int64_t> parse_duration_ns(std::string_view text) {
   double v;
   size_t n = parse_number(text, &v);
-  if (n == 0) return invalid_argument("duration '" + std::string(text) + "': expected e.g. 72h, 90m, 30s, 500ms");
+  if (n == 0)
+    return invalid_argument("duration '" + std::string(text) + "': expected e.g. 72h, 90m, 30s, 500ms");
   std::string_view unit = text.substr(n);
   double mult;
-  if (unit.empty() || unit == "s") mult = 1e9;
-  else if (unit == "ms") mult = 1e6;
-  else if (unit == "m" || unit == "min") mult = 60e9;
-  else if (unit == "h") mult = 3600e9;
-  else if (unit == "d") mult = 86400e9;
-  else return invalid_argument("duration '" + std::string(text) + "': unknown unit '" + std::string(unit) + "'");
+  if (unit.empty() || unit == "s")
+    mult = 1e9;
+  else if (unit == "ms")
+    mult = 1e6;
+  else if (unit == "m" || unit == "min")
+    mult = 60e9;
+  else if (unit == "h")
+    mult = 3600e9;
+  else if (unit == "d")
+    mult = 86400e9;
+  else
+    return invalid_argument("duration '" + std::string(text) + "': unknown unit '" + std::string(unit) + "'");
   double ns = v * mult;
   if (ns > 9.2e18) return out_of_range("duration '" + std::string(text) + "' is too large");
   return static_cast<int64_t>(ns);
@@ -109,15 +120,23 @@ Result<uint64_t> parse_byte_size(std::string_view text) {
   size_t n = parse_number(text, &v);
   if (n == 0) return invalid_argument("size '" + std::string(text) + "': expected e.g. 500G, 64M, 4096");
   std::string_view unit = text.substr(n);
-  if (unit.ends_with("iB")) unit.remove_suffix(2);
-  else if (unit.ends_with("B")) unit.remove_suffix(1);
+  if (unit.ends_with("iB"))
+    unit.remove_suffix(2);
+  else if (unit.ends_with("B"))
+    unit.remove_suffix(1);
   double mult;
-  if (unit.empty()) mult = 1;
-  else if (unit == "K" || unit == "k") mult = 1024.0;
-  else if (unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return invalid_argument("size '" + std::string(text) + "': unknown unit '" + std::string(unit) + "'");
+  if (unit.empty())
+    mult = 1;
+  else if (unit == "K" || unit == "k")
+    mult = 1024.0;
+  else if (unit == "M")
+    mult = 1024.0 * 1024;
+  else if (unit == "G")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return invalid_argument("size '" + std::string(text) + "': unknown unit '" + std::string(unit) + "'");
   double b = v * mult;
   if (b > 1.8e19) return out_of_range("size '" + std::string(text) + "' is too large");
   return static_cast<uint64_t>(b);

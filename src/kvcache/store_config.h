@@ -17,8 +17,8 @@ namespace ds41 {
 inline constexpr int64_t kNsPerSecond = 1'000'000'000LL;
 
 struct DiskTierConfig {
-  std::string dir;                 // required; created if missing
-  uint64_t capacity_bytes = 0;     // required (> 0): --kv-disk-capacity
+  std::string dir;                                    // required; created if missing
+  uint64_t capacity_bytes = 0;                        // required (> 0): --kv-disk-capacity
   int64_t retention_ns = 72LL * 3600 * kNsPerSecond;  // --kv-retention; never evict younger blocks
   uint64_t model_fingerprint = 0;  // stored in every header; blocks of another fingerprint are misses
   bool sync = true;                // fsync file + directory on publish (off only for benchmarks/tmpfs)
@@ -32,9 +32,9 @@ struct DiskTierConfig {
 };
 
 struct AsyncWriterConfig {
-  int threads = 4;                          // concurrent writers (fsync latency overlaps)
-  size_t queue_blocks = 256;                // bounded queue: max pending blocks
-  uint64_t queue_bytes = 256ULL << 20;      // and max pending payload bytes
+  int threads = 4;                      // concurrent writers (fsync latency overlaps)
+  size_t queue_blocks = 256;            // bounded queue: max pending blocks
+  uint64_t queue_bytes = 256ULL << 20;  // and max pending payload bytes
   Status validate() const;
 };
 
@@ -48,9 +48,9 @@ struct DramSwaPoolConfig {
 };
 
 struct RedisSwaPoolConfig {
-  std::vector<std::string> nodes;  // "host:port", >= 1 (sharded by key)
-  int timeout_ms = 200;            // connect and per-command timeout; a slower node is a miss
-  int64_t ttl_ns = 300 * kNsPerSecond;  // native Redis expiry (SET PX)
+  std::vector<std::string> nodes;            // "host:port", >= 1 (sharded by key)
+  int timeout_ms = 200;                      // connect and per-command timeout; a slower node is a miss
+  int64_t ttl_ns = 300 * kNsPerSecond;       // native Redis expiry (SET PX)
   int64_t down_retry_ns = 1 * kNsPerSecond;  // after an error, skip the node this long
   int connections_per_node = 4;
   std::string key_prefix = "ds41:swa:";
@@ -60,8 +60,8 @@ struct RedisSwaPoolConfig {
 enum class SwaBackend { kDram, kRedis };
 
 struct KvStoreConfig {
-  std::string model_identity;       // hashed into every key (required)
-  uint64_t model_fingerprint = 0;   // stored in every header
+  std::string model_identity;      // hashed into every key (required)
+  uint64_t model_fingerprint = 0;  // stored in every header
   uint32_t block_tokens = 128;
   DiskTierConfig disk;
   AsyncWriterConfig writer;

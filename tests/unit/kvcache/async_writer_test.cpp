@@ -99,9 +99,7 @@ TEST_F(AsyncWriterTest, BoundedQueueRejectsOrBlocks) {
     EXPECT_EQ(metrics_.counter_value("ds41_kv_write_queue_rejected_total"), 2u);
     // A blocked submitter proceeds once the disk catches up.
     std::atomic<bool> submitted{false};
-    std::thread t([&] {
-      submitted = w.submit(write(5, ack), SubmitMode::kBlock, 60000).ok();
-    });
+    std::thread t([&] { submitted = w.submit(write(5, ack), SubmitMode::kBlock, 60000).ok(); });
     io.open_gate();
     t.join();
     EXPECT_TRUE(submitted.load());
@@ -123,8 +121,10 @@ TEST_F(AsyncWriterTest, CallbacksCarryErrorsAndDestructorDrains) {
     AsyncWriter w(*tier, wc, metrics_);
     for (uint64_t i = 0; i < 5; ++i)
       ASSERT_TRUE(w.submit(write(i, [&](const Status& s) {
-                     if (s.ok()) ++ok;
-                     else if (s.code() == StatusCode::kResourceExhausted) ++refused;
+                     if (s.ok())
+                       ++ok;
+                     else if (s.code() == StatusCode::kResourceExhausted)
+                       ++refused;
                    })).ok());
   }  // destructor finishes the queue
   EXPECT_EQ(ok.load(), 3);

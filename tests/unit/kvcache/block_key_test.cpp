@@ -20,7 +20,8 @@ BlockKey reference_key(const std::string& id, uint32_t block, const std::vector<
   buf.insert(buf.end(), id.begin(), id.end());
   for (int i = 0; i < 4; ++i) buf.push_back(static_cast<uint8_t>(block >> (8 * i)));
   for (size_t t = 0; t < n; ++t)
-    for (int i = 0; i < 4; ++i) buf.push_back(static_cast<uint8_t>(static_cast<uint32_t>(toks[t]) >> (8 * i)));
+    for (int i = 0; i < 4; ++i)
+      buf.push_back(static_cast<uint8_t>(static_cast<uint32_t>(toks[t]) >> (8 * i)));
   XXH128_hash_t h = XXH3_128bits(buf.data(), buf.size());
   return BlockKey{h.high64, h.low64};
 }
@@ -32,7 +33,8 @@ TEST(BlockKey, MatchesDocumentedLayout) {
   toks[3] = -1;  // negative ids are hashed as their u32 bit pattern
   auto keys = h->chain_keys(toks);
   ASSERT_EQ(keys.size(), 5u);
-  for (size_t b = 0; b < keys.size(); ++b) EXPECT_EQ(keys[b], reference_key("v4.1-flash:abc", 128, toks, (b + 1) * 128));
+  for (size_t b = 0; b < keys.size(); ++b)
+    EXPECT_EQ(keys[b], reference_key("v4.1-flash:abc", 128, toks, (b + 1) * 128));
   EXPECT_EQ(h->prefix_key(std::span(toks).first(700)), reference_key("v4.1-flash:abc", 128, toks, 700));
 }
 

@@ -120,7 +120,8 @@ TEST_F(DramPoolTest, ConcurrentUseKeepsAccountingExact) {
     ts.emplace_back([&, t] {
       for (uint64_t i = 0; i < 300; ++i) {
         uint64_t k = (i * 7 + t) % 80;
-        if (i % 3 == 0) (void)p->put(key(k), snap(k));
+        if (i % 3 == 0)
+          (void)p->put(key(k), snap(k));
         else if (SwaBytes b = p->get(key(k))) {
           EXPECT_EQ(b->size(), kSnap);
         }

@@ -82,7 +82,8 @@ TEST_F(FaultTest, FailedPublishesLeaveNothingBehind) {
     ++i;
   }
   EXPECT_EQ(counter("ds41_kv_disk_write_errors_total"), 5u);
-  EXPECT_EQ(tier_->used_bytes(), 5 * (kPayload + kBlockHeaderBytes));  // failed writes released their reservation
+  EXPECT_EQ(tier_->used_bytes(),
+            5 * (kPayload + kBlockHeaderBytes));  // failed writes released their reservation
 }
 
 TEST_F(FaultTest, ShortWritesAreCompletedNotTorn) {

@@ -29,8 +29,9 @@ class KvStoreTest : public ::testing::Test {
   void write_blocks(const std::vector<int32_t>& toks, size_t n) {
     auto keys = store_->hasher().chain_keys(toks);
     for (size_t i = 0; i < n; ++i)
-      ASSERT_TRUE(store_->write_block(keys[i], 128, testing::make_payload(keys[i].lo, 890 * 128),
-                                      SubmitMode::kBlock).ok());
+      ASSERT_TRUE(
+          store_->write_block(keys[i], 128, testing::make_payload(keys[i].lo, 890 * 128), SubmitMode::kBlock)
+              .ok());
     store_->writer().drain();
   }
   testing::ScratchDir dir_{"store"};
@@ -119,9 +120,10 @@ TEST_F(KvStoreTest, MetricsExportCoversBothTiers) {
   write_blocks(toks, 2);
   (void)store_->restore(store_->lookup(toks).block_keys);
   std::string text = metrics_.prometheus_text();
-  for (const char* name : {"ds41_kv_disk_hits_total 2", "ds41_kv_disk_used_bytes", "ds41_kv_write_queue_depth 0",
-                           "ds41_kv_swa_bytes{backend=\"dram\"}", "ds41_kv_disk_evictions_total{reason=\"lru\"} 0",
-                           "ds41_kv_disk_checksum_failures_total 0", "ds41_kv_disk_writes_refused_total 0"})
+  for (const char* name :
+       {"ds41_kv_disk_hits_total 2", "ds41_kv_disk_used_bytes", "ds41_kv_write_queue_depth 0",
+        "ds41_kv_swa_bytes{backend=\"dram\"}", "ds41_kv_disk_evictions_total{reason=\"lru\"} 0",
+        "ds41_kv_disk_checksum_failures_total 0", "ds41_kv_disk_writes_refused_total 0"})
     EXPECT_NE(text.find(name), std::string::npos) << name << "\n" << text;
 }
 

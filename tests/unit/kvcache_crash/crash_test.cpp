@@ -47,8 +47,10 @@ std::string read_until_ready(int fd) {
   char ch;
   while (out.find("R\n") == std::string::npos) {
     ssize_t n = read(fd, &ch, 1);
-    if (n == 1) out += ch;
-    else if (n == 0 || errno != EINTR) break;
+    if (n == 1)
+      out += ch;
+    else if (n == 0 || errno != EINTR)
+      break;
   }
   return out;
 }
@@ -57,8 +59,10 @@ std::string read_all(int fd, std::string out = "") {
   char buf[4096];
   for (;;) {
     ssize_t n = read(fd, buf, sizeof(buf));
-    if (n > 0) out.append(buf, n);
-    else if (n == 0 || errno != EINTR) break;
+    if (n > 0)
+      out.append(buf, n);
+    else if (n == 0 || errno != EINTR)
+      break;
   }
   close(fd);
   return out;
@@ -97,8 +101,8 @@ TEST_F(CrashTest, SigkillAtRandomPointsLosesNoAcknowledgedBlock) {
   auto t0 = std::chrono::steady_clock::now();
   for (int it = 0; it < kIterations; ++it) {
     uint64_t first = static_cast<uint64_t>(it) * 1000;
-    Child c = spawn({DS41_KV_TEST_HELPER, "writer", dir_.sub("store"), std::to_string(first),
-                     std::to_string(kPerChild)});
+    Child c = spawn(
+        {DS41_KV_TEST_HELPER, "writer", dir_.sub("store"), std::to_string(first), std::to_string(kPerChild)});
     ASSERT_GT(c.pid, 0);
     // Random kill point: a tenth of the runs die while opening the store, the rest 0-30 ms into
     // writing (a few to a few dozen blocks in, fsyncs in flight).
@@ -136,7 +140,8 @@ TEST_F(CrashTest, SigkillAtRandomPointsLosesNoAcknowledgedBlock) {
 }
 
 TEST_F(CrashTest, TwoProcessesShareOneDirectory) {
-  // 60 keys (57 KB average), capacity 12 full-size blocks, retention 0: both processes write, read and evict constantly.
+  // 60 keys (57 KB average), capacity 12 full-size blocks, retention 0: both processes write, read and evict
+  // constantly.
   Child a = spawn({DS41_KV_TEST_HELPER, "mixed", dir_.sub("store"), "1", "60", "1500", "12"});
   Child b = spawn({DS41_KV_TEST_HELPER, "mixed", dir_.sub("store"), "2", "60", "1500", "12"});
   ASSERT_GT(a.pid, 0);
@@ -151,7 +156,8 @@ TEST_F(CrashTest, TwoProcessesShareOneDirectory) {
   // Each side really read blocks (some written by the other side) and evicted.
   EXPECT_EQ(out_a.rfind("OK hits=0 ", 0), std::string::npos) << out_a;
   EXPECT_EQ(out_b.rfind("OK hits=0 ", 0), std::string::npos) << out_b;
-  EXPECT_TRUE(out_a.find(" evictions=0") == std::string::npos || out_b.find(" evictions=0") == std::string::npos)
+  EXPECT_TRUE(out_a.find(" evictions=0") == std::string::npos ||
+              out_b.find(" evictions=0") == std::string::npos)
       << "capacity pressure should make both processes evict";
   MetricsRegistry m;
   auto tier = open_parent(m);

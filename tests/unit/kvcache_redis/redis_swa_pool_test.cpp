@@ -108,7 +108,8 @@ class RedisServer {
     redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
     long long v = -100;
     if (c && !c->err) {
-      auto* r = static_cast<redisReply*>(arg.empty() ? redisCommand(c, cmd) : redisCommand(c, "%s %b", cmd, arg.data(), arg.size()));
+      auto* r = static_cast<redisReply*>(arg.empty() ? redisCommand(c, cmd)
+                                                     : redisCommand(c, "%s %b", cmd, arg.data(), arg.size()));
       if (r && r->type == REDIS_REPLY_INTEGER) v = r->integer;
       if (r) freeReplyObject(r);
     }
@@ -155,7 +156,8 @@ class RedisPoolTest : public ::testing::Test {
   static BlockKey key(uint64_t i) { return BlockKey{i * 0x9e3779b97f4a7c15ULL, i}; }
   static std::vector<uint8_t> value(uint64_t i, size_t n = 100000) { return testing::make_payload(i, n); }
   uint64_t errors(size_t node, const char* reason) {
-    return metrics_.counter_value("ds41_kv_swa_redis_errors_total", {{"node", config_.nodes[node]}, {"reason", reason}});
+    return metrics_.counter_value("ds41_kv_swa_redis_errors_total",
+                                  {{"node", config_.nodes[node]}, {"reason", reason}});
   }
 
   RedisServer servers_[2];
@@ -228,7 +230,8 @@ TEST_F(RedisPoolTest, NodeKilledMidTestEveryLookupReturnsInTime) {
         has = p->contains(key(i));
         put_status = p->put(key(i + 1000), value(i, 1000));
       });
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+                    .count();
       EXPECT_LT(ms, 3 * budget_ms) << "three calls took " << ms << " ms";
       if (p->node_for(key(i)) == 0) {
         ASSERT_TRUE(b) << "key " << i << " lives on the surviving node";
@@ -262,9 +265,10 @@ TEST_F(RedisPoolTest, SlowNodeTimesOutThenRecovers) {
   servers_[1].pause();  // SIGSTOP: connected but never answers
   auto t0 = std::chrono::steady_clock::now();
   SwaBytes b = p->get(key(k1));
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_FALSE(b);
-  EXPECT_GE(ms, config_.timeout_ms - 20);  // it did wait for the timeout...
+  EXPECT_GE(ms, config_.timeout_ms - 20);   // it did wait for the timeout...
   EXPECT_LT(ms, config_.timeout_ms + 300);  // ...and not longer
   EXPECT_EQ(errors(1, "timeout"), 1u);
   // Within the down window the node is skipped without waiting.

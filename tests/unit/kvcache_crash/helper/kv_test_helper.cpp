@@ -6,6 +6,8 @@
 //   kv_test_helper mixed DIR SEED KEYS OPS CAPACITY_BLOCKS
 //     Random puts/gets over KEYS blocks under a small capacity (retention 0: constant eviction)
 //     while another process does the same; exits 3 if any get returns wrong bytes.
+#include "unit/kvcache_crash/helper/kv_test_helper.h"
+
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -18,13 +20,13 @@
 #include "core/log.h"
 #include "kvcache/async_writer.h"
 #include "kvcache/disk_tier.h"
-#include "unit/kvcache_crash/helper/kv_test_helper.h"
 
 using namespace ds41;
 
 namespace {
 
-std::unique_ptr<DiskTier> open_tier(const std::string& dir, uint64_t capacity, bool sync, MetricsRegistry& m) {
+std::unique_ptr<DiskTier> open_tier(const std::string& dir, uint64_t capacity, bool sync,
+                                    MetricsRegistry& m) {
   DiskTierConfig c;
   c.dir = dir;
   c.capacity_bytes = capacity;
@@ -80,9 +82,10 @@ int run_mixed(const std::string& dir, uint64_t seed, uint64_t keys, int ops, uin
       ++hits;
     }
   }
-  std::printf("OK hits=%d puts=%d checksum_failures=%llu evictions=%llu\n", hits, puts,
-              static_cast<unsigned long long>(m.counter_value("ds41_kv_disk_checksum_failures_total")),
-              static_cast<unsigned long long>(m.counter_value("ds41_kv_disk_evictions_total", {{"reason", "lru"}})));
+  std::printf(
+      "OK hits=%d puts=%d checksum_failures=%llu evictions=%llu\n", hits, puts,
+      static_cast<unsigned long long>(m.counter_value("ds41_kv_disk_checksum_failures_total")),
+      static_cast<unsigned long long>(m.counter_value("ds41_kv_disk_evictions_total", {{"reason", "lru"}})));
   return 0;
 }
 
@@ -94,7 +97,9 @@ int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "writer" && argc == 5) return run_writer(argv[2], std::stoull(argv[3]), std::stoull(argv[4]));
   if (mode == "mixed" && argc == 7)
-    return run_mixed(argv[2], std::stoull(argv[3]), std::stoull(argv[4]), std::stoi(argv[5]), std::stoull(argv[6]));
-  std::fprintf(stderr, "usage: kv_test_helper writer DIR FIRST COUNT | mixed DIR SEED KEYS OPS CAPACITY_BLOCKS\n");
+    return run_mixed(argv[2], std::stoull(argv[3]), std::stoull(argv[4]), std::stoi(argv[5]),
+                     std::stoull(argv[6]));
+  std::fprintf(stderr,
+               "usage: kv_test_helper writer DIR FIRST COUNT | mixed DIR SEED KEYS OPS CAPACITY_BLOCKS\n");
   return 2;
 }
