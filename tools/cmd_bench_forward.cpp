@@ -18,7 +18,8 @@ namespace ds41::cli {
 namespace {
 
 struct BenchArgs {
-  std::string preset = "tiny", model_dir, tokenizer_dir = "../shared/tokenizer-v41", work_dir = "/tmp/ds41-bench";
+  std::string preset = "tiny", model_dir, tokenizer_dir = "../shared/tokenizer-v41",
+              work_dir = "/tmp/ds41-bench";
   int64_t prompt_len = 256, decode = 32;
   int threads = 2;
   bool json = false;
@@ -51,7 +52,8 @@ Status run_bench(const BenchArgs& a) {
   model::Model& m = *lm.model;
   const model::ModelConfig& c = m.config();
   std::mt19937 rng(1234);
-  std::uniform_int_distribution<int32_t> d(3, static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 100000) - 1));
+  std::uniform_int_distribution<int32_t> d(3,
+                                           static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 100000) - 1));
   std::vector<int32_t> ids{static_cast<int32_t>(c.bos_token_id)};
   while (static_cast<int64_t>(ids.size()) < a.prompt_len) ids.push_back(d(rng));
   SystemClock clock;
@@ -66,7 +68,8 @@ Status run_bench(const BenchArgs& a) {
   const int64_t t0 = clock.now_mono_ns();
   DS41_ASSIGN_OR_RETURN(auto out, m.prefill(*st, ids, 0, opt));
   const int64_t t1 = clock.now_mono_ns();
-  int32_t next = static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
+  int32_t next =
+      static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
   for (int64_t i = 0; i < a.decode; ++i) {
     DS41_ASSIGN_OR_RETURN(auto o, m.decode_step(*st, next, opt));
     next = static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin());
@@ -79,8 +82,11 @@ Status run_bench(const BenchArgs& a) {
   j["device"] = "cpu-reference";
   j["threads"] = a.threads;
   j["model"] = a.model_dir.empty() ? "preset:" + a.preset : dir;
-  j["config"] = {{"layers", c.num_hidden_layers}, {"hidden", c.hidden_size}, {"vocab", c.vocab_size},
-                 {"experts", c.n_routed_experts}, {"window", c.sliding_window}};
+  j["config"] = {{"layers", c.num_hidden_layers},
+                 {"hidden", c.hidden_size},
+                 {"vocab", c.vocab_size},
+                 {"experts", c.n_routed_experts},
+                 {"window", c.sliding_window}};
   j["prefill_tokens"] = a.prompt_len;
   j["prefill_s"] = pre_s;
   j["prefill_tok_per_s"] = a.prompt_len / std::max(pre_s, 1e-12);
@@ -88,7 +94,8 @@ Status run_bench(const BenchArgs& a) {
   j["decode_s"] = dec_s;
   j["decode_tok_per_s"] = a.decode / std::max(dec_s, 1e-12);
   j["kv_bytes_per_token_layout"] = m.kv_layout().global_bytes_per_token();
-  j["kv_bytes_per_token_measured"] = static_cast<double>(st->global_kv_bytes()) / static_cast<double>(st->position());
+  j["kv_bytes_per_token_measured"] =
+      static_cast<double>(st->global_kv_bytes()) / static_cast<double>(st->position());
   j["bounded_state_bytes"] = st->bounded_bytes();
   j["dequantized_weight_cache_bytes"] = lm.backend->cached_weight_bytes();
   if (a.json) {
@@ -101,11 +108,13 @@ Status run_bench(const BenchArgs& a) {
 
 void setup_bench(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<BenchArgs>();
-  CLI::App* cmd = parent.add_subcommand("forward", "CPU reference prefill/decode tokens/s and KV bytes per token");
+  CLI::App* cmd =
+      parent.add_subcommand("forward", "CPU reference prefill/decode tokens/s and KV bytes per token");
   cmd->add_option("--preset", a->preset, "tiny | small (generated with make-checkpoint under --work-dir)");
   cmd->add_option("--model", a->model_dir, "Use this model directory instead of a preset");
   cmd->add_option("--tokenizer", a->tokenizer_dir, "Folder with tokenizer.json (Engram vocabulary)");
-  cmd->add_option("--work-dir", a->work_dir, "Where preset checkpoints are generated (default /tmp/ds41-bench)");
+  cmd->add_option("--work-dir", a->work_dir,
+                  "Where preset checkpoints are generated (default /tmp/ds41-bench)");
   cmd->add_option("--prompt-len", a->prompt_len, "Prefill tokens (default 256)");
   cmd->add_option("--decode", a->decode, "Decode steps (default 32)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");

@@ -33,14 +33,16 @@ struct GenerateArgs {
 };
 
 int32_t sample(const std::vector<float>& logits, double temperature, double top_p, std::mt19937_64& rng) {
-  if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (temperature <= 0)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   const float mx = *std::max_element(logits.begin(), logits.end());
   std::vector<double> p(logits.size());
   double sum = 0;
   for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((logits[i] - mx) / temperature);
   std::vector<int32_t> order(p.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  std::sort(order.begin(), order.end(),
+            [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
   double acc = 0;
   size_t keep = 0;
   while (keep < order.size() && (keep == 0 || acc < top_p * sum)) acc += p[order[keep++]];
@@ -54,7 +56,8 @@ int32_t sample(const std::vector<float>& logits, double temperature, double top_
 }
 
 Status run_generate(const GenerateArgs& a) {
-  if (a.prompt.empty() == a.prompt_ids.empty()) return invalid_argument("give exactly one of --prompt and --prompt-ids");
+  if (a.prompt.empty() == a.prompt_ids.empty())
+    return invalid_argument("give exactly one of --prompt and --prompt-ids");
   if (a.top_p <= 0 || a.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
   if (a.temperature < 0) return invalid_argument("--temperature must be >= 0");
   const std::string tok_dir = a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir;
@@ -63,8 +66,10 @@ Status run_generate(const GenerateArgs& a) {
   std::unique_ptr<text::Tokenizer> tok;
   {
     auto t = text::Tokenizer::from_model_dir(tok_dir);
-    if (t.ok()) tok = std::move(t).value();
-    else if (!a.prompt.empty()) return t.status().with_context("tokenizer (needed for --prompt)");
+    if (t.ok())
+      tok = std::move(t).value();
+    else if (!a.prompt.empty())
+      return t.status().with_context("tokenizer (needed for --prompt)");
   }
   std::vector<int32_t> ids;
   if (!a.prompt_ids.empty()) {
@@ -124,9 +129,9 @@ Status run_generate(const GenerateArgs& a) {
   std::cout << "\n";
   const int64_t t2 = clock.now_mono_ns();
   const double pre_s = (t1 - t0) * 1e-9, dec_s = (t2 - t1) * 1e-9;
-  std::cerr << "prefill: " << ids.size() << " tokens in " << pre_s << " s (" << ids.size() / std::max(pre_s, 1e-9)
-            << " tok/s); decode: " << generated << " tokens in " << dec_s << " s ("
-            << generated / std::max(dec_s, 1e-9) << " tok/s)\n";
+  std::cerr << "prefill: " << ids.size() << " tokens in " << pre_s << " s ("
+            << ids.size() / std::max(pre_s, 1e-9) << " tok/s); decode: " << generated << " tokens in "
+            << dec_s << " s (" << generated / std::max(dec_s, 1e-9) << " tok/s)\n";
   return ok_status();
 }
 
@@ -134,11 +139,13 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = parent.add_subcommand("generate", "Generate text with the CPU reference forward pass");
   cmd->add_option("--model", a->model_dir, "Model directory")->required();
-  cmd->add_option("--tokenizer", a->tokenizer_dir, "Folder with tokenizer.json (default: the model directory)");
+  cmd->add_option("--tokenizer", a->tokenizer_dir,
+                  "Folder with tokenizer.json (default: the model directory)");
   cmd->add_option("--prompt", a->prompt, "Prompt text");
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids");
   cmd->add_flag("--chat", a->chat, "Wrap the prompt as a user turn with the V4.1 chat template");
-  cmd->add_option("--effort", a->effort, "Thinking mode with reasoning effort low|high|max|1..100 (with --chat)");
+  cmd->add_option("--effort", a->effort,
+                  "Thinking mode with reasoning effort low|high|max|1..100 (with --chat)");
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate (default 64)");
   cmd->add_option("--temperature", a->temperature, "0 = greedy (default)");
   cmd->add_option("--top-p", a->top_p, "Nucleus mass (default 1)");

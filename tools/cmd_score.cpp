@@ -34,7 +34,8 @@ struct Prompt {
   std::vector<int32_t> ids;
 };
 
-Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t>>>> read_input(const std::string& path) {
+Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t>>>> read_input(
+    const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found(path + ": cannot open");
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(in, nullptr, false);
@@ -48,7 +49,8 @@ Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t
     if (!it.value().is_array() || it.value().empty())
       return invalid_argument(path + ": prompts." + p.name + " must be a non-empty list of token ids");
     for (auto& v : it.value()) {
-      if (!v.is_number_integer()) return invalid_argument(path + ": prompts." + p.name + " holds a non-integer");
+      if (!v.is_number_integer())
+        return invalid_argument(path + ": prompts." + p.name + " holds a non-integer");
       p.ids.push_back(v.get<int32_t>());
     }
     prompts.push_back(std::move(p));
@@ -111,8 +113,9 @@ Status run_score(const ScoreArgs& a) {
       DS41_ASSIGN_OR_RETURN(out, m.prefill_decoder_replay(*st, p.ids, opt));
     } else if (replay_h > 0) {
       if (replay_h >= S)
-        return invalid_argument("--replay encoder:" + std::to_string(replay_h) + " needs H < the length of prompt '" +
-                                p.name + "' (" + std::to_string(S) + ")");
+        return invalid_argument("--replay encoder:" + std::to_string(replay_h) +
+                                " needs H < the length of prompt '" + p.name + "' (" + std::to_string(S) +
+                                ")");
       std::span<const int32_t> ids(p.ids);
       DS41_ASSIGN_OR_RETURN(out, m.prefill(*st, ids.subspan(0, replay_h), a.chunk, opt));
       DS41_ASSIGN_OR_RETURN(auto rep, m.encoder_replay(*st, ids.subspan(0, replay_h), opt));
@@ -123,7 +126,8 @@ Status run_score(const ScoreArgs& a) {
       DS41_ASSIGN_OR_RETURN(out, m.prefill(*st, p.ids, a.chunk, opt));
     }
     for (size_t i = 0; i < out.positions.size(); ++i)
-      std::copy(out.logits.begin() + i * V, out.logits.begin() + (i + 1) * V, logits.begin() + out.positions[i] * V);
+      std::copy(out.logits.begin() + i * V, out.logits.begin() + (i + 1) * V,
+                logits.begin() + out.positions[i] * V);
     w.add_f32(p.name + ".logits", {S, V}, logits.data());
     if (a.debug && !replay_decoder) {
       const model::ForwardRecord& r = out.record;
@@ -135,9 +139,11 @@ Status run_score(const ScoreArgs& a) {
       for (auto& [l, v] : r.topk)
         w.add_i32(p.name + ".layer" + std::to_string(l) + ".topk_indices", {S, c.index_topk}, v.data());
       for (auto& [l, v] : r.router_experts)
-        w.add_i32(p.name + ".layer" + std::to_string(l) + ".router_experts", {S, c.num_experts_per_tok}, v.data());
+        w.add_i32(p.name + ".layer" + std::to_string(l) + ".router_experts", {S, c.num_experts_per_tok},
+                  v.data());
       for (auto& [l, v] : r.router_weights)
-        w.add_f32(p.name + ".layer" + std::to_string(l) + ".router_weights", {S, c.num_experts_per_tok}, v.data());
+        w.add_f32(p.name + ".layer" + std::to_string(l) + ".router_weights", {S, c.num_experts_per_tok},
+                  v.data());
       for (auto& [l, blocks] : r.cand_blocks) {
         // Mask over the candidate source's entries after the prompt (golden layout [S, T]).
         const int64_t T = st->source(m.schedule().layers[l].kv_owner)->count;
@@ -175,17 +181,21 @@ Status run_score(const ScoreArgs& a) {
 
 void setup_score(CLI::App& parent, int& exit_code) {
   auto args = std::make_shared<ScoreArgs>();
-  CLI::App* cmd = parent.add_subcommand("score", "Exact CPU reference forward on token ids; writes logits (golden names)");
+  CLI::App* cmd = parent.add_subcommand(
+      "score", "Exact CPU reference forward on token ids; writes logits (golden names)");
   cmd->add_option("--model", args->model_dir, "Model directory (config.json + safetensors)")->required();
-  cmd->add_option("--tokenizer", args->tokenizer_dir, "Folder with tokenizer.json (Engram compressed vocabulary)");
+  cmd->add_option("--tokenizer", args->tokenizer_dir,
+                  "Folder with tokenizer.json (Engram compressed vocabulary)");
   cmd->add_option("--input", args->input, "IN.json with prompts and decode ids")->required();
   cmd->add_option("--out", args->out, "Output .safetensors")->required();
   cmd->add_option("--chunk", args->chunk, "Prefill chunk size (0 = one shot; exact for any size)");
   cmd->add_option("--replay", args->replay, "Approximate paths: decoder | encoder:H (MODEL_SPEC 4.4 / 4.5)");
   cmd->add_flag("--debug", args->debug, "Also write hash ids, top-k, candidate masks and routing");
-  cmd->add_option("--dump", args->dump_dir, "Write every named per-layer intermediate to DIR/NAME.safetensors");
+  cmd->add_option("--dump", args->dump_dir,
+                  "Write every named per-layer intermediate to DIR/NAME.safetensors");
   cmd->add_option("--threads", args->threads, "CPU threads (default 2)");
-  cmd->add_flag("--stale-index-keys", args->stale_keys, "Official reference's stale index keys (MODEL_SPEC 7.21)");
+  cmd->add_flag("--stale-index-keys", args->stale_keys,
+                "Official reference's stale index keys (MODEL_SPEC 7.21)");
   cmd->callback([args, &exit_code] {
     Status s = run_score(*args);
     if (!s.ok()) {

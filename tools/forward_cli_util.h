@@ -19,7 +19,8 @@ struct LoadedModel {
   std::unique_ptr<model::Model> model;
 };
 
-inline Result<LoadedModel> load_cpu_model(const std::string& dir, const std::string& tokenizer_dir, int threads) {
+inline Result<LoadedModel> load_cpu_model(const std::string& dir, const std::string& tokenizer_dir,
+                                          int threads) {
   LoadedModel lm;
   lm.pool = std::make_unique<ThreadPool>(threads);
   lm.backend = std::make_unique<backends::cpu::CpuBackend>(lm.pool.get());

@@ -141,7 +141,8 @@ void ForwardPass::compress(int64_t l, const float* x) {
         std::memcpy(&src->pend_b[slot * hd], &b[r * hd], hd * sizeof(float));
         src->pend_filled[slot] = 1;
         if (slot != R - 1) continue;
-        bool full = std::all_of(src->pend_filled.begin(), src->pend_filled.end(), [](uint8_t f) { return f != 0; });
+        bool full =
+            std::all_of(src->pend_filled.begin(), src->pend_filled.end(), [](uint8_t f) { return f != 0; });
         std::fill(src->pend_filled.begin(), src->pend_filled.end(), 0);
         if (k < next) continue;
         DS41_CHECK(full, "compressor group completed without all of its rows");

@@ -29,8 +29,9 @@ void ForwardPass::engram_stage(int64_t l) {
     std::copy(&z[r * (C + 1) * H], &z[r * (C + 1) * H + C * H], &keys[r * C * H]);
     std::copy(&z[r * (C + 1) * H + C * H], &z[(r + 1) * (C + 1) * H], &value[r * H]);
   }
-  be_.engram_update(streams_.data(), keys.data(), value.data(), ew->omega.data(), any_dead_ ? dead_.data() : nullptr,
-                    n, C, H, static_cast<float>(c_.rms_norm_eps), gates.data());
+  be_.engram_update(streams_.data(), keys.data(), value.data(), ew->omega.data(),
+                    any_dead_ ? dead_.data() : nullptr, n, C, H, static_cast<float>(c_.rms_norm_eps),
+                    gates.data());
   dump("layer" + std::to_string(l) + ".engram_out", {n, C, H}, streams_.data());
   dump("layer" + std::to_string(l) + ".engram_gate", {n, C}, gates.data());
 }

@@ -21,15 +21,16 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
     if (in.tokens.empty()) return invalid_argument("sequence " + std::to_string(i) + ": no tokens");
     if (!in.image_span.empty() && in.image_span.size() != in.tokens.size())
       return invalid_argument("sequence " + std::to_string(i) + ": image_span has " +
-                              std::to_string(in.image_span.size()) + " flags for " + std::to_string(in.tokens.size()) +
-                              " tokens");
+                              std::to_string(in.image_span.size()) + " flags for " +
+                              std::to_string(in.tokens.size()) + " tokens");
     for (size_t t = 0; t < in.tokens.size(); ++t)
       if (in.tokens[t] < 0 || in.tokens[t] >= V)
-        return invalid_argument("sequence " + std::to_string(i) + ": token " + std::to_string(t) + " has id " +
-                                std::to_string(in.tokens[t]) + ", outside the vocabulary [0, " + std::to_string(V) +
-                                ")");
+        return invalid_argument("sequence " + std::to_string(i) + ": token " + std::to_string(t) +
+                                " has id " + std::to_string(in.tokens[t]) + ", outside the vocabulary [0, " +
+                                std::to_string(V) + ")");
     for (size_t j = 0; j < i; ++j)
-      if (batch[j].state == in.state) return invalid_argument("sequence " + std::to_string(i) + ": state used twice in one batch");
+      if (batch[j].state == in.state)
+        return invalid_argument("sequence " + std::to_string(i) + ": state used twice in one batch");
     const int64_t end_pos = in.state->position() + static_cast<int64_t>(in.tokens.size());
     if (end_pos > c_.max_position_embeddings)
       return out_of_range("sequence " + std::to_string(i) + ": position " + std::to_string(end_pos) +
@@ -82,7 +83,8 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
     s.end = row;
     if (hasher && nel > 0) in.state->engram_state() = new_hash_states[i];
     seqs_.push_back(s);
-    if (opt_.record) records_[i].hash_ids.assign(hash_ids_.begin() + s.begin * per_tok, hash_ids_.begin() + s.end * per_tok);
+    if (opt_.record)
+      records_[i].hash_ids.assign(hash_ids_.begin() + s.begin * per_tok, hash_ids_.begin() + s.end * per_tok);
   }
   // MODEL_SPEC 3.1: embed, copy into every stream, pi = one-hot(0).
   std::vector<float> e(n_ * H);
@@ -94,8 +96,8 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
   return ok_status();
 }
 
-Status ForwardPass::setup_teacher_forced(SequenceState* st, std::span<const int32_t> tokens, const float* streams,
-                                         const float* pi) {
+Status ForwardPass::setup_teacher_forced(SequenceState* st, std::span<const int32_t> tokens,
+                                         const float* streams, const float* pi) {
   SequenceInput in{st, tokens, {}};
   DS41_RETURN_IF_ERROR(setup(std::span<const SequenceInput>(&in, 1)));
   std::memcpy(streams_.data(), streams, streams_.size() * sizeof(float));
@@ -219,7 +221,8 @@ void ForwardPass::finish(std::vector<SequenceOutput>* out) {
   const int64_t m = static_cast<int64_t>(rows.size());
   std::vector<float> ss(m * C * H), pp(m * C), h(m * H), logits(m * V);
   for (int64_t i = 0; i < m; ++i) {
-    std::copy(streams_.begin() + rows[i] * C * H, streams_.begin() + (rows[i] + 1) * C * H, ss.begin() + i * C * H);
+    std::copy(streams_.begin() + rows[i] * C * H, streams_.begin() + (rows[i] + 1) * C * H,
+              ss.begin() + i * C * H);
     std::copy(pi_.begin() + rows[i] * C, pi_.begin() + (rows[i] + 1) * C, pp.begin() + i * C);
   }
   // MODEL_SPEC 3.6: collapse with the last FFN pre, final norm, head.

@@ -67,9 +67,9 @@ class ForwardPass {
   int64_t n_ = 0;
   std::vector<int64_t> pos_;
   std::vector<SeqRows> seqs_;
-  std::vector<float> streams_, pi_;     // [n, C, H], [n, C]
-  std::vector<int32_t> hash_ids_;       // [n, engram layers, cols]
-  std::vector<uint8_t> vl_, dead_;      // [n]
+  std::vector<float> streams_, pi_;  // [n, C, H], [n, C]
+  std::vector<int32_t> hash_ids_;    // [n, engram layers, cols]
+  std::vector<uint8_t> vl_, dead_;   // [n]
   bool any_vl_ = false, any_dead_ = false;
   std::map<int64_t, Published> pub_;
   std::vector<ForwardRecord> records_;  // per sequence

@@ -7,15 +7,18 @@ namespace ds41::model {
 
 double KvLayout::global_bytes_per_token() const {
   double b = 0;
-  for (const KvSourceLayout& s : sources) b += static_cast<double>(s.entry_bytes()) / static_cast<double>(s.ratio);
+  for (const KvSourceLayout& s : sources)
+    b += static_cast<double>(s.entry_bytes()) / static_cast<double>(s.ratio);
   return b;
 }
 
 Result<KvLayout> make_kv_layout(const ModelConfig& c, const LayerSchedule& s) {
   if (c.head_dim % quant::kQwinBlock != 0 || c.head_dim % quant::kQkvBlock != 0)
-    return invalid_argument("head_dim " + std::to_string(c.head_dim) + " is not a multiple of 32 (Q_win / Q_kv blocks)");
+    return invalid_argument("head_dim " + std::to_string(c.head_dim) +
+                            " is not a multiple of 32 (Q_win / Q_kv blocks)");
   if (c.index_head_dim % quant::kQidxBlock != 0)
-    return invalid_argument("index_head_dim " + std::to_string(c.index_head_dim) + " is not a multiple of 32 (Q_idx blocks)");
+    return invalid_argument("index_head_dim " + std::to_string(c.index_head_dim) +
+                            " is not a multiple of 32 (Q_idx blocks)");
   KvLayout k;
   k.n_layers = c.num_hidden_layers;
   k.window = c.sliding_window;

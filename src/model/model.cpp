@@ -17,7 +17,8 @@ std::vector<float> rope_inv_freq_main(const ModelConfig& c) {
   const int64_t rd = c.qk_rope_head_dim;
   std::vector<float> inv(rd / 2);
   for (int64_t i = 0; i < rd / 2; ++i)
-    inv[i] = static_cast<float>(std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd)));
+    inv[i] =
+        static_cast<float>(std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd)));
   return inv;
 }
 
@@ -26,7 +27,8 @@ std::vector<float> rope_inv_freq_yarn(const ModelConfig& c) {
   const double base = c.compress_rope_theta;
   const RopeScaling& y = c.rope_scaling;
   auto cd = [&](double r) {
-    return static_cast<double>(rd) * std::log(static_cast<double>(y.original_max_position_embeddings) / (2 * M_PI * r)) /
+    return static_cast<double>(rd) *
+           std::log(static_cast<double>(y.original_max_position_embeddings) / (2 * M_PI * r)) /
            (2 * std::log(base));
   };
   const double lo = std::max(std::floor(cd(y.beta_fast)), 0.0);
@@ -47,7 +49,8 @@ void SequenceOutput::append(SequenceOutput&& o) {
   ForwardRecord& r = record;
   r.hash_ids.insert(r.hash_ids.end(), o.record.hash_ids.begin(), o.record.hash_ids.end());
   for (auto& [l, v] : o.record.topk) r.topk[l].insert(r.topk[l].end(), v.begin(), v.end());
-  for (auto& [l, v] : o.record.cand_blocks) r.cand_blocks[l].insert(r.cand_blocks[l].end(), v.begin(), v.end());
+  for (auto& [l, v] : o.record.cand_blocks)
+    r.cand_blocks[l].insert(r.cand_blocks[l].end(), v.begin(), v.end());
   for (auto& [l, v] : o.record.router_experts)
     r.router_experts[l].insert(r.router_experts[l].end(), v.begin(), v.end());
   for (auto& [l, v] : o.record.router_weights)
@@ -56,7 +59,8 @@ void SequenceOutput::append(SequenceOutput&& o) {
 
 Model::~Model() = default;
 
-Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOptions& opt, ops::Backend* backend) {
+Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOptions& opt,
+                                           ops::Backend* backend) {
   if (!backend) return invalid_argument("Model::load: no backend");
   std::unique_ptr<Model> m(new Model());
   m->backend_ = backend;
@@ -64,8 +68,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   DS41_RETURN_IF_ERROR(validate_model_config(m->cfg_).with_context(dir + "/config.json"));
   const ModelConfig& c = m->cfg_;
   if (c.num_key_value_heads != 1)
-    return invalid_argument(dir + "/config.json: num_key_value_heads " + std::to_string(c.num_key_value_heads) +
-                            " (V4.1 uses one shared K=V latent)");
+    return invalid_argument(dir + "/config.json: num_key_value_heads " +
+                            std::to_string(c.num_key_value_heads) + " (V4.1 uses one shared K=V latent)");
   if ((c.num_attention_heads * c.head_dim) % c.o_groups != 0)
     return invalid_argument(dir + "/config.json: heads * head_dim not divisible by o_groups");
   if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim || c.qk_rope_head_dim > c.index_head_dim)
@@ -88,22 +92,24 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     DS41_ASSIGN_OR_RETURN(auto consts, engram::compute_engram_hash_constants(ec));
     std::string tok = (opt.tokenizer_dir.empty() ? dir : opt.tokenizer_dir) + "/tokenizer.json";
     if (!std::filesystem::exists(tok))
-      return not_found(tok + ": missing — the config has Engram layers, whose compressed vocabulary comes from the "
-                             "tokenizer (pass --tokenizer DIR)");
+      return not_found(tok +
+                       ": missing — the config has Engram layers, whose compressed vocabulary comes from the "
+                       "tokenizer (pass --tokenizer DIR)");
     DS41_ASSIGN_OR_RETURN(auto vocab, engram::load_compressed_vocab(tok, c.engram_compressed_vocab_size));
     if (static_cast<int64_t>(vocab.map.size()) < c.vocab_size)
       return invalid_argument(tok + ": " + std::to_string(vocab.map.size()) + " token ids, the model has " +
                               std::to_string(c.vocab_size));
-    DS41_ASSIGN_OR_RETURN(auto h, engram::EngramHasher::create(std::move(consts), std::move(vocab), ec.pad_token_id));
+    DS41_ASSIGN_OR_RETURN(auto h,
+                          engram::EngramHasher::create(std::move(consts), std::move(vocab), ec.pad_token_id));
     m->hasher_ = std::make_unique<engram::EngramHasher>(std::move(h));
   }
   // Let the backend convert / cache every linear weight once, at load.
   const ModelWeights& w = *m->weights_;
   backend->prepare(w.head);
   for (const LayerWeights& lw : w.layers) {
-    for (const ops::WeightRef* r : {&lw.wq_a, &lw.wq_b, &lw.wkv, &lw.wo_a, &lw.wo_b, &lw.c_wkv, &lw.c_wgate, &lw.idx_wk,
-                                    &lw.idx_wq_b, &lw.idx_weights_proj, &lw.gate, &lw.shared.w1, &lw.shared.w2,
-                                    &lw.shared.w3})
+    for (const ops::WeightRef* r :
+         {&lw.wq_a, &lw.wq_b, &lw.wkv, &lw.wo_a, &lw.wo_b, &lw.c_wkv, &lw.c_wgate, &lw.idx_wk, &lw.idx_wq_b,
+          &lw.idx_weights_proj, &lw.gate, &lw.shared.w1, &lw.shared.w2, &lw.shared.w3})
       backend->prepare(*r);
     for (const ExpertWeights& e : lw.experts)
       for (const ops::WeightRef* r : {&e.w1, &e.w2, &e.w3}) backend->prepare(*r);
@@ -114,9 +120,12 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   return m;
 }
 
-std::unique_ptr<SequenceState> Model::new_sequence() const { return std::make_unique<SequenceState>(layout_); }
+std::unique_ptr<SequenceState> Model::new_sequence() const {
+  return std::make_unique<SequenceState>(layout_);
+}
 
-Status Model::forward(std::span<const SequenceInput> batch, const ForwardOptions& opt, std::vector<SequenceOutput>* out) {
+Status Model::forward(std::span<const SequenceInput> batch, const ForwardOptions& opt,
+                      std::vector<SequenceOutput>* out) {
   ForwardPass fp(*this, opt);
   DS41_RETURN_IF_ERROR(fp.setup(batch));
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) fp.run_layer(l);
@@ -154,8 +163,8 @@ Result<SequenceOutput> Model::prefill_decoder_replay(SequenceState& st, std::spa
   const int64_t cut = sched_.kv_sources.back();
   for (int64_t l : cfg_.engram_layer_ids)
     if (l > cut)
-      return failed_precondition("decoder replay: Engram layer " + std::to_string(l) + " lies after the cut at layer " +
-                                 std::to_string(cut) + " (MODEL_SPEC 4.4)");
+      return failed_precondition("decoder replay: Engram layer " + std::to_string(l) +
+                                 " lies after the cut at layer " + std::to_string(cut) + " (MODEL_SPEC 4.4)");
   if (st.position() != 0) return failed_precondition("decoder replay: needs a fresh sequence state");
   ForwardOptions o = opt;
   o.record = false;
@@ -202,7 +211,8 @@ Result<TeacherForcedOutput> Model::run_layer_teacher_forced(int64_t l, const Tea
   const int64_t S = static_cast<int64_t>(in.tokens.size());
   auto st = new_sequence();
   if (p.ratio > 0 && p.kv_owner != l) {
-    if (!in.owner_kv || !in.owner_keys) return invalid_argument("teacher-forced: layer needs its KV owner's cache");
+    if (!in.owner_kv || !in.owner_keys)
+      return invalid_argument("teacher-forced: layer needs its KV owner's cache");
     KvSourceState* src = st->source(p.kv_owner);
     const int64_t hd = cfg_.head_dim, dI = cfg_.index_head_dim;
     const int64_t kb = src->layout.kv_row_bytes, ib = src->layout.key_row_bytes;
@@ -211,8 +221,9 @@ Result<TeacherForcedOutput> Model::run_layer_teacher_forced(int64_t l, const Tea
     for (int64_t k = 0; k < in.owner_entries; ++k) {
       DS41_RETURN_IF_ERROR(quant::q_kv_pack_on_grid(in.owner_kv + k * hd, hd, src->kv_rows.data() + k * kb)
                                .with_context("owner compressed entry " + std::to_string(k)));
-      DS41_RETURN_IF_ERROR(quant::q_idx_pack_on_grid(in.owner_keys + k * dI, dI, src->key_rows.data() + k * ib)
-                               .with_context("owner index key " + std::to_string(k)));
+      DS41_RETURN_IF_ERROR(
+          quant::q_idx_pack_on_grid(in.owner_keys + k * dI, dI, src->key_rows.data() + k * ib)
+              .with_context("owner index key " + std::to_string(k)));
     }
     src->count = in.owner_entries;
   }

@@ -37,7 +37,8 @@ enum class LogitsRows { kNone, kLast, kAll };
 
 // Receives named intermediates: name "layer{l}.{what}" or "final_hidden", shape with the batch
 // rows first (rows of all sequences of the call, in input order), float32 data.
-using DumpFn = std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
+using DumpFn =
+    std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
 
 struct ForwardOptions {
   LogitsRows logits = LogitsRows::kLast;
@@ -58,11 +59,11 @@ struct SequenceInput {
 
 // Selections of one call for one sequence; rows = the call's tokens.
 struct ForwardRecord {
-  std::vector<int32_t> hash_ids;                          // [rows, engram layers, cols]
-  std::map<int64_t, std::vector<int32_t>> topk;           // index source -> [rows, index_topk], ascending, -1 pad
-  std::map<int64_t, std::vector<int32_t>> cand_blocks;    // candidate source -> [rows, candidate_topk_blocks]
-  std::map<int64_t, std::vector<int32_t>> router_experts; // layer -> [rows, experts per token]
-  std::map<int64_t, std::vector<float>> router_weights;   // layer -> [rows, experts per token]
+  std::vector<int32_t> hash_ids;                 // [rows, engram layers, cols]
+  std::map<int64_t, std::vector<int32_t>> topk;  // index source -> [rows, index_topk], ascending, -1 pad
+  std::map<int64_t, std::vector<int32_t>> cand_blocks;  // candidate source -> [rows, candidate_topk_blocks]
+  std::map<int64_t, std::vector<int32_t>> router_experts;  // layer -> [rows, experts per token]
+  std::map<int64_t, std::vector<float>> router_weights;    // layer -> [rows, experts per token]
 };
 
 struct SequenceOutput {
@@ -74,9 +75,9 @@ struct SequenceOutput {
 
 // Inputs of the teacher-forced single-layer check (golden README "How to check an engine").
 struct TeacherForcedInput {
-  std::span<const int32_t> tokens;   // the whole sequence, positions 0..S-1
-  const float* streams = nullptr;    // [S, C, H] entering the layer (before its Engram)
-  const float* pi = nullptr;         // [S, C] collapse weights entering the layer
+  std::span<const int32_t> tokens;  // the whole sequence, positions 0..S-1
+  const float* streams = nullptr;   // [S, C, H] entering the layer (before its Engram)
+  const float* pi = nullptr;        // [S, C] collapse weights entering the layer
   // Owner state (only what the layer reads from other layers): compressed entries and keys of
   // its KV owner [T, head_dim] / [T, index_head_dim], the owner's selection [S, index_topk], the
   // candidate mask [S, T_cand] of the candidate source.
@@ -98,7 +99,8 @@ struct TeacherForcedOutput {
 class Model {
  public:
   // Opens DIR (config.json + checkpoint), derives the schedule, binds and validates weights.
-  static Result<std::unique_ptr<Model>> load(const std::string& dir, const LoadOptions& opt, ops::Backend* backend);
+  static Result<std::unique_ptr<Model>> load(const std::string& dir, const LoadOptions& opt,
+                                             ops::Backend* backend);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -113,7 +115,8 @@ class Model {
 
   // One exact forward over a batch of independent sequences; each input's tokens continue its
   // state at state->position(). out gets one SequenceOutput per input.
-  Status forward(std::span<const SequenceInput> batch, const ForwardOptions& opt, std::vector<SequenceOutput>* out);
+  Status forward(std::span<const SequenceInput> batch, const ForwardOptions& opt,
+                 std::vector<SequenceOutput>* out);
 
   // Exact prefill of one sequence in chunks of `chunk` tokens (0 = one shot); outputs of all
   // chunks concatenated.

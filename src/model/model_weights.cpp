@@ -114,7 +114,8 @@ class Binder {
         return w;
       }
       default:
-        errors.push_back(wn + ": unsupported dtype " + std::string(dtype_name(t->info->dtype)) + " for a linear weight");
+        errors.push_back(wn + ": unsupported dtype " + std::string(dtype_name(t->info->dtype)) +
+                         " for a linear weight");
         return w;
     }
   }
@@ -131,7 +132,8 @@ Result<std::unique_ptr<ModelWeights>> bind_model_weights(const Checkpoint& ck, c
                                                          const LayerSchedule& s) {
   Binder b(ck);
   auto w = std::make_unique<ModelWeights>();
-  const int64_t H = c.hidden_size, V = c.vocab_size, C = c.hc_mult, nh = c.num_attention_heads, hd = c.head_dim;
+  const int64_t H = c.hidden_size, V = c.vocab_size, C = c.hc_mult, nh = c.num_attention_heads,
+                hd = c.head_dim;
   const int64_t M = (2 + C) * C;
   if (const TensorRef* e = b.get("embed.weight", DType::kBF16, {V, H})) w->embed = e->data;
   w->head = b.linear("head", V, H);
@@ -181,10 +183,12 @@ Result<std::unique_ptr<ModelWeights>> bind_model_weights(const Checkpoint& ck, c
     if (p.engram) {
       auto ew = std::make_unique<EngramWeights>();
       const int64_t li = c.engram_index(p.layer);
-      const int64_t rows = li < static_cast<int64_t>(c.engram_num_embeddings.size()) ? c.engram_num_embeddings[li] : 0;
+      const int64_t rows =
+          li < static_cast<int64_t>(c.engram_num_embeddings.size()) ? c.engram_num_embeddings[li] : 0;
       const int64_t ed = c.engram_head_dim, cols = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
       ew->rows = rows;
-      if (const TensorRef* t = b.get(L + "engram.embed.weight", DType::kF8E4M3, {rows, ed})) ew->table = t->data;
+      if (const TensorRef* t = b.get(L + "engram.embed.weight", DType::kF8E4M3, {rows, ed}))
+        ew->table = t->data;
       if (const TensorRef* t = b.get(L + "engram.embed.scale", DType::kF8E8M0, {rows, ed / 32}))
         ew->table_scale = t->data;
       ew->wkv = b.linear(L + "engram.wkv", (C + 1) * H, cols * ed);

@@ -29,7 +29,7 @@ struct ExpertWeights {
 };
 
 struct EngramWeights {
-  const uint8_t* table = nullptr;  // E4M3 [rows, head_dim]
+  const uint8_t* table = nullptr;        // E4M3 [rows, head_dim]
   const uint8_t* table_scale = nullptr;  // E8M0 [rows, head_dim / 32]
   int64_t rows = 0;
   ops::WeightRef wkv;        // [(C + 1) * H, cols * head_dim]

@@ -15,9 +15,9 @@ void ForwardPass::moe(int64_t l, const float* x, float* y) {
   std::vector<float> logits(n * E), wts(n * k);
   std::vector<int32_t> experts(n * k);
   be_.linear(w.gate, x, n, logits.data());
-  be_.router(logits.data(), n, E, w.gate_bias.data(), w.gate_bias_vl.data(), any_vl_ ? vl_.data() : nullptr, k,
-             static_cast<float>(c_.gate_temp), static_cast<float>(c_.routed_scaling_factor), experts.data(),
-             wts.data());
+  be_.router(logits.data(), n, E, w.gate_bias.data(), w.gate_bias_vl.data(), any_vl_ ? vl_.data() : nullptr,
+             k, static_cast<float>(c_.gate_temp), static_cast<float>(c_.routed_scaling_factor),
+             experts.data(), wts.data());
   if (opt_.record)
     for (size_t s = 0; s < seqs_.size(); ++s) {
       records_[s].router_experts[l].assign(&experts[seqs_[s].begin * k], &experts[seqs_[s].end * k]);

@@ -39,7 +39,8 @@ int64_t SequenceState::global_kv_bytes() const {
 int64_t SequenceState::bounded_bytes() const {
   int64_t b = 0;
   for (const auto& w : window_) b += static_cast<int64_t>(w.size());
-  for (const KvSourceState& s : sources_) b += static_cast<int64_t>((s.pend_a.size() + s.pend_b.size()) * sizeof(float));
+  for (const KvSourceState& s : sources_)
+    b += static_cast<int64_t>((s.pend_a.size() + s.pend_b.size()) * sizeof(float));
   return b + static_cast<int64_t>(sizeof(engram_));
 }
 

@@ -19,24 +19,24 @@ namespace ds41::ops {
 // a row without entries yields 0.
 struct AttentionArgs {
   int64_t n = 0, n_heads = 0, head_dim = 0;
-  const float* q = nullptr;              // [n, n_heads, head_dim]
-  const int64_t* kv_offsets = nullptr;   // [n + 1]
-  const float* const* kv = nullptr;      // [kv_offsets[n]] pointers to head_dim vectors
-  const float* sink = nullptr;           // [n_heads]
+  const float* q = nullptr;             // [n, n_heads, head_dim]
+  const int64_t* kv_offsets = nullptr;  // [n + 1]
+  const float* const* kv = nullptr;     // [kv_offsets[n]] pointers to head_dim vectors
+  const float* sink = nullptr;          // [n_heads]
   float scale = 1.0f;
-  float* out = nullptr;                  // [n, n_heads, head_dim]
+  float* out = nullptr;  // [n, n_heads, head_dim]
 };
 
 // Indexer scores (MODEL_SPEC 3.4.6): out[r, t] = sum_h w[r, h] * relu(q[r, h] . key[t]) * scale
 // for t < visible[r], -inf for visible[r] <= t < n_keys.
 struct IndexerArgs {
   int64_t n = 0, n_heads = 0, head_dim = 0, n_keys = 0;
-  const float* q = nullptr;        // [n, n_heads, head_dim]
-  const float* w = nullptr;        // [n, n_heads]
-  const float* keys = nullptr;     // [n_keys, head_dim]
+  const float* q = nullptr;          // [n, n_heads, head_dim]
+  const float* w = nullptr;          // [n, n_heads]
+  const float* keys = nullptr;       // [n_keys, head_dim]
   const int64_t* visible = nullptr;  // [n]
   float scale = 1.0f;
-  float* out = nullptr;            // [n, n_keys]
+  float* out = nullptr;  // [n, n_keys]
 };
 
 // mHC site map (MODEL_SPEC 3.3) for n rows of C streams of width h.
@@ -47,9 +47,9 @@ struct HcMapArgs {
   const float* scale = nullptr;    // [3]
   const float* base = nullptr;     // [(2 + c) * c]
   float hc_eps = 1e-6f, norm_eps = 1e-20f;
-  float* pre = nullptr;            // [n, c]
-  float* post = nullptr;           // [n, c]
-  float* comb = nullptr;           // [n, c, c]
+  float* pre = nullptr;   // [n, c]
+  float* post = nullptr;  // [n, c]
+  float* comb = nullptr;  // [n, c, c]
 };
 
 // Top-k tie order used by every selection in ds41 (index top-k, candidate blocks, router):
@@ -72,8 +72,8 @@ class Backend {
   virtual void rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y) = 0;
   // Interleaved-pair rotation of the last 2*n_freq channels of each head_dim vector
   // (n rows x heads); row r uses position pos[r]; inverse rotates by -angle (MODEL_SPEC 3.4.1, 3.8).
-  virtual void rope(float* x, int64_t n, int64_t heads, int64_t head_dim, const int64_t* pos, const float* inv_freq,
-                    int64_t n_freq, bool inverse) = 0;
+  virtual void rope(float* x, int64_t n, int64_t heads, int64_t head_dim, const int64_t* pos,
+                    const float* inv_freq, int64_t n_freq, bool inverse) = 0;
   // out[r] = bf16 table row ids[r] (dim wide) as float.
   virtual void embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, const int32_t* ids, int64_t n,
                           float* out) = 0;
@@ -83,7 +83,8 @@ class Backend {
   // Engram per-stream gate and update (MODEL_SPEC 3.2.4): streams[n, c, h] += g[n, c] * value[n, h]
   // with g from keys[n, c, h] and omega[c, h]; rows with dead[r] != 0 are left unchanged (g = 0).
   virtual void engram_update(float* streams, const float* keys, const float* value, const float* omega,
-                             const uint8_t* dead, int64_t n, int64_t c, int64_t h, float eps, float* gates) = 0;
+                             const uint8_t* dead, int64_t n, int64_t c, int64_t h, float eps,
+                             float* gates) = 0;
   virtual void hc_map(const HcMapArgs& a) = 0;
   // out[n, h] = sum_c weights[n, c] * streams[n, c, h].
   virtual void hc_collapse(const float* streams, const float* weights, int64_t n, int64_t c, int64_t h,
@@ -99,22 +100,23 @@ class Backend {
   // Candidate pool (MODEL_SPEC 3.4.6): per row, blocks of `block` entries over scores[r, 0..t),
   // block score = max, block (visible[r]-1)/block forced to +inf, the best `keep_blocks` blocks
   // with a score > -inf kept; mask[r, 0..t) = 1 inside kept blocks.
-  virtual void candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t, int64_t block,
-                              int64_t keep_blocks, uint8_t* mask) = 0;
+  virtual void candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t,
+                              int64_t block, int64_t keep_blocks, uint8_t* mask) = 0;
   // Ratio-r compressor pooling: out[d] = sum_i softmax_i(b[i, d]) * a[i, d] over r rows.
   virtual void softmax_pool(const float* a, const float* b, int64_t r, int64_t dim, float* out) = 0;
   // MoE router (MODEL_SPEC 3.5): score = sqrt(softplus(logit / temp)); select the k best
   // score + bias (bias = bias_vl where vl[r] != 0); weight = score / (sum + 1e-20) * route_scale.
   // experts/weights: [n, k] in order of descending biased score.
-  virtual void router(const float* logits, int64_t n, int64_t n_experts, const float* bias, const float* bias_vl,
-                      const uint8_t* vl, int64_t k, float temp, float route_scale, int32_t* experts,
-                      float* weights) = 0;
+  virtual void router(const float* logits, int64_t n, int64_t n_experts, const float* bias,
+                      const float* bias_vl, const uint8_t* vl, int64_t k, float temp, float route_scale,
+                      int32_t* experts, float* weights) = 0;
   // SwiGLU with the V4.1 clamps: out = row_scale[r] * silu(min(g, limit)) * clamp(u, -limit, limit);
   // row_scale may be null (1).
-  virtual void swiglu(const float* g, const float* u, int64_t n, int64_t dim, float limit, const float* row_scale,
-                      float* out) = 0;
+  virtual void swiglu(const float* g, const float* u, int64_t n, int64_t dim, float limit,
+                      const float* row_scale, float* out) = 0;
   // dst[rows[i], :] += src[i, :].
-  virtual void scatter_add_rows(const float* src, const int64_t* rows, int64_t m, int64_t dim, float* dst) = 0;
+  virtual void scatter_add_rows(const float* src, const int64_t* rows, int64_t m, int64_t dim,
+                                float* dst) = 0;
 };
 
 }  // namespace ds41::ops

@@ -65,7 +65,8 @@ TEST_F(GoldenForward, PromptsSelectionsAndDecode) {
         auto g = gold_->get<int32_t>(L + ".topk_indices");
         const auto& mine = out->record.topk.at(l);
         for (int64_t r = 0; r < S; ++r)
-          EXPECT_EQ(id_set(&mine[r * c.index_topk], c.index_topk), id_set(&g.v[r * g.row_size()], g.row_size()))
+          EXPECT_EQ(id_set(&mine[r * c.index_topk], c.index_topk),
+                    id_set(&g.v[r * g.row_size()], g.row_size()))
               << L << " row " << r;
       }
       if (gold_->has(L + ".candidate_mask")) {
@@ -139,7 +140,8 @@ TEST_F(GoldenForward, LayerByLayerTeacherForced) {
       in.owner_topk_width = otopk.row_size();
     }
     if (p.candidate_restricted) {
-      cmask = gold_->get<uint8_t>("prompt2.layer" + std::to_string(c.candidate_source_layer_id) + ".candidate_mask");
+      cmask = gold_->get<uint8_t>("prompt2.layer" + std::to_string(c.candidate_source_layer_id) +
+                                  ".candidate_mask");
       in.cand_mask = cmask.v.data();
       in.cand_width = cmask.row_size();
     }
@@ -161,11 +163,12 @@ TEST_F(GoldenForward, LayerByLayerTeacherForced) {
       const auto& mine = out->record.topk.at(l);
       int differing = 0;
       for (int64_t r = 0; r < S; ++r)
-        differing += id_set(&mine[r * c.index_topk], c.index_topk) != id_set(&g.v[r * g.row_size()], g.row_size());
+        differing +=
+            id_set(&mine[r * c.index_topk], c.index_topk) != id_set(&g.v[r * g.row_size()], g.row_size());
       EXPECT_EQ(differing, 0);
     }
-    std::cout << "layer " << l << " (" << model::attn_mode_name(p.mode) << ") max e_r " << worst << " pre max abs "
-              << pre_abs << "\n";
+    std::cout << "layer " << l << " (" << model::attn_mode_name(p.mode) << ") max e_r " << worst
+              << " pre max abs " << pre_abs << "\n";
   }
 }
 

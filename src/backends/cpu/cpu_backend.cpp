@@ -40,8 +40,8 @@ double dot_f32(const float* a, const float* b, int64_t n) {
 
 // Four dot products against one weight row; each result equals dot_f32(x_j, w, n) bit for bit
 // (same lanes, same reduction order) — the weight row is just loaded once for four tokens.
-static void dot_f32_x4(const float* x0, const float* x1, const float* x2, const float* x3, const float* w, int64_t n,
-                       double* out) {
+static void dot_f32_x4(const float* x0, const float* x1, const float* x2, const float* x3, const float* w,
+                       int64_t n, double* out) {
   float a0[8] = {}, a1[8] = {}, a2[8] = {}, a3[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -69,8 +69,8 @@ static void dot_f32_x4(const float* x0, const float* x1, const float* x2, const 
 }
 
 // y[t, o] for t < n and o in [ob, oe) with rows of W at wf (row o at wf + (o - w0) * in).
-static void linear_rows(const float* wf, int64_t w0, int64_t ob, int64_t oe, const float* x, int64_t n, int64_t in,
-                        int64_t out, float* y) {
+static void linear_rows(const float* wf, int64_t w0, int64_t ob, int64_t oe, const float* x, int64_t n,
+                        int64_t in, int64_t out, float* y) {
   double r4[4];
   for (int64_t o = ob; o < oe; ++o) {
     const float* wr = wf + (o - w0) * in;
@@ -108,7 +108,8 @@ void CpuBackend::for_rows(int64_t n, int64_t min_chunk, const std::function<void
 void CpuBackend::dequant_rows(const WeightRef& w, int64_t b, int64_t e, float* out) {
   switch (w.format) {
     case WeightFormat::kF32:
-      std::memcpy(out, reinterpret_cast<const float*>(w.data) + b * w.in_dim, (e - b) * w.in_dim * sizeof(float));
+      std::memcpy(out, reinterpret_cast<const float*>(w.data) + b * w.in_dim,
+                  (e - b) * w.in_dim * sizeof(float));
       return;
     case WeightFormat::kBF16: {
       const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data);
@@ -121,8 +122,7 @@ void CpuBackend::dequant_rows(const WeightRef& w, int64_t b, int64_t e, float* o
     case WeightFormat::kFp4Rows:
       quant::fp4_rows_dequant_rows(w.data, w.scale, w.out_dim, w.in_dim, b, e, out);
       return;
-    case WeightFormat::kNone:
-      break;
+    case WeightFormat::kNone: break;
   }
   DS41_CHECK(false, "dequant_rows on an absent weight");
 }
@@ -224,8 +224,8 @@ void CpuBackend::embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, con
   }
 }
 
-void CpuBackend::engram_gather(const uint8_t* table, const uint8_t* scale, int64_t dim, const int64_t* row_ids,
-                               int64_t n, int64_t cols, float* out) {
+void CpuBackend::engram_gather(const uint8_t* table, const uint8_t* scale, int64_t dim,
+                               const int64_t* row_ids, int64_t n, int64_t cols, float* out) {
   const int64_t nb = dim / quant::kEngramBlock;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < cols; ++c) {
@@ -235,7 +235,8 @@ void CpuBackend::engram_gather(const uint8_t* table, const uint8_t* scale, int64
 }
 
 void CpuBackend::engram_update(float* streams, const float* keys, const float* value, const float* omega,
-                               const uint8_t* dead, int64_t n, int64_t c, int64_t h, float eps, float* gates) {
+                               const uint8_t* dead, int64_t n, int64_t c, int64_t h, float eps,
+                               float* gates) {
   const double inv_sqrt_h = 1.0 / std::sqrt(static_cast<double>(h));
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t s = 0; s < c; ++s) {
@@ -270,7 +271,8 @@ void CpuBackend::hc_map(const ops::HcMapArgs& a) {
       const float* f = a.streams + r * F;
       double ss = 0;
       for (int64_t i = 0; i < F; ++i) ss += static_cast<double>(f[i]) * f[i];
-      const float inv = static_cast<float>(1.0 / std::sqrt(static_cast<double>(static_cast<float>(ss / F) + a.norm_eps)));
+      const float inv =
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(static_cast<float>(ss / F) + a.norm_eps)));
       for (int64_t i = 0; i < F; ++i) flat[i] = f[i] * inv;
       for (int64_t j = 0; j < M; ++j) m[j] = static_cast<float>(dot_f32(flat.data(), a.fn + j * F, F));
       float* pre = a.pre + r * C;
@@ -287,7 +289,8 @@ void CpuBackend::hc_map(const ops::HcMapArgs& a) {
         double s = 0;
         for (int64_t k = 0; k < C; ++k) s += std::exp(static_cast<double>(L[j * C + k] - mx));
         for (int64_t k = 0; k < C; ++k)
-          comb[j * C + k] = static_cast<float>(std::exp(static_cast<double>(L[j * C + k] - mx)) / s) + a.hc_eps;
+          comb[j * C + k] =
+              static_cast<float>(std::exp(static_cast<double>(L[j * C + k] - mx)) / s) + a.hc_eps;
       }
       auto col_norm = [&] {
         for (int64_t k = 0; k < C; ++k) {
@@ -412,8 +415,8 @@ void CpuBackend::topk_rows(const float* scores, int64_t n, int64_t t, int64_t k,
   }
 }
 
-void CpuBackend::candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t, int64_t block,
-                                int64_t keep_blocks, uint8_t* mask) {
+void CpuBackend::candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t,
+                                int64_t block, int64_t keep_blocks, uint8_t* mask) {
   const int64_t nb = (t + block - 1) / block;
   std::vector<float> bs(nb);
   std::vector<int32_t> idx;
@@ -447,9 +450,9 @@ void CpuBackend::softmax_pool(const float* a, const float* b, int64_t r, int64_t
   }
 }
 
-void CpuBackend::router(const float* logits, int64_t n, int64_t n_experts, const float* bias, const float* bias_vl,
-                        const uint8_t* vl, int64_t k, float temp, float route_scale, int32_t* experts,
-                        float* weights) {
+void CpuBackend::router(const float* logits, int64_t n, int64_t n_experts, const float* bias,
+                        const float* bias_vl, const uint8_t* vl, int64_t k, float temp, float route_scale,
+                        int32_t* experts, float* weights) {
   std::vector<float> sc(n_experts), biased(n_experts);
   std::vector<int32_t> idx;
   for (int64_t r = 0; r < n; ++r) {
@@ -469,8 +472,8 @@ void CpuBackend::router(const float* logits, int64_t n, int64_t n_experts, const
   }
 }
 
-void CpuBackend::swiglu(const float* g, const float* u, int64_t n, int64_t dim, float limit, const float* row_scale,
-                        float* out) {
+void CpuBackend::swiglu(const float* g, const float* u, int64_t n, int64_t dim, float limit,
+                        const float* row_scale, float* out) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < dim; ++i) {
       const float gg = std::min(g[r * dim + i], limit);

@@ -41,12 +41,13 @@ class CpuBackend final : public ops::Backend {
             int64_t n_freq, bool inverse) override;
   void embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, const int32_t* ids, int64_t n,
                   float* out) override;
-  void engram_gather(const uint8_t* table, const uint8_t* scale, int64_t dim, const int64_t* row_ids, int64_t n,
-                     int64_t cols, float* out) override;
-  void engram_update(float* streams, const float* keys, const float* value, const float* omega, const uint8_t* dead,
-                     int64_t n, int64_t c, int64_t h, float eps, float* gates) override;
+  void engram_gather(const uint8_t* table, const uint8_t* scale, int64_t dim, const int64_t* row_ids,
+                     int64_t n, int64_t cols, float* out) override;
+  void engram_update(float* streams, const float* keys, const float* value, const float* omega,
+                     const uint8_t* dead, int64_t n, int64_t c, int64_t h, float eps, float* gates) override;
   void hc_map(const ops::HcMapArgs& a) override;
-  void hc_collapse(const float* streams, const float* weights, int64_t n, int64_t c, int64_t h, float* out) override;
+  void hc_collapse(const float* streams, const float* weights, int64_t n, int64_t c, int64_t h,
+                   float* out) override;
   void hc_expand(float* streams, const float* y, const float* post, const float* comb, int64_t n, int64_t c,
                  int64_t h) override;
   void attention(const ops::AttentionArgs& a) override;
@@ -56,7 +57,8 @@ class CpuBackend final : public ops::Backend {
                       int64_t keep_blocks, uint8_t* mask) override;
   void softmax_pool(const float* a, const float* b, int64_t r, int64_t dim, float* out) override;
   void router(const float* logits, int64_t n, int64_t n_experts, const float* bias, const float* bias_vl,
-              const uint8_t* vl, int64_t k, float temp, float route_scale, int32_t* experts, float* weights) override;
+              const uint8_t* vl, int64_t k, float temp, float route_scale, int32_t* experts,
+              float* weights) override;
   void swiglu(const float* g, const float* u, int64_t n, int64_t dim, float limit, const float* row_scale,
               float* out) override;
   void scatter_add_rows(const float* src, const int64_t* rows, int64_t m, int64_t dim, float* dst) override;

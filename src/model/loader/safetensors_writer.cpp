@@ -7,7 +7,8 @@
 
 namespace ds41::model {
 
-void SafetensorsWriter::add(const std::string& name, DType dt, const std::vector<int64_t>& shape, const void* data) {
+void SafetensorsWriter::add(const std::string& name, DType dt, const std::vector<int64_t>& shape,
+                            const void* data) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   Entry e{dt, shape, std::vector<uint8_t>(static_cast<size_t>(n) * dtype_size(dt))};
@@ -24,7 +25,8 @@ Status SafetensorsWriter::write(const std::string& path) const {
   }
   uint64_t off = 0;
   for (auto& [name, e] : tensors_) {
-    h[name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + e.bytes.size()}}};
+    h[name] = {
+        {"dtype", dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {off, off + e.bytes.size()}}};
     off += e.bytes.size();
   }
   std::string hs = h.dump();

@@ -99,7 +99,8 @@ TEST_F(ForwardState, BatchOfIndependentSequencesEqualsSeparateRuns) {
   std::span<const int32_t> A(a), B(b), Cc(c);
   model::SequenceInput first{sb.get(), B.subspan(0, 40), {}};
   ASSERT_TRUE(m.forward(std::span<const model::SequenceInput>(&first, 1), opt, &out).ok());
-  std::vector<model::SequenceInput> batch = {{sa.get(), A, {}}, {sb.get(), B.subspan(40), {}}, {sc.get(), Cc.subspan(0, 200), {}}};
+  std::vector<model::SequenceInput> batch = {
+      {sa.get(), A, {}}, {sb.get(), B.subspan(40), {}}, {sc.get(), Cc.subspan(0, 200), {}}};
   ASSERT_TRUE(m.forward(batch, opt, &out).ok());
   ASSERT_EQ(out.size(), 3u);
   EXPECT_LE(max_row_error(ra.logits, out[0].logits, V), kTolExact);
@@ -263,8 +264,8 @@ TEST_F(ForwardState, DumpReceivesNamedIntermediatesPerLayer) {
   ASSERT_TRUE(m.prefill(*st, ids, 0, opt).ok());
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string L = "layer" + std::to_string(l) + ".";
-    for (const char* what : {"attn_in", "attn_out", "ffn_in", "ffn_out", "streams_after_attn", "streams_after_ffn",
-                             "hc_attn_pre", "hc_ffn_comb", "window_kv"})
+    for (const char* what : {"attn_in", "attn_out", "ffn_in", "ffn_out", "streams_after_attn",
+                             "streams_after_ffn", "hc_attn_pre", "hc_ffn_comb", "window_kv"})
       EXPECT_TRUE(seen.count(L + what)) << L + what;
   }
   EXPECT_EQ(seen.at("layer3.engram_out"), (std::vector<int64_t>{30, c.hc_mult, c.hidden_size}));

@@ -1,8 +1,9 @@
 // KV accounting for the released config (MODEL_SPEC 5.2-5.4), computed from a ModelConfig
 // filled with the released values, without allocating a model.
+#include "model/kv_layout.h"
+
 #include <gtest/gtest.h>
 
-#include "model/kv_layout.h"
 #include "model/sequence_state.h"
 
 namespace ds41::model {
