@@ -100,6 +100,8 @@ TEST_F(AsyncWriterTest, BoundedQueueRejectsOrBlocks) {
     // A blocked submitter proceeds once the disk catches up.
     std::atomic<bool> submitted{false};
     std::thread t([&] { submitted = w.submit(write(5, ack), SubmitMode::kBlock, 60000).ok(); });
+    // Open the gate only once the submitter is really waiting for room.
+    while (metrics_.counter_value("ds41_kv_write_queue_blocked_total") < 2) std::this_thread::yield();
     io.open_gate();
     t.join();
     EXPECT_TRUE(submitted.load());
