@@ -74,17 +74,22 @@ ojson config_json(const model::ModelConfig& c) {
 }
 
 void print_config(const model::ModelConfig& c) {
-  std::printf("config: %s, vocab %lld, hidden %lld, %lld layers + %lld DSpark stage(s)%s\n", c.model_type.c_str(),
-              (long long)c.vocab_size, (long long)c.hidden_size, (long long)c.num_hidden_layers,
-              (long long)c.num_nextn_predict_layers, c.has_vision ? ", vision tower" : "");
+  std::printf("config: %s, vocab %lld, hidden %lld, %lld layers + %lld DSpark stage(s)%s\n",
+              c.model_type.c_str(), (long long)c.vocab_size, (long long)c.hidden_size,
+              (long long)c.num_hidden_layers, (long long)c.num_nextn_predict_layers,
+              c.has_vision ? ", vision tower" : "");
   std::printf("  attention: %lld heads x %lld (rope %lld), q_lora %lld, o %lld groups x %lld, window %lld\n",
               (long long)c.num_attention_heads, (long long)c.head_dim, (long long)c.qk_rope_head_dim,
-              (long long)c.q_lora_rank, (long long)c.o_groups, (long long)c.o_lora_rank, (long long)c.sliding_window);
-  std::printf("  indexer: %lld heads x %lld, top-k %lld; candidate pool %lld blocks x %lld (source layer %lld)\n",
-              (long long)c.index_n_heads, (long long)c.index_head_dim, (long long)c.index_topk,
-              (long long)c.candidate_topk_blocks, (long long)c.candidate_block_size, (long long)c.candidate_source_layer_id);
-  std::printf("  MoE: %lld routed experts, top-%lld, %lld shared, inter %lld\n", (long long)c.n_routed_experts,
-              (long long)c.num_experts_per_tok, (long long)c.n_shared_experts, (long long)c.moe_intermediate_size);
+              (long long)c.q_lora_rank, (long long)c.o_groups, (long long)c.o_lora_rank,
+              (long long)c.sliding_window);
+  std::printf(
+      "  indexer: %lld heads x %lld, top-k %lld; candidate pool %lld blocks x %lld (source layer %lld)\n",
+      (long long)c.index_n_heads, (long long)c.index_head_dim, (long long)c.index_topk,
+      (long long)c.candidate_topk_blocks, (long long)c.candidate_block_size,
+      (long long)c.candidate_source_layer_id);
+  std::printf("  MoE: %lld routed experts, top-%lld, %lld shared, inter %lld\n",
+              (long long)c.n_routed_experts, (long long)c.num_experts_per_tok, (long long)c.n_shared_experts,
+              (long long)c.moe_intermediate_size);
   std::string e;
   for (size_t i = 0; i < c.engram_layer_ids.size(); ++i)
     e += (i ? ", " : "") + std::to_string(c.engram_layer_ids[i]) + " (" +
@@ -118,11 +123,18 @@ int run_inspect(const InspectArgs& a) {
   if (!sched.ok()) return fail(sched.status().message());
   ojson layers = ojson::array();
   for (const auto& p : sched->layers)
-    layers.push_back({{"layer", p.layer}, {"ratio", p.ratio}, {"mode", model::attn_mode_name(p.mode)},
-                      {"kv_owner", p.kv_owner}, {"idx_owner", p.idx_owner}, {"kv_source", p.kv_source},
-                      {"index_source", p.index_source}, {"candidate_source", p.candidate_source},
-                      {"candidate_restricted", p.candidate_restricted}, {"compressor_gate", p.has_gate},
-                      {"engram", p.engram}, {"yarn_rope", p.yarn_rope}});
+    layers.push_back({{"layer", p.layer},
+                      {"ratio", p.ratio},
+                      {"mode", model::attn_mode_name(p.mode)},
+                      {"kv_owner", p.kv_owner},
+                      {"idx_owner", p.idx_owner},
+                      {"kv_source", p.kv_source},
+                      {"index_source", p.index_source},
+                      {"candidate_source", p.candidate_source},
+                      {"candidate_restricted", p.candidate_restricted},
+                      {"compressor_gate", p.has_gate},
+                      {"engram", p.engram},
+                      {"yarn_rope", p.yarn_rope}});
   out["layer_schedule"] = layers;
   if (!a.json) std::printf("\nlayer schedule (MODEL_SPEC 1.5):\n%s", sched->describe().c_str());
   auto contract = model::derive_tensor_contract(c, *sched);
@@ -139,8 +151,11 @@ int run_inspect(const InspectArgs& a) {
   out["params"] = params;
   ojson srcs = ojson::array();
   for (auto& s : sum.kv_sources)
-    srcs.push_back({{"layer", s.layer}, {"ratio", s.ratio}, {"kv_row_bytes", s.kv_row_bytes},
-                    {"idx_row_bytes", s.idx_row_bytes}, {"bytes_per_token", number(s.bytes_per_token)}});
+    srcs.push_back({{"layer", s.layer},
+                    {"ratio", s.ratio},
+                    {"kv_row_bytes", s.kv_row_bytes},
+                    {"idx_row_bytes", s.idx_row_bytes},
+                    {"bytes_per_token", number(s.bytes_per_token)}});
   out["kv_sources"] = srcs;
   out["global_kv_bytes_per_token"] = number(sum.global_kv_bytes_per_token);
   out["global_kv_bytes_at_max_context"] =
@@ -162,10 +177,15 @@ int run_inspect(const InspectArgs& a) {
   out["shard_files"] = (*ck)->files().size();
   ojson mm = ojson::array();
   for (const auto& m : rep.mismatches)
-    mm.push_back({{"kind", model::mismatch_kind_name(m.kind)}, {"tensor", m.tensor}, {"file", m.file},
-                  {"expected", m.expected}, {"found", m.found}});
-  out["contract"] = {{"expected_tensors", rep.expected_tensors}, {"found_tensors", rep.found_tensors},
-                     {"matched_tensors", rep.matched_tensors}, {"expected_payload_bytes", sum.contract_payload_bytes},
+    mm.push_back({{"kind", model::mismatch_kind_name(m.kind)},
+                  {"tensor", m.tensor},
+                  {"file", m.file},
+                  {"expected", m.expected},
+                  {"found", m.found}});
+  out["contract"] = {{"expected_tensors", rep.expected_tensors},
+                     {"found_tensors", rep.found_tensors},
+                     {"matched_tensors", rep.matched_tensors},
+                     {"expected_payload_bytes", sum.contract_payload_bytes},
                      {"mismatches", mm}};
   if (!rep.ok()) errors.push_back(rep.to_string(a.max_mismatches));
   out["errors"] = errors;
@@ -184,18 +204,23 @@ int run_inspect(const InspectArgs& a) {
     std::printf("parameters (logical elements):\n");
     for (auto& [g, n] : sum.params_by_group)
       std::printf("  %-15s %18llu (%.3f B)\n", model::param_group_name(g), (unsigned long long)n, n / 1e9);
-    std::printf("  %-15s %18llu (%.3f B)\n", "total", (unsigned long long)sum.params_total, sum.params_total / 1e9);
+    std::printf("  %-15s %18llu (%.3f B)\n", "total", (unsigned long long)sum.params_total,
+                sum.params_total / 1e9);
     std::printf("global KV (MODEL_SPEC 5.3): %g bytes per token", sum.global_kv_bytes_per_token);
     for (auto& s : sum.kv_sources)
       std::printf("%s layer %lld: (%lld + %lld)/%lld", &s == &sum.kv_sources.front() ? " =" : " +",
-                  (long long)s.layer, (long long)s.kv_row_bytes, (long long)s.idx_row_bytes, (long long)s.ratio);
-    std::printf("\n  at max_position_embeddings (%lld tokens): %s per sequence\n", (long long)c.max_position_embeddings,
+                  (long long)s.layer, (long long)s.kv_row_bytes, (long long)s.idx_row_bytes,
+                  (long long)s.ratio);
+    std::printf("\n  at max_position_embeddings (%lld tokens): %s per sequence\n",
+                (long long)c.max_position_embeddings,
                 human_bytes(sum.global_kv_bytes_per_token * c.max_position_embeddings).c_str());
     std::printf("bounded per-sequence state (MODEL_SPEC 5.4): %lld bytes\n", (long long)b.total_bytes);
-    std::printf("  window rings %lld x %lld x %lld B = %lld (+ DSpark %lld), half pairs %lld, Engram look-back %lld ids\n",
-                (long long)b.window_layers, (long long)c.sliding_window, (long long)b.window_row_bytes,
-                (long long)b.window_ring_bytes, (long long)b.window_ring_stage_bytes, (long long)b.half_pair_bytes,
-                (long long)b.engram_lookback_ids);
+    std::printf(
+        "  window rings %lld x %lld x %lld B = %lld (+ DSpark %lld), half pairs %lld, Engram look-back %lld "
+        "ids\n",
+        (long long)b.window_layers, (long long)c.sliding_window, (long long)b.window_row_bytes,
+        (long long)b.window_ring_bytes, (long long)b.window_ring_stage_bytes, (long long)b.half_pair_bytes,
+        (long long)b.engram_lookback_ids);
   }
   if (!rep.ok()) {
     std::cerr << "ds41 inspect: " << a.dir << ": tensor contract violated (" << rep.mismatches.size()
@@ -210,7 +235,8 @@ void setup(CLI::App& parent, int& exit_code) {
   CLI::App* sub = parent.add_subcommand("inspect", "Summarize and validate a checkpoint directory");
   sub->add_option("dir", args->dir, "Checkpoint directory (config.json + safetensors)")->required();
   sub->add_flag("--json", args->json, "Machine-readable JSON on stdout");
-  sub->add_option("--max-mismatches", args->max_mismatches, "Mismatches listed in text output (JSON lists all)");
+  sub->add_option("--max-mismatches", args->max_mismatches,
+                  "Mismatches listed in text output (JSON lists all)");
   sub->callback([args, &exit_code] { exit_code = run_inspect(*args); });
 }
 

@@ -2,10 +2,11 @@
 // random weights with sane scales (model/random_weights.h), or with --layout-only real headers and
 // sparse holes instead of data (the 510 GB released layout costs a few MB of disk).
 //   ds41 make-checkpoint --preset tiny|small|v41-flash --seed N --out DIR [--layout-only] [--shards K]
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <unistd.h>
 
 #include "cli_registry.h"
 #include "model/checkpoint_maker.h"
@@ -29,9 +30,10 @@ int run_make_checkpoint(const MakeArgs& a) {
     return 2;
   }
   if (a.preset == "v41-flash" && !a.layout_only && !a.force) {
-    std::cerr << "ds41 make-checkpoint: preset v41-flash with random data would write 510,286,023,000 bytes "
-                 "(510 GB) and take hours; pass --layout-only for the sparse layout (a few MB), or --force if "
-                 "you really mean it\n";
+    std::cerr
+        << "ds41 make-checkpoint: preset v41-flash with random data would write 510,286,023,000 bytes "
+           "(510 GB) and take hours; pass --layout-only for the sparse layout (a few MB), or --force if "
+           "you really mean it\n";
     return 2;
   }
   model::MakeCheckpointOptions o;
@@ -56,19 +58,22 @@ int run_make_checkpoint(const MakeArgs& a) {
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("wrote %s: preset %s, seed %llu, %llu tensors, %llu payload bytes, %d shard(s)%s in %.2f s\n",
               a.out.c_str(), a.preset.c_str(), static_cast<unsigned long long>(a.seed),
-              static_cast<unsigned long long>(made->tensor_count), static_cast<unsigned long long>(made->payload_bytes),
-              made->shards, a.layout_only ? " (layout only: sparse, no data)" : "", s);
+              static_cast<unsigned long long>(made->tensor_count),
+              static_cast<unsigned long long>(made->payload_bytes), made->shards,
+              a.layout_only ? " (layout only: sparse, no data)" : "", s);
   return 0;
 }
 
 void setup(CLI::App& parent, int& exit_code) {
   auto args = std::make_shared<MakeArgs>();
-  CLI::App* sub = parent.add_subcommand("make-checkpoint", "Write a preset checkpoint (random weights or sparse layout)");
+  CLI::App* sub =
+      parent.add_subcommand("make-checkpoint", "Write a preset checkpoint (random weights or sparse layout)");
   sub->add_option("--preset", args->preset, "tiny | small | v41-flash")->required();
   sub->add_option("--seed", args->seed, "Random seed (weights depend only on seed and tensor name)");
   sub->add_option("--out", args->out, "Output directory (must not hold a checkpoint yet)")->required();
   sub->add_flag("--layout-only", args->layout_only, "Real headers, sparse all-zero data (holes)");
-  sub->add_option("--shards", args->shards, "Number of shards (default: 48 for v41-flash, else 1)")->check(CLI::Range(1, 100000));
+  sub->add_option("--shards", args->shards, "Number of shards (default: 48 for v41-flash, else 1)")
+      ->check(CLI::Range(1, 100000));
   sub->add_flag("--force", args->force, "Allow writing v41-flash with random data (510 GB)");
   sub->callback([args, &exit_code] { exit_code = run_make_checkpoint(*args); });
 }

@@ -30,6 +30,6 @@ struct MadeCheckpoint {
 // Validates the config (parse round trip, schedule, contract), then writes dir (created if absent).
 // Fails without touching dir if it already holds a config.json or safetensors files.
 Result<MadeCheckpoint> make_checkpoint(const std::string& dir, const ModelConfig& config,
-                                      const MakeCheckpointOptions& options);
+                                       const MakeCheckpointOptions& options);
 
 }  // namespace ds41::model

@@ -38,7 +38,8 @@ ModelSummary summarize_model(const ModelConfig& c, const LayerSchedule& s, const
   for (const LayerPlan& p : s.layers)
     if (p.kv_source && p.ratio > 1) st.half_pair_bytes += (p.ratio - 1) * 2 * c.head_dim * 4;
   st.engram_lookback_ids = c.engram_layer_ids.empty() ? 0 : c.engram_max_ngram_size - 1;
-  st.total_bytes = st.window_ring_bytes + st.window_ring_stage_bytes + st.half_pair_bytes + 4 * st.engram_lookback_ids;
+  st.total_bytes =
+      st.window_ring_bytes + st.window_ring_stage_bytes + st.half_pair_bytes + 4 * st.engram_lookback_ids;
   return m;
 }
 

@@ -17,9 +17,9 @@ namespace ds41::model {
 struct KvSourceBytes {
   int64_t layer = 0;
   int64_t ratio = 0;
-  int64_t kv_row_bytes = 0;   // Q_kv packed row of head_dim channels (288 B for 512)
-  int64_t idx_row_bytes = 0;  // Q_idx packed row of index_head_dim channels (68 B for 128)
-  double bytes_per_token = 0; // (kv + idx) / ratio
+  int64_t kv_row_bytes = 0;    // Q_kv packed row of head_dim channels (288 B for 512)
+  int64_t idx_row_bytes = 0;   // Q_idx packed row of index_head_dim channels (68 B for 128)
+  double bytes_per_token = 0;  // (kv + idx) / ratio
 };
 
 struct BoundedState {

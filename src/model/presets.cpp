@@ -55,8 +55,9 @@ std::vector<int64_t> ratios(std::initializer_list<std::pair<int64_t, int64_t>> r
 }
 
 void set_engram_rows(ModelConfig& c) {
-  c.engram_num_embeddings = engram_table_rows(static_cast<int64_t>(c.engram_layer_ids.size()),
-                                              c.engram_max_ngram_size - 1, c.engram_n_heads, c.engram_vocab_size);
+  c.engram_num_embeddings =
+      engram_table_rows(static_cast<int64_t>(c.engram_layer_ids.size()), c.engram_max_ngram_size - 1,
+                        c.engram_n_heads, c.engram_vocab_size);
 }
 
 ModelConfig tiny() {
@@ -186,7 +187,8 @@ bool is_prime_i64(int64_t n) {
   return true;
 }
 
-std::vector<int64_t> engram_table_rows(int64_t n_layers, int64_t n_orders, int64_t n_heads, int64_t vocab_start) {
+std::vector<int64_t> engram_table_rows(int64_t n_layers, int64_t n_orders, int64_t n_heads,
+                                       int64_t vocab_start) {
   std::set<int64_t> used;
   std::vector<int64_t> rows;
   for (int64_t l = 0; l < n_layers; ++l) {
@@ -226,8 +228,10 @@ std::string model_config_to_json(const ModelConfig& c) {
   root["eos_token_id"] = c.eos_token_id;
   root["pad_token_id"] = c.pad_token_id;
   root["image_token_id"] = c.image_token_id;
-  root["quantization_config"] = {{"quant_method", "fp8"},         {"activation_scheme", "dynamic"},
-                                 {"expert_dtype", c.expert_dtype}, {"scale_fmt", c.scale_fmt},
+  root["quantization_config"] = {{"quant_method", "fp8"},
+                                 {"activation_scheme", "dynamic"},
+                                 {"expert_dtype", c.expert_dtype},
+                                 {"scale_fmt", c.scale_fmt},
                                  {"weight_block_size", c.weight_block_size}};
   ojson t = ojson::object();
   t["model_type"] = "deepseek_v41_text";

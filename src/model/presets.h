@@ -10,8 +10,9 @@
 //   small      16 layers in the released proportions (2 window-only, 6 ratio-2 with KV sources 2
 //              and 5, 8 ratio-1 with the KV + candidate source 8 and Reindex 10/12/14), released
 //              row widths (head_dim 512, index_head_dim 128), the real vocabulary (129,280, so the
-//              V4.1 tokenizer works), hidden 1024, 16 experts, 2 DSpark stages and a 2-block
-//              vision tower. ~0.95 GB; exercises every tensor kind of the release.
+//              V4.1 tokenizer works), hidden 1024, 16 experts (inter 256), 2 DSpark stages and a 2-block
+//              vision tower. 836 MB (2,252 tensors; ~14 s CPU to generate); exercises every tensor kind
+//              of the release.
 //   v41-flash  the released config exactly (MODEL_SPEC 1.3, 1.4): 40 layers, 3 DSpark stages,
 //              vision; 48 shards, 510,286,023,000 bytes. Only sensible with --layout-only.
 // Engram table rows (engram_num_embeddings) are always computed from the prime search of
@@ -36,7 +37,8 @@ int preset_default_shards(std::string_view name);
 // MODEL_SPEC 3.2.2 prime moduli: for each of n_layers layers and each of n_orders orders, the next
 // n_heads primes >= vocab_start not used before (one used set for all). Returns the per-layer
 // sums (the table rows, engram_num_embeddings).
-std::vector<int64_t> engram_table_rows(int64_t n_layers, int64_t n_orders, int64_t n_heads, int64_t vocab_start);
+std::vector<int64_t> engram_table_rows(int64_t n_layers, int64_t n_orders, int64_t n_heads,
+                                       int64_t vocab_start);
 bool is_prime_i64(int64_t n);
 
 // config.json text in the released nested layout: root identity + quantization_config +

@@ -109,11 +109,13 @@ class RowGen {
       case ParamRole::kEmbed: {  // N(0,1) + 0.8 sqrt(H) d: keeps indexer head weights positive
         const double off = 0.8 * std::sqrt(static_cast<double>(cols_));
         for (int64_t j = 0; j < cols_; ++j)
-          out[j] = static_cast<float>(rng_.normal() + (j < static_cast<int64_t>(d_.size()) ? off * d_[j] : 0.0));
+          out[j] =
+              static_cast<float>(rng_.normal() + (j < static_cast<int64_t>(d_.size()) ? off * d_[j] : 0.0));
         return;
       }
       case ParamRole::kNorm:
-        for (int64_t j = 0; j < cols_; ++j) out[j] = static_cast<float>(std::clamp(1.0 + 0.15 * rng_.normal(), 0.5, 1.5));
+        for (int64_t j = 0; j < cols_; ++j)
+          out[j] = static_cast<float>(std::clamp(1.0 + 0.15 * rng_.normal(), 0.5, 1.5));
         return;
       case ParamRole::kAttnSink:
         for (int64_t j = 0; j < cols_; ++j) out[j] = static_cast<float>(1.0 + rng_.normal());
@@ -147,7 +149,8 @@ class RowGen {
       case ParamRole::kIndexerWeightsProj: {  // d / sqrt(H) + N(0, 0.1^2 / H)
         const double inv = 1.0 / std::sqrt(static_cast<double>(cols_));
         for (int64_t j = 0; j < cols_; ++j)
-          out[j] = static_cast<float>((j < static_cast<int64_t>(d_.size()) ? d_[j] * inv : 0.0) + 0.1 * inv * rng_.normal());
+          out[j] = static_cast<float>((j < static_cast<int64_t>(d_.size()) ? d_[j] * inv : 0.0) +
+                                      0.1 * inv * rng_.normal());
         return;
       }
       case ParamRole::kEngramTable:
@@ -156,13 +159,15 @@ class RowGen {
         if (p_.format != ParamFormat::kFp8Linear) {  // per row per 32 inputs gain
           for (int64_t b = 0; b < cols_; b += 32) {
             const double g = sigma_ * std::exp2(rng_.uniform(-1, 1));
-            for (int64_t j = b; j < std::min(cols_, b + 32); ++j) out[j] = static_cast<float>(g * rng_.normal());
+            for (int64_t j = b; j < std::min(cols_, b + 32); ++j)
+              out[j] = static_cast<float>(g * rng_.normal());
           }
           return;
         }
         [[fallthrough]];
       default: {
-        const float* g = gains_.empty() ? nullptr : &gains_[static_cast<size_t>((r / quant::kFp8Tile) * tile_cols_)];
+        const float* g =
+            gains_.empty() ? nullptr : &gains_[static_cast<size_t>((r / quant::kFp8Tile) * tile_cols_)];
         for (int64_t j = 0; j < cols_; ++j)
           out[j] = static_cast<float>(sigma_ * rng_.normal() * (g ? g[j / quant::kFp8Tile] : 1.0f));
         return;
@@ -247,11 +252,12 @@ Status RandomWeights::quantize_param(int32_t pi) {
 }
 
 Status RandomWeights::fill(size_t index, uint8_t* out, uint64_t nbytes) {
-  if (index >= contract_.tensors.size()) return out_of_range("tensor index " + std::to_string(index) + " out of range");
+  if (index >= contract_.tensors.size())
+    return out_of_range("tensor index " + std::to_string(index) + " out of range");
   const ExpectedTensor& t = contract_.tensors[index];
   if (nbytes != t.nbytes())
-    return invalid_argument("tensor '" + t.name + "': buffer of " + std::to_string(nbytes) + " bytes, needs " +
-                            std::to_string(t.nbytes()));
+    return invalid_argument("tensor '" + t.name + "': buffer of " + std::to_string(nbytes) +
+                            " bytes, needs " + std::to_string(t.nbytes()));
   const ContractParam& p = contract_.params[static_cast<size_t>(t.param)];
   if (p.format == ParamFormat::kPlain) {
     plain_rows(p, out);

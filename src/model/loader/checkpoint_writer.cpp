@@ -41,9 +41,9 @@ Status pwrite_all(int fd, const uint8_t* p, uint64_t n, uint64_t off, const std:
 
 }  // namespace
 
-Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create(const std::string& path,
-                                                                     std::vector<TensorSpec> tensors,
-                                                                     const std::map<std::string, std::string>& metadata) {
+Result<std::unique_ptr<SafetensorsStreamWriter>> SafetensorsStreamWriter::create(
+    const std::string& path, std::vector<TensorSpec> tensors,
+    const std::map<std::string, std::string>& metadata) {
   // Built as text (not via ordered_json, whose inserts are linear): tensors in list order.
   std::string text = "{";
   if (!metadata.empty()) {
@@ -87,8 +87,8 @@ Status SafetensorsStreamWriter::write_next(const uint8_t* data, uint64_t n) {
   if (next_ >= tensors_.size()) return failed_precondition(path_ + ": write past the last tensor");
   const TensorSpec& t = tensors_[next_];
   if (n != t.nbytes())
-    return invalid_argument(path_ + ": tensor '" + t.name + "' needs " + std::to_string(t.nbytes()) + " bytes, got " +
-                            std::to_string(n));
+    return invalid_argument(path_ + ": tensor '" + t.name + "' needs " + std::to_string(t.nbytes()) +
+                            " bytes, got " + std::to_string(n));
   DS41_RETURN_IF_ERROR(pwrite_all(fd_, data, n, 8 + header_len_ + cursor_, path_));
   cursor_ += n;
   ++next_;
@@ -108,7 +108,8 @@ Status SafetensorsStreamWriter::finish() {
     return failed_precondition(path_ + ": finish() with " + std::to_string(tensors_.size() - next_) +
                                " tensors neither written nor skipped");
   if (::ftruncate(fd_, static_cast<off_t>(file_size())) != 0)
-    return io_error(path_ + ": ftruncate to " + std::to_string(file_size()) + " failed (" + errno_text() + ")");
+    return io_error(path_ + ": ftruncate to " + std::to_string(file_size()) + " failed (" + errno_text() +
+                    ")");
   int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0) return io_error(path_ + ": close failed (" + errno_text() + ")");
@@ -157,8 +158,10 @@ Status write_text_file(const std::string& path, const std::string& text) {
 
 Status write_checkpoint(const std::string& dir, const std::vector<TensorSpec>& tensors,
                         const CheckpointWriteOptions& options, const TensorFillFn& fill) {
-  if (options.shards < 1) return invalid_argument("shards must be >= 1, got " + std::to_string(options.shards));
-  if (!options.layout_only && !fill) return invalid_argument("write_checkpoint: no fill function and not layout-only");
+  if (options.shards < 1)
+    return invalid_argument("shards must be >= 1, got " + std::to_string(options.shards));
+  if (!options.layout_only && !fill)
+    return invalid_argument("write_checkpoint: no fill function and not layout-only");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return io_error(dir + ": cannot create directory (" + ec.message() + ")");

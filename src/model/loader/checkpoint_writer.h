@@ -31,9 +31,9 @@ struct TensorSpec {
 class SafetensorsStreamWriter {
  public:
   // Creates (truncates) path and writes the header. Fails on duplicate names or an unwritable path.
-  static Result<std::unique_ptr<SafetensorsStreamWriter>> create(const std::string& path, std::vector<TensorSpec> tensors,
-                                                           const std::map<std::string, std::string>& metadata = {
-                                                               {"format", "pt"}});
+  static Result<std::unique_ptr<SafetensorsStreamWriter>> create(
+      const std::string& path, std::vector<TensorSpec> tensors,
+      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
   ~SafetensorsStreamWriter();
   SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
   SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;

@@ -83,7 +83,8 @@ class ContractBuilder {
  public:
   explicit ContractBuilder(TensorContract* out) : out_(out) {}
 
-  void plain(const std::string& name, DType dt, std::vector<int64_t> shape, ParamRole role, ParamGroup group) {
+  void plain(const std::string& name, DType dt, std::vector<int64_t> shape, ParamRole role,
+             ParamGroup group) {
     add_param({name, ParamFormat::kPlain, dt, std::move(shape), role, group});
   }
   void bf16(const std::string& name, std::vector<int64_t> shape, ParamRole role, ParamGroup group) {
@@ -98,13 +99,19 @@ class ContractBuilder {
   }
   // MODEL_SPEC 2.1 FP4 routed expert, logical [out, in]; in must be a multiple of 32.
   void fp4(const std::string& p, int64_t out, int64_t in, ParamRole role, ParamGroup group) {
-    if (in % quant::kFp4Block) error(p + ": FP4 input width " + std::to_string(in) + " is not a multiple of 32");
+    if (in % quant::kFp4Block)
+      error(p + ": FP4 input width " + std::to_string(in) + " is not a multiple of 32");
     add_param({p, ParamFormat::kFp4Expert, DType::kI8, {out, in}, role, group});
   }
   // MODEL_SPEC 2.1 Engram table [rows, dim]; dim must be a multiple of 32.
   void engram_table(const std::string& p, int64_t rows, int64_t dim) {
-    if (dim % quant::kEngramBlock) error(p + ": Engram row width " + std::to_string(dim) + " is not a multiple of 32");
-    add_param({p, ParamFormat::kEngramTable, DType::kF8E4M3, {rows, dim}, ParamRole::kEngramTable,
+    if (dim % quant::kEngramBlock)
+      error(p + ": Engram row width " + std::to_string(dim) + " is not a multiple of 32");
+    add_param({p,
+               ParamFormat::kEngramTable,
+               DType::kF8E4M3,
+               {rows, dim},
+               ParamRole::kEngramTable,
                ParamGroup::kEngramTable});
   }
   void error(std::string e) { errors_.push_back(std::move(e)); }
@@ -121,8 +128,12 @@ class ContractBuilder {
       case ParamFormat::kPlain: out_->tensors.push_back({p.name, p.dtype, p.shape, pi, false}); break;
       case ParamFormat::kFp8Linear:
         out_->tensors.push_back({p.name + ".weight", DType::kF8E4M3, {out, in}, pi, false});
-        out_->tensors.push_back({p.name + ".scale", DType::kF8E8M0,
-                                 {quant::ceil_div(out, quant::kFp8Tile), quant::ceil_div(in, quant::kFp8Tile)}, pi, true});
+        out_->tensors.push_back(
+            {p.name + ".scale",
+             DType::kF8E8M0,
+             {quant::ceil_div(out, quant::kFp8Tile), quant::ceil_div(in, quant::kFp8Tile)},
+             pi,
+             true});
         break;
       case ParamFormat::kFp4Expert:
         out_->tensors.push_back({p.name + ".weight", DType::kI8, {out, in / 2}, pi, false});
@@ -130,7 +141,8 @@ class ContractBuilder {
         break;
       case ParamFormat::kEngramTable:
         out_->tensors.push_back({p.name + ".weight", DType::kF8E4M3, {out, in}, pi, false});
-        out_->tensors.push_back({p.name + ".scale", DType::kF8E8M0, {out, in / quant::kEngramBlock}, pi, true});
+        out_->tensors.push_back(
+            {p.name + ".scale", DType::kF8E8M0, {out, in / quant::kEngramBlock}, pi, true});
         break;
     }
     out_->params.push_back(std::move(p));
@@ -140,8 +152,8 @@ class ContractBuilder {
 };
 
 // MODEL_SPEC 2.3 "Always present" block set; also the DSpark stages (2.4) with their expert count.
-void add_block(ContractBuilder& b, const ModelConfig& c, const std::string& p, int64_t n_experts, ParamGroup group,
-               ParamGroup expert_group) {
+void add_block(ContractBuilder& b, const ModelConfig& c, const std::string& p, int64_t n_experts,
+               ParamGroup group, ParamGroup expert_group) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, hd = c.head_dim;
   const int64_t moe = c.moe_intermediate_size, shared = c.moe_intermediate_size * c.n_shared_experts;
   const int64_t hc = c.hc_mult, hc_rows = (2 + hc) * hc;  // MODEL_SPEC 3.3: pre(C) + post(C) + Comb(CxC)
@@ -198,11 +210,14 @@ Result<TensorContract> derive_tensor_contract(const ModelConfig& c, const LayerS
     const std::string p = "layers." + std::to_string(lp.layer) + ".";
     add_block(b, c, p, c.n_routed_experts, ParamGroup::kBackbone, ParamGroup::kRoutedExpert);
     if (lp.kv_source) {
-      b.bf16(p + "attn.compressor.wkv.weight", {c.head_dim, D}, ParamRole::kCompressorWkv, ParamGroup::kBackbone);
+      b.bf16(p + "attn.compressor.wkv.weight", {c.head_dim, D}, ParamRole::kCompressorWkv,
+             ParamGroup::kBackbone);
       if (lp.has_gate)  // ratio > 1 only (MODEL_SPEC 7.7)
-        b.bf16(p + "attn.compressor.wgate.weight", {c.head_dim, D}, ParamRole::kCompressorWgate, ParamGroup::kBackbone);
+        b.bf16(p + "attn.compressor.wgate.weight", {c.head_dim, D}, ParamRole::kCompressorWgate,
+               ParamGroup::kBackbone);
       b.bf16(p + "attn.compressor.norm.weight", {c.head_dim}, ParamRole::kNorm, ParamGroup::kBackbone);
-      b.bf16(p + "attn.indexer.wk.weight", {c.index_head_dim, c.head_dim}, ParamRole::kIndexerWk, ParamGroup::kBackbone);
+      b.bf16(p + "attn.indexer.wk.weight", {c.index_head_dim, c.head_dim}, ParamRole::kIndexerWk,
+             ParamGroup::kBackbone);
       b.bf16(p + "attn.indexer.k_norm.weight", {c.index_head_dim}, ParamRole::kNorm, ParamGroup::kBackbone);
     }
     if (lp.index_source) {
@@ -221,8 +236,8 @@ Result<TensorContract> derive_tensor_contract(const ModelConfig& c, const LayerS
       const int64_t n_orders = c.engram_max_ngram_size - 1;  // n = 2..max (MODEL_SPEC 3.2.3)
       b.engram_table(p + "engram.embed", rows, c.engram_head_dim);
       // MODEL_SPEC 3.2.4: u = 24 gathered rows (orders x heads x head_dim) -> hc_mult keys + 1 value.
-      b.fp8(p + "engram.wkv", (c.hc_mult + 1) * D, n_orders * c.engram_n_heads * c.engram_head_dim, ParamRole::kLinear,
-            ParamGroup::kEngramProj);
+      b.fp8(p + "engram.wkv", (c.hc_mult + 1) * D, n_orders * c.engram_n_heads * c.engram_head_dim,
+            ParamRole::kLinear, ParamGroup::kEngramProj);
       b.bf16(p + "engram.q_weight", {c.hc_mult, D}, ParamRole::kEngramQk, ParamGroup::kEngramProj);
       b.bf16(p + "engram.k_weight", {c.hc_mult, D}, ParamRole::kEngramQk, ParamGroup::kEngramProj);
     }
@@ -231,10 +246,12 @@ Result<TensorContract> derive_tensor_contract(const ModelConfig& c, const LayerS
   // MODEL_SPEC 2.4 DSpark stages.
   const int64_t n_stages = c.num_nextn_predict_layers;
   if (n_stages > 0) {
-    if (c.dspark_n_routed_experts <= 0) b.error("dspark_n_routed_experts must be positive when num_nextn_predict_layers > 0");
+    if (c.dspark_n_routed_experts <= 0)
+      b.error("dspark_n_routed_experts must be positive when num_nextn_predict_layers > 0");
     if (c.dspark_target_layer_ids.empty())
       b.error("dspark_target_layer_ids must not be empty when num_nextn_predict_layers > 0");
-    if (c.dspark_markov_rank <= 0) b.error("dspark_markov_rank must be positive when num_nextn_predict_layers > 0");
+    if (c.dspark_markov_rank <= 0)
+      b.error("dspark_markov_rank must be positive when num_nextn_predict_layers > 0");
     if (!b.errors().empty()) {
       std::string m = "tensor contract:";
       for (auto& e : b.errors()) m += "\n" + e;
@@ -265,8 +282,11 @@ Result<TensorContract> derive_tensor_contract(const ModelConfig& c, const LayerS
     const int64_t vh = c.vision_hidden_size, vi = c.vision_intermediate_size, ps = c.vision_patch_size;
     const int64_t ds = c.vision_downsample_ratio;
     if (vh <= 0 || vi <= 0 || ps <= 0 || ds <= 0 || c.vision_num_layers <= 0)
-      b.error("vision_config: hidden_size, intermediate_size, patch_size, downsample_ratio and num_hidden_layers must be positive");
-    b.bf16("vision.patch_embed.proj.weight", {vh, 3 * ps * ps}, ParamRole::kDense, ParamGroup::kVision);  // RGB patches
+      b.error(
+          "vision_config: hidden_size, intermediate_size, patch_size, downsample_ratio and num_hidden_layers "
+          "must be positive");
+    b.bf16("vision.patch_embed.proj.weight", {vh, 3 * ps * ps}, ParamRole::kDense,
+           ParamGroup::kVision);  // RGB patches
     b.bf16("vision.patch_embed.proj.bias", {vh}, ParamRole::kBias, ParamGroup::kVision);
     b.bf16("vision.norm.weight", {vh}, ParamRole::kNorm, ParamGroup::kVision);
     for (int64_t i = 0; i < c.vision_num_layers; ++i) {
@@ -275,7 +295,8 @@ Result<TensorContract> derive_tensor_contract(const ModelConfig& c, const LayerS
       b.bf16(p + "attn.wqkv.bias", {3 * vh}, ParamRole::kBias, ParamGroup::kVision);
       b.bf16(p + "attn.wo.weight", {vh, vh}, ParamRole::kDense, ParamGroup::kVision);
       b.bf16(p + "attn.wo.bias", {vh}, ParamRole::kBias, ParamGroup::kVision);
-      b.bf16(p + "mlp.w1.weight", {2 * vi, vh}, ParamRole::kDense, ParamGroup::kVision);  // gate rows, then up rows
+      b.bf16(p + "mlp.w1.weight", {2 * vi, vh}, ParamRole::kDense,
+             ParamGroup::kVision);  // gate rows, then up rows
       b.bf16(p + "mlp.w2.weight", {vh, vi}, ParamRole::kDense, ParamGroup::kVision);
       b.bf16(p + "norm1.weight", {vh}, ParamRole::kNorm, ParamGroup::kVision);
       b.bf16(p + "norm2.weight", {vh}, ParamRole::kNorm, ParamGroup::kVision);
@@ -315,7 +336,8 @@ std::string ContractReport::to_string(size_t max_lines) const {
                   std::to_string(expected_tensors) + " expected tensors, " + std::to_string(found_tensors) +
                   " found, " + std::to_string(matched_tensors) + " match)";
   for (size_t i = 0; i < mismatches.size() && i < max_lines; ++i) r += "\n  " + mismatches[i].to_string();
-  if (mismatches.size() > max_lines) r += "\n  ... and " + std::to_string(mismatches.size() - max_lines) + " more";
+  if (mismatches.size() > max_lines)
+    r += "\n  ... and " + std::to_string(mismatches.size() - max_lines) + " more";
   return r;
 }
 
@@ -324,7 +346,9 @@ ContractReport check_checkpoint(const Checkpoint& ck, const TensorContract& cont
   ContractReport rep;
   rep.expected_tensors = contract.tensors.size();
   rep.found_tensors = ck.tensors().size();
-  auto desc = [](DType dt, const std::vector<int64_t>& shape) { return std::string(dtype_name(dt)) + " " + shape_to_string(shape); };
+  auto desc = [](DType dt, const std::vector<int64_t>& shape) {
+    return std::string(dtype_name(dt)) + " " + shape_to_string(shape);
+  };
   // Unexpected / wrong dtype / wrong shape, in checkpoint (name) order.
   for (const auto& [name, ref] : ck.tensors()) {
     const std::string file = ref.file ? ref.file->path() : std::string();
@@ -335,11 +359,13 @@ ContractReport check_checkpoint(const Checkpoint& ck, const TensorContract& cont
     }
     bool ok = true;
     if (ref.info->dtype != want->dtype) {
-      rep.mismatches.push_back({Kind::kWrongDtype, file, name, desc(want->dtype, want->shape), desc(ref.info->dtype, ref.info->shape)});
+      rep.mismatches.push_back({Kind::kWrongDtype, file, name, desc(want->dtype, want->shape),
+                                desc(ref.info->dtype, ref.info->shape)});
       ok = false;
     }
     if (ref.info->shape != want->shape) {
-      rep.mismatches.push_back({Kind::kWrongShape, file, name, desc(want->dtype, want->shape), desc(ref.info->dtype, ref.info->shape)});
+      rep.mismatches.push_back({Kind::kWrongShape, file, name, desc(want->dtype, want->shape),
+                                desc(ref.info->dtype, ref.info->shape)});
       ok = false;
     }
     if (ok) ++rep.matched_tensors;

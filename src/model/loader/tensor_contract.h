@@ -39,34 +39,40 @@ const char* param_group_name(ParamGroup g);
 
 // What a param is, for the random-weight recipe (golden README "How the weights were drawn").
 enum class ParamRole {
-  kEmbed,           // embed.weight
-  kHead,            // head.weight, markov head
-  kNorm,            // any RMSNorm weight
-  kLinear,          // FP8 linear with gain 1 (wq_a, wq_b, wkv, wo_a, indexer wq_b, engram wkv, main_proj)
-  kLinearOut,       // attn.wo_b (gain 0.7)
-  kSharedUp,        // shared expert w1/w3 (gain 3.6)
-  kSharedDown,      // shared expert w2 (gain 0.1)
-  kExpertUp,        // routed expert w1/w3 (gain 3.6)
-  kExpertDown,      // routed expert w2 (gain 0.1)
-  kAttnSink,        // attn.attn_sink
-  kHcFn, kHcBase, kHcScale,
-  kRouterWeight, kRouterBias,
-  kCompressorWkv, kCompressorWgate,
-  kIndexerWk, kIndexerWeightsProj,
-  kEngramTable, kEngramQk,
-  kDense,           // other BF16 matrices (vision, aligner, markov embed, confidence): N(0, 1/fan_in)
-  kBias,            // BF16 biases (vision, aligner): small
-  kImageMarker,     // image_start / image_end / image_newline
+  kEmbed,       // embed.weight
+  kHead,        // head.weight, markov head
+  kNorm,        // any RMSNorm weight
+  kLinear,      // FP8 linear with gain 1 (wq_a, wq_b, wkv, wo_a, indexer wq_b, engram wkv, main_proj)
+  kLinearOut,   // attn.wo_b (gain 0.7)
+  kSharedUp,    // shared expert w1/w3 (gain 3.6)
+  kSharedDown,  // shared expert w2 (gain 0.1)
+  kExpertUp,    // routed expert w1/w3 (gain 3.6)
+  kExpertDown,  // routed expert w2 (gain 0.1)
+  kAttnSink,    // attn.attn_sink
+  kHcFn,
+  kHcBase,
+  kHcScale,
+  kRouterWeight,
+  kRouterBias,
+  kCompressorWkv,
+  kCompressorWgate,
+  kIndexerWk,
+  kIndexerWeightsProj,
+  kEngramTable,
+  kEngramQk,
+  kDense,        // other BF16 matrices (vision, aligner, markov embed, confidence): N(0, 1/fan_in)
+  kBias,         // BF16 biases (vision, aligner): small
+  kImageMarker,  // image_start / image_end / image_newline
 };
 
 struct ContractParam {
   std::string name;  // full tensor name for kPlain, the prefix P otherwise
   ParamFormat format = ParamFormat::kPlain;
-  DType dtype = DType::kBF16;          // kPlain only
-  std::vector<int64_t> shape;          // logical shape ([out, in] for linears, [rows, dim] for tables)
+  DType dtype = DType::kBF16;  // kPlain only
+  std::vector<int64_t> shape;  // logical shape ([out, in] for linears, [rows, dim] for tables)
   ParamRole role = ParamRole::kDense;
   ParamGroup group = ParamGroup::kBackbone;
-  int64_t numel() const;               // logical element count (parameters)
+  int64_t numel() const;  // logical element count (parameters)
 };
 
 // One stored tensor of the contract.

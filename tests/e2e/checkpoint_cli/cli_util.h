@@ -7,19 +7,19 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
-#include <vector>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace ds41::testing_cli {
 
 inline const std::string kDs41 = std::string(DS41_BINARY_DIR) + "/tools/ds41";
 
 struct RunResult {
-  int exit_code = -1;    // -1 when killed by a signal
-  int signal = 0;        // signal number when killed (a crash)
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;      // signal number when killed (a crash)
   std::string out, err;
 };
 
@@ -41,7 +41,8 @@ inline std::string fresh_dir(const std::string& name) {
 // Runs `ds41 ARGS` (ARGS already shell-quoted by the caller).
 inline RunResult run_ds41(const std::string& args) {
   static int n = 0;
-  std::string base = std::string(::testing::TempDir()) + "/ds41_run_" + std::to_string(getpid()) + "_" + std::to_string(n++);
+  std::string base =
+      std::string(::testing::TempDir()) + "/ds41_run_" + std::to_string(getpid()) + "_" + std::to_string(n++);
   std::string cmd = kDs41 + " " + args + " > " + base + ".out 2> " + base + ".err";
   int st = std::system(cmd.c_str());
   RunResult r;

@@ -45,7 +45,8 @@ void rewrite_shard(const std::string& path, Edit edit) {
   std::string text = h.dump();
   while (text.size() % 8) text.push_back(' ');
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
   out += text + data;
   std::ofstream(path, std::ios::binary | std::ios::trunc) << out;
 }
@@ -57,7 +58,8 @@ void edit_index(const std::string& dir, const std::function<void(json&)>& edit) 
 }
 
 // A tensor name stored in the shard (first non-metadata entry matching pred).
-std::string first_tensor(const std::string& path, const std::function<bool(const std::string&, const json&)>& pred) {
+std::string first_tensor(const std::string& path,
+                         const std::function<bool(const std::string&, const json&)>& pred) {
   std::string bytes = slurp(path);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[static_cast<size_t>(i)]);
@@ -75,7 +77,8 @@ void expect_clear_failure(const std::string& dir, const std::vector<std::string>
     EXPECT_EQ(r.signal, 0) << "crashed";
     EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
     std::string all = r.out + r.err;
-    for (const auto& f : fragments) EXPECT_NE(all.find(f), std::string::npos) << "'" << f << "' not in:\n" << all;
+    for (const auto& f : fragments)
+      EXPECT_NE(all.find(f), std::string::npos) << "'" << f << "' not in:\n" << all;
     if (as_json) {
       json j = json::parse(r.out, nullptr, false);
       ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -104,25 +107,28 @@ TEST(CorruptCheckpoint, TruncatedShard) {
 TEST(CorruptCheckpoint, WrongDtype) {
   std::string dir = make_tiny("corrupt_dtype");
   std::string p = dir + "/" + kShard1;
-  std::string victim = first_tensor(p, [](const std::string&, const json& v) { return v["dtype"] == "F8_E4M3"; });
+  std::string victim =
+      first_tensor(p, [](const std::string&, const json& v) { return v["dtype"] == "F8_E4M3"; });
   ASSERT_FALSE(victim.empty());
   rewrite_shard(p, [&](json& h, std::string&) { h[victim]["dtype"] = "I8"; });  // same element size
-  expect_clear_failure(dir, {"wrong dtype: tensor '" + victim + "' in " + dir + "/" + kShard1, "expected F8_E4M3",
-                             "found I8"});
+  expect_clear_failure(dir, {"wrong dtype: tensor '" + victim + "' in " + dir + "/" + kShard1,
+                             "expected F8_E4M3", "found I8"});
   std::filesystem::remove_all(dir);
 }
 
 TEST(CorruptCheckpoint, MissingTensor) {
   std::string dir = make_tiny("corrupt_missing");
   std::string p = dir + "/" + kShard1;
-  std::string victim = first_tensor(p, [](const std::string& n, const json&) { return n.ends_with("attn_sink"); });
+  std::string victim =
+      first_tensor(p, [](const std::string& n, const json&) { return n.ends_with("attn_sink"); });
   ASSERT_FALSE(victim.empty());
   rewrite_shard(p, [&](json& h, std::string&) { h.erase(victim); });
   edit_index(dir, [&](json& idx) { idx["weight_map"].erase(victim); });
   expect_clear_failure(dir, {"missing: tensor '" + victim + "', expected F32 [4]"});
   // Still listed in the index but gone from the shard: the loader names both.
   edit_index(dir, [&](json& idx) { idx["weight_map"][victim] = kShard1; });
-  expect_clear_failure(dir, {"tensor '" + victim + "' listed for shard '" + std::string(kShard1) + "' is missing"});
+  expect_clear_failure(
+      dir, {"tensor '" + victim + "' listed for shard '" + std::string(kShard1) + "' is missing"});
   std::filesystem::remove_all(dir);
 }
 
@@ -131,12 +137,14 @@ TEST(CorruptCheckpoint, ExtraTensor) {
   std::string p = dir + "/" + kShard2;
   rewrite_shard(p, [&](json& h, std::string& data) {
     uint64_t end = data.size();
-    h["layers.0.attn.compressor.wgate.weight"] = {{"dtype", "BF16"}, {"shape", {2, 2}}, {"data_offsets", {end, end + 8}}};
+    h["layers.0.attn.compressor.wgate.weight"] = {
+        {"dtype", "BF16"}, {"shape", {2, 2}}, {"data_offsets", {end, end + 8}}};
     data.append(8, '\0');
   });
   edit_index(dir, [&](json& idx) { idx["weight_map"]["layers.0.attn.compressor.wgate.weight"] = kShard2; });
-  expect_clear_failure(dir, {"unexpected: tensor 'layers.0.attn.compressor.wgate.weight' in " + dir + "/" + kShard2,
-                             "found BF16 [2, 2]"});
+  expect_clear_failure(
+      dir, {"unexpected: tensor 'layers.0.attn.compressor.wgate.weight' in " + dir + "/" + kShard2,
+            "found BF16 [2, 2]"});
   std::filesystem::remove_all(dir);
 }
 

@@ -38,7 +38,7 @@ TEST(CheckpointCli, ReleasedLayoutIsSparseAndPassesTheContract) {
   EXPECT_EQ(j["global_kv_bytes_per_token"].get<double>(), 890.0);
   EXPECT_EQ(j["contract_ok"].get<bool>(), true);
   EXPECT_EQ(j["shard_files"].get<int>(), 48);
-  EXPECT_EQ(j["bounded_state"]["window_ring_bytes"].get<int64_t>(), 2703360);       // MODEL_SPEC 5.4
+  EXPECT_EQ(j["bounded_state"]["window_ring_bytes"].get<int64_t>(), 2703360);  // MODEL_SPEC 5.4
   EXPECT_EQ(j["bounded_state"]["window_ring_dspark_bytes"].get<int64_t>(), 202752);
   EXPECT_EQ(j["bounded_state"]["half_pair_bytes"].get<int64_t>(), 3 * 4096);
   uint64_t apparent = 0;

@@ -41,7 +41,8 @@ TEST(Presets, ConfigJsonRoundTripsForEveryPreset) {
     auto s = derive_layer_schedule(*back);
     ASSERT_TRUE(s.ok()) << s.status().message();
     // Every layer kind is present in every preset.
-    bool window = false, full2 = false, full1 = false, reuse = false, reindex = false, cand = false, engram = false;
+    bool window = false, full2 = false, full1 = false, reuse = false, reindex = false, cand = false,
+         engram = false;
     for (const auto& p : s->layers) {
       window |= p.mode == AttnMode::kWindowOnly;
       full2 |= p.mode == AttnMode::kFull && p.ratio == 2;
@@ -98,7 +99,8 @@ TEST(CheckpointWriter, WritesDataAndSparseHolesThatReadBack) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/model.safetensors";
-  std::vector<TensorSpec> specs = {{"a", DType::kF32, {3}}, {"big", DType::kI8, {64, 1 << 20}}, {"c", DType::kBF16, {2, 2}}};
+  std::vector<TensorSpec> specs = {
+      {"a", DType::kF32, {3}}, {"big", DType::kI8, {64, 1 << 20}}, {"c", DType::kBF16, {2, 2}}};
   auto w = SafetensorsStreamWriter::create(path, specs);
   ASSERT_TRUE(w.ok()) << w.status().message();
   float a[3] = {1.5f, -2.0f, 3.25f};

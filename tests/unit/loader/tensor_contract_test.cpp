@@ -128,7 +128,8 @@ TEST(TensorContract, ImpossibleShapesAreErrorsNamingTheTensor) {
   ASSERT_TRUE(s.ok());
   auto k = derive_tensor_contract(m, *s);
   ASSERT_FALSE(k.ok());
-  EXPECT_NE(k.status().message().find("ffn.experts.0.w2: FP4 input width 48"), std::string::npos) << k.status().message();
+  EXPECT_NE(k.status().message().find("ffn.experts.0.w2: FP4 input width 48"), std::string::npos)
+      << k.status().message();
   m = *c;
   m.num_nextn_predict_layers = 1;
   m.dspark_n_routed_experts = 0;
@@ -144,17 +145,20 @@ TEST(TensorContract, ReportsEveryMismatchAtOnce) {
   TensorContract k = contract_for(*c);
   std::vector<TensorSpec> specs;
   for (const auto& t : k.tensors) {
-    if (t.name == "layers.5.ffn.gate.bias") continue;  // missing
+    if (t.name == "layers.5.ffn.gate.bias") continue;        // missing
     if (t.name == "layers.3.attn.kv_norm.weight") continue;  // missing
     TensorSpec s{t.name, t.dtype, t.shape};
-    if (t.name == "layers.2.attn.wq_a.weight") s.dtype = DType::kI8;           // wrong dtype (same size)
-    if (t.name == "layers.0.attn.attn_sink") s.shape = {2, 2};                 // wrong shape
-    if (t.name == "layers.4.ffn.experts.3.w1.scale") s.shape = {64, 3};        // wrong shape
-    if (t.name == "norm.weight") { s.dtype = DType::kF32; s.shape = {96}; }    // wrong dtype + shape
+    if (t.name == "layers.2.attn.wq_a.weight") s.dtype = DType::kI8;     // wrong dtype (same size)
+    if (t.name == "layers.0.attn.attn_sink") s.shape = {2, 2};           // wrong shape
+    if (t.name == "layers.4.ffn.experts.3.w1.scale") s.shape = {64, 3};  // wrong shape
+    if (t.name == "norm.weight") {
+      s.dtype = DType::kF32;
+      s.shape = {96};
+    }  // wrong dtype + shape
     specs.push_back(s);
   }
   specs.push_back({"layers.0.attn.compressor.wgate.weight", DType::kBF16, {128, 192}});  // extra
-  specs.push_back({"lm_head.weight", DType::kBF16, {4, 4}});                            // extra
+  specs.push_back({"lm_head.weight", DType::kBF16, {4, 4}});                             // extra
   std::string dir = testing::TempDir() + "/contract_mismatch";
   std::filesystem::remove_all(dir);
   CheckpointWriteOptions o;
