@@ -279,7 +279,8 @@ int run(const Options& o0) {
       {"target_ratio", 0.7},
       {"write_errors", write_errors},
       {"note",
-       "store write = one file per block, temp+fsync+rename+dir fsync each; raw = one file, one fsync"}};
+       "store write = one file per block, temp+fsync+rename each, group commit: one dir fsync per "
+       "directory per writer batch (<= 16 blocks) before acknowledging; raw = one file, one fsync"}};
   out["restore_prefix"] = {{"tokens", lk.cached_tokens},  {"blocks_found", lk.cached_blocks},
                            {"blocks_restored", restored}, {"wrong_blocks", wrong},
                            {"lookup_ms", lookup_s * 1e3}, {"cold_ms", cold_s * 1e3},

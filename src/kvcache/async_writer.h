@@ -3,6 +3,8 @@
 // either rejects the submission at once (kReject: the caller drops the block, it is only a cache)
 // or blocks the submitter up to a deadline (kBlock: back-pressure). Completion callbacks run on a
 // writer thread with the put's Status — ok means the block is durably published (acknowledged).
+// Group commit: each thread takes a batch of queued blocks and calls DiskTier::put_batch (one
+// directory fsync per directory per batch); a batch's callbacks run only after that.
 #pragma once
 
 #include <condition_variable>
@@ -54,6 +56,8 @@ class AsyncWriter {
   uint64_t queued_bytes() const;
 
  private:
+  // Most blocks one writer thread publishes per group commit.
+  static constexpr size_t kMaxBatch = 16;
   void worker();
 
   DiskTier& tier_;

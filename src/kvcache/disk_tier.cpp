@@ -312,6 +312,38 @@ Status DiskTier::rescan() {
 }
 
 Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload) {
+  return put_impl(key, token_count, payload, /*sync_dir=*/true, nullptr);
+}
+
+std::vector<Status> DiskTier::put_batch(std::span<const PutRequest> requests) {
+  std::vector<Status> out;
+  out.reserve(requests.size());
+  std::vector<std::string> dirs(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    out.push_back(put_impl(requests[i].key, requests[i].token_count, requests[i].payload,
+                           /*sync_dir=*/false, &dirs[i]));
+  if (!config_.sync) return out;
+  // One fsync per distinct directory, after every rename of the batch.
+  std::vector<std::string> unique;
+  for (const auto& d : dirs)
+    if (!d.empty()) unique.push_back(d);
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  for (const auto& d : unique) {
+    Status s = io_.fsync_dir(d);
+    if (s.ok()) continue;
+    log_warn("kvcache", "disk tier: group commit: " + s.to_string());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (dirs[i] != d || !out[i].ok()) continue;
+      out[i] = s;
+      write_errors_.inc();
+    }
+  }
+  return out;
+}
+
+Status DiskTier::put_impl(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload,
+                          bool sync_dir, std::string* renamed_into) {
   if (payload.size() > kBlockMaxPayloadBytes)
     return invalid_argument("kv disk tier: payload of " + std::to_string(payload.size()) +
                             " bytes exceeds the " + std::to_string(kBlockMaxPayloadBytes) +
@@ -325,6 +357,8 @@ Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const 
     if (index_.find(key) == index_.end())
       index_insert(key, Entry{st->size, st->mtime_ns, std::max(st->atime_ns, st->mtime_ns), false});
     write_dedup_.inc();
+    // Another writer may have renamed it without its directory fsync yet: a batch fsyncs it too.
+    if (renamed_into) *renamed_into = path.substr(0, path.find_last_of('/'));
     return ok_status();
   }
   {
@@ -352,7 +386,8 @@ Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const 
   auto header = encode_block_header(meta, payload);
   std::span<const uint8_t> parts[2] = {std::span<const uint8_t>(header), payload};
   const int64_t now = clock_.now_unix_ns();
-  Status s = publish_file_atomic(io_, temp_path(key), path, parts, now, config_.sync);
+  Status s = publish_file_atomic(io_, temp_path(key), path, parts, now, config_.sync, sync_dir);
+  if (s.ok() && renamed_into) *renamed_into = path.substr(0, path.find_last_of('/'));
   std::lock_guard<std::mutex> lock(mu_);
   reserved_bytes_ -= size;
   if (!s.ok()) {

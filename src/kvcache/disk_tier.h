@@ -52,6 +52,18 @@ class DiskTier {
   // write is refused, counted and logged) or the disk is full; other I/O errors as kIoError.
   Status put(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload);
 
+  // Group commit: publishes every block like put() (temp file, write, fsync, rename) but fsyncs
+  // each distinct block directory ONCE for the whole batch, after all renames. Returns one Status
+  // per request, in order; an ok Status means data and directory entry are durable. When a
+  // directory fsync fails, every block of the batch renamed into that directory gets that error
+  // (not acknowledged), even though its file may be visible.
+  struct PutRequest {
+    BlockKey key;
+    uint32_t token_count = 0;
+    std::span<const uint8_t> payload;
+  };
+  std::vector<Status> put_batch(std::span<const PutRequest> requests);
+
   // Verified read. nullopt = miss: absent, evicted, unreadable, or corrupt/torn (then deleted).
   std::optional<StoredBlock> get(const BlockKey& key);
 
@@ -81,6 +93,11 @@ class DiskTier {
     bool old = false;        // true once in old_lru_ (created_ns <= now - retention)
   };
   using Index = std::unordered_map<BlockKey, Entry, BlockKeyHash>;
+
+  // put() body. sync_dir = false skips the directory fsync and sets *renamed_into to the block's
+  // directory when this call renamed a file into it (the caller must fsync it before acking).
+  Status put_impl(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload,
+                  bool sync_dir, std::string* renamed_into);
 
   DiskTier(const DiskTierConfig& config, FileIo& io, Clock& clock, MetricsRegistry& metrics);
   Status init_layout();

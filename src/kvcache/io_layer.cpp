@@ -161,6 +161,7 @@ void FaultInjectingIo::inject(FaultKind kind, int skip, int times) {
   switch (kind) {
     case FaultKind::kFailFsync: op = Op::kFsync; break;
     case FaultKind::kFailRename: op = Op::kRename; break;
+    case FaultKind::kFailDirFsync: op = Op::kDirFsync; break;
     case FaultKind::kFailRead:
     case FaultKind::kCorruptRead: op = Op::kRead; break;
     default: op = Op::kWrite; break;
@@ -235,6 +236,12 @@ Status FaultInjectingIo::rename(const std::string& from, const std::string& to) 
 
 // ---------------------------------------------------------------- helpers
 
+Status FaultInjectingIo::fsync_dir(const std::string& dir) {
+  FaultKind k;
+  if (take(Op::kDirFsync, &k)) return io_error("fsync dir " + dir + ": injected EIO");
+  return base_.fsync_dir(dir);
+}
+
 Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t offset,
                    const std::string& path) {
   size_t done = 0;
@@ -248,7 +255,8 @@ Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t o
 }
 
 Status publish_file_atomic(FileIo& io, const std::string& tmp_path, const std::string& final_path,
-                           std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync) {
+                           std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync,
+                           bool sync_dir) {
   DS41_ASSIGN_OR_RETURN(int fd, io.open(tmp_path, O_WRONLY | O_CREAT | O_EXCL, 0644));
   auto fail = [&](Status s) {
     (void)io.close(fd);
@@ -279,7 +287,7 @@ Status publish_file_atomic(FileIo& io, const std::string& tmp_path, const std::s
     (void)io.unlink(tmp_path);
     return r;
   }
-  if (sync) {
+  if (sync && sync_dir) {
     std::string dir = final_path.substr(0, final_path.find_last_of('/'));
     DS41_RETURN_IF_ERROR(io.fsync_dir(dir.empty() ? "/" : dir));
   }

@@ -87,6 +87,7 @@ enum class FaultKind {
   kCorruptWrite,  // pwrite writes everything with one byte flipped, reports success
   kFailFsync,     // fsync returns EIO
   kFailRename,    // rename returns EIO
+  kFailDirFsync,  // fsync_dir returns EIO (the rename happened but is not known durable)
   kFailRead,      // pread returns EIO
   kCorruptRead,   // pread flips one byte of what it returns
 };
@@ -116,12 +117,12 @@ class FaultInjectingIo final : public FileIo {
   Status list_dir(const std::string& path, std::vector<std::string>* names) override {
     return base_.list_dir(path, names);
   }
-  Status fsync_dir(const std::string& dir) override { return base_.fsync_dir(dir); }
+  Status fsync_dir(const std::string& dir) override;
   Status set_times_fd(int fd, int64_t a, int64_t m) override { return base_.set_times_fd(fd, a, m); }
   Status set_times(const std::string& p, int64_t a, int64_t m) override { return base_.set_times(p, a, m); }
 
  private:
-  enum class Op { kWrite, kFsync, kRename, kRead };
+  enum class Op { kWrite, kFsync, kRename, kRead, kDirFsync };
   struct Rule {
     FaultKind kind;
     Op op;
@@ -144,10 +145,13 @@ Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t o
 
 // Atomic publish: creates `tmp_path` exclusively, writes the parts back to back, stamps
 // atime/mtime (unless kTimeOmit), fsyncs (when `sync`), closes, renames onto `final_path` and
-// fsyncs the final directory (when `sync`). On any failure the temp file is removed and
+// fsyncs the final directory (when `sync` and `sync_dir`; a caller passing sync_dir = false owns
+// the directory fsync and must not acknowledge the block before it: DiskTier::put_batch does one
+// per directory per batch — group commit). On any failure the temp file is removed and
 // `final_path` is untouched. Readers see either no file or the complete file.
 Status publish_file_atomic(FileIo& io, const std::string& tmp_path, const std::string& final_path,
-                           std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync);
+                           std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync,
+                           bool sync_dir = true);
 
 // Reads a whole file (size from fstat, then reads until EOF). kNotFound when absent.
 // When `st` is non-null it receives the fstat of the opened file.
