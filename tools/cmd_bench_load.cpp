@@ -4,7 +4,8 @@
 // (2) mmap read bandwidth of a real multi-GB file against `dd` of the same file in the same run
 // (target ratio >= 0.8), measured on the loader's read path: model::prefetch_mapped() (N threads, each
 // populating a contiguous slice with MADV_POPULATE_READ) followed by an N-thread checksum of the mapping.
-// The older single-threaded reader (sequential + look-ahead hints) is reported beside it. Page caches are dropped before each cold read when possible
+// The older single-threaded reader (sequential + look-ahead hints) is reported beside it. Page caches are
+// dropped before each cold read when possible
 // (/proc/sys/vm/drop_caches, needs root); the JSON says whether that worked. Warm (page-cache)
 // numbers are reported as well. Prints JSON with the git revision and the machine.
 #include <fcntl.h>
@@ -177,8 +178,8 @@ Result<double> mmap_read(const std::string& path, uint64_t* checksum) {
 
 // The loader's path: map, model::prefetch_mapped() with `threads` threads, then sum the words with
 // the same number of threads (each its own contiguous slice). *prefetch_s gets the prefetch part.
-Result<double> mmap_prefetch_read(const std::string& path, int threads, uint64_t* checksum, double* prefetch_s,
-                                  bool* populate) {
+Result<double> mmap_prefetch_read(const std::string& path, int threads, uint64_t* checksum,
+                                  double* prefetch_s, bool* populate) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return io_error(path + ": cannot open");
   struct stat st {};
@@ -286,8 +287,8 @@ int run_bench_load(const BenchLoadArgs& a) {
   bw["bytes"] = size;
   bool dropped = true;
   uint64_t checksum = 0, checksum_single = 0;
-  const int threads = a.threads > 0 ? a.threads
-                                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  const int threads =
+      a.threads > 0 ? a.threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
   bool populate = false;
   auto gbps = [&](double s) { return s > 0 ? static_cast<double>(size) / s / 1e9 : 0.0; };
   auto fail = [&](const Status& s) {
@@ -345,7 +346,8 @@ int run_bench_load(const BenchLoadArgs& a) {
   bw["drop_caches_worked"] = dropped;
   bw["threads"] = threads;
   bw["madv_populate_read"] = populate;
-  auto block = [&](double dd, double mm, double m1, const Times& d, const Times& m, const Times& s, bool cold) {
+  auto block = [&](double dd, double mm, double m1, const Times& d, const Times& m, const Times& s,
+                   bool cold) {
     ojson o;
     o["dd_gb_per_s"] = gbps(dd);
     o["mmap_gb_per_s"] = gbps(mm);
@@ -376,10 +378,12 @@ int run_bench_load(const BenchLoadArgs& a) {
                 tensors, best, times.size());
     std::printf("read %s (%.2f GiB), caches dropped: %s\n", path.c_str(), size / double(1ull << 30),
                 dropped ? "yes" : "no");
-    std::printf("  cold: dd %.2f GB/s, mmap (%d threads) %.2f GB/s, mmap/dd %.2f; single-thread mmap %.2f GB/s\n",
-                gbps(dd_cold), threads, gbps(mm_cold), dd_cold / mm_cold, gbps(m1_cold));
-    std::printf("  warm: dd %.2f GB/s, mmap (%d threads) %.2f GB/s, mmap/dd %.2f; single-thread mmap %.2f GB/s\n",
-                gbps(dd_warm), threads, gbps(mm_warm), dd_warm / mm_warm, gbps(m1_warm));
+    std::printf(
+        "  cold: dd %.2f GB/s, mmap (%d threads) %.2f GB/s, mmap/dd %.2f; single-thread mmap %.2f GB/s\n",
+        gbps(dd_cold), threads, gbps(mm_cold), dd_cold / mm_cold, gbps(m1_cold));
+    std::printf(
+        "  warm: dd %.2f GB/s, mmap (%d threads) %.2f GB/s, mmap/dd %.2f; single-thread mmap %.2f GB/s\n",
+        gbps(dd_warm), threads, gbps(mm_warm), dd_warm / mm_warm, gbps(m1_warm));
   }
   return 0;
 }

@@ -38,8 +38,8 @@ struct SliceResult {
   bool fell_back = false;  // MADV_POPULATE_READ returned EINVAL
 };
 
-void prefetch_slice(uint8_t* base, size_t begin, size_t end, size_t page,
-                    SliceResult* r, std::atomic<uint8_t>* sink) {
+void prefetch_slice(uint8_t* base, size_t begin, size_t end, size_t page, SliceResult* r,
+                    std::atomic<uint8_t>* sink) {
   if (begin >= end) return;
   madvise(base + begin, end - begin, MADV_SEQUENTIAL);  // advice only; failure is harmless
   uint8_t acc = 0;
@@ -68,7 +68,8 @@ Status prefetch_mapped(const void* p, size_t n, int threads, PrefetchStats* stat
     if (stats) *stats = PrefetchStats{0, false, 0};
     return ok_status();
   }
-  if (p == nullptr) return invalid_argument("prefetch_mapped: null pointer with " + std::to_string(n) + " bytes");
+  if (p == nullptr)
+    return invalid_argument("prefetch_mapped: null pointer with " + std::to_string(n) + " bytes");
   if (threads < 1 || threads > 1024)
     return invalid_argument("prefetch_mapped: threads must be in [1, 1024], got " + std::to_string(threads));
   const size_t page = static_cast<size_t>(std::max(4096L, sysconf(_SC_PAGESIZE)));
