@@ -8,7 +8,8 @@ scripts/deps.sh
 scripts/build.sh
 MODEL=${DS41_DEMO_MODEL:-models/tiny}
 if [ ! -f "$MODEL/config.json" ]; then
-  ./build/tools/ds41 make-checkpoint --preset tiny --seed 1 --out "$MODEL"
+  # The tiny preset with the V4.1 tokenizer copied in (its vocabulary widened to 129,280 ids).
+  ./build/tools/ds41 make-checkpoint --preset tiny --seed 1 --tokenizer ../shared/tokenizer-v41 --out "$MODEL"
 fi
 ./build/tools/ds41 inspect "$MODEL"
 ./build/tools/ds41 generate --model "$MODEL" --prompt "${DS41_DEMO_PROMPT:-The capital of France is}" --max-tokens 32 "$@"

@@ -2,21 +2,26 @@
 // random weights with sane scales (model/random_weights.h), or with --layout-only real headers and
 // sparse holes instead of data (the 510 GB released layout costs a few MB of disk).
 //   ds41 make-checkpoint --preset tiny|small|v41-flash --seed N --out DIR [--layout-only] [--shards K]
+//                        [--tokenizer DIR]
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "cli_registry.h"
 #include "model/checkpoint_maker.h"
 #include "model/presets.h"
+#include "text/tokenizer.h"
 
 namespace ds41::cli {
 namespace {
 
 struct MakeArgs {
   std::string preset, out;
+  std::string tokenizer_dir;  // copy tokenizer files in and widen the vocabulary to cover them
   uint64_t seed = 1;
   int shards = 0;  // 0: the preset's default (48 for v41-flash, 1 otherwise)
   bool layout_only = false;
@@ -35,6 +40,16 @@ int run_make_checkpoint(const MakeArgs& a) {
            "(510 GB) and take hours; pass --layout-only for the sparse layout (a few MB), or --force if "
            "you really mean it\n";
     return 2;
+  }
+  if (!a.tokenizer_dir.empty()) {
+    // The checkpoint must accept every id the tokenizer can produce (the tiny preset's own
+    // vocabulary of 2048 ids keeps the golden structure but cannot embed real text).
+    auto tok = text::Tokenizer::from_model_dir(a.tokenizer_dir);
+    if (!tok.ok()) {
+      std::cerr << "ds41 make-checkpoint: --tokenizer: " << tok.status().message() << "\n";
+      return 2;
+    }
+    cfg->vocab_size = std::max<int64_t>(cfg->vocab_size, (*tok)->id_end());
   }
   model::MakeCheckpointOptions o;
   o.seed = a.seed;
@@ -55,6 +70,23 @@ int run_make_checkpoint(const MakeArgs& a) {
     std::cerr << "ds41 make-checkpoint: " << made.status().message() << "\n";
     return 1;
   }
+  if (!a.tokenizer_dir.empty()) {
+    namespace fs = std::filesystem;
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::error_code ec;
+      fs::path src = fs::path(a.tokenizer_dir) / f;
+      if (!fs::exists(src, ec)) continue;
+      fs::copy_file(src, fs::path(a.out) / f, fs::copy_options::overwrite_existing, ec);
+      if (!ec)  // the source may be read-only; the copy belongs to the checkpoint's owner
+        fs::permissions(fs::path(a.out) / f,
+                        fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read,
+                        ec);
+      if (ec) {
+        std::cerr << "ds41 make-checkpoint: copying " << src << ": " << ec.message() << "\n";
+        return 1;
+      }
+    }
+  }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("wrote %s: preset %s, seed %llu, %llu tensors, %llu payload bytes, %d shard(s)%s in %.2f s\n",
               a.out.c_str(), a.preset.c_str(), static_cast<unsigned long long>(a.seed),
@@ -74,6 +106,8 @@ void setup(CLI::App& parent, int& exit_code) {
   sub->add_flag("--layout-only", args->layout_only, "Real headers, sparse all-zero data (holes)");
   sub->add_option("--shards", args->shards, "Number of shards (default: 48 for v41-flash, else 1)")
       ->check(CLI::Range(1, 100000));
+  sub->add_option("--tokenizer", args->tokenizer_dir,
+                  "Folder with tokenizer.json: copied into the checkpoint, vocabulary widened to cover it");
   sub->add_flag("--force", args->force, "Allow writing v41-flash with random data (510 GB)");
   sub->callback([args, &exit_code] { exit_code = run_make_checkpoint(*args); });
 }
