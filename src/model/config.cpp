@@ -1,6 +1,8 @@
 // ds41 model: config.json parsing and validation (MODEL_SPEC 1.2-1.4, 7.16).
 #include "model/config.h"
 
+#include "core/json_depth.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -93,29 +95,6 @@ class FieldReader {
   std::string path_;
   std::vector<std::string>* errors_;
 };
-
-// True when brackets outside strings nest deeper than max_depth (the root is depth 1). A linear
-// pre-scan: nlohmann's callback parser is quadratic in the members of nested objects (8,000
-// members in text_config took 0.4 s). Malformed input is left to the parser.
-bool json_nesting_exceeds(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (ch == '\\') escaped = true;
-      else if (ch == '"') in_string = false;
-      continue;
-    }
-    if (ch == '"') in_string = true;
-    else if (ch == '{' || ch == '[') {
-      if (++depth > max_depth) return true;
-    } else if (ch == '}' || ch == ']') {
-      --depth;
-    }
-  }
-  return false;
-}
 
 std::string join_errors(const std::vector<std::string>& e) {
   std::string s;

@@ -1,6 +1,8 @@
 // ds41 model/loader: safetensors parsing (bounds-checked, fuzzed) and mmap-backed access.
 #include "model/loader/safetensors.h"
 
+#include "core/json_depth.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -31,28 +33,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// True when brackets outside strings nest deeper than max_depth (the root object is depth 1).
-// Malformed input is left to the parser; this only bounds the tree the parser could build.
-bool json_depth_exceeds(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (ch == '\\') escaped = true;
-      else if (ch == '"') in_string = false;
-      continue;
-    }
-    if (ch == '"') in_string = true;
-    else if (ch == '{' || ch == '[') {
-      if (++depth > max_depth) return true;
-    } else if (ch == '}' || ch == ']') {
-      --depth;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 
 Result<SafetensorsHeader> parse_safetensors_header(std::string_view text, uint64_t data_size) {
@@ -61,7 +41,7 @@ Result<SafetensorsHeader> parse_safetensors_header(std::string_view text, uint64
   // pre-scan, not a parser callback: nlohmann's callback parser rescans the parent object after
   // every member, which made a 2,000-tensor shard header quadratic — 6 s for the released layout.)
   constexpr int kMaxHeaderDepth = 8;
-  if (json_depth_exceeds(text, kMaxHeaderDepth))
+  if (json_nesting_exceeds(text, kMaxHeaderDepth))
     return invalid_argument("header JSON nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels");
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument("header is not valid JSON");
