@@ -8,6 +8,7 @@
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/loader/safetensors.h"
+#include "model/presets.h"
 
 namespace ds41::model {
 namespace {
@@ -86,16 +87,10 @@ TEST(Schedule, GoldenScheduleMatchesReadme) {
 }
 
 TEST(Schedule, ReleasedScheduleMatchesSpecTable) {
-  ModelConfig c;
-  c.num_hidden_layers = 40;
-  c.compress_ratios.assign(43, 0);
-  for (int l = 2; l < 20; ++l) c.compress_ratios[l] = 2;
-  for (int l = 20; l < 40; ++l) c.compress_ratios[l] = 1;
-  c.kv_source_layer_ids = {2, 8, 14, 20};
-  c.index_source_layer_ids = {2, 8, 14, 20, 24, 28, 32, 36};
-  c.candidate_source_layer_id = 20;
-  c.engram_layer_ids = {1, 14};
-  auto s = derive_layer_schedule(c);
+  // The v41-flash preset is the released config (MODEL_SPEC 1.3); the table below is MODEL_SPEC 1.5.
+  auto c = preset_config("v41-flash");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto s = derive_layer_schedule(*c);
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   const auto& L = s->layers;
   EXPECT_EQ(L[13].kv_owner, 8);

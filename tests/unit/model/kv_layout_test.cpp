@@ -4,26 +4,19 @@
 
 #include <gtest/gtest.h>
 
+#include "core/check.h"
+#include "model/presets.h"
+
 #include "model/sequence_state.h"
 
 namespace ds41::model {
 namespace {
 
+// The released config (MODEL_SPEC 1.3) is the v41-flash preset.
 ModelConfig released_config() {
-  ModelConfig c;
-  c.num_hidden_layers = 40;
-  c.hidden_size = 5120;
-  c.head_dim = 512;
-  c.index_head_dim = 128;
-  c.sliding_window = 128;
-  c.compress_ratios.assign(43, 0);
-  for (int l = 2; l < 20; ++l) c.compress_ratios[l] = 2;
-  for (int l = 20; l < 40; ++l) c.compress_ratios[l] = 1;
-  c.kv_source_layer_ids = {2, 8, 14, 20};
-  c.index_source_layer_ids = {2, 8, 14, 20, 24, 28, 32, 36};
-  c.candidate_source_layer_id = 20;
-  c.engram_layer_ids = {1, 14};
-  return c;
+  auto c = preset_config("v41-flash");
+  DS41_CHECK(c.ok());
+  return *c;
 }
 
 TEST(KvLayout, ReleasedConfigIs890BytesPerToken) {
