@@ -57,7 +57,7 @@ class AsyncWriter {
 
  private:
   // Most blocks one writer thread publishes per group commit.
-  static constexpr size_t kMaxBatch = 16;
+  static constexpr size_t kMaxBatch = 32;
   void worker();
 
   DiskTier& tier_;

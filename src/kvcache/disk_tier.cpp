@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "core/log.h"
 
@@ -124,7 +125,7 @@ Status DiskTier::init_layout() {
   std::span<const uint8_t> part(reinterpret_cast<const uint8_t*>(kLayoutMarker), std::strlen(kLayoutMarker));
   std::span<const uint8_t> parts[1] = {part};
   // Several processes may race here; each renames identical content, so the last one wins harmlessly.
-  return publish_file_atomic(io_, temp_path(BlockKey{}), marker, parts, kTimeOmit, config_.sync);
+  return publish_file_atomic(io_, temp_path_in(tmp_dir_, BlockKey{}), marker, parts, kTimeOmit, config_.sync);
 }
 
 Status DiskTier::remove_stale_temps() {
@@ -144,27 +145,63 @@ Status DiskTier::remove_stale_temps() {
 }
 
 Result<DiskTier::Index> DiskTier::scan_directory() {
-  Index idx;
-  char sub[3];
-  std::vector<std::string> names;
-  for (int i = 0; i < 256; ++i) {
-    std::snprintf(sub, sizeof(sub), "%02x", i);
-    std::string d = blocks_dir_ + "/" + sub;
-    names.clear();
-    DS41_RETURN_IF_ERROR(io_.list_dir(d, &names));
-    for (const auto& n : names) {
-      if (n.size() != 32 + std::strlen(kBlockSuffix) || !n.ends_with(kBlockSuffix)) continue;
-      auto key = BlockKey::from_hex(std::string_view(n).substr(0, 32));
-      if (!key) continue;
-      auto st = io_.stat(d + "/" + n);
-      if (!st.ok() || !st->is_regular) continue;  // raced with an eviction
-      Entry e;
-      e.bytes = st->size;
-      e.created_ns = st->mtime_ns;
-      e.access_ns = std::max(st->atime_ns, st->mtime_ns);
-      idx.emplace(*key, e);
+  // The 256 block directories are independent: list + stat them on several threads (the cost is
+  // one stat per file, ~1M for a full tier), each into its own map, merged at the end.
+  constexpr int kDirs = 256;
+  int threads = config_.scan_threads > 0
+                    ? config_.scan_threads
+                    : static_cast<int>(std::min(16u, std::max(1u, std::thread::hardware_concurrency())));
+  threads = std::min(threads, kDirs);
+  std::vector<Index> parts(kDirs);
+  std::vector<Status> errors(kDirs);
+  std::atomic<int> next{0};
+  std::atomic<int> stale_removed{0};
+  const int64_t now_ns = clock_.now_unix_ns();
+  auto work = [&] {
+    char sub[3];
+    std::vector<std::string> names;
+    for (int i; (i = next.fetch_add(1)) < kDirs;) {
+      std::snprintf(sub, sizeof(sub), "%02x", i);
+      std::string d = blocks_dir_ + "/" + sub;
+      names.clear();
+      errors[i] = io_.list_dir(d, &names);
+      if (!errors[i].ok()) continue;
+      for (const auto& n : names) {
+        if (n.starts_with('.') && n.ends_with(".tmp")) {
+          // An in-flight write (temp files live beside their final name): remove it only when
+          // clearly abandoned (a crashed writer); a live one in another process is younger.
+          auto st = io_.stat(d + "/" + n);
+          if (st.ok() && now_ns - st->mtime_ns > config_.stale_tmp_age_ns && io_.unlink(d + "/" + n).ok())
+            stale_removed.fetch_add(1);
+          continue;
+        }
+        if (n.size() != 32 + std::strlen(kBlockSuffix) || !n.ends_with(kBlockSuffix)) continue;
+        auto key = BlockKey::from_hex(std::string_view(n).substr(0, 32));
+        if (!key) continue;
+        auto st = io_.stat(d + "/" + n);
+        if (!st.ok() || !st->is_regular) continue;  // raced with an eviction
+        Entry e;
+        e.bytes = st->size;
+        e.created_ns = st->mtime_ns;
+        e.access_ns = std::max(st->atime_ns, st->mtime_ns);
+        parts[i].emplace(*key, e);
+      }
     }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (int n = stale_removed.load())
+    log_info("kvcache", "disk tier: removed " + std::to_string(n) + " stale temp files from block directories");
+  Index idx;
+  size_t total = 0;
+  for (int i = 0; i < kDirs; ++i) {
+    DS41_RETURN_IF_ERROR(errors[i]);
+    total += parts[i].size();
   }
+  idx.reserve(total);
+  for (auto& p : parts) idx.merge(p);
   return idx;
 }
 
@@ -280,12 +317,20 @@ std::string DiskTier::block_path(const BlockKey& key) const {
 }
 
 std::string DiskTier::temp_path(const BlockKey& key) {
+  // Beside the final name: the rename stays inside one directory (no filesystem-wide cross-
+  // directory rename lock, one directory modified) and writers of different directories do not
+  // contend on one temp directory's lock. The leading dot keeps it out of the index scan.
+  std::string h = key.hex();
+  return temp_path_in(blocks_dir_ + "/" + h.substr(0, 2), key);
+}
+
+std::string DiskTier::temp_path_in(const std::string& dir, const BlockKey& key) {
   static const std::string host = hostname_tag();
   char buf[96];
   std::snprintf(buf, sizeof(buf), ".%d.%llx.%llu.tmp", static_cast<int>(getpid()),
                 static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(this)),
                 static_cast<unsigned long long>(temp_seq_.fetch_add(1)));
-  return tmp_dir_ + "/" + key.hex() + "." + host + buf;
+  return dir + "/." + key.hex() + "." + host + buf;
 }
 
 void DiskTier::maybe_rescan() {
@@ -312,21 +357,28 @@ Status DiskTier::rescan() {
 }
 
 Status DiskTier::put(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload) {
-  return put_impl(key, token_count, payload, /*sync_dir=*/true, nullptr);
+  PutRequest r{key, token_count, payload};
+  return put_batch(std::span<const PutRequest>(&r, 1))[0];
 }
 
+// Group commit in three stages (docs/formats/kv_block.md "Group commit"): every block of the batch
+// is written to its temp file with writeback started, so the data of the whole batch is on its
+// way to the disk at once; then each temp file is fsynced (the first fsync waits for the journal
+// commit that also covers the others, which then return almost at once) and renamed; then each
+// distinct block directory is fsynced once. A block is acknowledged (ok) only after all three.
 std::vector<Status> DiskTier::put_batch(std::span<const PutRequest> requests) {
-  std::vector<Status> out;
-  out.reserve(requests.size());
-  std::vector<std::string> dirs(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i)
-    out.push_back(put_impl(requests[i].key, requests[i].token_count, requests[i].payload,
-                           /*sync_dir=*/false, &dirs[i]));
+  maybe_rescan();
+  std::vector<Status> out(requests.size());
+  std::vector<Slot> slots(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) out[i] = stage_block(requests[i], &slots[i]);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!out[i].ok() || slots[i].present) continue;
+    out[i] = finish_block(requests[i], &slots[i], commit_temp_file(io_, &slots[i].pub, config_.sync));
+  }
   if (!config_.sync) return out;
-  // One fsync per distinct directory, after every rename of the batch.
   std::vector<std::string> unique;
-  for (const auto& d : dirs)
-    if (!d.empty()) unique.push_back(d);
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (out[i].ok()) unique.push_back(slots[i].dir);
   std::sort(unique.begin(), unique.end());
   unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
   for (const auto& d : unique) {
@@ -334,7 +386,7 @@ std::vector<Status> DiskTier::put_batch(std::span<const PutRequest> requests) {
     if (s.ok()) continue;
     log_warn("kvcache", "disk tier: group commit: " + s.to_string());
     for (size_t i = 0; i < requests.size(); ++i) {
-      if (dirs[i] != d || !out[i].ok()) continue;
+      if (slots[i].dir != d || !out[i].ok()) continue;
       out[i] = s;
       write_errors_.inc();
     }
@@ -342,29 +394,28 @@ std::vector<Status> DiskTier::put_batch(std::span<const PutRequest> requests) {
   return out;
 }
 
-Status DiskTier::put_impl(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload,
-                          bool sync_dir, std::string* renamed_into) {
-  if (payload.size() > kBlockMaxPayloadBytes)
-    return invalid_argument("kv disk tier: payload of " + std::to_string(payload.size()) +
+Status DiskTier::stage_block(const PutRequest& r, Slot* slot) {
+  if (r.payload.size() > kBlockMaxPayloadBytes)
+    return invalid_argument("kv disk tier: payload of " + std::to_string(r.payload.size()) +
                             " bytes exceeds the " + std::to_string(kBlockMaxPayloadBytes) +
                             "-byte block limit");
-  maybe_rescan();
-  const uint64_t size = kBlockHeaderBytes + payload.size();
-  const std::string path = block_path(key);
+  slot->size = kBlockHeaderBytes + r.payload.size();
+  slot->pub.final_path = block_path(r.key);
+  slot->dir = slot->pub.final_path.substr(0, slot->pub.final_path.find_last_of('/'));
   // Content address: if the file is already there (ours or another process's), we are done.
-  if (auto st = io_.stat(path); st.ok() && st->is_regular && st->size == size) {
+  if (auto st = io_.stat(slot->pub.final_path); st.ok() && st->is_regular && st->size == slot->size) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (index_.find(key) == index_.end())
-      index_insert(key, Entry{st->size, st->mtime_ns, std::max(st->atime_ns, st->mtime_ns), false});
+    if (index_.find(r.key) == index_.end())
+      index_insert(r.key, Entry{st->size, st->mtime_ns, std::max(st->atime_ns, st->mtime_ns), false});
     write_dedup_.inc();
-    // Another writer may have renamed it without its directory fsync yet: a batch fsyncs it too.
-    if (renamed_into) *renamed_into = path.substr(0, path.find_last_of('/'));
+    // Another writer may have renamed it without its directory fsync yet: the batch fsyncs it too.
+    slot->present = true;
     return ok_status();
   }
   {
     std::unique_lock<std::mutex> lock(mu_);
-    index_remove(key);  // a stale entry (file vanished or has the wrong size)
-    if (size > config_.capacity_bytes || !make_room(lock, size)) {
+    index_remove(r.key);  // a stale entry (file vanished or has the wrong size)
+    if (slot->size > config_.capacity_bytes || !make_room(lock, slot->size)) {
       refused_.inc();
       int64_t now = clock_.now_mono_ns();
       int64_t last = last_refuse_log_ns_.load();
@@ -377,28 +428,35 @@ Status DiskTier::put_impl(const BlockKey& key, uint32_t token_count, std::span<c
                                 " s); refused so far: " + std::to_string(refused_.value()));
       }
       return resource_exhausted("kv disk tier: capacity " + std::to_string(config_.capacity_bytes) +
-                                " bytes is full of blocks under retention; write of " + key.hex() +
+                                " bytes is full of blocks under retention; write of " + r.key.hex() +
                                 " refused");
     }
-    reserved_bytes_ += size;
+    reserved_bytes_ += slot->size;
+    slot->reserved = true;
   }
-  BlockMeta meta{key, BlockKind::kGlobalKv, config_.model_fingerprint, token_count};
-  auto header = encode_block_header(meta, payload);
-  std::span<const uint8_t> parts[2] = {std::span<const uint8_t>(header), payload};
-  const int64_t now = clock_.now_unix_ns();
-  Status s = publish_file_atomic(io_, temp_path(key), path, parts, now, config_.sync, sync_dir);
-  if (s.ok() && renamed_into) *renamed_into = path.substr(0, path.find_last_of('/'));
+  BlockMeta meta{r.key, BlockKind::kGlobalKv, config_.model_fingerprint, r.token_count};
+  auto header = encode_block_header(meta, r.payload);
+  std::span<const uint8_t> parts[2] = {std::span<const uint8_t>(header), r.payload};
+  slot->now_ns = clock_.now_unix_ns();
+  slot->pub.tmp_path = temp_path(r.key);
+  Status s = stage_temp_file(io_, &slot->pub, parts, slot->now_ns, config_.sync);
+  if (!s.ok()) return finish_block(r, slot, s);
+  return ok_status();
+}
+
+Status DiskTier::finish_block(const PutRequest& r, Slot* slot, Status committed) {
   std::lock_guard<std::mutex> lock(mu_);
-  reserved_bytes_ -= size;
-  if (!s.ok()) {
+  if (slot->reserved) reserved_bytes_ -= slot->size;
+  slot->reserved = false;
+  if (!committed.ok()) {
     write_errors_.inc();
-    log_warn("kvcache", "disk tier: write of block " + key.hex() + " failed: " + s.to_string());
-    return s;
+    log_warn("kvcache", "disk tier: write of block " + r.key.hex() + " failed: " + committed.to_string());
+    return committed;
   }
-  index_remove(key);
-  index_insert(key, Entry{size, now, now, false});
+  index_remove(r.key);
+  index_insert(r.key, Entry{slot->size, slot->now_ns, slot->now_ns, false});
   writes_.inc();
-  written_bytes_.inc(size);
+  written_bytes_.inc(slot->size);
   return ok_status();
 }
 
@@ -465,6 +523,13 @@ std::optional<StoredBlock> DiskTier::get(const BlockKey& key) {
     if (!s.ok()) log_debug("kvcache", "disk tier: touching " + path + ": " + s.to_string());
   }
   return StoredBlock{*meta, std::move(*bytes)};
+}
+
+void DiskTier::prefetch(const BlockKey& key) {
+  auto fd = io_.open(block_path(key), O_RDONLY | O_NOATIME, 0);
+  if (!fd.ok()) return;
+  (void)io_.advise_willneed(*fd);
+  (void)io_.close(*fd);
 }
 
 bool DiskTier::contains(const BlockKey& key) {

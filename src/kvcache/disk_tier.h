@@ -67,6 +67,11 @@ class DiskTier {
   // Verified read. nullopt = miss: absent, evicted, unreadable, or corrupt/torn (then deleted).
   std::optional<StoredBlock> get(const BlockKey& key);
 
+  // Starts reading the block's file into the page cache without waiting (no verification, no
+  // accounting; a missing file is ignored). KvStore::restore keeps a window of these ahead of its
+  // readers so the disk sees many requests at once.
+  void prefetch(const BlockKey& key);
+
   // Whether the block is present (index, else the directory: another process may have written
   // it). Does not verify the content (get() does).
   bool contains(const BlockKey& key);
@@ -94,10 +99,20 @@ class DiskTier {
   };
   using Index = std::unordered_map<BlockKey, Entry, BlockKeyHash>;
 
-  // put() body. sync_dir = false skips the directory fsync and sets *renamed_into to the block's
-  // directory when this call renamed a file into it (the caller must fsync it before acking).
-  Status put_impl(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> payload,
-                  bool sync_dir, std::string* renamed_into);
+  // One block of a put_batch between its stages.
+  struct Slot {
+    uint64_t size = 0;     // header + payload
+    int64_t now_ns = 0;    // publish time (mtime = atime)
+    bool reserved = false; // size counted in reserved_bytes_
+    bool present = false;  // already on disk (content address): nothing to write
+    PendingPublish pub;    // temp file, open between stage and commit
+    std::string dir;       // final directory, for the group directory fsync
+  };
+  // Stage 1 of a put: limits, dedup by content address, capacity reservation (or refusal), the
+  // temp file written with writeback started. Non-ok = this block is done (failed/refused).
+  Status stage_block(const PutRequest& r, Slot* slot);
+  // After commit_temp_file (or its failure): releases the reservation, updates index + metrics.
+  Status finish_block(const PutRequest& r, Slot* slot, Status committed);
 
   DiskTier(const DiskTierConfig& config, FileIo& io, Clock& clock, MetricsRegistry& metrics);
   Status init_layout();
@@ -115,7 +130,10 @@ class DiskTier {
   bool make_room(std::unique_lock<std::mutex>& lock, uint64_t incoming);
 
   void note_corrupt(const BlockKey& key, const std::string& path, const FileStat& st, const Status& why);
+  // Temp name for a block's in-flight write, in the block's own directory:
+  // <dir>/blocks/<hh>/.<32 hex>.<host>.<pid>.<instance>.<seq>.tmp
   std::string temp_path(const BlockKey& key);
+  std::string temp_path_in(const std::string& dir, const BlockKey& key);
   void maybe_rescan();
 
   DiskTierConfig config_;

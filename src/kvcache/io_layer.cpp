@@ -84,6 +84,20 @@ Status PosixIo::fsync(int fd) {
   return ok_status();
 }
 
+Status PosixIo::start_writeback(int fd) {
+  // Only a hint: filesystems without it (EINVAL, ESPIPE, ENOSYS) just wait for the fsync.
+  if (::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) != 0 && errno != EINVAL && errno != ESPIPE &&
+      errno != ENOSYS)
+    return errno_status("sync_file_range", fd_name(fd), errno);
+  return ok_status();
+}
+
+Status PosixIo::advise_willneed(int fd) {
+  int err = ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);  // returns the error number
+  if (err != 0) return errno_status("posix_fadvise", fd_name(fd), err);
+  return ok_status();
+}
+
 Status PosixIo::close(int fd) {
   // Linux: the fd is released even when close reports an error; never retry.
   if (::close(fd) != 0 && errno != EINTR) return errno_status("close", fd_name(fd), errno);
@@ -254,39 +268,65 @@ Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t o
   return ok_status();
 }
 
-Status publish_file_atomic(FileIo& io, const std::string& tmp_path, const std::string& final_path,
-                           std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync,
-                           bool sync_dir) {
-  DS41_ASSIGN_OR_RETURN(int fd, io.open(tmp_path, O_WRONLY | O_CREAT | O_EXCL, 0644));
+Status stage_temp_file(FileIo& io, PendingPublish* p, std::span<const std::span<const uint8_t>> parts,
+                       int64_t time_ns, bool sync) {
+  DS41_ASSIGN_OR_RETURN(p->fd, io.open(p->tmp_path, O_WRONLY | O_CREAT | O_EXCL, 0644));
   auto fail = [&](Status s) {
-    (void)io.close(fd);
-    (void)io.unlink(tmp_path);
+    abort_temp_file(io, p);
     return s;
   };
   uint64_t off = 0;
   for (auto part : parts) {
-    Status s = write_fully(io, fd, part, off, tmp_path);
+    Status s = write_fully(io, p->fd, part, off, p->tmp_path);
     if (!s.ok()) return fail(s);
     off += part.size();
   }
   if (time_ns != kTimeOmit) {
-    Status s = io.set_times_fd(fd, time_ns, time_ns);
+    Status s = io.set_times_fd(p->fd, time_ns, time_ns);
     if (!s.ok()) return fail(s);
   }
   if (sync) {
-    Status s = io.fsync(fd);
-    if (!s.ok()) return fail(s.with_context(tmp_path));
+    // A failure here is not fatal by itself (the fsync decides), but it is unexpected: report it.
+    Status s = io.start_writeback(p->fd);
+    if (!s.ok()) return fail(s.with_context(p->tmp_path));
   }
-  Status c = io.close(fd);
+  return ok_status();
+}
+
+void abort_temp_file(FileIo& io, PendingPublish* p) {
+  if (p->fd >= 0) (void)io.close(p->fd);
+  p->fd = -1;
+  (void)io.unlink(p->tmp_path);
+}
+
+Status commit_temp_file(FileIo& io, PendingPublish* p, bool sync) {
+  if (sync) {
+    Status s = io.fsync(p->fd);
+    if (!s.ok()) {
+      abort_temp_file(io, p);
+      return s.with_context(p->tmp_path);
+    }
+  }
+  Status c = io.close(p->fd);
+  p->fd = -1;
   if (!c.ok()) {
-    (void)io.unlink(tmp_path);
-    return c.with_context(tmp_path);
+    (void)io.unlink(p->tmp_path);
+    return c.with_context(p->tmp_path);
   }
-  Status r = io.rename(tmp_path, final_path);
+  Status r = io.rename(p->tmp_path, p->final_path);
   if (!r.ok()) {
-    (void)io.unlink(tmp_path);
+    (void)io.unlink(p->tmp_path);
     return r;
   }
+  return ok_status();
+}
+
+Status publish_file_atomic(FileIo& io, const std::string& tmp_path, const std::string& final_path,
+                           std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync,
+                           bool sync_dir) {
+  PendingPublish p{tmp_path, final_path};
+  DS41_RETURN_IF_ERROR(stage_temp_file(io, &p, parts, time_ns, sync));
+  DS41_RETURN_IF_ERROR(commit_temp_file(io, &p, sync));
   if (sync && sync_dir) {
     std::string dir = final_path.substr(0, final_path.find_last_of('/'));
     DS41_RETURN_IF_ERROR(io.fsync_dir(dir.empty() ? "/" : dir));

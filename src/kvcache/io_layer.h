@@ -42,6 +42,19 @@ class FileIo {
   // Returns 0 at end of file; may read fewer bytes than asked.
   virtual Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) = 0;
   virtual Status fsync(int fd) = 0;
+  // Starts asynchronous writeback of the file's dirty pages without waiting (a hint: the later
+  // fsync is what makes data durable and reports errors). Lets a batch of files reach the disk
+  // together so that their fsyncs share one journal commit. Default: nothing.
+  virtual Status start_writeback(int fd) {
+    (void)fd;
+    return ok_status();
+  }
+  // Asks the kernel to start reading the whole file into the page cache without waiting (a
+  // hint; restores use it to keep many block reads in flight). Default: nothing.
+  virtual Status advise_willneed(int fd) {
+    (void)fd;
+    return ok_status();
+  }
   virtual Status close(int fd) = 0;
   virtual Result<FileStat> fstat(int fd) = 0;
   // kNotFound when absent.
@@ -66,6 +79,8 @@ class PosixIo final : public FileIo {
   Result<size_t> pwrite(int fd, const void* buf, size_t n, uint64_t offset) override;
   Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) override;
   Status fsync(int fd) override;
+  Status start_writeback(int fd) override;
+  Status advise_willneed(int fd) override;
   Status close(int fd) override;
   Result<FileStat> fstat(int fd) override;
   Result<FileStat> stat(const std::string& path) override;
@@ -108,6 +123,8 @@ class FaultInjectingIo final : public FileIo {
   Result<size_t> pwrite(int fd, const void* buf, size_t n, uint64_t offset) override;
   Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) override;
   Status fsync(int fd) override;
+  Status start_writeback(int fd) override { return base_.start_writeback(fd); }
+  Status advise_willneed(int fd) override { return base_.advise_willneed(fd); }
   Status close(int fd) override { return base_.close(fd); }
   Result<FileStat> fstat(int fd) override { return base_.fstat(fd); }
   Result<FileStat> stat(const std::string& path) override { return base_.stat(path); }
@@ -143,12 +160,26 @@ class FaultInjectingIo final : public FileIo {
 Status write_fully(FileIo& io, int fd, std::span<const uint8_t> data, uint64_t offset,
                    const std::string& path);
 
-// Atomic publish: creates `tmp_path` exclusively, writes the parts back to back, stamps
-// atime/mtime (unless kTimeOmit), fsyncs (when `sync`), closes, renames onto `final_path` and
-// fsyncs the final directory (when `sync` and `sync_dir`; a caller passing sync_dir = false owns
-// the directory fsync and must not acknowledge the block before it: DiskTier::put_batch does one
-// per directory per batch — group commit). On any failure the temp file is removed and
-// `final_path` is untouched. Readers see either no file or the complete file.
+// Atomic publish in two stages, so a batch of files can be staged first and made durable
+// together (DiskTier::put_batch). stage_temp_file creates `tmp_path` exclusively, writes the
+// parts back to back, stamps atime/mtime (unless kTimeOmit) and, when `sync`, starts writeback;
+// it leaves the temp file open in `p->fd`. commit_temp_file fsyncs it (when `sync`), closes it
+// and renames it onto `final_path`. abort_temp_file closes and removes an uncommitted temp file.
+// On any failure of either stage the temp file is removed and `final_path` is untouched, so a
+// reader sees either no file or the complete file. The rename is durable only once the final
+// directory is fsynced: the caller does that (once per directory for a batch) and must not
+// acknowledge the block before it.
+struct PendingPublish {
+  std::string tmp_path;
+  std::string final_path;
+  int fd = -1;  // open temp file between the stages, else -1
+};
+Status stage_temp_file(FileIo& io, PendingPublish* p, std::span<const std::span<const uint8_t>> parts,
+                       int64_t time_ns, bool sync);
+Status commit_temp_file(FileIo& io, PendingPublish* p, bool sync);
+void abort_temp_file(FileIo& io, PendingPublish* p);
+
+// Both stages for one file, then (when `sync` and `sync_dir`) the fsync of the final directory.
 Status publish_file_atomic(FileIo& io, const std::string& tmp_path, const std::string& final_path,
                            std::span<const std::span<const uint8_t>> parts, int64_t time_ns, bool sync,
                            bool sync_dir = true);

@@ -1,6 +1,9 @@
 // ds41 kvcache: KvStore wiring and the SWA verification wrapper.
 #include "kvcache/kv_store.h"
 
+#include <algorithm>
+#include <atomic>
+
 #include "kvcache/dram_swa_pool.h"
 #include "kvcache/redis_swa_pool.h"
 
@@ -45,14 +48,36 @@ PrefixLookupResult KvStore::lookup(std::span<const int32_t> tokens, size_t max_t
 }
 
 std::vector<StoredBlock> KvStore::restore(std::span<const BlockKey> keys, ThreadPool* pool) {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  const int lanes = pool ? std::max(1, pool->size()) : 1;
+  const int64_t window = lanes > 1 ? 4 * lanes : 0;
   std::vector<std::optional<StoredBlock>> got(keys.size());
-  auto read_range = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) got[i] = disk_->get(keys[i]);
+  std::atomic<int64_t> next{0};       // next block to read
+  std::atomic<int64_t> prefetched{0};  // blocks [0, prefetched) have had their read-ahead issued
+  std::atomic<int64_t> first_miss{n};  // blocks past a miss are useless to the caller
+  auto lane = [&] {
+    for (int64_t i; (i = next.fetch_add(1)) < n && i < first_miss.load();) {
+      const int64_t want = std::min(n, std::min(first_miss.load(), i + 1 + window));
+      for (int64_t p = prefetched.load(); p < want;) {
+        if (prefetched.compare_exchange_weak(p, p + 1)) {
+          if (p > i) disk_->prefetch(keys[p]);  // the block being read now needs no hint
+          ++p;
+        }
+      }
+      got[i] = disk_->get(keys[i]);
+      if (!got[i]) {
+        int64_t m = first_miss.load();
+        while (i < m && !first_miss.compare_exchange_weak(m, i)) {
+        }
+      }
+    }
   };
-  if (pool)
-    pool->parallel_for(static_cast<int64_t>(keys.size()), read_range);
+  if (lanes > 1)
+    pool->parallel_for(lanes, [&](int64_t b, int64_t e) {
+      for (int64_t l = b; l < e; ++l) lane();
+    });
   else
-    read_range(0, static_cast<int64_t>(keys.size()));
+    lane();
   std::vector<StoredBlock> out;
   out.reserve(keys.size());
   for (auto& g : got) {

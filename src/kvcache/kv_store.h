@@ -45,7 +45,9 @@ class KvStore {
   PrefixLookupResult lookup(std::span<const int32_t> tokens, size_t max_tokens = 0);
 
   // Reads the blocks in order and stops at the first miss (the result may be shorter than
-  // `keys`). With a pool, reads run in parallel.
+  // `keys`). With a pool, every pool thread reads blocks in key order (dynamic assignment) while a
+  // read-ahead window of `4 x threads` blocks is prefetched ahead of them, so the disk sees many
+  // requests at once; blocks past a miss are not read.
   std::vector<StoredBlock> restore(std::span<const BlockKey> keys, ThreadPool* pool = nullptr);
 
   // Queues a global-KV block for the persistent tier (see AsyncWriter::submit).

@@ -31,6 +31,8 @@ Status DiskTierConfig::validate() const {
   if (touch_interval_ns < 0) return invalid_argument("kv disk tier: touch_interval must be >= 0");
   if (stale_tmp_age_ns <= 0) return invalid_argument("kv disk tier: stale_tmp_age must be > 0");
   if (rescan_interval_ns < 0) return invalid_argument("kv disk tier: rescan_interval must be >= 0");
+  if (scan_threads < 0 || scan_threads > 256)
+    return invalid_argument("kv disk tier: scan_threads must be in 0..256, got " + std::to_string(scan_threads));
   return ok_status();
 }
 

@@ -28,6 +28,9 @@ struct DiskTierConfig {
   int64_t stale_tmp_age_ns = 3600 * kNsPerSecond;
   // Re-list the directory at most this often (other processes' writes/evictions); 0 = never.
   int64_t rescan_interval_ns = 600 * kNsPerSecond;
+  // Threads listing/stat-ing the 256 block directories in parallel at open and rescan
+  // (0 = min(16, hardware threads)); a million blocks are a million stat calls.
+  int scan_threads = 0;
   Status validate() const;
 };
 

@@ -232,15 +232,22 @@ TEST_F(DiskTierTest, EvictionRespectsAnotherProcessesRecentUse) {
 TEST_F(DiskTierTest, StaleTempFilesAreRemovedFreshOnesKept) {
   auto c = config();
   { auto t = open(c); }
+  // Block temps live beside their final names (blocks/<hh>/.<key>....tmp); tmp/ holds the
+  // LAYOUT marker's. Both places are cleaned at open, only of clearly abandoned files.
   std::string stale = c.dir + "/tmp/stale.tmp", fresh = c.dir + "/tmp/fresh.tmp";
-  std::ofstream(stale) << "x";
-  std::ofstream(fresh) << "y";
+  std::string stale_b = c.dir + "/blocks/ab/.abcdef.host.1.2.3.tmp";
+  std::string fresh_b = c.dir + "/blocks/07/.07cdef.host.1.2.4.tmp";
+  for (const auto& p : {stale, fresh, stale_b, fresh_b}) std::ofstream(p) << "x";
   int64_t old_ns = clock_.now_unix_ns() - 2 * kHour;
-  ASSERT_TRUE(PosixIo::instance().set_times(stale, old_ns, old_ns).ok());
-  ASSERT_TRUE(PosixIo::instance().set_times(fresh, clock_.now_unix_ns(), clock_.now_unix_ns()).ok());
+  for (const auto& p : {stale, stale_b}) ASSERT_TRUE(PosixIo::instance().set_times(p, old_ns, old_ns).ok());
+  for (const auto& p : {fresh, fresh_b})
+    ASSERT_TRUE(PosixIo::instance().set_times(p, clock_.now_unix_ns(), clock_.now_unix_ns()).ok());
   auto t = open(c);
   EXPECT_FALSE(std::filesystem::exists(stale));
   EXPECT_TRUE(std::filesystem::exists(fresh));
+  EXPECT_FALSE(std::filesystem::exists(stale_b));
+  EXPECT_TRUE(std::filesystem::exists(fresh_b));
+  EXPECT_EQ(t->block_count(), 0u);  // temps are never indexed as blocks
 }
 
 TEST_F(DiskTierTest, BadConfigAndOversizedBlock) {

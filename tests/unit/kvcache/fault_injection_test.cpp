@@ -4,7 +4,9 @@
 // put for that key; failed publishes leave neither a final file nor a temp file behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <random>
 
 #include "kvcache/disk_tier.h"
@@ -41,7 +43,9 @@ class FaultTest : public ::testing::Test {
   }
   size_t temp_files() {
     size_t n = 0;
-    for (auto& e : std::filesystem::directory_iterator(dir_.sub("store/tmp"))) n += e.is_regular_file();
+    // Temp files live beside their final names (blocks/<hh>/.<key>...tmp); tmp/ holds the marker's.
+    for (auto& e : std::filesystem::recursive_directory_iterator(dir_.sub("store")))
+      n += e.is_regular_file() && e.path().extension() == ".tmp";
     return n;
   }
   uint64_t counter(const std::string& n, const MetricLabels& l = {}) { return metrics_.counter_value(n, l); }
@@ -208,6 +212,121 @@ TEST_F(FaultTest, GroupCommitDataFsyncFailureIsPerBlock) {
     EXPECT_EQ(get_checked(i), i != 2) << i;
   }
   EXPECT_EQ(temp_files(), 0u);
+}
+
+// A mid-batch write failure (ENOSPC on the 4th block's data) fails that block only; the blocks
+// staged before and after it still commit, and no temp file is left.
+TEST_F(FaultTest, GroupCommitWriteFailureMidBatchIsPerBlock) {
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<DiskTier::PutRequest> reqs;
+  for (uint64_t i = 0; i < 8; ++i) data.push_back(payload(i));
+  for (uint64_t i = 0; i < 8; ++i) reqs.push_back({key(i), 128, data[i]});
+  // Two pwrites per block (header, payload): the 8th write is block 3's payload.
+  io_.inject(FaultKind::kNoSpace, /*skip=*/7, /*times=*/1);
+  auto res = tier_->put_batch(reqs);
+  EXPECT_EQ(io_.fired(), 1);
+  for (uint64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(res[i].ok(), i != 3) << i << ": " << res[i].to_string();
+    EXPECT_EQ(get_checked(i), i != 3) << i;
+  }
+  EXPECT_EQ(res[3].code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(temp_files(), 0u);
+  EXPECT_EQ(tier_->block_count(), 7u);
+}
+
+// Records the order of the durability-relevant calls of a FileIo.
+class RecordingIo final : public FileIo {
+ public:
+  explicit RecordingIo(FileIo& base) : base_(base) {}
+  std::vector<std::string> ops;
+  Result<int> open(const std::string& p, int f, int m) override { return base_.open(p, f, m); }
+  Result<size_t> pwrite(int fd, const void* b, size_t n, uint64_t o) override {
+    log("write");
+    return base_.pwrite(fd, b, n, o);
+  }
+  Result<size_t> pread(int fd, void* b, size_t n, uint64_t o) override { return base_.pread(fd, b, n, o); }
+  Status fsync(int fd) override {
+    log("fsync");
+    return base_.fsync(fd);
+  }
+  Status start_writeback(int fd) override {
+    log("writeback");
+    return base_.start_writeback(fd);
+  }
+  Status close(int fd) override { return base_.close(fd); }
+  Result<FileStat> fstat(int fd) override { return base_.fstat(fd); }
+  Result<FileStat> stat(const std::string& p) override { return base_.stat(p); }
+  Status rename(const std::string& a, const std::string& b) override {
+    log("rename");
+    return base_.rename(a, b);
+  }
+  Status unlink(const std::string& p) override { return base_.unlink(p); }
+  Status mkdir(const std::string& p) override { return base_.mkdir(p); }
+  Status list_dir(const std::string& p, std::vector<std::string>* n) override { return base_.list_dir(p, n); }
+  Status fsync_dir(const std::string& d) override {
+    log("dirfsync");
+    return base_.fsync_dir(d);
+  }
+  Status set_times_fd(int fd, int64_t a, int64_t m) override { return base_.set_times_fd(fd, a, m); }
+  Status set_times(const std::string& p, int64_t a, int64_t m) override { return base_.set_times(p, a, m); }
+
+ private:
+  void log(const char* op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops.emplace_back(op);
+  }
+  FileIo& base_;
+  std::mutex mu_;
+};
+
+// The write pipeline of a batch: every block's data is written and its writeback started before
+// the first fsync (so the fsyncs share journal commits instead of each waiting for its own
+// writeback), each rename follows its block's fsync, and directory fsyncs come last — one per
+// distinct directory. A per-block publish loop (write, fsync, rename, write, ...) fails this.
+TEST(GroupCommitOrder, BatchStagesAllDataBeforeAnyFsync) {
+  testing::ScratchDir dir("order");
+  RecordingIo io(PosixIo::instance());
+  FakeClock clock;
+  MetricsRegistry metrics;
+  DiskTierConfig c;
+  c.dir = dir.sub("store");
+  c.capacity_bytes = 1ULL << 30;
+  c.sync = true;
+  auto t = DiskTier::open(c, io, clock, metrics);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  io.ops.clear();
+  constexpr int kBlocks = 12;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<DiskTier::PutRequest> reqs;
+  for (int i = 0; i < kBlocks; ++i) data.push_back(testing::make_payload(i, 4096 + i));
+  for (int i = 0; i < kBlocks; ++i) {
+    // Blocks 0..5 in blocks/00/, 6..11 in blocks/01/: two directory fsyncs expected.
+    uint64_t hi = (i < 6 ? 0ULL : 1ULL << 56) | static_cast<uint64_t>(i);
+    reqs.push_back({BlockKey{hi, 77}, 128, data[i]});
+  }
+  auto res = (*t)->put_batch(reqs);
+  for (int i = 0; i < kBlocks; ++i) ASSERT_TRUE(res[i].ok()) << res[i].to_string();
+  auto pos = [&](const std::string& op, int nth) {
+    int seen = 0;
+    for (size_t i = 0; i < io.ops.size(); ++i)
+      if (io.ops[i] == op && seen++ == nth) return static_cast<int>(i);
+    return -1;
+  };
+  auto count = [&](const std::string& op) { return std::count(io.ops.begin(), io.ops.end(), op); };
+  EXPECT_EQ(count("writeback"), kBlocks);
+  EXPECT_EQ(count("fsync"), kBlocks);
+  EXPECT_EQ(count("rename"), kBlocks);
+  EXPECT_EQ(count("dirfsync"), 2);
+  const int first_fsync = pos("fsync", 0);
+  EXPECT_LT(pos("writeback", kBlocks - 1), first_fsync) << "a block's data was staged after an fsync";
+  EXPECT_LT(pos("write", 2 * kBlocks - 1), first_fsync);
+  for (int i = 0; i < kBlocks; ++i) EXPECT_LT(pos("fsync", i), pos("rename", i)) << i;
+  EXPECT_LT(pos("rename", kBlocks - 1), pos("dirfsync", 0));
+  for (int i = 0; i < kBlocks; ++i) {
+    auto b = (*t)->get(reqs[i].key);
+    ASSERT_TRUE(b.has_value()) << i;
+    EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(), b->payload().begin(), b->payload().end()));
+  }
 }
 
 }  // namespace

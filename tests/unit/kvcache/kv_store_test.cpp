@@ -92,6 +92,35 @@ TEST_F(KvStoreTest, RestoreReturnsExactBytesAndStopsAtFirstMiss) {
   EXPECT_EQ(store_->restore(r.block_keys).size(), 5u);
 }
 
+// The parallel restore (dynamic in-order assignment + read-ahead window): a long chain comes back
+// complete and in order; with a hole, exactly the prefix before it comes back and the readers
+// stop soon after the miss (at most one block in flight per other thread is read past it).
+TEST_F(KvStoreTest, ParallelRestoreOfLongChainIsOrderedAndStopsNearTheHole) {
+  constexpr size_t kBlocks = 64;
+  auto toks = testing::make_tokens(16, 128 * kBlocks);
+  write_blocks(toks, kBlocks);
+  auto r = store_->lookup(toks);
+  ASSERT_EQ(r.cached_blocks, kBlocks);
+  ThreadPool pool(4);
+  auto check = [&](const std::vector<StoredBlock>& blocks) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      ASSERT_EQ(blocks[i].meta.key, r.block_keys[i]) << i;
+      auto want = testing::make_payload(r.block_keys[i].lo, 890 * 128);
+      ASSERT_TRUE(std::equal(want.begin(), want.end(), blocks[i].payload().begin(), blocks[i].payload().end()))
+          << i;
+    }
+  };
+  auto all = store_->restore(r.block_keys, &pool);
+  ASSERT_EQ(all.size(), kBlocks);
+  check(all);
+  ASSERT_TRUE(store_->disk().erase(r.block_keys[37]).ok());
+  const uint64_t hits0 = metrics_.counter_value("ds41_kv_disk_hits_total");
+  auto part = store_->restore(r.block_keys, &pool);
+  ASSERT_EQ(part.size(), 37u);
+  check(part);
+  EXPECT_LE(metrics_.counter_value("ds41_kv_disk_hits_total") - hits0, 37u + 3u);
+}
+
 TEST_F(KvStoreTest, CorruptSwaSnapshotIsAMissAndErased) {
   auto toks = testing::make_tokens(7, 300);
   BlockKey k = store_->hasher().prefix_key(toks);
