@@ -156,6 +156,7 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   out["usage_fraction"] =
       has_capacity ? ojson(static_cast<double>(u.bytes) / static_cast<double>(cfg.capacity_bytes)) : ojson(nullptr);
   out["over_capacity"] = has_capacity && u.bytes > cfg.capacity_bytes;
+  out["retention_exceeds_capacity"] = has_capacity && u.retained_bytes > cfg.capacity_bytes;
   out["index_rebuild_ms"] = (*tier)->last_scan_ms();
   if (a.json) {
     std::cout << out.dump(2) << "\n";
@@ -163,8 +164,8 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   }
   std::printf("kv store %s\n", cfg.dir.c_str());
   std::printf("  blocks           %zu (%" PRIu64 " bytes, %s)\n", u.blocks, u.bytes, human_bytes(u.bytes).c_str());
-  std::printf("  under retention  %zu blocks, %" PRIu64 " bytes (retention %s)\n", u.retained_blocks,
-              u.retained_bytes, human_age(seconds(cfg.retention_ns)).c_str());
+  std::printf("  under retention  %zu blocks, %" PRIu64 " bytes (--kv-retention %s)\n", u.retained_blocks,
+              u.retained_bytes, a.retention.c_str());
   std::printf("  evictable        %zu blocks, %" PRIu64 " bytes\n", u.blocks - u.retained_blocks,
               u.bytes - u.retained_bytes);
   if (!empty)
@@ -172,11 +173,15 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
                 human_age(seconds(now - u.oldest_created_ns)).c_str(),
                 human_age(seconds(now - u.newest_created_ns)).c_str(),
                 human_age(seconds(now - u.lru_access_ns)).c_str());
-  if (has_capacity)
+  if (has_capacity) {
+    const char* note = "";
+    if (u.retained_bytes > cfg.capacity_bytes)
+      note = " (OVER CAPACITY with blocks under retention alone: new blocks are refused)";
+    else if (u.bytes > cfg.capacity_bytes)
+      note = " (OVER CAPACITY: `ds41 kv gc` evicts blocks past retention)";
     std::printf("  capacity         %" PRIu64 " bytes (%s), %.1f %% used%s\n", cfg.capacity_bytes,
-                human_bytes(cfg.capacity_bytes).c_str(), 100.0 * u.bytes / cfg.capacity_bytes,
-                u.bytes > cfg.capacity_bytes ? " (OVER CAPACITY: run `ds41 kv gc`)" : "");
-  else
+                human_bytes(cfg.capacity_bytes).c_str(), 100.0 * u.bytes / cfg.capacity_bytes, note);
+  } else
     std::printf("  capacity         not given (--kv-disk-capacity)\n");
   std::printf("  index rebuild    %.1f ms\n", (*tier)->last_scan_ms());
   return 0;
@@ -299,7 +304,10 @@ int run_verify(const KvArgs& a, const DiskTierConfig& cfg) {
     std::printf("kv verify %s%s: %zu blocks checked in %.0f ms (%d threads)\n", cfg.dir.c_str(),
                 a.dry_run ? " (dry run)" : "", blocks.size(), ms, threads);
     std::printf("  ok            %zu (%" PRIu64 " bytes)\n", ok, bytes_ok);
-    std::printf("  corrupt       %zu (%s %zu)\n", corrupt, a.dry_run ? "dry run: deleted" : "deleted", deleted);
+    if (a.dry_run)
+      std::printf("  corrupt       %zu (dry run: kept)\n", corrupt);
+    else
+      std::printf("  corrupt       %zu (deleted %zu)\n", corrupt, deleted);
     std::printf("  incompatible  %zu (other model fingerprint or format version; kept)\n", incompatible);
     std::printf("  read errors   %zu\n", read_errors);
     if (vanished) std::printf("  vanished      %zu (removed by another process during the check)\n", vanished);
@@ -364,9 +372,9 @@ int run_gc(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
     std::cout << out.dump(2) << "\n";
   } else {
     const char* verb = a.dry_run ? "would evict" : "evicted";
-    std::printf("kv gc %s%s: capacity %" PRIu64 " bytes (%s), retention %s\n", cfg.dir.c_str(),
+    std::printf("kv gc %s%s: capacity %" PRIu64 " bytes (%s), --kv-retention %s\n", cfg.dir.c_str(),
                 a.dry_run ? " (dry run)" : "", r.capacity_bytes, human_bytes(r.capacity_bytes).c_str(),
-                human_age(seconds(cfg.retention_ns)).c_str());
+                a.retention.c_str());
     std::printf("  used before   %" PRIu64 " bytes (%s)\n", r.used_before, human_bytes(r.used_before).c_str());
     std::printf("  %-13s %zu blocks, %" PRIu64 " bytes (LRU first, only blocks past retention)\n", verb,
                 r.evicted_blocks, r.evicted_bytes);

@@ -127,6 +127,7 @@ TEST_F(KvCliTest, StatsReportsWhatWasWritten) {
   EXPECT_EQ(j["capacity_bytes"].get<uint64_t>(), cap);
   EXPECT_DOUBLE_EQ(j["usage_fraction"].get<double>(), static_cast<double>(total) / cap);
   EXPECT_FALSE(j["over_capacity"].get<bool>());
+  EXPECT_FALSE(j["retention_exceeds_capacity"].get<bool>());
   EXPECT_DOUBLE_EQ(j["retention_s"].get<double>(), 72 * 3600.0);
   EXPECT_GE(j["index_rebuild_ms"].get<double>(), 0.0);
 
@@ -157,6 +158,7 @@ TEST_F(KvCliTest, StatsOnEmptyStoreAndOverCapacity) {
   ASSERT_EQ(r.exit_code, 0) << dump(r);
   j = parse_json(r);
   EXPECT_TRUE(j["over_capacity"].get<bool>());
+  EXPECT_TRUE(j["retention_exceeds_capacity"].get<bool>());
   EXPECT_GT(j["usage_fraction"].get<double>(), 1.0);
 }
 
