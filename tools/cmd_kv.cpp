@@ -153,8 +153,9 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   out["newest_block_age_s"] = empty ? ojson(nullptr) : ojson(seconds(now - u.newest_created_ns));
   out["least_recent_use_age_s"] = empty ? ojson(nullptr) : ojson(seconds(now - u.lru_access_ns));
   out["capacity_bytes"] = has_capacity ? ojson(cfg.capacity_bytes) : ojson(nullptr);
-  out["usage_fraction"] =
-      has_capacity ? ojson(static_cast<double>(u.bytes) / static_cast<double>(cfg.capacity_bytes)) : ojson(nullptr);
+  out["usage_fraction"] = has_capacity
+                              ? ojson(static_cast<double>(u.bytes) / static_cast<double>(cfg.capacity_bytes))
+                              : ojson(nullptr);
   out["over_capacity"] = has_capacity && u.bytes > cfg.capacity_bytes;
   out["retention_exceeds_capacity"] = has_capacity && u.retained_bytes > cfg.capacity_bytes;
   out["index_rebuild_ms"] = (*tier)->last_scan_ms();
@@ -163,7 +164,8 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
     return 0;
   }
   std::printf("kv store %s\n", cfg.dir.c_str());
-  std::printf("  blocks           %zu (%" PRIu64 " bytes, %s)\n", u.blocks, u.bytes, human_bytes(u.bytes).c_str());
+  std::printf("  blocks           %zu (%" PRIu64 " bytes, %s)\n", u.blocks, u.bytes,
+              human_bytes(u.bytes).c_str());
   std::printf("  under retention  %zu blocks, %" PRIu64 " bytes (--kv-retention %s)\n", u.retained_blocks,
               u.retained_bytes, a.retention.c_str());
   std::printf("  evictable        %zu blocks, %" PRIu64 " bytes\n", u.blocks - u.retained_blocks,
@@ -208,7 +210,8 @@ int run_verify(const KvArgs& a, const DiskTierConfig& cfg) {
   std::optional<uint64_t> fingerprint;
   if (!a.fingerprint.empty()) {
     auto f = parse_fingerprint(a.fingerprint);
-    if (!f.ok()) return report_failure(a, {2, "--model-fingerprint '" + a.fingerprint + "': " + f.status().message()});
+    if (!f.ok())
+      return report_failure(a, {2, "--model-fingerprint '" + a.fingerprint + "': " + f.status().message()});
     fingerprint = *f;
   }
   int threads = a.threads;
@@ -259,7 +262,8 @@ int run_verify(const KvArgs& a, const DiskTierConfig& cfg) {
           break;
         case DiskTier::VerifyResult::kReadError:
           ++read_errors;
-          error_list.push_back({{"key", key.hex()}, {"path", tier.block_path(key)}, {"reason", v.detail.message()}});
+          error_list.push_back(
+              {{"key", key.hex()}, {"path", tier.block_path(key)}, {"reason", v.detail.message()}});
           break;
       }
     }
@@ -310,7 +314,8 @@ int run_verify(const KvArgs& a, const DiskTierConfig& cfg) {
       std::printf("  corrupt       %zu (deleted %zu)\n", corrupt, deleted);
     std::printf("  incompatible  %zu (other model fingerprint or format version; kept)\n", incompatible);
     std::printf("  read errors   %zu\n", read_errors);
-    if (vanished) std::printf("  vanished      %zu (removed by another process during the check)\n", vanished);
+    if (vanished)
+      std::printf("  vanished      %zu (removed by another process during the check)\n", vanished);
     auto list = [&](const char* what, const ojson& l) {
       for (size_t i = 0; i < l.size() && i < a.list; ++i)
         std::printf("  %s %s: %s\n", what, l[i]["path"].get<std::string>().c_str(),
@@ -343,8 +348,9 @@ int run_gc(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   std::string warning;
   if (r.retention_exceeds_capacity)
     warning = "blocks under retention alone take " + std::to_string(r.retained_bytes) + " bytes (" +
-              human_bytes(r.retained_bytes) + "), more than the capacity " + std::to_string(r.capacity_bytes) +
-              " bytes (" + human_bytes(r.capacity_bytes) + "); they are kept (--kv-retention " + a.retention +
+              human_bytes(r.retained_bytes) + "), more than the capacity " +
+              std::to_string(r.capacity_bytes) + " bytes (" + human_bytes(r.capacity_bytes) +
+              "); they are kept (--kv-retention " + a.retention +
               "): the store stays over capacity and the server will refuse new blocks";
   ojson ev = ojson::array();
   for (const auto& b : r.evicted)
@@ -375,7 +381,8 @@ int run_gc(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
     std::printf("kv gc %s%s: capacity %" PRIu64 " bytes (%s), --kv-retention %s\n", cfg.dir.c_str(),
                 a.dry_run ? " (dry run)" : "", r.capacity_bytes, human_bytes(r.capacity_bytes).c_str(),
                 a.retention.c_str());
-    std::printf("  used before   %" PRIu64 " bytes (%s)\n", r.used_before, human_bytes(r.used_before).c_str());
+    std::printf("  used before   %" PRIu64 " bytes (%s)\n", r.used_before,
+                human_bytes(r.used_before).c_str());
     std::printf("  %-13s %zu blocks, %" PRIu64 " bytes (LRU first, only blocks past retention)\n", verb,
                 r.evicted_blocks, r.evicted_bytes);
     std::printf("  used after    %" PRIu64 " bytes (%s)%s\n", r.used_after, human_bytes(r.used_after).c_str(),
@@ -402,13 +409,16 @@ int run_kv(const KvArgs& a) {
 
 void add_common(CLI::App* sub, KvArgs& a) {
   sub->add_option("--kv-dir", a.dir, "Persistent KV directory (required; never created by this command)");
-  sub->add_option("--kv-disk-capacity", a.capacity, "Capacity, e.g. 500G, 64M, 4096 (bytes; K/M/G/T = 1024^n)");
-  sub->add_option("--kv-retention", a.retention, "Retention: blocks younger than this are never evicted (72h)");
+  sub->add_option("--kv-disk-capacity", a.capacity,
+                  "Capacity, e.g. 500G, 64M, 4096 (bytes; K/M/G/T = 1024^n)");
+  sub->add_option("--kv-retention", a.retention,
+                  "Retention: blocks younger than this are never evicted (72h)");
   sub->add_flag("--json", a.json, "Machine-readable JSON on stdout");
 }
 
 void setup(CLI::App& parent, int& exit_code) {
-  CLI::App* kv = parent.add_subcommand("kv", "Operator commands for the persistent KV tier (stats, verify, gc)");
+  CLI::App* kv =
+      parent.add_subcommand("kv", "Operator commands for the persistent KV tier (stats, verify, gc)");
   kv->require_subcommand(1);
 
   auto st = std::make_shared<KvArgs>();
@@ -438,7 +448,8 @@ void setup(CLI::App& parent, int& exit_code) {
 
   auto ga = std::make_shared<KvArgs>();
   ga->sub = "gc";
-  CLI::App* gc = kv->add_subcommand("gc", "Evict least recently used blocks past retention down to the capacity");
+  CLI::App* gc =
+      kv->add_subcommand("gc", "Evict least recently used blocks past retention down to the capacity");
   add_common(gc, *ga);
   gc->add_flag("--dry-run", ga->dry_run, "List what would be evicted; change nothing");
   gc->add_option("--list", ga->list, "Blocks listed by --dry-run in text output (JSON lists all)");

@@ -498,7 +498,6 @@ size_t DiskTier::block_count() const {
   return index_.size();
 }
 
-
 // ---- Operator API (ds41 kv). Added after the serving path; reuses the index and make_room(). ----
 
 std::vector<DiskTier::BlockInfo> DiskTier::list_blocks() {

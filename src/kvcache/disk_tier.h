@@ -117,8 +117,8 @@ class DiskTier {
   enum class VerifyResult { kOk, kCorrupt, kIncompatible, kMissing, kReadError };
   struct VerifyOutcome {
     VerifyResult result = VerifyResult::kOk;
-    Status detail;        // why, for anything but kOk
-    BlockMeta meta;       // decoded header when kOk or kIncompatible by fingerprint
+    Status detail;         // why, for anything but kOk
+    BlockMeta meta;        // decoded header when kOk or kIncompatible by fingerprint
     bool deleted = false;  // kCorrupt and the file is gone now
   };
   VerifyOutcome verify_block(const BlockKey& key, std::optional<uint64_t> fingerprint, bool dry_run);
@@ -129,12 +129,12 @@ class DiskTier {
   struct GcReport {
     uint64_t capacity_bytes = 0;
     uint64_t used_before = 0;
-    uint64_t used_after = 0;      // projected when dry_run
-    size_t evicted_blocks = 0;    // would be evicted when dry_run
+    uint64_t used_after = 0;    // projected when dry_run
+    size_t evicted_blocks = 0;  // would be evicted when dry_run
     uint64_t evicted_bytes = 0;
-    size_t vanished_blocks = 0;   // of evicted: already deleted by another process
-    std::vector<BlockInfo> evicted;  // in eviction order
-    uint64_t retained_bytes = 0;  // under retention after gc
+    size_t vanished_blocks = 0;               // of evicted: already deleted by another process
+    std::vector<BlockInfo> evicted;           // in eviction order
+    uint64_t retained_bytes = 0;              // under retention after gc
     bool retention_exceeds_capacity = false;  // under-retention blocks alone exceed capacity
   };
   GcReport collect_garbage(bool dry_run);

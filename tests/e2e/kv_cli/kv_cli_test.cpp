@@ -22,14 +22,15 @@ namespace ds41 {
 namespace {
 
 using nlohmann::json;
-using testing_cli::RunResult;
 using testing_cli::run_ds41;
+using testing_cli::RunResult;
 
 constexpr int64_t kHourNs = 3600LL * 1'000'000'000LL;
 constexpr uint64_t kFingerprint = 42;
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -57,7 +58,9 @@ class KvCliTest : public ::testing::Test {
   // n blocks; block i has a payload of 2000 + 97 i bytes.
   static size_t payload_size(int i) { return 2000 + 97 * static_cast<size_t>(i); }
   static uint64_t file_bytes(int i) { return kBlockHeaderBytes + payload_size(i); }
-  static BlockKey key(int i) { return BlockKey{0xabc000ULL + static_cast<uint64_t>(i) * 0x1000193ULL, 77ULL + i}; }
+  static BlockKey key(int i) {
+    return BlockKey{0xabc000ULL + static_cast<uint64_t>(i) * 0x1000193ULL, 77ULL + i};
+  }
   static std::vector<uint8_t> payload(int i) {
     std::vector<uint8_t> v(payload_size(i));
     for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<uint8_t>(j * 31 + i * 7);
@@ -92,7 +95,8 @@ class KvCliTest : public ::testing::Test {
   // Ages block i: published `age_h` hours ago, last used `idle_h` hours ago.
   void age(int i, double age_h, double idle_h) {
     int64_t now = now_ns();
-    set_times(path(i), now - static_cast<int64_t>(idle_h * kHourNs), now - static_cast<int64_t>(age_h * kHourNs));
+    set_times(path(i), now - static_cast<int64_t>(idle_h * kHourNs),
+              now - static_cast<int64_t>(age_h * kHourNs));
   }
 
   std::string kv(const std::string& sub, const std::string& extra = "") {
@@ -308,7 +312,8 @@ TEST_F(KvCliTest, GcEvictsOnlyBlocksPastRetentionLruFirst) {
   EXPECT_EQ(j["evicted_bytes"].get<uint64_t>(), want_bytes);
   EXPECT_EQ(j["used_after"].get<uint64_t>(), cap);
   ASSERT_EQ(j["evicted"].size(), 4u);
-  for (size_t n = 0; n < want.size(); ++n) EXPECT_EQ(j["evicted"][n]["key"].get<std::string>(), key(want[n]).hex()) << n;
+  for (size_t n = 0; n < want.size(); ++n)
+    EXPECT_EQ(j["evicted"][n]["key"].get<std::string>(), key(want[n]).hex()) << n;
   for (int i = 0; i < 12; ++i) EXPECT_TRUE(std::filesystem::exists(path(i))) << "dry run deleted " << i;
 
   r = run_ds41(kv("gc", "--kv-disk-capacity " + std::to_string(cap) + " --json"));
@@ -320,9 +325,11 @@ TEST_F(KvCliTest, GcEvictsOnlyBlocksPastRetentionLruFirst) {
   EXPECT_EQ(j["used_after"].get<uint64_t>(), cap);
   EXPECT_FALSE(j["retention_exceeds_capacity"].get<bool>());
   EXPECT_TRUE(j["warning"].is_null());
-  for (size_t n = 0; n < want.size(); ++n) EXPECT_EQ(j["evicted"][n]["key"].get<std::string>(), key(want[n]).hex()) << n;
+  for (size_t n = 0; n < want.size(); ++n)
+    EXPECT_EQ(j["evicted"][n]["key"].get<std::string>(), key(want[n]).hex()) << n;
   for (int i : want) EXPECT_FALSE(std::filesystem::exists(path(i))) << "block " << i << " not evicted";
-  for (int i : {4, 2, 6, 7, 8, 9, 10, 11}) EXPECT_TRUE(std::filesystem::exists(path(i))) << "block " << i << " evicted";
+  for (int i : {4, 2, 6, 7, 8, 9, 10, 11})
+    EXPECT_TRUE(std::filesystem::exists(path(i))) << "block " << i << " evicted";
 
   // Stats agree with the result.
   r = run_ds41(kv("stats", "--json"));
@@ -347,7 +354,8 @@ TEST_F(KvCliTest, GcWarnsWhenRetainedBlocksAloneExceedCapacity) {
   EXPECT_TRUE(j["warning"].is_string());
   EXPECT_NE(r.err.find("warning"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("retention"), std::string::npos) << r.err;
-  for (int i = 3; i < 8; ++i) EXPECT_TRUE(std::filesystem::exists(path(i))) << "young block " << i << " evicted";
+  for (int i = 3; i < 8; ++i)
+    EXPECT_TRUE(std::filesystem::exists(path(i))) << "young block " << i << " evicted";
   // A longer retention protects the 80 h old blocks too: nothing is evicted.
   write_blocks(0, 3);
   for (int i = 0; i < 3; ++i) age(i, 80, 80 - i);

@@ -100,7 +100,8 @@ TEST_F(TierAdminTest, ListBlocksIsEvictionOrderThenYoungOldestFirst) {
   ASSERT_TRUE(t->get(key(1)).has_value());
   auto l = t->list_blocks();
   ASSERT_EQ(l.size(), 7u);
-  std::vector<uint64_t> want_hi = {key(0).hi, key(2).hi, key(3).hi, key(1).hi, key(4).hi, key(5).hi, key(6).hi};
+  std::vector<uint64_t> want_hi = {key(0).hi, key(2).hi, key(3).hi, key(1).hi,
+                                   key(4).hi, key(5).hi, key(6).hi};
   for (size_t i = 0; i < l.size(); ++i) {
     EXPECT_EQ(l[i].key.hi, want_hi[i]) << i;
     EXPECT_EQ(l[i].under_retention, i >= 4) << i;
@@ -215,7 +216,8 @@ TEST_F(TierAdminTest, VerifyFindsCorruptTornAndMisnamedBlocksAndDeletesOnlyWhenA
   std::filesystem::resize_file(t->block_path(key(2)), file_bytes(2) - 10);
   std::filesystem::copy_file(t->block_path(key(4)), t->block_path(key(3)),
                              std::filesystem::copy_options::overwrite_existing);
-  for (int i : {0, 4, 5}) EXPECT_EQ(t->verify_block(key(i), std::nullopt, true).result, DiskTier::VerifyResult::kOk);
+  for (int i : {0, 4, 5})
+    EXPECT_EQ(t->verify_block(key(i), std::nullopt, true).result, DiskTier::VerifyResult::kOk);
   for (int i : {1, 2, 3}) {
     auto v = t->verify_block(key(i), std::nullopt, /*dry_run=*/true);
     EXPECT_EQ(v.result, DiskTier::VerifyResult::kCorrupt) << i;
@@ -266,7 +268,8 @@ TEST_F(TierAdminTest, VerifyDoesNotStampAccessTimes) {
   clock_.advance_ns(kHour);
   auto t = open(config(1ULL << 40));
   auto before = t->list_blocks();
-  for (int i = 0; i < 3; ++i) ASSERT_EQ(t->verify_block(key(i), std::nullopt, false).result, DiskTier::VerifyResult::kOk);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(t->verify_block(key(i), std::nullopt, false).result, DiskTier::VerifyResult::kOk);
   auto after = t->list_blocks();
   ASSERT_EQ(before.size(), after.size());
   for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(before[i].access_ns, after[i].access_ns) << i;
