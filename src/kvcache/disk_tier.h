@@ -90,6 +90,60 @@ class DiskTier {
   // Wall time the last index build took (open or rescan), ms.
   double last_scan_ms() const { return last_scan_ms_.load(); }
 
+  // ---- Operator API (`ds41 kv stats|verify|gc`). None of these stamps access times. ----
+
+  // One indexed block as the tier sees it (sizes and times from the last index build).
+  struct BlockInfo {
+    BlockKey key;
+    uint64_t bytes = 0;
+    int64_t created_ns = 0;  // publish time (file mtime)
+    int64_t access_ns = 0;   // last use (file atime)
+    bool under_retention = false;
+  };
+  // Snapshot of the index after ageing it against the clock: blocks past retention first, least
+  // recently used first (eviction order), then blocks under retention, oldest first.
+  std::vector<BlockInfo> list_blocks();
+
+  struct Usage {
+    size_t blocks = 0;
+    uint64_t bytes = 0;
+    size_t retained_blocks = 0;  // still under retention (never evicted)
+    uint64_t retained_bytes = 0;
+    int64_t oldest_created_ns = 0;  // 0 when empty
+    int64_t newest_created_ns = 0;
+    int64_t lru_access_ns = 0;  // least recent access among all blocks; 0 when empty
+  };
+  Usage usage();
+
+  // Verifies one block file without touching its access time: format, checksum, key and kind.
+  // `fingerprint` nullopt accepts whatever model fingerprint the block's header states. A
+  // corrupt/torn block is deleted (same inode rule and counters as get()) unless `dry_run`;
+  // a block of another fingerprint or format version is incompatible and kept.
+  enum class VerifyResult { kOk, kCorrupt, kIncompatible, kMissing, kReadError };
+  struct VerifyOutcome {
+    VerifyResult result = VerifyResult::kOk;
+    Status detail;         // why, for anything but kOk
+    BlockMeta meta;        // decoded header when kOk or kIncompatible by fingerprint
+    bool deleted = false;  // kCorrupt and the file is gone now
+  };
+  VerifyOutcome verify_block(const BlockKey& key, std::optional<uint64_t> fingerprint, bool dry_run);
+
+  // Enforces config().capacity_bytes now: evicts blocks past retention, least recently used
+  // first, until used <= capacity (the eviction path of put(): make_room). Never touches a block
+  // under retention. dry_run lists what would go and changes nothing.
+  struct GcReport {
+    uint64_t capacity_bytes = 0;
+    uint64_t used_before = 0;
+    uint64_t used_after = 0;    // projected when dry_run
+    size_t evicted_blocks = 0;  // would be evicted when dry_run
+    uint64_t evicted_bytes = 0;
+    size_t vanished_blocks = 0;               // of evicted: already deleted by another process
+    std::vector<BlockInfo> evicted;           // in eviction order
+    uint64_t retained_bytes = 0;              // under retention after gc
+    bool retention_exceeds_capacity = false;  // under-retention blocks alone exceed capacity
+  };
+  GcReport collect_garbage(bool dry_run);
+
  private:
   struct Entry {
     uint64_t bytes = 0;
