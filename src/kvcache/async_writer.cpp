@@ -75,9 +75,9 @@ void AsyncWriter::worker() {
     std::unique_lock<std::mutex> lock(mu_);
     not_empty_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_ and drained
-    // Group commit: take a share of the queue (at most kMaxBatch) so every thread stays busy.
+    // Group commit: take a share of the queue (at most max_batch) so every thread stays busy.
     const size_t share = (queue_.size() + config_.threads - 1) / static_cast<size_t>(config_.threads);
-    const size_t take = std::clamp<size_t>(share, 1, kMaxBatch);
+    const size_t take = std::clamp<size_t>(share, 1, config_.max_batch);
     batch.clear();
     for (size_t i = 0; i < take; ++i) {
       queued_bytes_ -= queue_.front().payload.size();

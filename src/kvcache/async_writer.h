@@ -56,8 +56,6 @@ class AsyncWriter {
   uint64_t queued_bytes() const;
 
  private:
-  // Most blocks one writer thread publishes per group commit.
-  static constexpr size_t kMaxBatch = 32;
   void worker();
 
   DiskTier& tier_;

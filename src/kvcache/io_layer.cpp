@@ -2,10 +2,12 @@
 #include "kvcache/io_layer.h"
 
 #include <dirent.h>
+#include <liburing.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -143,6 +145,128 @@ Status PosixIo::list_dir(const std::string& path, std::vector<std::string>* name
   ::closedir(d);
   if (err != 0) return errno_status("readdir", path, err);
   return ok_status();
+}
+
+Status FileIo::list_dir_stats(const std::string& path, std::vector<std::pair<std::string, FileStat>>* entries) {
+  std::vector<std::string> names;
+  DS41_RETURN_IF_ERROR(list_dir(path, &names));
+  for (auto& n : names) {
+    auto st = stat(path + "/" + n);
+    if (st.ok()) entries->emplace_back(std::move(n), *st);
+  }
+  return ok_status();
+}
+
+Status PosixIo::list_dir_stats(const std::string& path, std::vector<std::pair<std::string, FileStat>>* entries) {
+  DIR* d = ::opendir(path.c_str());
+  if (d == nullptr) return errno_status("opendir", path, errno);
+  const int dfd = ::dirfd(d);
+  errno = 0;
+  while (struct dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    struct stat s;
+    if (::fstatat(dfd, e->d_name, &s, AT_SYMLINK_NOFOLLOW) == 0) entries->emplace_back(e->d_name, to_file_stat(s));
+    errno = 0;  // a vanished entry is skipped, not a readdir error
+  }
+  int err = errno;
+  ::closedir(d);
+  if (err != 0) return errno_status("readdir", path, err);
+  return ok_status();
+}
+
+std::vector<Status> FileIo::fsync_many(std::span<const int> fds) {
+  std::vector<Status> out;
+  out.reserve(fds.size());
+  for (int fd : fds) out.push_back(fsync(fd));
+  return out;
+}
+
+std::vector<Status> FileIo::fsync_dirs(std::span<const std::string> dirs) {
+  std::vector<Status> out;
+  out.reserve(dirs.size());
+  for (const auto& d : dirs) out.push_back(fsync_dir(d));
+  return out;
+}
+
+namespace {
+
+// fsyncs every fd through one io_uring (the kernel runs them concurrently). False when a ring
+// cannot be set up (old kernel, seccomp): the caller falls back to plain fsync calls.
+bool uring_fsync_all(std::span<const int> fds, std::vector<int>* results) {
+  constexpr unsigned kMaxEntries = 64;
+  unsigned entries = 1;
+  while (entries < fds.size() && entries < kMaxEntries) entries <<= 1;
+  struct io_uring ring;
+  if (io_uring_queue_init(entries, &ring, 0) < 0) return false;
+  results->assign(fds.size(), 0);
+  bool ok = true;
+  for (size_t base = 0; base < fds.size() && ok; base += entries) {
+    const size_t n = std::min<size_t>(entries, fds.size() - base);
+    for (size_t i = 0; i < n; ++i) {
+      struct io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      io_uring_prep_fsync(sqe, fds[base + i], 0);
+      io_uring_sqe_set_data64(sqe, base + i);
+    }
+    int sub = io_uring_submit(&ring);
+    if (sub < 0 || static_cast<size_t>(sub) != n) {
+      ok = false;  // nothing half-known: fall back for the whole set (fsync is idempotent)
+      break;
+    }
+    for (size_t got = 0; got < n; ++got) {
+      struct io_uring_cqe* cqe = nullptr;
+      int w;
+      do w = io_uring_wait_cqe(&ring, &cqe);
+      while (w == -EINTR);
+      if (w < 0) {
+        ok = false;
+        break;
+      }
+      (*results)[io_uring_cqe_get_data64(cqe)] = cqe->res;
+      io_uring_cqe_seen(&ring, cqe);
+    }
+  }
+  io_uring_queue_exit(&ring);
+  return ok;
+}
+
+}  // namespace
+
+std::vector<Status> PosixIo::fsync_many(std::span<const int> fds) {
+  std::vector<int> res;
+  if (fds.size() < 2 || !uring_fsync_all(fds, &res)) return FileIo::fsync_many(fds);
+  std::vector<Status> out;
+  out.reserve(fds.size());
+  for (size_t i = 0; i < fds.size(); ++i)
+    out.push_back(res[i] < 0 ? errno_status("fsync", fd_name(fds[i]), -res[i]) : ok_status());
+  return out;
+}
+
+std::vector<Status> PosixIo::fsync_dirs(std::span<const std::string> dirs) {
+  if (dirs.size() < 2) return FileIo::fsync_dirs(dirs);
+  std::vector<Status> out(dirs.size());
+  std::vector<int> fds;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    int fd = ::open(dirs[i].c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+      out[i] = errno_status("open dir", dirs[i], errno);
+      continue;
+    }
+    fds.push_back(fd);
+    which.push_back(i);
+  }
+  std::vector<int> res;
+  if (!uring_fsync_all(fds, &res)) {
+    res.assign(fds.size(), 0);
+    for (size_t j = 0; j < fds.size(); ++j) res[j] = ::fsync(fds[j]) == 0 ? 0 : -errno;
+  }
+  for (size_t j = 0; j < fds.size(); ++j) {
+    ::close(fds[j]);
+    const int err = -res[j];
+    // As fsync_dir: some filesystems do not support fsync on a directory.
+    if (res[j] < 0 && err != EINVAL && err != EROFS) out[which[j]] = errno_status("fsync dir", dirs[which[j]], err);
+  }
+  return out;
 }
 
 Status PosixIo::fsync_dir(const std::string& dir) {

@@ -41,6 +41,8 @@ Status AsyncWriterConfig::validate() const {
     return invalid_argument("kv async writer: threads must be in [1, 256], got " + std::to_string(threads));
   if (queue_blocks < 1) return invalid_argument("kv async writer: queue_blocks must be >= 1");
   if (queue_bytes < 1) return invalid_argument("kv async writer: queue_bytes must be >= 1");
+  if (max_batch < 1 || max_batch > 4096)
+    return invalid_argument("kv async writer: max_batch must be in [1, 4096], got " + std::to_string(max_batch));
   return ok_status();
 }
 

@@ -35,9 +35,11 @@ struct DiskTierConfig {
 };
 
 struct AsyncWriterConfig {
-  int threads = 4;                      // concurrent writers (fsync latency overlaps)
+  int threads = 8;                      // concurrent writers (fsync latency overlaps)
   size_t queue_blocks = 256;            // bounded queue: max pending blocks
   uint64_t queue_bytes = 256ULL << 20;  // and max pending payload bytes
+  // Most blocks one writer thread publishes per group commit (its share of the queue, capped).
+  size_t max_batch = 32;
   Status validate() const;
 };
 

@@ -2,6 +2,7 @@
 // rename errors, torn and corrupted writes, failed and corrupted reads — and a seeded random mix
 // of all of them. Invariant checked everywhere: a get() never returns bytes other than the ones
 // put for that key; failed publishes leave neither a final file nor a temp file behind.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -327,6 +328,34 @@ TEST(GroupCommitOrder, BatchStagesAllDataBeforeAnyFsync) {
     ASSERT_TRUE(b.has_value()) << i;
     EXPECT_TRUE(std::equal(data[i].begin(), data[i].end(), b->payload().begin(), b->payload().end()));
   }
+}
+
+// PosixIo's batched fsyncs (io_uring, or the loop where a ring cannot be set up): one Status per
+// element in order; a bad descriptor or directory fails only its own element.
+TEST(PosixIoBatch, FsyncManyAndFsyncDirsReportPerElement) {
+  testing::ScratchDir dir("fsyncmany");
+  auto& io = PosixIo::instance();
+  std::vector<int> fds;
+  for (int i = 0; i < 70; ++i) {  // more than one ring's worth (64)
+    auto fd = io.open(dir.sub("f" + std::to_string(i)), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_TRUE(fd.ok()) << fd.status().to_string();
+    auto data = testing::make_payload(i, 4096);
+    ASSERT_TRUE(write_fully(io, *fd, data, 0, "f").ok());
+    fds.push_back(*fd);
+  }
+  std::vector<int> with_bad = fds;
+  with_bad[5] = 1 << 29;  // not an open descriptor
+  auto res = io.fsync_many(with_bad);
+  ASSERT_EQ(res.size(), with_bad.size());
+  for (size_t i = 0; i < res.size(); ++i) EXPECT_EQ(res[i].ok(), i != 5) << i << ": " << res[i].to_string();
+  EXPECT_NE(res[5].message().find("fsync"), std::string::npos) << res[5].to_string();
+  for (int fd : fds) ASSERT_TRUE(io.close(fd).ok());
+  std::vector<std::string> dirs = {dir.str(), dir.sub("missing"), dir.str()};
+  auto dres = io.fsync_dirs(dirs);
+  ASSERT_EQ(dres.size(), 3u);
+  EXPECT_TRUE(dres[0].ok()) << dres[0].to_string();
+  EXPECT_EQ(dres[1].code(), StatusCode::kNotFound) << dres[1].to_string();
+  EXPECT_TRUE(dres[2].ok()) << dres[2].to_string();
 }
 
 }  // namespace
