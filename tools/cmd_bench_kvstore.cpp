@@ -77,10 +77,15 @@ void drop_cache_tree(const std::string& dir) {
     if (it->is_regular_file(ec)) drop_cache(it->path().string());
 }
 
-// Raw sequential I/O of `bytes` to one file in `dir`: 1 MiB writes, one fsync; then a cold read.
+// Raw sequential I/O of `bytes` to a new file in `dir`: 1 MiB writes, one fsync; then a cold
+// read. The file is left in place (removed with the bench directory at the end): deleting inside
+// the run would put the filesystem's block freeing (and discards, on `discard` mounts) into the
+// next timed window.
 Result<std::pair<double, double>> raw_sequential(const std::string& dir, uint64_t bytes) {
-  std::string path = dir + "/raw_sequential.bin";
+  static int seq = 0;
+  std::string path = dir + "/raw_sequential." + std::to_string(seq++) + ".bin";
   std::vector<uint8_t> buf(1 << 20, 0x5a);
+  ::sync();  // start from a settled disk, as the store measurement does
   auto t0 = Clk::now();
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return io_error("raw: open " + path + ": " + std::strerror(errno));
@@ -101,7 +106,6 @@ Result<std::pair<double, double>> raw_sequential(const std::string& dir, uint64_
     if (::pread(fd, buf.data(), buf.size(), off) <= 0) break;
   ::close(fd);
   double r = secs_since(t0);
-  std::filesystem::remove(path);
   return std::make_pair(bytes / w / 1e6, bytes / r / 1e6);
 }
 
@@ -314,6 +318,8 @@ int run(const Options& o0) {
       return 1;
     }
     swa_store.reset();
+    // A fresh store directory per repetition; earlier ones stay until the end (see raw_sequential).
+    c.disk.dir = o.dir + "/store." + std::to_string(rep);
     std::filesystem::remove_all(c.disk.dir, ec);
     timing.reset();
     auto store_r = KvStore::open(c, timing, SystemClock::instance(), metrics);
@@ -322,6 +328,10 @@ int run(const Options& o0) {
       return 1;
     }
     auto& store = **store_r;
+    // Settle the previous repetition's deletions and the new layout (256 directories) before
+    // timing: otherwise their journal traffic lands inside the store's write window only.
+    ::sync();
+    timing.reset();
     auto keys = store.hasher().chain_keys(tokens);
     const uint64_t err0 = metrics.counter_value("ds41_kv_write_completed_total", {{"result", "error"}});
     auto t0 = Clk::now();
