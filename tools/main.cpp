@@ -41,7 +41,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (or the help); every usage error exits 2 as the registry promises
+    // (CLI11's own codes, e.g. 106 for a missing sub-command, are not part of our interface).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   return exit_code;
 }

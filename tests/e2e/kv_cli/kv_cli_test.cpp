@@ -217,6 +217,26 @@ TEST_F(KvCliTest, BadFlagValuesAreUsageErrorsNamingTheFlag) {
   EXPECT_NE(j["error"].get<std::string>().find("--kv-dir"), std::string::npos) << r.out;
 }
 
+// Parser-level usage errors (no sub-command, unknown flag) also exit 2, not CLI11's own codes;
+// --help exits 0.
+TEST_F(KvCliTest, ParserUsageErrorsExitTwoAndHelpExitsZero) {
+  struct Case {
+    std::string args, must_mention;
+  } cases[] = {
+      {"kv", "subcommand"},
+      {kv("stats", "--no-such-flag"), "--no-such-flag"},
+      {"kv frobnicate", "subcommand"},
+  };
+  for (const auto& c : cases) {
+    RunResult r = run_ds41(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << dump(r);
+    EXPECT_NE((r.err + r.out).find(c.must_mention), std::string::npos) << c.args << "\n" << dump(r);
+  }
+  RunResult h = run_ds41("kv gc --help");
+  EXPECT_EQ(h.exit_code, 0) << dump(h);
+  EXPECT_NE(h.out.find("--dry-run"), std::string::npos) << dump(h);
+}
+
 TEST_F(KvCliTest, VerifyDetectsAFlippedByteDryRunKeepsItRealRunDeletesIt) {
   write_blocks(0, 10);
   const std::string victim = path(6);
