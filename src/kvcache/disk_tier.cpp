@@ -128,18 +128,17 @@ Status DiskTier::init_layout() {
   return publish_file_atomic(io_, temp_path_in(tmp_dir_, BlockKey{}), marker, parts, kTimeOmit, config_.sync);
 }
 
+bool DiskTier::remove_if_abandoned(const std::string& path, int64_t mtime_ns, int64_t now_ns) {
+  // Another live process may be writing it: only remove temps that are clearly abandoned.
+  return now_ns - mtime_ns > config_.stale_tmp_age_ns && io_.unlink(path).ok();
+}
+
 Status DiskTier::remove_stale_temps() {
-  std::vector<std::string> names;
-  DS41_RETURN_IF_ERROR(io_.list_dir(tmp_dir_, &names));
-  int64_t now = clock_.now_unix_ns();
+  std::vector<std::pair<std::string, FileStat>> entries;
+  DS41_RETURN_IF_ERROR(io_.list_dir_stats(tmp_dir_, &entries));
+  const int64_t now = clock_.now_unix_ns();
   int removed = 0;
-  for (const auto& n : names) {
-    std::string p = tmp_dir_ + "/" + n;
-    auto st = io_.stat(p);
-    if (!st.ok()) continue;
-    // Another live process may be writing it: only remove temps that are clearly abandoned.
-    if (now - st->mtime_ns > config_.stale_tmp_age_ns && io_.unlink(p).ok()) ++removed;
-  }
+  for (const auto& [n, st] : entries) removed += remove_if_abandoned(tmp_dir_ + "/" + n, st.mtime_ns, now);
   if (removed) log_info("kvcache", "disk tier: removed " + std::to_string(removed) + " stale temp files");
   return ok_status();
 }
@@ -169,10 +168,8 @@ Result<DiskTier::Index> DiskTier::scan_directory() {
       parts[i].reserve(entries.size());
       for (const auto& [n, st] : entries) {
         if (n.starts_with('.') && n.ends_with(".tmp")) {
-          // An in-flight write (temp files live beside their final name): remove it only when
-          // clearly abandoned (a crashed writer); a live one in another process is younger.
-          if (now_ns - st.mtime_ns > config_.stale_tmp_age_ns && io_.unlink(d + "/" + n).ok())
-            stale_removed.fetch_add(1);
+          // An in-flight write (temp files live beside their final name), or a crashed one's.
+          if (remove_if_abandoned(d + "/" + n, st.mtime_ns, now_ns)) stale_removed.fetch_add(1);
           continue;
         }
         if (n.size() != 32 + std::strlen(kBlockSuffix) || !n.ends_with(kBlockSuffix)) continue;

@@ -171,6 +171,8 @@ class DiskTier {
   DiskTier(const DiskTierConfig& config, FileIo& io, Clock& clock, MetricsRegistry& metrics);
   Status init_layout();
   Status remove_stale_temps();
+  // Unlinks a temp file whose mtime is older than stale_tmp_age (a crashed writer's); true if removed.
+  bool remove_if_abandoned(const std::string& path, int64_t mtime_ns, int64_t now_ns);
   Result<Index> scan_directory();
   void install_index(Index index);  // replaces index_ (mu_ held by caller)
 
