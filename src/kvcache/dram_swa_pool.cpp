@@ -58,17 +58,26 @@ void DramSwaPool::reclaim_expired() {
   reclaim_expired_locked(clock_.now_mono_ns());
 }
 
+Status DramSwaPool::check_fits(uint64_t bytes) {
+  if (bytes + kEntryOverheadBytes <= capacity_) return ok_status();
+  refused_.inc();
+  return resource_exhausted("kv swa pool: snapshot of " + std::to_string(bytes) +
+                            " bytes exceeds the pool capacity of " + std::to_string(capacity_) + " bytes");
+}
+
 Status DramSwaPool::put(const BlockKey& key, std::span<const uint8_t> value, int64_t ttl_ns) {
   if (ttl_ns < 0) return invalid_argument("kv swa pool: ttl must be >= 0");
+  DS41_RETURN_IF_ERROR(check_fits(value.size()));  // before copying
+  return put_owned(key, std::vector<uint8_t>(value.begin(), value.end()), ttl_ns);
+}
+
+Status DramSwaPool::put_owned(const BlockKey& key, std::vector<uint8_t> value, int64_t ttl_ns) {
+  if (ttl_ns < 0) return invalid_argument("kv swa pool: ttl must be >= 0");
   const int64_t ttl = ttl_ns == 0 ? config_.ttl_ns : ttl_ns;
-  const uint64_t need = value.size() + kEntryOverheadBytes;
-  if (need > capacity_) {
-    refused_.inc();
-    return resource_exhausted("kv swa pool: snapshot of " + std::to_string(value.size()) +
-                              " bytes exceeds the pool capacity of " + std::to_string(capacity_) + " bytes");
-  }
-  // Copy outside the lock.
-  auto bytes = std::make_shared<const std::vector<uint8_t>>(value.begin(), value.end());
+  const uint64_t need = value.capacity() + kEntryOverheadBytes;
+  DS41_RETURN_IF_ERROR(check_fits(value.capacity()));
+  // The buffer becomes the stored value (no copy); built outside the lock.
+  auto bytes = std::make_shared<const std::vector<uint8_t>>(std::move(value));
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = clock_.now_mono_ns();
   reclaim_expired_locked(now);

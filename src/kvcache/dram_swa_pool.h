@@ -30,6 +30,7 @@ class DramSwaPool final : public SwaPool {
 
   // kResourceExhausted when one entry is larger than the whole pool.
   Status put(const BlockKey& key, std::span<const uint8_t> value, int64_t ttl_ns = 0) override;
+  Status put_owned(const BlockKey& key, std::vector<uint8_t> value, int64_t ttl_ns = 0) override;
   SwaBytes get(const BlockKey& key) override;
   bool contains(const BlockKey& key) override;
   Status erase(const BlockKey& key) override;
@@ -50,7 +51,10 @@ class DramSwaPool final : public SwaPool {
   DramSwaPool(const DramSwaPoolConfig& config, uint64_t capacity, Clock& clock, MetricsRegistry& m);
   void reclaim_expired_locked(int64_t now);
   void remove_locked(std::unordered_map<BlockKey, Entry, BlockKeyHash>::iterator it);
-  static uint64_t charge(const Entry& e) { return e.value->size() + kEntryOverheadBytes; }
+  // The buffer's capacity, not its size: an owned buffer may have spare room (put_owned).
+  static uint64_t charge(const Entry& e) { return e.value->capacity() + kEntryOverheadBytes; }
+  // kResourceExhausted (counted) when a value of `bytes` can never fit.
+  Status check_fits(uint64_t bytes);
 
   DramSwaPoolConfig config_;
   uint64_t capacity_;

@@ -94,8 +94,7 @@ Status KvStore::write_block(const BlockKey& key, uint32_t token_count, std::vect
 
 Status KvStore::put_swa_key(const BlockKey& key, uint32_t token_count, std::span<const uint8_t> snapshot) {
   BlockMeta meta{key, BlockKind::kSwaSnapshot, config_.model_fingerprint, token_count};
-  std::vector<uint8_t> bytes = encode_block(meta, snapshot);
-  return swa_->put(key, bytes);
+  return swa_->put_owned(key, encode_block(meta, snapshot));
 }
 
 Status KvStore::put_swa(std::span<const int32_t> prefix_tokens, std::span<const uint8_t> snapshot) {

@@ -27,6 +27,11 @@ class SwaPool {
   // previous value. Errors (too large, backend unavailable) are returned for metrics/logging;
   // callers may ignore them.
   virtual Status put(const BlockKey& key, std::span<const uint8_t> value, int64_t ttl_ns = 0) = 0;
+  // As put(), taking ownership of the bytes: a pool that keeps them in memory stores this buffer
+  // without copying (a 2.7 MB snapshot per request end). Default: put() of a view.
+  virtual Status put_owned(const BlockKey& key, std::vector<uint8_t> value, int64_t ttl_ns = 0) {
+    return put(key, std::span<const uint8_t>(value), ttl_ns);
+  }
   // The value, or nullptr on any kind of miss.
   virtual SwaBytes get(const BlockKey& key) = 0;
   // Whether a live value exists (false on any error).

@@ -133,5 +133,28 @@ TEST_F(DramPoolTest, ConcurrentUseKeepsAccountingExact) {
   EXPECT_EQ(p->used_bytes(), p->entry_count() * kCharge);
 }
 
+// put_owned keeps the caller's buffer (no copy: the stored bytes are the same allocation) and
+// charges its capacity, so spare room in an owned buffer cannot hide memory from the cap.
+TEST_F(DramPoolTest, PutOwnedStoresTheBufferWithoutCopyAndChargesCapacity) {
+  auto p = make(4);
+  std::vector<uint8_t> v = snap(1);
+  v.reserve(v.size() + 4096);
+  const uint8_t* data = v.data();
+  const uint64_t cap = v.capacity();
+  ASSERT_TRUE(p->put_owned(key(1), std::move(v)).ok());
+  SwaBytes b = p->get(key(1));
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->data(), data) << "the pool copied the owned buffer";
+  EXPECT_EQ(*b, snap(1));
+  EXPECT_EQ(metrics_.gauge_value("ds41_kv_swa_bytes", {{"backend", "dram"}}),
+            static_cast<int64_t>(cap + DramSwaPool::kEntryOverheadBytes));
+  // A value that can never fit is refused before anything is stored (both entry points).
+  std::vector<uint8_t> huge(5 * kCharge);
+  EXPECT_EQ(p->put_owned(key(2), huge).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(p->put(key(3), huge).code(), StatusCode::kResourceExhausted);
+  EXPECT_FALSE(p->get(key(2)));
+  EXPECT_TRUE(has(*p, 1));
+}
+
 }  // namespace
 }  // namespace ds41
