@@ -111,9 +111,9 @@ Result<std::pair<double, double>> raw_sequential(const std::string& dir, uint64_
 
 // FileIo decorator that sums the wall time threads spend in each call kind (the write/read path
 // breakdown the JSON reports: where a block's publish time goes).
-class TimingIo final : public FileIo {
+class TimingIo final : public ForwardingIo {
  public:
-  explicit TimingIo(FileIo& base) : base_(base) {}
+  explicit TimingIo(FileIo& base) : ForwardingIo(base) {}
   enum Op {
     kOpen, kWrite, kWriteback, kFsync, kClose, kRename, kDirFsync, kRead, kStat, kTimes, kAdvise,
     kFsyncMany, kFsyncDirs, kN
@@ -130,6 +130,8 @@ class TimingIo final : public FileIo {
   void reset() {
     for (int i = 0; i < kN; ++i) count_[i] = ns_[i] = 0;
   }
+
+ private:
   template <typename F>
   auto timed(Op op, F&& f) {
     auto t0 = Clk::now();
@@ -138,6 +140,8 @@ class TimingIo final : public FileIo {
     count_[op].fetch_add(1);
     return r;
   }
+
+ public:
   Result<int> open(const std::string& p, int f, int m) override { return timed(kOpen, [&] { return base_.open(p, f, m); }); }
   Result<size_t> pwrite(int fd, const void* b, size_t n, uint64_t o) override {
     return timed(kWrite, [&] { return base_.pwrite(fd, b, n, o); });
@@ -154,12 +158,6 @@ class TimingIo final : public FileIo {
   Status rename(const std::string& a, const std::string& b) override {
     return timed(kRename, [&] { return base_.rename(a, b); });
   }
-  Status unlink(const std::string& p) override { return base_.unlink(p); }
-  Status mkdir(const std::string& p) override { return base_.mkdir(p); }
-  Status list_dir(const std::string& p, std::vector<std::string>* n) override { return base_.list_dir(p, n); }
-  Status list_dir_stats(const std::string& p, std::vector<std::pair<std::string, FileStat>>* e) override {
-    return base_.list_dir_stats(p, e);
-  }
   Status fsync_dir(const std::string& d) override { return timed(kDirFsync, [&] { return base_.fsync_dir(d); }); }
   std::vector<Status> fsync_many(std::span<const int> fds) override {
     return timed(kFsyncMany, [&] { return base_.fsync_many(fds); });
@@ -175,7 +173,6 @@ class TimingIo final : public FileIo {
   }
 
  private:
-  FileIo& base_;
   std::atomic<uint64_t> ns_[kN] = {};
   std::atomic<uint64_t> count_[kN] = {};
 };

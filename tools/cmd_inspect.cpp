@@ -9,6 +9,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli_format.h"
 #include "cli_registry.h"
 #include "model/config.h"
 #include "model/layer_schedule.h"
@@ -26,18 +27,6 @@ struct InspectArgs {
   bool json = false;
   size_t max_mismatches = 200;
 };
-
-std::string human_bytes(double b) {
-  const char* u[] = {"B", "KB", "MB", "GB", "TB"};
-  int i = 0;
-  while (b >= 1000 && i < 4) {
-    b /= 1000;
-    ++i;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-  return buf;
-}
 
 ojson number(double v) {
   if (v == std::floor(v) && std::fabs(v) < 9e15) return static_cast<int64_t>(v);
@@ -194,7 +183,7 @@ int run_inspect(const InspectArgs& a) {
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("\ncheckpoint: %s: %zu shard file(s), %zu tensors, %s payload (%llu bytes)\n", a.dir.c_str(),
-                (*ck)->files().size(), (*ck)->tensors().size(), human_bytes((*ck)->payload_bytes()).c_str(),
+                (*ck)->files().size(), (*ck)->tensors().size(), human_bytes((*ck)->payload_bytes(), ByteUnits::kDecimal).c_str(),
                 (unsigned long long)(*ck)->payload_bytes());
     std::printf("contract: %s\n", rep.to_string(a.max_mismatches).c_str());
     std::printf("\nby dtype (contract):\n");
@@ -213,7 +202,7 @@ int run_inspect(const InspectArgs& a) {
                   (long long)s.ratio);
     std::printf("\n  at max_position_embeddings (%lld tokens): %s per sequence\n",
                 (long long)c.max_position_embeddings,
-                human_bytes(sum.global_kv_bytes_per_token * c.max_position_embeddings).c_str());
+                human_bytes(sum.global_kv_bytes_per_token * c.max_position_embeddings, ByteUnits::kDecimal).c_str());
     std::printf("bounded per-sequence state (MODEL_SPEC 5.4): %lld bytes\n", (long long)b.total_bytes);
     std::printf(
         "  window rings %lld x %lld x %lld B = %lld (+ DSpark %lld), half pairs %lld, Engram look-back %lld "

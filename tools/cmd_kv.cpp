@@ -22,6 +22,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli_format.h"
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "kvcache/disk_tier.h"
@@ -60,18 +61,6 @@ int report_failure(const KvArgs& a, const Failure& f) {
   std::cerr << "ds41 kv " << a.sub << ": " << f.message << "\n";
   if (a.json) std::cout << ojson{{"ok", false}, {"exit_code", f.code}, {"error", f.message}}.dump(2) << "\n";
   return f.code;
-}
-
-std::string human_bytes(double b) {
-  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int i = 0;
-  while (b >= 1024 && i < 5) {
-    b /= 1024;
-    ++i;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-  return buf;
 }
 
 std::string human_age(double s) {
@@ -165,7 +154,7 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   }
   std::printf("kv store %s\n", cfg.dir.c_str());
   std::printf("  blocks           %zu (%" PRIu64 " bytes, %s)\n", u.blocks, u.bytes,
-              human_bytes(u.bytes).c_str());
+              human_bytes(u.bytes, ByteUnits::kBinary).c_str());
   std::printf("  under retention  %zu blocks, %" PRIu64 " bytes (--kv-retention %s)\n", u.retained_blocks,
               u.retained_bytes, a.retention.c_str());
   std::printf("  evictable        %zu blocks, %" PRIu64 " bytes\n", u.blocks - u.retained_blocks,
@@ -182,7 +171,7 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
     else if (u.bytes > cfg.capacity_bytes)
       note = " (OVER CAPACITY: `ds41 kv gc` evicts blocks past retention)";
     std::printf("  capacity         %" PRIu64 " bytes (%s), %.1f %% used%s\n", cfg.capacity_bytes,
-                human_bytes(cfg.capacity_bytes).c_str(), 100.0 * u.bytes / cfg.capacity_bytes, note);
+                human_bytes(cfg.capacity_bytes, ByteUnits::kBinary).c_str(), 100.0 * u.bytes / cfg.capacity_bytes, note);
   } else
     std::printf("  capacity         not given (--kv-disk-capacity)\n");
   std::printf("  index rebuild    %.1f ms\n", (*tier)->last_scan_ms());
@@ -348,8 +337,8 @@ int run_gc(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   std::string warning;
   if (r.retention_exceeds_capacity)
     warning = "blocks under retention alone take " + std::to_string(r.retained_bytes) + " bytes (" +
-              human_bytes(r.retained_bytes) + "), more than the capacity " +
-              std::to_string(r.capacity_bytes) + " bytes (" + human_bytes(r.capacity_bytes) +
+              human_bytes(r.retained_bytes, ByteUnits::kBinary) + "), more than the capacity " +
+              std::to_string(r.capacity_bytes) + " bytes (" + human_bytes(r.capacity_bytes, ByteUnits::kBinary) +
               "); they are kept (--kv-retention " + a.retention +
               "): the store stays over capacity and the server will refuse new blocks";
   ojson ev = ojson::array();
@@ -379,13 +368,13 @@ int run_gc(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   } else {
     const char* verb = a.dry_run ? "would evict" : "evicted";
     std::printf("kv gc %s%s: capacity %" PRIu64 " bytes (%s), --kv-retention %s\n", cfg.dir.c_str(),
-                a.dry_run ? " (dry run)" : "", r.capacity_bytes, human_bytes(r.capacity_bytes).c_str(),
+                a.dry_run ? " (dry run)" : "", r.capacity_bytes, human_bytes(r.capacity_bytes, ByteUnits::kBinary).c_str(),
                 a.retention.c_str());
     std::printf("  used before   %" PRIu64 " bytes (%s)\n", r.used_before,
-                human_bytes(r.used_before).c_str());
+                human_bytes(r.used_before, ByteUnits::kBinary).c_str());
     std::printf("  %-13s %zu blocks, %" PRIu64 " bytes (LRU first, only blocks past retention)\n", verb,
                 r.evicted_blocks, r.evicted_bytes);
-    std::printf("  used after    %" PRIu64 " bytes (%s)%s\n", r.used_after, human_bytes(r.used_after).c_str(),
+    std::printf("  used after    %" PRIu64 " bytes (%s)%s\n", r.used_after, human_bytes(r.used_after, ByteUnits::kBinary).c_str(),
                 a.dry_run ? " (projected)" : "");
     std::printf("  retained      %" PRIu64 " bytes under retention\n", r.retained_bytes);
     if (a.dry_run)

@@ -21,6 +21,8 @@ Status errno_status(const std::string& what, const std::string& path, int err) {
   return io_error(msg);
 }
 std::string fd_name(int fd) { return "fd " + std::to_string(fd); }
+// Some filesystems (e.g. certain network mounts) do not support fsync on a directory: not an error.
+bool dir_fsync_unsupported(int err) { return err == EINVAL || err == EROFS; }
 
 int64_t ts_ns(const struct timespec& t) { return static_cast<int64_t>(t.tv_sec) * 1000000000LL + t.tv_nsec; }
 FileStat to_file_stat(const struct stat& s) {
@@ -262,9 +264,7 @@ std::vector<Status> PosixIo::fsync_dirs(std::span<const std::string> dirs) {
   }
   for (size_t j = 0; j < fds.size(); ++j) {
     ::close(fds[j]);
-    const int err = -res[j];
-    // As fsync_dir: some filesystems do not support fsync on a directory.
-    if (res[j] < 0 && err != EINVAL && err != EROFS) out[which[j]] = errno_status("fsync dir", dirs[which[j]], err);
+    if (res[j] < 0 && !dir_fsync_unsupported(-res[j])) out[which[j]] = errno_status("fsync dir", dirs[which[j]], -res[j]);
   }
   return out;
 }
@@ -275,8 +275,7 @@ Status PosixIo::fsync_dir(const std::string& dir) {
   int r = ::fsync(fd);
   int err = errno;
   ::close(fd);
-  // Some filesystems (e.g. certain network mounts) do not support fsync on a directory.
-  if (r != 0 && err != EINVAL && err != EROFS) return errno_status("fsync dir", dir, err);
+  if (r != 0 && !dir_fsync_unsupported(err)) return errno_status("fsync dir", dir, err);
   return ok_status();
 }
 

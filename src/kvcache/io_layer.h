@@ -123,34 +123,55 @@ enum class FaultKind {
 
 // Wraps `base`. A rule fires on the eligible calls (writes for the write kinds, fsync, rename,
 // reads) numbered [skip, skip+times) counted from when it was added; times < 0 = forever.
-class FaultInjectingIo final : public FileIo {
+// A FileIo that passes every call to `base`: decorators (fault injection, call recording,
+// timing) derive from it and override only the calls they change.
+class ForwardingIo : public FileIo {
  public:
-  explicit FaultInjectingIo(FileIo& base) : base_(base) {}
+  explicit ForwardingIo(FileIo& base) : base_(base) {}
+  Result<int> open(const std::string& p, int flags, int mode) override { return base_.open(p, flags, mode); }
+  Result<size_t> pwrite(int fd, const void* b, size_t n, uint64_t o) override { return base_.pwrite(fd, b, n, o); }
+  Result<size_t> pread(int fd, void* b, size_t n, uint64_t o) override { return base_.pread(fd, b, n, o); }
+  Status fsync(int fd) override { return base_.fsync(fd); }
+  Status start_writeback(int fd) override { return base_.start_writeback(fd); }
+  Status advise_willneed(int fd) override { return base_.advise_willneed(fd); }
+  Status close(int fd) override { return base_.close(fd); }
+  Result<FileStat> fstat(int fd) override { return base_.fstat(fd); }
+  Result<FileStat> stat(const std::string& p) override { return base_.stat(p); }
+  Status rename(const std::string& from, const std::string& to) override { return base_.rename(from, to); }
+  Status unlink(const std::string& p) override { return base_.unlink(p); }
+  Status mkdir(const std::string& p) override { return base_.mkdir(p); }
+  Status list_dir(const std::string& p, std::vector<std::string>* names) override {
+    return base_.list_dir(p, names);
+  }
+  Status list_dir_stats(const std::string& p, std::vector<std::pair<std::string, FileStat>>* e) override {
+    return base_.list_dir_stats(p, e);
+  }
+  Status fsync_dir(const std::string& d) override { return base_.fsync_dir(d); }
+  std::vector<Status> fsync_many(std::span<const int> fds) override { return base_.fsync_many(fds); }
+  std::vector<Status> fsync_dirs(std::span<const std::string> dirs) override { return base_.fsync_dirs(dirs); }
+  Status set_times_fd(int fd, int64_t a, int64_t m) override { return base_.set_times_fd(fd, a, m); }
+  Status set_times(const std::string& p, int64_t a, int64_t m) override { return base_.set_times(p, a, m); }
+
+ protected:
+  FileIo& base_;
+};
+
+class FaultInjectingIo final : public ForwardingIo {
+ public:
+  explicit FaultInjectingIo(FileIo& base) : ForwardingIo(base) {}
   void inject(FaultKind kind, int skip = 0, int times = 1);
   void clear();
   // How many faults fired so far.
   int fired() const { return fired_.load(); }
 
-  Result<int> open(const std::string& path, int flags, int mode) override {
-    return base_.open(path, flags, mode);
-  }
   Result<size_t> pwrite(int fd, const void* buf, size_t n, uint64_t offset) override;
   Result<size_t> pread(int fd, void* buf, size_t n, uint64_t offset) override;
   Status fsync(int fd) override;
-  Status start_writeback(int fd) override { return base_.start_writeback(fd); }
-  Status advise_willneed(int fd) override { return base_.advise_willneed(fd); }
-  Status close(int fd) override { return base_.close(fd); }
-  Result<FileStat> fstat(int fd) override { return base_.fstat(fd); }
-  Result<FileStat> stat(const std::string& path) override { return base_.stat(path); }
   Status rename(const std::string& from, const std::string& to) override;
-  Status unlink(const std::string& path) override { return base_.unlink(path); }
-  Status mkdir(const std::string& path) override { return base_.mkdir(path); }
-  Status list_dir(const std::string& path, std::vector<std::string>* names) override {
-    return base_.list_dir(path, names);
-  }
   Status fsync_dir(const std::string& dir) override;
-  Status set_times_fd(int fd, int64_t a, int64_t m) override { return base_.set_times_fd(fd, a, m); }
-  Status set_times(const std::string& p, int64_t a, int64_t m) override { return base_.set_times(p, a, m); }
+  // The batched forms go through this object's fsync / fsync_dir one by one, so their faults apply.
+  std::vector<Status> fsync_many(std::span<const int> fds) override { return FileIo::fsync_many(fds); }
+  std::vector<Status> fsync_dirs(std::span<const std::string> dirs) override { return FileIo::fsync_dirs(dirs); }
 
  private:
   enum class Op { kWrite, kFsync, kRename, kRead, kDirFsync };
@@ -164,7 +185,6 @@ class FaultInjectingIo final : public FileIo {
   // Returns the fault to apply to this call of `op`, if any (advances rule counters).
   bool take(Op op, FaultKind* kind);
 
-  FileIo& base_;
   std::mutex mu_;  // guards rules_
   std::vector<Rule> rules_;
   std::atomic<int> fired_{0};

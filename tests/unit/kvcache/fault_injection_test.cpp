@@ -50,6 +50,14 @@ class FaultTest : public ::testing::Test {
     return n;
   }
   uint64_t counter(const std::string& n, const MetricLabels& l = {}) { return metrics_.counter_value(n, l); }
+  // Blocks first..first+n-1 as put_batch requests; `data` owns the payloads the requests view.
+  std::vector<DiskTier::PutRequest> batch(uint64_t first, uint64_t n, std::vector<std::vector<uint8_t>>* data) {
+    data->clear();
+    for (uint64_t i = first; i < first + n; ++i) data->push_back(payload(i));
+    std::vector<DiskTier::PutRequest> reqs;
+    for (uint64_t i = 0; i < n; ++i) reqs.push_back({key(first + i), 128, (*data)[i]});
+    return reqs;
+  }
 
   testing::ScratchDir dir_{"fault"};
   FaultInjectingIo io_{PosixIo::instance()};
@@ -158,9 +166,7 @@ TEST_F(FaultTest, RandomFaultMixNeverServesCorruptData) {
 TEST_F(FaultTest, GroupCommitFsyncsEachDirectoryOncePerBatch) {
   constexpr uint64_t kDirAb = 0xabULL << 56;  // keys with hi < 2^56 land in blocks/00/
   std::vector<std::vector<uint8_t>> data;
-  std::vector<DiskTier::PutRequest> reqs;
-  for (uint64_t i = 0; i < 8; ++i) data.push_back(payload(i));
-  for (uint64_t i = 0; i < 8; ++i) reqs.push_back({key(i), 128, data[i]});
+  std::vector<DiskTier::PutRequest> reqs = batch(0, 8, &data);
   // Every directory fsync after the first fails: if the batch fsynced the directory per block,
   // blocks 1..7 would fail.
   io_.inject(FaultKind::kFailDirFsync, /*skip=*/1, /*times=*/-1);
@@ -203,9 +209,7 @@ TEST_F(FaultTest, GroupCommitFsyncsEachDirectoryOncePerBatch) {
 // A data fsync failure inside a batch fails only that block; the rest of the batch commits.
 TEST_F(FaultTest, GroupCommitDataFsyncFailureIsPerBlock) {
   std::vector<std::vector<uint8_t>> data;
-  std::vector<DiskTier::PutRequest> reqs;
-  for (uint64_t i = 0; i < 6; ++i) data.push_back(payload(i));
-  for (uint64_t i = 0; i < 6; ++i) reqs.push_back({key(i), 128, data[i]});
+  std::vector<DiskTier::PutRequest> reqs = batch(0, 6, &data);
   io_.inject(FaultKind::kFailFsync, /*skip=*/2, /*times=*/1);
   auto res = tier_->put_batch(reqs);
   for (uint64_t i = 0; i < 6; ++i) {
@@ -219,9 +223,7 @@ TEST_F(FaultTest, GroupCommitDataFsyncFailureIsPerBlock) {
 // staged before and after it still commit, and no temp file is left.
 TEST_F(FaultTest, GroupCommitWriteFailureMidBatchIsPerBlock) {
   std::vector<std::vector<uint8_t>> data;
-  std::vector<DiskTier::PutRequest> reqs;
-  for (uint64_t i = 0; i < 8; ++i) data.push_back(payload(i));
-  for (uint64_t i = 0; i < 8; ++i) reqs.push_back({key(i), 128, data[i]});
+  std::vector<DiskTier::PutRequest> reqs = batch(0, 8, &data);
   // Two pwrites per block (header, payload): the 8th write is block 3's payload.
   io_.inject(FaultKind::kNoSpace, /*skip=*/7, /*times=*/1);
   auto res = tier_->put_batch(reqs);
@@ -236,16 +238,14 @@ TEST_F(FaultTest, GroupCommitWriteFailureMidBatchIsPerBlock) {
 }
 
 // Records the order of the durability-relevant calls of a FileIo.
-class RecordingIo final : public FileIo {
+class RecordingIo final : public ForwardingIo {
  public:
-  explicit RecordingIo(FileIo& base) : base_(base) {}
+  explicit RecordingIo(FileIo& base) : ForwardingIo(base) {}
   std::vector<std::string> ops;
-  Result<int> open(const std::string& p, int f, int m) override { return base_.open(p, f, m); }
   Result<size_t> pwrite(int fd, const void* b, size_t n, uint64_t o) override {
     log("write");
     return base_.pwrite(fd, b, n, o);
   }
-  Result<size_t> pread(int fd, void* b, size_t n, uint64_t o) override { return base_.pread(fd, b, n, o); }
   Status fsync(int fd) override {
     log("fsync");
     return base_.fsync(fd);
@@ -254,29 +254,23 @@ class RecordingIo final : public FileIo {
     log("writeback");
     return base_.start_writeback(fd);
   }
-  Status close(int fd) override { return base_.close(fd); }
-  Result<FileStat> fstat(int fd) override { return base_.fstat(fd); }
-  Result<FileStat> stat(const std::string& p) override { return base_.stat(p); }
   Status rename(const std::string& a, const std::string& b) override {
     log("rename");
     return base_.rename(a, b);
   }
-  Status unlink(const std::string& p) override { return base_.unlink(p); }
-  Status mkdir(const std::string& p) override { return base_.mkdir(p); }
-  Status list_dir(const std::string& p, std::vector<std::string>* n) override { return base_.list_dir(p, n); }
   Status fsync_dir(const std::string& d) override {
     log("dirfsync");
     return base_.fsync_dir(d);
   }
-  Status set_times_fd(int fd, int64_t a, int64_t m) override { return base_.set_times_fd(fd, a, m); }
-  Status set_times(const std::string& p, int64_t a, int64_t m) override { return base_.set_times(p, a, m); }
+  // One by one through the recorded calls above.
+  std::vector<Status> fsync_many(std::span<const int> fds) override { return FileIo::fsync_many(fds); }
+  std::vector<Status> fsync_dirs(std::span<const std::string> dirs) override { return FileIo::fsync_dirs(dirs); }
 
  private:
   void log(const char* op) {
     std::lock_guard<std::mutex> lock(mu_);
     ops.emplace_back(op);
   }
-  FileIo& base_;
   std::mutex mu_;
 };
 
