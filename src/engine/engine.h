@@ -1,0 +1,66 @@
+// ds41 engine: Engine — the batch-of-sequences interface that the scheduler drives and that every
+// backend implements (the CPU reference now, the GPU engine next; ARCHITECTURE.md "engine").
+//
+// One step() runs one forward over a batch that mixes prefill chunks and single decode tokens of
+// many sequences: item i extends sequence items[i].seq by items[i].tokens (continuing at its
+// position) and, when want_logits, returns the logits row of its last token. Sequences are created,
+// forked (a copy of the whole state: the prefix-cache's share point) and freed through the engine;
+// their state lives in the engine (host memory for the CPU engine, device pools for the GPU engine)
+// and its size in bytes is queryable so the scheduler admits by capacity.
+//
+// Thread model: an Engine is driven by one thread (the engine loop); it is not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace ds41::engine {
+
+using SeqId = int64_t;
+
+struct EngineInfo {
+  std::string model_name;   // served model name default (the model folder's name)
+  std::string device;       // "cpu" or "cuda:N"
+  int64_t vocab_size = 0;   // logits row width
+  int64_t max_context = 0;  // positions a sequence may reach (config max_position_embeddings)
+};
+
+struct StepItem {
+  SeqId seq = -1;
+  std::span<const int32_t> tokens;  // >= 1 token; continues the sequence at its position
+  bool want_logits = true;          // return the logits row of the last token
+};
+
+struct StepOutput {
+  int64_t vocab = 0;
+  std::vector<float> logits;      // [rows, vocab]
+  std::vector<int64_t> row;       // per item: its row in logits, or -1 (want_logits false)
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const EngineInfo& info() const = 0;
+
+  virtual Result<SeqId> create_sequence() = 0;
+  // A new sequence holding a copy of src's state (same position).
+  virtual Result<SeqId> fork_sequence(SeqId src) = 0;
+  virtual Status free_sequence(SeqId seq) = 0;
+  virtual Result<int64_t> sequence_position(SeqId seq) const = 0;
+  // Bytes the sequence's state holds now.
+  virtual Result<int64_t> sequence_bytes(SeqId seq) const = 0;
+  // Bytes a sequence of `tokens` tokens holds (admission by capacity; exact for the CPU engine:
+  // bounded state + emitted compressed entries, as SequenceState allocates them).
+  virtual int64_t bytes_for_tokens(int64_t tokens) const = 0;
+  virtual int64_t live_sequences() const = 0;
+
+  // One forward over the items (distinct sequences, each with >= 1 token). Errors (unknown
+  // sequence, bad token id, context overflow, backend failure) leave every sequence unchanged.
+  virtual Status step(std::span<const StepItem> items, StepOutput* out) = 0;
+};
+
+}  // namespace ds41::engine

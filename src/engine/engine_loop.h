@@ -1,0 +1,86 @@
+// ds41 engine: EngineLoop — the one thread that drives an Engine. Clients (the server's handler
+// threads, `ds41 chat`, the bench) submit GenerationRequests into a bounded queue and read
+// TokenEvents from their RequestStream; the loop runs Scheduler::plan() -> Engine::step() ->
+// Sampler per step, and never waits on a client (a slow reader only grows its own event buffer;
+// a cancelled stream's sequence is freed at the next step).
+//
+// Contract with the server:
+//   - submit() validates what only the engine knows (prompt + max_tokens within max_context,
+//     token ids within the vocabulary, state larger than the whole --kv-memory) and returns
+//     kInvalidArgument with the numbers; a full queue returns kResourceExhausted (HTTP 429/503).
+//   - events arrive in order; exactly one final event (finish != kNone) ends every stream.
+//   - cancel() (client gone, stop string matched on the consumer side) is idempotent and thread-safe.
+//   - stop(timeout): stops accepting, lets running requests finish until timeout, aborts the rest.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/request.h"
+
+namespace ds41::engine {
+
+struct LoopConfig {
+  int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
+  int64_t max_running = 64;         // sequences in flight
+  int64_t kv_memory_bytes = int64_t{8} << 30;  // state capacity for admission
+  int64_t max_queue = 1024;         // waiting requests before submit() refuses
+  bool decode_first = true;         // decodes before prefill chunks in a step
+  uint64_t seed = 0;                // seed source for requests without a seed
+};
+
+// The consumer side of one request. Thread-safe.
+class RequestStream {
+ public:
+  // Moves the events available now into *out (appending); waits up to `timeout` for the first.
+  // Returns false once the final event has been delivered and nothing remains.
+  bool next(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout);
+  void cancel();
+  bool cancelled() const;
+  // Optional: called (from the loop thread, must not block) whenever events are added.
+  void set_notify(std::function<void()> fn);
+
+  // --- loop side ---
+  void push(TokenEvent ev);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;
+  bool finished_ = false, delivered_final_ = false, cancelled_ = false;
+  std::function<void()> notify_;
+};
+
+struct LoopStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_used_bytes = 0, kv_capacity_bytes = 0;
+  int64_t steps = 0, preemptions = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0;
+};
+
+class EngineLoop {
+ public:
+  EngineLoop(Engine* engine, LoopConfig cfg, Clock* clock = &SystemClock::instance());
+  ~EngineLoop();  // stop(0)
+  Status start();
+  Result<std::shared_ptr<RequestStream>> submit(GenerationRequest req);
+  void stop(std::chrono::milliseconds drain_timeout);
+  LoopStats stats() const;
+  // Per-step observations for metrics (batch size, tokens, step seconds): set before start().
+  std::function<void(int64_t seqs, int64_t tokens, double seconds)> on_step;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ds41::engine
