@@ -1,8 +1,68 @@
 #!/usr/bin/env bash
 # The README's test command: install dependencies, build, run every test that needs no GPU.
 # GPU tests carry the label "gpu" and skip themselves when no device is present.
+#
+#   scripts/test.sh                    plain build (./build), every test, then a short ThreadSanitizer
+#                                      run of the thread pool and the async writer (./build-tsan-ci)
+#   scripts/test.sh --sanitize asan    ASan+UBSan build (./build-asan, CUDA off), every non-gpu test
+#   scripts/test.sh --sanitize tsan    TSan build (./build-tsan, CUDA off), every non-gpu test
+#   scripts/test.sh --no-tsan          plain build and tests only
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+sanitize=""
+short_tsan=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) sanitize="${2:-}"; shift 2 ;;
+    --sanitize=*) sanitize="${1#--sanitize=}"; shift ;;
+    --no-tsan) short_tsan=0; shift ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "scripts/test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
 scripts/deps.sh
+
+# Flags of a sanitizer build. -O1 keeps the runs short; frame pointers give readable stacks.
+san_flags() {
+  case "$1" in
+    asan) echo "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g" ;;
+    tsan) echo "-fsanitize=thread -fno-omit-frame-pointer -O1 -g" ;;
+    *) echo "scripts/test.sh: --sanitize takes asan or tsan, got '$1'" >&2; exit 2 ;;
+  esac
+}
+
+# configure_san DIR KIND: a CUDA-off build tree with the sanitizer's flags.
+configure_san() {
+  local dir=$1 flags
+  flags=$(san_flags "$2")
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS41_CUDA=OFF \
+    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="${flags%% *}" >/dev/null
+}
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+
+if [ -n "$sanitize" ]; then
+  san_flags "$sanitize" >/dev/null
+  dir="build-$sanitize"
+  configure_san "$dir" "$sanitize"
+  ninja -C "$dir"
+  ctest --test-dir "$dir" --output-on-failure -j2 --timeout 1800 -LE gpu
+  exit 0
+fi
+
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j2 --timeout 900
+
+if [ "$short_tsan" = 1 ]; then
+  # The short TSan job CI keeps (the full TSan run is `--sanitize tsan`): the thread pool's
+  # concurrent callers and the kvcache async writer, the two places shared by many threads.
+  configure_san build-tsan-ci tsan
+  ninja -C build-tsan-ci ds41_core_tests ds41_kvcache_tests
+  build-tsan-ci/tests/unit/core/ds41_core_tests --gtest_filter='ThreadPool.*'
+  build-tsan-ci/tests/unit/kvcache/ds41_kvcache_tests --gtest_filter='AsyncWriter*:KvStore*'
+fi

@@ -190,7 +190,8 @@ Result<double> mmap_prefetch_read(const std::string& path, int threads, uint64_t
   ::close(fd);
   if (m == MAP_FAILED) return io_error(path + ": mmap failed");
   model::PrefetchStats ps;
-  Status s = model::prefetch_mapped(m, size, threads, &ps);
+  ThreadPool prefetch_pool(threads);
+  Status s = model::prefetch_mapped(m, size, prefetch_pool, &ps);
   *prefetch_s = now_s() - t0;
   if (!s.ok()) {
     munmap(m, size);

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace ds41::model {
@@ -63,39 +62,30 @@ void prefetch_slice(uint8_t* base, size_t begin, size_t end, size_t page, SliceR
 
 }  // namespace
 
-Status prefetch_mapped(const void* p, size_t n, int threads, PrefetchStats* stats) {
+Status prefetch_mapped(const void* p, size_t n, ThreadPool& pool, PrefetchStats* stats) {
   if (n == 0) {
     if (stats) *stats = PrefetchStats{0, false, 0};
     return ok_status();
   }
   if (p == nullptr)
     return invalid_argument("prefetch_mapped: null pointer with " + std::to_string(n) + " bytes");
-  if (threads < 1 || threads > 1024)
-    return invalid_argument("prefetch_mapped: threads must be in [1, 1024], got " + std::to_string(threads));
   const size_t page = static_cast<size_t>(std::max(4096L, sysconf(_SC_PAGESIZE)));
   const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
   const uintptr_t first = addr / page * page;
   uint8_t* base = reinterpret_cast<uint8_t*>(first);
   const size_t total = ((addr + n + page - 1) / page * page) - first;  // whole pages covering [p, p+n)
   const size_t pages = total / page;
-  const size_t t = std::min<size_t>(static_cast<size_t>(threads), pages);
+  const size_t t = std::min<size_t>(static_cast<size_t>(pool.size()), pages);
   // Contiguous slices of whole pages, the first (pages % t) one page longer.
   std::vector<SliceResult> results(t);
   std::atomic<uint8_t> sink{0};
-  std::vector<std::thread> pool;
-  pool.reserve(t);
-  size_t begin = 0;
-  for (size_t i = 0; i < t; ++i) {
-    const size_t count = pages / t + (i < pages % t ? 1 : 0);
-    const size_t end = begin + count * page;
-    if (i + 1 == t) {
-      prefetch_slice(base, begin, end, page, &results[i], &sink);  // this thread works too
-    } else {
-      pool.emplace_back(prefetch_slice, base, begin, end, page, &results[i], &sink);
-    }
-    begin = end;
-  }
-  for (auto& th : pool) th.join();
+  std::vector<size_t> starts(t + 1, 0);
+  for (size_t i = 0; i < t; ++i) starts[i + 1] = starts[i] + (pages / t + (i < pages % t ? 1 : 0)) * page;
+  pool.parallel_for(static_cast<int64_t>(t), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      prefetch_slice(base, starts[static_cast<size_t>(i)], starts[static_cast<size_t>(i) + 1], page,
+                     &results[static_cast<size_t>(i)], &sink);
+  });
   bool fell_back = false;
   for (size_t i = 0; i < t; ++i) {
     fell_back |= results[i].fell_back;

@@ -1,4 +1,4 @@
-// Tests for src/core: Status/Result, dtype tables, bf16 rounding, thread pool, fake clock.
+// Tests for src/core: Status/Result, dtype tables, bf16 rounding, fake clock (thread pool: thread_pool_test.cpp).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -6,7 +6,6 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/status.h"
-#include "core/thread_pool.h"
 
 namespace ds41 {
 namespace {
@@ -53,17 +52,6 @@ TEST(DType, Bf16RoundsToNearestEven) {
   // 1 + 3*2^-8 is halfway between 1.0078125 (odd) and 1.015625 (even): rounds up.
   EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
   EXPECT_EQ(bf16_to_f32(0xc000), -2.0f);
-}
-
-TEST(ThreadPool, CoversRangeExactlyOnce) {
-  ThreadPool pool(3);
-  std::vector<std::atomic<int>> hits(1000);
-  for (int rep = 0; rep < 20; ++rep) {
-    pool.parallel_for(1000, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) hits[i]++;
-    });
-  }
-  for (auto& h : hits) EXPECT_EQ(h.load(), 20);
 }
 
 TEST(FakeClock, AdvancesOnlyWhenTold) {
