@@ -35,8 +35,9 @@ bool has_added_token_string(const nlohmann::ordered_json& j, const Tokenizer& to
       if (s.find(a.content) != std::string::npos) return true;
     return false;
   }
+  if (!j.is_structured()) return false;  // (a primitive iterates over itself)
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (j.is_object() && has_added_token_string(it.key(), tok)) return true;
+    if (j.is_object() && has_added_token_string(nlohmann::ordered_json(it.key()), tok)) return true;
     if (has_added_token_string(*it, tok)) return true;
   }
   return false;
