@@ -5,6 +5,8 @@
 // "thinking_mode": "thinking"|"chat", "reasoning_effort": ...} or a bare message array
 // (text/chat_json.h). Prints the prompt string, then a line "ids (N): ..." (--json: one object
 // {prompt, ids, images}). --effort (1..100, low, high, max) and --chat override the file.
+// Special-token strings inside message content are plain text unless
+// --parse-special-in-content (the reference encoding's behaviour) is given.
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -19,7 +21,7 @@ namespace {
 
 struct ChatTemplateArgs {
   std::string model_dir, tokenizer_file, effort;
-  bool chat = false, thinking = false, no_bos = false, json = false;
+  bool chat = false, thinking = false, no_bos = false, json = false, parse_special_in_content = false;
 };
 
 Status run_chat_template(const ChatTemplateArgs& a) {
@@ -33,11 +35,12 @@ Status run_chat_template(const ChatTemplateArgs& a) {
   if (a.chat) conv.options.thinking = false;
   if (a.thinking) conv.options.thinking = true;
   if (a.no_bos) conv.options.add_bos = false;
+  conv.options.parse_special_in_content = a.parse_special_in_content;
   DS41_ASSIGN_OR_RETURN(text::ChatPrompt prompt, text::encode_chat(conv.messages, conv.options));
   auto tok = a.tokenizer_file.empty() ? text::Tokenizer::from_model_dir(a.model_dir)
                                       : text::Tokenizer::from_file(a.tokenizer_file);
   if (!tok.ok()) return tok.status();
-  const std::vector<int32_t> ids = (*tok)->encode(prompt.text);
+  const std::vector<int32_t> ids = text::chat_prompt_ids(**tok, prompt);
   if (a.json) {
     std::cout << nlohmann::json{{"prompt", prompt.text}, {"ids", ids}, {"images", prompt.images}}.dump()
               << "\n";
@@ -65,6 +68,9 @@ void setup_chat_template(CLI::App& parent, int& exit_code) {
   chat->excludes(thinking);
   cmd->add_flag("--no-bos", a->no_bos, "Do not start with BOS (continuing a context)");
   cmd->add_flag("--json", a->json, "Print one JSON object {prompt, ids, images}");
+  cmd->add_flag("--parse-special-in-content", a->parse_special_in_content,
+                "Special-token strings typed inside message content become control tokens (as the "
+                "reference encoding and HF tokenizers do); default: plain text");
   cmd->callback([a, &exit_code] {
     if (a->model_dir.empty() && a->tokenizer_file.empty()) {
       std::cerr << "ds41 chat-template: give --model DIR or --tokenizer FILE\n";

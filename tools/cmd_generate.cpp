@@ -2,7 +2,9 @@
 // text to stdout and prints prefill / decode tokens per second to stderr at the end.
 //   --chat wraps the prompt as one user turn with the V4.1 template (MODEL_SPEC 6.2); with
 //   --effort the turn is in thinking mode (low|high|max|1..100), otherwise in chat mode.
-//   Without --chat the prompt text is tokenized as is after a BOS.
+//   Without --chat the prompt text is tokenized as is after a BOS (special-token strings in it
+//   are tokens: the raw prompt is the caller's whole prompt). With --chat they are plain text
+//   unless --parse-special-in-content.
 //   --prompt-ids "0,5,17" feeds token ids directly (no tokenizer needed for the prompt).
 // Sampling: greedy when --temperature is 0 (default), else softmax(logits / T) restricted to
 // the smallest top-p nucleus, drawn with a seeded mt19937_64.
@@ -25,7 +27,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model_dir, tokenizer_dir, prompt, prompt_ids, effort;
-  bool chat = false;
+  bool chat = false, parse_special_in_content = false;
   int64_t max_tokens = 64;
   double temperature = 0.0, top_p = 1.0;
   uint64_t seed = 0;
@@ -60,6 +62,9 @@ Status run_generate(const GenerateArgs& a) {
     return invalid_argument("give exactly one of --prompt and --prompt-ids");
   if (a.top_p <= 0 || a.top_p > 1) return invalid_argument("--top-p must be in (0, 1]");
   if (a.temperature < 0) return invalid_argument("--temperature must be >= 0");
+  if (a.parse_special_in_content && !a.chat)
+    return invalid_argument(
+        "--parse-special-in-content needs --chat (a raw --prompt always parses special tokens)");
   const std::string tok_dir = a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir;
   DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads));
   model::Model& m = *lm.model;
@@ -85,6 +90,7 @@ Status run_generate(const GenerateArgs& a) {
   } else if (a.chat) {
     text::ChatOptions co;
     co.thinking = !a.effort.empty();
+    co.parse_special_in_content = a.parse_special_in_content;
     if (co.thinking) {
       DS41_ASSIGN_OR_RETURN(co.reasoning_effort, text::parse_reasoning_effort(a.effort));
     }
@@ -92,7 +98,7 @@ Status run_generate(const GenerateArgs& a) {
     msg.role = text::ChatRole::kUser;
     msg.content = a.prompt;
     DS41_ASSIGN_OR_RETURN(text::ChatPrompt cp, text::encode_chat({msg}, co));
-    ids = tok->encode(cp.text);
+    ids = text::chat_prompt_ids(*tok, cp);
   } else {
     ids.push_back(static_cast<int32_t>(m.config().bos_token_id));
     tok->encode_append(a.prompt, &ids);
@@ -141,9 +147,16 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--model", a->model_dir, "Model directory")->required();
   cmd->add_option("--tokenizer", a->tokenizer_dir,
                   "Folder with tokenizer.json (default: the model directory)");
-  cmd->add_option("--prompt", a->prompt, "Prompt text");
+  cmd->add_option(
+      "--prompt", a->prompt,
+      "Prompt text (without --chat: the whole raw prompt, special-token strings in it are tokens)");
   cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids");
-  cmd->add_flag("--chat", a->chat, "Wrap the prompt as a user turn with the V4.1 chat template");
+  cmd->add_flag("--chat", a->chat,
+                "Wrap the prompt as a user turn with the V4.1 chat template (special-token strings in it are "
+                "plain text)");
+  cmd->add_flag(
+      "--parse-special-in-content", a->parse_special_in_content,
+      "With --chat: special-token strings in the prompt become control tokens (reference behaviour)");
   cmd->add_option("--effort", a->effort,
                   "Thinking mode with reasoning effort low|high|max|1..100 (with --chat)");
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate (default 64)");

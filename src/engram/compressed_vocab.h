@@ -7,27 +7,16 @@
 // (99,092 for V4.1 — a different count means every hash is wrong, MODEL_SPEC 7 item 14).
 #pragma once
 
+// The vocabulary itself (tokenizer.json reading) and the ByteLevel alphabet are src/text's
+// (text/tokenizer_vocab.h, text/byte_level.h), shared with the tokenizer.
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "text/tokenizer_vocab.h"
 
 namespace ds41::engram {
-
-// The id -> string table of a HF tokenizer.json: model.vocab entries (ByteLevel strings) and
-// added tokens (content verbatim; an added token overrides a model.vocab entry with its id).
-struct TokenizerVocab {
-  std::vector<std::string> pieces;  // indexed by token id, UTF-8
-  std::vector<uint8_t> is_added;    // 1 for added tokens
-  size_t size() const { return pieces.size(); }
-};
-
-// Reads model.vocab and added_tokens. Every id in 0..max_id must be present (an id gap is an
-// error naming the id), ids must be non-negative and model.vocab ids unique.
-Result<TokenizerVocab> tokenizer_vocab_from_json(const nlohmann::json& doc);
-Result<TokenizerVocab> read_tokenizer_vocab(const std::string& tokenizer_json_path);
 
 struct CompressedVocab {
   std::vector<int32_t> map;  // map[token id] = compressed id
@@ -38,13 +27,14 @@ struct CompressedVocab {
 std::string compressed_key(const std::string& piece, bool is_added);
 
 // Builds the map for every id of the vocabulary (never fails).
-CompressedVocab build_compressed_vocab(const TokenizerVocab& vocab);
+CompressedVocab build_compressed_vocab(const text::TokenizerVocab& vocab);
 
 // Checked build: fails with FailedPrecondition if the number of keys differs from
 // expected_size (engram_compressed_vocab_size of the config).
-Result<CompressedVocab> build_compressed_vocab_checked(const TokenizerVocab& vocab, int64_t expected_size);
+Result<CompressedVocab> build_compressed_vocab_checked(const text::TokenizerVocab& vocab,
+                                                       int64_t expected_size);
 
-// read_tokenizer_vocab + build_compressed_vocab_checked.
+// text::read_tokenizer_vocab + build_compressed_vocab_checked.
 Result<CompressedVocab> load_compressed_vocab(const std::string& tokenizer_json_path, int64_t expected_size);
 
 }  // namespace ds41::engram

@@ -1,5 +1,5 @@
-// ds41 engram: ByteLevel alphabet, Python-compatible UTF-8 replacement decoding and the
-// MODEL_SPEC 3.2.1 normalisation, on top of utf8proc.
+// ds41 engram: the MODEL_SPEC 3.2.1 normalisation, on top of utf8proc (UTF-8 repair and
+// encoding from text/utf8.h).
 #include "engram/engram_normalize.h"
 
 #include <utf8proc.h>
@@ -8,107 +8,9 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "text/utf8.h"
 
 namespace ds41::engram {
-
-namespace {
-
-struct ByteLevelTables {
-  std::array<char32_t, 256> to_char{};
-  std::array<int16_t, 512> to_byte{};  // every alphabet character is < U+0144
-  ByteLevelTables() {
-    to_byte.fill(-1);
-    // Bytes that are printable in Latin-1 map to themselves; the other 68 bytes map, in byte
-    // order, to U+0100, U+0101, ... (GPT-2 bytes_to_unicode).
-    int extra = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      const char32_t c = keep ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + extra++);
-      to_char[b] = c;
-      to_byte[c] = static_cast<int16_t>(b);
-    }
-  }
-};
-
-const ByteLevelTables& byte_level_tables() {
-  static const ByteLevelTables t;
-  return t;
-}
-
-}  // namespace
-
-char32_t byte_level_char(uint8_t b) { return byte_level_tables().to_char[b]; }
-
-int byte_level_byte(char32_t cp) { return cp < 512 ? byte_level_tables().to_byte[cp] : -1; }
-
-void append_utf8(char32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-Utf8Decoded decode_utf8_replace(std::string_view s) {
-  // Unicode "substitution of maximal subparts" (what CPython's decoder does): a lead byte
-  // followed by the longest prefix of a well-formed sequence is replaced by one U+FFFD, and
-  // decoding resumes at the first byte that broke the sequence.
-  Utf8Decoded r;
-  r.text.reserve(s.size());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const auto b0 = static_cast<uint8_t>(s[i]);
-    if (b0 < 0x80) {
-      r.text.push_back(static_cast<char>(b0));
-      ++i;
-      continue;
-    }
-    int len = 0;
-    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-      len = 2;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-      len = 3;
-      if (b0 == 0xE0) lo = 0xA0;  // no overlongs
-      if (b0 == 0xED) hi = 0x9F;  // no surrogates
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-      len = 4;
-      if (b0 == 0xF0) lo = 0x90;  // no overlongs
-      if (b0 == 0xF4) hi = 0x8F;  // <= U+10FFFF
-    }
-    if (len == 0) {  // 0x80..0xC1, 0xF5..0xFF can never start a sequence
-      append_utf8(0xFFFD, r.text);
-      r.replaced = true;
-      ++i;
-      continue;
-    }
-    size_t k = 1;
-    for (; k < static_cast<size_t>(len) && i + k < n; ++k) {
-      const auto b = static_cast<uint8_t>(s[i + k]);
-      const uint8_t l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
-      if (b < l || b > h) break;
-    }
-    if (k == static_cast<size_t>(len)) {
-      r.text.append(s.substr(i, len));
-    } else {
-      append_utf8(0xFFFD, r.text);
-      r.replaced = true;
-    }
-    i += k;
-  }
-  return r;
-}
 
 bool contains_replacement_char(std::string_view utf8) {
   return utf8.find("\xEF\xBF\xBD") != std::string_view::npos;
@@ -139,9 +41,8 @@ std::string engram_normalize(std::string_view input) {
   bool ascii = true;
   for (char ch : input) ascii = ascii && static_cast<uint8_t>(ch) < 0x80;
   if (!ascii) {
-    Utf8Decoded d = decode_utf8_replace(input);
-    if (d.replaced) {
-      valid_storage = std::move(d.text);
+    if (!text::utf8_is_valid(input)) {
+      valid_storage = text::utf8_sanitize(input);
       text = valid_storage;
     }
   }
@@ -199,7 +100,7 @@ std::string engram_normalize(std::string_view input) {
   while (b < e && is_unicode_white_space(t[b])) ++b;
   while (e > b && is_unicode_white_space(t[e - 1])) --e;
   out.reserve(e - b);
-  for (size_t k = b; k < e; ++k) append_utf8(t[k], out);
+  for (size_t k = b; k < e; ++k) text::utf8_append(static_cast<uint32_t>(t[k]), &out);
   return out;
 }
 

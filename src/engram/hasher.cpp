@@ -115,7 +115,7 @@ Result<std::vector<int32_t>> EngramHasher::hash_ids(std::span<const int32_t> ids
   return out;
 }
 
-Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const TokenizerVocab& vocab) {
+Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const text::TokenizerVocab& vocab) {
   DS41_ASSIGN_OR_RETURN(EngramHashConstants constants, compute_engram_hash_constants(config));
   DS41_ASSIGN_OR_RETURN(CompressedVocab cv,
                         build_compressed_vocab_checked(vocab, config.compressed_vocab_size));

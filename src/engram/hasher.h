@@ -71,7 +71,7 @@ class EngramHasher {
 // Everything the forward pass needs at load time: validates the config, computes the hash
 // constants (checking engram_num_embeddings), builds the compressed map from the tokenizer
 // (checking engram_compressed_vocab_size) and returns the hasher.
-Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const TokenizerVocab& vocab);
+Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const text::TokenizerVocab& vocab);
 Result<EngramHasher> make_engram_hasher(const EngramConfig& config, const std::string& tokenizer_json_path);
 
 }  // namespace ds41::engram

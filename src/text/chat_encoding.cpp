@@ -52,6 +52,44 @@ const std::unordered_map<std::string, std::string_view>& task_tokens() {
   return k;
 }
 
+// Prompt text under construction: what the template writes (markup, where added tokens may be
+// matched) and what comes from the conversation (data, always plain text).
+class PromptText {
+ public:
+  void markup(std::string_view s) {
+    if (s.empty()) return;
+    const size_t b = text_.size();
+    text_ += s;
+    if (!markup_.empty() && markup_.back().end == b)
+      markup_.back().end = text_.size();
+    else
+      markup_.push_back({b, text_.size()});
+  }
+  void data(std::string_view s) { text_ += s; }
+  void append(const PromptText& o) {
+    const size_t shift = text_.size();
+    text_ += o.text_;
+    for (const TextRange& r : o.markup_) {
+      if (!markup_.empty() && markup_.back().end == r.begin + shift)
+        markup_.back().end = r.end + shift;
+      else
+        markup_.push_back({r.begin + shift, r.end + shift});
+    }
+  }
+  const std::string& text() const { return text_; }
+  const std::vector<TextRange>& markup_ranges() const { return markup_; }
+
+ private:
+  std::string text_;
+  std::vector<TextRange> markup_;
+};
+
+PromptText data_text(std::string_view s) {
+  PromptText t;
+  t.data(s);
+  return t;
+}
+
 bool json_truthy(const nlohmann::ordered_json& v) {
   if (v.is_null()) return false;
   if (v.is_array() || v.is_object() || v.is_string()) return !v.empty();
@@ -61,14 +99,14 @@ bool json_truthy(const nlohmann::ordered_json& v) {
 
 struct Block {
   enum Kind { kText, kToolResult } kind = kText;
-  std::string text;  // text, or the tool result's content
+  PromptText text;  // text, or the tool result's content
   std::string tool_use_id;
 };
 
 // One message after pre-processing (tool messages already merged into user turns).
 struct Turn {
   ChatRole role = ChatRole::kUser;
-  std::string content;
+  PromptText content;
   std::vector<Block> blocks;  // user turns only
   std::optional<std::string> reasoning;
   std::vector<ToolCall> tool_calls;
@@ -87,9 +125,7 @@ Status process_images(std::vector<ContentPart>* parts, size_t msg_index, std::ve
       case ContentPart::Type::kImage:
         if (p.image_source.empty())
           return invalid_argument(where(msg_index, "content") + ": image block without a source");
-        images->push_back(p.image_source);
-        p.type = ContentPart::Type::kText;
-        p.text = std::string(kImageToken);
+        images->push_back(p.image_source);  // stays kImage: rendered as the placeholder token
         break;
       case ContentPart::Type::kText:
         if (p.text.find(kImageToken) != std::string::npos)
@@ -105,36 +141,44 @@ Status process_images(std::vector<ContentPart>* parts, size_t msg_index, std::ve
   return ok_status();
 }
 
-std::string join_texts(const std::vector<ContentPart>& parts) {
-  std::string s;
+// Text of one part after process_images: an image placeholder is markup, text is data.
+void append_part_text(const ContentPart& p, PromptText* out) {
+  if (p.type == ContentPart::Type::kImage)
+    out->markup(kImageToken);
+  else
+    out->data(p.text);
+}
+
+PromptText join_texts(const std::vector<ContentPart>& parts) {
+  PromptText s;
   bool first = true;
   for (const auto& p : parts) {
-    if (p.type != ContentPart::Type::kText) continue;
-    if (!first) s += "\n\n";
+    if (p.type != ContentPart::Type::kText && p.type != ContentPart::Type::kImage) continue;
+    if (!first) s.markup("\n\n");
     first = false;
-    s += p.text;
+    append_part_text(p, &s);
   }
   return s;
 }
 
 // [encoding.py] Tool result content given as a list: text parts as is, others "[Unsupported T]".
-std::string render_tool_content_list(const std::vector<ContentPart>& parts) {
-  std::string s;
+PromptText render_tool_content_list(const std::vector<ContentPart>& parts) {
+  PromptText s;
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (i) s += "\n\n";
+    if (i) s.markup("\n\n");
     const auto& p = parts[i];
-    if (p.type == ContentPart::Type::kText)
-      s += p.text;
+    if (p.type == ContentPart::Type::kText || p.type == ContentPart::Type::kImage)
+      append_part_text(p, &s);
     else
-      s += "[Unsupported " +
-           (p.type == ContentPart::Type::kOther ? p.other_type : std::string("tool_result")) + "]";
+      s.data("[Unsupported " +
+             (p.type == ContentPart::Type::kOther ? p.other_type : std::string("tool_result")) + "]");
   }
   return s;
 }
 
 // [encoding.py] Arguments: a JSON object (possibly double-encoded as a JSON string); anything
 // else is passed as one string parameter named "arguments".
-std::string encode_arguments_dsml(const ToolCall& tc) {
+void encode_arguments_dsml(const ToolCall& tc, PromptText* out) {
   nlohmann::ordered_json args;
   bool is_object = false;
   {
@@ -153,21 +197,50 @@ std::string encode_arguments_dsml(const ToolCall& tc) {
     args = nlohmann::ordered_json::object();
     args["arguments"] = tc.arguments;
   }
-  std::string out;
   bool first = true;
   for (auto it = args.begin(); it != args.end(); ++it) {
-    if (!first) out += "\n";
+    if (!first) out->markup("\n");
     first = false;
     const bool is_str = it.value().is_string();
-    out += "<";
-    out += kDsmlToken;
-    out += " parameter name=\"" + it.key() + "\" string=\"" + (is_str ? "true" : "false") + "\">";
-    out += is_str ? it.value().get<std::string>() : python_json_dumps(it.value());
-    out += "</";
-    out += kDsmlToken;
-    out += " parameter>";
+    out->markup("<" + std::string(kDsmlToken) + " parameter name=\"");
+    out->data(it.key());
+    out->markup(std::string("\" string=\"") + (is_str ? "true" : "false") + "\">");
+    out->data(is_str ? it.value().get<std::string>() : python_json_dumps(it.value()));
+    out->markup("</" + std::string(kDsmlToken) + " parameter>");
   }
-  return out;
+}
+
+// "## Tools" block: the template's text around the schemas, which are data.
+Status append_tools_block(const nlohmann::ordered_json& tools, PromptText* out) {
+  if (!tools.is_array()) return invalid_argument("tools must be an array");
+  PromptText schemas;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const auto& t = tools[i];
+    if (!t.is_object() || !t.contains("function") || !t["function"].is_object())
+      return invalid_argument("tools[" + std::to_string(i) +
+                              "] has no 'function' object (OpenAI tool format)");
+    if (i) schemas.markup("\n");
+    schemas.data(python_json_dumps(t["function"]));
+  }
+  out->markup(kToolsTemplateHead);
+  out->append(schemas);
+  out->markup(kToolsTemplateTail);
+  return ok_status();
+}
+
+// MODEL_SPEC 6.2: blank line, "<｜DSML｜ calls>" NL, per call an invoke block, "</｜DSML｜ calls>".
+void append_tool_calls(const std::vector<ToolCall>& calls, PromptText* out) {
+  const std::string dsml(kDsmlToken);
+  out->markup("\n\n<" + dsml + " calls>\n");
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (i) out->markup("\n");
+    out->markup("<" + dsml + " invoke name=\"");
+    out->data(calls[i].name);
+    out->markup("\">\n");
+    encode_arguments_dsml(calls[i], out);
+    out->markup("\n</" + dsml + " invoke>");
+  }
+  out->markup("\n</" + dsml + " calls>");
 }
 
 }  // namespace
@@ -198,33 +271,15 @@ Result<int> parse_reasoning_effort(std::string_view s) {
 }
 
 Result<std::string> render_tools_block(const nlohmann::ordered_json& tools) {
-  if (!tools.is_array()) return invalid_argument("tools must be an array");
-  std::string schemas;
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const auto& t = tools[i];
-    if (!t.is_object() || !t.contains("function") || !t["function"].is_object())
-      return invalid_argument("tools[" + std::to_string(i) +
-                              "] has no 'function' object (OpenAI tool format)");
-    if (i) schemas += "\n";
-    schemas += python_json_dumps(t["function"]);
-  }
-  std::string out(kToolsTemplateHead);
-  out += schemas;
-  out += kToolsTemplateTail;
-  return out;
+  PromptText out;
+  DS41_RETURN_IF_ERROR(append_tools_block(tools, &out));
+  return out.text();
 }
 
 std::string render_tool_calls(const std::vector<ToolCall>& calls) {
-  // MODEL_SPEC 6.2: blank line, "<｜DSML｜ calls>" NL, per call an invoke block, "</｜DSML｜ calls>".
-  std::string invokes;
-  for (size_t i = 0; i < calls.size(); ++i) {
-    if (i) invokes += "\n";
-    invokes += "<" + std::string(kDsmlToken) + " invoke name=\"" + calls[i].name + "\">\n";
-    invokes += encode_arguments_dsml(calls[i]);
-    invokes += "\n</" + std::string(kDsmlToken) + " invoke>";
-  }
-  return "\n\n<" + std::string(kDsmlToken) + " calls>\n" + invokes + "\n</" + std::string(kDsmlToken) +
-         " calls>";
+  PromptText out;
+  append_tool_calls(calls, &out);
+  return out.text();
 }
 
 Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const ChatOptions& opt) {
@@ -277,21 +332,24 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
     if (m.role == ChatRole::kUser) {
       if (parts) {
         for (const auto& p : *parts) {
-          if (p.type == ContentPart::Type::kText) {
-            t.blocks.push_back({Block::kText, p.text, ""});
+          if (p.type == ContentPart::Type::kText || p.type == ContentPart::Type::kImage) {
+            PromptText text;
+            append_part_text(p, &text);
+            t.blocks.push_back({Block::kText, std::move(text), ""});
           } else if (p.type == ContentPart::Type::kToolResult) {
-            t.blocks.push_back({Block::kToolResult,
-                                p.tool_content ? render_tool_content_list(*p.tool_content) : p.text,
-                                p.tool_call_id});
+            t.blocks.push_back(
+                {Block::kToolResult,
+                 p.tool_content ? render_tool_content_list(*p.tool_content) : data_text(p.text),
+                 p.tool_call_id});
           } else {
-            t.blocks.push_back({Block::kText, "[Unsupported " + p.other_type + "]", ""});
+            t.blocks.push_back({Block::kText, data_text("[Unsupported " + p.other_type + "]"), ""});
           }
         }
       } else {
-        t.blocks.push_back({Block::kText, m.content, ""});
+        t.blocks.push_back({Block::kText, data_text(m.content), ""});
       }
     } else {
-      t.content = parts ? join_texts(*parts) : m.content;
+      t.content = parts ? join_texts(*parts) : data_text(m.content);
     }
 
     // 2. Tool results are merged into user turns; consecutive user turns merge too (MODEL_SPEC
@@ -358,46 +416,45 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
   }
 
   // 5. Rendering.
-  std::string& p = result.text;
-  if (opt.add_bos) p += kBosToken;
+  PromptText p;
+  if (opt.add_bos) p.markup(kBosToken);
   for (int i = 0; i < n; ++i) {
     const Turn& t = turns[i];
     // Right after BOS: <｜System｜> when thinking or when message 0 is a system message; the
     // effort line only in thinking mode and only here (MODEL_SPEC 6.2).
-    if (i == 0 && (opt.thinking || t.role == ChatRole::kSystem)) p += kSystemToken;
+    if (i == 0 && (opt.thinking || t.role == ChatRole::kSystem)) p.markup(kSystemToken);
     if (i == 0 && opt.thinking) {
-      p += "Reasoning Effort: " + std::to_string(opt.reasoning_effort) +
-           " (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
+      p.markup("Reasoning Effort: " + std::to_string(opt.reasoning_effort) +
+               " (range 1-100, the higher the value, the more thorough the reasoning)\n\n");
     }
     switch (t.role) {
       case ChatRole::kSystem:
-        if (i > 0) p += kSystemToken;  // mid-conversation system message
-        p += t.content;
+        if (i > 0) p.markup(kSystemToken);  // mid-conversation system message
+        p.append(t.content);
         if (t.tools) {
-          DS41_ASSIGN_OR_RETURN(std::string block, render_tools_block(*t.tools));
-          p += "\n\n" + block;
+          p.markup("\n\n");
+          DS41_RETURN_IF_ERROR(append_tools_block(*t.tools, &p));
         }
         if (t.response_format) {
-          p += "\n\n";
-          p += kResponseFormatHead;
-          p += python_json_dumps(*t.response_format);
+          p.markup("\n\n");
+          p.markup(kResponseFormatHead);
+          p.data(python_json_dumps(*t.response_format));
         }
         break;
       case ChatRole::kUser: {
-        p += kUserToken;
+        p.markup(kUserToken);
         for (size_t k = 0; k < t.blocks.size(); ++k) {
-          if (k) p += "\n\n";  // blocks (and tool results) joined by a blank line
+          if (k) p.markup("\n\n");  // blocks (and tool results) joined by a blank line
           const Block& b = t.blocks[k];
-          if (b.kind == Block::kToolResult)
-            p += "<tool_result>" + b.text + "</tool_result>";
-          else
-            p += b.text;
+          if (b.kind == Block::kToolResult) p.markup("<tool_result>");
+          p.append(b.text);
+          if (b.kind == Block::kToolResult) p.markup("</tool_result>");
         }
         break;
       }
       case ChatRole::kLatestReminder:
-        p += kLatestReminderToken;
-        p += t.content;
+        p.markup(kLatestReminderToken);
+        p.append(t.content);
         break;
       case ChatRole::kAssistant: {
         // [reasoning + </think>] + content + [tool calls] + EOS. The reasoning part is written in
@@ -405,12 +462,12 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
         // never after a task message ([encoding.py]).
         const bool prev_task = i > 0 && turns[i - 1].task.has_value();
         if (opt.thinking && !prev_task && (!drop || i > last_user)) {
-          p += t.reasoning.value_or("");
-          p += kThinkEnd;
+          p.data(t.reasoning.value_or(""));
+          p.markup(kThinkEnd);
         }
-        p += t.content;
-        if (!t.tool_calls.empty()) p += render_tool_calls(t.tool_calls);
-        if (!t.wo_eos) p += kEosToken;
+        p.append(t.content);
+        if (!t.tool_calls.empty()) append_tool_calls(t.tool_calls, &p);
+        if (!t.wo_eos) p.markup(kEosToken);
         break;
       }
       case ChatRole::kTool: return internal_error("tool message survived merging");
@@ -423,21 +480,32 @@ Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const C
     if (t.task) {
       const std::string_view tok = task_tokens().at(*t.task);
       if (*t.task != "action") {
-        p += tok;
+        p.markup(tok);
       } else {
-        p += kAssistantToken;
-        p += opt.thinking ? kThinkStart : kThinkEnd;
-        p += tok;
+        p.markup(kAssistantToken);
+        p.markup(opt.thinking ? kThinkStart : kThinkEnd);
+        p.markup(tok);
       }
     } else if (t.role == ChatRole::kUser || (t.role == ChatRole::kSystem && i > 0)) {
-      p += kAssistantToken;
+      p.markup(kAssistantToken);
       // <think> in thinking mode for the last user turn (or every turn when reasoning is kept);
       // </think> otherwise and always in chat mode.
       const bool think = opt.thinking && (!drop || i >= last_user);
-      p += think ? kThinkStart : kThinkEnd;
+      p.markup(think ? kThinkStart : kThinkEnd);
     }
   }
+  result.text = p.text();
+  if (opt.parse_special_in_content)
+    result.special_ranges = {TextRange{0, result.text.size()}};
+  else
+    result.special_ranges = p.markup_ranges();
   return result;
+}
+
+std::vector<int32_t> chat_prompt_ids(const Tokenizer& tokenizer, const ChatPrompt& prompt) {
+  EncodeOptions o;
+  o.added_token_ranges = std::span<const TextRange>(prompt.special_ranges);
+  return tokenizer.encode(prompt.text, o);
 }
 
 }  // namespace ds41::text

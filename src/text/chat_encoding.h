@@ -2,8 +2,11 @@
 // reference where the spec is silent). Owns the message model (system / user / assistant /
 // tool / latest_reminder), the pre-processing rules (image blocks -> placeholders, tool results
 // merged into user turns in call order, reasoning of earlier turns dropped unless tools are
-// declared) and the rendering into one prompt string. Tokenize that string with
-// Tokenizer::encode to get the prompt ids (special tokens are written as text).
+// declared) and the rendering into one prompt string plus the byte ranges that are template
+// markup. Tokenize with chat_prompt_ids(): added/special token strings are tokens only inside
+// the markup, so text inside message content cannot inject control tokens (the reference
+// encoding and HF tokenizers parse them everywhere; ChatOptions::parse_special_in_content
+// restores that).
 //
 // JSON conversion (OpenAI chat format) lives in chat_json.h.
 #pragma once
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "text/tokenizer.h"
 
 namespace ds41::text {
 
@@ -73,17 +77,31 @@ struct ChatOptions {
   int reasoning_effort = kDefaultReasoningEffort;  // 1..100; used only in thinking mode
   bool add_bos = true;                             // false when continuing a context
   bool drop_thinking = true;                       // drop reasoning of turns before the last user turn
+  // false (default): added/special token strings inside anything that is data rather than
+  // template — every role's content, reasoning, tool results, tool call names and arguments,
+  // tool schemas, response formats — are tokenized as plain text. true: they become tokens, as
+  // in the reference encoding.py + HF tokenizer (trusted input only: a user could end a turn
+  // with a typed "<｜end▁of▁sentence｜>" or open an assistant turn).
+  bool parse_special_in_content = false;
 };
 
 struct ChatPrompt {
   std::string text;                 // the prompt string (special tokens as text)
   std::vector<std::string> images;  // image sources, in placeholder order
+  // Sorted, disjoint byte ranges of `text` in which added tokens are matched: the template's
+  // own markup, or all of `text` with parse_special_in_content. Tokenizer::encode(text) alone
+  // ignores them and parses special strings everywhere (the reference behaviour).
+  std::vector<TextRange> special_ranges;
 };
 
 // Renders `messages` (MODEL_SPEC 6.2). Errors (InvalidArgument) name the message index and
 // field: unknown task, effort out of range, tools outside a system message, image placeholder
 // typed into text, image block without a source, tool call without a name, empty conversation.
 Result<ChatPrompt> encode_chat(const std::vector<ChatMessage>& messages, const ChatOptions& options);
+
+// The prompt's token ids: `prompt.text` with added tokens matched only inside
+// `prompt.special_ranges`.
+std::vector<int32_t> chat_prompt_ids(const Tokenizer& tokenizer, const ChatPrompt& prompt);
 
 // The "## Tools" system-prompt block for OpenAI-format `tools` (exposed for tests).
 Result<std::string> render_tools_block(const nlohmann::ordered_json& tools);

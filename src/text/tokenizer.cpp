@@ -1,6 +1,7 @@
 // ds41 text: tokenizer.json loader and BPE encode/decode (see tokenizer.h).
 #include "text/tokenizer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <sstream>
@@ -173,43 +174,92 @@ void Tokenizer::encode_text_segment(std::string_view text, uint32_t begin, uint3
   }
 }
 
+namespace {
+
+// The ranges of `ranges` that overlap [lo, hi), clipped to it and shifted by -lo.
+std::vector<TextRange> clip_ranges(std::span<const TextRange> ranges, size_t lo, size_t hi) {
+  std::vector<TextRange> out;
+  for (const TextRange& r : ranges) {
+    const size_t b = std::max(r.begin, lo), e = std::min(r.end, hi);
+    if (b < e) out.push_back({b - lo, e - lo});
+  }
+  return out;
+}
+
+}  // namespace
+
 void Tokenizer::encode_append(std::string_view input, std::vector<int32_t>* out,
                               const EncodeOptions& opts) const {
+  const bool match = opts.split_added_tokens && !(added_raw_.empty() && added_normalized_.empty());
+  const TextRange whole{0, input.size()};
+  std::span<const TextRange> ranges;  // where added tokens may be matched (none: plain text)
+  if (match) ranges = opts.added_token_ranges.value_or(std::span<const TextRange>(&whole, 1));
+
   std::string repaired;
+  std::vector<TextRange> repaired_ranges;
   std::string_view text = input;
   if (!utf8_is_valid(input)) {
-    repaired = utf8_sanitize(input);
+    // Repair each piece between range boundaries on its own, so that the ranges keep covering
+    // the same characters (a replacement never joins bytes from both sides of a boundary).
+    // Without ranges this is utf8_sanitize of the whole input.
+    std::vector<size_t> cuts = {0, input.size()};
+    for (const TextRange& r : ranges) {
+      cuts.push_back(std::min(r.begin, input.size()));
+      cuts.push_back(std::min(r.end, input.size()));
+    }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<size_t> new_pos(cuts.size());
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      new_pos[i] = repaired.size();
+      repaired += utf8_sanitize(input.substr(cuts[i], cuts[i + 1] - cuts[i]));
+    }
+    new_pos.back() = repaired.size();
+    auto moved = [&](size_t p) {
+      p = std::min(p, input.size());
+      return new_pos[std::lower_bound(cuts.begin(), cuts.end(), p) - cuts.begin()];
+    };
+    for (const TextRange& r : ranges) repaired_ranges.push_back({moved(r.begin), moved(r.end)});
     text = repaired;
+    ranges = repaired_ranges;
   }
-  if (text.size() > UINT32_MAX / 2) {
-    // Offsets are 32-bit; split absurdly large inputs (>2 GiB) at a character boundary. Not
-    // bit-identical to HF at the cut, which no real prompt reaches.
-    size_t cut = UINT32_MAX / 4;
-    while (cut > 0 && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) --cut;
-    encode_append(text.substr(0, cut), out, opts);
-    encode_append(text.substr(cut), out, opts);
-    return;
+  // Offsets are 32-bit; split absurdly large inputs (>2 GiB) at a character boundary. Not
+  // bit-identical to HF at the cut, which no real prompt reaches.
+  size_t lo = 0;
+  while (text.size() - lo > UINT32_MAX / 2) {
+    size_t cut = lo + UINT32_MAX / 4;
+    while (cut > lo && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) --cut;
+    encode_valid(text.substr(lo, cut - lo), clip_ranges(ranges, lo, cut), out);
+    lo = cut;
   }
+  encode_valid(text.substr(lo), clip_ranges(ranges, lo, text.size()), out);
+}
+
+void Tokenizer::encode_valid(std::string_view text, std::span<const TextRange> allowed,
+                             std::vector<int32_t>* out) const {
   const auto n = static_cast<uint32_t>(text.size());
-  if (!opts.split_added_tokens || (added_raw_.empty() && added_normalized_.empty())) {
-    encode_text_segment(text, 0, n, out);
-    return;
-  }
   // Pass 1: non-normalized added tokens on the raw text; pass 2: normalized ones in the gaps
-  // (the normalizer is the identity here, so "normalized text" is the gap text itself).
-  std::vector<AddedTokenMatcher::Match> first, all;
-  added_raw_.find_all(text, 0, n, &first);
-  uint32_t pos = 0;
-  auto second_pass = [&](uint32_t b, uint32_t e) {
-    if (b < e) added_normalized_.find_all(text, b, e, &all);
+  // (the normalizer is the identity here, so "normalized text" is the gap text itself). Both
+  // passes look only inside the allowed ranges.
+  auto find_in = [&](const AddedTokenMatcher& m, uint32_t b, uint32_t e,
+                     std::vector<AddedTokenMatcher::Match>* found) {
+    for (const TextRange& r : allowed) {
+      const auto rb = static_cast<uint32_t>(std::max<size_t>(r.begin, b));
+      const auto re = static_cast<uint32_t>(std::min<size_t>(r.end, e));
+      if (rb < re) m.find_all(text, rb, re, found);
+    }
   };
+  std::vector<AddedTokenMatcher::Match> first, all;
+  find_in(added_raw_, 0, n, &first);
+  uint32_t pos = 0;
   for (const auto& m : first) {
-    second_pass(pos, m.begin);
+    find_in(added_normalized_, pos, m.begin, &all);
     all.push_back(m);
     pos = m.end;
   }
-  second_pass(pos, n);
-  // `all` is ordered because each gap's matches precede the raw match that ends the gap.
+  find_in(added_normalized_, pos, n, &all);
+  // `all` is ordered because the ranges are sorted and each gap's matches precede the raw
+  // match that ends the gap.
   pos = 0;
   for (const auto& m : all) {
     encode_text_segment(text, pos, m.begin, out);

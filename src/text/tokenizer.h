@@ -29,10 +29,23 @@
 
 namespace ds41::text {
 
+// A byte range [begin, end) of an input text.
+struct TextRange {
+  size_t begin = 0, end = 0;
+  bool operator==(const TextRange&) const = default;
+};
+
 struct EncodeOptions {
   // When false, added/special token strings in the text are tokenized as ordinary text (use
   // for untrusted content that must not be able to inject control tokens).
   bool split_added_tokens = true;
+  // When set (and split_added_tokens is true), added tokens are matched only where the whole
+  // token string lies inside one of these ranges (sorted, disjoint, within the text); the rest
+  // of the text is tokenized as ordinary text even where it spells an added token. The chat
+  // encoder uses this to keep message content from injecting control tokens while its own
+  // markers stay tokens (ChatPrompt::special_ranges). Text between two matched tokens is
+  // pre-tokenized as one piece, whichever ranges it spans, exactly as without ranges.
+  std::optional<std::span<const TextRange>> added_token_ranges;
 };
 
 struct AddedTokenInfo {
@@ -79,6 +92,10 @@ class Tokenizer {
   Tokenizer() = default;
   void encode_text_segment(std::string_view text, uint32_t begin, uint32_t end,
                            std::vector<int32_t>* out) const;
+  // encode_append on valid UTF-8 of at most UINT32_MAX / 2 bytes; added tokens are matched
+  // inside `allowed` (sorted, disjoint, clipped to the text) only.
+  void encode_valid(std::string_view text, std::span<const TextRange> allowed,
+                    std::vector<int32_t>* out) const;
 
   BpeModel model_;
   PreTokenizer pre_;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engram/engram_normalize.h"
+#include "text/byte_level.h"
 #include "unit/engram/engram_test_util.h"
 
 namespace ds41::engram {
@@ -76,11 +77,7 @@ TEST(EngramCompressedVocab, CheckedLoaderRejectsWrongCount) {
 }
 
 // ByteLevel spelling of raw bytes.
-std::string bl(const std::string& bytes) {
-  std::string s;
-  for (unsigned char b : bytes) append_utf8(byte_level_char(b), s);
-  return s;
-}
+std::string bl(const std::string& bytes) { return text::ByteLevel::instance().encode(bytes); }
 
 TEST(EngramCompressedVocab, FallbackRulesOnASmallVocabulary) {
   nlohmann::json doc;
@@ -102,7 +99,7 @@ TEST(EngramCompressedVocab, FallbackRulesOnASmallVocabulary) {
   doc["added_tokens"] = {{{"id", 13}, {"content", "<|User|>"}},
                          {{"id", 14}, {"content", "HELLO"}},
                          {{"id", 15}, {"content", "\xEF\xBF\xBD"}}};
-  auto v = tokenizer_vocab_from_json(doc);
+  auto v = text::tokenizer_vocab_from_json(doc);
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ(compressed_key(v->pieces[3], false), bl("\xC3"));
   EXPECT_EQ(compressed_key(v->pieces[4], false), bl("\xEF\xBF\xBD"));
@@ -124,31 +121,31 @@ TEST(EngramCompressedVocab, FallbackRulesOnASmallVocabulary) {
 TEST(EngramCompressedVocab, MalformedTokenizerJsonIsAnError) {
   nlohmann::json gap;
   gap["model"]["vocab"] = {{"a", 0}, {"b", 2}};
-  auto r = tokenizer_vocab_from_json(gap);
+  auto r = text::tokenizer_vocab_from_json(gap);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("token id 1"), std::string::npos) << r.status().message();
 
   nlohmann::json dup;
   dup["model"]["vocab"] = {{"a", 0}, {"b", 0}};
-  EXPECT_FALSE(tokenizer_vocab_from_json(dup).ok());
+  EXPECT_FALSE(text::tokenizer_vocab_from_json(dup).ok());
 
   nlohmann::json neg;
   neg["model"]["vocab"] = {{"a", 0}, {"b", -1}};
-  EXPECT_FALSE(tokenizer_vocab_from_json(neg).ok());
+  EXPECT_FALSE(text::tokenizer_vocab_from_json(neg).ok());
 
   nlohmann::json no_model = {{"added_tokens", nlohmann::json::array()}};
-  EXPECT_EQ(tokenizer_vocab_from_json(no_model).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(text::tokenizer_vocab_from_json(no_model).status().code(), StatusCode::kNotFound);
 
   nlohmann::json bad_added;
   bad_added["model"]["vocab"] = {{"a", 0}};
   bad_added["added_tokens"] = {{{"id", 1}}};
-  EXPECT_FALSE(tokenizer_vocab_from_json(bad_added).ok());
+  EXPECT_FALSE(text::tokenizer_vocab_from_json(bad_added).ok());
 
   // An added token fills an id gap and overrides a model.vocab id.
   nlohmann::json ok;
   ok["model"]["vocab"] = {{"a", 0}, {"c", 2}};
   ok["added_tokens"] = {{{"id", 1}, {"content", "B"}}, {{"id", 2}, {"content", "Z"}}};
-  auto v = tokenizer_vocab_from_json(ok);
+  auto v = text::tokenizer_vocab_from_json(ok);
   ASSERT_TRUE(v.ok()) << v.status().to_string();
   EXPECT_EQ(v->pieces[1], "B");
   EXPECT_EQ(v->pieces[2], "Z");
@@ -158,9 +155,9 @@ TEST(EngramCompressedVocab, MalformedTokenizerJsonIsAnError) {
 TEST(EngramCompressedVocab, StreamingReaderEqualsDomReader) {
   // read_tokenizer_vocab streams the file (SAX, skipping merges); tokenizer_vocab_from_json takes
   // a parsed document. Both must give the same table for the real tokenizer.
-  auto streamed = read_tokenizer_vocab(testing::tokenizer_path());
+  auto streamed = text::read_tokenizer_vocab(testing::tokenizer_path());
   ASSERT_TRUE(streamed.ok()) << streamed.status().to_string();
-  auto dom = tokenizer_vocab_from_json(load_json(testing::tokenizer_path()));
+  auto dom = text::tokenizer_vocab_from_json(load_json(testing::tokenizer_path()));
   ASSERT_TRUE(dom.ok()) << dom.status().to_string();
   ASSERT_EQ(streamed->size(), 129280u);
   EXPECT_EQ(streamed->pieces, dom->pieces);
@@ -172,7 +169,7 @@ TEST(EngramCompressedVocab, StreamingReaderRejectsMalformedFiles) {
   auto read_text = [](const std::string& name, const std::string& text) {
     const std::string path = ::testing::TempDir() + "/engram_vocab_" + name + ".json";
     std::ofstream(path, std::ios::binary) << text;
-    return read_tokenizer_vocab(path);
+    return text::read_tokenizer_vocab(path);
   };
   const auto good =
       read_text("good", R"({"added_tokens":[{"id":2,"content":"<x>","special":true,"extra":{"a":[1]}}],)"

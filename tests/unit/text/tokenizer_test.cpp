@@ -2,6 +2,8 @@
 // invalid UTF-8, the Oniguruma `\s` rule, loader errors, long words, threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <span>
 #include <thread>
 
 #include "text/byte_level.h"
@@ -96,6 +98,44 @@ TEST(Tokenizer, AddedTokensCanBeDisabled) {
   EXPECT_GT(ids.size(), 1u);
   for (int32_t id : ids) EXPECT_LT(id, 128000);
   EXPECT_EQ(*t.decode(ids), "<｜User｜>");
+}
+
+TEST(Tokenizer, AddedTokensOnlyInsideGivenRanges) {
+  const Tokenizer& t = v41_tokenizer();
+  const std::string text = "a<think>b</think>c";  // <think> at [1, 8), </think> at [9, 17)
+  EncodeOptions o;
+  const std::vector<TextRange> second = {{9, 17}};
+  o.added_token_ranges = second;
+  EncodeOptions plain;
+  plain.split_added_tokens = false;
+  Ids want = t.encode("a<think>b", plain);
+  want.push_back(128822);
+  want.push_back(t.encode("c")[0]);
+  EXPECT_EQ(t.encode(text, o), want);
+  // A token only partly inside a range is text.
+  const std::vector<TextRange> partial = {{0, 7}, {9, 16}};
+  o.added_token_ranges = partial;
+  EXPECT_EQ(t.encode(text, o), t.encode(text, plain));
+  // The whole text as one range is the default; no ranges at all means plain text.
+  const std::vector<TextRange> whole = {{0, text.size()}};
+  o.added_token_ranges = whole;
+  EXPECT_EQ(t.encode(text, o), t.encode(text));
+  o.added_token_ranges = std::span<const TextRange>();
+  EXPECT_EQ(t.encode(text, o), t.encode(text, plain));
+}
+
+TEST(Tokenizer, AddedTokenRangesSurviveUtf8Repair) {
+  // Invalid bytes before a range are replaced (3 bytes of U+FFFD for 1 byte): the range must
+  // still cover the same token afterwards.
+  const Tokenizer& t = v41_tokenizer();
+  const std::string text = "\xC3<think>\xFF\xFE</think>";  // <think> at [1, 8), </think> at [10, 18)
+  EncodeOptions o;
+  const std::vector<TextRange> second = {{10, 18}};
+  o.added_token_ranges = second;
+  const Ids ids = t.encode(text, o);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 128822), 1);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 128821), 0);
+  EXPECT_EQ(*t.decode(ids), "\xEF\xBF\xBD<think>\xEF\xBF\xBD\xEF\xBF\xBD</think>");
 }
 
 TEST(Tokenizer, DecodeRejectsUnknownIds) {
