@@ -1,13 +1,19 @@
 // ds41 bench forward: CPU reference prefill and decode throughput on a preset model
 // (`ds41 make-checkpoint` presets, generated on first use under --work-dir) or on --model DIR,
 // plus the allocator's global KV bytes per token (layout and measured on the sequence state).
-// Prints one JSON object with --json (git revision, device, config, numbers).
+// Prints one JSON object with --json (tools/bench_header.h: git revision, device, config; then
+// the numbers). A preset whose random checkpoint would be huge (v41-flash: 510 GB) is refused
+// unless --force (tools/checkpoint_guard.h, the same guard as make-checkpoint). The tokenizer
+// (Engram vocabulary) defaults to the model directory's when it has one, else the shared V4.1
+// tokenizer found from the binary's location (tools/resource_paths.h), never from the cwd.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "bench_header.h"
+#include "checkpoint_guard.h"
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "forward_cli_util.h"
@@ -18,22 +24,22 @@ namespace ds41::cli {
 namespace {
 
 struct BenchArgs {
-  std::string preset = "tiny", model_dir, tokenizer_dir = "../shared/tokenizer-v41",
-              work_dir = "/tmp/ds41-bench";
+  std::string preset = "tiny", model_dir, tokenizer_dir, work_dir = "/tmp/ds41-bench";
   int64_t prompt_len = 256, decode = 32;
   int threads = 2;
-  bool json = false;
+  bool json = false, force = false;
 };
 
-std::string git_rev() {
-  std::string r;
-  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    char buf[64];
-    if (fgets(buf, sizeof buf, p)) r = buf;
-    pclose(p);
-  }
-  while (!r.empty() && (r.back() == '\n' || r.back() == ' ')) r.pop_back();
-  return r.empty() ? "unknown" : r;
+// Usage errors (exit 2): bad numbers, an unknown preset, a preset too big to generate.
+Status validate_bench_args(const BenchArgs& a) {
+  if (a.prompt_len < 1 || a.decode < 0)
+    return invalid_argument("--prompt-len must be >= 1 and --decode >= 0");
+  if (a.threads < 1) return invalid_argument("--threads must be >= 1");
+  if (!a.model_dir.empty()) return ok_status();
+  DS41_ASSIGN_OR_RETURN(model::ModelConfig pc, model::preset_config(a.preset));
+  if (std::filesystem::exists(a.work_dir + "/" + a.preset + "/config.json")) return ok_status();
+  return guard_random_checkpoint(a.preset, pc, a.force,
+                                 "use --preset tiny|small, --model DIR, or --force if you really mean it");
 }
 
 Status run_bench(const BenchArgs& a) {
@@ -48,7 +54,11 @@ Status run_bench(const BenchArgs& a) {
       (void)made;
     }
   }
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(dir, a.tokenizer_dir, a.threads));
+  std::string tok_dir = a.tokenizer_dir;
+  if (tok_dir.empty() && !std::filesystem::exists(dir + "/tokenizer.json")) {
+    DS41_ASSIGN_OR_RETURN(tok_dir, default_tokenizer_dir());
+  }
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(dir, tok_dir, a.threads));
   model::Model& m = *lm.model;
   const model::ModelConfig& c = m.config();
   std::mt19937 rng(1234);
@@ -76,17 +86,14 @@ Status run_bench(const BenchArgs& a) {
   }
   const int64_t t2 = clock.now_mono_ns();
   const double pre_s = (t1 - t0) * 1e-9, dec_s = (t2 - t1) * 1e-9;
-  nlohmann::ordered_json j;
-  j["bench"] = "forward";
-  j["git_rev"] = git_rev();
-  j["device"] = "cpu-reference";
-  j["threads"] = a.threads;
-  j["model"] = a.model_dir.empty() ? "preset:" + a.preset : dir;
-  j["config"] = {{"layers", c.num_hidden_layers},
-                 {"hidden", c.hidden_size},
-                 {"vocab", c.vocab_size},
-                 {"experts", c.n_routed_experts},
-                 {"window", c.sliding_window}};
+  nlohmann::ordered_json j = bench_header("forward", {{"backend", "cpu-reference"}},
+                                          {{"model", a.model_dir.empty() ? "preset:" + a.preset : dir},
+                                           {"threads", a.threads},
+                                           {"layers", c.num_hidden_layers},
+                                           {"hidden", c.hidden_size},
+                                           {"vocab", c.vocab_size},
+                                           {"experts", c.n_routed_experts},
+                                           {"window", c.sliding_window}});
   j["prefill_tokens"] = a.prompt_len;
   j["prefill_s"] = pre_s;
   j["prefill_tok_per_s"] = a.prompt_len / std::max(pre_s, 1e-12);
@@ -110,18 +117,24 @@ void setup_bench(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd =
       parent.add_subcommand("forward", "CPU reference prefill/decode tokens/s and KV bytes per token");
-  cmd->add_option("--preset", a->preset, "tiny | small (generated with make-checkpoint under --work-dir)");
+  cmd->add_option("--preset", a->preset,
+                  "tiny | small | v41-flash (generated with random weights under --work-dir; v41-flash needs "
+                  "--force)");
   cmd->add_option("--model", a->model_dir, "Use this model directory instead of a preset");
-  cmd->add_option("--tokenizer", a->tokenizer_dir, "Folder with tokenizer.json (Engram vocabulary)");
+  cmd->add_option("--tokenizer", a->tokenizer_dir,
+                  "Folder with tokenizer.json, the Engram vocabulary (default: the model's, else the "
+                  "shared V4.1 tokenizer beside the source tree)");
   cmd->add_option("--work-dir", a->work_dir,
                   "Where preset checkpoints are generated (default /tmp/ds41-bench)");
   cmd->add_option("--prompt-len", a->prompt_len, "Prefill tokens (default 256)");
   cmd->add_option("--decode", a->decode, "Decode steps (default 32)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
   cmd->add_flag("--json", a->json, "One-line JSON");
+  cmd->add_flag("--force", a->force,
+                "Allow generating a huge preset with random weights (v41-flash: 510 GB)");
   cmd->callback([a, &exit_code] {
-    if (a->prompt_len < 1 || a->decode < 0) {
-      std::cerr << "ds41 bench forward: --prompt-len must be >= 1 and --decode >= 0\n";
+    if (Status u = validate_bench_args(*a); !u.ok()) {
+      std::cerr << "ds41 bench forward: " << u.message() << "\n";
       exit_code = 2;
       return;
     }

@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include "bench_header.h"
 #include "cli_registry.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -51,16 +52,6 @@ struct Options {
   int repeats = 5;
   int scan_threads = 0;
 };
-
-std::string git_revision() {
-  FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
-  if (!p) return "unknown";
-  char buf[64] = {0};
-  std::string s = fgets(buf, sizeof(buf), p) ? buf : "";
-  pclose(p);
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-  return s.empty() ? "unknown" : s;
-}
 
 void drop_cache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
@@ -253,17 +244,12 @@ int run(const Options& o0) {
                  ec.message().c_str());
     return 1;
   }
-  nlohmann::json out;
-  out["bench"] = "kvstore";
-  out["git_revision"] = git_revision();
   struct statfs sf {};
   statfs(o.dir.c_str(), &sf);
   char fstype[32];
   std::snprintf(fstype, sizeof(fstype), "0x%lx", static_cast<unsigned long>(sf.f_type));
-  out["device"] = {{"dir", o.dir},
-                   {"fs_type", fstype},
-                   {"cpus", std::thread::hardware_concurrency()},
-                   {"host_memory_bytes", host_memory_bytes()}};
+  nlohmann::json out = cli::bench_header<nlohmann::json>(
+      "kvstore", {{"dir", o.dir}, {"fs_type", fstype}, {"host_memory_bytes", host_memory_bytes()}}, {});
   out["config"] = {{"blocks", o.blocks},
                    {"block_tokens", 128},
                    {"block_bytes", o.block_bytes},

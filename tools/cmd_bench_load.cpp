@@ -7,7 +7,7 @@
 // The older single-threaded reader (sequential + look-ahead hints) is reported beside it. Page caches are
 // dropped before each cold read when possible
 // (/proc/sys/vm/drop_caches, needs root); the JSON says whether that worked. Warm (page-cache)
-// numbers are reported as well. Prints JSON with the git revision and the machine.
+// numbers are reported as well. Prints JSON with the git revision and the machine (tools/bench_header.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_header.h"
 #include "cli_registry.h"
 #include "model/config.h"
 #include "model/layer_schedule.h"
@@ -54,38 +55,6 @@ struct BenchLoadArgs {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string shell_line(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  pclose(p);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
-std::string git_revision() {
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  std::string dir = ".";
-  if (n > 0) dir = std::filesystem::path(std::string(exe, static_cast<size_t>(n))).parent_path().string();
-  std::string rev = shell_line("git -C '" + dir + "' rev-parse --short HEAD 2>/dev/null");
-  if (rev.empty()) rev = shell_line("git rev-parse --short HEAD 2>/dev/null");
-  if (rev.empty()) return "unknown";
-  if (!shell_line("git -C '" + dir + "' status --porcelain --untracked-files=no 2>/dev/null").empty())
-    rev += "-dirty";
-  return rev;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
 }
 
 bool drop_caches() {
@@ -237,11 +206,12 @@ Result<double> dd_read(const std::string& path) {
 }
 
 int run_bench_load(const BenchLoadArgs& a) {
-  ojson out;
-  out["bench"] = "load";
-  out["git_revision"] = git_revision();
-  out["device"] = {{"cpu", cpu_model()}, {"cores", std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))}};
-  out["dir"] = a.dir;
+  ojson out = bench_header("load", ojson::object(),
+                           {{"dir", a.dir},
+                            {"file", a.file},
+                            {"size_gib", a.size_gib},
+                            {"repeats", a.repeats},
+                            {"threads", a.threads}});
 
   // (1) open + validate, a few times (the first may pay for cold metadata).
   std::vector<double> times;

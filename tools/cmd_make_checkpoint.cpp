@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "checkpoint_guard.h"
 #include "cli_registry.h"
 #include "model/checkpoint_maker.h"
 #include "model/presets.h"
@@ -34,12 +35,14 @@ int run_make_checkpoint(const MakeArgs& a) {
     std::cerr << "ds41 make-checkpoint: " << cfg.status().message() << "\n";
     return 2;
   }
-  if (a.preset == "v41-flash" && !a.layout_only && !a.force) {
-    std::cerr
-        << "ds41 make-checkpoint: preset v41-flash with random data would write 510,286,023,000 bytes "
-           "(510 GB) and take hours; pass --layout-only for the sparse layout (a few MB), or --force if "
-           "you really mean it\n";
-    return 2;
+  if (!a.layout_only) {
+    Status g = guard_random_checkpoint(
+        a.preset, *cfg, a.force,
+        "pass --layout-only for the sparse layout (a few MB), or --force if you really mean it");
+    if (!g.ok()) {
+      std::cerr << "ds41 make-checkpoint: " << g.message() << "\n";
+      return 2;
+    }
   }
   if (!a.tokenizer_dir.empty()) {
     // The checkpoint must accept every id the tokenizer can produce (the tiny preset's own
@@ -78,9 +81,10 @@ int run_make_checkpoint(const MakeArgs& a) {
       if (!fs::exists(src, ec)) continue;
       fs::copy_file(src, fs::path(a.out) / f, fs::copy_options::overwrite_existing, ec);
       if (!ec)  // the source may be read-only; the copy belongs to the checkpoint's owner
-        fs::permissions(fs::path(a.out) / f,
-                        fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read,
-                        ec);
+        fs::permissions(
+            fs::path(a.out) / f,
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read,
+            ec);
       if (ec) {
         std::cerr << "ds41 make-checkpoint: copying " << src << ": " << ec.message() << "\n";
         return 1;

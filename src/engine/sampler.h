@@ -1,0 +1,65 @@
+// ds41 engine: the sampler — turns one logits row into the next token id. The one sampler of
+// the project (`ds41 generate` and the server both use it).
+//
+// Rule, in this order (all probabilities in fp64, relative to the row's largest logit):
+//   temperature == 0      greedy: the largest logit, lowest index among equal maxima.
+//   otherwise             p_i = exp((logit_i - max) / temperature), tokens ordered by p
+//                         descending, ties by lower index; then
+//     top_k > 0           keep the first top_k tokens of that order;
+//     min_p > 0           keep tokens with p_i >= min_p * p_max (p_max = 1);
+//     top_p < 1           keep the shortest prefix whose mass reaches top_p of what is left
+//                         (always at least one token);
+//                         and draw from the kept tokens in proportion to p_i with the
+//                         sampler's own mt19937_64 seeded by `seed`.
+// The same params and the same sequence of rows give the same tokens (the draw is one
+// std::uniform_real_distribution<double> value over the kept mass, walked in the order above;
+// mt19937_64 is fully specified, the distribution is the standard library's).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+
+namespace ds41::engine {
+
+struct SamplingParams {
+  double temperature = 0.0;  // >= 0, finite; 0 = greedy
+  double top_p = 1.0;        // (0, 1]
+  int64_t top_k = 0;         // >= 0; 0 = off
+  double min_p = 0.0;        // [0, 1]; 0 = off
+  uint64_t seed = 0;
+};
+
+// InvalidArgument naming the parameter and the accepted range, else ok.
+Status validate_sampling_params(const SamplingParams& p);
+
+// Index of the largest logit, the lowest index among equal maxima (the house tie rule).
+// Precondition: logits is not empty and holds no NaN.
+int32_t argmax_token(std::span<const float> logits);
+
+// Not thread-safe: one Sampler per sequence (it owns the RNG stream and scratch buffers).
+class Sampler {
+ public:
+  // InvalidArgument for params outside their ranges (validate_sampling_params).
+  static Result<Sampler> create(const SamplingParams& params);
+
+  // The next token for this row. InvalidArgument for an empty row, a NaN or +inf logit, or a
+  // row with no finite logit (-inf marks a forbidden token and is never drawn unless sampling
+  // is greedy and every other logit is -inf as well, which is rejected).
+  Result<int32_t> sample(std::span<const float> logits);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<double> prob_;    // scratch: unnormalized probabilities, by token id
+  std::vector<int32_t> order_;  // scratch: token ids by descending probability
+};
+
+}  // namespace ds41::engine
