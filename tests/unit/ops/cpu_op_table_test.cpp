@@ -584,6 +584,9 @@ TEST_F(CpuOpTable, CandidatePoolIsExact) {
     std::vector<float> s = selection_scores(n * c.t, c.distinct, 0.0, 0.0, rng);
     for (int64_t r = 0; r < n; ++r)  // entries past visible are -inf (indexer_scores' contract)
       for (int64_t t = c.visible[r]; t < c.t; ++t) s[r * c.t + t] = -kInf;
+    for (int64_t r = 0; r < n; ++r)  // the newest block scores lowest: only the forcing keeps it
+      for (int64_t t = (c.visible[r] - 1) / c.block * c.block; t < c.visible[r]; ++t)
+        s[r * c.t + t] = -100.0f;
     std::vector<uint8_t> mask(n * c.t, 7);
     be_.candidate_pool(s.data(), c.visible.data(), n, c.t, c.block, c.keep_blocks, mask.data());
     for (int64_t r = 0; r < n; ++r) {
