@@ -71,7 +71,7 @@ void ForwardPass::attention(int64_t l, const float* x, float* y) {
         for (int64_t j = 0; j < kmax; ++j) {
           const int32_t k = sel->sel[r * kmax + j];
           if (k < 0) continue;
-          DS41_CHECK(k < owner->count, "selected compressed entry beyond the owner's cache");
+          DS41_CHECK_LT(k, owner->count, "selected compressed entry beyond the owner's cache");
           float* dst = &comp[(r * kmax + j) * hd];
           quant::q_kv_decode(owner->kv_row(k), hd, dst);
           ptrs.push_back(dst);
@@ -149,7 +149,7 @@ void ForwardPass::compress(int64_t l, const float* x) {
         zs.resize(zs.size() + hd);
         be_.softmax_pool(src->pend_a.data(), src->pend_b.data(), R, hd, zs.data() + zs.size() - hd);
       }
-      DS41_CHECK(k == next, "compressed entries must be emitted in order");
+      DS41_CHECK_EQ(k, next, "compressed entries must be emitted in order");
       emits.push_back({src, k});
       ++next;
     }

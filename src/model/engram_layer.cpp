@@ -19,7 +19,8 @@ void ForwardPass::engram_stage(int64_t l) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t id = hash_ids_[(r * nel + li) * cols + j];
-      DS41_CHECK(id >= 0 && id < ew->rows, "engram row id outside the table");
+      DS41_CHECK(id >= 0 && id < ew->rows, "engram row id %lld outside the table of %lld rows",
+                 static_cast<long long>(id), static_cast<long long>(ew->rows));
       ids[r * cols + j] = id;
     }
   std::vector<float> rows(n * cols * ed), z(n * (C + 1) * H), keys(n * C * H), value(n * H), gates(n * C);

@@ -7,16 +7,13 @@
 #include <cstdint>
 #include <string>
 
+#include "quant/weight_format.h"
+
 namespace ds41::ops {
 
-enum class WeightFormat : uint8_t {
-  kNone,      // absent
-  kF32,       // float32 [out, in]
-  kBF16,      // bfloat16 [out, in]
-  kFp8Tiles,  // E4M3 [out, in] + E8M0 [ceil(out/32), ceil(in/32)]
-  kFp4Rows,   // packed E2M1 [out, in/2] + E8M0 [out, in/32]
-};
-const char* weight_format_name(WeightFormat f);
+// The format table is owned by quant (quant/weight_format.h); ops re-exports its names.
+using quant::weight_format_name;
+using quant::WeightFormat;
 
 struct WeightRef {
   WeightFormat format = WeightFormat::kNone;

@@ -13,6 +13,22 @@ namespace {
 constexpr double kTolLogits = 5e-3;
 constexpr double kTolLayer = 2e-3;
 
+// Selection arrays compared (or present in the golden file), over all prompts and layers.
+struct SelectionCounts {
+  int64_t topk = 0, cand = 0, router = 0;
+};
+SelectionCounts count_golden_selections(const GoldenFile& g, int prompts, int64_t layers) {
+  SelectionCounts n;
+  for (int i = 0; i < prompts; ++i)
+    for (int64_t l = 0; l < layers; ++l) {
+      const std::string L = "prompt" + std::to_string(i) + ".layer" + std::to_string(l);
+      n.topk += g.has(L + ".topk_indices");
+      n.cand += g.has(L + ".candidate_mask");
+      n.router += g.has(L + ".router_experts");
+    }
+  return n;
+}
+
 class GoldenForward : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -35,6 +51,7 @@ TEST_F(GoldenForward, PromptsSelectionsAndDecode) {
   const model::ModelConfig& c = m.config();
   const int64_t V = c.vocab_size;
   std::unique_ptr<model::SequenceState> st2;
+  SelectionCounts compared;
   for (int i = 0; i < 3; ++i) {
     const std::string P = "prompt" + std::to_string(i);
     SCOPED_TRACE(P);
@@ -58,10 +75,14 @@ TEST_F(GoldenForward, PromptsSelectionsAndDecode) {
     // Engram hash ids: exactly equal.
     auto gh = gold_->get<int32_t>(P + ".engram_hash_ids");
     EXPECT_EQ(out->record.hash_ids, gh.v);
-    // Top-k (as sets), candidate masks (exact), router experts (as sets).
+    // Top-k (as sets), candidate masks (exact), router experts (as sets). Which layers carry
+    // which selection follows the layer schedule (index sources compute top-k, the candidate
+    // source the pool, every MoE layer routes); a missing golden array is a failure (get()).
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string L = P + ".layer" + std::to_string(l);
-      if (gold_->has(L + ".topk_indices")) {
+      const model::LayerPlan& p = m.schedule().layers[l];
+      if (p.index_source) {
+        ++compared.topk;
         auto g = gold_->get<int32_t>(L + ".topk_indices");
         const auto& mine = out->record.topk.at(l);
         for (int64_t r = 0; r < S; ++r)
@@ -69,7 +90,8 @@ TEST_F(GoldenForward, PromptsSelectionsAndDecode) {
                     id_set(&g.v[r * g.row_size()], g.row_size()))
               << L << " row " << r;
       }
-      if (gold_->has(L + ".candidate_mask")) {
+      if (p.candidate_source) {
+        ++compared.cand;
         auto g = gold_->get<uint8_t>(L + ".candidate_mask");
         const int64_t T = g.row_size(), B = c.candidate_block_size, nb = c.candidate_topk_blocks;
         const auto& blocks = out->record.cand_blocks.at(l);
@@ -81,6 +103,7 @@ TEST_F(GoldenForward, PromptsSelectionsAndDecode) {
                 mask[r * T + t] = 1;
         EXPECT_EQ(mask, g.v) << L;
       }
+      ++compared.router;
       auto ge = gold_->get<int32_t>(L + ".router_experts");
       const auto& me = out->record.router_experts.at(l);
       const int64_t k = c.num_experts_per_tok;
@@ -89,6 +112,20 @@ TEST_F(GoldenForward, PromptsSelectionsAndDecode) {
     }
     if (i == 2) st2 = std::move(st);
   }
+  // Every selection array of the golden file was compared, and the schedule agrees with the
+  // golden README's list (top-k of layers 2, 4, 6; the candidate mask of layer 4; router
+  // experts of every layer), so a renamed array or a schedule change cannot skip a check.
+  const SelectionCounts in_file = count_golden_selections(*gold_, 3, c.num_hidden_layers);
+  EXPECT_EQ(compared.topk, in_file.topk);
+  EXPECT_EQ(compared.cand, in_file.cand);
+  EXPECT_EQ(compared.router, in_file.router);
+  EXPECT_EQ(compared.topk, 3 * static_cast<int64_t>(c.index_source_layer_ids.size()));
+  EXPECT_EQ(compared.cand, 3 * (c.candidate_source_layer_id >= 0 ? 1 : 0));
+  EXPECT_EQ(compared.router, 3 * c.num_hidden_layers);
+  EXPECT_EQ(c.index_source_layer_ids, (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(c.candidate_source_layer_id, 4);
+  std::cout << "selection arrays compared: topk " << compared.topk << ", candidate_mask " << compared.cand
+            << ", router_experts " << compared.router << "\n";
   // Decode: feed decode.input_ids after prompt2 (golden README), one token per step.
   auto dids = gold_->get<int32_t>("decode.input_ids");
   auto dl = gold_->get<float>("decode.logits");
@@ -117,6 +154,9 @@ TEST_F(GoldenForward, LayerByLayerTeacherForced) {
   auto ids = gold_->get<int32_t>("prompt2.input_ids");
   const int64_t S = ids.rows(), C = c.hc_mult, H = c.hidden_size;
   const int64_t per_layer = S * C * H;
+  // streams holds the input of every layer and the output of the last one.
+  ASSERT_EQ(static_cast<int64_t>(streams.v.size()), (c.num_hidden_layers + 1) * per_layer);
+  int64_t layers_compared = 0, topk_compared = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     SCOPED_TRACE("layer " + std::to_string(l));
     const model::LayerPlan& p = m.schedule().layers[l];
@@ -166,10 +206,14 @@ TEST_F(GoldenForward, LayerByLayerTeacherForced) {
         differing +=
             id_set(&mine[r * c.index_topk], c.index_topk) != id_set(&g.v[r * g.row_size()], g.row_size());
       EXPECT_EQ(differing, 0);
+      ++topk_compared;
     }
+    ++layers_compared;
     std::cout << "layer " << l << " (" << model::attn_mode_name(p.mode) << ") max e_r " << worst
               << " pre max abs " << pre_abs << "\n";
   }
+  EXPECT_EQ(layers_compared, c.num_hidden_layers);
+  EXPECT_EQ(topk_compared, static_cast<int64_t>(c.index_source_layer_ids.size()));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "quant/weight_format.h"
 #include "quant/weight_formats.h"
 
 namespace ds41::backends::cpu {
@@ -106,25 +107,10 @@ void CpuBackend::for_rows(int64_t n, int64_t min_chunk, const std::function<void
 }
 
 void CpuBackend::dequant_rows(const WeightRef& w, int64_t b, int64_t e, float* out) {
-  switch (w.format) {
-    case WeightFormat::kF32:
-      std::memcpy(out, reinterpret_cast<const float*>(w.data) + b * w.in_dim,
-                  (e - b) * w.in_dim * sizeof(float));
-      return;
-    case WeightFormat::kBF16: {
-      const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data);
-      for (int64_t i = b * w.in_dim; i < e * w.in_dim; ++i) out[i - b * w.in_dim] = bf16_to_f32(src[i]);
-      return;
-    }
-    case WeightFormat::kFp8Tiles:
-      quant::fp8_tiles_dequant_rows(w.data, w.scale, w.out_dim, w.in_dim, b, e, out);
-      return;
-    case WeightFormat::kFp4Rows:
-      quant::fp4_rows_dequant_rows(w.data, w.scale, w.out_dim, w.in_dim, b, e, out);
-      return;
-    case WeightFormat::kNone: break;
-  }
-  DS41_CHECK(false, "dequant_rows on an absent weight");
+  // The host reference dequantizer of the format (quant/weight_format.h traits table).
+  const quant::WeightFormatTraits& t = quant::weight_format_traits(w.format);
+  DS41_CHECK(t.dequant_rows != nullptr, "dequant_rows on an absent weight '%s'", w.name);
+  t.dequant_rows(w.data, w.scale, w.out_dim, w.in_dim, b, e, out);
 }
 
 const float* CpuBackend::dequantized(const WeightRef& w) {
@@ -146,7 +132,7 @@ void CpuBackend::prepare(const WeightRef& w) {
 }
 
 void CpuBackend::linear(const WeightRef& w, const float* x, int64_t n, float* y) {
-  DS41_CHECK(w.present(), "linear on an absent weight");
+  DS41_CHECK(w.present(), "linear on an absent weight '%s'", w.name);
   const int64_t in = w.in_dim, out = w.out_dim;
   if (n == 0) return;
   if (opt_.cache_dequantized || w.format == WeightFormat::kF32) {
@@ -167,7 +153,10 @@ void CpuBackend::linear(const WeightRef& w, const float* x, int64_t n, float* y)
 }
 
 void CpuBackend::grouped_linear(const WeightRef& w, int64_t groups, const float* x, int64_t n, float* y) {
-  DS41_CHECK(w.present() && groups > 0 && w.out_dim % groups == 0, "grouped_linear shape");
+  DS41_CHECK(w.present(), "grouped_linear on an absent weight '%s'", w.name);
+  DS41_CHECK_GT(groups, 0, "grouped_linear '%s'", w.name);
+  DS41_CHECK_EQ(w.out_dim % groups, 0, "grouped_linear '%s': out_dim %lld not divisible by %lld groups",
+                w.name, static_cast<long long>(w.out_dim), static_cast<long long>(groups));
   const int64_t in_g = w.in_dim, out_g = w.out_dim / groups, out = w.out_dim;
   const float* wf = dequantized(w);  // always cached: the reference path (small)
   for_rows(out, 16, [&](int64_t ob, int64_t oe) {
@@ -218,7 +207,8 @@ void CpuBackend::embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, con
                             float* out) {
   const uint16_t* t = reinterpret_cast<const uint16_t*>(table);
   for (int64_t r = 0; r < n; ++r) {
-    DS41_CHECK(ids[r] >= 0 && ids[r] < rows, "embedding id out of range");
+    DS41_CHECK(ids[r] >= 0 && ids[r] < rows, "embedding id %d at row %lld outside [0, %lld)", ids[r],
+               static_cast<long long>(r), static_cast<long long>(rows));
     const uint16_t* src = t + static_cast<int64_t>(ids[r]) * dim;
     for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = bf16_to_f32(src[i]);
   }
@@ -462,7 +452,8 @@ void CpuBackend::router(const float* logits, int64_t n, int64_t n_experts, const
       biased[e] = sc[e] + (bvec ? bvec[e] : 0.0f);
     }
     best_k(biased.data(), n_experts, k, idx);
-    DS41_CHECK(static_cast<int64_t>(idx.size()) == k, "router: fewer finite scores than experts per token");
+    DS41_CHECK_EQ(static_cast<int64_t>(idx.size()), k,
+                  "router row %lld: fewer finite scores than experts per token", static_cast<long long>(r));
     float sum = 0;
     for (int64_t j = 0; j < k; ++j) sum += sc[idx[j]];
     for (int64_t j = 0; j < k; ++j) {

@@ -213,9 +213,11 @@ Result<WeightDequantPlan> plan_fp4_rows_dequant(int64_t out_dim, int64_t in_dim,
                                                 int64_t row_end, DType out_dtype) {
   DS41_RETURN_IF_ERROR(check_out_dtype(out_dtype));
   DS41_RETURN_IF_ERROR(check_rows("fp4 expert dequant", out_dim, in_dim, row_begin, row_end));
-  if (in_dim % 32)
+  constexpr int kBlock = quant::weight_format_traits(WeightFormat::kFp4Rows).block_cols;
+  if (in_dim % kBlock)
     return invalid_argument("fp4 expert dequant: in_dim " + std::to_string(in_dim) +
-                            " is not a multiple of 32 (one E8M0 scale per 32 inputs, MODEL_SPEC 2.1)");
+                            " is not a multiple of " + std::to_string(kBlock) +
+                            " (one E8M0 scale per 32 inputs, MODEL_SPEC 2.1)");
   WeightDequantPlan p;
   p.format = WeightFormat::kFp4Rows;
   p.out_dtype = out_dtype;
@@ -249,7 +251,8 @@ Status run_fp4_rows_dequant(const WeightDequantPlan& p, const uint8_t* packed, c
 Result<WeightDequantPlan> plan_engram_rows_dequant(int64_t table_rows, int64_t dim, int64_t n_ids,
                                                    DType out_dtype) {
   DS41_RETURN_IF_ERROR(check_out_dtype(out_dtype));
-  if (table_rows <= 0 || dim <= 0 || dim % 32 || n_ids <= 0)
+  constexpr int kBlock = quant::weight_format_traits(WeightFormat::kEngramRows).block_cols;
+  if (table_rows <= 0 || dim <= 0 || dim % kBlock || n_ids <= 0)
     return invalid_argument("engram row dequant: table [" + std::to_string(table_rows) + ", " +
                             std::to_string(dim) + "] with " + std::to_string(n_ids) +
                             " ids (dim must be a positive multiple of 32)");

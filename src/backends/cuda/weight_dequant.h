@@ -15,10 +15,14 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "quant/weight_format.h"
 
 namespace ds41::cuda {
 
-enum class WeightFormat : uint8_t { kFp8Tiles, kFp4Rows, kEngramRows };
+// The format table is quant's (quant/weight_format.h): the plans below cover kFp8Tiles,
+// kFp4Rows and kEngramRows, and their device kernels are bit-identical to the traits table's
+// host dequant_rows.
+using quant::WeightFormat;
 
 struct WeightDequantPlan {
   WeightFormat format = WeightFormat::kFp8Tiles;

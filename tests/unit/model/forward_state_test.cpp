@@ -4,6 +4,9 @@
 // config's window (8), top-k (8), ratio-2 pairing (150 pairs) and candidate pool (6 x 2).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <random>
 
 #include "golden/golden_arrays.h"
@@ -11,7 +14,18 @@
 namespace ds41::testing {
 namespace {
 
+// Chunked prefill, decode, batching and replays that forget nothing run the same float
+// operations in the same order as the one-shot prefill, so their logits are bitwise equal;
+// they are compared for equality (a change that loses exactness must fail, not pass a
+// tolerance). kTolExact only marks the lower bound of "not exact" for the approximations.
 constexpr double kTolExact = 1e-5;
+// Encoder replay (docs/replay_drift.md) is an approximation. On the test's sequence today: mean
+// KL 0.025, top-1 agreement 0.92 (max row error 1.7, too noisy to bound). A replay of half the
+// window (4 of 8 rows) measured mean KL 0.10 and top-1 0.79: the bounds sit between, with 2x
+// margin on the KL. Off-by-one replay windows are caught bitwise by
+// EncoderReplayIsTheSpecDefinition.
+constexpr double kMaxEncoderReplayMeanKl = 0.05;
+constexpr double kMinEncoderReplayTop1 = 0.85;
 
 class ForwardState : public ::testing::Test {
  protected:
@@ -40,6 +54,48 @@ class ForwardState : public ::testing::Test {
     EXPECT_TRUE(out.ok()) << out.status().message();
     return out.ok() ? std::move(out).value() : model::SequenceOutput{};
   }
+  // Bitwise equality of logits; reports the first differing index and the worst row error.
+  static void expect_bitwise_equal(const std::vector<float>& ref, const std::vector<float>& got, int64_t V,
+                                   const std::string& what) {
+    ASSERT_EQ(ref.size(), got.size()) << what;
+    if (std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)) == 0) return;
+    size_t i = 0;
+    while (i < ref.size() && std::memcmp(&ref[i], &got[i], sizeof(float)) == 0) ++i;
+    ADD_FAILURE() << what << ": logits differ first at index " << i << " (row " << i / V << "): " << ref[i]
+                  << " vs " << got[i] << ", max row error " << max_row_error(ref, got, V);
+  }
+  static std::vector<float> slice(const std::vector<float>& v, int64_t begin, int64_t end) {
+    return std::vector<float>(v.begin() + begin, v.begin() + end);
+  }
+  struct ReplayDrift {
+    double mean_kl = 0, max_kl = 0, top1 = 0, max_row_error = 0;
+  };
+  // KL(softmax(ref) || softmax(got)) per row (fp64), its mean and max, and the fraction of rows
+  // whose argmax agrees.
+  static ReplayDrift replay_drift(const std::vector<float>& ref, const std::vector<float>& got, int64_t V) {
+    ReplayDrift d;
+    const int64_t rows = static_cast<int64_t>(ref.size()) / V;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* a = &ref[r * V];
+      const float* b = &got[r * V];
+      const double ma = *std::max_element(a, a + V), mb = *std::max_element(b, b + V);
+      double za = 0, zb = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        za += std::exp(a[j] - ma);
+        zb += std::exp(b[j] - mb);
+      }
+      double kl = 0;
+      for (int64_t j = 0; j < V; ++j) {
+        const double lpa = a[j] - ma - std::log(za), lpb = b[j] - mb - std::log(zb);
+        kl += std::exp(lpa) * (lpa - lpb);
+      }
+      d.mean_kl += kl / rows;
+      d.max_kl = std::max(d.max_kl, kl);
+      d.top1 += (std::max_element(a, a + V) - a == std::max_element(b, b + V) - b) ? 1.0 / rows : 0.0;
+      d.max_row_error = std::max(d.max_row_error, row_error(a, b, V));
+    }
+    return d;
+  }
   static double max_row_error(const std::vector<float>& ref, const std::vector<float>& got, int64_t V) {
     EXPECT_EQ(ref.size(), got.size());
     double w = 0;
@@ -59,8 +115,7 @@ TEST_F(ForwardState, ChunkedPrefillEqualsOneShot) {
   ASSERT_EQ(static_cast<int64_t>(ref.positions.size()), 300);
   for (int64_t chunk : {1, 3, 7, 64}) {
     auto got = run(ids, chunk);
-    double e = max_row_error(ref.logits, got.logits, V);
-    EXPECT_LE(e, kTolExact) << "chunk " << chunk;
+    expect_bitwise_equal(ref.logits, got.logits, V, "chunk " + std::to_string(chunk));
   }
 }
 
@@ -75,13 +130,13 @@ TEST_F(ForwardState, DecodeAfterPrefillEqualsPrefillOfExtendedSequence) {
   model::ForwardOptions opt;
   auto pre = m.prefill(*st, std::span<const int32_t>(ids).subspan(0, P), 0, opt);
   ASSERT_TRUE(pre.ok());
-  double w = row_error(&ref.logits[(P - 1) * V], pre->logits.data(), V);
+  expect_bitwise_equal(slice(ref.logits, (P - 1) * V, P * V), pre->logits, V, "prefill last row");
   for (int64_t p = P; p < static_cast<int64_t>(ids.size()); ++p) {
     auto o = m.decode_step(*st, ids[p], opt);
     ASSERT_TRUE(o.ok());
-    w = std::max(w, row_error(&ref.logits[p * V], o->logits.data(), V));
+    expect_bitwise_equal(slice(ref.logits, p * V, (p + 1) * V), o->logits, V,
+                         "decode position " + std::to_string(p));
   }
-  EXPECT_LE(w, kTolExact);
   EXPECT_EQ(st->position(), static_cast<int64_t>(ids.size()));
 }
 
@@ -103,22 +158,22 @@ TEST_F(ForwardState, BatchOfIndependentSequencesEqualsSeparateRuns) {
       {sa.get(), A, {}}, {sb.get(), B.subspan(40), {}}, {sc.get(), Cc.subspan(0, 200), {}}};
   ASSERT_TRUE(m.forward(batch, opt, &out).ok());
   ASSERT_EQ(out.size(), 3u);
-  EXPECT_LE(max_row_error(ra.logits, out[0].logits, V), kTolExact);
+  expect_bitwise_equal(ra.logits, out[0].logits, V, "a");
   std::vector<float> rb_tail(rb.logits.begin() + 40 * V, rb.logits.end());
-  EXPECT_LE(max_row_error(rb_tail, out[1].logits, V), kTolExact);
+  expect_bitwise_equal(rb_tail, out[1].logits, V, "b tail");
   std::vector<float> rc_head(rc.logits.begin(), rc.logits.begin() + 200 * V);
-  EXPECT_LE(max_row_error(rc_head, out[2].logits, V), kTolExact);
+  expect_bitwise_equal(rc_head, out[2].logits, V, "c head");
   // Step 2: a mixed batch — c finishes its prefill (3 rows) while a decodes one token.
   std::vector<int32_t> a_next = {c[5]};
   std::vector<model::SequenceInput> mixed = {{sc.get(), Cc.subspan(200), {}}, {sa.get(), a_next, {}}};
   ASSERT_TRUE(m.forward(mixed, opt, &out).ok());
   std::vector<float> rc_tail(rc.logits.begin() + 200 * V, rc.logits.end());
-  EXPECT_LE(max_row_error(rc_tail, out[0].logits, V), kTolExact);
+  expect_bitwise_equal(rc_tail, out[0].logits, V, "c tail");
   std::vector<int32_t> a_ext = a;
   a_ext.push_back(c[5]);
   auto rae = run(a_ext, 0);
   std::vector<float> rae_last(rae.logits.end() - V, rae.logits.end());
-  EXPECT_LE(max_row_error(rae_last, out[1].logits, V), kTolExact);
+  expect_bitwise_equal(rae_last, out[1].logits, V, "a decode");
 }
 
 TEST_F(ForwardState, SelectionsAreNotSaturated) {
@@ -194,11 +249,49 @@ TEST_F(ForwardState, EncoderReplayKeepsCompressedRowsAndIsClose) {
   auto rest = m.prefill(*st, all.subspan(Hp), 0, opt);
   ASSERT_TRUE(rest.ok());
   std::vector<float> tail(ref.logits.begin() + Hp * V, ref.logits.end());
-  // An approximation (docs/replay_drift.md has the measured drift): finite and not exact.
-  double e = max_row_error(tail, rest->logits, V);
-  EXPECT_TRUE(std::isfinite(e));
-  EXPECT_GT(e, kTolExact);
-  std::cout << "encoder replay max row error " << e << "\n";
+  // An approximation (docs/replay_drift.md has the measured drift): close, finite, not exact.
+  // Closeness is the mean KL(exact || replay) of the next-token distributions and the top-1
+  // agreement over the 39 rows after the replay (the max row error alone is noisy: one row
+  // near a tie decides it).
+  ASSERT_EQ(rest->logits.size(), tail.size());
+  const ReplayDrift d = replay_drift(tail, rest->logits, V);
+  std::cout << "encoder replay: mean KL " << d.mean_kl << ", max KL " << d.max_kl << ", top-1 agreement "
+            << d.top1 << ", max row error " << d.max_row_error << "\n";
+  EXPECT_TRUE(std::isfinite(d.max_row_error));
+  EXPECT_GT(d.max_row_error, kTolExact);
+  EXPECT_LE(d.mean_kl, kMaxEncoderReplayMeanKl);
+  EXPECT_GE(d.top1, kMinEncoderReplayTop1);
+}
+
+TEST_F(ForwardState, EncoderReplayIsTheSpecDefinition) {
+  // MODEL_SPEC 4.5 restated through the state's public API: with b = H - W, every window floored
+  // at b, the pending ratio>1 groups dropped, the Engram look-back rebuilt from tokens [0, b),
+  // positions [b, H) recomputed. The continuation must be bitwise equal to encoder_replay's (a
+  // replay window longer or shorter by one row differs).
+  ASSERT_TRUE(tm_->model);
+  model::Model& m = *tm_->model;
+  const int64_t V = m.config().vocab_size, W = m.config().sliding_window;
+  auto ids = random_prompt(240, 31);
+  std::span<const int32_t> all(ids);
+  const int64_t Hp = 201, b = Hp - W;
+  model::ForwardOptions opt;
+  opt.logits = model::LogitsRows::kAll;
+  auto a = m.new_sequence(), s = m.new_sequence();
+  ASSERT_TRUE(m.prefill(*a, all.subspan(0, Hp), 0, {}).ok());
+  ASSERT_TRUE(m.prefill(*s, all.subspan(0, Hp), 0, {}).ok());
+  ASSERT_TRUE(m.encoder_replay(*a, all.subspan(0, Hp), {}).ok());
+  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) s->set_window_floor(l, b);
+  for (auto& src : s->sources()) std::fill(src.pend_filled.begin(), src.pend_filled.end(), 0);
+  ASSERT_NE(m.hasher(), nullptr);
+  engram::EngramHashState hs = m.hasher()->new_state();
+  ASSERT_TRUE(m.hasher()->append(hs, all.subspan(0, b), {}, {}).ok());
+  s->engram_state() = hs;
+  s->set_position(b);
+  ASSERT_TRUE(m.prefill(*s, all.subspan(b, W), 0, {}).ok());
+  auto ra = m.prefill(*a, all.subspan(Hp), 0, opt);
+  auto rs = m.prefill(*s, all.subspan(Hp), 0, opt);
+  ASSERT_TRUE(ra.ok() && rs.ok());
+  expect_bitwise_equal(rs->logits, ra->logits, V, "encoder replay vs MODEL_SPEC 4.5");
 }
 
 TEST_F(ForwardState, ReplaysAreExactWhenNothingIsForgotten) {
@@ -217,16 +310,17 @@ TEST_F(ForwardState, ReplaysAreExactWhenNothingIsForgotten) {
   auto rest = m.prefill(*st, all.subspan(W - 1), 7, opt);
   ASSERT_TRUE(rest.ok());
   std::vector<float> tail(ref.logits.begin() + (W - 1) * V, ref.logits.end());
-  EXPECT_LE(max_row_error(tail, rest->logits, V), kTolExact);
+  expect_bitwise_equal(tail, rest->logits, V, "encoder replay tail");
   auto st2 = m.new_sequence();
   auto dr = m.prefill_decoder_replay(*st2, all.subspan(0, W), opt);
   ASSERT_TRUE(dr.ok());
   std::vector<float> head(ref.logits.begin(), ref.logits.begin() + W * V);
-  EXPECT_LE(max_row_error(head, dr->logits, V), kTolExact);
+  expect_bitwise_equal(head, dr->logits, V, "decoder replay head");
   for (int64_t p = W; p < 20; ++p) {
     auto o = m.decode_step(*st2, ids[p], {});
     ASSERT_TRUE(o.ok());
-    EXPECT_LE(row_error(&ref.logits[p * V], o->logits.data(), V), kTolExact) << "position " << p;
+    expect_bitwise_equal(slice(ref.logits, p * V, (p + 1) * V), o->logits, V,
+                         "position " + std::to_string(p));
   }
 }
 
@@ -289,16 +383,16 @@ TEST_F(ForwardState, StaleIndexKeysSwitch) {
   ASSERT_TRUE(m.prefill(*b, all.subspan(0, 100), 0, {}).ok());
   model::ForwardOptions stale;
   stale.stale_index_keys = true;
-  double e_default = 0, e_stale = 0;
+  double e_stale = 0;
   for (int64_t p = 100; p < 140; ++p) {
     auto oa = m.decode_step(*a, ids[p], {});
     auto ob = m.decode_step(*b, ids[p], stale);
     ASSERT_TRUE(oa.ok() && ob.ok());
-    e_default = std::max(e_default, row_error(&ref.logits[p * V], oa->logits.data(), V));
+    expect_bitwise_equal(slice(ref.logits, p * V, (p + 1) * V), oa->logits, V,
+                         "default position " + std::to_string(p));
     e_stale = std::max(e_stale, row_error(&ref.logits[p * V], ob->logits.data(), V));
     for (float v : ob->logits) ASSERT_TRUE(std::isfinite(v));
   }
-  EXPECT_LE(e_default, kTolExact);
   EXPECT_GT(e_stale, kTolExact);  // the switch really changes the selection on this sequence
 }
 
