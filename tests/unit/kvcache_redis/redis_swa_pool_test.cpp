@@ -21,9 +21,10 @@
 #include <thread>
 
 #include "kvcache/kv_store.h"
+#include "kvcache/posix_io.h"
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 std::string find_redis_server() {
@@ -306,4 +307,4 @@ TEST_F(RedisPoolTest, KvStoreWithRedisBackend) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache
