@@ -13,8 +13,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -26,10 +28,13 @@
 #include "core/thread_pool.h"
 #include "kvcache/dram_swa_pool.h"
 #include "kvcache/kv_store.h"
+#include "kvcache/posix_io.h"
 #include "kvcache/redis_swa_pool.h"
 
 namespace ds41 {
 namespace {
+
+using namespace ds41::kvcache;  // the tier this command drives
 
 using Clk = std::chrono::steady_clock;
 double secs_since(Clk::time_point t0) { return std::chrono::duration<double>(Clk::now() - t0).count(); }
@@ -106,13 +111,35 @@ class TimingIo final : public ForwardingIo {
  public:
   explicit TimingIo(FileIo& base) : ForwardingIo(base) {}
   enum Op {
-    kOpen, kWrite, kWriteback, kFsync, kClose, kRename, kDirFsync, kRead, kStat, kTimes, kAdvise,
-    kFsyncMany, kFsyncDirs, kN
+    kOpen,
+    kWrite,
+    kWriteback,
+    kFsync,
+    kClose,
+    kRename,
+    kDirFsync,
+    kRead,
+    kStat,
+    kTimes,
+    kAdvise,
+    kFsyncMany,
+    kFsyncDirs,
+    kN
   };
   nlohmann::json report() const {
-    static const char* names[kN] = {"open", "pwrite", "start_writeback", "fsync", "close", "rename",
-                                    "fsync_dir", "pread", "stat", "set_times", "advise_willneed",
-                                    "fsync_many (batches)", "fsync_dirs (batches)"};
+    static const char* names[kN] = {"open",
+                                    "pwrite",
+                                    "start_writeback",
+                                    "fsync",
+                                    "close",
+                                    "rename",
+                                    "fsync_dir",
+                                    "pread",
+                                    "stat",
+                                    "set_times",
+                                    "advise_willneed",
+                                    "fsync_many (batches)",
+                                    "fsync_dirs (batches)"};
     nlohmann::json j;
     for (int i = 0; i < kN; ++i)
       if (count_[i].load()) j[names[i]] = {{"calls", count_[i].load()}, {"thread_ms", ns_[i].load() / 1e6}};
@@ -133,23 +160,39 @@ class TimingIo final : public ForwardingIo {
   }
 
  public:
-  Result<int> open(const std::string& p, int f, int m) override { return timed(kOpen, [&] { return base_.open(p, f, m); }); }
+  Result<int> open(const std::string& p, int f, int m) override {
+    return timed(kOpen, [&] { return base_.open(p, f, m); });
+  }
   Result<size_t> pwrite(int fd, const void* b, size_t n, uint64_t o) override {
     return timed(kWrite, [&] { return base_.pwrite(fd, b, n, o); });
   }
   Result<size_t> pread(int fd, void* b, size_t n, uint64_t o) override {
     return timed(kRead, [&] { return base_.pread(fd, b, n, o); });
   }
-  Status fsync(int fd) override { return timed(kFsync, [&] { return base_.fsync(fd); }); }
-  Status start_writeback(int fd) override { return timed(kWriteback, [&] { return base_.start_writeback(fd); }); }
-  Status advise_willneed(int fd) override { return timed(kAdvise, [&] { return base_.advise_willneed(fd); }); }
-  Status close(int fd) override { return timed(kClose, [&] { return base_.close(fd); }); }
-  Result<FileStat> fstat(int fd) override { return timed(kStat, [&] { return base_.fstat(fd); }); }
-  Result<FileStat> stat(const std::string& p) override { return timed(kStat, [&] { return base_.stat(p); }); }
+  Status fsync(int fd) override {
+    return timed(kFsync, [&] { return base_.fsync(fd); });
+  }
+  Status start_writeback(int fd) override {
+    return timed(kWriteback, [&] { return base_.start_writeback(fd); });
+  }
+  Status advise_willneed(int fd) override {
+    return timed(kAdvise, [&] { return base_.advise_willneed(fd); });
+  }
+  Status close(int fd) override {
+    return timed(kClose, [&] { return base_.close(fd); });
+  }
+  Result<FileStat> fstat(int fd) override {
+    return timed(kStat, [&] { return base_.fstat(fd); });
+  }
+  Result<FileStat> stat(const std::string& p) override {
+    return timed(kStat, [&] { return base_.stat(p); });
+  }
   Status rename(const std::string& a, const std::string& b) override {
     return timed(kRename, [&] { return base_.rename(a, b); });
   }
-  Status fsync_dir(const std::string& d) override { return timed(kDirFsync, [&] { return base_.fsync_dir(d); }); }
+  Status fsync_dir(const std::string& d) override {
+    return timed(kDirFsync, [&] { return base_.fsync_dir(d); });
+  }
   std::vector<Status> fsync_many(std::span<const int> fds) override {
     return timed(kFsyncMany, [&] { return base_.fsync_many(fds); });
   }
@@ -234,16 +277,51 @@ bool start_local_redis(LocalRedis* r, int port) {
   return r->pid > 0;
 }
 
+// The only directory the benchmark writes into: a fresh `ds41-bench-kvstore.XXXXXX` that it
+// creates (mkdtemp) inside --dir, removed with everything in it on destruction unless --keep.
+// --dir itself is created when missing (and then removed again if it is empty at the end);
+// whatever else is in --dir is never touched (issue 9: the benchmark used to delete --dir).
+class BenchDir {
+ public:
+  static Result<std::unique_ptr<BenchDir>> create(const std::string& parent, bool keep) {
+    std::unique_ptr<BenchDir> d(new BenchDir);
+    d->parent_ = parent;
+    d->keep_ = keep;
+    std::error_code ec;
+    d->created_parent_ = std::filesystem::create_directories(parent, ec);
+    if (ec) return io_error("cannot create --dir " + parent + ": " + ec.message());
+    std::string tmpl = parent + "/ds41-bench-kvstore.XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      return io_error("cannot create a benchmark directory in " + parent + ": " + std::strerror(errno));
+    d->path_ = tmpl;
+    return d;
+  }
+  ~BenchDir() {
+    if (keep_) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+    if (created_parent_) std::filesystem::remove(parent_, ec);  // only when empty
+  }
+  BenchDir(const BenchDir&) = delete;
+  BenchDir& operator=(const BenchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  BenchDir() = default;
+  std::string parent_, path_;
+  bool created_parent_ = false;
+  bool keep_ = false;
+};
+
 int run(const Options& o0) {
   Options o = o0;
-  if (o.dir.empty()) o.dir = "/tmp/ds41-bench-kvstore." + std::to_string(getpid());
-  std::error_code ec;
-  std::filesystem::create_directories(o.dir, ec);
-  if (ec) {
-    std::fprintf(stderr, "ds41 bench kvstore: cannot create --dir %s: %s\n", o.dir.c_str(),
-                 ec.message().c_str());
+  auto bench_dir = BenchDir::create(o.dir.empty() ? std::string("/tmp") : o.dir, o.keep);
+  if (!bench_dir.ok()) {
+    std::fprintf(stderr, "ds41 bench kvstore: %s\n", bench_dir.status().to_string().c_str());
     return 1;
   }
+  o.dir = (*bench_dir)->path();
+  std::error_code ec;
   struct statfs sf {};
   statfs(o.dir.c_str(), &sf);
   char fstype[32];
@@ -415,8 +493,8 @@ int run(const Options& o0) {
        "then fsync + rename each, then one fsync per block directory, then acknowledges. raw = one file, "
        "1 MiB writes, one fsync. cold read = lookup + verified parallel reads with read-ahead after "
        "dropping the block files from the page cache; raw read = the same for the raw file"}};
-  out["restore_prefix"] = {{"tokens", found_tokens},     {"blocks_found", found_blocks},
-                           {"blocks_restored", restored}, {"wrong_blocks", wrong},
+  out["restore_prefix"] = {{"tokens", found_tokens},         {"blocks_found", found_blocks},
+                           {"blocks_restored", restored},    {"wrong_blocks", wrong},
                            {"lookup_ms", median(lookup_ms)}, {"cold_ms", cold_s * 1e3},
                            {"warm_ms", warm_s * 1e3}};
   // 4. SWA pools.
@@ -511,7 +589,7 @@ int run(const Options& o0) {
     }
   }
 
-  if (!o.keep) std::filesystem::remove_all(o.dir, ec);
+  if (o.keep) std::fprintf(stderr, "ds41 bench kvstore: kept %s\n", o.dir.c_str());
   if (o.json) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {
@@ -522,8 +600,7 @@ int run(const Options& o0) {
         p["store_write_MBps"].get<double>(), p["raw_seq_write_MBps"].get<double>(),
         p["write_ratio_vs_raw"].get<double>(), p["store_read_cold_MBps"].get<double>(),
         p["raw_seq_read_MBps"].get<double>(), p["read_ratio_vs_raw"].get<double>());
-    std::printf("restore %zu tokens: cold %.1f ms, warm %.1f ms\n", found_tokens, cold_s * 1e3,
-                warm_s * 1e3);
+    std::printf("restore %zu tokens: cold %.1f ms, warm %.1f ms\n", found_tokens, cold_s * 1e3, warm_s * 1e3);
     for (const auto& s : swa) std::printf("swa %s\n", s.dump().c_str());
     if (out.contains("index_rebuild")) std::printf("index %s\n", out["index_rebuild"].dump().c_str());
   }
@@ -535,7 +612,8 @@ void setup(CLI::App& parent, int& exit_code) {
   CLI::App* cmd =
       parent.add_subcommand("kvstore", "Persistent KV tier vs raw disk, 128K restore, SWA pool latency");
   cmd->add_option("--dir", opts->dir,
-                  "Directory on the disk to measure (default /tmp/ds41-bench-kvstore.<pid>)");
+                  "Directory on the disk to measure (default /tmp); the benchmark works in a fresh "
+                  "ds41-bench-kvstore.XXXXXX inside it and removes only that");
   cmd->add_option("--blocks", opts->blocks, "Global blocks to write/read (1024 = a 128K-token prefix)")
       ->check(CLI::Range(1, 10000000));
   cmd->add_option("--block-bytes", opts->block_bytes, "Payload bytes per block (890 B/token x 128)")
@@ -557,7 +635,7 @@ void setup(CLI::App& parent, int& exit_code) {
       ->check(CLI::Range(1, 100));
   cmd->add_option("--scan-threads", opts->scan_threads, "Index rebuild threads (0 = min(16, cores))")
       ->check(CLI::Range(0, 256));
-  cmd->add_flag("--keep", opts->keep, "Keep the benchmark directory");
+  cmd->add_flag("--keep", opts->keep, "Keep the benchmark's own directory inside --dir");
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->callback([opts, &exit_code] {
     if (opts->json) set_log_level(LogLevel::kWarn);

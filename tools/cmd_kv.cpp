@@ -26,12 +26,14 @@
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "kvcache/disk_tier.h"
-#include "kvcache/io_layer.h"
 #include "kvcache/metrics.h"
+#include "kvcache/posix_io.h"
 #include "kvcache/store_config.h"
 
 namespace ds41::cli {
 namespace {
+
+using namespace ds41::kvcache;  // the tier this command drives
 
 using ojson = nlohmann::ordered_json;
 
@@ -171,7 +173,8 @@ int run_stats(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
     else if (u.bytes > cfg.capacity_bytes)
       note = " (OVER CAPACITY: `ds41 kv gc` evicts blocks past retention)";
     std::printf("  capacity         %" PRIu64 " bytes (%s), %.1f %% used%s\n", cfg.capacity_bytes,
-                human_bytes(cfg.capacity_bytes, ByteUnits::kBinary).c_str(), 100.0 * u.bytes / cfg.capacity_bytes, note);
+                human_bytes(cfg.capacity_bytes, ByteUnits::kBinary).c_str(),
+                100.0 * u.bytes / cfg.capacity_bytes, note);
   } else
     std::printf("  capacity         not given (--kv-disk-capacity)\n");
   std::printf("  index rebuild    %.1f ms\n", (*tier)->last_scan_ms());
@@ -338,9 +341,9 @@ int run_gc(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   if (r.retention_exceeds_capacity)
     warning = "blocks under retention alone take " + std::to_string(r.retained_bytes) + " bytes (" +
               human_bytes(r.retained_bytes, ByteUnits::kBinary) + "), more than the capacity " +
-              std::to_string(r.capacity_bytes) + " bytes (" + human_bytes(r.capacity_bytes, ByteUnits::kBinary) +
-              "); they are kept (--kv-retention " + a.retention +
-              "): the store stays over capacity and the server will refuse new blocks";
+              std::to_string(r.capacity_bytes) + " bytes (" +
+              human_bytes(r.capacity_bytes, ByteUnits::kBinary) + "); they are kept (--kv-retention " +
+              a.retention + "): the store stays over capacity and the server will refuse new blocks";
   ojson ev = ojson::array();
   for (const auto& b : r.evicted)
     ev.push_back({{"key", b.key.hex()},
@@ -368,14 +371,14 @@ int run_gc(const KvArgs& a, const DiskTierConfig& cfg, bool has_capacity) {
   } else {
     const char* verb = a.dry_run ? "would evict" : "evicted";
     std::printf("kv gc %s%s: capacity %" PRIu64 " bytes (%s), --kv-retention %s\n", cfg.dir.c_str(),
-                a.dry_run ? " (dry run)" : "", r.capacity_bytes, human_bytes(r.capacity_bytes, ByteUnits::kBinary).c_str(),
-                a.retention.c_str());
+                a.dry_run ? " (dry run)" : "", r.capacity_bytes,
+                human_bytes(r.capacity_bytes, ByteUnits::kBinary).c_str(), a.retention.c_str());
     std::printf("  used before   %" PRIu64 " bytes (%s)\n", r.used_before,
                 human_bytes(r.used_before, ByteUnits::kBinary).c_str());
     std::printf("  %-13s %zu blocks, %" PRIu64 " bytes (LRU first, only blocks past retention)\n", verb,
                 r.evicted_blocks, r.evicted_bytes);
-    std::printf("  used after    %" PRIu64 " bytes (%s)%s\n", r.used_after, human_bytes(r.used_after, ByteUnits::kBinary).c_str(),
-                a.dry_run ? " (projected)" : "");
+    std::printf("  used after    %" PRIu64 " bytes (%s)%s\n", r.used_after,
+                human_bytes(r.used_after, ByteUnits::kBinary).c_str(), a.dry_run ? " (projected)" : "");
     std::printf("  retained      %" PRIu64 " bytes under retention\n", r.retained_bytes);
     if (a.dry_run)
       for (size_t i = 0; i < r.evicted.size() && i < a.list; ++i)

@@ -7,7 +7,7 @@
 
 #include "core/check.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 AsyncWriter::AsyncWriter(DiskTier& tier, const AsyncWriterConfig& config, MetricsRegistry& m)
     : tier_(tier),
@@ -120,4 +120,4 @@ uint64_t AsyncWriter::queued_bytes() const {
   return queued_bytes_;
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

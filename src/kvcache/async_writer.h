@@ -5,6 +5,13 @@
 // writer thread with the put's Status — ok means the block is durably published (acknowledged).
 // Group commit: each thread takes a batch of queued blocks and calls DiskTier::put_batch (one
 // directory fsync per directory per batch); a batch's callbacks run only after that.
+//
+// Why dedicated threads and not core::ThreadPool: the writers are long-lived consumers that
+// block for most of their life (on the queue when idle, in fsync when busy) for as long as the
+// store is open. ThreadPool runs a blocking parallel_for over a known range and returns; parking
+// its workers in this loop would take them from every other parallel_for (restores, the CPU
+// backend) for the life of the store. So the writer owns its threads: started in the
+// constructor, joined in the destructor after the queue drains.
 #pragma once
 
 #include <condition_variable>
@@ -21,7 +28,7 @@
 #include "kvcache/metrics.h"
 #include "kvcache/store_config.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 struct BlockWrite {
   BlockKey key;
@@ -78,4 +85,4 @@ class AsyncWriter {
   Counter& completed_err_;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

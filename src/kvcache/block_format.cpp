@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 constexpr uint8_t kMagic[8] = {'D', 'S', '4', '1', 'K', 'V', 'B', 0};
@@ -102,4 +102,4 @@ Result<BlockMeta> decode_block(std::span<const uint8_t> bytes, const BlockMeta& 
   return info.meta;
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

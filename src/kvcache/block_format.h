@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "kvcache/block_key.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 inline constexpr size_t kBlockHeaderBytes = 64;
 inline constexpr uint16_t kBlockFormatVersion = 1;
@@ -50,4 +50,4 @@ struct BlockHeaderInfo {
 };
 Result<BlockHeaderInfo> peek_block_header(std::span<const uint8_t> bytes);
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

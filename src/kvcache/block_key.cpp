@@ -9,7 +9,7 @@
 
 #include "core/check.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 constexpr char kDomain[8] = {'d', 's', '4', '1', 'k', 'v', '1', 0};
@@ -110,4 +110,4 @@ BlockKey BlockChainHasher::prefix_key(std::span<const int32_t> tokens) const {
   return digest(st.get());
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

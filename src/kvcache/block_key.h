@@ -15,7 +15,7 @@
 
 #include "core/status.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 struct BlockKey {
   uint64_t hi = 0;
@@ -56,4 +56,4 @@ class BlockChainHasher {
   uint32_t block_tokens_;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

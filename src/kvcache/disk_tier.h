@@ -1,10 +1,15 @@
 // ds41 kvcache: the persistent global-KV tier — content-addressed block files in a directory that
-// several processes (on one or several machines) may share. Owns: the directory layout, atomic
-// publish of blocks, verified reads (a corrupt/torn block is a miss and is deleted), the
-// in-process index (rebuilt by scanning the directory at open and on rescan), retention (never
-// evict a block younger than the retention period) and LRU eviction above it under the capacity
-// cap, with refused writes when only young blocks fill the disk. Format and cross-process rules:
-// docs/formats/kv_block.md.
+// several processes (on one or several machines) may share. Format and cross-process rules:
+// docs/formats/kv_block.md. The class is one public face over four parts, each in its own file:
+//   disk_tier.cpp               directory layout, index build (scan at open and on rescan),
+//                               eviction under the capacity cap (make_room), block paths
+//   block_index.h               the index itself: retention (never evict a block younger than the
+//                               retention period) and LRU order above it
+//   disk_tier_group_commit.cpp  writes: atomic publish of a batch with one directory fsync per
+//                               directory, capacity reservation, refused writes when only young
+//                               blocks fill the disk
+//   disk_tier_verified_read.cpp reads: verified (a corrupt/torn block is a miss and is deleted)
+//   disk_tier_admin.cpp         the operator API behind `ds41 kv stats|verify|gc`
 #pragma once
 
 #include <atomic>
@@ -12,20 +17,20 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/clock.h"
 #include "core/status.h"
+#include "kvcache/atomic_publish.h"
 #include "kvcache/block_format.h"
-#include "kvcache/io_layer.h"
+#include "kvcache/block_index.h"
+#include "kvcache/file_io.h"
 #include "kvcache/metrics.h"
 #include "kvcache/store_config.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 // A verified block read from the tier: the whole file; payload() skips the header.
 struct StoredBlock {
@@ -145,22 +150,17 @@ class DiskTier {
   GcReport collect_garbage(bool dry_run);
 
  private:
-  struct Entry {
-    uint64_t bytes = 0;
-    int64_t created_ns = 0;  // publish time (file mtime)
-    int64_t access_ns = 0;   // last use (file atime, stamped explicitly)
-    bool old = false;        // true once in old_lru_ (created_ns <= now - retention)
-  };
-  using Index = std::unordered_map<BlockKey, Entry, BlockKeyHash>;
+  using Entry = BlockIndex::Entry;
+  using Index = BlockIndex::Map;
 
   // One block of a put_batch between its stages.
   struct Slot {
-    uint64_t size = 0;     // header + payload
-    int64_t now_ns = 0;    // publish time (mtime = atime)
-    bool reserved = false; // size counted in reserved_bytes_
-    bool present = false;  // already on disk (content address): nothing to write
-    PendingPublish pub;    // temp file, open between stage and commit
-    std::string dir;       // final directory, for the group directory fsync
+    uint64_t size = 0;      // header + payload
+    int64_t now_ns = 0;     // publish time (mtime = atime)
+    bool reserved = false;  // size counted in reserved_bytes_
+    bool present = false;   // already on disk (content address): nothing to write
+    PendingPublish pub;     // temp file, open between stage and commit
+    std::string dir;        // final directory, for the group directory fsync
   };
   // Stage 1 of a put: limits, dedup by content address, capacity reservation (or refusal), the
   // temp file written with writeback started. Non-ok = this block is done (failed/refused).
@@ -173,14 +173,15 @@ class DiskTier {
   Status remove_stale_temps();
   // Unlinks a temp file whose mtime is older than stale_tmp_age (a crashed writer's); true if removed.
   bool remove_if_abandoned(const std::string& path, int64_t mtime_ns, int64_t now_ns);
+  // Lists and stats the 256 block directories in parallel (a ThreadPool of scan_threads, made
+  // for the scan: it runs at open and on rescan only).
   Result<Index> scan_directory();
-  void install_index(Index index);  // replaces index_ (mu_ held by caller)
+  void install_index(Index index);  // replaces the index (mu_ held by caller)
 
-  // Index maintenance (mu_ held).
+  // Index maintenance with the gauges kept in step (mu_ held).
   void index_insert(const BlockKey& key, const Entry& e);
   void index_remove(const BlockKey& key);
-  void index_touch(const BlockKey& key, int64_t access_ns);
-  void promote_aged(int64_t now_ns);
+  void update_gauges();
   // Frees space until used + reserved + incoming <= capacity by evicting LRU blocks older than
   // retention. Returns false when that is impossible. mu_ held; drops it around file deletes.
   bool make_room(std::unique_lock<std::mutex>& lock, uint64_t incoming);
@@ -198,11 +199,8 @@ class DiskTier {
   std::string blocks_dir_;
   std::string tmp_dir_;
 
-  mutable std::mutex mu_;  // guards index_, young_, old_lru_, used_bytes_, reserved_bytes_
-  Index index_;
-  std::set<std::pair<int64_t, BlockKey>, std::less<>> young_;    // (created_ns, key): under retention
-  std::set<std::pair<int64_t, BlockKey>, std::less<>> old_lru_;  // (access_ns, key): evictable, LRU first
-  uint64_t used_bytes_ = 0;
+  mutable std::mutex mu_;  // guards index_, reserved_bytes_
+  BlockIndex index_;
   uint64_t reserved_bytes_ = 0;  // in-flight writes that already passed the capacity check
 
   std::atomic<uint64_t> temp_seq_{0};
@@ -230,4 +228,4 @@ class DiskTier {
   Gauge& scan_ms_gauge_;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

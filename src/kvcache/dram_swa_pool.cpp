@@ -2,7 +2,7 @@
 // copies the multi-megabyte snapshot and an eviction never invalidates a reader).
 #include "kvcache/dram_swa_pool.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 const MetricLabels kDram = {{"backend", "dram"}};
 }
@@ -133,4 +133,4 @@ size_t DramSwaPool::entry_count() const {
   return map_.size();
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -16,7 +16,7 @@
 #include "kvcache/store_config.h"
 #include "kvcache/swa_pool.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 class DramSwaPool final : public SwaPool {
  public:
@@ -76,4 +76,4 @@ class DramSwaPool final : public SwaPool {
   Gauge& capacity_gauge_;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -7,7 +7,7 @@
 #include "kvcache/dram_swa_pool.h"
 #include "kvcache/redis_swa_pool.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 KvStore::KvStore(const KvStoreConfig& config, BlockChainHasher hasher, MetricsRegistry& metrics)
     : config_(config),
@@ -52,7 +52,7 @@ std::vector<StoredBlock> KvStore::restore(std::span<const BlockKey> keys, Thread
   const int lanes = pool ? std::max(1, pool->size()) : 1;
   const int64_t window = lanes > 1 ? 4 * lanes : 0;
   std::vector<std::optional<StoredBlock>> got(keys.size());
-  std::atomic<int64_t> next{0};       // next block to read
+  std::atomic<int64_t> next{0};        // next block to read
   std::atomic<int64_t> prefetched{0};  // blocks [0, prefetched) have had their read-ahead issued
   std::atomic<int64_t> first_miss{n};  // blocks past a miss are useless to the caller
   auto lane = [&] {
@@ -120,4 +120,4 @@ std::optional<SwaSnapshot> KvStore::get_swa(std::span<const int32_t> prefix_toke
   return get_swa_key(hasher_.prefix_key(prefix_tokens));
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -13,13 +13,13 @@
 #include "kvcache/async_writer.h"
 #include "kvcache/block_key.h"
 #include "kvcache/disk_tier.h"
-#include "kvcache/io_layer.h"
+#include "kvcache/file_io.h"
 #include "kvcache/metrics.h"
 #include "kvcache/prefix_lookup.h"
 #include "kvcache/store_config.h"
 #include "kvcache/swa_pool.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 // A verified SWA snapshot; payload() views the stored bytes past the header.
 struct SwaSnapshot {
@@ -76,4 +76,4 @@ class KvStore {
   Counter& swa_corrupt_;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -5,7 +5,7 @@
 
 #include "core/check.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 bool valid_metric_name(const std::string& n) {
@@ -120,4 +120,4 @@ std::string MetricsRegistry::prometheus_text() const {
   return out;
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 // Label pairs in the order given, e.g. {{"tier", "disk"}, {"reason", "lru"}}.
 using MetricLabels = std::vector<std::pair<std::string, std::string>>;
@@ -74,4 +74,4 @@ class MetricsRegistry {
   std::deque<Gauge> gauges_;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

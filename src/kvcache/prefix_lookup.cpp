@@ -2,7 +2,7 @@
 // i's key names the whole prefix, so a present block after a missing one cannot be used).
 #include "kvcache/prefix_lookup.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 PrefixLookupResult lookup_longest_prefix(const BlockChainHasher& hasher, DiskTier& disk, SwaPool* swa,
                                          std::span<const int32_t> tokens, size_t max_tokens) {
@@ -22,4 +22,4 @@ PrefixLookupResult lookup_longest_prefix(const BlockChainHasher& hasher, DiskTie
   return r;
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -12,7 +12,7 @@
 #include "kvcache/disk_tier.h"
 #include "kvcache/swa_pool.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 struct PrefixLookupResult {
   size_t cached_blocks = 0;          // leading blocks present in the global tier
@@ -27,4 +27,4 @@ struct PrefixLookupResult {
 PrefixLookupResult lookup_longest_prefix(const BlockChainHasher& hasher, DiskTier& disk, SwaPool* swa,
                                          std::span<const int32_t> tokens, size_t max_tokens = 0);
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -13,7 +13,7 @@
 
 #include "core/log.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 // Blocks SIGPIPE on this thread while talking to a socket whose peer may have died, and swallows
@@ -243,4 +243,4 @@ Result<int64_t> RedisSwaPool::pttl_ms(const BlockKey& key) {
   return static_cast<int64_t>(r->integer);
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

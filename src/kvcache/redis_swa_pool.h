@@ -20,7 +20,7 @@
 struct redisContext;
 struct redisReply;
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 class RedisSwaPool final : public SwaPool {
  public:
@@ -64,4 +64,4 @@ class RedisSwaPool final : public SwaPool {
   Counter& put_errors_;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

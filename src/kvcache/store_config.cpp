@@ -6,7 +6,7 @@
 #include <charconv>
 #include <cmath>
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 // Parses a non-negative decimal (integer or fraction) prefix; returns chars consumed or 0.
@@ -32,7 +32,8 @@ Status DiskTierConfig::validate() const {
   if (stale_tmp_age_ns <= 0) return invalid_argument("kv disk tier: stale_tmp_age must be > 0");
   if (rescan_interval_ns < 0) return invalid_argument("kv disk tier: rescan_interval must be >= 0");
   if (scan_threads < 0 || scan_threads > 256)
-    return invalid_argument("kv disk tier: scan_threads must be in 0..256, got " + std::to_string(scan_threads));
+    return invalid_argument("kv disk tier: scan_threads must be in 0..256, got " +
+                            std::to_string(scan_threads));
   return ok_status();
 }
 
@@ -42,7 +43,8 @@ Status AsyncWriterConfig::validate() const {
   if (queue_blocks < 1) return invalid_argument("kv async writer: queue_blocks must be >= 1");
   if (queue_bytes < 1) return invalid_argument("kv async writer: queue_bytes must be >= 1");
   if (max_batch < 1 || max_batch > 4096)
-    return invalid_argument("kv async writer: max_batch must be in [1, 4096], got " + std::to_string(max_batch));
+    return invalid_argument("kv async writer: max_batch must be in [1, 4096], got " +
+                            std::to_string(max_batch));
   return ok_status();
 }
 
@@ -159,4 +161,4 @@ Status parse_host_port(std::string_view text, std::string* host, int* port) {
   return ok_status();
 }
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -12,7 +12,7 @@
 
 #include "core/status.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 inline constexpr int64_t kNsPerSecond = 1'000'000'000LL;
 
@@ -85,4 +85,4 @@ Result<uint64_t> parse_byte_size(std::string_view text);
 // "host:port" -> (host, port) with port in 1..65535.
 Status parse_host_port(std::string_view text, std::string* host, int* port);
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

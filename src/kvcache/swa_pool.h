@@ -15,7 +15,7 @@
 #include "core/status.h"
 #include "kvcache/block_key.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 
 // Shared immutable bytes: the DRAM pool hands out its stored buffer without copying.
 using SwaBytes = std::shared_ptr<const std::vector<uint8_t>>;
@@ -41,4 +41,4 @@ class SwaPool {
   virtual const char* backend_name() const = 0;
 };
 
-}  // namespace ds41
+}  // namespace ds41::kvcache

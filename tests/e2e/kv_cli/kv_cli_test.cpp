@@ -17,8 +17,9 @@
 
 #include "e2e/checkpoint_cli/cli_util.h"
 #include "kvcache/disk_tier.h"
+#include "kvcache/posix_io.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 using nlohmann::json;
@@ -387,4 +388,4 @@ TEST_F(KvCliTest, GcWarnsWhenRetainedBlocksAloneExceedCapacity) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -8,9 +8,10 @@
 #include <condition_variable>
 #include <thread>
 
+#include "kvcache/posix_io.h"
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 // A FileIo whose writes wait until the gate opens (a slow disk under the test's control).
@@ -155,4 +156,4 @@ TEST_F(AsyncWriterTest, QueueIsBoundedByBytesToo) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

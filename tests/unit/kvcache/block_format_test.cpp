@@ -6,7 +6,7 @@
 
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 BlockMeta meta_for(uint64_t n) { return BlockMeta{BlockKey{n, ~n}, BlockKind::kGlobalKv, 0xf00dULL, 128}; }
@@ -78,4 +78,4 @@ TEST(BlockFormat, WrongIdentityIsRejectedWithTheRightCode) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

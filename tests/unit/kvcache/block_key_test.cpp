@@ -9,7 +9,7 @@
 
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 // The documented hash input, rebuilt by hand: "ds41kv1\0", u64 LE identity length, identity,
@@ -87,4 +87,4 @@ TEST(BlockKey, HexRoundTripAndRejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

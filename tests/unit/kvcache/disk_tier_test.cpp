@@ -11,9 +11,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kvcache/posix_io.h"
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 constexpr int64_t kHour = 3600 * kNsPerSecond;
@@ -269,4 +270,4 @@ TEST_F(DiskTierTest, BadConfigAndOversizedBlock) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

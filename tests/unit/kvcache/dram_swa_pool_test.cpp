@@ -8,7 +8,7 @@
 
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 constexpr size_t kSnap = 10000;
@@ -157,4 +157,4 @@ TEST_F(DramPoolTest, PutOwnedStoresTheBufferWithoutCopyAndChargesCapacity) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -11,9 +11,11 @@
 #include <random>
 
 #include "kvcache/disk_tier.h"
+#include "kvcache/posix_io.h"
+#include "support/kvcache/fault_injecting_io.h"
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 constexpr size_t kPayload = 113920;  // one released-model global block (890 B/token x 128)
@@ -51,7 +53,8 @@ class FaultTest : public ::testing::Test {
   }
   uint64_t counter(const std::string& n, const MetricLabels& l = {}) { return metrics_.counter_value(n, l); }
   // Blocks first..first+n-1 as put_batch requests; `data` owns the payloads the requests view.
-  std::vector<DiskTier::PutRequest> batch(uint64_t first, uint64_t n, std::vector<std::vector<uint8_t>>* data) {
+  std::vector<DiskTier::PutRequest> batch(uint64_t first, uint64_t n,
+                                          std::vector<std::vector<uint8_t>>* data) {
     data->clear();
     for (uint64_t i = first; i < first + n; ++i) data->push_back(payload(i));
     std::vector<DiskTier::PutRequest> reqs;
@@ -264,7 +267,9 @@ class RecordingIo final : public ForwardingIo {
   }
   // One by one through the recorded calls above.
   std::vector<Status> fsync_many(std::span<const int> fds) override { return FileIo::fsync_many(fds); }
-  std::vector<Status> fsync_dirs(std::span<const std::string> dirs) override { return FileIo::fsync_dirs(dirs); }
+  std::vector<Status> fsync_dirs(std::span<const std::string> dirs) override {
+    return FileIo::fsync_dirs(dirs);
+  }
 
  private:
   void log(const char* op) {
@@ -353,4 +358,4 @@ TEST(PosixIoBatch, FsyncManyAndFsyncDirsReportPerElement) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -5,9 +5,10 @@
 #include <gtest/gtest.h>
 
 #include "kvcache/dram_swa_pool.h"
+#include "kvcache/posix_io.h"
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 class KvStoreTest : public ::testing::Test {
@@ -106,7 +107,8 @@ TEST_F(KvStoreTest, ParallelRestoreOfLongChainIsOrderedAndStopsNearTheHole) {
     for (size_t i = 0; i < blocks.size(); ++i) {
       ASSERT_EQ(blocks[i].meta.key, r.block_keys[i]) << i;
       auto want = testing::make_payload(r.block_keys[i].lo, 890 * 128);
-      ASSERT_TRUE(std::equal(want.begin(), want.end(), blocks[i].payload().begin(), blocks[i].payload().end()))
+      ASSERT_TRUE(
+          std::equal(want.begin(), want.end(), blocks[i].payload().begin(), blocks[i].payload().end()))
           << i;
     }
   };
@@ -157,4 +159,4 @@ TEST_F(KvStoreTest, MetricsExportCoversBothTiers) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -5,7 +5,7 @@
 #include "kvcache/metrics.h"
 #include "kvcache/store_config.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 TEST(Metrics, PrometheusTextExposition) {
@@ -91,4 +91,4 @@ TEST(StoreConfig, FlagParsers) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -10,9 +10,10 @@
 #include <fstream>
 
 #include "kvcache/disk_tier.h"
+#include "kvcache/posix_io.h"
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 constexpr int64_t kHour = 3600 * kNsPerSecond;
@@ -279,4 +280,4 @@ TEST_F(TierAdminTest, VerifyDoesNotStampAccessTimes) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

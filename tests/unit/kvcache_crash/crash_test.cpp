@@ -15,9 +15,10 @@
 #include <thread>
 
 #include "kvcache/disk_tier.h"
+#include "kvcache/posix_io.h"
 #include "unit/kvcache_crash/helper/kv_test_helper.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 struct Child {
@@ -168,4 +169,4 @@ TEST_F(CrashTest, TwoProcessesShareOneDirectory) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -1,6 +1,8 @@
 // Tests for kvcache/redis_swa_pool against real redis-server processes that the tests start on
 // loopback (random free ports, no persistence) and kill in teardown. redis-server missing is a
-// test FAILURE (it is in .ci/packages.txt), never a skip.
+// test FAILURE (it is in .ci/packages.txt), never a skip. Labelled `redis` in ctest (what they
+// need); no assertion on wall-clock durations: TTLs are read back with PTTL, timeouts and the
+// down window are checked through the error counters and a FakeClock.
 #include "kvcache/redis_swa_pool.h"
 
 #include <arpa/inet.h>
@@ -19,9 +21,10 @@
 #include <thread>
 
 #include "kvcache/kv_store.h"
+#include "kvcache/posix_io.h"
 #include "unit/kvcache/test_util.h"
 
-namespace ds41 {
+namespace ds41::kvcache {
 namespace {
 
 std::string find_redis_server() {
@@ -217,11 +220,12 @@ TEST_F(RedisPoolTest, NodeKilledMidTestEveryLookupReturnsInTime) {
   auto p = make();
   for (uint64_t i = 0; i < 60; ++i) ASSERT_TRUE(p->put(key(i), value(i, 20000)).ok());
   servers_[1].kill_now();
-  const int64_t budget_ms = config_.timeout_ms + 300;  // timeout plus scheduling slack on 2 busy cores
+  // No wall-clock bound here (issue 9: a timed assertion is not a correctness test). "Returns in
+  // time" is what the counters show: every call on the dead node ended as a connect/io error or
+  // was skipped inside the down window, and a hang would be the test's own timeout.
   int hits = 0, misses = 0;
   for (int round = 0; round < 3; ++round) {
     for (uint64_t i = 0; i < 60; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
       SwaBytes b;
       bool has = false;
       Status put_status;
@@ -230,9 +234,6 @@ TEST_F(RedisPoolTest, NodeKilledMidTestEveryLookupReturnsInTime) {
         has = p->contains(key(i));
         put_status = p->put(key(i + 1000), value(i, 1000));
       });
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
-                    .count();
-      EXPECT_LT(ms, 3 * budget_ms) << "three calls took " << ms << " ms";
       if (p->node_for(key(i)) == 0) {
         ASSERT_TRUE(b) << "key " << i << " lives on the surviving node";
         EXPECT_EQ(*b, value(i, 20000));
@@ -263,19 +264,17 @@ TEST_F(RedisPoolTest, SlowNodeTimesOutThenRecovers) {
   while (p->node_for(key(k1)) != 1) ++k1;
   ASSERT_TRUE(p->put(key(k1), value(k1)).ok());
   servers_[1].pause();  // SIGSTOP: connected but never answers
-  auto t0 = std::chrono::steady_clock::now();
+  // No wall-clock bounds (issue 9): the outcome is read from the per-reason error counters. The
+  // call returning at all proves the timeout fired (a stopped server never answers).
   SwaBytes b = p->get(key(k1));
-  auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_FALSE(b);
-  EXPECT_GE(ms, config_.timeout_ms - 20);   // it did wait for the timeout...
-  EXPECT_LT(ms, config_.timeout_ms + 300);  // ...and not longer
   EXPECT_EQ(errors(1, "timeout"), 1u);
-  // Within the down window the node is skipped without waiting.
-  t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(errors(1, "down"), 0u);
+  // Within the down window (the FakeClock has not moved) the node is skipped without a request:
+  // counted as "down", no second timeout.
   EXPECT_FALSE(p->get(key(k1)));
-  ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(ms, 100);
+  EXPECT_EQ(errors(1, "timeout"), 1u);
+  EXPECT_EQ(errors(1, "down"), 1u);
   servers_[1].resume();
   clock_.advance_s(2);
   b = p->get(key(k1));
@@ -308,4 +307,4 @@ TEST_F(RedisPoolTest, KvStoreWithRedisBackend) {
 }
 
 }  // namespace
-}  // namespace ds41
+}  // namespace ds41::kvcache

@@ -20,8 +20,10 @@
 #include "core/log.h"
 #include "kvcache/async_writer.h"
 #include "kvcache/disk_tier.h"
+#include "kvcache/posix_io.h"
 
 using namespace ds41;
+using namespace ds41::kvcache;
 
 namespace {
 

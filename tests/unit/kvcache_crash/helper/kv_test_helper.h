@@ -10,7 +10,9 @@
 
 namespace ds41::testing {
 
-inline BlockKey helper_key(uint64_t i) { return BlockKey{0xc0ffee00ULL + i, i * 2654435761ULL}; }
+inline kvcache::BlockKey helper_key(uint64_t i) {
+  return kvcache::BlockKey{0xc0ffee00ULL + i, i * 2654435761ULL};
+}
 // Sizes vary (1 KiB .. ~114 KB) so torn writes can land anywhere.
 inline size_t helper_payload_size(uint64_t i) { return 1024 + (i * 7919) % (113920 - 1024); }
 inline std::vector<uint8_t> helper_payload(uint64_t i) {
