@@ -9,11 +9,13 @@
 
 namespace ds41::engine {
 
-CpuEngine::CpuEngine(model::Model* model, std::string model_name) : model_(model) {
+CpuEngine::CpuEngine(model::Model* model, std::string model_name, int64_t max_context) : model_(model) {
   info_.model_name = std::move(model_name);
   info_.device = "cpu";
   info_.vocab_size = model->config().vocab_size;
   info_.max_context = model->config().max_position_embeddings;
+  if (max_context > 0) info_.max_context = std::min(max_context, info_.max_context);
+  info_.eos_token_id = static_cast<int32_t>(model->config().eos_token_id);
   bounded_bytes_ = model->new_sequence()->bounded_bytes();
 }
 
@@ -56,7 +58,8 @@ Result<int64_t> CpuEngine::sequence_bytes(SeqId seq) const {
 // pending buffers.
 int64_t CpuEngine::bytes_for_tokens(int64_t tokens) const {
   int64_t b = bounded_bytes_;
-  for (const model::KvSourceLayout& s : model_->kv_layout().sources) b += (tokens / s.ratio) * s.entry_bytes();
+  for (const model::KvSourceLayout& s : model_->kv_layout().sources)
+    b += (tokens / s.ratio) * s.entry_bytes();
   return b;
 }
 
@@ -79,8 +82,9 @@ Status CpuEngine::step(std::span<const StepItem> items, StepOutput* out) {
     if (it.tokens.empty()) return invalid_argument(what + ": no tokens");
     for (size_t t = 0; t < it.tokens.size(); ++t)
       if (it.tokens[t] < 0 || it.tokens[t] >= V)
-        return invalid_argument(what + ": token " + std::to_string(t) + " has id " + std::to_string(it.tokens[t]) +
-                                ", outside the vocabulary [0, " + std::to_string(V) + ")");
+        return invalid_argument(what + ": token " + std::to_string(t) + " has id " +
+                                std::to_string(it.tokens[t]) + ", outside the vocabulary [0, " +
+                                std::to_string(V) + ")");
     const int64_t end = (*st)->position() + static_cast<int64_t>(it.tokens.size());
     if (end > info_.max_context)
       return out_of_range(what + ": position " + std::to_string(end) + " exceeds the context of " +

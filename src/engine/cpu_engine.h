@@ -18,8 +18,10 @@ namespace ds41::engine {
 
 class CpuEngine final : public Engine {
  public:
-  // `model_name`: the served model name default (e.g. the model folder's name).
-  CpuEngine(model::Model* model, std::string model_name);
+  // `model_name`: the served model name default (e.g. the model folder's name). `max_context`:
+  // positions a sequence may reach (0: the config's max_position_embeddings; a smaller value is
+  // vLLM's --max-model-len).
+  CpuEngine(model::Model* model, std::string model_name, int64_t max_context = 0);
 
   const EngineInfo& info() const override { return info_; }
   Result<SeqId> create_sequence() override;

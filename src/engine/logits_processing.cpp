@@ -25,13 +25,17 @@ void PenaltyState::add(int32_t token) {
 void PenaltyState::apply(float* logits, int64_t vocab) const {
   if (repetition_)
     for (int64_t t = 0; t < vocab; ++t)
-      if (seen_[t]) logits[t] = logits[t] > 0 ? static_cast<float>(logits[t] / rep_) : static_cast<float>(logits[t] * rep_);
+      if (seen_[t])
+        logits[t] =
+            logits[t] > 0 ? static_cast<float>(logits[t] / rep_) : static_cast<float>(logits[t] * rep_);
   if (presence_ != 0 || frequency_ != 0)
     for (const auto& [t, n] : count_)
-      if (t >= 0 && t < vocab) logits[t] -= static_cast<float>(frequency_ * static_cast<double>(n) + presence_);
+      if (t >= 0 && t < vocab)
+        logits[t] -= static_cast<float>(frequency_ * static_cast<double>(n) + presence_);
 }
 
-float token_logprob(const float* logits, int64_t vocab, int32_t token, int top_n, std::vector<TopLogprob>* top) {
+float token_logprob(const float* logits, int64_t vocab, int32_t token, int top_n,
+                    std::vector<TopLogprob>* top) {
   const float mx = *std::max_element(logits, logits + vocab);
   double sum = 0;
   for (int64_t t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(logits[t]) - mx);
@@ -42,7 +46,9 @@ float token_logprob(const float* logits, int64_t vocab, int32_t token, int top_n
     // Keep the best top_n ids in a small sorted buffer: larger logit first, then lower id.
     std::vector<int32_t> best;
     best.reserve(top_n + 1);
-    auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    auto better = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
     for (int64_t t = 0; t < vocab; ++t) {
       const int32_t id = static_cast<int32_t>(t);
       if (static_cast<int>(best.size()) == top_n && !better(id, best.back())) continue;

@@ -40,6 +40,7 @@ class PenaltyState {
 
 // log_softmax(logits)[token], and when top_n > 0 the top_n entries (largest first, ties by lower
 // id) in *top. top_n is clamped to [0, min(kMaxTopLogprobs, vocab)].
-float token_logprob(const float* logits, int64_t vocab, int32_t token, int top_n, std::vector<TopLogprob>* top);
+float token_logprob(const float* logits, int64_t vocab, int32_t token, int top_n,
+                    std::vector<TopLogprob>* top);
 
 }  // namespace ds41::engine

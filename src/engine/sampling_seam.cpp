@@ -18,7 +18,9 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& p
   for (int64_t t = 0; t < vocab; ++t)
     if (logits[t] >= floor || t == argmax) cand.push_back(static_cast<int32_t>(t));
   // Larger logit first, ties by lower id; only needed when top_k or top_p truncates.
-  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto better = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   if (p.top_k > 0 && p.top_k < static_cast<int64_t>(cand.size())) {
     std::partial_sort(cand.begin(), cand.begin() + p.top_k, cand.end(), better);
     cand.resize(p.top_k);

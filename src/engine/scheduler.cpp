@@ -6,13 +6,15 @@
 namespace ds41::engine {
 
 Status validate(const SchedulerConfig& c) {
-  if (c.max_running < 1) return invalid_argument("max_running must be >= 1 (got " + std::to_string(c.max_running) + ")");
+  if (c.max_running < 1)
+    return invalid_argument("max_running must be >= 1 (got " + std::to_string(c.max_running) + ")");
   if (c.max_batch_tokens < c.max_running)
     return invalid_argument("max_batch_tokens (" + std::to_string(c.max_batch_tokens) +
                             ") must be >= max_running (" + std::to_string(c.max_running) +
                             "): every running sequence must be able to decode in one step");
   if (c.long_prefill_chunk < 0)
-    return invalid_argument("long_prefill_chunk must be >= 0 (got " + std::to_string(c.long_prefill_chunk) + ")");
+    return invalid_argument("long_prefill_chunk must be >= 0 (got " + std::to_string(c.long_prefill_chunk) +
+                            ")");
   if (!c.bytes_for_tokens) return invalid_argument("bytes_for_tokens is not set");
   if (c.kv_memory_bytes < c.bytes_for_tokens(1))
     return invalid_argument("kv_memory_bytes " + std::to_string(c.kv_memory_bytes) +
@@ -24,8 +26,9 @@ Status validate(const SchedulerConfig& c) {
 Status check_fits(const SchedulerConfig& c, int64_t tokens) {
   const int64_t need = c.bytes_for_tokens(tokens);
   if (need > c.kv_memory_bytes)
-    return invalid_argument("a sequence of " + std::to_string(tokens) + " tokens (prompt + max_tokens) needs " +
-                            std::to_string(need) + " bytes of state, more than the whole state capacity of " +
+    return invalid_argument("a sequence of " + std::to_string(tokens) +
+                            " tokens (prompt + max_tokens) needs " + std::to_string(need) +
+                            " bytes of state, more than the whole state capacity of " +
                             std::to_string(c.kv_memory_bytes) + " bytes (--kv-memory)");
   return ok_status();
 }
@@ -44,7 +47,8 @@ StepPlan plan_step(const SchedulerConfig& c, std::span<const WaitingEntry> waiti
                    std::span<const RunningEntry> running) {
   StepPlan plan;
   const auto& B = c.bytes_for_tokens;
-  const int64_t cap_chunk = c.long_prefill_chunk > 0 ? c.long_prefill_chunk : std::max<int64_t>(1, c.max_batch_tokens / 8);
+  const int64_t cap_chunk =
+      c.long_prefill_chunk > 0 ? c.long_prefill_chunk : std::max<int64_t>(1, c.max_batch_tokens / 8);
 
   // Capacity: prefill targets reserved, decodes counted at their length after this step. Preempt
   // the newest until the rest fits (the oldest always fits alone: check_fits at submit).

@@ -68,8 +68,8 @@ struct RunningEntry {
 
 struct PlanItem {
   int64_t id = 0;
-  int64_t tokens = 0;    // this step's tokens (1 for a decode)
-  bool decode = false;   // false: a prefill chunk
+  int64_t tokens = 0;   // this step's tokens (1 for a decode)
+  bool decode = false;  // false: a prefill chunk
 };
 
 struct StepPlan {
