@@ -23,10 +23,10 @@ namespace ds41::engine {
 using SeqId = int64_t;
 
 struct EngineInfo {
-  std::string model_name;     // served model name default (the model folder's name)
-  std::string device;         // "cpu" or "cuda:N"
-  int64_t vocab_size = 0;     // logits row width
-  int64_t max_context = 0;    // positions a sequence may reach (config max_position_embeddings)
+  std::string model_name;   // served model name default (the model folder's name)
+  std::string device;       // "cpu" or "cuda:N"
+  int64_t vocab_size = 0;   // logits row width
+  int64_t max_context = 0;  // positions a sequence may reach (config max_position_embeddings)
   int32_t eos_token_id = -1;  // ends generation unless ignore_eos (config eos_token_id); -1: none
 };
 
@@ -38,8 +38,8 @@ struct StepItem {
 
 struct StepOutput {
   int64_t vocab = 0;
-  std::vector<float> logits;  // [rows, vocab]
-  std::vector<int64_t> row;   // per item: its row in logits, or -1 (want_logits false)
+  std::vector<float> logits;      // [rows, vocab]
+  std::vector<int64_t> row;       // per item: its row in logits, or -1 (want_logits false)
 };
 
 class Engine {

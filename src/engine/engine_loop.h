@@ -30,12 +30,12 @@
 namespace ds41::engine {
 
 struct LoopConfig {
-  int64_t max_batch_tokens = 2048;             // tokens per step (prefill chunks + decodes)
-  int64_t max_running = 64;                    // sequences in flight
+  int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
+  int64_t max_running = 64;         // sequences in flight
   int64_t kv_memory_bytes = int64_t{8} << 30;  // state capacity for admission
-  int64_t max_queue = 1024;                    // waiting requests before submit() refuses
-  bool decode_first = true;                    // decodes before prefill chunks in a step
-  uint64_t seed = 0;                           // seed source for requests without a seed
+  int64_t max_queue = 1024;         // waiting requests before submit() refuses
+  bool decode_first = true;         // decodes before prefill chunks in a step
+  uint64_t seed = 0;                // seed source for requests without a seed
 };
 
 // The consumer side of one request. Thread-safe.
