@@ -116,7 +116,9 @@ class Sim {
     EXPECT_EQ(sum, p.tokens);
     EXPECT_LE(static_cast<int64_t>(rn.size() - p.preempt.size() + p.admit.size()), c_.max_running);
     EXPECT_LE(p.kv_bytes, c_.kv_memory_bytes);
-    if (!p.preempt.empty()) EXPECT_TRUE(p.admit.empty()) << "no admission in a step that preempts";
+    if (!p.preempt.empty()) {
+      EXPECT_TRUE(p.admit.empty()) << "no admission in a step that preempts";
+    }
   }
 
   SchedulerConfig c_;
