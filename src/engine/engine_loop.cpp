@@ -261,6 +261,11 @@ void EngineLoop::Impl::step_once() {
       continue;
     }
     r->seq = *seq;
+    // Prefix-cache seam (next issue): here a new or preempted request asks how much of its
+    // prompt's state can be restored (global-KV blocks + an SWA snapshot by the chain keys of
+    // src/kvcache) and starts its prefill after it; a finished or preempted sequence offers its
+    // state back where it is freed. This issue restores nothing.
+    r->computed = 0;
     running.push_back(std::move(r));
   }
   if (plan.items.empty()) {
