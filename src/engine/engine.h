@@ -27,6 +27,7 @@ struct EngineInfo {
   std::string device;       // "cpu" or "cuda:N"
   int64_t vocab_size = 0;   // logits row width
   int64_t max_context = 0;  // positions a sequence may reach (config max_position_embeddings)
+  int32_t eos_token_id = -1;  // ends generation unless ignore_eos (config eos_token_id); -1: none
 };
 
 struct StepItem {

@@ -1,0 +1,111 @@
+// ds41 engine: CpuEngine (cpu_engine.h).
+#include "engine/cpu_engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include "core/check.h"
+
+namespace ds41::engine {
+
+CpuEngine::CpuEngine(model::Model* model, std::string model_name, int64_t max_context) : model_(model) {
+  info_.model_name = std::move(model_name);
+  info_.device = "cpu";
+  info_.vocab_size = model->config().vocab_size;
+  info_.max_context = model->config().max_position_embeddings;
+  if (max_context > 0) info_.max_context = std::min(max_context, info_.max_context);
+  info_.eos_token_id = static_cast<int32_t>(model->config().eos_token_id);
+  bounded_bytes_ = model->new_sequence()->bounded_bytes();
+}
+
+Result<model::SequenceState*> CpuEngine::find(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return not_found("sequence " + std::to_string(seq) + " does not exist");
+  return it->second.get();
+}
+
+Result<SeqId> CpuEngine::create_sequence() {
+  const SeqId id = next_id_++;
+  seqs_.emplace(id, model_->new_sequence());
+  return id;
+}
+
+Result<SeqId> CpuEngine::fork_sequence(SeqId src) {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(src));
+  const SeqId id = next_id_++;
+  seqs_.emplace(id, std::make_unique<model::SequenceState>(*s));
+  return id;
+}
+
+Status CpuEngine::free_sequence(SeqId seq) {
+  if (seqs_.erase(seq) == 0) return not_found("sequence " + std::to_string(seq) + " does not exist");
+  return ok_status();
+}
+
+Result<int64_t> CpuEngine::sequence_position(SeqId seq) const {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(seq));
+  return s->position();
+}
+
+Result<int64_t> CpuEngine::sequence_bytes(SeqId seq) const {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(seq));
+  return s->bounded_bytes() + s->global_kv_bytes();
+}
+
+// MODEL_SPEC 5.2-5.4: the bounded part is fixed at creation; each KV source emits one compressed
+// entry (Q_kv row + Q_idx key row) per `ratio` tokens, a partial group staying in the bounded
+// pending buffers.
+int64_t CpuEngine::bytes_for_tokens(int64_t tokens) const {
+  int64_t b = bounded_bytes_;
+  for (const model::KvSourceLayout& s : model_->kv_layout().sources)
+    b += (tokens / s.ratio) * s.entry_bytes();
+  return b;
+}
+
+Status CpuEngine::step(std::span<const StepItem> items, StepOutput* out) {
+  const int64_t V = info_.vocab_size;
+  out->vocab = V;
+  out->logits.clear();
+  out->row.assign(items.size(), -1);
+  if (items.empty()) return ok_status();
+  // Validate everything before any state moves: an error leaves every sequence unchanged.
+  std::vector<model::SequenceInput> batch(items.size());
+  std::unordered_set<SeqId> seen;
+  bool any_logits = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const StepItem& it = items[i];
+    const std::string what = "step item " + std::to_string(i) + " (sequence " + std::to_string(it.seq) + ")";
+    auto st = find(it.seq);
+    if (!st.ok()) return st.status().with_context("step item " + std::to_string(i));
+    if (!seen.insert(it.seq).second) return invalid_argument(what + ": sequence appears twice in one step");
+    if (it.tokens.empty()) return invalid_argument(what + ": no tokens");
+    for (size_t t = 0; t < it.tokens.size(); ++t)
+      if (it.tokens[t] < 0 || it.tokens[t] >= V)
+        return invalid_argument(what + ": token " + std::to_string(t) + " has id " +
+                                std::to_string(it.tokens[t]) + ", outside the vocabulary [0, " +
+                                std::to_string(V) + ")");
+    const int64_t end = (*st)->position() + static_cast<int64_t>(it.tokens.size());
+    if (end > info_.max_context)
+      return out_of_range(what + ": position " + std::to_string(end) + " exceeds the context of " +
+                          std::to_string(info_.max_context) + " tokens");
+    batch[i] = model::SequenceInput{*st, it.tokens, {}};
+    any_logits = any_logits || it.want_logits;
+  }
+  model::ForwardOptions opt;
+  opt.logits = any_logits ? model::LogitsRows::kLast : model::LogitsRows::kNone;
+  std::vector<model::SequenceOutput> res;
+  DS41_RETURN_IF_ERROR(model_->forward(batch, opt, &res));
+  int64_t rows = 0;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].want_logits) out->row[i] = rows++;
+  out->logits.resize(rows * V);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (out->row[i] < 0) continue;
+    DS41_CHECK(static_cast<int64_t>(res[i].logits.size()) == V, "forward returned no last-row logits");
+    std::memcpy(out->logits.data() + out->row[i] * V, res[i].logits.data(), V * sizeof(float));
+  }
+  return ok_status();
+}
+
+}  // namespace ds41::engine

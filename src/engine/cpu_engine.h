@@ -1,0 +1,46 @@
+// ds41 engine: CpuEngine — engine::Engine over the CPU reference model (model::Model). Each
+// sequence owns a model::SequenceState held in host memory; step() is one Model::forward over the
+// batch (MODEL_SPEC 4.2-4.3: chunked prefill and decode are exact, and the reference's batch
+// forward is row-independent, so a sequence's logits do not depend on what it is batched with).
+//
+// Thread model: driven by one thread (Engine contract). The model (and its backend) must outlive
+// the engine.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "engine/engine.h"
+#include "model/model.h"
+
+namespace ds41::engine {
+
+class CpuEngine final : public Engine {
+ public:
+  // `model_name`: the served model name default (e.g. the model folder's name). `max_context`:
+  // positions a sequence may reach (0: the config's max_position_embeddings; a smaller value is
+  // vLLM's --max-model-len).
+  CpuEngine(model::Model* model, std::string model_name, int64_t max_context = 0);
+
+  const EngineInfo& info() const override { return info_; }
+  Result<SeqId> create_sequence() override;
+  Result<SeqId> fork_sequence(SeqId src) override;
+  Status free_sequence(SeqId seq) override;
+  Result<int64_t> sequence_position(SeqId seq) const override;
+  Result<int64_t> sequence_bytes(SeqId seq) const override;
+  int64_t bytes_for_tokens(int64_t tokens) const override;
+  int64_t live_sequences() const override { return static_cast<int64_t>(seqs_.size()); }
+  Status step(std::span<const StepItem> items, StepOutput* out) override;
+
+ private:
+  Result<model::SequenceState*> find(SeqId seq) const;
+
+  model::Model* model_;
+  EngineInfo info_;
+  int64_t bounded_bytes_ = 0;  // what a fresh SequenceState holds (window rings, pending groups)
+  std::unordered_map<SeqId, std::unique_ptr<model::SequenceState>> seqs_;
+  SeqId next_id_ = 1;
+};
+
+}  // namespace ds41::engine

@@ -1,0 +1,440 @@
+// ds41 engine: EngineLoop and RequestStream (engine_loop.h). One thread owns the waiting queue,
+// the running set and the Engine; clients touch only the bounded `incoming_` queue (under mu_)
+// and their RequestStream. Per step: take new requests, drop cancelled ones (their sequences are
+// freed), plan_step(), preempt / admit, Engine::step(), then per returned row penalties ->
+// sample_token() -> logprobs -> TokenEvent, finishing on EOS / stop ids / max_tokens / context end.
+#include "engine/engine_loop.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "engine/logits_processing.h"
+#include "engine/sampling_seam.h"
+#include "engine/scheduler.h"
+
+namespace ds41::engine {
+
+// ---------------------------------------------------------------- RequestStream
+
+bool RequestStream::next(std::vector<TokenEvent>* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (delivered_final_ && events_.empty()) return false;
+  cv_.wait_for(lk, timeout, [&] { return !events_.empty(); });
+  while (!events_.empty()) {
+    if (events_.front().finish != FinishReason::kNone) delivered_final_ = true;
+    out->push_back(std::move(events_.front()));
+    events_.pop_front();
+  }
+  return true;
+}
+
+void RequestStream::cancel() {
+  std::lock_guard<std::mutex> lk(mu_);
+  cancelled_ = true;
+}
+
+bool RequestStream::cancelled() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return cancelled_;
+}
+
+void RequestStream::set_notify(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  notify_ = std::move(fn);
+}
+
+void RequestStream::push(TokenEvent ev) {
+  std::function<void()> notify;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (finished_) return;  // exactly one final event
+    finished_ = ev.finish != FinishReason::kNone;
+    events_.push_back(std::move(ev));
+    notify = notify_;
+  }
+  cv_.notify_all();
+  if (notify) notify();
+}
+
+// ---------------------------------------------------------------- EngineLoop
+
+namespace {
+
+struct Req {
+  int64_t id = 0;
+  GenerationRequest req;
+  std::shared_ptr<RequestStream> stream;
+  Rng rng;
+  PenaltyState penalties;
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t generated = 0;
+  int64_t prefill_target = 0;  // prefill up to here before decoding (all tokens after a preemption)
+  int64_t computed = 0;        // tokens in the engine state
+  SeqId seq = -1;
+};
+
+Status validate_sampling(const SamplingParams& p) {
+  auto bad = [](const std::string& f, double v, const std::string& want) {
+    return invalid_argument(f + " is " + std::to_string(v) + "; it must be " + want);
+  };
+  if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
+    return bad("temperature", p.temperature, ">= 0");
+  if (!(p.top_p > 0 && p.top_p <= 1)) return bad("top_p", p.top_p, "in (0, 1]");
+  if (p.top_k < 0) return bad("top_k", static_cast<double>(p.top_k), ">= 0");
+  if (!(p.min_p >= 0 && p.min_p <= 1)) return bad("min_p", p.min_p, "in [0, 1]");
+  if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2))
+    return bad("presence_penalty", p.presence_penalty, "in [-2, 2]");
+  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2))
+    return bad("frequency_penalty", p.frequency_penalty, "in [-2, 2]");
+  if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty))
+    return bad("repetition_penalty", p.repetition_penalty, "> 0");
+  if (p.top_logprobs < -1 || p.top_logprobs > kMaxTopLogprobs)
+    return bad("top_logprobs", p.top_logprobs,
+               "in [0, " + std::to_string(kMaxTopLogprobs) + "] (or -1: off)");
+  return ok_status();
+}
+
+}  // namespace
+
+struct EngineLoop::Impl {
+  Impl(EngineLoop* o, Engine* e, LoopConfig c, Clock* k)
+      : owner(o), engine(e), cfg(c), clock(k), seed_source(c.seed) {
+    sc.max_batch_tokens = cfg.max_batch_tokens;
+    sc.max_running = cfg.max_running;
+    sc.kv_memory_bytes = cfg.kv_memory_bytes;
+    sc.decode_first = cfg.decode_first;
+    sc.bytes_for_tokens = [e](int64_t n) { return e->bytes_for_tokens(n); };
+  }
+
+  EngineLoop* owner;
+  Engine* engine;
+  const LoopConfig cfg;
+  Clock* clock;
+  SchedulerConfig sc;
+
+  // Guarded by mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Req>> incoming;
+  bool started = false, stopping = false;
+  int64_t deadline_ns = 0;
+  LoopStats stats;
+  std::mt19937_64 seed_source;
+  int64_t next_id = 1;
+
+  std::mutex join_mu;  // serializes stop()'s join
+  std::thread thread;
+
+  // Loop thread only.
+  std::deque<std::unique_ptr<Req>> waiting;
+  std::vector<std::unique_ptr<Req>> running;  // admission order
+  std::vector<float> scratch;
+
+  void run();
+  void step_once();
+  void finish(Req& r, FinishReason why, const std::string& error, int32_t token = -1, float lp = 0,
+              std::vector<TopLogprob> top = {});
+  void drop_cancelled();
+  void abort_all(const std::string& why);
+  void publish_stats();
+};
+
+void EngineLoop::Impl::finish(Req& r, FinishReason why, const std::string& error, int32_t token, float lp,
+                              std::vector<TopLogprob> top) {
+  if (r.seq >= 0) {
+    (void)engine->free_sequence(r.seq);  // a sequence the loop created; freeing cannot fail
+    r.seq = -1;
+  }
+  TokenEvent ev;
+  ev.token = token;
+  ev.logprob = lp;
+  ev.top = std::move(top);
+  ev.finish = why;
+  ev.error = error;
+  ev.prompt_tokens = static_cast<int64_t>(r.req.prompt.size());
+  ev.cached_tokens = 0;  // prefix cache: next issue
+  r.stream->push(std::move(ev));
+}
+
+void EngineLoop::Impl::drop_cancelled() {
+  auto drop = [&](auto& q) {
+    for (auto it = q.begin(); it != q.end();) {
+      if ((*it)->stream->cancelled()) {
+        finish(**it, FinishReason::kAbort, "");
+        it = q.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  drop(waiting);
+  drop(running);
+}
+
+void EngineLoop::Impl::abort_all(const std::string& why) {
+  for (auto& r : running) finish(*r, FinishReason::kAbort, why);
+  for (auto& r : waiting) finish(*r, FinishReason::kAbort, why);
+  running.clear();
+  waiting.clear();
+  std::deque<std::unique_ptr<Req>> rest;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    rest.swap(incoming);
+  }
+  for (auto& r : rest) finish(*r, FinishReason::kAbort, why);
+}
+
+void EngineLoop::Impl::publish_stats() {
+  int64_t used = 0;
+  for (const auto& r : running) {
+    auto b = engine->sequence_bytes(r->seq);
+    if (b.ok()) used += *b;
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  stats.running = static_cast<int64_t>(running.size());
+  stats.waiting = static_cast<int64_t>(waiting.size());
+  stats.kv_used_bytes = used;
+  stats.kv_capacity_bytes = cfg.kv_memory_bytes;
+}
+
+void EngineLoop::Impl::run() {
+  for (;;) {
+    bool stop_now = false, drained = false;
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      if (incoming.empty() && waiting.empty() && running.empty() && !stopping)
+        cv.wait(lk, [&] { return !incoming.empty() || stopping; });
+      while (!incoming.empty()) {
+        waiting.push_back(std::move(incoming.front()));
+        incoming.pop_front();
+      }
+      stats.waiting = static_cast<int64_t>(waiting.size());  // submit()'s queue bound stays exact
+      stop_now = stopping && clock->now_mono_ns() >= deadline_ns;
+      drained = stopping && waiting.empty() && running.empty();
+    }
+    if (drained) break;
+    if (stop_now) {
+      abort_all("the engine loop stopped before the request finished");
+      break;
+    }
+    drop_cancelled();
+    if (!waiting.empty() || !running.empty()) step_once();
+    publish_stats();
+  }
+  publish_stats();
+}
+
+void EngineLoop::Impl::step_once() {
+  std::vector<WaitingEntry> w;
+  w.reserve(waiting.size());
+  for (const auto& r : waiting) w.push_back({r->id, static_cast<int64_t>(r->tokens.size())});
+  std::vector<RunningEntry> rn;
+  rn.reserve(running.size());
+  for (const auto& r : running) rn.push_back({r->id, r->prefill_target, r->computed});
+  const StepPlan plan = plan_step(sc, w, rn);
+
+  // Preempt (newest first): drop the state; back to the waiting front with every token so far as
+  // its prompt, so the recompute is exact.
+  for (int64_t id : plan.preempt) {
+    auto it = std::find_if(running.begin(), running.end(), [&](const auto& r) { return r->id == id; });
+    DS41_CHECK(it != running.end(), "preempted id is not running");
+    (void)engine->free_sequence((*it)->seq);
+    (*it)->seq = -1;
+    (*it)->computed = 0;
+    (*it)->prefill_target = static_cast<int64_t>((*it)->tokens.size());
+    waiting.push_front(std::move(*it));
+    running.erase(it);
+    std::lock_guard<std::mutex> lk(mu);
+    ++stats.preemptions;
+  }
+  for (int64_t id : plan.admit) {
+    DS41_CHECK(!waiting.empty() && waiting.front()->id == id, "admission is not FCFS head of line");
+    std::unique_ptr<Req> r = std::move(waiting.front());
+    waiting.pop_front();
+    auto seq = engine->create_sequence();
+    if (!seq.ok()) {
+      finish(*r, FinishReason::kError, seq.status().message());
+      continue;
+    }
+    r->seq = *seq;
+    // Prefix-cache seam (next issue): here a new or preempted request asks how much of its
+    // prompt's state can be restored (global-KV blocks + an SWA snapshot by the chain keys of
+    // src/kvcache) and starts its prefill after it; a finished or preempted sequence offers its
+    // state back where it is freed. This issue restores nothing.
+    r->computed = 0;
+    running.push_back(std::move(r));
+  }
+  if (plan.items.empty()) {
+    // Cannot happen while submit() refuses what never fits; fail the head rather than spin.
+    if (running.empty() && !waiting.empty()) {
+      finish(*waiting.front(), FinishReason::kError, "the request cannot be scheduled");
+      waiting.pop_front();
+    }
+    return;
+  }
+
+  std::unordered_map<int64_t, Req*> by_id;
+  for (auto& r : running) by_id[r->id] = r.get();
+  std::vector<StepItem> items;
+  std::vector<Req*> reqs;
+  for (const PlanItem& p : plan.items) {
+    auto it = by_id.find(p.id);
+    if (it == by_id.end()) continue;  // admission failed above
+    Req* r = it->second;
+    DS41_CHECK(r->computed + p.tokens <= static_cast<int64_t>(r->tokens.size()),
+               "plan runs past the known tokens");
+    StepItem s;
+    s.seq = r->seq;
+    s.tokens = std::span<const int32_t>(r->tokens).subspan(r->computed, p.tokens);
+    s.want_logits = r->computed + p.tokens == static_cast<int64_t>(r->tokens.size());
+    items.push_back(s);
+    reqs.push_back(r);
+  }
+  const int64_t t0 = clock->now_mono_ns();
+  StepOutput out;
+  Status st = engine->step(items, &out);
+  const double seconds = static_cast<double>(clock->now_mono_ns() - t0) * 1e-9;
+  std::vector<Req*> done;
+  if (!st.ok()) {
+    for (Req* r : reqs) {
+      finish(*r, FinishReason::kError, st.message());
+      done.push_back(r);
+    }
+  } else {
+    const int64_t V = out.vocab;
+    int64_t new_prompt = 0, new_gen = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      Req* r = reqs[i];
+      r->computed += static_cast<int64_t>(items[i].tokens.size());
+      if (out.row[i] < 0) continue;
+      float* row = out.logits.data() + out.row[i] * V;
+      const SamplingParams& sp = r->req.sampling;
+      if (r->penalties.active()) r->penalties.apply(row, V);
+      const int32_t tok = sample_token(row, V, sp, r->rng);
+      float lp = 0;
+      std::vector<TopLogprob> top;
+      if (sp.top_logprobs >= 0) lp = token_logprob(row, V, tok, sp.top_logprobs, &top);
+      r->tokens.push_back(tok);
+      r->penalties.add(tok);
+      if (++r->generated == 1) new_prompt += static_cast<int64_t>(r->req.prompt.size());
+      ++new_gen;
+      FinishReason why = FinishReason::kNone;
+      const auto& stops = r->req.stop_token_ids;
+      if ((!r->req.ignore_eos && tok == engine->info().eos_token_id) ||
+          std::find(stops.begin(), stops.end(), tok) != stops.end())
+        why = FinishReason::kStop;
+      else if (r->generated >= r->req.max_tokens ||
+               static_cast<int64_t>(r->tokens.size()) >= engine->info().max_context)
+        why = FinishReason::kLength;
+      if (why != FinishReason::kNone) {
+        finish(*r, why, "", tok, lp, std::move(top));
+        done.push_back(r);
+      } else {
+        TokenEvent ev;
+        ev.token = tok;
+        ev.logprob = lp;
+        ev.top = std::move(top);
+        r->stream->push(std::move(ev));
+      }
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    stats.prompt_tokens += new_prompt;
+    stats.generation_tokens += new_gen;
+  }
+  if (!done.empty())
+    std::erase_if(running,
+                  [&](const auto& r) { return std::find(done.begin(), done.end(), r.get()) != done.end(); });
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    ++stats.steps;
+  }
+  if (owner->on_step) owner->on_step(static_cast<int64_t>(items.size()), plan.tokens, seconds);
+}
+
+EngineLoop::EngineLoop(Engine* engine, LoopConfig cfg, Clock* clock)
+    : impl_(std::make_unique<Impl>(this, engine, cfg, clock)) {}
+
+EngineLoop::~EngineLoop() { stop(std::chrono::milliseconds(0)); }
+
+Status EngineLoop::start() {
+  DS41_RETURN_IF_ERROR(validate(impl_->sc));
+  if (impl_->cfg.max_queue < 1)
+    return invalid_argument("max_queue must be >= 1 (got " + std::to_string(impl_->cfg.max_queue) + ")");
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  if (impl_->started) return failed_precondition("the engine loop was already started");
+  if (impl_->stopping) return failed_precondition("the engine loop was stopped");
+  impl_->started = true;
+  impl_->thread = std::thread([this] { impl_->run(); });
+  return ok_status();
+}
+
+Result<std::shared_ptr<RequestStream>> EngineLoop::submit(GenerationRequest req) {
+  Impl& m = *impl_;
+  const EngineInfo& info = m.engine->info();
+  const int64_t P = static_cast<int64_t>(req.prompt.size());
+  if (P == 0) return invalid_argument("the prompt has no tokens");
+  if (req.max_tokens < 1)
+    return invalid_argument("max_tokens is " + std::to_string(req.max_tokens) + "; it must be >= 1");
+  for (size_t i = 0; i < req.prompt.size(); ++i)
+    if (req.prompt[i] < 0 || req.prompt[i] >= info.vocab_size)
+      return invalid_argument("prompt token " + std::to_string(i) + " has id " +
+                              std::to_string(req.prompt[i]) + ", outside the vocabulary [0, " +
+                              std::to_string(info.vocab_size) + ")");
+  if (P + req.max_tokens > info.max_context)
+    return invalid_argument("the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" +
+                            std::to_string(req.max_tokens) + ") is " + std::to_string(P + req.max_tokens) +
+                            " tokens, more than the model's context of " + std::to_string(info.max_context));
+  DS41_RETURN_IF_ERROR(check_fits(m.sc, P + req.max_tokens));
+  DS41_RETURN_IF_ERROR(validate_sampling(req.sampling));
+
+  auto r = std::make_unique<Req>();
+  r->req = std::move(req);
+  r->stream = std::make_shared<RequestStream>();
+  r->tokens = r->req.prompt;
+  r->prefill_target = P;
+  r->penalties = PenaltyState(r->req.sampling, r->req.prompt, info.vocab_size);
+  auto stream = r->stream;
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    if (m.stopping) return unavailable("the engine loop is stopping; no new requests");
+    const int64_t queued = static_cast<int64_t>(m.incoming.size()) + m.stats.waiting;
+    if (queued >= m.cfg.max_queue)
+      return resource_exhausted("the request queue is full (" + std::to_string(queued) +
+                                " waiting, max_queue " + std::to_string(m.cfg.max_queue) + ")");
+    r->id = m.next_id++;
+    r->rng.seed(r->req.sampling.seed ? *r->req.sampling.seed : m.seed_source());
+    m.incoming.push_back(std::move(r));
+  }
+  m.cv.notify_all();
+  return stream;
+}
+
+void EngineLoop::stop(std::chrono::milliseconds drain_timeout) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> join_lk(m.join_mu);
+  {
+    std::lock_guard<std::mutex> lk(m.mu);
+    const int64_t d = m.clock->now_mono_ns() + std::chrono::nanoseconds(drain_timeout).count();
+    m.deadline_ns = m.stopping ? std::min(m.deadline_ns, d) : d;
+    m.stopping = true;
+  }
+  m.cv.notify_all();
+  if (m.thread.joinable()) {
+    m.thread.join();
+  } else {
+    m.abort_all("the engine loop stopped before the request ran");  // never started
+  }
+}
+
+LoopStats EngineLoop::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  LoopStats s = impl_->stats;
+  s.waiting += static_cast<int64_t>(impl_->incoming.size());
+  return s;
+}
+
+}  // namespace ds41::engine
