@@ -12,6 +12,7 @@ CompletionConsumer::CompletionConsumer(const text::Tokenizer& tok, ConsumerOptio
       stops_(opts_.stop),
       router_(opts_.raw, opts_.thinking) {
   if (auto id = tok.token_to_id(text::kEosToken)) eos_id_ = *id;
+  prompt_tokens_ = opts_.prompt_tokens;
 }
 
 void CompletionConsumer::append(ConsumerUpdate* u, OutputDelta d) {
@@ -55,7 +56,7 @@ ConsumerUpdate CompletionConsumer::consume(const std::vector<engine::TokenEvent>
   for (const engine::TokenEvent& ev : events) {
     const bool final = ev.finish != engine::FinishReason::kNone;
     if (final) {
-      prompt_tokens_ = ev.prompt_tokens;
+      if (ev.prompt_tokens > 0) prompt_tokens_ = ev.prompt_tokens;
       cached_tokens_ = ev.cached_tokens;
     }
     if (ev.token >= 0) {

@@ -21,6 +21,7 @@ struct ConsumerOptions {
   bool thinking = false;  // chat: the prompt ends with <think>
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // not rendered when they end the stream
+  int64_t prompt_tokens = 0;            // known before the final event (a stop string may end early)
   bool logprobs = false;                // collect per-token logprobs (top_logprobs >= 0)
 };
 

@@ -277,6 +277,7 @@ HttpResponse ApiService::chat_completions(const HttpRequest& req, RequestCtx* ct
   if (auto e = check_lengths(static_cast<int64_t>(ids.value().size()), cr.common.max_tokens, &g.max_tokens))
     return error_response(*e);
   g.prompt = std::move(ids.value());
+  const int64_t prompt_len = static_cast<int64_t>(g.prompt.size());
   g.sampling = cr.common.sampling;
   g.stop_token_ids = cr.common.stop_token_ids;
   g.ignore_eos = cr.common.ignore_eos;
@@ -298,6 +299,7 @@ HttpResponse ApiService::chat_completions(const HttpRequest& req, RequestCtx* ct
   Result<std::shared_ptr<engine::RequestStream>> st = gen_->submit(std::move(g));
   if (!st.ok()) return error_response(api_error_from_status(st.status()));
   ConsumerOptions co;
+  co.prompt_tokens = prompt_len;
   co.thinking = thinking;
   co.stop = cr.common.stop;
   co.stop_token_ids = cr.common.stop_token_ids;
@@ -392,6 +394,8 @@ HttpResponse ApiService::completions(const HttpRequest& req, RequestCtx* ctx) {
   co.stop = cr.common.stop;
   co.stop_token_ids = cr.common.stop_token_ids;
   co.logprobs = cr.common.sampling.top_logprobs >= 0;
+  std::vector<int64_t> prompt_lens;
+  for (const auto& g : reqs) prompt_lens.push_back(static_cast<int64_t>(g.prompt.size()));
   for (size_t i = 0; i < reqs.size(); ++i) {
     reqs[i].request_id = s->id + "-" + std::to_string(i);
     Result<std::shared_ptr<engine::RequestStream>> st = gen_->submit(std::move(reqs[i]));
@@ -401,6 +405,7 @@ HttpResponse ApiService::completions(const HttpRequest& req, RequestCtx* ctx) {
     }
     Gen g;
     g.stream = st.value();
+    co.prompt_tokens = prompt_lens[i];
     g.consumer = std::make_unique<CompletionConsumer>(*tok_, co);
     g.echo = echoes[i];
     s->gens.push_back(std::move(g));

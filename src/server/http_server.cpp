@@ -124,8 +124,7 @@ Status HttpServer::start() {
   });
   // Errors httplib raises itself (body too large, malformed request line) get OpenAI bodies.
   const size_t max_body = c.max_body_bytes;
-  m->svr.set_error_handler([max_body](const httplib::Request&,
-                                      httplib::Response& res) -> httplib::Server::HandlerResponse {
+  httplib::Server::HandlerWithResponse on_error = [max_body](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.http_status = res.status;
@@ -137,7 +136,8 @@ Status HttpServer::start() {
     }
     write_error(res, e);
     return httplib::Server::HandlerResponse::Handled;
-  });
+  };
+  m->svr.set_error_handler(std::move(on_error));
   m->svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     ApiError e;
     e.http_status = 500;

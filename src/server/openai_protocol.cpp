@@ -2,6 +2,7 @@
 #include "server/openai_protocol.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "core/json_depth.h"
@@ -11,6 +12,12 @@ namespace ds41::server {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+std::string fmt(double d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", d);
+  return buf;
+}
 
 std::string type_name(const Json& v) { return v.is_number_integer() ? "integer" : v.type_name(); }
 
@@ -25,8 +32,7 @@ std::optional<ApiError> read_number(const Json& j, const char* key, double lo, d
   if (!v.is_number()) return wrong_type(key, "a number", v);
   const double d = v.get<double>();
   if (!std::isfinite(d) || d < lo || d > hi)
-    return bad_request("'" + std::string(key) + "' must be in [" + Json(lo).dump() + ", " + Json(hi).dump() +
-                           "], got " + v.dump(),
+    return bad_request("'" + std::string(key) + "' must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + v.dump(),
                        key);
   *out = d;
   return std::nullopt;
