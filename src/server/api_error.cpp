@@ -17,9 +17,7 @@ ApiError api_error_from_status(const Status& s, std::string param) {
   e.param = std::move(param);
   switch (s.code()) {
     case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange:
-      e.http_status = 400;
-      break;
+    case StatusCode::kOutOfRange: e.http_status = 400; break;
     case StatusCode::kResourceExhausted:
       e.http_status = 429;
       e.type = "rate_limit_error";

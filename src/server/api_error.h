@@ -16,8 +16,8 @@ struct ApiError {
   int http_status = 400;
   std::string type = "invalid_request_error";
   std::string message;
-  std::string param;  // the offending field ("messages[2].role"), empty when none
-  std::string code;   // machine-readable reason ("context_length_exceeded"), empty when none
+  std::string param;      // the offending field ("messages[2].role"), empty when none
+  std::string code;       // machine-readable reason ("context_length_exceeded"), empty when none
   int retry_after_s = 0;  // > 0: send a Retry-After header (429 / 503)
 };
 
@@ -31,7 +31,7 @@ nlohmann::ordered_json error_body(const ApiError& e);
 template <class T>
 class ApiResult {
  public:
-  ApiResult(T value) : v_(std::move(value)) {}  // NOLINT: implicit like Result<T>
+  ApiResult(T value) : v_(std::move(value)) {}         // NOLINT: implicit like Result<T>
   ApiResult(ApiError error) : v_(std::move(error)) {}  // NOLINT
   bool ok() const { return v_.index() == 0; }
   T& value() {

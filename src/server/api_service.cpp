@@ -37,11 +37,15 @@ HttpResponse error_response(const ApiError& e) {
 }
 
 ApiService::ApiService(ServiceConfig cfg, ServerMetrics* metrics, Clock* clock)
-    : cfg_(std::move(cfg)), metrics_(metrics), clock_(clock), created_unix_s_(clock->now_unix_ns() / 1000000000) {}
+    : cfg_(std::move(cfg)),
+      metrics_(metrics),
+      clock_(clock),
+      created_unix_s_(clock->now_unix_ns() / 1000000000) {}
 
 ApiService::~ApiService() = default;
 
-void ApiService::set_ready(Generator* gen, const text::Tokenizer* tok) {
+void ApiService::set_ready(Generator* gen, const text::Tokenizer* tok, int64_t max_context) {
+  if (max_context > 0) cfg_.max_context = max_context;
   gen_ = gen;
   tok_ = tok;
   ready_.store(true);
@@ -90,9 +94,12 @@ HttpResponse ApiService::route(const HttpRequest& req, RequestCtx* ctx) {
     const char* path;
     const char* method;
   };
-  static const Route kRoutes[] = {{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"},
-                                  {"/v1/models", "GET"},            {"/tokenize", "POST"},
-                                  {"/detokenize", "POST"},          {"/health", "GET"},
+  static const Route kRoutes[] = {{"/v1/chat/completions", "POST"},
+                                  {"/v1/completions", "POST"},
+                                  {"/v1/models", "GET"},
+                                  {"/tokenize", "POST"},
+                                  {"/detokenize", "POST"},
+                                  {"/health", "GET"},
                                   {"/metrics", "GET"}};
   const Route* found = nullptr;
   for (const Route& r : kRoutes)
@@ -107,16 +114,17 @@ HttpResponse ApiService::route(const HttpRequest& req, RequestCtx* ctx) {
     const std::string auth = req.header("authorization");
     const std::string want = "Bearer " + cfg_.api_key;
     if (!same_secret(auth, want)) {
-      ApiError e = bad_request(auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
-                                            : "incorrect API key",
-                               "", "invalid_api_key");
+      ApiError e = bad_request(
+          auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key", "",
+          "invalid_api_key");
       e.http_status = 401;
       e.type = "authentication_error";
       return error_response(e);
     }
   }
   if (req.method != found->method && !(req.method == "HEAD" && std::string(found->method) == "GET")) {
-    ApiError e = bad_request("method " + req.method + " not allowed on " + req.path + "; use " + found->method);
+    ApiError e =
+        bad_request("method " + req.method + " not allowed on " + req.path + "; use " + found->method);
     e.http_status = 405;
     return error_response(e);
   }
@@ -138,7 +146,10 @@ HttpResponse ApiService::route(const HttpRequest& req, RequestCtx* ctx) {
 }
 
 HttpResponse ApiService::models() const {
-  Json m = {{"id", cfg_.served_model_name}, {"object", "model"}, {"created", created_unix_s_}, {"owned_by", "ds41"}};
+  Json m = {{"id", cfg_.served_model_name},
+            {"object", "model"},
+            {"created", created_unix_s_},
+            {"owned_by", "ds41"}};
   if (cfg_.max_context > 0) m["max_model_len"] = cfg_.max_context;
   return json_response(200, Json{{"object", "list"}, {"data", Json::array({m})}});
 }
@@ -186,7 +197,8 @@ HttpResponse ApiService::detokenize(const HttpRequest& req) {
   for (const Json& t : j["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX ||
         !tok_->valid_id(static_cast<int32_t>(t.get<int64_t>())))
-      return error_response(bad_request("'tokens' holds " + t.dump() + ", not a token id of this tokenizer", "tokens"));
+      return error_response(
+          bad_request("'tokens' holds " + t.dump() + ", not a token id of this tokenizer", "tokens"));
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   Result<std::string> text = tok_->decode(ids);
@@ -199,8 +211,8 @@ std::optional<ApiError> ApiService::check_lengths(int64_t prompt_tokens, std::op
   const int64_t prompt_cap = cfg_.max_prompt_tokens > 0 ? cfg_.max_prompt_tokens : cfg_.max_context;
   if (prompt_tokens == 0) return bad_request("the prompt is empty", "prompt");
   if (prompt_cap > 0 && prompt_tokens > prompt_cap)
-    return bad_request("the prompt has " + std::to_string(prompt_tokens) + " tokens; this server accepts at most " +
-                           std::to_string(prompt_cap),
+    return bad_request("the prompt has " + std::to_string(prompt_tokens) +
+                           " tokens; this server accepts at most " + std::to_string(prompt_cap),
                        "messages", "context_length_exceeded");
   if (requested && cfg_.max_tokens_limit > 0 && *requested > cfg_.max_tokens_limit)
     return bad_request("max_tokens is " + std::to_string(*requested) + "; this server allows at most " +

@@ -22,10 +22,10 @@ namespace ds41::server {
 
 struct ServiceConfig {
   std::string served_model_name = "ds41";
-  std::string api_key;             // empty: no authentication
-  int64_t max_context = 0;         // positions a sequence may reach (engine info); 0: unknown
-  int64_t max_prompt_tokens = 0;   // 0: max_context
-  int64_t max_tokens_limit = 0;    // max_tokens cap (0: none); also the default when unset
+  std::string api_key;            // empty: no authentication
+  int64_t max_context = 0;        // positions a sequence may reach (engine info); 0: unknown
+  int64_t max_prompt_tokens = 0;  // 0: max_context
+  int64_t max_tokens_limit = 0;   // max_tokens cap (0: none); also the default when unset
   bool default_thinking = text::ChatOptions{}.thinking;  // chat_template_kwargs unset
   ParseLimits parse;
 };
@@ -45,8 +45,9 @@ class ApiService {
   ~ApiService();
 
   // Marks the model loaded: generation routes and /health answer from now on. Both must
-  // outlive the service. Call once.
-  void set_ready(Generator* gen, const text::Tokenizer* tok);
+  // outlive the service. max_context > 0 replaces the configured one (known only after the
+  // model loaded). Call once.
+  void set_ready(Generator* gen, const text::Tokenizer* tok, int64_t max_context = 0);
   // Shutting down: new generation requests get 503.
   void set_draining();
   bool ready() const { return ready_.load(); }

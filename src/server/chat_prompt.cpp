@@ -3,8 +3,9 @@
 
 namespace ds41::server {
 
-ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& req, const text::Tokenizer& tok,
-                                                  bool default_thinking, bool* thinking) {
+ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& req,
+                                                  const text::Tokenizer& tok, bool default_thinking,
+                                                  bool* thinking) {
   std::vector<text::ChatMessage> messages = req.messages;
   const bool has_tools = !req.tools.is_null() && !req.tools.empty();
   const bool has_rf = !req.response_format.is_null() && !req.response_format.empty();

@@ -13,7 +13,8 @@ namespace ds41::server {
 // Request-level tools and response_format go to a system message first (inserted when message
 // 0 is not one). *thinking (optional) receives the mode used: the request's, else
 // `default_thinking`. Encoding errors (e.g. a tool call without a name) are 400s.
-ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& req, const text::Tokenizer& tok,
-                                                  bool default_thinking, bool* thinking);
+ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& req,
+                                                  const text::Tokenizer& tok, bool default_thinking,
+                                                  bool* thinking);
 
 }  // namespace ds41::server

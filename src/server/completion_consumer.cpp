@@ -34,19 +34,13 @@ void CompletionConsumer::finish(ConsumerUpdate* u, engine::FinishReason r, const
     return;
   }
   switch (r) {
-    case engine::FinishReason::kLength:
-      u->finish_reason = "length";
-      break;
-    case engine::FinishReason::kAbort:
-      u->finish_reason = "abort";
-      break;
+    case engine::FinishReason::kLength: u->finish_reason = "length"; break;
+    case engine::FinishReason::kAbort: u->finish_reason = "abort"; break;
     case engine::FinishReason::kError:
       u->finish_reason = "error";
       u->error = error.empty() ? "generation failed" : error;
       break;
-    default:
-      u->finish_reason = any_tool_calls_ ? "tool_calls" : "stop";
-      break;
+    default: u->finish_reason = any_tool_calls_ ? "tool_calls" : "stop"; break;
   }
 }
 
@@ -64,8 +58,8 @@ ConsumerUpdate CompletionConsumer::consume(const std::vector<engine::TokenEvent>
       if (router_.in_reasoning()) ++reasoning_tokens_;
       const bool terminator =
           final && ev.finish == engine::FinishReason::kStop &&
-          (ev.token == eos_id_ || std::find(opts_.stop_token_ids.begin(), opts_.stop_token_ids.end(), ev.token) !=
-                                      opts_.stop_token_ids.end());
+          (ev.token == eos_id_ || std::find(opts_.stop_token_ids.begin(), opts_.stop_token_ids.end(),
+                                            ev.token) != opts_.stop_token_ids.end());
       if (!terminator) {
         Result<std::string> piece = decoder_.push(ev.token);
         if (piece.ok()) append(&u, router_.push(stops_.push(piece.value())));

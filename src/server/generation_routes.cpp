@@ -90,7 +90,8 @@ struct Session {
       p += g.consumer->prompt_tokens();
       c += g.consumer->completion_tokens();
     }
-    std::string d = "id=" + id + " prompt_tokens=" + std::to_string(p) + " completion_tokens=" + std::to_string(c);
+    std::string d =
+        "id=" + id + " prompt_tokens=" + std::to_string(p) + " completion_tokens=" + std::to_string(c);
     if (!gens.empty()) d += " finish=" + (gens[0].finish_reason.empty() ? "none" : gens[0].finish_reason);
     if (!detail.empty()) d += " " + detail;
     on_finish(status, d);
@@ -153,7 +154,8 @@ Json completion_logprobs(const std::vector<TokenLogprobText>& lps, size_t text_o
     offsets.push_back(text_offset);
     text_offset += lp.text.size();
   }
-  return Json{{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  return Json{
+      {"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
 ApiError generation_error(const std::string& message) {
@@ -197,7 +199,8 @@ std::shared_ptr<BodyStream> sse_body(std::shared_ptr<Session> s) {
         *out += sse_event(c);
       } else if (!g.echo.empty()) {
         Json c = s->envelope("text_completion");
-        c["choices"] = Json::array({{{"index", 0}, {"text", g.echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        c["choices"] = Json::array(
+            {{{"index", 0}, {"text", g.echo}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
         *out += sse_event(c);
       }
       return true;

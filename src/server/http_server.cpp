@@ -124,7 +124,8 @@ Status HttpServer::start() {
   });
   // Errors httplib raises itself (body too large, malformed request line) get OpenAI bodies.
   const size_t max_body = c.max_body_bytes;
-  httplib::Server::HandlerWithResponse on_error = [max_body](const httplib::Request&, httplib::Response& res) {
+  httplib::Server::HandlerWithResponse on_error = [max_body](const httplib::Request&,
+                                                             httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.http_status = res.status;
@@ -157,7 +158,8 @@ Status HttpServer::start() {
     if (m->port < 0) return io_error("cannot bind " + c.host + ":0");
   } else {
     if (!m->svr.bind_to_port(c.host, c.port))
-      return io_error("cannot bind " + c.host + ":" + std::to_string(c.port) + " (in use, or not a local address)");
+      return io_error("cannot bind " + c.host + ":" + std::to_string(c.port) +
+                      " (in use, or not a local address)");
     m->port = c.port;
   }
   m->started = true;

@@ -18,9 +18,9 @@ struct HttpServerConfig {
   std::string host = "127.0.0.1";  // loopback unless --host says otherwise
   int port = 8000;                 // 0: an ephemeral port (tests)
   size_t max_body_bytes = size_t{8} << 20;
-  int max_connections = 256;       // open connections served at once; more get 503
-  int read_timeout_s = 30;         // a client that sends nothing for this long is dropped
-  int write_timeout_s = 30;        // a client that reads nothing for this long is dropped
+  int max_connections = 256;  // open connections served at once; more get 503
+  int read_timeout_s = 30;    // a client that sends nothing for this long is dropped
+  int write_timeout_s = 30;   // a client that reads nothing for this long is dropped
   int keep_alive_timeout_s = 5;
 };
 

@@ -13,8 +13,8 @@
 namespace ds41::server {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // without the query string
+  std::string method;                          // "GET", "POST", ...
+  std::string path;                            // without the query string
   std::map<std::string, std::string> headers;  // lower-case names
   std::string body;
   std::string remote;  // "addr:port", for logs

@@ -21,7 +21,8 @@ const std::vector<double> kCountBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
 
 }  // namespace
 
-Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double v) {
   size_t i = 0;
@@ -90,7 +91,8 @@ std::string ServerMetrics::render(const engine::LoopStats& st) const {
     o += "ds41_requests_total{route=\"" + k.first + "\",status=\"" + std::to_string(k.second) + "\"} " +
          std::to_string(v) + "\n";
   gauge("ds41_prompt_tokens_total", "Prompt tokens of finished requests.", "counter", prompt_tokens_);
-  gauge("ds41_generation_tokens_total", "Generated tokens of finished requests.", "counter", generation_tokens_);
+  gauge("ds41_generation_tokens_total", "Generated tokens of finished requests.", "counter",
+        generation_tokens_);
   gauge("ds41_running_sequences", "Sequences in the running batch.", "gauge", st.running);
   gauge("ds41_waiting_requests", "Requests waiting for admission.", "gauge", st.waiting);
   gauge("ds41_state_memory_used_bytes", "Sequence state bytes in use.", "gauge", st.kv_used_bytes);

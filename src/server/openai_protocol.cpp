@@ -32,13 +32,14 @@ std::optional<ApiError> read_number(const Json& j, const char* key, double lo, d
   if (!v.is_number()) return wrong_type(key, "a number", v);
   const double d = v.get<double>();
   if (!std::isfinite(d) || d < lo || d > hi)
-    return bad_request("'" + std::string(key) + "' must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + v.dump(),
-                       key);
+    return bad_request(
+        "'" + std::string(key) + "' must be in [" + fmt(lo) + ", " + fmt(hi) + "], got " + v.dump(), key);
   *out = d;
   return std::nullopt;
 }
 
-std::optional<ApiError> read_int(const Json& j, const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out) {
+std::optional<ApiError> read_int(const Json& j, const char* key, int64_t lo, int64_t hi,
+                                 std::optional<int64_t>* out) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   const Json& v = j[key];
   // 5.0 is accepted as 5 (JavaScript clients cannot tell them apart).
@@ -53,12 +54,13 @@ std::optional<ApiError> read_int(const Json& j, const char* key, int64_t lo, int
     return std::nullopt;
   }
   if (!v.is_number_integer()) return wrong_type(key, "an integer", v);
-  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
     return bad_request("'" + std::string(key) + "' is too large: " + v.dump(), key);
   const int64_t x = v.get<int64_t>();
   if (x < lo || x > hi)
-    return bad_request("'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], got " + v.dump(),
+    return bad_request("'" + std::string(key) + "' must be in [" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + "], got " + v.dump(),
                        key);
   *out = x;
   return std::nullopt;
@@ -78,8 +80,8 @@ std::optional<ApiError> read_string(const Json& j, const char* key, std::string*
   return std::nullopt;
 }
 
-#define DS41_API_TRY(expr)                        \
-  do {                                            \
+#define DS41_API_TRY(expr)                           \
+  do {                                               \
     if (auto _e = (expr); _e) return std::move(*_e); \
   } while (0)
 
@@ -89,10 +91,11 @@ std::optional<ApiError> read_token_ids(const Json& v, const std::string& field, 
   for (size_t i = 0; i < v.size(); ++i) {
     const Json& t = v[i];
     if (!t.is_number_integer() || (!t.is_number_unsigned() && t.get<int64_t>() < 0) ||
-        (t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) ||
+        (t.is_number_unsigned() &&
+         t.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) ||
         t.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      return bad_request("'" + field + "[" + std::to_string(i) + "]' must be a token id (a non-negative integer)",
-                         field);
+      return bad_request(
+          "'" + field + "[" + std::to_string(i) + "]' must be a token id (a non-negative integer)", field);
     out->push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   return std::nullopt;
@@ -125,7 +128,8 @@ std::optional<ApiError> read_common(const Json& j, CommonParams* c) {
   DS41_API_TRY(read_int(j, "max_tokens", 1, std::numeric_limits<int64_t>::max(), &mt));
   DS41_API_TRY(read_int(j, "max_completion_tokens", 1, std::numeric_limits<int64_t>::max(), &mct));
   c->max_tokens = mct ? mct : mt;
-  DS41_API_TRY(read_int(j, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &n));
+  DS41_API_TRY(
+      read_int(j, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &n));
   if (n && *n != 1) return bad_request("'n' must be 1: this server returns one choice per prompt", "n");
   if (j.contains("best_of") && !j["best_of"].is_null() && j["best_of"] != 1)
     return bad_request("'best_of' is not supported", "best_of");
@@ -135,9 +139,9 @@ std::optional<ApiError> read_common(const Json& j, CommonParams* c) {
       c->stop.push_back(v.get<std::string>());
     } else if (v.is_array()) {
       if (v.size() > kMaxStopStrings)
-        return bad_request("'stop' has " + std::to_string(v.size()) + " entries; at most " +
-                               std::to_string(kMaxStopStrings),
-                           "stop");
+        return bad_request(
+            "'stop' has " + std::to_string(v.size()) + " entries; at most " + std::to_string(kMaxStopStrings),
+            "stop");
       for (const Json& x : v) {
         if (!x.is_string()) return wrong_type("stop", "a string or an array of strings", v);
         c->stop.push_back(x.get<std::string>());
@@ -194,9 +198,9 @@ std::optional<ApiError> read_tools(const Json& j, ChatCompletionRequest* r) {
       else if (s == "required")
         r->tool_choice = ToolChoice::kRequired;
       else
-        return bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or a named function, got \"" + s +
-                               "\"",
-                           "tool_choice");
+        return bad_request(
+            "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function, got \"" + s + "\"",
+            "tool_choice");
     } else if (tc.is_object()) {
       if (!tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name") ||
           !tc["function"]["name"].is_string())
@@ -228,17 +232,20 @@ std::optional<ApiError> read_thinking(const Json& j, ChatCompletionRequest* r) {
     if (!k.is_object()) return wrong_type("chat_template_kwargs", "an object", k);
     for (const char* key : {"thinking", "enable_thinking"}) {
       if (!k.contains(key) || k[key].is_null()) continue;
-      if (!k[key].is_boolean()) return wrong_type(std::string("chat_template_kwargs.") + key, "a boolean", k[key]);
+      if (!k[key].is_boolean())
+        return wrong_type(std::string("chat_template_kwargs.") + key, "a boolean", k[key]);
       r->thinking = k[key].get<bool>();
     }
   }
   if (j.contains("reasoning_effort") && !j["reasoning_effort"].is_null()) {
     const Json& v = j["reasoning_effort"];
-    if (!v.is_string() && !v.is_number_integer()) return wrong_type("reasoning_effort", "a string or an integer", v);
+    if (!v.is_string() && !v.is_number_integer())
+      return wrong_type("reasoning_effort", "a string or an integer", v);
     Result<int> e = text::reasoning_effort_from_json(v);
     if (!e.ok() || (v.is_number_integer() && (v.get<int64_t>() < 1 || v.get<int64_t>() > 100)))
-      return bad_request("'reasoning_effort' must be \"low\", \"high\", \"max\" or an integer 1..100, got " + v.dump(),
-                         "reasoning_effort");
+      return bad_request(
+          "'reasoning_effort' must be \"low\", \"high\", \"max\" or an integer 1..100, got " + v.dump(),
+          "reasoning_effort");
     r->reasoning_effort = e.value();
   }
   return std::nullopt;
@@ -366,7 +373,8 @@ ApiResult<CompletionRequest> parse_completion_request(std::string_view body, con
   if (auto e = read_int(j, "logprobs", 0, kMaxTopLogprobs, &lp)) return *e;
   if (lp) r.common.sampling.top_logprobs = static_cast<int>(*lp);
   if (r.common.stream && r.prompts.size() > 1)
-    return bad_request("streaming a batch of prompts is not supported; send one prompt per request", "stream");
+    return bad_request("streaming a batch of prompts is not supported; send one prompt per request",
+                       "stream");
   return r;
 }
 

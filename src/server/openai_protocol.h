@@ -35,7 +35,7 @@ inline constexpr int kMaxJsonDepth = 64;
 // Fields shared by both endpoints.
 struct CommonParams {
   std::string model;
-  engine::SamplingParams sampling;  // seed, penalties, top_logprobs (-1: none) included
+  engine::SamplingParams sampling;    // seed, penalties, top_logprobs (-1: none) included
   std::optional<int64_t> max_tokens;  // max_completion_tokens wins over max_tokens
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // vLLM extension
@@ -52,9 +52,9 @@ struct ChatCompletionRequest {
   std::vector<text::ChatMessage> messages;
   nlohmann::ordered_json tools;  // null when none; after tool_choice filtering
   ToolChoice tool_choice = ToolChoice::kAuto;
-  std::string tool_choice_name;           // kNamed
-  std::optional<bool> thinking;           // unset: the encoding's default
-  std::optional<int> reasoning_effort;    // 1..100
+  std::string tool_choice_name;         // kNamed
+  std::optional<bool> thinking;         // unset: the encoding's default
+  std::optional<int> reasoning_effort;  // 1..100
   bool logprobs = false;
   nlohmann::ordered_json response_format;  // null, or what the system prompt renders
 };

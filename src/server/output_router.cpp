@@ -22,7 +22,9 @@ bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; 
 }  // namespace
 
 OutputRouter::OutputRouter(bool raw, bool thinking)
-    : state_(raw ? State::kRaw : thinking ? State::kReasoning : State::kContent) {}
+    : state_(raw        ? State::kRaw
+             : thinking ? State::kReasoning
+                        : State::kContent) {}
 
 OutputDelta OutputRouter::push(std::string_view text) {
   OutputDelta d;
@@ -73,18 +75,14 @@ void OutputRouter::route(OutputDelta* d) {
 OutputDelta OutputRouter::finish() {
   OutputDelta d;
   switch (state_) {
-    case State::kRaw:
-      break;
-    case State::kReasoning:
-      d.reasoning = std::exchange(pending_, {});
-      break;
-    case State::kContent:
-      d.content = std::exchange(pending_, {});
-      break;
+    case State::kRaw: break;
+    case State::kReasoning: d.reasoning = std::exchange(pending_, {}); break;
+    case State::kContent: d.content = std::exchange(pending_, {}); break;
     case State::kTools: {
       const size_t at = tools_.find(kDsmlCalls);
       std::vector<text::ToolCall> calls;
-      if (at != std::string::npos && text::parse_dsml_tool_calls(std::string_view(tools_).substr(at), &calls)) {
+      if (at != std::string::npos &&
+          text::parse_dsml_tool_calls(std::string_view(tools_).substr(at), &calls)) {
         d.tool_calls = std::move(calls);
       } else {
         malformed_ = true;

@@ -1,6 +1,8 @@
 // ds41 server tests: the whole HTTP path over a real loopback socket (cpp-httplib client) with a
 // scripted fake Generator: auth, 404, 413, malformed JSON, queue full, streaming, stop strings,
 // client disconnect -> cancel, /health while loading, /metrics.
+#include "server/http_server.h"
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -8,7 +10,6 @@
 #include <atomic>
 #include <thread>
 
-#include "server/http_server.h"
 #include "text/tokenizer.h"
 
 namespace ds41::server {
@@ -157,7 +158,8 @@ TEST_F(ServerHttp, AuthNotFoundAndBodyLimits) {
   expect_openai_error(client->Get("/v2/nothing"), 404);
   expect_openai_error(post("/v1/chat/completions", std::string(100 * 1024, ' ')), 413);
   expect_openai_error(post("/v1/chat/completions", "{\"messages\": [}"), 400);
-  expect_openai_error(post("/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})"), 400);
+  expect_openai_error(post("/v1/chat/completions", R"({"messages": [{"role": "robot", "content": "x"}]})"),
+                      400);
   expect_openai_error(client->Get("/v1/chat/completions"), 405);
   auto m = client->Get("/v1/models");
   ASSERT_TRUE(m);
@@ -170,8 +172,8 @@ TEST_F(ServerHttp, LimitsAndQueueFull) {
   expect_openai_error(post("/v1/chat/completions",
                            R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5000})"),
                       400);
-  auto big = post("/v1/completions", R"({"prompt": ")" + std::string(20000, 'a') + " " + std::string(20000, 'b') +
-                                         R"(", "max_tokens": 10})");
+  auto big = post("/v1/completions", R"({"prompt": ")" + std::string(20000, 'a') + " " +
+                                         std::string(20000, 'b') + R"(", "max_tokens": 10})");
   expect_openai_error(big, 400);
   gen.queue_full = true;
   auto r = post("/v1/chat/completions", kChat);
@@ -212,9 +214,11 @@ TEST_F(ServerHttp, ChatThinkingToolCallsAndLength) {
   ready();
   gen.script = tokenizer().encode(
       "plan it</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n"
-      "<｜DSML｜ parameter name=\"x\" string=\"false\">1</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
-  auto r = post("/v1/chat/completions",
-                R"({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"thinking": true},
+      "<｜DSML｜ parameter name=\"x\" string=\"false\">1</｜DSML｜ parameter>\n</｜DSML｜ "
+      "invoke>\n</｜DSML｜ calls>");
+  auto r =
+      post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"thinking": true},
                     "tools": [{"type": "function", "function": {"name": "f"}}]})");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;

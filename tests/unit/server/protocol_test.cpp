@@ -10,13 +10,15 @@ namespace {
 struct BadCase {
   const char* name;
   const char* body;
-  const char* param;     // expected ApiError.param ("" = none)
-  const char* message;   // substring of the message
+  const char* param;    // expected ApiError.param ("" = none)
+  const char* message;  // substring of the message
 };
 
 const char* kMsgs = R"("messages": [{"role": "user", "content": "hi"}])";
 
-std::string with(const std::string& extra) { return std::string("{") + kMsgs + (extra.empty() ? "" : ", " + extra) + "}"; }
+std::string with(const std::string& extra) {
+  return std::string("{") + kMsgs + (extra.empty() ? "" : ", " + extra) + "}";
+}
 
 TEST(ServerProtocol, ChatBadBodiesAre400WithTheField) {
   const std::vector<std::pair<std::string, BadCase>> cases = {
@@ -27,7 +29,8 @@ TEST(ServerProtocol, ChatBadBodiesAre400WithTheField) {
       {R"({"messages": []})", {"empty", "", "messages", "must not be empty"}},
       {R"({"messages": [{"role": "wizard", "content": "x"}]})", {"role", "", "messages[0].role", "wizard"}},
       {R"({"messages": [{"content": "x"}]})", {"no role", "", "messages[0]", "role"}},
-      {R"({"messages": [{"role": "user", "content": 5}]})", {"content int", "", "messages[0].content", "string"}},
+      {R"({"messages": [{"role": "user", "content": 5}]})",
+       {"content int", "", "messages[0].content", "string"}},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]})",
        {"image", "", "messages[0].content", "vision not supported yet"}},
       {with(R"("temperature": "hot")"), {"temp type", "", "temperature", "must be a number"}},
@@ -46,17 +49,21 @@ TEST(ServerProtocol, ChatBadBodiesAre400WithTheField) {
       {with(R"("stop": [""])"), {"stop empty", "", "stop", "must not be empty"}},
       {with(R"("stop": ["a", 1])"), {"stop item", "", "stop", "string or an array"}},
       {with(R"("stream": "yes")"), {"stream", "", "stream", "boolean"}},
-      {with(R"("stream_options": {"include_usage": 1})"), {"include_usage", "", "stream_options.include_usage", "boolean"}},
+      {with(R"("stream_options": {"include_usage": 1})"),
+       {"include_usage", "", "stream_options.include_usage", "boolean"}},
       {with(R"("logprobs": true, "top_logprobs": 21)"), {"top_logprobs", "", "top_logprobs", "[0, 20]"}},
       {with(R"("top_logprobs": 3)"), {"top_logprobs alone", "", "top_logprobs", "needs 'logprobs'"}},
       {with(R"("tools": {})"), {"tools type", "", "tools", "an array"}},
       {with(R"("tools": [{"type": "function"}])"), {"tool no fn", "", "tools[0].function", "no 'function'"}},
-      {with(R"("tools": [{"type": "function", "function": {"name": ""}}])"), {"tool name", "", "tools[0].function.name", "non-empty"}},
+      {with(R"("tools": [{"type": "function", "function": {"name": ""}}])"),
+       {"tool name", "", "tools[0].function.name", "non-empty"}},
       {with(R"("tool_choice": "sometimes")"), {"tool_choice str", "", "tool_choice", "sometimes"}},
       {with(R"("tool_choice": "required")"), {"required no tools", "", "tool_choice", "needs 'tools'"}},
-      {with(R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}})"),
+      {with(
+           R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}})"),
        {"named missing", "", "tool_choice", "'g'"}},
-      {with(R"("chat_template_kwargs": {"thinking": "on"})"), {"thinking", "", "chat_template_kwargs.thinking", "boolean"}},
+      {with(R"("chat_template_kwargs": {"thinking": "on"})"),
+       {"thinking", "", "chat_template_kwargs.thinking", "boolean"}},
       {with(R"("chat_template_kwargs": [])"), {"kwargs", "", "chat_template_kwargs", "object"}},
       {with(R"("reasoning_effort": "medium")"), {"effort", "", "reasoning_effort", "\"low\""}},
       {with(R"("reasoning_effort": 0)"), {"effort 0", "", "reasoning_effort", "1..100"}},
@@ -74,8 +81,8 @@ TEST(ServerProtocol, ChatBadBodiesAre400WithTheField) {
     EXPECT_NE(r.error().message.find(c.message), std::string::npos) << r.error().message;
     // The body is OpenAI-shaped.
     auto j = error_body(r.error());
-    EXPECT_TRUE(j["error"].contains("message") && j["error"].contains("type") && j["error"].contains("param") &&
-                j["error"].contains("code"));
+    EXPECT_TRUE(j["error"].contains("message") && j["error"].contains("type") &&
+                j["error"].contains("param") && j["error"].contains("code"));
   }
 }
 
@@ -124,7 +131,8 @@ TEST(ServerProtocol, ChatFullBodyFillsTheStruct) {
 }
 
 TEST(ServerProtocol, ToolChoiceNoneDropsTools) {
-  auto r = parse_chat_request(with(R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none")"));
+  auto r = parse_chat_request(
+      with(R"("tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none")"));
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r.value().tools.is_null());
   auto e = parse_chat_request(with(R"("reasoning_effort": 33)"));

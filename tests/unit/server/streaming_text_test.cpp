@@ -10,7 +10,8 @@ namespace ds41::server {
 namespace {
 
 // Feeds `chunks` and returns (emitted text, matched).
-std::pair<std::string, bool> run_stops(std::vector<std::string> stops, const std::vector<std::string>& chunks) {
+std::pair<std::string, bool> run_stops(std::vector<std::string> stops,
+                                       const std::vector<std::string>& chunks) {
   StopMatcher m(std::move(stops));
   std::string out;
   for (const auto& c : chunks) out += m.push(c);
