@@ -1,0 +1,113 @@
+// ds41 server: Prometheus metrics (see metrics.h).
+#include "server/metrics.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace ds41::server {
+namespace {
+
+std::string num(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  return os.str();
+}
+
+const std::vector<double> kLatencyBounds = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                            1,     2.5,   5,    10,    30,   60,  120};
+const std::vector<double> kCountBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(const std::string& name, const std::string& help, std::string* out) const {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += counts_[i];
+    const std::string le = i < bounds_.size() ? num(bounds_[i]) : "+Inf";
+    *out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cum) + "\n";
+  }
+  *out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_(kLatencyBounds),
+      itl_(kLatencyBounds),
+      e2e_(kLatencyBounds),
+      step_seqs_(kCountBounds),
+      step_tokens_(kCountBounds),
+      step_seconds_(kLatencyBounds) {}
+
+void ServerMetrics::record_request(const std::string& route, int status) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++requests_[{route, status}];
+}
+void ServerMetrics::record_tokens(int64_t prompt, int64_t generated) {
+  std::lock_guard<std::mutex> l(mu_);
+  prompt_tokens_ += prompt;
+  generation_tokens_ += generated;
+}
+void ServerMetrics::observe_ttft(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  ttft_.observe(s);
+}
+void ServerMetrics::observe_inter_token(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  itl_.observe(s);
+}
+void ServerMetrics::observe_e2e(double s) {
+  std::lock_guard<std::mutex> l(mu_);
+  e2e_.observe(s);
+}
+void ServerMetrics::observe_step(int64_t seqs, int64_t tokens, double seconds) {
+  std::lock_guard<std::mutex> l(mu_);
+  step_seqs_.observe(static_cast<double>(seqs));
+  step_tokens_.observe(static_cast<double>(tokens));
+  step_seconds_.observe(seconds);
+}
+
+std::string ServerMetrics::render(const engine::LoopStats& st) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string o;
+  auto gauge = [&](const char* name, const char* help, const char* type, int64_t v) {
+    o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
+         std::to_string(v) + "\n";
+  };
+  o += "# HELP ds41_requests_total HTTP requests by route and status.\n# TYPE ds41_requests_total counter\n";
+  for (const auto& [k, v] : requests_)
+    o += "ds41_requests_total{route=\"" + k.first + "\",status=\"" + std::to_string(k.second) + "\"} " +
+         std::to_string(v) + "\n";
+  gauge("ds41_prompt_tokens_total", "Prompt tokens of finished requests.", "counter", prompt_tokens_);
+  gauge("ds41_generation_tokens_total", "Generated tokens of finished requests.", "counter",
+        generation_tokens_);
+  gauge("ds41_running_sequences", "Sequences in the running batch.", "gauge", st.running);
+  gauge("ds41_waiting_requests", "Requests waiting for admission.", "gauge", st.waiting);
+  gauge("ds41_state_memory_used_bytes", "Sequence state bytes in use.", "gauge", st.kv_used_bytes);
+  gauge("ds41_state_memory_free_bytes", "Sequence state bytes free (--kv-memory minus used).", "gauge",
+        st.kv_capacity_bytes > st.kv_used_bytes ? st.kv_capacity_bytes - st.kv_used_bytes : 0);
+  gauge("ds41_preemptions_total", "Sequences preempted (state dropped, recomputed later).", "counter",
+        st.preemptions);
+  gauge("ds41_engine_steps_total", "Engine steps run.", "counter", st.steps);
+  step_seqs_.render("ds41_step_batch_size", "Sequences per engine step.", &o);
+  step_tokens_.render("ds41_step_tokens", "Tokens per engine step (prefill chunks + decodes).", &o);
+  step_seconds_.render("ds41_step_seconds", "Engine step duration.", &o);
+  ttft_.render("ds41_time_to_first_token_seconds", "Time from request arrival to the first token.", &o);
+  itl_.render("ds41_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &o);
+  e2e_.render("ds41_e2e_request_latency_seconds", "Time from request arrival to its last token.", &o);
+  return o;
+}
+
+}  // namespace ds41::server

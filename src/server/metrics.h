@@ -1,0 +1,49 @@
+// ds41 server: Prometheus metrics (text exposition format 0.0.4), names ds41_* (README "Metrics").
+// Thread-safe: handler threads and the engine loop's on_step callback record concurrently.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine_loop.h"
+
+namespace ds41::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double v);
+  // Appends "# TYPE" and the _bucket/_sum/_count lines.
+  void render(const std::string& name, const std::string& help, std::string* out) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bound, plus +Inf (not cumulative)
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  void record_request(const std::string& route, int status);
+  void record_tokens(int64_t prompt, int64_t generated);
+  void observe_ttft(double s);
+  void observe_inter_token(double s);
+  void observe_e2e(double s);
+  void observe_step(int64_t seqs, int64_t tokens, double seconds);
+  // The whole exposition; loop gauges come from `stats`.
+  std::string render(const engine::LoopStats& stats) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (route, status) -> count
+  int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
+  Histogram ttft_, itl_, e2e_, step_seqs_, step_tokens_, step_seconds_;
+};
+
+}  // namespace ds41::server
