@@ -33,7 +33,7 @@ struct GenerateArgs {
   bool chat = false, parse_special_in_content = false, has_prompt = false, has_prompt_ids = false;  // given, even if empty
   int64_t max_tokens = 64;
   std::vector<int32_t> ids;  // --prompt-ids, parsed
-  engine::SamplingParams sampling;
+  engine::SamplerParams sampling;
   int threads = 2;
 };
 

@@ -15,11 +15,8 @@
 #include "server/http_server.h"
 #include "text/tokenizer.h"
 
-#if __has_include("engine/cpu_engine.h")
 #include "engine/cpu_engine.h"
 #include "server/engine_loop_generator.h"
-#define DS41_SERVE_HAS_ENGINE 1
-#endif
 
 namespace ds41::cli {
 namespace {
@@ -67,7 +64,6 @@ struct ServingEngine {
   virtual void stop(std::chrono::milliseconds drain) = 0;
 };
 
-#ifdef DS41_SERVE_HAS_ENGINE
 struct CpuServingEngine final : ServingEngine {
   std::unique_ptr<engine::CpuEngine> engine;
   std::unique_ptr<engine::EngineLoop> loop;
@@ -77,13 +73,12 @@ struct CpuServingEngine final : ServingEngine {
   int64_t max_context() const override { return context; }
   void stop(std::chrono::milliseconds drain) override { loop->stop(drain); }
 };
-#endif
 
-Result<std::unique_ptr<ServingEngine>> start_cpu_engine(const ServeArgs& a, model::Model* m, int64_t kv_bytes,
+Result<std::unique_ptr<ServingEngine>> start_cpu_engine(const ServeArgs& a, model::Model* m, const std::string& name,
+                                                        int64_t kv_bytes,
                                                         server::ServerMetrics* metrics) {
-#ifdef DS41_SERVE_HAS_ENGINE
   auto se = std::make_unique<CpuServingEngine>();
-  se->engine = std::make_unique<engine::CpuEngine>(m);
+  se->engine = std::make_unique<engine::CpuEngine>(m, name);
   engine::LoopConfig lc;
   lc.max_batch_tokens = a.max_batch_tokens;
   lc.max_running = a.max_running;
@@ -97,10 +92,6 @@ Result<std::unique_ptr<ServingEngine>> start_cpu_engine(const ServeArgs& a, mode
   se->gen = std::make_unique<server::EngineLoopGenerator>(se->loop.get());
   se->context = se->engine->info().max_context;
   return std::unique_ptr<ServingEngine>(std::move(se));
-#else
-  (void)a, (void)m, (void)kv_bytes, (void)metrics;
-  return unimplemented("this build has no CPU engine (src/engine/cpu_engine.h); serving needs it");
-#endif
 }
 
 Status run_serve(const ServeArgs& a) {
@@ -158,7 +149,7 @@ Status run_serve(const ServeArgs& a) {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "ds41 serve: model loaded in %.1f s\n", load_s);
 
-  DS41_ASSIGN_OR_RETURN(auto eng, start_cpu_engine(a, lm.model.get(), kv_bytes, &metrics));
+  DS41_ASSIGN_OR_RETURN(auto eng, start_cpu_engine(a, lm.model.get(), name, kv_bytes, &metrics));
   service.set_ready(eng->generator(), tok.get(), eng->max_context());
   std::printf("ds41 serve: ready on http://%s:%d (model %s, %s)\n", a.host.c_str(), http.port(), name.c_str(),
               a.device.c_str());

@@ -5,6 +5,7 @@
 // sample_token() -> logprobs -> TokenEvent, finishing on EOS / stop ids / max_tokens / context end.
 #include "engine/engine_loop.h"
 
+#include <optional>
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -13,7 +14,7 @@
 
 #include "core/check.h"
 #include "engine/logits_processing.h"
-#include "engine/sampling_seam.h"
+#include "engine/sampler.h"
 #include "engine/scheduler.h"
 
 namespace ds41::engine {
@@ -68,7 +69,7 @@ struct Req {
   int64_t id = 0;
   GenerationRequest req;
   std::shared_ptr<RequestStream> stream;
-  Rng rng;
+  std::optional<Sampler> sampler;  // the request's own RNG stream (seeded at submit)
   PenaltyState penalties;
   std::vector<int32_t> tokens;  // prompt + generated
   int64_t generated = 0;
@@ -314,7 +315,13 @@ void EngineLoop::Impl::step_once() {
       float* row = out.logits.data() + out.row[i] * V;
       const SamplingParams& sp = r->req.sampling;
       if (r->penalties.active()) r->penalties.apply(row, V);
-      const int32_t tok = sample_token(row, V, sp, r->rng);
+      Result<int32_t> drawn = r->sampler->sample(std::span<const float>(row, static_cast<size_t>(V)));
+      if (!drawn.ok()) {  // a NaN/inf row: this request ends with an error, the others go on
+        finish(*r, FinishReason::kError, drawn.status().message());
+        done.push_back(r);
+        continue;
+      }
+      const int32_t tok = *drawn;
       float lp = 0;
       std::vector<TopLogprob> top;
       if (sp.top_logprobs >= 0) lp = token_logprob(row, V, tok, sp.top_logprobs, &top);
@@ -406,7 +413,10 @@ Result<std::shared_ptr<RequestStream>> EngineLoop::submit(GenerationRequest req)
       return resource_exhausted("the request queue is full (" + std::to_string(queued) +
                                 " waiting, max_queue " + std::to_string(m.cfg.max_queue) + ")");
     r->id = m.next_id++;
-    r->rng.seed(r->req.sampling.seed ? *r->req.sampling.seed : m.seed_source());
+    const uint64_t seed = r->req.sampling.seed ? *r->req.sampling.seed : m.seed_source();
+    auto sampler = Sampler::create(sampler_params(r->req.sampling, seed));
+    if (!sampler.ok()) return sampler.status();
+    r->sampler.emplace(std::move(sampler).value());
     m.incoming.push_back(std::move(r));
   }
   m.cv.notify_all();

@@ -8,7 +8,7 @@
 
 namespace ds41::engine {
 
-Status validate_sampling_params(const SamplingParams& p) {
+Status validate_sampling_params(const SamplerParams& p) {
   // Written as !(in range) so that NaN fails every check.
   if (!(p.temperature >= 0) || !std::isfinite(p.temperature))
     return invalid_argument("temperature must be a finite number >= 0 (0 = greedy), got " +
@@ -26,7 +26,7 @@ int32_t argmax_token(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-Result<Sampler> Sampler::create(const SamplingParams& params) {
+Result<Sampler> Sampler::create(const SamplerParams& params) {
   DS41_RETURN_IF_ERROR(validate_sampling_params(params));
   return Sampler(params);
 }
@@ -88,6 +88,16 @@ Result<int32_t> Sampler::sample(std::span<const float> logits) {
     if (r <= 0) return order_[i];
   }
   return order_[keep - 1];
+}
+
+SamplerParams sampler_params(const SamplingParams& request, uint64_t seed) {
+  SamplerParams p;
+  p.temperature = request.temperature;
+  p.top_p = request.top_p;
+  p.top_k = request.top_k;
+  p.min_p = request.min_p;
+  p.seed = seed;
+  return p;
 }
 
 }  // namespace ds41::engine

@@ -22,10 +22,13 @@
 #include <vector>
 
 #include "core/status.h"
+#include "engine/request.h"
 
 namespace ds41::engine {
 
-struct SamplingParams {
+// The draw rule's parameters (a subset of the request's SamplerParams, request.h, with the
+// seed resolved).
+struct SamplerParams {
   double temperature = 0.0;  // >= 0, finite; 0 = greedy
   double top_p = 1.0;        // (0, 1]
   int64_t top_k = 0;         // >= 0; 0 = off
@@ -34,7 +37,11 @@ struct SamplingParams {
 };
 
 // InvalidArgument naming the parameter and the accepted range, else ok.
-Status validate_sampling_params(const SamplingParams& p);
+Status validate_sampling_params(const SamplerParams& p);
+
+// The draw rule of a request's params, with `seed` (the request's own, or one from the loop's
+// seed source) as the RNG seed.
+SamplerParams sampler_params(const SamplingParams& request, uint64_t seed);
 
 // Index of the largest logit, the lowest index among equal maxima (the house tie rule).
 // Precondition: logits is not empty and holds no NaN.
@@ -44,19 +51,19 @@ int32_t argmax_token(std::span<const float> logits);
 class Sampler {
  public:
   // InvalidArgument for params outside their ranges (validate_sampling_params).
-  static Result<Sampler> create(const SamplingParams& params);
+  static Result<Sampler> create(const SamplerParams& params);
 
   // The next token for this row. InvalidArgument for an empty row, a NaN or +inf logit, or a
   // row with no finite logit (-inf marks a forbidden token and is never drawn unless sampling
   // is greedy and every other logit is -inf as well, which is rejected).
   Result<int32_t> sample(std::span<const float> logits);
 
-  const SamplingParams& params() const { return params_; }
+  const SamplerParams& params() const { return params_; }
 
  private:
-  explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+  explicit Sampler(const SamplerParams& p) : params_(p), rng_(p.seed) {}
 
-  SamplingParams params_;
+  SamplerParams params_;
   std::mt19937_64 rng_;
   std::vector<double> prob_;    // scratch: unnormalized probabilities, by token id
   std::vector<int32_t> order_;  // scratch: token ids by descending probability

@@ -24,10 +24,9 @@ ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& r
   if (thinking) *thinking = opts.thinking;
   Result<text::ChatPrompt> prompt = text::encode_chat(messages, opts);
   if (!prompt.ok()) return bad_request(prompt.status().message(), "messages");
-  // The whole template is tokenized with added tokens split (the template's control tokens are
-  // text). TODO(issue 9 merge): switch to the chat encoding's untrusted-content option so text
-  // inside message content cannot inject control tokens.
-  return tok.encode(prompt.value().text);
+  // Only the template's own markers become control tokens: special-token strings inside message
+  // content (untrusted client text) are tokenized as plain text (text/chat_encoding.h).
+  return text::chat_prompt_ids(tok, prompt.value());
 }
 
 }  // namespace ds41::server

@@ -10,7 +10,7 @@
 #include <atomic>
 
 #include "engine/logits_processing.h"
-#include "engine/sampling_seam.h"
+#include "engine/sampler.h"
 #include "unit/engine/fake_engine.h"
 
 namespace ds41::engine {
@@ -47,13 +47,14 @@ Collected drain(RequestStream& s) {
 // What a sequence alone produces with the seam sampler (the reference for the loop's output).
 std::vector<int32_t> reference(std::vector<int32_t> prompt, int64_t n, const SamplingParams& p,
                                int64_t vocab) {
-  Rng rng(p.seed.value_or(0));
+  auto sampler = Sampler::create(sampler_params(p, p.seed.value_or(0)));
+  EXPECT_TRUE(sampler.ok());
   PenaltyState pen(p, prompt, vocab);
   std::vector<int32_t> out;
   for (int64_t i = 0; i < n; ++i) {
     auto row = FakeEngine::logits_for(prompt, vocab);
     pen.apply(row.data(), vocab);
-    int32_t t = sample_token(row.data(), vocab, p, rng);
+    int32_t t = *sampler->sample(row);
     pen.add(t);
     out.push_back(t);
     prompt.push_back(t);

@@ -1,4 +1,4 @@
-// Penalties, log-probabilities and the sampling seam (logits_processing.h, sampling_seam.h).
+// Penalties and log-probabilities (logits_processing.h); the draw itself: sampler_test.cpp.
 #include "engine/logits_processing.h"
 
 #include <gtest/gtest.h>
@@ -6,7 +6,6 @@
 #include <cmath>
 #include <map>
 
-#include "engine/sampling_seam.h"
 
 namespace ds41::engine {
 namespace {
@@ -61,56 +60,6 @@ TEST(Logprobs, LogSoftmaxAndTopNWithTiesByLowerId) {
   token_logprob(big.data(), 100, 0, 50, &top);
   EXPECT_EQ(top.size(), 20u);
   EXPECT_EQ(top[19].token, 19);
-}
-
-TEST(SamplingSeam, GreedyTakesTheLowestIdAmongEqualMaxima) {
-  std::vector<float> l = {0, 5, 2, 5};
-  Rng rng(1);
-  SamplingParams p;
-  p.temperature = 0;
-  EXPECT_EQ(sample_token(l.data(), 4, p, rng), 1);
-  p.temperature = 1;
-  p.top_k = 1;
-  EXPECT_EQ(sample_token(l.data(), 4, p, rng), 1);
-}
-
-TEST(SamplingSeam, TopKTopPMinPRestrictTheSupport) {
-  std::vector<float> l = {2.0f, 1.0f, 0.0f, -1.0f, 3.0f};
-  auto support = [&](SamplingParams p) {
-    Rng rng(7);
-    std::map<int32_t, int> seen;
-    for (int i = 0; i < 4000; ++i) ++seen[sample_token(l.data(), 5, p, rng)];
-    return seen;
-  };
-  SamplingParams p;
-  p.temperature = 1.0;
-  EXPECT_EQ(support(p).size(), 5u);
-  p.top_k = 2;
-  auto s = support(p);
-  EXPECT_EQ(s.size(), 2u);
-  EXPECT_TRUE(s.count(4) && s.count(0));
-  p.top_k = 0;
-  p.top_p = 0.5;  // p(4) = 0.64 alone reaches 0.5
-  EXPECT_EQ(support(p).size(), 1u);
-  p.top_p = 1.0;
-  p.min_p = 0.3;  // keeps p >= 0.3 * p_max: logits >= 3 + ln 0.3 = 1.796
-  s = support(p);
-  EXPECT_EQ(s.size(), 2u);
-  EXPECT_TRUE(s.count(4) && s.count(0));
-  // Roughly the softmax frequencies (temperature 1, no truncation): p(4) ~ 0.636.
-  p.min_p = 0;
-  EXPECT_NEAR(support(p)[4] / 4000.0, 0.636, 0.03);
-}
-
-TEST(SamplingSeam, SameSeedSameDraws) {
-  std::vector<float> l(300);
-  for (int i = 0; i < 300; ++i) l[i] = static_cast<float>((i * 37) % 11) * 0.3f;
-  SamplingParams p;
-  p.temperature = 0.8;
-  p.top_p = 0.9;
-  Rng a(123), b(123);
-  for (int i = 0; i < 50; ++i)
-    EXPECT_EQ(sample_token(l.data(), 300, p, a), sample_token(l.data(), 300, p, b));
 }
 
 }  // namespace

@@ -19,8 +19,8 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-SamplingParams params(double t, double top_p = 1, int64_t top_k = 0, double min_p = 0, uint64_t seed = 1) {
-  SamplingParams p;
+SamplerParams params(double t, double top_p = 1, int64_t top_k = 0, double min_p = 0, uint64_t seed = 1) {
+  SamplerParams p;
   p.temperature = t;
   p.top_p = top_p;
   p.top_k = top_k;
@@ -29,7 +29,7 @@ SamplingParams params(double t, double top_p = 1, int64_t top_k = 0, double min_
   return p;
 }
 
-Sampler make(const SamplingParams& p) {
+Sampler make(const SamplerParams& p) {
   auto s = Sampler::create(p);
   EXPECT_TRUE(s.ok()) << s.status().message();
   return std::move(s).value();
@@ -73,7 +73,7 @@ const std::vector<float> kRow4 = {std::log(0.5f), std::log(0.3f), std::log(0.15f
 
 TEST(SamplerTest, RejectsParamsOutsideTheirRanges) {
   const double nan = std::nan("");
-  for (const SamplingParams& p :
+  for (const SamplerParams& p :
        {params(-0.1), params(nan), params(INFINITY), params(1, 0), params(1, 1.01), params(1, nan),
         params(1, -1), params(1, 1, -1), params(1, 1, 0, -0.1), params(1, 1, 0, 1.5), params(1, 1, 0, nan)}) {
     auto s = Sampler::create(p);
@@ -82,7 +82,7 @@ TEST(SamplerTest, RejectsParamsOutsideTheirRanges) {
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
     EXPECT_FALSE(validate_sampling_params(p).ok());
   }
-  for (const SamplingParams& p : {params(0), params(0.7, 0.9, 40, 0.05), params(2, 1, 1, 1)})
+  for (const SamplerParams& p : {params(0), params(0.7, 0.9, 40, 0.05), params(2, 1, 1, 1)})
     EXPECT_TRUE(Sampler::create(p).ok());
 }
 
