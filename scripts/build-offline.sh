@@ -4,6 +4,8 @@
 # configures + builds ds41 against it (CUDA on when nvcc is found), into ./build unless told.
 #   scripts/build-offline.sh BUNDLE_DIR [PREFIX] [-- extra cmake args]
 # Afterwards `source PREFIX/env.sh` sets LD_LIBRARY_PATH for running the binaries and tests.
+# DS41_DEPS_ONLY=1: only unpack the bundle and write env.sh (then e.g. `source PREFIX/env.sh;
+# DS41_NO_DEPS=1 scripts/test.sh --sanitize tsan`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: scripts/build-offline.sh BUNDLE_DIR [PREFIX] [-- cmake args]" >&2; exit 2; }
@@ -28,6 +30,7 @@ export PATH="$prefix/usr/bin:\$PATH"
 ENV
 # shellcheck disable=SC1091
 source "$prefix/env.sh"
+if [ "${DS41_DEPS_ONLY:-0}" = 1 ]; then echo "build-offline: dependencies in $prefix (source $prefix/env.sh)"; exit 0; fi
 pkgconf_bin="$prefix/usr/bin/pkgconf"
 if [ -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then export PATH=/usr/local/cuda/bin:$PATH; fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -7,6 +7,8 @@
 #   scripts/test.sh --sanitize asan    ASan+UBSan build (./build-asan, CUDA off), every non-gpu test
 #   scripts/test.sh --sanitize tsan    TSan build (./build-tsan, CUDA off), every non-gpu test
 #   scripts/test.sh --no-tsan          plain build and tests only
+# Environment: DS41_NO_DEPS=1 skips the apt step (an offline host: source the prefix's env.sh from
+# scripts/build-offline.sh first); DS41_TEST_JOBS sets ctest's parallelism (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,12 +19,13 @@ while [ $# -gt 0 ]; do
     --sanitize) sanitize="${2:-}"; shift 2 ;;
     --sanitize=*) sanitize="${1#--sanitize=}"; shift ;;
     --no-tsan) short_tsan=0; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "scripts/test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
-scripts/deps.sh
+[ "${DS41_NO_DEPS:-0}" = 1 ] || scripts/deps.sh
+jobs=${DS41_TEST_JOBS:-2}
 
 # Flags of a sanitizer build. -O1 keeps the runs short; frame pointers give readable stacks.
 san_flags() {
@@ -51,12 +54,12 @@ if [ -n "$sanitize" ]; then
   dir="build-$sanitize"
   configure_san "$dir" "$sanitize"
   ninja -C "$dir"
-  ctest --test-dir "$dir" --output-on-failure -j2 --timeout 1800 -LE gpu
+  ctest --test-dir "$dir" --output-on-failure -j"$jobs" --timeout 1800 -LE "${DS41_TEST_EXCLUDE:-gpu}"
   exit 0
 fi
 
 scripts/build.sh
-ctest --test-dir build --output-on-failure -j2 --timeout 900
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 
 if [ "$short_tsan" = 1 ]; then
   # The short TSan job CI keeps (the full TSan run is `--sanitize tsan`): the thread pool's

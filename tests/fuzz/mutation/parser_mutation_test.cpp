@@ -200,9 +200,11 @@ class Mutator {
     if (node->is_array() && pick(2)) {
       node->push_back(random_value());
     } else if (node->is_number_integer() && pick(2)) {
-      int64_t v = node->get<int64_t>();
-      const int64_t deltas[] = {-1, 1, v, -v, -2 * v, 1 << 20};
-      *node = v + deltas[pick(std::size(deltas))];
+      // Wrapping (unsigned) arithmetic: the mutations may overflow int64 on purpose, which must
+      // not be undefined behaviour in the test itself (UBSan).
+      const uint64_t v = static_cast<uint64_t>(node->get<int64_t>());
+      const uint64_t deltas[] = {~uint64_t{0}, 1, v, uint64_t{0} - v, uint64_t{0} - 2 * v, uint64_t{1} << 20};
+      *node = static_cast<int64_t>(v + deltas[pick(std::size(deltas))]);
     } else {
       *node = random_value();
     }
