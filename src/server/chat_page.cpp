@@ -6,8 +6,6 @@
 
 namespace ds41::server {
 
-std::string_view chat_page_html() {
-  return {generated::kChatPageHtml, sizeof(generated::kChatPageHtml) - 1};
-}
+std::string_view chat_page_html() { return {generated::kChatPageHtml, sizeof(generated::kChatPageHtml) - 1}; }
 
 }  // namespace ds41::server
