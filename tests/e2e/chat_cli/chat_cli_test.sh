@@ -23,7 +23,7 @@ check_session() {  # $1: what ran
   grep -q '(conversation cleared)' "$tmp/out" || die "$1: /reset not acknowledged"
   grep -q '(usage: /effort' "$tmp/out" || die "$1: bad /effort not rejected"
   if grep -q $'\033' "$tmp/out"; then die "$1: ANSI codes on a pipe"; fi
-  [ "$(grep -c '(8 tokens' "$tmp/err")" = 3 ] || die "$1: expected 3 answers of 8 tokens"
+  [ "$(grep -c '(8 tokens' "$tmp/err")" = 4 ] || die "$1: expected 4 answers of 8 tokens"
   local p1 p2 p3
   p1=$(prompt_tokens 1); p2=$(prompt_tokens 2); p3=$(prompt_tokens 3)
   # Turn 2 carries turn 1 (its question and its 8-token answer); after /reset turn 3 starts over.
@@ -32,8 +32,9 @@ check_session() {  # $1: what ran
   grep -q 'never sent' "$tmp/out" && die "$1: input after /exit was processed"
   true
 }
-# Turns 1-2 without thinking (the answer stays in the history), then /effort high, /reset, turn 3.
-session=$'Hello\nAnd then?\n/effort bogus\n/effort high\n/reset\nHi\n/exit\nnever sent\n'
+# Turns 1-2 without thinking (the answer stays in the history), /reset, turn 3, then /effort high
+# and turn 4 with thinking.
+session=$'Hello\nAnd then?\n/effort bogus\n/reset\nHi\n/effort high\nThink\n/exit\nnever sent\n'
 
 # In-process: -q prints no load progress.
 printf '%s' "$session" | "$DS41" chat --model "$tmp/m" --max-tokens 8 --effort off -q >"$tmp/out" 2>"$tmp/err" || die "chat --model exit $?"
