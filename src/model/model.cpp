@@ -105,16 +105,24 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   }
   // Let the backend convert / cache every linear weight once, at load.
   const ModelWeights& w = *m->weights_;
-  backend->prepare(w.head);
+  std::vector<const ops::WeightRef*> linear{&w.head};
   for (const LayerWeights& lw : w.layers) {
     for (const ops::WeightRef* r :
          {&lw.wq_a, &lw.wq_b, &lw.wkv, &lw.wo_a, &lw.wo_b, &lw.c_wkv, &lw.c_wgate, &lw.idx_wk, &lw.idx_wq_b,
           &lw.idx_weights_proj, &lw.gate, &lw.shared.w1, &lw.shared.w2, &lw.shared.w3})
-      backend->prepare(*r);
+      linear.push_back(r);
     for (const ExpertWeights& e : lw.experts)
-      for (const ops::WeightRef* r : {&e.w1, &e.w2, &e.w3}) backend->prepare(*r);
-    if (lw.engram) backend->prepare(lw.engram->wkv);
+      for (const ops::WeightRef* r : {&e.w1, &e.w2, &e.w3}) linear.push_back(r);
+    if (lw.engram) linear.push_back(&lw.engram->wkv);
   }
+  uint64_t total = 0, done = 0;
+  for (const ops::WeightRef* r : linear) total += static_cast<uint64_t>(r->bytes());
+  for (const ops::WeightRef* r : linear) {
+    backend->prepare(*r);
+    done += static_cast<uint64_t>(r->bytes());
+    if (opt.progress) opt.progress(done, total);
+  }
+  if (opt.progress) opt.progress(total, total);
   m->inv_freq_main_ = rope_inv_freq_main(c);
   m->inv_freq_yarn_ = rope_inv_freq_yarn(c);
   return m;

@@ -31,6 +31,10 @@ struct LoadOptions {
   // Folder with tokenizer.json; required when the config has Engram layers (the compressed
   // vocabulary of MODEL_SPEC 3.2.1 comes from it). Empty: <model dir> is tried.
   std::string tokenizer_dir;
+  // Optional load progress: called on the loading thread with the weight bytes prepared so far
+  // and the total (quantized payload + scales), after each weight and once at the end
+  // (done == total). Used by the CLI's progress line.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 enum class LogitsRows { kNone, kLast, kAll };

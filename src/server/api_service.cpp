@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/log.h"
+#include "server/chat_page.h"
 #include "server/chat_prompt.h"
 
 namespace ds41::server {
@@ -100,6 +101,7 @@ HttpResponse ApiService::route(const HttpRequest& req, RequestCtx* ctx) {
                                   {"/tokenize", "POST"},
                                   {"/detokenize", "POST"},
                                   {"/health", "GET"},
+                                  {"/", "GET"},
                                   {"/metrics", "GET"}};
   const Route* found = nullptr;
   for (const Route& r : kRoutes)
@@ -110,7 +112,9 @@ HttpResponse ApiService::route(const HttpRequest& req, RequestCtx* ctx) {
     e.http_status = 404;
     return error_response(e);
   }
-  if (req.path != "/health" && !cfg_.api_key.empty()) {
+  // The chat page is public like /health: it holds no data and asks for the key itself, then
+  // sends it as Bearer on the API calls. It is served while the model loads.
+  if (req.path != "/health" && req.path != "/" && !cfg_.api_key.empty()) {
     const std::string auth = req.header("authorization");
     const std::string want = "Bearer " + cfg_.api_key;
     if (!same_secret(auth, want)) {
@@ -134,6 +138,13 @@ HttpResponse ApiService::route(const HttpRequest& req, RequestCtx* ctx) {
       return error_response(e);
     }
     return json_response(200, Json{{"status", draining_.load() ? "draining" : "ok"}});
+  }
+  if (req.path == "/") {
+    HttpResponse r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = std::string(chat_page_html());
+    r.headers.emplace_back("Cache-Control", "no-cache");
+    return r;
   }
   if (req.path == "/v1/models") return models();
   if (req.path == "/metrics") return metrics();

@@ -2,8 +2,9 @@
 // auth, limits, the generation routes). Transport-neutral: http_server.h serves it over HTTP.
 //
 // Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize,
-// POST /detokenize, GET /health (503 while loading), GET /metrics. --api-key (Bearer) guards
-// every route but /health. Thread-safe: called concurrently from connection threads.
+// POST /detokenize, GET /health (503 while loading), GET /metrics, GET / (the chat page,
+// chat_page.h). --api-key (Bearer) guards every route but /health and the page (which asks for
+// the key). Thread-safe: called concurrently from connection threads.
 #pragma once
 
 #include <atomic>

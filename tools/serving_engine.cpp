@@ -1,0 +1,109 @@
+// ds41 CLI: shared engine start-up (see serving_engine.h).
+#include "serving_engine.h"
+
+#include <cstdio>
+
+#include "engine/cpu_engine.h"
+#include "forward_cli_util.h"
+#include "load_progress.h"
+#include "server/engine_loop_generator.h"
+
+namespace ds41::cli {
+
+Result<int64_t> parse_bytes(const std::string& s, const std::string& flag) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (...) {
+    return invalid_argument(flag + " '" + s + "' is not a size (e.g. 8GiB, 512MiB, 1000000)");
+  }
+  const std::string unit = s.substr(pos);
+  double mul = 1;
+  if (unit == "" || unit == "B")
+    mul = 1;
+  else if (unit == "KiB" || unit == "K")
+    mul = 1024.0;
+  else if (unit == "MiB" || unit == "M")
+    mul = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G")
+    mul = 1024.0 * 1024 * 1024;
+  else
+    return invalid_argument(flag + " '" + s + "': unknown unit '" + unit + "' (B, KiB, MiB, GiB)");
+  if (v <= 0) return invalid_argument(flag + " must be > 0");
+  return static_cast<int64_t>(v * mul);
+}
+
+Status validate_engine_args(const EngineArgs& a) {
+  if (a.device == "cuda")
+    return unimplemented("--device cuda: the GPU engine is not available yet; use --device cpu");
+  if (a.device != "cpu") return invalid_argument("--device must be cpu or cuda, got '" + a.device + "'");
+  if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
+    return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
+  return parse_bytes(a.kv_memory).status();
+}
+
+std::string model_name_from_dir(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir.substr(dir.find_last_of('/') + 1);
+}
+
+namespace {
+
+// Member order is destruction order reversed: the generator and loop go before the engine,
+// the engine before the model it computes with.
+class CpuServingEngine final : public ServingEngine {
+ public:
+  LoadedModel lm;
+  std::unique_ptr<text::Tokenizer> tok;
+  std::unique_ptr<engine::CpuEngine> engine;
+  std::unique_ptr<engine::EngineLoop> loop;
+  std::unique_ptr<server::EngineLoopGenerator> gen;
+  int64_t context = 0;
+
+  server::Generator* generator() override { return gen.get(); }
+  const text::Tokenizer* tokenizer() const override { return tok.get(); }
+  int64_t max_context() const override { return context; }
+  void stop(std::chrono::milliseconds drain) override { loop->stop(drain); }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a, const std::string& name,
+                                                            const std::string& who, StepObserver on_step) {
+  DS41_RETURN_IF_ERROR(validate_engine_args(a));
+  DS41_ASSIGN_OR_RETURN(int64_t kv_bytes, parse_bytes(a.kv_memory));
+  auto se = std::make_unique<CpuServingEngine>();
+  const std::string tok_dir = a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir;
+  if (!a.quiet) std::fprintf(stderr, "%s: loading tokenizer from %s\n", who.c_str(), tok_dir.c_str());
+  DS41_ASSIGN_OR_RETURN(se->tok, text::Tokenizer::from_model_dir(tok_dir));
+  if (!a.quiet)
+    std::fprintf(stderr, "%s: loading model from %s (%d threads)\n", who.c_str(), a.model_dir.c_str(),
+                 a.threads);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  se->lm.pool = std::make_unique<ThreadPool>(a.threads);
+  se->lm.backend = std::make_unique<backends::cpu::CpuBackend>(se->lm.pool.get());
+  model::LoadOptions lo;
+  lo.tokenizer_dir = a.tokenizer_dir;
+  LoadProgress progress(stderr, LoadProgress::mode_for(stderr, a.quiet), who + ": weights");
+  lo.progress = [&progress](uint64_t done, uint64_t total) { progress.update(done, total); };
+  DS41_ASSIGN_OR_RETURN(se->lm.model, model::Model::load(a.model_dir, lo, se->lm.backend.get()));
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.quiet) std::fprintf(stderr, "%s: model loaded in %.1f s\n", who.c_str(), load_s);
+
+  se->engine = std::make_unique<engine::CpuEngine>(se->lm.model.get(), name);
+  engine::LoopConfig lc;
+  lc.max_batch_tokens = a.max_batch_tokens;
+  lc.max_running = a.max_running;
+  lc.kv_memory_bytes = kv_bytes;
+  lc.max_queue = a.max_queue;
+  se->loop = std::make_unique<engine::EngineLoop>(se->engine.get(), lc);
+  if (on_step) se->loop->on_step = std::move(on_step);
+  DS41_RETURN_IF_ERROR(se->loop->start());
+  se->gen = std::make_unique<server::EngineLoopGenerator>(se->loop.get());
+  se->context = se->engine->info().max_context;
+  return std::unique_ptr<ServingEngine>(std::move(se));
+}
+
+}  // namespace ds41::cli

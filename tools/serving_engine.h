@@ -1,0 +1,55 @@
+// ds41 CLI: the engine start-up shared by `ds41 serve` and `ds41 chat --model`: flag values,
+// tokenizer + model load (with the load progress line), the CPU engine and its EngineLoop, and
+// the server::Generator over it. One function per device; the GPU engine slots in here.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "server/generator.h"
+#include "text/tokenizer.h"
+
+namespace ds41::cli {
+
+struct EngineArgs {
+  std::string model_dir, tokenizer_dir, device = "cpu";
+  int threads = 2;
+  int64_t max_batch_tokens = 2048, max_running = 64, max_queue = 1024;
+  std::string kv_memory = "8GiB";
+  bool quiet = false;  // no load progress
+};
+
+// "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.
+Result<int64_t> parse_bytes(const std::string& s, const std::string& flag = "--kv-memory");
+
+// Checks the flag values before anything is loaded (kInvalidArgument / kUnimplemented).
+Status validate_engine_args(const EngineArgs& a);
+
+// A loaded model behind a running engine loop. Destroying it stops the loop and frees the model.
+class ServingEngine {
+ public:
+  virtual ~ServingEngine() = default;
+  virtual server::Generator* generator() = 0;
+  virtual const text::Tokenizer* tokenizer() const = 0;
+  virtual int64_t max_context() const = 0;
+  // Lets running requests finish for up to `drain`, aborts the rest, stops the loop.
+  virtual void stop(std::chrono::milliseconds drain) = 0;
+};
+
+// Observes every engine step (sequences, tokens, seconds): the server's metrics.
+using StepObserver = std::function<void(int64_t seqs, int64_t tokens, double seconds)>;
+
+// Loads the tokenizer and the model (progress on stderr, prefixed by `who`, unless quiet) and
+// starts the engine loop. `name` is the served model name.
+Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a, const std::string& name,
+                                                            const std::string& who,
+                                                            StepObserver on_step = nullptr);
+
+// The served model name from a model directory: its last path component.
+std::string model_name_from_dir(std::string dir);
+
+}  // namespace ds41::cli
