@@ -26,7 +26,9 @@ class SplitMix64 {
   // Uniform in [0, 1) with 53 bits.
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
   // Uniform integer in [lo, hi) (hi > lo); the tiny modulo bias is irrelevant for token ids.
-  int64_t range(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo)); }
+  int64_t range(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo));
+  }
 
  private:
   uint64_t s_;
@@ -58,7 +60,8 @@ inline std::vector<BenchJob> random_workload(int64_t n, int64_t input_len, int64
                                              TokenRange r = {}) {
   SplitMix64 rng(seed);
   std::vector<BenchJob> jobs;
-  for (int64_t i = 0; i < n; ++i) jobs.push_back({BenchRequest{random_tokens(rng, input_len, r), output_len}});
+  for (int64_t i = 0; i < n; ++i)
+    jobs.push_back({BenchRequest{random_tokens(rng, input_len, r), output_len}});
   return jobs;
 }
 

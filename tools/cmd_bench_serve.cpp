@@ -76,7 +76,9 @@ class Sender {
 };
 using SenderFactory = std::function<std::unique_ptr<Sender>()>;
 
-double since(SteadyClock::time_point t0) { return std::chrono::duration<double>(SteadyClock::now() - t0).count(); }
+double since(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
+}
 
 // --- HTTP client: POST /v1/completions, stream, token-id prompt, ignore_eos --------------------
 
@@ -87,7 +89,8 @@ struct ParsedUrl {
 
 Result<ParsedUrl> parse_url(const std::string& url) {
   std::string u = url;
-  if (u.rfind("http://", 0) == 0) u = u.substr(7);
+  if (u.rfind("http://", 0) == 0)
+    u = u.substr(7);
   else if (u.find("://") != std::string::npos)
     return invalid_argument("--url '" + url + "': only http:// is supported");
   if (const size_t slash = u.find('/'); slash != std::string::npos) u.resize(slash);
@@ -120,9 +123,9 @@ class HttpSender final : public Sender {
 
   ReqResult send(const BenchRequest& r) override {
     ReqResult res;
-    Json body = {{"prompt", r.prompt},         {"max_tokens", r.max_tokens}, {"ignore_eos", true},
-                 {"temperature", 0.0},         {"stream", true},
-                 {"stream_options", {{"include_usage", true}}}};
+    Json body = {{"prompt", r.prompt}, {"max_tokens", r.max_tokens},
+                 {"ignore_eos", true}, {"temperature", 0.0},
+                 {"stream", true},     {"stream_options", {{"include_usage", true}}}};
     if (!model_.empty()) body["model"] = model_;
     httplib::Request req;
     req.method = "POST";
@@ -185,7 +188,8 @@ class HttpSender final : public Sender {
     } else if (res.error.empty() && !done) {
       res.error = "stream ended without [DONE]";
     } else if (res.error.empty() && res.output_tokens != r.max_tokens) {
-      res.error = "got " + std::to_string(res.output_tokens) + " tokens, asked " + std::to_string(r.max_tokens);
+      res.error =
+          "got " + std::to_string(res.output_tokens) + " tokens, asked " + std::to_string(r.max_tokens);
     }
     res.ok = res.error.empty();
     return res;
@@ -240,7 +244,8 @@ class DirectSender final : public Sender {
     }
     res.e2e = since(start);
     if (res.error.empty() && res.output_tokens != r.max_tokens)
-      res.error = "got " + std::to_string(res.output_tokens) + " tokens, asked " + std::to_string(r.max_tokens);
+      res.error =
+          "got " + std::to_string(res.output_tokens) + " tokens, asked " + std::to_string(r.max_tokens);
     res.ok = res.error.empty();
     return res;
   }
@@ -294,14 +299,16 @@ Json run_point(const std::vector<BenchJob>& jobs, const std::vector<double>& arr
     cached += r.cached_tokens;
     ttft.push_back(r.ttft * 1e3);
     e2e.push_back(r.e2e * 1e3);
-    if (r.output_tokens > 1) tpot.push_back((r.e2e - r.ttft) * 1e3 / static_cast<double>(r.output_tokens - 1));
+    if (r.output_tokens > 1)
+      tpot.push_back((r.e2e - r.ttft) * 1e3 / static_cast<double>(r.output_tokens - 1));
     for (double g : r.itl) itl.push_back(g * 1e3);
   }
   auto dist = [](const std::vector<double>& v) {
     double mean = 0;
     for (double x : v) mean += x;
     mean = v.empty() ? 0 : mean / static_cast<double>(v.size());
-    return Json{{"mean", mean}, {"p50", percentile(v, 50)}, {"p90", percentile(v, 90)}, {"p99", percentile(v, 99)}};
+    return Json{
+        {"mean", mean}, {"p50", percentile(v, 50)}, {"p90", percentile(v, 90)}, {"p99", percentile(v, 99)}};
   };
   Json j;
   j["requests"] = results.size();
@@ -405,10 +412,12 @@ Result<std::unique_ptr<InProcess>> start_in_process(const BenchServeArgs& a, int
 
 Status run_bench_serve(const BenchServeArgs& a) {
   if (a.url.empty() == a.model_dir.empty()) return invalid_argument("give exactly one of --url and --model");
-  if (a.overhead && a.model_dir.empty()) return invalid_argument("--overhead needs --model (an in-process engine)");
+  if (a.overhead && a.model_dir.empty())
+    return invalid_argument("--overhead needs --model (an in-process engine)");
   if (a.workload != "random" && a.workload != "agent" && a.workload != "both")
     return invalid_argument("--workload must be random, agent or both");
-  if (a.input_len <= 0 || a.output_len <= 0 || a.agent_turns <= 0 || a.token_lo < 0 || a.token_hi <= a.token_lo)
+  if (a.input_len <= 0 || a.output_len <= 0 || a.agent_turns <= 0 || a.token_lo < 0 ||
+      a.token_hi <= a.token_lo)
     return invalid_argument("--input-len, --output-len, --agent-turns must be > 0 and --token-range lo < hi");
   DS41_ASSIGN_OR_RETURN(std::vector<int64_t> concs, parse_int_list(a.concurrency, "--concurrency"));
   DS41_ASSIGN_OR_RETURN(std::vector<double> rates, parse_rate_list(a.request_rate));
@@ -442,8 +451,12 @@ Status run_bench_serve(const BenchServeArgs& a) {
               {"input_len", a.input_len},
               {"output_len", a.output_len},
               {"num_prompts", a.num_prompts},
-              {"agent", {{"sessions", a.agent_sessions}, {"turns", a.agent_turns}, {"system_tokens", a.agent_system},
-                         {"user_tokens", a.agent_user}, {"tool_tokens", a.agent_tool}}},
+              {"agent",
+               {{"sessions", a.agent_sessions},
+                {"turns", a.agent_turns},
+                {"system_tokens", a.agent_system},
+                {"user_tokens", a.agent_user},
+                {"tool_tokens", a.agent_tool}}},
               {"seed", a.seed},
               {"threads", a.threads},
               {"max_batch_tokens", a.max_batch_tokens}};
@@ -479,7 +492,9 @@ Status run_bench_serve(const BenchServeArgs& a) {
           jobs = agent_trace(tc);
         }
         const std::vector<double> at = poisson_arrivals(static_cast<int64_t>(jobs.size()), rate, a.seed);
-        Json point = {{"workload", wl}, {"concurrency", conc}, {"request_rate", std::isinf(rate) ? Json("inf") : Json(rate)}};
+        Json point = {{"workload", wl},
+                      {"concurrency", conc},
+                      {"request_rate", std::isinf(rate) ? Json("inf") : Json(rate)}};
         std::cerr << "ds41 bench serve: " << wl << " concurrency " << conc << " rate " << rate << "\n";
         Json http = run_point(jobs, at, conc, http_sender);
         if (a.overhead) {
@@ -487,7 +502,8 @@ Status run_bench_serve(const BenchServeArgs& a) {
           point["server"] = http;
           point["direct"] = direct;
           const double d = direct["output_tokens_per_s"].get<double>();
-          point["server_over_direct_tokens_per_s"] = d > 0 ? http["output_tokens_per_s"].get<double>() / d : 0.0;
+          point["server_over_direct_tokens_per_s"] =
+              d > 0 ? http["output_tokens_per_s"].get<double>() / d : 0.0;
         } else {
           for (auto it = http.begin(); it != http.end(); ++it) point[it.key()] = it.value();
         }
@@ -503,19 +519,24 @@ Status run_bench_serve(const BenchServeArgs& a) {
 
 void setup_bench_serve(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<BenchServeArgs>();
-  CLI::App* cmd = parent.add_subcommand("serve", "Benchmark an OpenAI-compatible server (TTFT/TPOT/ITL, tokens/s)");
+  CLI::App* cmd =
+      parent.add_subcommand("serve", "Benchmark an OpenAI-compatible server (TTFT/TPOT/ITL, tokens/s)");
   cmd->add_option("--url", a->url, "Server to benchmark, e.g. http://127.0.0.1:8000");
   cmd->add_option("--model", a->model_dir, "Start the server in-process on this model (CPU engine)");
   cmd->add_option("--tokenizer", a->tokenizer_dir, "Tokenizer folder (default: the model directory)");
-  cmd->add_flag("--overhead", a->overhead, "Also run the same requests directly on the engine loop; report the ratio");
+  cmd->add_flag("--overhead", a->overhead,
+                "Also run the same requests directly on the engine loop; report the ratio");
   cmd->add_flag("--json", a->json, "Pretty JSON report on stdout (progress on stderr)");
   cmd->add_option("--concurrency", a->concurrency, "Comma-separated client counts (default 1,8,64)");
-  cmd->add_option("--request-rate", a->request_rate, "Comma-separated Poisson rates per second or inf (default inf)");
+  cmd->add_option("--request-rate", a->request_rate,
+                  "Comma-separated Poisson rates per second or inf (default inf)");
   cmd->add_option("--workload", a->workload, "random, agent or both (default random)");
-  cmd->add_option("--num-prompts", a->num_prompts, "Random workload requests per point (default 4 x concurrency, >= 16)");
+  cmd->add_option("--num-prompts", a->num_prompts,
+                  "Random workload requests per point (default 4 x concurrency, >= 16)");
   cmd->add_option("--input-len", a->input_len, "Prompt tokens of the random workload (default 128)");
   cmd->add_option("--output-len", a->output_len, "Generated tokens per request, exact (default 32)");
-  cmd->add_option("--agent-sessions", a->agent_sessions, "Agent sessions per point (default: concurrency, >= 4)");
+  cmd->add_option("--agent-sessions", a->agent_sessions,
+                  "Agent sessions per point (default: concurrency, >= 4)");
   cmd->add_option("--agent-turns", a->agent_turns, "Turns per agent session (default 4)");
   cmd->add_option("--agent-system-len", a->agent_system, "Shared system prompt tokens (default 256)");
   cmd->add_option("--agent-user-len", a->agent_user, "User message tokens per turn (default 32)");
@@ -526,8 +547,10 @@ void setup_bench_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--api-key", a->api_key, "Bearer key for --url");
   cmd->add_option("--served-model-name", a->model_name, "'model' field sent (default: none)");
   cmd->add_option("--threads", a->threads, "CPU threads of the in-process engine (default 2)");
-  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "In-process engine: tokens per step (default 2048)");
-  cmd->add_option("--max-running", a->max_running, "In-process engine: sequences in flight (default 64, >= concurrency)");
+  cmd->add_option("--max-batch-tokens", a->max_batch_tokens,
+                  "In-process engine: tokens per step (default 2048)");
+  cmd->add_option("--max-running", a->max_running,
+                  "In-process engine: sequences in flight (default 64, >= concurrency)");
   cmd->add_option("--timeout", a->timeout_s, "Seconds per request before it counts as failed (default 600)");
   cmd->add_option("--warmup", a->warmup, "Unmeasured warm-up requests (default 2)");
   cmd->callback([a, &exit_code] {

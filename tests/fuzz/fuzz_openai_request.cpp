@@ -11,8 +11,8 @@
 #include "openai_request_entry.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string broken = ds41::fuzz::fuzz_openai_request(
-      std::string_view(reinterpret_cast<const char*>(data), size));
+  const std::string broken =
+      ds41::fuzz::fuzz_openai_request(std::string_view(reinterpret_cast<const char*>(data), size));
   if (!broken.empty()) {
     std::fprintf(stderr, "invariant broken: %s\n", broken.c_str());
     std::abort();

@@ -15,7 +15,8 @@
 namespace ds41::fuzz {
 
 inline std::string check_error(const server::ApiError& e, const char* which) {
-  if (e.http_status != 400) return std::string(which) + ": status " + std::to_string(e.http_status) + " for bad input";
+  if (e.http_status != 400)
+    return std::string(which) + ": status " + std::to_string(e.http_status) + " for bad input";
   if (e.message.empty()) return std::string(which) + ": rejection without a message";
   // The error body must serialize (the message may quote the input: invalid UTF-8 included).
   if (server::json_text(server::error_body(e)).empty()) return std::string(which) + ": empty error body";
@@ -31,8 +32,10 @@ inline std::string check_common(const server::CommonParams& c, const char* which
   if (!(s.min_p >= 0 && s.min_p <= 1)) return w + ": min_p out of range accepted";
   if (!(std::fabs(s.presence_penalty) <= 2 && std::fabs(s.frequency_penalty) <= 2))
     return w + ": penalty out of range accepted";
-  if (!(s.repetition_penalty > 0 && std::isfinite(s.repetition_penalty))) return w + ": repetition_penalty <= 0";
-  if (s.top_logprobs > server::kMaxTopLogprobs || s.top_logprobs < -1) return w + ": top_logprobs out of range";
+  if (!(s.repetition_penalty > 0 && std::isfinite(s.repetition_penalty)))
+    return w + ": repetition_penalty <= 0";
+  if (s.top_logprobs > server::kMaxTopLogprobs || s.top_logprobs < -1)
+    return w + ": top_logprobs out of range";
   if (c.max_tokens && *c.max_tokens < 1) return w + ": max_tokens < 1 accepted";
   if (c.stop.size() > server::kMaxStopStrings) return w + ": too many stop strings accepted";
   for (const std::string& st : c.stop)

@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 
 std::vector<std::pair<std::string, std::string>> corpus() {
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& e : fs::directory_iterator(std::string(DS41_SOURCE_DIR) + "/tests/fuzz/corpus/openai_request")) {
+  for (const auto& e :
+       fs::directory_iterator(std::string(DS41_SOURCE_DIR) + "/tests/fuzz/corpus/openai_request")) {
     std::ifstream in(e.path(), std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
@@ -48,9 +49,28 @@ TEST(OpenAiRequestFuzzReplay, CorpusHoldsValidAndInvalidBodies) {
 
 TEST(OpenAiRequestFuzzReplay, SeededMutationsKeepTheInvariants) {
   const auto c = corpus();
-  const char* dict[] = {"{", "}", "[", "]", "\"", ",", ":", "null", "true", "-1", "1e308", "0.5",
-                        "18446744073709551616", "\\ud800", "\"messages\"", "\"role\"", "\"content\"",
-                        "\"prompt\"", "\"max_tokens\"", "\"stop\"", "\"tools\"", "\"top_logprobs\""};
+  const char* dict[] = {"{",
+                        "}",
+                        "[",
+                        "]",
+                        "\"",
+                        ",",
+                        ":",
+                        "null",
+                        "true",
+                        "-1",
+                        "1e308",
+                        "0.5",
+                        "18446744073709551616",
+                        "\\ud800",
+                        "\"messages\"",
+                        "\"role\"",
+                        "\"content\"",
+                        "\"prompt\"",
+                        "\"max_tokens\"",
+                        "\"stop\"",
+                        "\"tools\"",
+                        "\"top_logprobs\""};
   uint64_t s = 12345;
   auto rnd = [&s] {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -66,12 +86,8 @@ TEST(OpenAiRequestFuzzReplay, SeededMutationsKeepTheInvariants) {
         case 0:
           if (!b.empty()) b[std::min(pos, b.size() - 1)] = static_cast<char>(rnd() & 0xff);
           break;
-        case 1:
-          b.resize(pos);
-          break;
-        case 2:
-          b.insert(pos, dict[rnd() % (sizeof dict / sizeof *dict)]);
-          break;
+        case 1: b.resize(pos); break;
+        case 2: b.insert(pos, dict[rnd() % (sizeof dict / sizeof *dict)]); break;
         case 3:
           if (!b.empty()) b.erase(std::min(pos, b.size() - 1), 1 + rnd() % 8);
           break;

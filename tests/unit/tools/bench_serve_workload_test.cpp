@@ -19,7 +19,8 @@ TEST(BenchServeWorkload, SplitMix64IsFixedByItsDefinition) {
 }
 
 TEST(BenchServeWorkload, RandomWorkloadIsDeterministicWithExactLengths) {
-  auto a = random_workload(8, 100, 7, 42), b = random_workload(8, 100, 7, 42), c = random_workload(8, 100, 7, 43);
+  auto a = random_workload(8, 100, 7, 42), b = random_workload(8, 100, 7, 42),
+       c = random_workload(8, 100, 7, 43);
   ASSERT_EQ(a.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].size(), 1u);
@@ -69,7 +70,8 @@ TEST(BenchServeWorkload, AgentTurnsGrowWithSharedPrefixes) {
   }
   // All sessions share the system prompt, and differ after it.
   for (size_t s = 1; s < jobs.size(); ++s) {
-    EXPECT_TRUE(std::equal(jobs[0][0].prompt.begin(), jobs[0][0].prompt.begin() + 64, jobs[s][0].prompt.begin()));
+    EXPECT_TRUE(
+        std::equal(jobs[0][0].prompt.begin(), jobs[0][0].prompt.begin() + 64, jobs[s][0].prompt.begin()));
     EXPECT_NE(jobs[0][0].prompt, jobs[s][0].prompt);
   }
 }
@@ -81,7 +83,8 @@ TEST(BenchServeWorkload, PoissonArrivalsHaveTheRequestedRate) {
   for (size_t i = 1; i < at.size(); ++i) ASSERT_GE(at[i], at[i - 1]);
   const double mean_gap = at.back() / static_cast<double>(at.size() - 1);
   EXPECT_NEAR(mean_gap, 1.0 / 50.0, 0.001);
-  EXPECT_EQ(poisson_arrivals(3, 50.0, 1), at.size() >= 3 ? std::vector<double>(at.begin(), at.begin() + 3) : at);
+  EXPECT_EQ(poisson_arrivals(3, 50.0, 1),
+            at.size() >= 3 ? std::vector<double>(at.begin(), at.begin() + 3) : at);
   for (double a : poisson_arrivals(5, 0.0, 1)) EXPECT_EQ(a, 0.0);  // no rate: all at once
 }
 
