@@ -315,8 +315,8 @@ TEST_F(MalformedBodies, LyingAndSlowBodiesNeverHang) {
   }
   // Not HTTP at all.
   out = raw_exchange(std::string("\x16\x03\x01\x02\x00garbage\r\n\r\n", 16), std::chrono::milliseconds(0),
-                     std::chrono::seconds(8), &s);
-  EXPECT_LT(s, 4.0);
+                     std::chrono::seconds(10), &s);
+  EXPECT_LT(s, 7.0);  // no Connection: close here: bounded by the 5 s keep-alive timeout
   expect_still_serving("TLS bytes on the HTTP port");
 }
 
