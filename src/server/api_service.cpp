@@ -2,6 +2,7 @@
 // generation routes are in generation_routes.cpp.
 #include "server/api_service.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 
@@ -131,6 +132,20 @@ HttpResponse ApiService::route(const HttpRequest& req, RequestCtx* ctx) {
         bad_request("method " + req.method + " not allowed on " + req.path + "; use " + found->method);
     e.http_status = 405;
     return error_response(e);
+  }
+  if (req.method == "POST") {
+    // JSON bodies only; a missing Content-Type is accepted (some clients send none).
+    std::string ct = req.header("content-type");
+    ct = ct.substr(0, ct.find(';'));
+    while (!ct.empty() && ct.back() == ' ') ct.pop_back();
+    for (char& ch : ct) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (!ct.empty() && ct != "application/json") {
+      ApiError e =
+          bad_request("Content-Type must be application/json, got '" + req.header("content-type") + "'", "",
+                      "unsupported_media_type");
+      e.http_status = 415;
+      return error_response(e);
+    }
   }
   if (req.path == "/health") {
     if (!ready_.load()) {

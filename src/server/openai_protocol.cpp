@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <unordered_set>
 
 #include "core/json_depth.h"
 #include "text/chat_json.h"
@@ -307,8 +308,24 @@ std::optional<ApiError> read_messages(const Json& j, ChatCompletionRequest* r) {
 ApiResult<Json> parse_json_object(std::string_view body) {
   if (json_nesting_exceeds(body, kMaxJsonDepth))
     return bad_request("request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  // Duplicated keys are refused: parsers disagree on which one wins, and a proxy that validated
+  // the first must not see the server act on the last (RFC 8259 4: names SHOULD be unique).
+  std::vector<std::unordered_set<std::string>> keys;  // per open object, the keys seen so far
+  std::string duplicate;
+  Json::parser_callback_t on_event = [&](int, nlohmann::json::parse_event_t ev, Json& v) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) keys.emplace_back();
+    if (ev == E::object_end && !keys.empty()) keys.pop_back();
+    if (ev == E::key && !keys.empty() && duplicate.empty()) {
+      if (!keys.back().insert(v.get<std::string>()).second) duplicate = v.get<std::string>();
+    }
+    return true;
+  };
+  Json j = Json::parse(body, on_event, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad_request("request body is not valid JSON", "", "invalid_json");
+  if (!duplicate.empty())
+    return bad_request("request body repeats the key \"" + duplicate + "\" in one object", duplicate,
+                       "duplicate_key");
   if (!j.is_object()) return bad_request("request body must be a JSON object, got " + type_name(j));
   return j;
 }
