@@ -301,10 +301,11 @@ test('abort mid-stream (AbortController): the sequence is freed and the server k
   const ac = new AbortController();
   const stream = await client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'Go on.' }],
     max_tokens: 4000, ignore_eos: true, stream: true, chat_template_kwargs: { thinking: false } }, { signal: ac.signal });
+  // The openai client ends the iteration quietly when its request is aborted.
   let chunks = 0;
-  await assert.rejects((async () => {
-    for await (const c of stream) { if (++chunks === 3) ac.abort(); void c; }
-  })(), (e) => e.name === 'AbortError' || e instanceof OpenAI.APIUserAbortError);
+  for await (const c of stream) { if (++chunks === 3) ac.abort(); void c; }
+  assert.ok(ac.signal.aborted);
+  assert.equal(chunks, 3, 'no chunk after the abort (the stream asked for 4000 tokens)');
   const auth = { Authorization: `Bearer ${KEY}` };
   const freed = await S.waitFor(async () => {
     const m = await S.metrics(srv.url, auth);
