@@ -139,7 +139,7 @@ async function gaugesZero() {
   }, 15000);
 }
 
-test('64 concurrent streaming clients: 0 errors, every stream complete, RSS flat', async () => {
+test('64 concurrent streaming clients: 0 errors, every stream complete, RSS flat', { timeout: 120000 }, async () => {
   let warmRss = -1;
   const t0 = Date.now();
   const st = await phase(0, () => { warmRss = S.rssKiB(srv.proc.pid); });
@@ -161,7 +161,7 @@ test('64 concurrent streaming clients: 0 errors, every stream complete, RSS flat
     m['ds41_requests_total{route="/v1/completions",status="200"}'] >= st.ok);
 });
 
-test('the same with clients disconnecting at random: server keeps serving, all sequences freed', async () => {
+test('the same with clients disconnecting at random: server keeps serving, all sequences freed', { timeout: 120000 }, async () => {
   let warmRss = -1;
   const st = await phase(0.5, () => { warmRss = S.rssKiB(srv.proc.pid); });
   const endRss = S.rssKiB(srv.proc.pid);

@@ -13,6 +13,9 @@ const DS41 = process.env.DS41;
 const SHARED = process.env.DS41_SHARED;
 if (!DS41 || !SHARED) throw new Error('set DS41 (the binary) and DS41_SHARED (the shared folder)');
 const SHUTDOWN_S = 3;
+// Idle keep-alive connections (fetch keeps them) hold cpp-httplib's stop() for up to its
+// keep-alive timeout (5 s) after the drain: the exit bound is the sum plus 2 s of slack.
+const EXIT_BOUND_MS = (SHUTDOWN_S + 5 + 2) * 1000;
 
 // Starts a streaming chat request; resolves when its first data event arrived, with a promise of
 // how the stream ended: { done, finish, events, error, endedMs }.
@@ -86,14 +89,14 @@ test('SIGTERM during streams: drain within --shutdown-timeout, exit 0, nothing l
     const exitMs = Date.now() - t0;
     console.log(`SIGTERM -> exit ${JSON.stringify(exit)} in ${exitMs} ms; new request: ${refused}`);
     assert.equal(exit.code, 0, srv.stderr());
-    assert.ok(exitMs <= (SHUTDOWN_S + 5) * 1000, `exited ${exitMs} ms after SIGTERM (timeout ${SHUTDOWN_S} s)`);
+    assert.ok(exitMs <= EXIT_BOUND_MS, `exited ${exitMs} ms after SIGTERM (timeout ${SHUTDOWN_S} s)`);
     for (const s of short) {
       const st = await s.ended;
       assert.ok(st.done && st.finish === 'length', 'a short stream finishes normally: ' + JSON.stringify(st));
     }
     for (const l of long) {
       const st = await l.ended;
-      assert.ok(st.endedMs - t0 <= (SHUTDOWN_S + 5) * 1000, 'a long stream ended within the timeout');
+      assert.ok(st.endedMs - t0 <= (SHUTDOWN_S + 2) * 1000, `a long stream ended within the timeout (${st.endedMs - t0} ms)`);
       // Either aborted cleanly (finish_reason abort + [DONE]) or cut when the server closed.
       assert.ok(!st.done || st.finish === 'abort', 'a long stream did not finish normally: ' + JSON.stringify(st));
     }
