@@ -8,13 +8,25 @@ const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
 
+// Servers and temp dirs still alive; killed / removed if this test process is itself stopped
+// (ctest timeout: SIGTERM), so no `ds41 serve` outlives its test.
+const live = new Set();
+const liveDirs = new Set();
+function cleanupAll() {
+  for (const p of live) { try { p.kill('SIGKILL'); } catch { /* gone */ } }
+  for (const d of liveDirs) fs.rmSync(d, { recursive: true, force: true });
+}
+process.on('exit', cleanupAll);
+for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => { cleanupAll(); process.exit(1); });
+
 // Makes the tiny checkpoint (random weights, V4.1 tokenizer) in a fresh temp dir; returns its path.
 function makeTinyModel(ds41, sharedDir, seed = 1) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ds41-e2e-model-'));
   const out = path.join(dir, 'tiny');
   execFileSync(ds41, ['make-checkpoint', '--preset', 'tiny', '--seed', String(seed), '--out', out,
     '--tokenizer', path.join(sharedDir, 'tokenizer-v41')], { stdio: ['ignore', 'ignore', 'inherit'] });
-  return { dir, model: out, remove: () => fs.rmSync(dir, { recursive: true, force: true }) };
+  liveDirs.add(dir);
+  return { dir, model: out, remove: () => { fs.rmSync(dir, { recursive: true, force: true }); liveDirs.delete(dir); } };
 }
 
 // Starts `ds41 serve --model MODEL --port PORT ...extra` and resolves when the ready line is out.
@@ -22,6 +34,8 @@ function makeTinyModel(ds41, sharedDir, seed = 1) {
 function startServer(ds41, model, extra = [], { port = 0, readyTimeoutMs = 60000 } = {}) {
   const proc = spawn(ds41, ['serve', '--model', model, '--port', String(port), ...extra],
     { stdio: ['ignore', 'pipe', 'pipe'] });
+  live.add(proc);
+  proc.on('exit', () => live.delete(proc));
   let out = '', err = '';
   proc.stderr.on('data', (d) => { err += d; });
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
