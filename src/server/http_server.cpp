@@ -2,6 +2,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +12,7 @@
 namespace ds41::server {
 namespace {
 
+constexpr int kListenBacklog = 1024;
 thread_local bool t_over_limit = false;  // this connection exceeds max_connections
 
 // httplib hands each accepted connection to a TaskQueue. This one serves up to `limit`
@@ -61,6 +63,8 @@ struct HttpServer::Impl {
   httplib::Server svr;
   std::thread thread;
   int port = -1;
+  int listen_fd = -1;
+  std::atomic<bool> capturing{false};
   bool started = false;
 
   void serve(const httplib::Request& req, httplib::Response& res) {
@@ -115,6 +119,19 @@ Status HttpServer::start() {
   m->svr.set_write_timeout(c.write_timeout_s, 0);
   m->svr.set_keep_alive_timeout(c.keep_alive_timeout_s);
   m->svr.set_tcp_nodelay(true);
+  // cpp-httplib listens with a backlog of 5 (a compile-time constant of the Debian library). A
+  // burst of connections (64 clients opening at once while the accept thread is short of CPU)
+  // overflows it: the kernel completes the client's handshake, drops the connection from the
+  // full queue, and the client's request dies with a read error. The listening socket passes
+  // through the socket-options hook before bind; listen() is called again on it with a real
+  // backlog after bind (Linux takes the new value).
+  m->listen_fd = -1;
+  m->capturing = true;  // only the sockets created by bind below (on this thread)
+  m->svr.set_socket_options([m](socket_t sock) {
+    int one = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (m->capturing) m->listen_fd = sock;  // the last one created is the one that bound
+  });
   m->svr.set_pre_routing_handler([](const httplib::Request&, httplib::Response& res) {
     if (!t_over_limit) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e = api_error_from_status(unavailable("too many open connections; retry later"));
@@ -162,6 +179,8 @@ Status HttpServer::start() {
                       " (in use, or not a local address)");
     m->port = c.port;
   }
+  m->capturing = false;
+  if (m->listen_fd >= 0) ::listen(m->listen_fd, kListenBacklog);  // best effort: 5 stays if refused
   m->started = true;
   m->thread = std::thread([m] { m->svr.listen_after_bind(); });
   return ok_status();
