@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <iostream>
 
+#include <future>
+#include <thread>
+#include <cstdlib>
 #include "cli_registry.h"
 #include "core/log.h"
 #include "server/api_service.h"
@@ -77,7 +80,22 @@ Status run_serve(const ServeArgs& a) {
                a.shutdown_timeout_s);
   service.set_draining();
   eng->stop(std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_timeout_s * 1000)));
-  http.stop();
+  // Every generation has now finished or been aborted. cpp-httplib's stop() also waits for idle
+  // keep-alive connections to reach their idle timeout (5 s), which would hold the exit past
+  // --shutdown-timeout; nothing is left to send on them, so after a short grace the process
+  // exits without waiting (no persistent state is written by the serving path).
+  auto stopped = std::make_shared<std::promise<void>>();
+  std::future<void> http_done = stopped->get_future();
+  std::thread([&http, stopped] {
+    http.stop();
+    stopped->set_value();
+  }).detach();
+  if (http_done.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+    std::fprintf(stderr, "ds41 serve: stopped (idle keep-alive connections closed at exit)\n");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(0);
+  }
   std::fprintf(stderr, "ds41 serve: stopped\n");
   return ok_status();
 }

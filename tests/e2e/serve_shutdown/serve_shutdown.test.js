@@ -13,9 +13,10 @@ const DS41 = process.env.DS41;
 const SHARED = process.env.DS41_SHARED;
 if (!DS41 || !SHARED) throw new Error('set DS41 (the binary) and DS41_SHARED (the shared folder)');
 const SHUTDOWN_S = 3;
-// Idle keep-alive connections (fetch keeps them) hold cpp-httplib's stop() for up to its
-// keep-alive timeout (5 s) after the drain: the exit bound is the sum plus 2 s of slack.
-const EXIT_BOUND_MS = (SHUTDOWN_S + 5 + 2) * 1000;
+// After the drain the server waits at most 1 s for cpp-httplib's stop() (idle keep-alive
+// connections, which fetch keeps, would otherwise hold it for their 5 s idle timeout), then exits:
+// the bound is the timeout + 1 s + 1 s of slack (it was timeout + 5 s before the fix).
+const EXIT_BOUND_MS = (SHUTDOWN_S + 1 + 1) * 1000;
 
 // Starts a streaming chat request; resolves when its first data event arrived, with a promise of
 // how the stream ended: { done, finish, events, error, endedMs }.
