@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -204,6 +205,134 @@ TEST(SamplerTest, MinusInfinityLogitsAreNeverDrawn) {
     const int32_t t = s.sample(row).value();
     EXPECT_TRUE(t == 10 || t == 500 || t == 999) << t;
   }
+}
+
+// The full-sort sampler the project shipped before the partial-order one (kept here as the
+// reference): p_i in token order, the whole vocabulary sorted by (p desc, id asc), then top_k,
+// zeros, min_p, top_p and the draw walked in that order. Rows must be valid (checked by the
+// caller through Sampler::sample on the same row).
+class ReferenceSampler {
+ public:
+  explicit ReferenceSampler(const SamplerParams& p) : params_(p), rng_(p.seed) {}
+  int32_t sample(const std::vector<float>& logits) {
+    if (params_.temperature == 0) return argmax_token(logits);
+    const size_t n = logits.size();
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> prob(n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp((logits[i] - mx) / params_.temperature);
+    std::vector<int32_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+    const auto by_prob = [&prob](int32_t a, int32_t b) {
+      return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
+    };
+    std::sort(order.begin(), order.end(), by_prob);
+    size_t cand = n;
+    if (params_.top_k > 0 && static_cast<uint64_t>(params_.top_k) < n)
+      cand = static_cast<size_t>(params_.top_k);
+    bool cut = cand < n;
+    while (cand > 1 && prob[order[cand - 1]] == 0) --cand;
+    if (params_.min_p > 0) {
+      const double floor = params_.min_p * prob[order[0]];
+      const size_t before = cand;
+      while (cand > 1 && prob[order[cand - 1]] < floor) --cand;
+      cut = cut || cand < before;
+    }
+    if (cut) {
+      sum = 0;
+      for (size_t i = 0; i < cand; ++i) sum += prob[order[i]];
+    }
+    double acc = 0;
+    size_t keep = 0;
+    while (keep < cand && (keep == 0 || acc < params_.top_p * sum)) acc += prob[order[keep++]];
+    std::uniform_real_distribution<double> u(0.0, acc);
+    double r = u(rng_);
+    for (size_t i = 0; i < keep; ++i) {
+      r -= prob[order[i]];
+      if (r <= 0) return order[i];
+    }
+    return order[keep - 1];
+  }
+
+ private:
+  SamplerParams params_;
+  std::mt19937_64 rng_;
+};
+
+// Rows of several shapes: peaked (Zipf-like), flat Gaussian, coarsely quantized (many exact
+// ties), with -inf entries, and with logits spread wide enough that exp underflows to 0.
+std::vector<float> random_row(std::mt19937_64& g, size_t n, int kind) {
+  std::vector<float> r(n);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    switch (kind) {
+      case 0: r[i] = 15.0f - 2.5f * std::log(static_cast<float>((i * 7919) % n) + 1.0f) + 0.5f * nd(g); break;
+      case 1: r[i] = 2.0f * nd(g); break;
+      case 2: r[i] = std::round(nd(g) * 2.0f) / 2.0f; break;
+      case 3: r[i] = (g() % 5 == 0) ? kNegInf : nd(g); break;
+      default: r[i] = 400.0f * nd(g); break;
+    }
+  }
+  return r;
+}
+
+// The partial-order sampler returns exactly the tokens of the full-sort reference: same params,
+// seed and rows, token for token (a different walk order, a sum taken in another order, a wrong
+// nucleus or candidate boundary, or an off-by-one in the growing prefix changes some token).
+TEST(SamplerTest, MatchesTheFullSortReferenceTokenForToken) {
+  const std::vector<SamplerParams> settings = {params(0.7),
+                                               params(1.0),
+                                               params(1.0, 0.9),
+                                               params(1.0, 0.95),
+                                               params(1.0, 1, 50),
+                                               params(1.0, 1, 0, 0.05),
+                                               params(0.6, 0.95, 20),
+                                               params(1.3, 0.5, 0, 0.01),
+                                               params(1.0, 0.999),
+                                               params(2.0, 0.3, 3),
+                                               params(1.0, 1, 1),
+                                               params(0.8, 1, 0, 1.0),
+                                               params(1.0, 0.97, 0, 0.2),
+                                               params(0.05, 0.9),
+                                               params(1.0, 1e-9),
+                                               params(1.0, 1, 100000)};
+  std::mt19937_64 g(2024);
+  int compared = 0;
+  for (size_t si = 0; si < settings.size(); ++si) {
+    for (const size_t n :
+         {size_t{1}, size_t{2}, size_t{7}, size_t{64}, size_t{65}, size_t{300}, size_t{5000}}) {
+      for (int kind = 0; kind < 5; ++kind) {
+        SamplerParams p = settings[si];
+        p.seed = g();
+        Sampler s = make(p);
+        ReferenceSampler ref(p);
+        for (int row = 0; row < 6; ++row) {
+          std::vector<float> r = random_row(g, n, kind);
+          if (std::none_of(r.begin(), r.end(), [](float v) { return std::isfinite(v); })) r[0] = 0.0f;
+          auto got = s.sample(r);
+          ASSERT_TRUE(got.ok()) << got.status().message();
+          ASSERT_EQ(*got, ref.sample(r))
+              << "setting " << si << " n " << n << " kind " << kind << " row " << row;
+          ++compared;
+        }
+      }
+    }
+  }
+  // A released-vocabulary row (129,280) under each setting.
+  for (size_t si = 0; si < settings.size(); ++si) {
+    SamplerParams p = settings[si];
+    p.seed = si + 1;
+    Sampler s = make(p);
+    ReferenceSampler ref(p);
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<float> r = random_row(g, 129280, kind);
+      auto got = s.sample(r);
+      ASSERT_TRUE(got.ok());
+      ASSERT_EQ(*got, ref.sample(r)) << "setting " << si << " kind " << kind;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 3000);
 }
 
 }  // namespace
