@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <string>
 
 namespace ds41::engine {
@@ -44,50 +43,75 @@ Result<int32_t> Sampler::sample(std::span<const float> logits) {
   if (!any_finite) return invalid_argument("sampler: every logit is -inf");
   if (params_.temperature == 0) return argmax_token(logits);
 
+  // Only as much of the (p desc, id asc) order is materialised as the rule reads: the kept
+  // prefix is found by selection (nth_element) and sorted; without top_k / min_p the sorted
+  // prefix grows geometrically until it holds the nucleus. The sums are taken in the same order
+  // as a full sort would give, so the tokens are those of the full-sort rule, bit for bit.
   const size_t n = logits.size();
   const float mx = *std::max_element(logits.begin(), logits.end());
-  prob_.resize(n);
+  cand_.resize(n);
   double sum = 0;  // in token order (kept as is: it decides the nucleus below)
-  for (size_t i = 0; i < n; ++i) sum += prob_[i] = std::exp((logits[i] - mx) / params_.temperature);
-
-  // Candidates: tokens with p > 0 (-inf logits and underflows are never drawn), by descending
-  // p, ties by lower index; top_k needs only the first k of that total order.
-  order_.resize(n);
-  std::iota(order_.begin(), order_.end(), 0);
-  const auto by_prob = [this](int32_t a, int32_t b) {
-    return prob_[a] > prob_[b] || (prob_[a] == prob_[b] && a < b);
+  size_t positive = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double p = std::exp((logits[i] - mx) / params_.temperature);
+    cand_[i] = {p, static_cast<int32_t>(i)};
+    sum += p;
+    positive += p > 0;
+  }
+  const auto first = cand_.begin();
+  const auto by_prob = [](const Candidate& a, const Candidate& b) {
+    return a.p > b.p || (a.p == b.p && a.id < b.id);
   };
+
+  // Candidates: the first `cand` tokens of the order; zeros (-inf logits, underflows) are never
+  // drawn; p_max = 1 (the largest logit) so at least one token stays.
   size_t cand = n;
+  bool cut = false;
   if (params_.top_k > 0 && static_cast<uint64_t>(params_.top_k) < n) {
     cand = static_cast<size_t>(params_.top_k);
-    std::partial_sort(order_.begin(), order_.begin() + static_cast<ptrdiff_t>(cand), order_.end(), by_prob);
-  } else {
-    std::sort(order_.begin(), order_.end(), by_prob);
+    cut = true;
   }
-  bool cut = cand < n;
-  while (cand > 1 && prob_[order_[cand - 1]] == 0) --cand;  // zeros add nothing to `sum`
+  cand = std::max<size_t>(1, std::min(cand, positive));
   if (params_.min_p > 0) {
-    // p_max = prob_[order_[0]] = 1 (the largest logit); the first token always stays.
-    const double floor = params_.min_p * prob_[order_[0]];
-    const size_t before = cand;
-    while (cand > 1 && prob_[order_[cand - 1]] < floor) --cand;
-    cut = cut || cand < before;
+    const double floor = params_.min_p;  // min_p * p_max, p_max = 1
+    size_t above = 0;
+    for (const Candidate& c : cand_) above += c.p >= floor;
+    const size_t capped = std::max<size_t>(1, std::min(cand, above));
+    cut = cut || capped < cand;
+    cand = capped;
   }
-  if (cut) {  // the nucleus is a fraction of the mass top_k / min_p left
+  if (cand < n) std::nth_element(first, first + static_cast<ptrdiff_t>(cand - 1), cand_.end(), by_prob);
+
+  size_t sorted = 0;  // cand_[0, sorted) is the order's prefix
+  const auto sort_up_to = [&](size_t m) {
+    m = std::min(m, cand);
+    if (m <= sorted) return;
+    if (m < cand)
+      std::nth_element(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(m - 1),
+                       first + static_cast<ptrdiff_t>(cand), by_prob);
+    std::sort(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(m), by_prob);
+    sorted = m;
+  };
+  if (cut) {  // the nucleus is a fraction of the mass top_k / min_p left, summed in order
+    sort_up_to(cand);
     sum = 0;
-    for (size_t i = 0; i < cand; ++i) sum += prob_[order_[i]];
+    for (size_t i = 0; i < cand; ++i) sum += cand_[i].p;
   }
 
+  const double target = params_.top_p * sum;
   double acc = 0;
   size_t keep = 0;
-  while (keep < cand && (keep == 0 || acc < params_.top_p * sum)) acc += prob_[order_[keep++]];
+  while (keep < cand && (keep == 0 || acc < target)) {
+    if (keep == sorted) sort_up_to(std::max<size_t>(64, 2 * sorted));
+    acc += cand_[keep++].p;
+  }
   std::uniform_real_distribution<double> u(0.0, acc);
   double r = u(rng_);
   for (size_t i = 0; i < keep; ++i) {
-    r -= prob_[order_[i]];
-    if (r <= 0) return order_[i];
+    r -= cand_[i].p;
+    if (r <= 0) return cand_[i].id;
   }
-  return order_[keep - 1];
+  return cand_[keep - 1].id;
 }
 
 SamplerParams sampler_params(const SamplingParams& request, uint64_t seed) {

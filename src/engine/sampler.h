@@ -11,6 +11,8 @@
 //                         (always at least one token);
 //                         and draw from the kept tokens in proportion to p_i with the
 //                         sampler's own mt19937_64 seeded by `seed`.
+// Cost: O(vocab) plus sorting the kept tokens (top_k / min_p) or the nucleus (top_p < 1); only
+// top_p = 1 without top_k / min_p sorts the whole vocabulary (the draw's mass is summed in order).
 // The same params and the same sequence of rows give the same tokens (the draw is one
 // std::uniform_real_distribution<double> value over the kept mass, walked in the order above;
 // mt19937_64 is fully specified, the distribution is the standard library's).
@@ -65,8 +67,12 @@ class Sampler {
 
   SamplerParams params_;
   std::mt19937_64 rng_;
-  std::vector<double> prob_;    // scratch: unnormalized probabilities, by token id
-  std::vector<int32_t> order_;  // scratch: token ids by descending probability
+  struct Candidate {
+    double p;  // unnormalized probability
+    int32_t id;
+  };
+  // Scratch: every token's p; sample() orders only the prefix of (p desc, id asc) it reads.
+  std::vector<Candidate> cand_;
 };
 
 }  // namespace ds41::engine
