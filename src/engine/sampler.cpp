@@ -98,6 +98,33 @@ Result<int32_t> Sampler::sample(std::span<const float> logits) {
     for (size_t i = 0; i < cand; ++i) sum += cand_[i].p;
   }
 
+  // No truncation (top_p = 1, nothing cut): the draw's mass `acc` is the sum of every candidate
+  // in order, which alone would need the whole order. It lies within a few ulps of `sum` (both
+  // are recursive sums of the same n non-negative numbers: relative error <= n * 2^-53 each), so
+  // the draw is bracketed by [r_lo, r_hi] (the same canonical value times the mass bounds), and
+  // the walk, monotone in r, returns between walk(r_lo) and walk(r_hi): when both stop at the
+  // same token (always but within ~1e-11 of a boundary) that is the full-order token, found
+  // after sorting only the prefix walked. Otherwise the exact path below runs with the RNG
+  // restored.
+  if (!cut && params_.top_p == 1 && cand > 1) {
+    const double g = static_cast<double>(n + 1) * 0x1p-51;
+    const std::mt19937_64 saved = rng_;
+    std::mt19937_64 hi_rng = rng_;
+    double r_lo = std::uniform_real_distribution<double>(0.0, sum * (1 - g))(rng_);
+    double r_hi = std::uniform_real_distribution<double>(0.0, sum * (1 + g))(hi_rng);
+    double prefix = 0;  // the exact path's `acc` before token i
+    for (size_t i = 0; i < cand && (i == 0 || prefix < sum); ++i) {
+      if (i == sorted) sort_up_to(std::max<size_t>(64, 2 * sorted));
+      const double p = cand_[i].p;
+      r_lo -= p;
+      r_hi -= p;
+      prefix += p;
+      if (r_hi <= 0) return cand_[i].id;  // r_lo <= r_hi: both stop here
+      if (r_lo <= 0) break;               // the bracket straddles a boundary
+    }
+    rng_ = saved;
+  }
+
   const double target = params_.top_p * sum;
   double acc = 0;
   size_t keep = 0;
