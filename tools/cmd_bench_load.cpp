@@ -6,8 +6,9 @@
 // populating a contiguous slice with MADV_POPULATE_READ) followed by an N-thread checksum of the mapping.
 // The older single-threaded reader (sequential + look-ahead hints) is reported beside it. Page caches are
 // dropped before each cold read when possible
-// (/proc/sys/vm/drop_caches, needs root); the JSON says whether that worked. Warm (page-cache)
-// numbers are reported as well. Prints JSON with the git revision and the machine (tools/bench_header.h).
+// (/proc/sys/vm/drop_caches, needs root) only with --drop-caches; the JSON says whether that worked. Warm
+// (page-cache) numbers are reported as well. Prints JSON with the git revision and the machine
+// (tools/bench_header.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -50,7 +51,8 @@ struct BenchLoadArgs {
   int repeats = 3;
   bool json = false;
   bool keep = false;
-  int threads = 0;  // 0: min(16, hardware threads)
+  int threads = 0;           // 0: min(16, hardware threads)
+  bool drop_caches = false;  // drop the whole machine's page cache before cold reads (asked for)
 };
 
 double now_s() {
@@ -256,7 +258,12 @@ int run_bench_load(const BenchLoadArgs& a) {
   ojson bw;
   bw["file"] = path;
   bw["bytes"] = size;
-  bool dropped = true;
+  // Dropping the page cache empties it for every process on the machine: only when asked.
+  bool dropped = a.drop_caches;
+  if (!a.drop_caches)
+    std::cerr << "ds41 bench load: the page cache is not dropped, so \"cold\" reads may come from memory; "
+                 "--drop-caches drops the whole machine's page cache before each cold read (needs root)\n";
+  auto drop_caches = [&] { return a.drop_caches && ::ds41::cli::drop_caches(); };
   uint64_t checksum = 0, checksum_single = 0;
   const int threads =
       a.threads > 0 ? a.threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
@@ -373,6 +380,8 @@ void setup(CLI::App& parent, int& exit_code) {
   sub->add_option("--repeats", args->repeats, "Open+validate repetitions (default 3)")
       ->check(CLI::Range(1, 100));
   sub->add_flag("--keep", args->keep, "Keep the created file");
+  sub->add_flag("--drop-caches", args->drop_caches,
+                "Drop the whole machine's page cache before each cold read (root; affects every process)");
   sub->add_option("--threads", args->threads, "Reader threads of the loader path (default min(16, cores))")
       ->check(CLI::Range(1, 1024));
   sub->callback([args, &exit_code] { exit_code = run_bench_load(*args); });
