@@ -27,5 +27,27 @@ TEST(BenchUx, BenchLoadDropsThePageCacheOnlyWithTheFlag) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(BenchUx, BenchKvstoreSaysWhereTheStoreIsAndKvStatsOpensAKeptOne) {
+  const std::string dir = fresh_dir("bench_kvstore_ux");
+  const std::string small =
+      "bench kvstore --dir " + dir + " --blocks 16 --repeats 1 --no-redis --swa-iters 1";
+  RunResult r = run_ds41(small);
+  ASSERT_EQ(r.exit_code, 0) << dump(r);
+  EXPECT_TRUE(has(r.err, "the stores were in " + dir + "/ds41-bench-kvstore.")) << dump(r);
+  EXPECT_TRUE(has(r.err, "now removed (--keep keeps them)")) << dump(r);
+
+  r = run_ds41(small + " --keep");
+  ASSERT_EQ(r.exit_code, 0) << dump(r);
+  const std::string marker = "ds41 kv stats --kv-dir ";
+  const size_t at = r.err.find(marker);
+  ASSERT_NE(at, std::string::npos) << dump(r);
+  const size_t from = at + marker.size();
+  const std::string store = r.err.substr(from, r.err.find('\n', from) - from);
+  RunResult st = run_ds41("kv stats --kv-dir " + store);
+  EXPECT_EQ(st.exit_code, 0) << dump(st);
+  EXPECT_TRUE(has(st.out, "16 (")) << dump(st);  // the 16 blocks the benchmark wrote
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ds41::testing_cli
