@@ -27,6 +27,8 @@
 
 #include "bench_header.h"
 #include "cli_registry.h"
+#include "core/log.h"
+#include "load_progress.h"
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/loader/prefetch.h"
@@ -59,6 +61,9 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Progress on stderr: redrawn on a terminal, plain lines otherwise, nothing with -q.
+LoadProgress::Mode progress_mode() { return LoadProgress::mode_for(stderr, log_level() >= LogLevel::kError); }
+
 bool drop_caches() {
   ::sync();
   int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
@@ -81,7 +86,7 @@ Result<double> open_and_validate(const std::string& dir, size_t* tensors) {
 }
 
 // Writes size bytes of non-zero data (real blocks, not holes).
-Status create_data_file(const std::string& path, uint64_t size) {
+Status create_data_file(const std::string& path, uint64_t size, LoadProgress* progress) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return io_error(path + ": cannot create (" + std::strerror(errno) + ")");
   std::vector<uint64_t> buf((16u << 20) / 8);
@@ -97,6 +102,7 @@ Status create_data_file(const std::string& path, uint64_t size) {
       return io_error(path + ": write failed (" + std::strerror(errno) + ")");
     }
     done += static_cast<uint64_t>(w);
+    progress->update(done, size);
   }
   ::fsync(fd);
   ::close(fd);
@@ -241,7 +247,8 @@ int run_bench_load(const BenchLoadArgs& a) {
     path = (std::filesystem::temp_directory_path() / ("ds41_bench_load_" + std::to_string(getpid()) + ".bin"))
                .string();
     size = static_cast<uint64_t>(a.size_gib * (1ull << 30)) / 4096 * 4096;
-    Status s = create_data_file(path, size);
+    LoadProgress writing(stderr, progress_mode(), "ds41 bench load: writing the test file");
+    Status s = create_data_file(path, size, &writing);
     if (!s.ok()) {
       std::cerr << "ds41 bench load: " << s.message() << "\n";
       return 1;
@@ -260,7 +267,7 @@ int run_bench_load(const BenchLoadArgs& a) {
   bw["bytes"] = size;
   // Dropping the page cache empties it for every process on the machine: only when asked.
   bool dropped = a.drop_caches;
-  if (!a.drop_caches)
+  if (!a.drop_caches && log_level() < LogLevel::kError)
     std::cerr << "ds41 bench load: the page cache is not dropped, so \"cold\" reads may come from memory; "
                  "--drop-caches drops the whole machine's page cache before each cold read (needs root)\n";
   auto drop_caches = [&] { return a.drop_caches && ::ds41::cli::drop_caches(); };
@@ -282,21 +289,28 @@ int run_bench_load(const BenchLoadArgs& a) {
   auto best_of = [](const std::vector<double>& v) {
     return v.empty() ? 1e30 : *std::min_element(v.begin(), v.end());
   };
+  // Progress over the 12 passes of `size` bytes (updated between passes, never inside a timing).
+  LoadProgress reading(stderr, progress_mode(), "ds41 bench load: reading (12 passes)");
+  uint64_t passes_done = 0;
+  auto pass_done = [&] { reading.update(++passes_done * size, 12 * size); };
   // Cold: drop caches before each read; dd, loader mmap, single-thread mmap, twice; keep the best of each.
   for (int r = 0; r < 2; ++r) {
     dropped &= drop_caches();
     auto d = dd_read(path);
+    pass_done();
     if (!d.ok()) return fail(d.status());
     dd_t.cold.push_back(*d);
     dropped &= drop_caches();
     double pf = 0;
     auto m = mmap_prefetch_read(path, threads, &checksum, &pf, &populate);
     if (!m.ok()) return fail(m.status());
+    pass_done();
     mm_t.cold.push_back(*m);
     mm_t.prefetch_cold.push_back(pf);
     dropped &= drop_caches();
     auto m1 = mmap_read(path, &checksum_single);
     if (!m1.ok()) return fail(m1.status());
+    pass_done();
     m1_t.cold.push_back(*m1);
   }
   // Warm: all from the page cache (if the file fits in memory).
@@ -305,6 +319,7 @@ int run_bench_load(const BenchLoadArgs& a) {
     double pf = 0;
     auto m = mmap_prefetch_read(path, threads, &checksum, &pf, &populate);
     auto m1 = mmap_read(path, &checksum_single);
+    for (int k = 0; k < 3; ++k) pass_done();
     if (d.ok()) dd_t.warm.push_back(*d);
     if (m.ok()) {
       mm_t.warm.push_back(*m);

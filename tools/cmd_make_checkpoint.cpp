@@ -95,7 +95,7 @@ int run_make_checkpoint(const MakeArgs& a) {
               static_cast<unsigned long long>(made->tensor_count),
               static_cast<unsigned long long>(made->payload_bytes), made->shards,
               a.layout_only ? " (layout only: sparse, no data)" : "", s);
-  if (a.tokenizer_dir.empty() && !a.layout_only)
+  if (a.tokenizer_dir.empty() && !a.layout_only && log_level() < LogLevel::kError)
     std::fprintf(
         stderr,
         "ds41 make-checkpoint: note: %s has no tokenizer: generate from text with --tokenizer FOLDER "

@@ -22,6 +22,14 @@ TEST(BenchUx, BenchLoadDropsThePageCacheOnlyWithTheFlag) {
   EXPECT_TRUE(has(r.err, "--drop-caches")) << dump(r);
   auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   EXPECT_FALSE(j["mmap_vs_dd"]["drop_caches_worked"].get<bool>()) << r.out;
+  // Progress (plain lines: not a terminal) of writing the test file and of the read passes.
+  EXPECT_TRUE(has(r.err, "ds41 bench load: writing the test file: ")) << dump(r);
+  EXPECT_TRUE(has(r.err, "ds41 bench load: reading (12 passes): ")) << dump(r);
+  EXPECT_TRUE(has(r.err, "(100%)")) << dump(r);
+  RunResult q = run_ds41("bench load " + dir + "/m --json --size-gib 0.01 --repeats 1 -q");
+  ASSERT_EQ(q.exit_code, 0) << dump(q);
+  EXPECT_FALSE(has(q.err, "reading")) << dump(q);
+  EXPECT_FALSE(has(q.err, "not dropped")) << dump(q);
   RunResult h = run_ds41("bench load --help");
   EXPECT_TRUE(has(h.out, "--drop-caches")) << dump(h);
   std::filesystem::remove_all(dir);

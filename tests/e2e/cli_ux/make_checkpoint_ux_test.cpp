@@ -30,6 +30,9 @@ TEST(MakeCheckpointUx, PlainProgressLinesAndTheTokenizerNote) {
   ASSERT_EQ(t.exit_code, 0) << dump(t);
   EXPECT_FALSE(has(t.err, "has no tokenizer")) << dump(t);
   EXPECT_FALSE(has(t.err, "writing: ")) << dump(t);
+  RunResult q = run_ds41("-q make-checkpoint --preset tiny --seed 1 --out " + dir + "/q");
+  ASSERT_EQ(q.exit_code, 0) << dump(q);
+  EXPECT_TRUE(q.err.empty()) << dump(q);
   std::filesystem::remove_all(dir);
 }
 
