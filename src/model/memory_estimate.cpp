@@ -35,7 +35,10 @@ Result<MemoryEstimate> estimate_model_memory(const std::string& dir, int64_t con
 
 std::string format_gb(uint64_t bytes) {
   char b[32];
-  std::snprintf(b, sizeof b, "%.1f GB", static_cast<double>(bytes) / 1e9);
+  if (bytes < 1'000'000'000ULL)
+    std::snprintf(b, sizeof b, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  else
+    std::snprintf(b, sizeof b, "%.1f GB", static_cast<double>(bytes) / 1e9);
   return b;
 }
 

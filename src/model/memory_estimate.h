@@ -23,7 +23,7 @@ struct MemoryEstimate {
 Result<MemoryEstimate> estimate_model_memory(const std::string& dir, int64_t context_tokens,
                                              int64_t sequences = 1);
 
-// "12.3 GB" (decimal units, as disks and `free -g --si` count).
+// "12.3 GB", or "268.4 MB" below 1 GB (decimal units, as disks and `free --si` count).
 std::string format_gb(uint64_t bytes);
 
 // ResourceExhausted naming every number when `e.total()` exceeds `available_bytes`

@@ -59,6 +59,14 @@ TEST_F(MemoryCheck, TinyModelStillRunsAndInspectShowsTheEstimate) {
   EXPECT_GT(j["memory_estimate"]["weights_bytes"].get<uint64_t>(), 500'000'000'000ULL);
   EXPECT_EQ(j["memory_estimate"]["available_bytes"].get<uint64_t>(), 23'000'000'000ULL);
   EXPECT_FALSE(j["memory_estimate"]["fits"].get<bool>());
+  // KV = global bytes per token (890 B for the released config) x 4096 + the window rings.
+  EXPECT_EQ(j["global_kv_bytes_per_token"].get<double>(), 890.0);
+  EXPECT_EQ(j["memory_estimate"]["kv_bytes"].get<uint64_t>(),
+            890ULL * 4096 + j["bounded_state"]["window_ring_bytes"].get<uint64_t>());
+  EXPECT_EQ(j["memory_estimate"]["total_bytes"].get<uint64_t>(),
+            j["memory_estimate"]["weights_bytes"].get<uint64_t>() +
+                j["memory_estimate"]["kv_bytes"].get<uint64_t>() +
+                j["memory_estimate"]["workspace_bytes"].get<uint64_t>());
   RunResult t = run_ds41("inspect " + *root_ + "/big");
   EXPECT_TRUE(has(t.out, "memory to load")) << dump(t);
   EXPECT_TRUE(has(t.out, "(does not fit)")) << dump(t);
