@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for all sub-commands");
   app.set_version_flag(
-      "--version", [] { return std::string("ds41 ") + kVersion + " (git " + bench_git_revision() + ")"; });
+      "--version", [] { return std::string("ds41 ") + kVersion + " (git " + bench_git_revision() + ")\n"; });
   // -v / -q are accepted after the sub-command too: sub-commands inherit fallthrough.
   app.fallthrough();
   bool verbose = false, quiet = false;

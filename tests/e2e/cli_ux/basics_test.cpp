@@ -15,6 +15,7 @@ TEST(CliUx, VersionPrintsVersionAndGitRevision) {
   EXPECT_EQ(r.out.rfind("ds41 ", 0), 0u) << dump(r);
   EXPECT_TRUE(has(r.out, "(git ")) << dump(r);
   EXPECT_FALSE(has(r.out, "git unknown")) << dump(r);  // the tests run from the checkout
+  EXPECT_EQ(r.out.back(), '\n') << dump(r);            // one line (CLI11 adds no newline)
 }
 
 TEST(CliUx, HelpCmdIsCmdDashDashHelp) {
