@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "e2e/cli_inputs/run_in.h"
 
@@ -24,6 +26,17 @@ TEST(ScoreUx, ManifestAsInputAndSaysWhereItWrote) {
   EXPECT_TRUE(has(r.err, "ds41 score: wrote 3 prompt(s) and the decode steps to /")) << dump(r);
   EXPECT_TRUE(has(r.err, "score_manifest")) << dump(r);
   EXPECT_TRUE(has(r.err, "/out.safetensors\n")) << dump(r);
+  // The arrays under the golden names: the 3 prompts, and the 16 decode steps whose ids came from
+  // goldens.safetensors (decode.input_ids).
+  const std::string st = slurp(dir + "/out.safetensors");
+  ASSERT_GT(st.size(), 8u);
+  uint64_t n = 0;
+  std::memcpy(&n, st.data(), 8);
+  auto h = nlohmann::json::parse(st.substr(8, n));
+  for (const char* name : {"prompt0.logits", "prompt1.logits", "prompt2.logits"})
+    EXPECT_TRUE(h.contains(name)) << name;
+  ASSERT_TRUE(h.contains("decode.logits"));
+  EXPECT_EQ(h["decode.logits"]["shape"][0].get<int64_t>(), 16);
   std::filesystem::remove_all(dir);
 }
 
