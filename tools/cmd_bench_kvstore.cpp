@@ -589,7 +589,13 @@ int run(const Options& o0) {
     }
   }
 
-  if (o.keep) std::fprintf(stderr, "ds41 bench kvstore: kept %s\n", o.dir.c_str());
+  // Where the store is: kept (open it with `ds41 kv stats`) or removed.
+  if (o.keep)
+    std::fprintf(stderr, "ds41 bench kvstore: kept %s; its last store: ds41 kv stats --kv-dir %s\n",
+                 o.dir.c_str(), c.disk.dir.c_str());
+  else
+    std::fprintf(stderr, "ds41 bench kvstore: the stores were in %s, now removed (--keep keeps them)\n",
+                 o.dir.c_str());
   if (o.json) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {

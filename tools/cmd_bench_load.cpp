@@ -6,8 +6,9 @@
 // populating a contiguous slice with MADV_POPULATE_READ) followed by an N-thread checksum of the mapping.
 // The older single-threaded reader (sequential + look-ahead hints) is reported beside it. Page caches are
 // dropped before each cold read when possible
-// (/proc/sys/vm/drop_caches, needs root); the JSON says whether that worked. Warm (page-cache)
-// numbers are reported as well. Prints JSON with the git revision and the machine (tools/bench_header.h).
+// (/proc/sys/vm/drop_caches, needs root) only with --drop-caches; the JSON says whether that worked. Warm
+// (page-cache) numbers are reported as well. Prints JSON with the git revision and the machine
+// (tools/bench_header.h).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -26,6 +27,8 @@
 
 #include "bench_header.h"
 #include "cli_registry.h"
+#include "core/log.h"
+#include "load_progress.h"
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/loader/prefetch.h"
@@ -50,12 +53,16 @@ struct BenchLoadArgs {
   int repeats = 3;
   bool json = false;
   bool keep = false;
-  int threads = 0;  // 0: min(16, hardware threads)
+  int threads = 0;           // 0: min(16, hardware threads)
+  bool drop_caches = false;  // drop the whole machine's page cache before cold reads (asked for)
 };
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// Progress on stderr: redrawn on a terminal, plain lines otherwise, nothing with -q.
+LoadProgress::Mode progress_mode() { return LoadProgress::mode_for(stderr, log_level() >= LogLevel::kError); }
 
 bool drop_caches() {
   ::sync();
@@ -79,7 +86,7 @@ Result<double> open_and_validate(const std::string& dir, size_t* tensors) {
 }
 
 // Writes size bytes of non-zero data (real blocks, not holes).
-Status create_data_file(const std::string& path, uint64_t size) {
+Status create_data_file(const std::string& path, uint64_t size, LoadProgress* progress) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return io_error(path + ": cannot create (" + std::strerror(errno) + ")");
   std::vector<uint64_t> buf((16u << 20) / 8);
@@ -95,6 +102,7 @@ Status create_data_file(const std::string& path, uint64_t size) {
       return io_error(path + ": write failed (" + std::strerror(errno) + ")");
     }
     done += static_cast<uint64_t>(w);
+    progress->update(done, size);
   }
   ::fsync(fd);
   ::close(fd);
@@ -239,7 +247,8 @@ int run_bench_load(const BenchLoadArgs& a) {
     path = (std::filesystem::temp_directory_path() / ("ds41_bench_load_" + std::to_string(getpid()) + ".bin"))
                .string();
     size = static_cast<uint64_t>(a.size_gib * (1ull << 30)) / 4096 * 4096;
-    Status s = create_data_file(path, size);
+    LoadProgress writing(stderr, progress_mode(), "ds41 bench load: writing the test file");
+    Status s = create_data_file(path, size, &writing);
     if (!s.ok()) {
       std::cerr << "ds41 bench load: " << s.message() << "\n";
       return 1;
@@ -256,7 +265,12 @@ int run_bench_load(const BenchLoadArgs& a) {
   ojson bw;
   bw["file"] = path;
   bw["bytes"] = size;
-  bool dropped = true;
+  // Dropping the page cache empties it for every process on the machine: only when asked.
+  bool dropped = a.drop_caches;
+  if (!a.drop_caches && log_level() < LogLevel::kError)
+    std::cerr << "ds41 bench load: the page cache is not dropped, so \"cold\" reads may come from memory; "
+                 "--drop-caches drops the whole machine's page cache before each cold read (needs root)\n";
+  auto drop_caches = [&] { return a.drop_caches && ::ds41::cli::drop_caches(); };
   uint64_t checksum = 0, checksum_single = 0;
   const int threads =
       a.threads > 0 ? a.threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
@@ -275,21 +289,28 @@ int run_bench_load(const BenchLoadArgs& a) {
   auto best_of = [](const std::vector<double>& v) {
     return v.empty() ? 1e30 : *std::min_element(v.begin(), v.end());
   };
+  // Progress over the 12 passes of `size` bytes (updated between passes, never inside a timing).
+  LoadProgress reading(stderr, progress_mode(), "ds41 bench load: reading (12 passes)");
+  uint64_t passes_done = 0;
+  auto pass_done = [&] { reading.update(++passes_done * size, 12 * size); };
   // Cold: drop caches before each read; dd, loader mmap, single-thread mmap, twice; keep the best of each.
   for (int r = 0; r < 2; ++r) {
     dropped &= drop_caches();
     auto d = dd_read(path);
+    pass_done();
     if (!d.ok()) return fail(d.status());
     dd_t.cold.push_back(*d);
     dropped &= drop_caches();
     double pf = 0;
     auto m = mmap_prefetch_read(path, threads, &checksum, &pf, &populate);
     if (!m.ok()) return fail(m.status());
+    pass_done();
     mm_t.cold.push_back(*m);
     mm_t.prefetch_cold.push_back(pf);
     dropped &= drop_caches();
     auto m1 = mmap_read(path, &checksum_single);
     if (!m1.ok()) return fail(m1.status());
+    pass_done();
     m1_t.cold.push_back(*m1);
   }
   // Warm: all from the page cache (if the file fits in memory).
@@ -298,6 +319,7 @@ int run_bench_load(const BenchLoadArgs& a) {
     double pf = 0;
     auto m = mmap_prefetch_read(path, threads, &checksum, &pf, &populate);
     auto m1 = mmap_read(path, &checksum_single);
+    for (int k = 0; k < 3; ++k) pass_done();
     if (d.ok()) dd_t.warm.push_back(*d);
     if (m.ok()) {
       mm_t.warm.push_back(*m);
@@ -373,6 +395,8 @@ void setup(CLI::App& parent, int& exit_code) {
   sub->add_option("--repeats", args->repeats, "Open+validate repetitions (default 3)")
       ->check(CLI::Range(1, 100));
   sub->add_flag("--keep", args->keep, "Keep the created file");
+  sub->add_flag("--drop-caches", args->drop_caches,
+                "Drop the whole machine's page cache before each cold read (root; affects every process)");
   sub->add_option("--threads", args->threads, "Reader threads of the loader path (default min(16, cores))")
       ->check(CLI::Range(1, 1024));
   sub->callback([args, &exit_code] { exit_code = run_bench_load(*args); });

@@ -11,10 +11,12 @@
 
 #include "cli_format.h"
 #include "cli_registry.h"
+#include "forward_cli_util.h"
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/loader/safetensors.h"
 #include "model/loader/tensor_contract.h"
+#include "model/memory_estimate.h"
 #include "model/model_summary.h"
 
 namespace ds41::cli {
@@ -178,12 +180,25 @@ int run_inspect(const InspectArgs& a) {
                      {"mismatches", mm}};
   if (!rep.ok()) errors.push_back(rep.to_string(a.max_mismatches));
   out["errors"] = errors;
+  // What loading it would need (the check generate/score/serve/chat make before loading).
+  constexpr int64_t kEstimateContext = 4096;
+  auto est = model::estimate_model_memory(a.dir, kEstimateContext);
+  const uint64_t avail = available_memory_bytes();
+  if (est.ok())
+    out["memory_estimate"] = {{"context_tokens", kEstimateContext},
+                              {"weights_bytes", est->weights_bytes},
+                              {"kv_bytes", est->kv_bytes},
+                              {"workspace_bytes", est->workspace_bytes},
+                              {"total_bytes", est->total()},
+                              {"available_bytes", avail},
+                              {"fits", avail == 0 || est->total() <= avail}};
 
   if (a.json) {
     std::cout << out.dump(2) << "\n";
   } else {
     std::printf("\ncheckpoint: %s: %zu shard file(s), %zu tensors, %s payload (%llu bytes)\n", a.dir.c_str(),
-                (*ck)->files().size(), (*ck)->tensors().size(), human_bytes((*ck)->payload_bytes(), ByteUnits::kDecimal).c_str(),
+                (*ck)->files().size(), (*ck)->tensors().size(),
+                human_bytes((*ck)->payload_bytes(), ByteUnits::kDecimal).c_str(),
                 (unsigned long long)(*ck)->payload_bytes());
     std::printf("contract: %s\n", rep.to_string(a.max_mismatches).c_str());
     std::printf("\nby dtype (contract):\n");
@@ -200,9 +215,10 @@ int run_inspect(const InspectArgs& a) {
       std::printf("%s layer %lld: (%lld + %lld)/%lld", &s == &sum.kv_sources.front() ? " =" : " +",
                   (long long)s.layer, (long long)s.kv_row_bytes, (long long)s.idx_row_bytes,
                   (long long)s.ratio);
-    std::printf("\n  at max_position_embeddings (%lld tokens): %s per sequence\n",
-                (long long)c.max_position_embeddings,
-                human_bytes(sum.global_kv_bytes_per_token * c.max_position_embeddings, ByteUnits::kDecimal).c_str());
+    std::printf(
+        "\n  at max_position_embeddings (%lld tokens): %s per sequence\n",
+        (long long)c.max_position_embeddings,
+        human_bytes(sum.global_kv_bytes_per_token * c.max_position_embeddings, ByteUnits::kDecimal).c_str());
     std::printf("bounded per-sequence state (MODEL_SPEC 5.4): %lld bytes\n", (long long)b.total_bytes);
     std::printf(
         "  window rings %lld x %lld x %lld B = %lld (+ DSpark %lld), half pairs %lld, Engram look-back %lld "
@@ -210,6 +226,13 @@ int run_inspect(const InspectArgs& a) {
         (long long)b.window_layers, (long long)c.sliding_window, (long long)b.window_row_bytes,
         (long long)b.window_ring_bytes, (long long)b.window_ring_stage_bytes, (long long)b.half_pair_bytes,
         (long long)b.engram_lookback_ids);
+    if (est.ok())
+      std::printf(
+          "memory to load (%lld-token context): %s = weights %s + KV %s + workspaces %s; %s available%s\n",
+          (long long)kEstimateContext, model::format_gb(est->total()).c_str(),
+          model::format_gb(est->weights_bytes).c_str(), model::format_gb(est->kv_bytes).c_str(),
+          model::format_gb(est->workspace_bytes).c_str(), model::format_gb(avail).c_str(),
+          avail != 0 && est->total() > avail ? " (does not fit)" : "");
   }
   if (!rep.ok()) {
     std::cerr << "ds41 inspect: " << a.dir << ": tensor contract violated (" << rep.mismatches.size()

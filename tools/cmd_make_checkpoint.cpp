@@ -13,6 +13,8 @@
 
 #include "checkpoint_guard.h"
 #include "cli_registry.h"
+#include "core/log.h"
+#include "load_progress.h"
 #include "model/checkpoint_maker.h"
 #include "model/presets.h"
 #include "text/tokenizer.h"
@@ -58,15 +60,11 @@ int run_make_checkpoint(const MakeArgs& a) {
   o.seed = a.seed;
   o.shards = a.shards > 0 ? a.shards : model::preset_default_shards(a.preset);
   o.layout_only = a.layout_only;
-  const bool tty = isatty(fileno(stderr));
-  int last_pct = -1;
-  o.progress = [&](uint64_t done, uint64_t total) {
-    int pct = total ? static_cast<int>(done * 100 / total) : 100;
-    if (!tty || a.layout_only || pct == last_pct) return;
-    last_pct = pct;
-    std::fprintf(stderr, "\rwriting %3d%% (%.1f / %.1f MB)", pct, done / 1e6, total / 1e6);
-    if (pct == 100) std::fprintf(stderr, "\n");
-  };
+  // Bytes written with rate and ETA (redrawn on a terminal, plain lines otherwise, none with -q);
+  // a layout-only write is a few MB of headers and needs none.
+  const bool quiet = a.layout_only || log_level() >= LogLevel::kError;
+  LoadProgress progress(stderr, LoadProgress::mode_for(stderr, quiet), "ds41 make-checkpoint: writing");
+  o.progress = [&progress](uint64_t done, uint64_t total) { progress.update(done, total); };
   auto t0 = std::chrono::steady_clock::now();
   auto made = model::make_checkpoint(a.out, *cfg, o);
   if (!made.ok()) {
@@ -97,6 +95,13 @@ int run_make_checkpoint(const MakeArgs& a) {
               static_cast<unsigned long long>(made->tensor_count),
               static_cast<unsigned long long>(made->payload_bytes), made->shards,
               a.layout_only ? " (layout only: sparse, no data)" : "", s);
+  if (a.tokenizer_dir.empty() && !a.layout_only && log_level() < LogLevel::kError)
+    std::fprintf(
+        stderr,
+        "ds41 make-checkpoint: note: %s has no tokenizer: generate from text with --tokenizer FOLDER "
+        "(e.g. ../shared/tokenizer-v41), or write it with --tokenizer FOLDER; --prompt-ids works "
+        "without one\n",
+        a.out.c_str());
   return 0;
 }
 

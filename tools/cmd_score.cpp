@@ -3,11 +3,16 @@
 // `make_goldens.py compare` (../shared/golden/README.md).
 //
 // IN.json: {"prompts": {"NAME": [ids...], ...}, "decode": {"after": "NAME", "input_ids": [...]}}
+// or a golden set's manifest.json (../shared/golden): its prompts, and decode.after_prompt with
+// the decode.input_ids array read from the safetensors file the manifest names.
 // Writes NAME.logits [len, vocab] (one prefill of each prompt; chunked with --chunk K, which is
 // exact) and decode.logits [n, vocab] (single-token steps after the named prompt).
 // --replay decoder (MODEL_SPEC 4.4) or encoder:H (4.5) switch to the approximate paths; rows
 // the decoder replay never computes are written as NaN.
+#include <unistd.h>
+
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -56,7 +61,28 @@ Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t
     prompts.push_back(std::move(p));
   }
   std::pair<std::string, std::vector<int32_t>> dec;
-  if (j.contains("decode")) {
+  if (j.contains("decode") && j["decode"].is_object() && j["decode"].contains("after_prompt")) {
+    // A golden manifest: decode.input_ids is an I32 array in one of the set's files.
+    auto& d = j["decode"];
+    if (!d["after_prompt"].is_number_integer())
+      return invalid_argument(path + ": decode.after_prompt must be an integer");
+    dec.first = "prompt" + std::to_string(d["after_prompt"].get<int64_t>());
+    bool found = false;
+    for (auto& p : prompts) found |= p.name == dec.first;
+    if (!found)
+      return invalid_argument(path + ": decode.after_prompt names unknown prompt '" + dec.first + "'");
+    const auto& arr = j["arrays"]["decode.input_ids"];
+    if (!arr.is_object() || !arr.contains("file") || !arr["file"].is_string())
+      return invalid_argument(path + ": arrays.decode.input_ids.file is missing");
+    const std::string file =
+        (std::filesystem::path(path).parent_path() / arr["file"].get<std::string>()).string();
+    DS41_ASSIGN_OR_RETURN(auto st, model::SafetensorsFile::open(file));
+    auto it = st->header().tensors.find("decode.input_ids");
+    if (it == st->header().tensors.end() || it->second.dtype != DType::kI32)
+      return invalid_argument(file + ": no I32 tensor decode.input_ids");
+    dec.second.resize(static_cast<size_t>(it->second.numel()));
+    std::memcpy(dec.second.data(), st->data(it->second), it->second.nbytes());
+  } else if (j.contains("decode")) {
     auto& d = j["decode"];
     if (!d.is_object() || !d.contains("after") || !d["after"].is_string() || !d.contains("input_ids") ||
         !d["input_ids"].is_array())
@@ -73,7 +99,19 @@ Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t
   return std::make_pair(std::move(prompts), std::move(dec));
 }
 
+// The output's folder must exist and be writable: checked before minutes of computing.
+Status check_writable_output(const std::string& out) {
+  std::filesystem::path dir = std::filesystem::path(out).parent_path();
+  if (dir.empty()) dir = ".";
+  if (!std::filesystem::is_directory(dir))
+    return not_found("--out: folder " + dir.string() + " does not exist");
+  if (::access(dir.c_str(), W_OK) != 0)
+    return failed_precondition("--out: folder " + dir.string() + " is not writable");
+  return ok_status();
+}
+
 Status run_score(const ScoreArgs& a) {
+  DS41_RETURN_IF_ERROR(check_writable_output(a.out));
   DS41_ASSIGN_OR_RETURN(auto input, read_input(a.input));
   auto& [prompts, dec] = input;
   int64_t replay_h = -1;
@@ -176,7 +214,11 @@ Status run_score(const ScoreArgs& a) {
     }
     w.add_f32("decode.logits", {n, V}, logits.data());
   }
-  return w.write(a.out);
+  DS41_RETURN_IF_ERROR(w.write(a.out));
+  std::fprintf(stderr, "ds41 score: wrote %zu prompt(s)%s to %s\n", prompts.size(),
+               dec.second.empty() ? "" : " and the decode steps",
+               std::filesystem::absolute(a.out).lexically_normal().c_str());
+  return ok_status();
 }
 
 void setup_score(CLI::App& parent, int& exit_code) {
@@ -186,7 +228,9 @@ void setup_score(CLI::App& parent, int& exit_code) {
   cmd->add_option("--model", args->model_dir, "Model directory (config.json + safetensors)")->required();
   cmd->add_option("--tokenizer", args->tokenizer_dir,
                   "Folder with tokenizer.json (Engram compressed vocabulary)");
-  cmd->add_option("--input", args->input, "IN.json with prompts and decode ids")->required();
+  cmd->add_option("--input", args->input,
+                  "IN.json with prompts and decode ids, or a golden set's manifest.json")
+      ->required();
   cmd->add_option("--out", args->out, "Output .safetensors")->required();
   cmd->add_option("--chunk", args->chunk, "Prefill chunk size (0 = one shot; exact for any size)");
   cmd->add_option("--replay", args->replay, "Approximate paths: decoder | encoder:H (MODEL_SPEC 4.4 / 4.5)");

@@ -81,6 +81,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
     std::fprintf(stderr, "%s: loading model from %s (%d threads)\n", who.c_str(), a.model_dir.c_str(),
                  a.threads);
 
+  DS41_RETURN_IF_ERROR(check_model_fits(a.model_dir, 4096));
   const auto t0 = std::chrono::steady_clock::now();
   se->lm.pool = std::make_unique<ThreadPool>(a.threads);
   se->lm.backend = std::make_unique<backends::cpu::CpuBackend>(se->lm.pool.get());
