@@ -1,14 +1,18 @@
 // ds41 generate: text generation with the exact CPU reference forward pass. Streams the decoded
 // text to stdout and prints prefill / decode tokens per second to stderr at the end.
-//   --chat wraps the prompt as one user turn with the V4.1 template (MODEL_SPEC 6.2); with
-//   --effort the turn is in thinking mode (low|high|max|1..100), otherwise in chat mode.
-//   Without --chat the prompt text is tokenized as is after a BOS (special-token strings in it
-//   are tokens: the raw prompt is the caller's whole prompt). With --chat they are plain text
-//   unless --parse-special-in-content.
-//   --prompt-ids "0,5,17" feeds token ids directly (no tokenizer needed for the prompt).
+// The prompt is exactly one of:
+//   --prompt TEXT       (--prompt - reads stdin)   --prompt-file FILE   (any size)
+//   --prompt-ids "0,5,17"  token ids directly (no tokenizer needed for the prompt)
+//   --messages FILE     an OpenAI messages JSON conversation (system prompt, tools, earlier
+//                       turns; the format of `ds41 chat-template`, text/chat_json.h; - = stdin)
+// Prompt text is tokenized as is after a BOS (special-token strings in it are tokens: the raw
+// prompt is the caller's whole prompt) unless --chat / --thinking / --effort wraps it as one user
+// turn with the V4.1 template (MODEL_SPEC 6.2), where special-token strings are plain text
+// unless --parse-special-in-content. The mode flags mean the same as in chat-template
+// (prompt_input.h: --effort and --thinking are thinking mode, --chat alone is chat mode).
 // Sampling: engine/sampler.h (greedy when --temperature is 0, the default).
-// Flags are validated before the model loads; a bad or contradictory flag is a usage error
-// (exit 2) naming the flag; failures while running exit 1.
+// Flags are validated before the model loads; a bad or contradictory flag, or a prompt input
+// that cannot be read, is a usage error (exit 2) naming the flag; failures while running exit 1.
 #include <algorithm>
 #include <charconv>
 #include <iostream>
@@ -20,7 +24,9 @@
 #include "core/clock.h"
 #include "engine/sampler.h"
 #include "forward_cli_util.h"
+#include "prompt_input.h"
 #include "text/chat_encoding.h"
+#include "text/chat_json.h"
 #include "text/incremental_decoder.h"
 #include "text/tokenizer.h"
 
@@ -28,9 +34,13 @@ namespace ds41::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model_dir, tokenizer_dir, prompt, prompt_ids, effort;
+  std::string model_dir, tokenizer_dir, prompt, prompt_ids, prompt_file, messages_file;
+  TemplateModeFlags mode;
   std::string max_tokens_text = "64";  // parsed by validate_generate_args (into max_tokens)
-  bool chat = false, parse_special_in_content = false, has_prompt = false, has_prompt_ids = false;  // given, even if empty
+  bool parse_special_in_content = false;
+  bool has_prompt = false, has_prompt_ids = false, has_prompt_file = false,
+       has_messages = false;                       // given, even if empty
+  std::optional<text::Conversation> conversation;  // --messages, read by read_generate_inputs
   int64_t max_tokens = 64;
   std::vector<int32_t> ids;  // --prompt-ids, parsed
   engine::SamplerParams sampling;
@@ -49,23 +59,30 @@ std::optional<int64_t> parse_int(std::string_view s, int64_t lo, int64_t hi) {
 
 // Usage errors (exit 2), found before the model loads. Fills a.max_tokens and a.ids.
 Status validate_generate_args(GenerateArgs& a) {
-  if (a.has_prompt == a.has_prompt_ids)
-    return invalid_argument("give exactly one of --prompt and --prompt-ids");
+  const int sources =
+      int(a.has_prompt) + int(a.has_prompt_ids) + int(a.has_prompt_file) + int(a.has_messages);
+  if (sources != 1)
+    return invalid_argument("give exactly one of --prompt, --prompt-file, --messages and --prompt-ids");
   if (a.has_prompt && a.prompt.empty())
-    return invalid_argument("--prompt is empty (give some text, or token ids with --prompt-ids)");
-  if (!a.effort.empty() && !a.chat)
-    return invalid_argument("--effort selects the thinking mode of the chat template: it needs --chat");
-  if (a.parse_special_in_content && !a.chat)
+    return invalid_argument(
+        "--prompt is empty (give some text, - for stdin, or token ids with --prompt-ids)");
+  if (a.has_prompt_file && a.prompt_file.empty()) return invalid_argument("--prompt-file is empty");
+  if (a.has_messages && a.messages_file.empty()) return invalid_argument("--messages is empty");
+  const bool templated = a.mode.chat || a.mode.thinking || a.has_messages;
+  if (a.mode.thinking && a.mode.chat)
+    return invalid_argument("--chat (chat mode) and --thinking contradict each other");
+  if (!a.mode.effort.empty() && !templated)
+    return invalid_argument(
+        "--effort selects the thinking mode of the chat template: it needs --chat, --thinking or --messages");
+  if (a.parse_special_in_content && !templated)
     return invalid_argument(
         "--parse-special-in-content needs --chat (a raw --prompt always parses special tokens)");
-  if (a.chat && a.has_prompt_ids)
+  if (a.mode.any() && a.has_prompt_ids)
     return invalid_argument(
-        "--chat wraps --prompt text in the chat template; it cannot apply to --prompt-ids (give the "
+        "--chat/--thinking wrap prompt text in the chat template; they cannot apply to --prompt-ids (give "
+        "the "
         "template's token ids yourself, see `ds41 chat-template`)");
-  if (!a.effort.empty()) {
-    auto e = text::parse_reasoning_effort(a.effort);
-    if (!e.ok()) return e.status().with_context("--effort");
-  }
+  if (Status m = check_template_mode(a.mode); !m.ok()) return m;
   const auto mt = parse_int(a.max_tokens_text, 1, std::numeric_limits<int32_t>::max());
   if (!mt)
     return invalid_argument("--max-tokens must be an integer in [1, 2147483647], got '" + a.max_tokens_text +
@@ -99,29 +116,58 @@ Status validate_generate_args(GenerateArgs& a) {
   return ok_status();
 }
 
-// Precondition: validate_generate_args(a) returned ok.
+// Reads --prompt -, --prompt-file and --messages before the model loads (usage errors: exit 2).
+Status read_generate_inputs(GenerateArgs& a) {
+  if (a.has_prompt && a.prompt == "-") {
+    if (stdin_is_terminal())
+      return invalid_argument("--prompt - reads the prompt from stdin, but stdin is a terminal (pipe it in)");
+    DS41_ASSIGN_OR_RETURN(a.prompt, read_stdin_text());
+    if (a.prompt.empty()) return invalid_argument("--prompt -: stdin is empty");
+  }
+  if (a.has_prompt_file) {
+    auto t = read_text_input(a.prompt_file);
+    if (!t.ok()) return t.status().with_context("--prompt-file");
+    a.prompt = std::move(t).value();
+    if (a.prompt.empty()) return invalid_argument("--prompt-file " + a.prompt_file + ": the file is empty");
+  }
+  if (a.has_messages) {
+    auto t = read_text_input(a.messages_file);
+    if (!t.ok()) return t.status().with_context("--messages");
+    auto j = nlohmann::ordered_json::parse(*t, nullptr, false);
+    if (j.is_discarded()) return invalid_argument("--messages " + a.messages_file + ": not valid JSON");
+    auto conv = text::conversation_from_json(j);
+    if (!conv.ok()) return conv.status().with_context("--messages " + a.messages_file);
+    a.conversation = std::move(conv).value();
+  }
+  return ok_status();
+}
+
+// Precondition: validate_generate_args(a) and read_generate_inputs(a) returned ok.
 Status run_generate(const GenerateArgs& a) {
-  const std::string tok_dir = a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir;
   DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads));
   model::Model& m = *lm.model;
   std::unique_ptr<text::Tokenizer> tok;
   {
-    auto t = text::Tokenizer::from_model_dir(tok_dir);
+    auto t = load_tokenizer_arg(a.model_dir, a.tokenizer_dir);
     if (t.ok())
       tok = std::move(t).value();
-    else if (!a.prompt.empty())
-      return t.status().with_context("tokenizer (needed for --prompt)");
+    else if (!a.has_prompt_ids)
+      return t.status().with_context("tokenizer (needed for prompt text)");
   }
   std::vector<int32_t> ids;
   if (a.has_prompt_ids) {
     ids = a.ids;
-  } else if (a.chat) {
-    text::ChatOptions co;
-    co.thinking = !a.effort.empty();
+  } else if (a.conversation) {
+    text::ChatOptions co = a.conversation->options;
     co.parse_special_in_content = a.parse_special_in_content;
-    if (co.thinking) {
-      DS41_ASSIGN_OR_RETURN(co.reasoning_effort, text::parse_reasoning_effort(a.effort));
-    }
+    DS41_RETURN_IF_ERROR(apply_template_mode(a.mode, &co));
+    DS41_ASSIGN_OR_RETURN(text::ChatPrompt cp, text::encode_chat(a.conversation->messages, co));
+    ids = text::chat_prompt_ids(*tok, cp);
+  } else if (a.mode.chat || a.mode.thinking) {
+    text::ChatOptions co;
+    co.thinking = false;  // --chat alone: chat mode
+    co.parse_special_in_content = a.parse_special_in_content;
+    DS41_RETURN_IF_ERROR(apply_template_mode(a.mode, &co));
     text::ChatMessage msg;
     msg.role = text::ChatRole::kUser;
     msg.content = a.prompt;
@@ -174,20 +220,30 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   CLI::App* cmd = parent.add_subcommand("generate", "Generate text with the CPU reference forward pass");
   cmd->add_option("--model", a->model_dir, "Model directory")->required();
   cmd->add_option("--tokenizer", a->tokenizer_dir,
-                  "Folder with tokenizer.json (default: the model directory)");
-  CLI::Option* prompt = cmd->add_option(
-      "--prompt", a->prompt,
-      "Prompt text (without --chat: the whole raw prompt, special-token strings in it are tokens)");
+                  "tokenizer.json, or a folder holding it (default: the model directory)");
+  CLI::Option* prompt = cmd->add_option("--prompt", a->prompt,
+                                        "Prompt text, - = stdin (without --chat: the whole raw prompt, "
+                                        "special-token strings in it are tokens)");
+  CLI::Option* prompt_file = cmd->add_option("--prompt-file", a->prompt_file,
+                                             "Read the prompt text from FILE (any size; - = stdin)");
+  CLI::Option* messages = cmd->add_option(
+      "--messages", a->messages_file,
+      "Conversation JSON file (- = stdin): {\"messages\": [{\"role\": system|user|assistant|tool, "
+      "\"content\", \"reasoning_content\", \"tool_calls\", \"tool_call_id\"}...], \"tools\": [...], "
+      "\"thinking_mode\": \"thinking\"|\"chat\", \"reasoning_effort\"} or a bare messages array (OpenAI "
+      "format, as chat-template)");
   CLI::Option* prompt_ids =
       cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids");
-  cmd->add_flag("--chat", a->chat,
-                "Wrap the prompt as a user turn with the V4.1 chat template (special-token strings in it are "
-                "plain text)");
+  cmd->add_flag("--chat", a->mode.chat,
+                "Chat template in chat (non-thinking) mode: wraps the prompt as a user turn (special-token "
+                "strings in it are plain text)");
+  cmd->add_flag("--thinking", a->mode.thinking,
+                "Chat template in thinking mode (effort high unless --effort)");
   cmd->add_flag(
       "--parse-special-in-content", a->parse_special_in_content,
       "With --chat: special-token strings in the prompt become control tokens (reference behaviour)");
-  cmd->add_option("--effort", a->effort,
-                  "Thinking mode with reasoning effort low|high|max|1..100 (with --chat)");
+  cmd->add_option("--effort", a->mode.effort,
+                  "Thinking mode with reasoning effort low|high|max|1..100 (wins over --chat)");
   cmd->add_option("--max-tokens", a->max_tokens_text, "Tokens to generate, >= 1 (default 64)");
   cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy (default)");
   cmd->add_option("--top-p", a->sampling.top_p, "Nucleus mass in (0, 1] (default 1)");
@@ -196,10 +252,14 @@ void setup_generate(CLI::App& parent, int& exit_code) {
                   "Drop tokens below this fraction of the most likely one's probability (default 0 = off)");
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
-  cmd->callback([a, prompt, prompt_ids, &exit_code] {
+  cmd->callback([a, prompt, prompt_ids, prompt_file, messages, &exit_code] {
     a->has_prompt = prompt->count() > 0;
     a->has_prompt_ids = prompt_ids->count() > 0;
-    if (Status u = validate_generate_args(*a); !u.ok()) {
+    a->has_prompt_file = prompt_file->count() > 0;
+    a->has_messages = messages->count() > 0;
+    Status u = validate_generate_args(*a);
+    if (u.ok()) u = read_generate_inputs(*a);
+    if (!u.ok()) {
       std::cerr << "ds41 generate: " << u.message() << "\n";
       exit_code = 2;
       return;
