@@ -13,6 +13,8 @@
 // Sampling: engine/sampler.h (greedy when --temperature is 0, the default).
 // Flags are validated before the model loads; a bad or contradictory flag, or a prompt input
 // that cannot be read, is a usage error (exit 2) naming the flag; failures while running exit 1.
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <iostream>
@@ -25,9 +27,11 @@
 #include "engine/sampler.h"
 #include "forward_cli_util.h"
 #include "prompt_input.h"
+#include "server/stop_matcher.h"
 #include "text/chat_encoding.h"
 #include "text/chat_json.h"
 #include "text/incremental_decoder.h"
+#include "text/output_parser.h"
 #include "text/tokenizer.h"
 
 namespace ds41::cli {
@@ -37,7 +41,8 @@ struct GenerateArgs {
   std::string model_dir, tokenizer_dir, prompt, prompt_ids, prompt_file, messages_file;
   TemplateModeFlags mode;
   std::string max_tokens_text = "64";  // parsed by validate_generate_args (into max_tokens)
-  bool parse_special_in_content = false;
+  bool parse_special_in_content = false, json = false, raw = false;
+  std::vector<std::string> stops;  // --stop, repeatable
   bool has_prompt = false, has_prompt_ids = false, has_prompt_file = false,
        has_messages = false;                       // given, even if empty
   std::optional<text::Conversation> conversation;  // --messages, read by read_generate_inputs
@@ -113,6 +118,10 @@ Status validate_generate_args(GenerateArgs& a) {
     return invalid_argument(m);
   }
   if (a.threads < 1) return invalid_argument("--threads must be >= 1");
+  for (const auto& st : a.stops)
+    if (st.empty()) return invalid_argument("--stop: an empty stop string would match at once");
+  if (a.json && a.raw)
+    return invalid_argument("--json and --raw contradict each other (--json has separate fields)");
   return ok_status();
 }
 
@@ -155,12 +164,14 @@ Status run_generate(const GenerateArgs& a) {
       return t.status().with_context("tokenizer (needed for prompt text)");
   }
   std::vector<int32_t> ids;
+  bool thinking = false;  // the completion starts with reasoning (thinking mode of the template)
   if (a.has_prompt_ids) {
     ids = a.ids;
   } else if (a.conversation) {
     text::ChatOptions co = a.conversation->options;
     co.parse_special_in_content = a.parse_special_in_content;
     DS41_RETURN_IF_ERROR(apply_template_mode(a.mode, &co));
+    thinking = co.thinking;
     DS41_ASSIGN_OR_RETURN(text::ChatPrompt cp, text::encode_chat(a.conversation->messages, co));
     ids = text::chat_prompt_ids(*tok, cp);
   } else if (a.mode.chat || a.mode.thinking) {
@@ -168,6 +179,7 @@ Status run_generate(const GenerateArgs& a) {
     co.thinking = false;  // --chat alone: chat mode
     co.parse_special_in_content = a.parse_special_in_content;
     DS41_RETURN_IF_ERROR(apply_template_mode(a.mode, &co));
+    thinking = co.thinking;
     text::ChatMessage msg;
     msg.role = text::ChatRole::kUser;
     msg.content = a.prompt;
@@ -185,17 +197,55 @@ Status run_generate(const GenerateArgs& a) {
   DS41_ASSIGN_OR_RETURN(auto out, m.prefill(*st, ids, 0, opt));
   const int64_t t1 = clock.now_mono_ns();
   DS41_ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::create(a.sampling));
+  // Output: the decoded completion (special tokens kept) feeds the output parser; the terminal
+  // shows it without special tokens (unless --raw), thinking under its own header (dimmed on a
+  // terminal), the answer under another; --stop strings end it.
   std::unique_ptr<text::IncrementalDecoder> dec;
-  if (tok) dec = std::make_unique<text::IncrementalDecoder>(*tok, true);
+  if (tok) dec = std::make_unique<text::IncrementalDecoder>(*tok);
+  const std::optional<int32_t> think_end = tok ? tok->token_to_id("</think>") : std::nullopt;
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  const bool show = !a.json;
+  const bool headers = show && !a.raw && thinking;
+  server::StopMatcher stop(a.stops);
+  std::string full;  // the completion as the parser reads it (special tokens kept), up to a stop
+  std::vector<int32_t> out_ids;
+  auto emit = [&](const std::string& t) {
+    full += t;
+    if (show) std::cout << t << std::flush;
+  };
+  if (headers) std::cout << "--- thinking ---\n" << (tty ? "\033[2m" : "") << std::flush;
+  bool in_thinking = thinking;
+  auto end_thinking = [&] {
+    if (!in_thinking) return;
+    in_thinking = false;
+    if (headers) std::cout << (tty ? "\033[0m" : "") << "\n--- answer ---\n" << std::flush;
+  };
+  std::string finish = "length";
   int64_t generated = 0;
   std::vector<float> logits = out.logits;
   for (; generated < a.max_tokens; ++generated) {
     DS41_ASSIGN_OR_RETURN(const int32_t next, sampler.sample(logits));
-    if (next == m.config().eos_token_id) break;
+    if (next == m.config().eos_token_id) {
+      finish = "stop";
+      break;
+    }
+    out_ids.push_back(next);
     if (dec && tok->valid_id(next)) {
       DS41_ASSIGN_OR_RETURN(std::string piece, dec->push(next));
-      std::cout << piece << std::flush;
-    } else {
+      if (tok->is_added(next)) {
+        emit(stop.flush());  // a stop string does not span a special token
+        full += piece;
+        if (a.raw) std::cout << piece << std::flush;
+        if (think_end && next == *think_end) end_thinking();
+      } else {
+        emit(stop.push(piece));
+        if (stop.matched()) {
+          finish = "stop";
+          ++generated;
+          break;
+        }
+      }
+    } else if (show) {
       std::cout << "[" << next << "]" << std::flush;
     }
     if (generated + 1 == a.max_tokens || st->position() >= m.config().max_position_embeddings) {
@@ -205,10 +255,33 @@ Status run_generate(const GenerateArgs& a) {
     DS41_ASSIGN_OR_RETURN(auto o, m.decode_step(*st, next, opt));
     logits = std::move(o.logits);
   }
-  if (dec) std::cout << dec->flush();
-  std::cout << "\n";
+  if (dec && !stop.matched()) emit(stop.push(dec->flush()) + stop.flush());
+  if (headers && in_thinking && tty) std::cout << "\033[0m";
+  if (show) std::cout << "\n";
   const int64_t t2 = clock.now_mono_ns();
   const double pre_s = (t1 - t0) * 1e-9, dec_s = (t2 - t1) * 1e-9;
+  if (a.json) {
+    const text::ParsedOutput po = text::parse_assistant_output(full, thinking);
+    nlohmann::json calls = nlohmann::json::array();
+    for (const auto& c : po.tool_calls)
+      calls.push_back({{"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    nlohmann::json j = {{"reasoning_content", po.reasoning_content},
+                        {"content", po.content},
+                        {"tool_calls", calls},
+                        {"finish_reason", po.tool_calls.empty() ? finish : std::string("tool_calls")},
+                        {"prompt_tokens", ids.size()},
+                        {"completion_tokens", generated},
+                        {"token_ids", out_ids},
+                        {"timing",
+                         {{"prefill_s", pre_s},
+                          {"decode_s", dec_s},
+                          {"prefill_tokens_per_s", ids.size() / std::max(pre_s, 1e-9)},
+                          {"decode_tokens_per_s", generated / std::max(dec_s, 1e-9)}}}};
+    if (thinking) j["reasoning_complete"] = po.reasoning_complete;
+    if (stop.matched()) j["stop"] = stop.matched_stop();
+    // A stop string may end inside a UTF-8 sequence: replace, never throw.
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
   std::cerr << "prefill: " << ids.size() << " tokens in " << pre_s << " s ("
             << ids.size() / std::max(pre_s, 1e-9) << " tok/s); decode: " << generated << " tokens in "
             << dec_s << " s (" << generated / std::max(dec_s, 1e-9) << " tok/s)\n";
@@ -252,6 +325,12 @@ void setup_generate(CLI::App& parent, int& exit_code) {
                   "Drop tokens below this fraction of the most likely one's probability (default 0 = off)");
   cmd->add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
+  cmd->add_option("--stop", a->stops, "Stop when the output contains this string (repeatable; not printed)");
+  cmd->add_flag("--json", a->json,
+                "Print one JSON object: reasoning_content, content, tool_calls (DSML parsed), finish_reason, "
+                "token_ids, prompt_tokens, completion_tokens, timing");
+  cmd->add_flag("--raw", a->raw,
+                "Print the model text verbatim: special tokens shown, no thinking/answer headers");
   cmd->callback([a, prompt, prompt_ids, prompt_file, messages, &exit_code] {
     a->has_prompt = prompt->count() > 0;
     a->has_prompt_ids = prompt_ids->count() > 0;

@@ -1,0 +1,108 @@
+// `ds41 generate` output (issue 15): thinking and answer apart (headers, not with --raw), --json
+// with separate fields from the output parser, --stop strings honoured. The tiny random model
+// never closes its thinking, so in thinking mode all text is reasoning.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "e2e/cli_inputs/run_in.h"
+
+namespace ds41::testing_cli {
+namespace {
+
+const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
+
+class GenerateOutput : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new std::string(fresh_dir("generate_output"));
+    RunResult r =
+        run_ds41("make-checkpoint --preset tiny --seed 1 --tokenizer " + kTok + " --out " + *root_ + "/m");
+    ASSERT_EQ(r.exit_code, 0) << dump(r);
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*root_);
+    delete root_;
+  }
+  static std::string gen(const std::string& args) {
+    return "generate --model " + *root_ + "/m --tokenizer " + kTok + " --prompt 'Tell me a story' " + args;
+  }
+  static nlohmann::json json_of(const RunResult& r) {
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << dump(r);
+    return j;
+  }
+  static std::string* root_;
+};
+std::string* GenerateOutput::root_ = nullptr;
+
+TEST_F(GenerateOutput, ThinkingUnderItsHeaderAndJsonFieldsApart) {
+  RunResult t = run_ds41(gen("--thinking --max-tokens 12"));
+  ASSERT_EQ(t.exit_code, 0) << dump(t);
+  EXPECT_EQ(t.out.rfind("--- thinking ---\n", 0), 0u) << t.out;
+  EXPECT_EQ(t.out.find("\033["), std::string::npos) << "no ANSI when stdout is not a terminal";
+  RunResult raw = run_ds41(gen("--thinking --max-tokens 12 --raw"));
+  ASSERT_EQ(raw.exit_code, 0) << dump(raw);
+  EXPECT_EQ(raw.out.find("--- thinking ---"), std::string::npos) << raw.out;
+  EXPECT_EQ("--- thinking ---\n" + raw.out, t.out);
+
+  RunResult j = run_ds41(gen("--thinking --max-tokens 12 --json"));
+  ASSERT_EQ(j.exit_code, 0) << dump(j);
+  const auto o = json_of(j);
+  EXPECT_EQ(o["reasoning_content"].get<std::string>() + "\n", raw.out);
+  EXPECT_EQ(o["content"], "");
+  EXPECT_TRUE(o["tool_calls"].is_array());
+  EXPECT_EQ(o["token_ids"].size(), 12u);
+  EXPECT_EQ(o["completion_tokens"], 12);
+  EXPECT_EQ(o["finish_reason"], "length");
+  EXPECT_EQ(o["reasoning_complete"], false);
+  EXPECT_GT(o["prompt_tokens"].get<int>(), 3);
+  EXPECT_TRUE(o["timing"].contains("decode_tokens_per_s")) << o.dump();
+
+  RunResult c = run_ds41(gen("--chat --max-tokens 12 --json"));
+  ASSERT_EQ(c.exit_code, 0) << dump(c);
+  const auto co = json_of(c);
+  EXPECT_EQ(co["reasoning_content"], "");
+  EXPECT_FALSE(co["content"].get<std::string>().empty()) << co.dump();
+}
+
+// --stop: the output ends before the first occurrence of a stop string taken from the middle of
+// the unstopped output; other stop strings that never occur change nothing.
+TEST_F(GenerateOutput, StopStringsEndTheOutput) {
+  RunResult full = run_ds41(gen("--chat --max-tokens 24 --json"));
+  ASSERT_EQ(full.exit_code, 0) << dump(full);
+  const std::string text = json_of(full)["content"];
+  ASSERT_GT(text.size(), 12u) << text;
+  // Two whole UTF-8 characters from the middle, without shell quotes or newlines.
+  auto lead = [&](size_t i) { return (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80; };
+  std::string stop;
+  for (size_t b = text.size() / 2; b < text.size() && stop.empty(); ++b) {
+    if (!lead(b)) continue;
+    size_t e = b + 1, chars = 1;
+    while (e < text.size() && (chars < 2 || !lead(e))) {
+      if (lead(e)) ++chars;
+      ++e;
+    }
+    const std::string cand = text.substr(b, e - b);
+    if (chars == 2 && cand.find_first_of("'\n\r") == std::string::npos) stop = cand;
+  }
+  ASSERT_FALSE(stop.empty()) << text;
+  const std::string expected = text.substr(0, text.find(stop));
+  RunResult s = run_ds41(gen("--chat --max-tokens 24 --json --stop never-here --stop '" + stop + "'"));
+  ASSERT_EQ(s.exit_code, 0) << dump(s);
+  const auto o = json_of(s);
+  EXPECT_EQ(o["content"], expected) << "stop '" << stop << "' in " << text;
+  EXPECT_EQ(o["finish_reason"], "stop");
+  EXPECT_EQ(o["stop"], stop);
+  EXPECT_LT(o["completion_tokens"].get<int>(), 24);
+  RunResult plain = run_ds41(gen("--chat --max-tokens 24 --stop '" + stop + "'"));
+  ASSERT_EQ(plain.exit_code, 0) << dump(plain);
+  EXPECT_EQ(plain.out, expected + "\n");
+  RunResult empty = run_ds41(gen("--stop ''"));
+  EXPECT_EQ(empty.exit_code, 2) << dump(empty);
+  EXPECT_NE(empty.err.find("--stop"), std::string::npos) << dump(empty);
+}
+
+}  // namespace
+}  // namespace ds41::testing_cli
