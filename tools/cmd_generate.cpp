@@ -20,10 +20,12 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string_view>
 
 #include "cli_registry.h"
 #include "core/clock.h"
+#include "engine/logits_processing.h"
 #include "engine/sampler.h"
 #include "forward_cli_util.h"
 #include "prompt_input.h"
@@ -42,7 +44,9 @@ struct GenerateArgs {
   TemplateModeFlags mode;
   std::string max_tokens_text = "64";  // parsed by validate_generate_args (into max_tokens)
   bool parse_special_in_content = false, json = false, raw = false;
-  std::vector<std::string> stops;  // --stop, repeatable
+  std::vector<std::string> stops;    // --stop, repeatable
+  bool has_seed = false;             // --seed given; else a random seed, printed
+  engine::SamplingParams penalties;  // presence / frequency / repetition penalties, top_logprobs
   bool has_prompt = false, has_prompt_ids = false, has_prompt_file = false,
        has_messages = false;                       // given, even if empty
   std::optional<text::Conversation> conversation;  // --messages, read by read_generate_inputs
@@ -120,6 +124,18 @@ Status validate_generate_args(GenerateArgs& a) {
   if (a.threads < 1) return invalid_argument("--threads must be >= 1");
   for (const auto& st : a.stops)
     if (st.empty()) return invalid_argument("--stop: an empty stop string would match at once");
+  if (a.penalties.presence_penalty < -2 || a.penalties.presence_penalty > 2 ||
+      !(a.penalties.presence_penalty == a.penalties.presence_penalty))
+    return invalid_argument("--presence-penalty must be in [-2, 2]");
+  if (a.penalties.frequency_penalty < -2 || a.penalties.frequency_penalty > 2 ||
+      !(a.penalties.frequency_penalty == a.penalties.frequency_penalty))
+    return invalid_argument("--frequency-penalty must be in [-2, 2]");
+  if (!(a.penalties.repetition_penalty > 0) || a.penalties.repetition_penalty > 1e6)
+    return invalid_argument("--repetition-penalty must be > 0 (1 = off)");
+  if (a.penalties.top_logprobs < -1 || a.penalties.top_logprobs > engine::kMaxTopLogprobs)
+    return invalid_argument("--logprobs must be in [0, " + std::to_string(engine::kMaxTopLogprobs) + "]");
+  if (a.penalties.top_logprobs >= 0 && !a.json)
+    return invalid_argument("--logprobs is reported in the --json output: add --json");
   if (a.json && a.raw)
     return invalid_argument("--json and --raw contradict each other (--json has separate fields)");
   return ok_status();
@@ -196,7 +212,13 @@ Status run_generate(const GenerateArgs& a) {
   const int64_t t0 = clock.now_mono_ns();
   DS41_ASSIGN_OR_RETURN(auto out, m.prefill(*st, ids, 0, opt));
   const int64_t t1 = clock.now_mono_ns();
-  DS41_ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::create(a.sampling));
+  engine::SamplerParams sp = a.sampling;
+  if (!a.has_seed) sp.seed = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  std::cerr << "seed: " << sp.seed << (a.has_seed ? "" : " (random; --seed reproduces it)") << "\n";
+  DS41_ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::create(sp));
+  const int64_t vocab = static_cast<int64_t>(out.logits.size());
+  engine::PenaltyState penalties(a.penalties, ids, vocab);
+  nlohmann::json logprobs = nlohmann::json::array();
   // Output: the decoded completion (special tokens kept) feeds the output parser; the terminal
   // shows it without special tokens (unless --raw), thinking under its own header (dimmed on a
   // terminal), the answer under another; --stop strings end it.
@@ -224,7 +246,16 @@ Status run_generate(const GenerateArgs& a) {
   int64_t generated = 0;
   std::vector<float> logits = out.logits;
   for (; generated < a.max_tokens; ++generated) {
+    if (penalties.active()) penalties.apply(logits.data(), vocab);
     DS41_ASSIGN_OR_RETURN(const int32_t next, sampler.sample(logits));
+    if (a.penalties.top_logprobs >= 0) {
+      std::vector<engine::TopLogprob> top;
+      const float lp = engine::token_logprob(logits.data(), vocab, next, a.penalties.top_logprobs, &top);
+      nlohmann::json tj = nlohmann::json::array();
+      for (const auto& t : top) tj.push_back({{"id", t.token}, {"logprob", t.logprob}});
+      logprobs.push_back({{"id", next}, {"logprob", lp}, {"top_logprobs", tj}});
+    }
+    penalties.add(next);
     if (next == m.config().eos_token_id) {
       finish = "stop";
       break;
@@ -277,6 +308,8 @@ Status run_generate(const GenerateArgs& a) {
                           {"decode_s", dec_s},
                           {"prefill_tokens_per_s", ids.size() / std::max(pre_s, 1e-9)},
                           {"decode_tokens_per_s", generated / std::max(dec_s, 1e-9)}}}};
+    j["seed"] = sp.seed;
+    if (a.penalties.top_logprobs >= 0) j["logprobs"] = logprobs;
     if (thinking) j["reasoning_complete"] = po.reasoning_complete;
     if (stop.matched()) j["stop"] = stop.matched_stop();
     // A stop string may end inside a UTF-8 sequence: replace, never throw.
@@ -323,7 +356,16 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (default 0 = off)");
   cmd->add_option("--min-p", a->sampling.min_p,
                   "Drop tokens below this fraction of the most likely one's probability (default 0 = off)");
-  cmd->add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
+  CLI::Option* seed =
+      cmd->add_option("--seed", a->sampling.seed, "Sampling seed (default: random, printed to stderr)");
+  cmd->add_option("--repetition-penalty", a->penalties.repetition_penalty,
+                  "> 0, divides the logits of prompt and generated tokens (default 1 = off)");
+  cmd->add_option("--presence-penalty", a->penalties.presence_penalty,
+                  "[-2, 2], subtracted once from each generated token's logit (default 0)");
+  cmd->add_option("--frequency-penalty", a->penalties.frequency_penalty,
+                  "[-2, 2], subtracted per occurrence of each generated token (default 0)");
+  cmd->add_option("--logprobs", a->penalties.top_logprobs,
+                  "With --json: each token's log-probability and the top N (0..20)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
   cmd->add_option("--stop", a->stops, "Stop when the output contains this string (repeatable; not printed)");
   cmd->add_flag("--json", a->json,
@@ -331,7 +373,8 @@ void setup_generate(CLI::App& parent, int& exit_code) {
                 "token_ids, prompt_tokens, completion_tokens, timing");
   cmd->add_flag("--raw", a->raw,
                 "Print the model text verbatim: special tokens shown, no thinking/answer headers");
-  cmd->callback([a, prompt, prompt_ids, prompt_file, messages, &exit_code] {
+  cmd->callback([a, prompt, prompt_ids, prompt_file, messages, seed, &exit_code] {
+    a->has_seed = seed->count() > 0;
     a->has_prompt = prompt->count() > 0;
     a->has_prompt_ids = prompt_ids->count() > 0;
     a->has_prompt_file = prompt_file->count() > 0;

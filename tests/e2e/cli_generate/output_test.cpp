@@ -104,5 +104,47 @@ TEST_F(GenerateOutput, StopStringsEndTheOutput) {
   EXPECT_NE(empty.err.find("--stop"), std::string::npos) << dump(empty);
 }
 
+// Without --seed the seed is random and printed; giving it back reproduces the output.
+TEST_F(GenerateOutput, RandomSeedIsPrintedAndReproduces) {
+  const std::string args = "--max-tokens 16 --temperature 1.5";
+  RunResult a = run_ds41(gen(args)), b = run_ds41(gen(args));
+  ASSERT_EQ(a.exit_code, 0) << dump(a);
+  ASSERT_EQ(b.exit_code, 0) << dump(b);
+  const size_t p = a.err.find("seed: ");
+  ASSERT_NE(p, std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("(random"), std::string::npos) << a.err;
+  const std::string seed = a.err.substr(p + 6, a.err.find_first_not_of("0123456789", p + 6) - (p + 6));
+  EXPECT_NE(a.err.substr(p, 26), b.err.substr(b.err.find("seed: "), 26)) << "two runs, one seed";
+  RunResult c = run_ds41(gen(args + " --seed " + seed));
+  ASSERT_EQ(c.exit_code, 0) << dump(c);
+  EXPECT_EQ(c.out, a.out);
+}
+
+// Penalties change the processed logits; --logprobs N gives each token's log-probability and top N
+// in --json (greedy: the chosen token is the most likely one); bad values are usage errors.
+TEST_F(GenerateOutput, PenaltiesAndLogprobs) {
+  RunResult plain = run_ds41(gen("--max-tokens 24 --json --logprobs 3"));
+  ASSERT_EQ(plain.exit_code, 0) << dump(plain);
+  const auto o = json_of(plain);
+  ASSERT_EQ(o["logprobs"].size(), o["token_ids"].size()) << o.dump();
+  for (const auto& t : o["logprobs"]) {
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_EQ(t["top_logprobs"][0]["id"], t["id"]);
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+  }
+  // The repetition penalty rescales the prompt tokens' logits, so the log-softmax normaliser
+  // and the first token's log-probability move (the random model never repeats greedily).
+  RunResult pen = run_ds41(gen("--max-tokens 24 --json --logprobs 3 --repetition-penalty 3"));
+  ASSERT_EQ(pen.exit_code, 0) << dump(pen);
+  EXPECT_NE(json_of(pen)["logprobs"][0]["logprob"], o["logprobs"][0]["logprob"]);
+  for (const char* bad_c : {"--repetition-penalty 0", "--presence-penalty 3", "--frequency-penalty -2.5",
+                            "--logprobs 21 --json", "--logprobs 2"}) {
+    const std::string bad = bad_c;
+    RunResult r = run_ds41(gen(bad));
+    EXPECT_EQ(r.exit_code, 2) << bad << dump(r);
+    EXPECT_NE(r.err.find(bad.substr(0, bad.find(' '))), std::string::npos) << dump(r);
+  }
+}
+
 }  // namespace
 }  // namespace ds41::testing_cli
