@@ -13,9 +13,11 @@
 // Sampling: engine/sampler.h (greedy when --temperature is 0, the default).
 // Flags are validated before the model loads; a bad or contradictory flag, or a prompt input
 // that cannot be read, is a usage error (exit 2) naming the flag; failures while running exit 1.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <iostream>
 #include <limits>
@@ -28,6 +30,7 @@
 #include "engine/logits_processing.h"
 #include "engine/sampler.h"
 #include "forward_cli_util.h"
+#include "human_units.h"
 #include "prompt_input.h"
 #include "server/stop_matcher.h"
 #include "text/chat_encoding.h"
@@ -38,6 +41,20 @@
 
 namespace ds41::cli {
 namespace {
+
+// Ctrl-C during generation: the first SIGINT ends the decode loop after the current step (the
+// output and the timing line are still printed, exit 130); the handler resets, so a second one
+// kills the process at once.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+void install_sigint_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+}
 
 struct GenerateArgs {
   std::string model_dir, tokenizer_dir, prompt, prompt_ids, prompt_file, messages_file;
@@ -246,6 +263,10 @@ Status run_generate(const GenerateArgs& a) {
   int64_t generated = 0;
   std::vector<float> logits = out.logits;
   for (; generated < a.max_tokens; ++generated) {
+    if (g_interrupted.load()) {
+      finish = "interrupted";
+      break;
+    }
     if (penalties.active()) penalties.apply(logits.data(), vocab);
     DS41_ASSIGN_OR_RETURN(const int32_t next, sampler.sample(logits));
     if (a.penalties.top_logprobs >= 0) {
@@ -315,9 +336,11 @@ Status run_generate(const GenerateArgs& a) {
     // A stop string may end inside a UTF-8 sequence: replace, never throw.
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
-  std::cerr << "prefill: " << ids.size() << " tokens in " << pre_s << " s ("
-            << ids.size() / std::max(pre_s, 1e-9) << " tok/s); decode: " << generated << " tokens in "
-            << dec_s << " s (" << generated / std::max(dec_s, 1e-9) << " tok/s)\n";
+  if (finish == "interrupted") std::cerr << "interrupted (Ctrl-C)\n";
+  std::cerr << "prefill: " << ids.size() << " tokens in " << human_duration(pre_s) << " ("
+            << human_rate(ids.size() / std::max(pre_s, 1e-9)) << " tok/s); decode: " << generated
+            << " tokens in " << human_duration(dec_s) << " (" << human_rate(generated / std::max(dec_s, 1e-9))
+            << " tok/s)\n";
   return ok_status();
 }
 
@@ -386,7 +409,9 @@ void setup_generate(CLI::App& parent, int& exit_code) {
       exit_code = 2;
       return;
     }
+    install_sigint_handler();
     Status s = run_generate(*a);
+    if (s.ok() && g_interrupted.load()) exit_code = 130;
     if (!s.ok()) {
       std::cerr << "ds41 generate: " << s.message() << "\n";
       exit_code = 1;

@@ -146,5 +146,31 @@ TEST_F(GenerateOutput, PenaltiesAndLogprobs) {
   }
 }
 
+// Ctrl-C (SIGINT) during decoding (once text has been streamed) ends generation cleanly: exit 130, the text
+// so far and the timing line, in human units (no 7.5e-05 s).
+TEST_F(GenerateOutput, CtrlCStopsCleanlyWithTheTimingLine) {
+  const std::string base = *root_ + "/sigint";
+  const std::string cmd = "(" + kDs41 + " generate --model " + *root_ + "/m --tokenizer " + kTok +
+                          " --prompt 'Tell me a story' --max-tokens 1000000 > " + base + ".out 2> " + base +
+                          ".err & pid=$!; for i in $(seq 600); do [ -s " + base +
+                          ".out ] && break; sleep 0.1; done; sleep 0.5; kill -INT $pid; wait $pid)";
+  const int st = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  EXPECT_EQ(r.exit_code, 130) << dump(r);
+  EXPECT_NE(r.err.find("interrupted"), std::string::npos) << dump(r);
+  const size_t d = r.err.find("decode: ");
+  ASSERT_NE(d, std::string::npos) << dump(r);
+  EXPECT_GT(std::stol(r.err.substr(d + 8)), 0) << dump(r);
+  EXPECT_FALSE(r.out.empty());
+  const std::string timing = r.err.substr(r.err.find("prefill: "));
+  EXPECT_EQ(timing.find("e-0"), std::string::npos) << timing;
+  EXPECT_TRUE(timing.find(" ms (") != std::string::npos || timing.find(" µs (") != std::string::npos ||
+              timing.find(" s (") != std::string::npos)
+      << timing;
+}
+
 }  // namespace
 }  // namespace ds41::testing_cli
