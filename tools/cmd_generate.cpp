@@ -289,6 +289,12 @@ Status run_generate(const GenerateArgs& a) {
         full += piece;
         if (a.raw) std::cout << piece << std::flush;
         if (think_end && next == *think_end) end_thinking();
+      } else if (think_end && next == *think_end && in_thinking) {
+        // `</think>` is an ordinary vocabulary token: it ends the thinking section.
+        emit(stop.flush());
+        full += piece;
+        if (a.raw) std::cout << piece << std::flush;
+        end_thinking();
       } else {
         emit(stop.push(piece));
         if (stop.matched()) {
