@@ -172,5 +172,21 @@ TEST_F(GenerateOutput, CtrlCStopsCleanlyWithTheTimingLine) {
       << timing;
 }
 
+// On a terminal (a pseudo-terminal from util-linux `script`) the thinking text is dimmed and the
+// style reset at the end; the header is the same.
+TEST_F(GenerateOutput, ThinkingIsDimmedOnATerminal) {
+  if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` to make a pty";
+  const std::string base = *root_ + "/pty";
+  const std::string cmd =
+      "script -qec \"" + kDs41 + " generate --model " + *root_ + "/m --tokenizer " + kTok +
+      " --prompt hi --thinking --max-tokens 4 --seed 1\" /dev/null < /dev/null > " + base + ".out 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string out = slurp(base + ".out");
+  const size_t h = out.find("--- thinking ---");
+  ASSERT_NE(h, std::string::npos) << out;
+  EXPECT_NE(out.find("\033[2m", h), std::string::npos) << out;
+  EXPECT_NE(out.find("\033[0m", h), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace ds41::testing_cli
