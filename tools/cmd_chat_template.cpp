@@ -1,10 +1,12 @@
 // ds41 chat-template: render a conversation with the V4.1 prompt encoding (MODEL_SPEC 6.2) and
 // tokenize it.
-//   ds41 chat-template --model DIR [--effort E] [--chat] < conversation.json
-// conversation.json: {"messages": [...], "tools": [...], "response_format": {...},
-// "thinking_mode": "thinking"|"chat", "reasoning_effort": ...} or a bare message array
-// (text/chat_json.h). Prints the prompt string, then a line "ids (N): ..." (--json: one object
-// {prompt, ids, images}). --effort (1..100, low, high, max) and --chat override the file.
+//   ds41 chat-template --model DIR [--effort E] [--chat|--thinking] [--messages FILE] < conversation.json
+// conversation.json (from --messages FILE, else stdin): {"messages": [...], "tools": [...],
+// "response_format": {...}, "thinking_mode": "thinking"|"chat", "reasoning_effort": ...} or a
+// bare message array (text/chat_json.h); `generate --messages` reads the same format. Prints the
+// prompt string, then a line "ids (N): ..." (--json: one object {prompt, ids, images}).
+// --effort (1..100, low, high, max; thinking mode), --thinking and --chat override the file, with
+// the same meaning as in generate (prompt_input.h).
 // Special-token strings inside message content are plain text unless
 // --parse-special-in-content (the reference encoding's behaviour) is given.
 #include <iostream>
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_registry.h"
+#include "prompt_input.h"
 #include "text/chat_encoding.h"
 #include "text/chat_json.h"
 #include "text/tokenizer.h"
@@ -20,25 +23,22 @@ namespace ds41::cli {
 namespace {
 
 struct ChatTemplateArgs {
-  std::string model_dir, tokenizer_file, effort;
-  bool chat = false, thinking = false, no_bos = false, json = false, parse_special_in_content = false;
+  std::string model_dir, tokenizer_file, messages_file = "-";
+  TemplateModeFlags mode;
+  bool no_bos = false, json = false, parse_special_in_content = false;
 };
 
 Status run_chat_template(const ChatTemplateArgs& a) {
-  std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  const std::string where = a.messages_file == "-" ? std::string("stdin") : a.messages_file;
+  DS41_ASSIGN_OR_RETURN(std::string input, read_text_input(a.messages_file));
   auto j = nlohmann::ordered_json::parse(input, nullptr, false);
-  if (j.is_discarded()) return invalid_argument("stdin is not valid JSON");
+  if (j.is_discarded()) return invalid_argument(where + " is not valid JSON");
   DS41_ASSIGN_OR_RETURN(text::Conversation conv, text::conversation_from_json(j));
-  if (!a.effort.empty()) {
-    DS41_ASSIGN_OR_RETURN(conv.options.reasoning_effort, text::parse_reasoning_effort(a.effort));
-  }
-  if (a.chat) conv.options.thinking = false;
-  if (a.thinking) conv.options.thinking = true;
+  DS41_RETURN_IF_ERROR(apply_template_mode(a.mode, &conv.options));
   if (a.no_bos) conv.options.add_bos = false;
   conv.options.parse_special_in_content = a.parse_special_in_content;
   DS41_ASSIGN_OR_RETURN(text::ChatPrompt prompt, text::encode_chat(conv.messages, conv.options));
-  auto tok = a.tokenizer_file.empty() ? text::Tokenizer::from_model_dir(a.model_dir)
-                                      : text::Tokenizer::from_file(a.tokenizer_file);
+  auto tok = load_tokenizer_arg(a.model_dir, a.tokenizer_file);
   if (!tok.ok()) return tok.status();
   const std::vector<int32_t> ids = text::chat_prompt_ids(**tok, prompt);
   if (a.json) {
@@ -56,15 +56,23 @@ Status run_chat_template(const ChatTemplateArgs& a) {
 
 void setup_chat_template(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<ChatTemplateArgs>();
-  CLI::App* cmd =
-      parent.add_subcommand("chat-template", "Render a conversation (stdin JSON) as the V4.1 prompt and ids");
+  CLI::App* cmd = parent.add_subcommand(
+      "chat-template", "Render a conversation (JSON file or stdin) as the V4.1 prompt and ids");
   auto* model = cmd->add_option("--model", a->model_dir, "Model directory holding tokenizer.json");
-  auto* file =
-      cmd->add_option("--tokenizer", a->tokenizer_file, "A tokenizer.json file (instead of --model)");
+  auto* file = cmd->add_option("--tokenizer", a->tokenizer_file,
+                               "tokenizer.json, or a folder holding it (instead of --model)");
   model->excludes(file);
-  cmd->add_option("--effort", a->effort, "Reasoning effort: 1..100, low (50), high (75, default), max (100)");
-  auto* chat = cmd->add_flag("--chat", a->chat, "Chat (non-thinking) mode");
-  auto* thinking = cmd->add_flag("--thinking", a->thinking, "Thinking mode (the default)");
+  cmd->add_option("--messages", a->messages_file,
+                  "Conversation JSON file (default - = stdin): {\"messages\": [{\"role\": "
+                  "system|user|assistant|tool, \"content\", \"reasoning_content\", \"tool_calls\", "
+                  "\"tool_call_id\"}...], \"tools\": [...], \"thinking_mode\": \"thinking\"|\"chat\", "
+                  "\"reasoning_effort\"} or a bare messages array (OpenAI format)");
+  cmd->add_option("--effort", a->mode.effort,
+                  "Thinking mode with reasoning effort 1..100, low (50), high (75, default), max (100); wins "
+                  "over --chat");
+  auto* chat = cmd->add_flag("--chat", a->mode.chat, "Chat (non-thinking) mode");
+  auto* thinking =
+      cmd->add_flag("--thinking", a->mode.thinking, "Thinking mode (default unless the file says chat)");
   chat->excludes(thinking);
   cmd->add_flag("--no-bos", a->no_bos, "Do not start with BOS (continuing a context)");
   cmd->add_flag("--json", a->json, "Print one JSON object {prompt, ids, images}");

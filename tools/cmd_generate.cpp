@@ -1,36 +1,72 @@
 // ds41 generate: text generation with the exact CPU reference forward pass. Streams the decoded
 // text to stdout and prints prefill / decode tokens per second to stderr at the end.
-//   --chat wraps the prompt as one user turn with the V4.1 template (MODEL_SPEC 6.2); with
-//   --effort the turn is in thinking mode (low|high|max|1..100), otherwise in chat mode.
-//   Without --chat the prompt text is tokenized as is after a BOS (special-token strings in it
-//   are tokens: the raw prompt is the caller's whole prompt). With --chat they are plain text
-//   unless --parse-special-in-content.
-//   --prompt-ids "0,5,17" feeds token ids directly (no tokenizer needed for the prompt).
+// The prompt is exactly one of:
+//   --prompt TEXT       (--prompt - reads stdin)   --prompt-file FILE   (any size)
+//   --prompt-ids "0,5,17"  token ids directly (no tokenizer needed for the prompt)
+//   --messages FILE     an OpenAI messages JSON conversation (system prompt, tools, earlier
+//                       turns; the format of `ds41 chat-template`, text/chat_json.h; - = stdin)
+// Prompt text is tokenized as is after a BOS (special-token strings in it are tokens: the raw
+// prompt is the caller's whole prompt) unless --chat / --thinking / --effort wraps it as one user
+// turn with the V4.1 template (MODEL_SPEC 6.2), where special-token strings are plain text
+// unless --parse-special-in-content. The mode flags mean the same as in chat-template
+// (prompt_input.h: --effort and --thinking are thinking mode, --chat alone is chat mode).
 // Sampling: engine/sampler.h (greedy when --temperature is 0, the default).
-// Flags are validated before the model loads; a bad or contradictory flag is a usage error
-// (exit 2) naming the flag; failures while running exit 1.
+// Flags are validated before the model loads; a bad or contradictory flag, or a prompt input
+// that cannot be read, is a usage error (exit 2) naming the flag; failures while running exit 1.
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string_view>
 
 #include "cli_registry.h"
 #include "core/clock.h"
+#include "engine/logits_processing.h"
 #include "engine/sampler.h"
 #include "forward_cli_util.h"
+#include "human_units.h"
+#include "prompt_input.h"
+#include "server/stop_matcher.h"
 #include "text/chat_encoding.h"
+#include "text/chat_json.h"
 #include "text/incremental_decoder.h"
+#include "text/output_parser.h"
 #include "text/tokenizer.h"
 
 namespace ds41::cli {
 namespace {
 
+// Ctrl-C during generation: the first SIGINT ends the decode loop after the current step (the
+// output and the timing line are still printed, exit 130); the handler resets, so a second one
+// kills the process at once.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+void install_sigint_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
 struct GenerateArgs {
-  std::string model_dir, tokenizer_dir, prompt, prompt_ids, effort;
+  std::string model_dir, tokenizer_dir, prompt, prompt_ids, prompt_file, messages_file;
+  TemplateModeFlags mode;
   std::string max_tokens_text = "64";  // parsed by validate_generate_args (into max_tokens)
-  bool chat = false, parse_special_in_content = false, has_prompt = false, has_prompt_ids = false;  // given, even if empty
+  bool parse_special_in_content = false, json = false, raw = false;
+  std::vector<std::string> stops;    // --stop, repeatable
+  bool has_seed = false;             // --seed given; else a random seed, printed
+  engine::SamplingParams penalties;  // presence / frequency / repetition penalties, top_logprobs
+  bool has_prompt = false, has_prompt_ids = false, has_prompt_file = false,
+       has_messages = false;                       // given, even if empty
+  std::optional<text::Conversation> conversation;  // --messages, read by read_generate_inputs
   int64_t max_tokens = 64;
   std::vector<int32_t> ids;  // --prompt-ids, parsed
   engine::SamplerParams sampling;
@@ -49,23 +85,30 @@ std::optional<int64_t> parse_int(std::string_view s, int64_t lo, int64_t hi) {
 
 // Usage errors (exit 2), found before the model loads. Fills a.max_tokens and a.ids.
 Status validate_generate_args(GenerateArgs& a) {
-  if (a.has_prompt == a.has_prompt_ids)
-    return invalid_argument("give exactly one of --prompt and --prompt-ids");
+  const int sources =
+      int(a.has_prompt) + int(a.has_prompt_ids) + int(a.has_prompt_file) + int(a.has_messages);
+  if (sources != 1)
+    return invalid_argument("give exactly one of --prompt, --prompt-file, --messages and --prompt-ids");
   if (a.has_prompt && a.prompt.empty())
-    return invalid_argument("--prompt is empty (give some text, or token ids with --prompt-ids)");
-  if (!a.effort.empty() && !a.chat)
-    return invalid_argument("--effort selects the thinking mode of the chat template: it needs --chat");
-  if (a.parse_special_in_content && !a.chat)
+    return invalid_argument(
+        "--prompt is empty (give some text, - for stdin, or token ids with --prompt-ids)");
+  if (a.has_prompt_file && a.prompt_file.empty()) return invalid_argument("--prompt-file is empty");
+  if (a.has_messages && a.messages_file.empty()) return invalid_argument("--messages is empty");
+  const bool templated = a.mode.chat || a.mode.thinking || a.has_messages;
+  if (a.mode.thinking && a.mode.chat)
+    return invalid_argument("--chat (chat mode) and --thinking contradict each other");
+  if (!a.mode.effort.empty() && !templated)
+    return invalid_argument(
+        "--effort selects the thinking mode of the chat template: it needs --chat, --thinking or --messages");
+  if (a.parse_special_in_content && !templated)
     return invalid_argument(
         "--parse-special-in-content needs --chat (a raw --prompt always parses special tokens)");
-  if (a.chat && a.has_prompt_ids)
+  if (a.mode.any() && a.has_prompt_ids)
     return invalid_argument(
-        "--chat wraps --prompt text in the chat template; it cannot apply to --prompt-ids (give the "
+        "--chat/--thinking wrap prompt text in the chat template; they cannot apply to --prompt-ids (give "
+        "the "
         "template's token ids yourself, see `ds41 chat-template`)");
-  if (!a.effort.empty()) {
-    auto e = text::parse_reasoning_effort(a.effort);
-    if (!e.ok()) return e.status().with_context("--effort");
-  }
+  if (Status m = check_template_mode(a.mode); !m.ok()) return m;
   const auto mt = parse_int(a.max_tokens_text, 1, std::numeric_limits<int32_t>::max());
   if (!mt)
     return invalid_argument("--max-tokens must be an integer in [1, 2147483647], got '" + a.max_tokens_text +
@@ -96,32 +139,80 @@ Status validate_generate_args(GenerateArgs& a) {
     return invalid_argument(m);
   }
   if (a.threads < 1) return invalid_argument("--threads must be >= 1");
+  for (const auto& st : a.stops)
+    if (st.empty()) return invalid_argument("--stop: an empty stop string would match at once");
+  if (a.penalties.presence_penalty < -2 || a.penalties.presence_penalty > 2 ||
+      !(a.penalties.presence_penalty == a.penalties.presence_penalty))
+    return invalid_argument("--presence-penalty must be in [-2, 2]");
+  if (a.penalties.frequency_penalty < -2 || a.penalties.frequency_penalty > 2 ||
+      !(a.penalties.frequency_penalty == a.penalties.frequency_penalty))
+    return invalid_argument("--frequency-penalty must be in [-2, 2]");
+  if (!(a.penalties.repetition_penalty > 0) || a.penalties.repetition_penalty > 1e6)
+    return invalid_argument("--repetition-penalty must be > 0 (1 = off)");
+  if (a.penalties.top_logprobs < -1 || a.penalties.top_logprobs > engine::kMaxTopLogprobs)
+    return invalid_argument("--logprobs must be in [0, " + std::to_string(engine::kMaxTopLogprobs) + "]");
+  if (a.penalties.top_logprobs >= 0 && !a.json)
+    return invalid_argument("--logprobs is reported in the --json output: add --json");
+  if (a.json && a.raw)
+    return invalid_argument("--json and --raw contradict each other (--json has separate fields)");
   return ok_status();
 }
 
-// Precondition: validate_generate_args(a) returned ok.
+// Reads --prompt -, --prompt-file and --messages before the model loads (usage errors: exit 2).
+Status read_generate_inputs(GenerateArgs& a) {
+  if (a.has_prompt && a.prompt == "-") {
+    if (stdin_is_terminal())
+      return invalid_argument("--prompt - reads the prompt from stdin, but stdin is a terminal (pipe it in)");
+    DS41_ASSIGN_OR_RETURN(a.prompt, read_stdin_text());
+    if (a.prompt.empty()) return invalid_argument("--prompt -: stdin is empty");
+  }
+  if (a.has_prompt_file) {
+    auto t = read_text_input(a.prompt_file);
+    if (!t.ok()) return t.status().with_context("--prompt-file");
+    a.prompt = std::move(t).value();
+    if (a.prompt.empty()) return invalid_argument("--prompt-file " + a.prompt_file + ": the file is empty");
+  }
+  if (a.has_messages) {
+    auto t = read_text_input(a.messages_file);
+    if (!t.ok()) return t.status().with_context("--messages");
+    auto j = nlohmann::ordered_json::parse(*t, nullptr, false);
+    if (j.is_discarded()) return invalid_argument("--messages " + a.messages_file + ": not valid JSON");
+    auto conv = text::conversation_from_json(j);
+    if (!conv.ok()) return conv.status().with_context("--messages " + a.messages_file);
+    a.conversation = std::move(conv).value();
+  }
+  return ok_status();
+}
+
+// Precondition: validate_generate_args(a) and read_generate_inputs(a) returned ok.
 Status run_generate(const GenerateArgs& a) {
-  const std::string tok_dir = a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir;
   DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads));
   model::Model& m = *lm.model;
   std::unique_ptr<text::Tokenizer> tok;
   {
-    auto t = text::Tokenizer::from_model_dir(tok_dir);
+    auto t = load_tokenizer_arg(a.model_dir, a.tokenizer_dir);
     if (t.ok())
       tok = std::move(t).value();
-    else if (!a.prompt.empty())
-      return t.status().with_context("tokenizer (needed for --prompt)");
+    else if (!a.has_prompt_ids)
+      return t.status().with_context("tokenizer (needed for prompt text)");
   }
   std::vector<int32_t> ids;
+  bool thinking = false;  // the completion starts with reasoning (thinking mode of the template)
   if (a.has_prompt_ids) {
     ids = a.ids;
-  } else if (a.chat) {
-    text::ChatOptions co;
-    co.thinking = !a.effort.empty();
+  } else if (a.conversation) {
+    text::ChatOptions co = a.conversation->options;
     co.parse_special_in_content = a.parse_special_in_content;
-    if (co.thinking) {
-      DS41_ASSIGN_OR_RETURN(co.reasoning_effort, text::parse_reasoning_effort(a.effort));
-    }
+    DS41_RETURN_IF_ERROR(apply_template_mode(a.mode, &co));
+    thinking = co.thinking;
+    DS41_ASSIGN_OR_RETURN(text::ChatPrompt cp, text::encode_chat(a.conversation->messages, co));
+    ids = text::chat_prompt_ids(*tok, cp);
+  } else if (a.mode.chat || a.mode.thinking) {
+    text::ChatOptions co;
+    co.thinking = false;  // --chat alone: chat mode
+    co.parse_special_in_content = a.parse_special_in_content;
+    DS41_RETURN_IF_ERROR(apply_template_mode(a.mode, &co));
+    thinking = co.thinking;
     text::ChatMessage msg;
     msg.role = text::ChatRole::kUser;
     msg.content = a.prompt;
@@ -138,18 +229,81 @@ Status run_generate(const GenerateArgs& a) {
   const int64_t t0 = clock.now_mono_ns();
   DS41_ASSIGN_OR_RETURN(auto out, m.prefill(*st, ids, 0, opt));
   const int64_t t1 = clock.now_mono_ns();
-  DS41_ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::create(a.sampling));
+  engine::SamplerParams sp = a.sampling;
+  if (!a.has_seed) sp.seed = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  std::cerr << "seed: " << sp.seed << (a.has_seed ? "" : " (random; --seed reproduces it)") << "\n";
+  DS41_ASSIGN_OR_RETURN(engine::Sampler sampler, engine::Sampler::create(sp));
+  const int64_t vocab = static_cast<int64_t>(out.logits.size());
+  engine::PenaltyState penalties(a.penalties, ids, vocab);
+  nlohmann::json logprobs = nlohmann::json::array();
+  // Output: the decoded completion (special tokens kept) feeds the output parser; the terminal
+  // shows it without special tokens (unless --raw), thinking under its own header (dimmed on a
+  // terminal), the answer under another; --stop strings end it.
   std::unique_ptr<text::IncrementalDecoder> dec;
-  if (tok) dec = std::make_unique<text::IncrementalDecoder>(*tok, true);
+  if (tok) dec = std::make_unique<text::IncrementalDecoder>(*tok);
+  const std::optional<int32_t> think_end = tok ? tok->token_to_id("</think>") : std::nullopt;
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  const bool show = !a.json;
+  const bool headers = show && !a.raw && thinking;
+  server::StopMatcher stop(a.stops);
+  std::string full;  // the completion as the parser reads it (special tokens kept), up to a stop
+  std::vector<int32_t> out_ids;
+  auto emit = [&](const std::string& t) {
+    full += t;
+    if (show) std::cout << t << std::flush;
+  };
+  if (headers) std::cout << "--- thinking ---\n" << (tty ? "\033[2m" : "") << std::flush;
+  bool in_thinking = thinking;
+  auto end_thinking = [&] {
+    if (!in_thinking) return;
+    in_thinking = false;
+    if (headers) std::cout << (tty ? "\033[0m" : "") << "\n--- answer ---\n" << std::flush;
+  };
+  std::string finish = "length";
   int64_t generated = 0;
   std::vector<float> logits = out.logits;
   for (; generated < a.max_tokens; ++generated) {
+    if (g_interrupted.load()) {
+      finish = "interrupted";
+      break;
+    }
+    if (penalties.active()) penalties.apply(logits.data(), vocab);
     DS41_ASSIGN_OR_RETURN(const int32_t next, sampler.sample(logits));
-    if (next == m.config().eos_token_id) break;
+    if (a.penalties.top_logprobs >= 0) {
+      std::vector<engine::TopLogprob> top;
+      const float lp = engine::token_logprob(logits.data(), vocab, next, a.penalties.top_logprobs, &top);
+      nlohmann::json tj = nlohmann::json::array();
+      for (const auto& t : top) tj.push_back({{"id", t.token}, {"logprob", t.logprob}});
+      logprobs.push_back({{"id", next}, {"logprob", lp}, {"top_logprobs", tj}});
+    }
+    penalties.add(next);
+    if (next == m.config().eos_token_id) {
+      finish = "stop";
+      break;
+    }
+    out_ids.push_back(next);
     if (dec && tok->valid_id(next)) {
       DS41_ASSIGN_OR_RETURN(std::string piece, dec->push(next));
-      std::cout << piece << std::flush;
-    } else {
+      if (tok->is_added(next)) {
+        emit(stop.flush());  // a stop string does not span a special token
+        full += piece;
+        if (a.raw) std::cout << piece << std::flush;
+        if (think_end && next == *think_end) end_thinking();
+      } else if (think_end && next == *think_end && in_thinking) {
+        // `</think>` is an ordinary vocabulary token: it ends the thinking section.
+        emit(stop.flush());
+        full += piece;
+        if (a.raw) std::cout << piece << std::flush;
+        end_thinking();
+      } else {
+        emit(stop.push(piece));
+        if (stop.matched()) {
+          finish = "stop";
+          ++generated;
+          break;
+        }
+      }
+    } else if (show) {
       std::cout << "[" << next << "]" << std::flush;
     }
     if (generated + 1 == a.max_tokens || st->position() >= m.config().max_position_embeddings) {
@@ -159,13 +313,40 @@ Status run_generate(const GenerateArgs& a) {
     DS41_ASSIGN_OR_RETURN(auto o, m.decode_step(*st, next, opt));
     logits = std::move(o.logits);
   }
-  if (dec) std::cout << dec->flush();
-  std::cout << "\n";
+  if (dec && !stop.matched()) emit(stop.push(dec->flush()) + stop.flush());
+  if (headers && in_thinking && tty) std::cout << "\033[0m";
+  if (show) std::cout << "\n";
   const int64_t t2 = clock.now_mono_ns();
   const double pre_s = (t1 - t0) * 1e-9, dec_s = (t2 - t1) * 1e-9;
-  std::cerr << "prefill: " << ids.size() << " tokens in " << pre_s << " s ("
-            << ids.size() / std::max(pre_s, 1e-9) << " tok/s); decode: " << generated << " tokens in "
-            << dec_s << " s (" << generated / std::max(dec_s, 1e-9) << " tok/s)\n";
+  if (a.json) {
+    const text::ParsedOutput po = text::parse_assistant_output(full, thinking);
+    nlohmann::json calls = nlohmann::json::array();
+    for (const auto& c : po.tool_calls)
+      calls.push_back({{"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    nlohmann::json j = {{"reasoning_content", po.reasoning_content},
+                        {"content", po.content},
+                        {"tool_calls", calls},
+                        {"finish_reason", po.tool_calls.empty() ? finish : std::string("tool_calls")},
+                        {"prompt_tokens", ids.size()},
+                        {"completion_tokens", generated},
+                        {"token_ids", out_ids},
+                        {"timing",
+                         {{"prefill_s", pre_s},
+                          {"decode_s", dec_s},
+                          {"prefill_tokens_per_s", ids.size() / std::max(pre_s, 1e-9)},
+                          {"decode_tokens_per_s", generated / std::max(dec_s, 1e-9)}}}};
+    j["seed"] = sp.seed;
+    if (a.penalties.top_logprobs >= 0) j["logprobs"] = logprobs;
+    if (thinking) j["reasoning_complete"] = po.reasoning_complete;
+    if (stop.matched()) j["stop"] = stop.matched_stop();
+    // A stop string may end inside a UTF-8 sequence: replace, never throw.
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  if (finish == "interrupted") std::cerr << "interrupted (Ctrl-C)\n";
+  std::cerr << "prefill: " << ids.size() << " tokens in " << human_duration(pre_s) << " ("
+            << human_rate(ids.size() / std::max(pre_s, 1e-9)) << " tok/s); decode: " << generated
+            << " tokens in " << human_duration(dec_s) << " (" << human_rate(generated / std::max(dec_s, 1e-9))
+            << " tok/s)\n";
   return ok_status();
 }
 
@@ -174,37 +355,69 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   CLI::App* cmd = parent.add_subcommand("generate", "Generate text with the CPU reference forward pass");
   cmd->add_option("--model", a->model_dir, "Model directory")->required();
   cmd->add_option("--tokenizer", a->tokenizer_dir,
-                  "Folder with tokenizer.json (default: the model directory)");
-  CLI::Option* prompt = cmd->add_option(
-      "--prompt", a->prompt,
-      "Prompt text (without --chat: the whole raw prompt, special-token strings in it are tokens)");
+                  "tokenizer.json, or a folder holding it (default: the model directory)");
+  CLI::Option* prompt = cmd->add_option("--prompt", a->prompt,
+                                        "Prompt text, - = stdin (without --chat: the whole raw prompt, "
+                                        "special-token strings in it are tokens)");
+  CLI::Option* prompt_file = cmd->add_option("--prompt-file", a->prompt_file,
+                                             "Read the prompt text from FILE (any size; - = stdin)");
+  CLI::Option* messages = cmd->add_option(
+      "--messages", a->messages_file,
+      "Conversation JSON file (- = stdin): {\"messages\": [{\"role\": system|user|assistant|tool, "
+      "\"content\", \"reasoning_content\", \"tool_calls\", \"tool_call_id\"}...], \"tools\": [...], "
+      "\"thinking_mode\": \"thinking\"|\"chat\", \"reasoning_effort\"} or a bare messages array (OpenAI "
+      "format, as chat-template)");
   CLI::Option* prompt_ids =
       cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt as comma-separated token ids");
-  cmd->add_flag("--chat", a->chat,
-                "Wrap the prompt as a user turn with the V4.1 chat template (special-token strings in it are "
-                "plain text)");
+  cmd->add_flag("--chat", a->mode.chat,
+                "Chat template in chat (non-thinking) mode: wraps the prompt as a user turn (special-token "
+                "strings in it are plain text)");
+  cmd->add_flag("--thinking", a->mode.thinking,
+                "Chat template in thinking mode (effort high unless --effort)");
   cmd->add_flag(
       "--parse-special-in-content", a->parse_special_in_content,
       "With --chat: special-token strings in the prompt become control tokens (reference behaviour)");
-  cmd->add_option("--effort", a->effort,
-                  "Thinking mode with reasoning effort low|high|max|1..100 (with --chat)");
+  cmd->add_option("--effort", a->mode.effort,
+                  "Thinking mode with reasoning effort low|high|max|1..100 (wins over --chat)");
   cmd->add_option("--max-tokens", a->max_tokens_text, "Tokens to generate, >= 1 (default 64)");
   cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy (default)");
   cmd->add_option("--top-p", a->sampling.top_p, "Nucleus mass in (0, 1] (default 1)");
   cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (default 0 = off)");
   cmd->add_option("--min-p", a->sampling.min_p,
                   "Drop tokens below this fraction of the most likely one's probability (default 0 = off)");
-  cmd->add_option("--seed", a->sampling.seed, "Sampling seed (default 0)");
+  CLI::Option* seed =
+      cmd->add_option("--seed", a->sampling.seed, "Sampling seed (default: random, printed to stderr)");
+  cmd->add_option("--repetition-penalty", a->penalties.repetition_penalty,
+                  "> 0, divides the logits of prompt and generated tokens (default 1 = off)");
+  cmd->add_option("--presence-penalty", a->penalties.presence_penalty,
+                  "[-2, 2], subtracted once from each generated token's logit (default 0)");
+  cmd->add_option("--frequency-penalty", a->penalties.frequency_penalty,
+                  "[-2, 2], subtracted per occurrence of each generated token (default 0)");
+  cmd->add_option("--logprobs", a->penalties.top_logprobs,
+                  "With --json: each token's log-probability and the top N (0..20)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
-  cmd->callback([a, prompt, prompt_ids, &exit_code] {
+  cmd->add_option("--stop", a->stops, "Stop when the output contains this string (repeatable; not printed)");
+  cmd->add_flag("--json", a->json,
+                "Print one JSON object: reasoning_content, content, tool_calls (DSML parsed), finish_reason, "
+                "token_ids, prompt_tokens, completion_tokens, timing");
+  cmd->add_flag("--raw", a->raw,
+                "Print the model text verbatim: special tokens shown, no thinking/answer headers");
+  cmd->callback([a, prompt, prompt_ids, prompt_file, messages, seed, &exit_code] {
+    a->has_seed = seed->count() > 0;
     a->has_prompt = prompt->count() > 0;
     a->has_prompt_ids = prompt_ids->count() > 0;
-    if (Status u = validate_generate_args(*a); !u.ok()) {
+    a->has_prompt_file = prompt_file->count() > 0;
+    a->has_messages = messages->count() > 0;
+    Status u = validate_generate_args(*a);
+    if (u.ok()) u = read_generate_inputs(*a);
+    if (!u.ok()) {
       std::cerr << "ds41 generate: " << u.message() << "\n";
       exit_code = 2;
       return;
     }
+    install_sigint_handler();
     Status s = run_generate(*a);
+    if (s.ok() && g_interrupted.load()) exit_code = 130;
     if (!s.ok()) {
       std::cerr << "ds41 generate: " << s.message() << "\n";
       exit_code = 1;

@@ -1,6 +1,7 @@
 // ds41 tokenize: text -> token ids with the model's tokenizer (MODEL_SPEC 6.1).
 //   ds41 tokenize --model DIR "text"            ids and pieces (--json for one JSON object)
-//   ds41 tokenize --tokenizer FILE "text"
+//   ds41 tokenize --tokenizer FILE|DIR "text"
+//   ds41 tokenize --model DIR < file.txt        no text (or "-"): the text is stdin, any size
 //   ds41 tokenize --model DIR --batch IN.jsonl OUT.jsonl
 // Batch: each non-blank input line is {"text": "..."}; each output line is {"ids": [...]}, in
 // input order (blank input lines are skipped). Lines are tokenized on --threads threads.
@@ -10,6 +11,7 @@
 
 #include "cli_registry.h"
 #include "core/thread_pool.h"
+#include "prompt_input.h"
 #include "text/tokenizer.h"
 
 namespace ds41::cli {
@@ -22,12 +24,6 @@ struct TokenizeArgs {
   bool no_added = false;
   int threads = 2;
 };
-
-Result<std::unique_ptr<text::Tokenizer>> load_tokenizer(const std::string& model_dir,
-                                                        const std::string& file) {
-  if (!file.empty()) return text::Tokenizer::from_file(file);
-  return text::Tokenizer::from_model_dir(model_dir);
-}
 
 Status run_batch(const text::Tokenizer& tok, const TokenizeArgs& a) {
   std::ifstream in(a.batch[0], std::ios::binary);
@@ -60,7 +56,7 @@ Status run_batch(const text::Tokenizer& tok, const TokenizeArgs& a) {
 }
 
 Status run_tokenize(const TokenizeArgs& a) {
-  DS41_ASSIGN_OR_RETURN(auto tok, load_tokenizer(a.model_dir, a.tokenizer_file));
+  DS41_ASSIGN_OR_RETURN(auto tok, load_tokenizer_arg(a.model_dir, a.tokenizer_file));
   if (!a.batch.empty()) return run_batch(*tok, a);
   text::EncodeOptions opts;
   opts.split_added_tokens = !a.no_added;
@@ -88,10 +84,10 @@ void setup_tokenize(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = parent.add_subcommand("tokenize", "Tokenize text (ids and pieces) or a JSONL batch");
   auto* model = cmd->add_option("--model", a->model_dir, "Model directory holding tokenizer.json");
-  auto* file =
-      cmd->add_option("--tokenizer", a->tokenizer_file, "A tokenizer.json file (instead of --model)");
+  auto* file = cmd->add_option("--tokenizer", a->tokenizer_file,
+                               "tokenizer.json, or a folder holding it (instead of --model)");
   model->excludes(file);
-  cmd->add_option("text", a->text, "Text to tokenize");
+  cmd->add_option("text", a->text, "Text to tokenize (none or -: read stdin)");
   cmd->add_option("--batch", a->batch, "IN.jsonl OUT.jsonl: {\"text\"} lines -> {\"ids\"} lines")
       ->expected(2);
   cmd->add_flag("--json", a->json, "Print one JSON object {ids, pieces, texts}");
@@ -103,10 +99,21 @@ void setup_tokenize(CLI::App& parent, int& exit_code) {
       exit_code = 2;
       return;
     }
-    if (a->batch.empty() && cmd->count("text") == 0) {
-      std::cerr << "ds41 tokenize: give the text to tokenize or --batch IN.jsonl OUT.jsonl\n";
+    const bool from_stdin = a->batch.empty() && (cmd->count("text") == 0 || a->text == "-");
+    if (from_stdin && stdin_is_terminal()) {
+      std::cerr << "ds41 tokenize: give the text to tokenize (or pipe it into stdin) or --batch IN.jsonl "
+                   "OUT.jsonl\n";
       exit_code = 2;
       return;
+    }
+    if (from_stdin) {
+      auto t = read_stdin_text();
+      if (!t.ok()) {
+        std::cerr << "ds41 tokenize: " << t.status().message() << "\n";
+        exit_code = 1;
+        return;
+      }
+      a->text = std::move(t).value();
     }
     Status s = run_tokenize(*a);
     if (!s.ok()) {

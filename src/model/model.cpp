@@ -90,7 +90,9 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     ec.compressed_vocab_size = c.engram_compressed_vocab_size;
     ec.pad_token_id = static_cast<int32_t>(c.engram_pad_token_id);
     DS41_ASSIGN_OR_RETURN(auto consts, engram::compute_engram_hash_constants(ec));
-    std::string tok = (opt.tokenizer_dir.empty() ? dir : opt.tokenizer_dir) + "/tokenizer.json";
+    // tokenizer_dir: a folder holding tokenizer.json, or the file itself.
+    std::string tok = (opt.tokenizer_dir.empty() ? dir : opt.tokenizer_dir);
+    if (!std::filesystem::is_regular_file(tok)) tok += "/tokenizer.json";
     if (!std::filesystem::exists(tok))
       return not_found(tok +
                        ": missing — the config has Engram layers, whose compressed vocabulary comes from the "

@@ -138,9 +138,11 @@ test('reasoning: thinking on with each effort tier returns reasoning_content = `
     assert.equal(typeof msg.reasoning_content, 'string', `reasoning_content present (effort ${effort})`);
     const gen = S.generate(DS41, ['--model', tiny.model, '--chat', '--prompt', prompt, '--max-tokens', '10',
       '--effort', String(effort)]);
-    // generate prints the reasoning, </think> (not a special token) and the answer as one text.
-    const joined = msg.content ? `${msg.reasoning_content}</think>${msg.content}` : msg.reasoning_content;
-    assert.equal(stripSpecials(joined), gen.text, `effort ${effort}`);
+    // generate prints the reasoning under "--- thinking ---" and, after </think> (an ordinary
+    // token, not printed), the answer under "--- answer ---".
+    const shown = `--- thinking ---\n${msg.reasoning_content}` +
+      (msg.content ? `\n--- answer ---\n${msg.content}` : '');
+    assert.equal(stripSpecials(shown), gen.text, `effort ${effort}`);
     assertSameCount(r.usage, r.choices[0].finish_reason, gen);
     assert.ok(r.usage.completion_tokens_details.reasoning_tokens > 0);
     assert.equal(r.usage.prompt_tokens, (await chatIds(body)).length);
