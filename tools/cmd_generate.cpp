@@ -26,6 +26,8 @@
 #include <string_view>
 
 #include "cli_registry.h"
+#include "core/log.h"
+#include "load_progress.h"
 #include "core/clock.h"
 #include "engine/logits_processing.h"
 #include "engine/sampler.h"
@@ -46,6 +48,11 @@ namespace {
 // output and the timing line are still printed, exit 130); the handler resets, so a second one
 // kills the process at once.
 std::atomic<bool> g_interrupted{false};
+
+// Prompts of at least this many tokens show prefill progress (tokens, rate, ETA) on stderr;
+// the prefill runs in chunks of kPrefillChunk tokens either way.
+constexpr int64_t kPrefillProgressTokens = 2048;
+constexpr int64_t kPrefillChunk = 1024;
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
 void install_sigint_handler() {
@@ -223,11 +230,35 @@ Status run_generate(const GenerateArgs& a) {
     tok->encode_append(a.prompt, &ids);
   }
   if (ids.empty()) return invalid_argument("empty prompt");
+  // The whole sequence must fit the model's context: say so before computing anything.
+  const int64_t ctx = m.config().max_position_embeddings;
+  if (static_cast<int64_t>(ids.size()) + a.max_tokens > ctx)
+    return invalid_argument("the prompt has " + std::to_string(ids.size()) + " tokens and --max-tokens is " +
+                            std::to_string(a.max_tokens) + ": together more than the model's context of " +
+                            std::to_string(ctx) + " positions");
   SystemClock clock;
   auto st = m.new_sequence();
   model::ForwardOptions opt;
   const int64_t t0 = clock.now_mono_ns();
-  DS41_ASSIGN_OR_RETURN(auto out, m.prefill(*st, ids, 0, opt));
+  // Long prompts are prefilled in chunks (exact: chunked prefill gives the same bits as one shot,
+  // MODEL_SPEC 4.2) so that progress can be shown and Ctrl-C stops between chunks.
+  model::SequenceOutput out;
+  {
+    const int64_t n = static_cast<int64_t>(ids.size());
+    const bool show = n >= kPrefillProgressTokens;
+    LoadProgress progress(stderr, LoadProgress::mode_for(stderr, !show || log_level() >= LogLevel::kError),
+                          "ds41 generate: prefill", ProgressUnit::kTokens);
+    for (int64_t b = 0; b < n; b += kPrefillChunk) {
+      if (g_interrupted.load()) return failed_precondition("interrupted (Ctrl-C) during the prefill");
+      const int64_t e = std::min(n, b + kPrefillChunk);
+      model::ForwardOptions copt = opt;
+      copt.logits = e == n ? model::LogitsRows::kLast : model::LogitsRows::kNone;
+      DS41_ASSIGN_OR_RETURN(auto part,
+                            m.prefill(*st, std::span<const int32_t>(ids).subspan(b, e - b), 0, copt));
+      if (e == n) out = std::move(part);
+      progress.update(static_cast<uint64_t>(e), static_cast<uint64_t>(n));
+    }
+  }
   const int64_t t1 = clock.now_mono_ns();
   engine::SamplerParams sp = a.sampling;
   if (!a.has_seed) sp.seed = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();

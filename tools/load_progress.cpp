@@ -20,17 +20,26 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+std::string human_count(double n, ProgressUnit unit) {
+  if (unit == ProgressUnit::kBytes) return human_bytes(n);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
 }  // namespace
 
-std::string format_load_progress(uint64_t done, uint64_t total, double elapsed_s) {
+std::string format_load_progress(uint64_t done, uint64_t total, double elapsed_s, ProgressUnit unit) {
   const double pct = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
-  std::string s = human_bytes(static_cast<double>(done)) + " / " + human_bytes(static_cast<double>(total));
+  const bool tokens = unit == ProgressUnit::kTokens;
+  std::string s = human_count(static_cast<double>(done), unit) + " / " + human_count(static_cast<double>(total), unit) +
+                  (tokens ? " tokens" : "");
   char buf[96];
   std::snprintf(buf, sizeof buf, " (%.0f%%)", std::floor(pct));
   s += buf;
   if (elapsed_s > 0 && done > 0) {
     const double rate = static_cast<double>(done) / elapsed_s;
-    s += ", " + human_bytes(rate) + "/s";
+    s += ", " + human_count(rate, unit) + (tokens ? " tokens/s" : "/s");
     if (done < total) {
       std::snprintf(buf, sizeof buf, ", ETA %.1f s", static_cast<double>(total - done) / rate);
       s += buf;
@@ -42,8 +51,8 @@ std::string format_load_progress(uint64_t done, uint64_t total, double elapsed_s
   return s;
 }
 
-LoadProgress::LoadProgress(std::FILE* out, Mode mode, std::string label)
-    : out_(out), mode_(mode), label_(std::move(label)), start_(std::chrono::steady_clock::now()) {}
+LoadProgress::LoadProgress(std::FILE* out, Mode mode, std::string label, ProgressUnit unit)
+    : out_(out), mode_(mode), label_(std::move(label)), unit_(unit), start_(std::chrono::steady_clock::now()) {}
 
 LoadProgress::Mode LoadProgress::mode_for(std::FILE* out, bool quiet) {
   if (quiet) return Mode::kQuiet;
@@ -61,12 +70,12 @@ void LoadProgress::update(uint64_t done, uint64_t total) {
     last_draw_ = now;
     last_decile_ = 0;
     std::fprintf(out_, "\r\033[2K%s: %s%s", label_.c_str(),
-                 format_load_progress(done, total, elapsed).c_str(), end ? "\n" : "");
+                 format_load_progress(done, total, elapsed, unit_).c_str(), end ? "\n" : "");
   } else {
     const int decile = total ? static_cast<int>(10 * done / total) : 10;
     if (decile == last_decile_ && !end) return;
     last_decile_ = decile;
-    std::fprintf(out_, "%s: %s\n", label_.c_str(), format_load_progress(done, total, elapsed).c_str());
+    std::fprintf(out_, "%s: %s\n", label_.c_str(), format_load_progress(done, total, elapsed, unit_).c_str());
   }
   std::fflush(out_);
   finished_ = end;
