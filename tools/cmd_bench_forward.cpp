@@ -17,6 +17,7 @@
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "forward_cli_util.h"
+#include "load_progress.h"
 #include "model/checkpoint_maker.h"
 #include "model/presets.h"
 
@@ -69,15 +70,22 @@ Status run_bench(const BenchArgs& a) {
   SystemClock clock;
   auto st = m.new_sequence();
   model::ForwardOptions opt;
+  // Progress on stderr over the three phases (warm-up, prefill, decode), updated between the
+  // timed windows only; plain lines when stderr is not a terminal, nothing with -q.
+  LoadProgress progress(stderr, LoadProgress::mode_for_stderr(), "ds41 bench forward", "phases");
+  progress.update(0, 3);
   // Warm-up (dequantized-weight cache) on a throwaway sequence.
   {
     auto w = m.new_sequence();
     std::vector<int32_t> two(ids.begin(), ids.begin() + std::min<size_t>(2, ids.size()));
     DS41_RETURN_IF_ERROR(m.prefill(*w, two, 0, opt).status());
   }
+  progress.update(1, 3);
   const int64_t t0 = clock.now_mono_ns();
   DS41_ASSIGN_OR_RETURN(auto out, m.prefill(*st, ids, 0, opt));
   const int64_t t1 = clock.now_mono_ns();
+  progress.update(2, 3);
+  const int64_t t1d = clock.now_mono_ns();  // the decode window starts after the progress line
   int32_t next =
       static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) - out.logits.begin());
   for (int64_t i = 0; i < a.decode; ++i) {
@@ -85,7 +93,8 @@ Status run_bench(const BenchArgs& a) {
     next = static_cast<int32_t>(std::max_element(o.logits.begin(), o.logits.end()) - o.logits.begin());
   }
   const int64_t t2 = clock.now_mono_ns();
-  const double pre_s = (t1 - t0) * 1e-9, dec_s = (t2 - t1) * 1e-9;
+  progress.update(3, 3);
+  const double pre_s = (t1 - t0) * 1e-9, dec_s = (t2 - t1d) * 1e-9;
   nlohmann::ordered_json j = bench_header("forward", {{"backend", "cpu-reference"}},
                                           {{"model", a.model_dir.empty() ? "preset:" + a.preset : dir},
                                            {"threads", a.threads},

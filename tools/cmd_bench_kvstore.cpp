@@ -30,6 +30,7 @@
 #include "kvcache/kv_store.h"
 #include "kvcache/posix_io.h"
 #include "kvcache/redis_swa_pool.h"
+#include "load_progress.h"
 
 namespace ds41 {
 namespace {
@@ -372,6 +373,12 @@ int run(const Options& o0) {
   uint64_t write_errors = 0;
   std::unique_ptr<KvStore> swa_store;  // the last repetition's store also serves the SWA bench
   TimingIo timing(PosixIo::instance());
+  // Progress on stderr over the repetitions, the SWA pools and the index rebuild, updated between
+  // the timed phases only; plain lines off a terminal, nothing with -q.
+  const uint64_t steps = static_cast<uint64_t>(o.repeats) + 1 + (o.index_blocks > 0 ? 1 : 0);
+  uint64_t steps_done = 0;
+  cli::LoadProgress progress(stderr, cli::LoadProgress::mode_for_stderr(), "ds41 bench kvstore", "steps");
+  progress.update(0, steps);
   for (int rep = 0; rep < o.repeats; ++rep) {
     auto raw = raw_sequential(o.dir, total);
     if (!raw.ok()) {
@@ -468,6 +475,7 @@ int run(const Options& o0) {
                     {"write_thread_ms_by_call", write_breakdown},
                     {"cold_read_thread_ms_by_call", read_breakdown}});
     swa_store = std::move(*store_r);
+    progress.update(++steps_done, steps);
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -540,6 +548,7 @@ int run(const Options& o0) {
     }
   }
   out["swa_pool"] = swa;
+  progress.update(++steps_done, steps);
 
   // 5. Index rebuild with many blocks (tiny payloads: the scan cost is per file, not per byte).
   if (o.index_blocks > 0) {
@@ -587,6 +596,7 @@ int run(const Options& o0) {
       out["index_rebuild"]["cold_open_ms"] = secs_since(t1) * 1e3;
       out["index_rebuild"]["cold_blocks"] = tc.ok() ? (*tc)->block_count() : 0;
     }
+    progress.update(++steps_done, steps);
   }
 
   // Where the store is: kept (open it with `ds41 kv stats`) or removed.

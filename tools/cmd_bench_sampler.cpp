@@ -18,6 +18,7 @@
 #include "core/clock.h"
 #include "engine/sampler.h"
 #include "forward_cli_util.h"
+#include "load_progress.h"
 #include "model/checkpoint_maker.h"
 #include "model/presets.h"
 
@@ -145,11 +146,18 @@ Status run_bench(const SamplerBenchArgs& a) {
   j["decode_step_us"] = decode_us;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   double worst_released = 0, worst_model = 0;
+  // Progress on stderr over the timed settings (2 vocabularies x 2 row kinds x the settings),
+  // updated between the timed windows only; plain lines off a terminal, nothing with -q.
+  const uint64_t runs = 4 * settings().size();
+  uint64_t runs_done = 0;
+  LoadProgress progress(stderr, LoadProgress::mode_for_stderr(), "ds41 bench sampler", "runs");
+  progress.update(0, runs);
   for (const int64_t vocab : {kReleasedVocab, model_vocab}) {
     for (const bool peaked : {true, false}) {
       const auto rows = make_rows(a.rows, vocab, peaked, peaked ? 7 : 8);
       for (const Setting& s : settings()) {
         DS41_ASSIGN_OR_RETURN(const double us, time_sampler(s.p, rows, a.min_time_s));
+        progress.update(++runs_done, runs);
         const double ratio = us / decode_us;
         (vocab == kReleasedVocab ? worst_released : worst_model) =
             std::max(vocab == kReleasedVocab ? worst_released : worst_model, ratio);

@@ -31,6 +31,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/engine_loop.h"
 #include "forward_cli_util.h"
+#include "load_progress.h"
 #include "server/api_service.h"
 #include "server/engine_loop_generator.h"
 #include "server/http_server.h"
@@ -472,6 +473,15 @@ Status run_bench_serve(const BenchServeArgs& a) {
   std::vector<std::string> workloads;
   if (a.workload == "random" || a.workload == "both") workloads.push_back("random");
   if (a.workload == "agent" || a.workload == "both") workloads.push_back("agent");
+  // Progress on stderr over the measured points, updated between them only; plain lines off a
+  // terminal, nothing with -q (the per-point heading is quiet with -q too).
+  const uint64_t points = workloads.size() * concs.size() * rates.size();
+  uint64_t points_done = 0;
+  const LoadProgress::Mode mode = LoadProgress::mode_for_stderr();
+  LoadProgress progress(stderr, mode, "ds41 bench serve", "points");
+  // On a terminal the progress line is redrawn in place: clear it before other stderr lines.
+  const char* clear = mode == LoadProgress::Mode::kTerminal ? "\r\033[2K" : "";
+  progress.update(0, points);
   for (const std::string& wl : workloads) {
     for (int64_t conc : concs) {
       for (double rate : rates) {
@@ -495,7 +505,9 @@ Status run_bench_serve(const BenchServeArgs& a) {
         Json point = {{"workload", wl},
                       {"concurrency", conc},
                       {"request_rate", std::isinf(rate) ? Json("inf") : Json(rate)}};
-        std::cerr << "ds41 bench serve: " << wl << " concurrency " << conc << " rate " << rate << "\n";
+        if (mode != LoadProgress::Mode::kQuiet)
+          std::cerr << clear << "ds41 bench serve: " << wl << " concurrency " << conc << " rate " << rate
+                    << "\n";
         Json http = run_point(jobs, at, conc, http_sender);
         if (a.overhead) {
           Json direct = run_point(jobs, at, conc, direct_sender);
@@ -508,7 +520,8 @@ Status run_bench_serve(const BenchServeArgs& a) {
           for (auto it = http.begin(); it != http.end(); ++it) point[it.key()] = it.value();
         }
         results.push_back(point);
-        if (!a.json) std::cerr << point.dump(2) << "\n";
+        if (!a.json) std::cerr << clear << point.dump(2) << "\n";
+        progress.update(++points_done, points);
       }
     }
   }

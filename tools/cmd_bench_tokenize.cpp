@@ -17,6 +17,7 @@
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "core/thread_pool.h"
+#include "load_progress.h"
 #include "text/synthetic_text.h"
 #include "text/tokenizer.h"
 
@@ -72,6 +73,11 @@ Status run_bench(const BenchArgs& a) {
   std::vector<int32_t> ids;
   for (size_t i = 0; i < std::min<size_t>(200, lines.size()); ++i) tok->encode_append(lines[i], &ids);
 
+  // Progress on stderr over the phases (single thread, threads, the npm tokenizer), updated
+  // between the timed windows only; plain lines off a terminal, nothing with -q.
+  const uint64_t phases = a.no_js ? 2 : 3;
+  LoadProgress progress(stderr, LoadProgress::mode_for_stderr(), "ds41 bench tokenize", "phases");
+  progress.update(0, phases);
   ids.clear();
   uint64_t tokens = 0;
   // Process CPU time as well as wall time: on a shared machine the wall time of either side
@@ -85,6 +91,7 @@ Status run_bench(const BenchArgs& a) {
   }
   const double st_s = (clock.now_mono_ns() - t0) / 1e9;
   const double st_cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  progress.update(1, phases);
 
   const int threads = a.threads > 0 ? a.threads : std::max(1u, std::thread::hardware_concurrency());
   ThreadPool pool(threads);
@@ -103,6 +110,7 @@ Status run_bench(const BenchArgs& a) {
     }
   });
   const double mt_s = (clock.now_mono_ns() - t0) / 1e9;
+  progress.update(2, phases);
   uint64_t mt_tokens = 0;
   for (auto n : per) mt_tokens += n;
 
@@ -160,6 +168,7 @@ Status run_bench(const BenchArgs& a) {
     out["ratio_single_thread_wall"] = js_s / st_s;
     out["ratio_threads_wall"] = js_s / mt_s;
     out["target_ratio"] = 10;
+    progress.update(3, phases);
   }
   if (a.json) {
     std::cout << out.dump(2) << "\n";

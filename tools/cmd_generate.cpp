@@ -26,13 +26,13 @@
 #include <string_view>
 
 #include "cli_registry.h"
-#include "core/log.h"
-#include "load_progress.h"
 #include "core/clock.h"
+#include "core/log.h"
 #include "engine/logits_processing.h"
 #include "engine/sampler.h"
 #include "forward_cli_util.h"
 #include "human_units.h"
+#include "load_progress.h"
 #include "prompt_input.h"
 #include "server/stop_matcher.h"
 #include "text/chat_encoding.h"
@@ -247,7 +247,7 @@ Status run_generate(const GenerateArgs& a) {
     const int64_t n = static_cast<int64_t>(ids.size());
     const bool show = n >= kPrefillProgressTokens;
     LoadProgress progress(stderr, LoadProgress::mode_for(stderr, !show || log_level() >= LogLevel::kError),
-                          "ds41 generate: prefill", ProgressUnit::kTokens);
+                          "ds41 generate: prefill", std::string("tokens"));
     for (int64_t b = 0; b < n; b += kPrefillChunk) {
       if (g_interrupted.load()) return failed_precondition("interrupted (Ctrl-C) during the prefill");
       const int64_t e = std::min(n, b + kPrefillChunk);
@@ -448,11 +448,9 @@ void setup_generate(CLI::App& parent, int& exit_code) {
     }
     install_sigint_handler();
     Status s = run_generate(*a);
-    if (s.ok() && g_interrupted.load()) exit_code = 130;
-    if (!s.ok()) {
-      std::cerr << "ds41 generate: " << s.message() << "\n";
-      exit_code = 1;
-    }
+    if (!s.ok()) std::cerr << "ds41 generate: " << s.message() << "\n";
+    // Ctrl-C (during the prefill or the decode) exits 130 like a shell-interrupted command.
+    exit_code = g_interrupted.load() ? 130 : s.ok() ? exit_code : 1;
   });
 }
 

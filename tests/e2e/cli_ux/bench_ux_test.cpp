@@ -57,5 +57,37 @@ TEST(BenchUx, BenchKvstoreSaysWhereTheStoreIsAndKvStatsOpensAKeptOne) {
   std::filesystem::remove_all(dir);
 }
 
+// Every benchmark reports progress on stderr (issue 15): plain lines when stderr is not a
+// terminal (here: a pipe), nothing with -q; stdout stays one JSON document.
+TEST(BenchUx, BenchSamplerAndForwardShowProgressOnStderrOnly) {
+  const std::string dir = fresh_dir("bench_progress_ux");
+  const std::string sampler = "bench sampler --json --rows 1 --decode 1 --min-time 0 --work-dir " + dir;
+  RunResult r = run_ds41(sampler);
+  ASSERT_EQ(r.exit_code, 0) << dump(r);
+  EXPECT_TRUE(has(r.err, "ds41 bench sampler: 0 / 28 runs (0%)")) << dump(r);
+  EXPECT_TRUE(has(r.err, "ds41 bench sampler: 28 / 28 runs (100%)")) << dump(r);
+  EXPECT_FALSE(has(r.err, "\r")) << dump(r);  // plain lines, not a redrawn line
+  EXPECT_FALSE(has(r.out, "runs")) << dump(r);
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["results"].size(), 28u) << r.out;
+
+  RunResult q = run_ds41(sampler + " -q");
+  ASSERT_EQ(q.exit_code, 0) << dump(q);
+  EXPECT_FALSE(has(q.err, "runs")) << dump(q);
+  EXPECT_FALSE(nlohmann::json::parse(q.out, nullptr, false).is_discarded()) << q.out;
+
+  const std::string forward =
+      "bench forward --preset tiny --prompt-len 16 --decode 2 --json --work-dir " + dir;
+  RunResult f = run_ds41(forward);
+  ASSERT_EQ(f.exit_code, 0) << dump(f);
+  EXPECT_TRUE(has(f.err, "ds41 bench forward: 3 / 3 phases (100%)")) << dump(f);
+  EXPECT_FALSE(nlohmann::json::parse(f.out, nullptr, false).is_discarded()) << f.out;
+  RunResult fq = run_ds41(forward + " -q");
+  ASSERT_EQ(fq.exit_code, 0) << dump(fq);
+  EXPECT_FALSE(has(fq.err, "phases")) << dump(fq);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ds41::testing_cli
