@@ -193,7 +193,13 @@ Status read_generate_inputs(GenerateArgs& a) {
 
 // Precondition: validate_generate_args(a) and read_generate_inputs(a) returned ok.
 Status run_generate(const GenerateArgs& a) {
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads));
+  // The memory check before loading counts KV for the requested context: an upper bound of the
+  // prompt (one token per byte of text at most, or the given ids; a conversation file's messages
+  // are bounded by their text the same way) plus --max-tokens.
+  int64_t context = a.max_tokens + static_cast<int64_t>(a.prompt.size() + a.ids.size()) + 64;
+  if (a.conversation)
+    for (const auto& msg : a.conversation->messages) context += static_cast<int64_t>(msg.content.size()) + 16;
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, context));
   model::Model& m = *lm.model;
   std::unique_ptr<text::Tokenizer> tok;
   {
