@@ -1,0 +1,30 @@
+// ds41 backends/cuda: sparse attention over window rows + selected compressed entries with the sink
+// (MODEL_SPEC 3.4.7). Contract shared by the GPU executor (src/gpu) and the kernels: device pointers, the
+// stream last, errors as Status, no allocation or synchronisation (graph-capturable), semantics of the CPU op
+// in src/ops/backend.h (the oracle; tests/parity/cuda compares them).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace ds41::cuda {
+
+// As ops::AttentionArgs, but the entries are rows of one float buffer addressed by index.
+struct SparseAttentionArgs {
+  int64_t n = 0, n_heads = 0, head_dim = 0;
+  const float* q = nullptr;             // [n, n_heads, head_dim]
+  const int64_t* kv_offsets = nullptr;  // [n + 1]
+  const int32_t* kv_index = nullptr;    // [kv_offsets[n]] row numbers into kv
+  const float* kv = nullptr;            // [rows, head_dim]
+  const float* sink = nullptr;          // [n_heads]
+  float scale = 1.0f;
+  float* out = nullptr;             // [n, n_heads, head_dim]
+  int64_t max_entries_per_row = 0;  // host: an upper bound of kv_offsets[r+1] - kv_offsets[r]
+};
+Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
+
+}  // namespace ds41::cuda

@@ -1,0 +1,30 @@
+// ds41 backends/cuda: linear layers over quantized weights (FP8 32x32 tiles, FP4 rows, BF16, F32),
+// dequantized in registers / shared memory, never as a full copy. Contract shared by the GPU executor
+// (src/gpu) and the kernels: device pointers, the stream last, errors as Status, no allocation or
+// synchronisation (graph-capturable), semantics of the CPU op in src/ops/backend.h (the oracle;
+// tests/parity/cuda compares them).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/cuda/device_weight.h"
+#include "core/status.h"
+
+namespace ds41::cuda {
+
+// y[n, out] = x[n, in] . W^T.
+Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream);
+// MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).
+Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
+                          cudaStream_t stream);
+// Grouped expert linear: rows [offsets[e], offsets[e+1]) of x use weights[e] (a DEVICE array of
+// n_experts DeviceWeight, all with the same format and dims). offsets: device int64
+// [n_experts + 1]; m_max: host upper bound of offsets[n_experts] (rows of x and y).
+Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
+                         const int64_t* offsets, const float* x, int64_t m_max, float* y,
+                         cudaStream_t stream);
+
+}  // namespace ds41::cuda

@@ -1,0 +1,28 @@
+// ds41 backends/cuda: top-k with the house tie order, the candidate pool and its restriction
+// (MODEL_SPEC 3.4.6). Contract shared by the GPU executor (src/gpu) and the kernels: device pointers, the
+// stream last, errors as Status, no allocation or synchronisation (graph-capturable), semantics of the CPU op
+// in src/ops/backend.h (the oracle; tests/parity/cuda compares them).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace ds41::cuda {
+
+// As ops::Backend::topk_rows over scores [n, t] (row stride t): ascending indices, -1 padded.
+size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k);
+Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32_t* out, void* workspace,
+                     cudaStream_t stream);
+// As ops::Backend::candidate_pool (mask [n, t]).
+size_t candidate_pool_workspace_bytes(int64_t n, int64_t t, int64_t block, int64_t keep_blocks);
+Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t, int64_t block,
+                          int64_t keep_blocks, uint8_t* mask, void* workspace, cudaStream_t stream);
+// scores[r, j] = -inf where j >= t_mask[r] or mask[r * mask_stride + j] == 0 (j < t).
+Status run_mask_restrict(float* scores, int64_t n, int64_t t, const uint8_t* mask, int64_t mask_stride,
+                         const int64_t* t_mask, cudaStream_t stream);
+
+}  // namespace ds41::cuda

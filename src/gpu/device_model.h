@@ -1,0 +1,100 @@
+// ds41 gpu: DeviceModel — the V4.1 text model's weights on one GPU, in their checkpoint formats
+// (FP8 32x32 tiles, FP4 expert rows, BF16, FP8 Engram rows; MODEL_SPEC 2.1; never a dequantized
+// copy), with the config, layer schedule, KV layout and Engram hasher the executor needs.
+// Loaded from a safetensors folder (the whole tensor contract validated first, pinned staging
+// buffers, shards read in parallel, disk reads overlapped with host-to-device copies, progress), or
+// generated on the device (`--load-format dummy`: seeded, deterministic, scaled like
+// make-checkpoint's recipe) for any preset or config.json, the full released layout included.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/device_weight.h"
+#include "core/status.h"
+#include "engram/hasher.h"
+#include "model/config.h"
+#include "model/kv_layout.h"
+#include "model/layer_schedule.h"
+
+namespace ds41::gpu {
+
+struct DeviceVec {  // float32 on the device
+  const float* ptr = nullptr;
+  int64_t size = 0;
+};
+struct DeviceHcSite {
+  DeviceVec fn, base, scale;
+};
+struct DeviceExpert {
+  cuda::DeviceWeight w1, w2, w3;
+};
+struct DeviceEngram {
+  // Device memory, or mapped host-pinned memory (DeviceLoadOptions::engram_host_pinned).
+  const uint8_t* table = nullptr;
+  const uint8_t* table_scale = nullptr;
+  int64_t rows = 0;
+  cuda::DeviceWeight wkv;
+  DeviceVec omega;  // q_weight * k_weight, [C, H]
+};
+struct DeviceLayer {
+  DeviceVec attn_norm, ffn_norm, q_norm, kv_norm, attn_sink, c_norm, idx_k_norm, gate_bias, gate_bias_vl;
+  cuda::DeviceWeight wq_a, wq_b, wkv, wo_a, wo_b, c_wkv, c_wgate, idx_wk, idx_wq_b, idx_weights_proj, gate;
+  std::vector<DeviceExpert> experts;  // host copy of the structs
+  // DEVICE arrays of n_routed_experts structs (for cuda::run_expert_linear).
+  const cuda::DeviceWeight* d_w1 = nullptr;
+  const cuda::DeviceWeight* d_w2 = nullptr;
+  const cuda::DeviceWeight* d_w3 = nullptr;
+  DeviceExpert shared;  // formats kNone when the config has no shared expert
+  DeviceHcSite hc_attn, hc_ffn;
+  std::optional<DeviceEngram> engram;
+};
+struct DeviceModelWeights {
+  const uint8_t* embed = nullptr;  // BF16 [vocab, hidden]
+  DeviceVec norm;
+  cuda::DeviceWeight head;
+  std::vector<DeviceLayer> layers;
+};
+
+enum class LoadFormat { kAuto, kSafetensors, kDummy };
+
+struct DeviceLoadOptions {
+  LoadFormat format = LoadFormat::kAuto;  // kAuto: safetensors when the folder has them
+  std::string preset;                     // dummy without a config.json: a preset name (model/presets.h)
+  uint64_t seed = 0;                      // dummy weights
+  std::string tokenizer_dir;              // as model::LoadOptions (Engram's compressed vocabulary)
+  bool engram_host_pinned = false;        // Engram tables in mapped host-pinned memory
+  int device = 0;
+  int io_threads = 4;  // shards read in parallel
+  // Called on the loading thread with bytes done / total (as model::LoadOptions::progress).
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+class DeviceModel {
+ public:
+  // dir: a model folder (config.json + safetensors); with kDummy a folder with only config.json, or
+  // empty with opt.preset. Validates the whole tensor contract like model::Model::load (every
+  // mismatch reported); device OOM names the bytes needed and available.
+  static Result<std::unique_ptr<DeviceModel>> load(const std::string& dir, const DeviceLoadOptions& opt);
+  ~DeviceModel();
+
+  const model::ModelConfig& config() const;
+  const model::LayerSchedule& schedule() const;
+  const model::KvLayout& kv_layout() const;
+  const engram::EngramHasher* hasher() const;  // null without Engram layers
+  const DeviceModelWeights& weights() const;
+  const DeviceVec& rope_inv_freq(bool yarn) const;  // device copies of model::rope_inv_freq_*
+  int device() const;
+  uint64_t weight_bytes() const;  // device bytes held by weights
+
+ private:
+  DeviceModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ds41::gpu
