@@ -9,7 +9,7 @@
 // logits stay within tolerance.
 #include <gtest/gtest.h>
 
-#include "gpu/gpu_test_util.h"
+#include "gpu/engine/gpu_test_util.h"
 
 namespace ds41::testing {
 namespace {

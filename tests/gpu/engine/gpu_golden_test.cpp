@@ -4,7 +4,7 @@
 // equal as sets. prompt2 (297 tokens) exceeds every limit of the config.
 #include <gtest/gtest.h>
 
-#include "gpu/gpu_test_util.h"
+#include "gpu/engine/gpu_test_util.h"
 
 namespace ds41::testing {
 namespace {

@@ -3,7 +3,7 @@
 // released config, MODEL_SPEC 5.3); the GPU engine's byte accounting equals the CPU engine's.
 #include <gtest/gtest.h>
 
-#include "gpu/gpu_test_util.h"
+#include "gpu/engine/gpu_test_util.h"
 #include "engine/cpu_engine.h"
 #include "gpu/kv_block_pool.h"
 #include "model/kv_layout.h"

@@ -3,7 +3,7 @@
 // (position, bytes, and the next valid step still matches the CPU reference).
 #include <gtest/gtest.h>
 
-#include "gpu/gpu_test_util.h"
+#include "gpu/engine/gpu_test_util.h"
 
 namespace ds41::testing {
 namespace {

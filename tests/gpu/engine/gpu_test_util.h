@@ -55,7 +55,7 @@ inline TestModel load_cpu_model(const std::string& dir, int threads) {
 
 // The `small` preset generated once per test binary under the build folder (seeded).
 inline std::string small_model_dir() {
-  const std::string dir = std::string(DS41_BINARY_DIR) + "/tests/gpu/small-model";
+  const std::string dir = std::string(DS41_BINARY_DIR) + "/tests/gpu/engine/small-model";
   if (std::filesystem::exists(dir + "/config.json")) return dir;
   auto c = model::preset_config("small");
   EXPECT_TRUE(c.ok());
