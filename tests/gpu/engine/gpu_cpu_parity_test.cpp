@@ -30,7 +30,7 @@ class GpuCpuParity : public ::testing::TestWithParam<Case> {
     ASSERT_TRUE(dev_);
     eng_ = make_engine(*dev_, 400);
     ASSERT_TRUE(eng_);
-    len_ = GetParam().small ? 300 : 297;
+    len_ = GetParam().small ? 160 : 297;  // both beyond every limit of their config
   }
   // CPU oracle: a fresh sequence prefilled (all rows, records) with `tokens`.
   model::SequenceOutput cpu_prefill(model::SequenceState& st, std::span<const int32_t> tokens) {
@@ -127,24 +127,25 @@ TEST_P(GpuCpuParity, DecodeStepsAndFork) {
 
 TEST_P(GpuCpuParity, MixedBatch) {
   const int64_t V = cpu_.model->config().vocab_size;
-  // Three sequences: A fresh (prefill 50 tokens), B prefilled 120 then 1 decode token, C
-  // prefilled 200 then a chunk of 33, all in one engine step; the oracle runs them one by one.
-  auto ta = tokens(50, 4), tb = tokens(121, 5), tc = tokens(233, 6);
+  // Three sequences: A fresh (a prefill of len/6 tokens), B prefilled 2len/5 then 1 decode token,
+  // C prefilled 2len/3 then a chunk of 33, all in one engine step; the oracle runs them one by one.
+  const int64_t la = len_ / 6, lb = 2 * len_ / 5, lc = 2 * len_ / 3;
+  auto ta = tokens(la, 4), tb = tokens(lb + 1, 5), tc = tokens(lc + 33, 6);
   auto ga = eng_->create_sequence(), gb = eng_->create_sequence(), gc = eng_->create_sequence();
   engine::StepOutput so;
-  std::vector<engine::StepItem> pre{{*gb, std::span<const int32_t>(tb).first(120), false},
-                                    {*gc, std::span<const int32_t>(tc).first(200), false}};
+  std::vector<engine::StepItem> pre{{*gb, std::span<const int32_t>(tb).first(lb), false},
+                                    {*gc, std::span<const int32_t>(tc).first(lc), false}};
   Status s = eng_->step(pre, &so);
   ASSERT_TRUE(s.ok()) << s.message();
   std::vector<engine::StepItem> mixed{{*ga, ta, true},
-                                      {*gb, std::span<const int32_t>(tb).subspan(120), true},
-                                      {*gc, std::span<const int32_t>(tc).subspan(200), true}};
+                                      {*gb, std::span<const int32_t>(tb).subspan(lb), true},
+                                      {*gc, std::span<const int32_t>(tc).subspan(lc), true}};
   std::vector<model::SequenceOutput> got;
   s = eng_->forward(mixed, model::LogitsRows::kAll, true, &got);
   ASSERT_TRUE(s.ok()) << s.message();
   const model::ModelConfig& c = cpu_.model->config();
   const std::vector<int32_t>* all[3] = {&ta, &tb, &tc};
-  const int64_t before[3] = {0, 120, 200};
+  const int64_t before[3] = {0, lb, lc};
   for (int i = 0; i < 3; ++i) {
     auto st = cpu_.model->new_sequence();
     model::ForwardOptions o;

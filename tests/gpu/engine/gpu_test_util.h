@@ -67,7 +67,7 @@ inline std::string small_model_dir() {
 }
 
 inline std::unique_ptr<gpu::CudaEngine> make_engine(const gpu::DeviceModel& m, int64_t logit_rows,
-                                                    int64_t max_context = 0, int64_t step_tokens = 1024) {
+                                                    int64_t max_context = 4096, int64_t step_tokens = 1024) {
   gpu::CudaEngineOptions o;
   o.model_name = "test";
   o.limits.max_step_tokens = step_tokens;
