@@ -1,0 +1,71 @@
+// ds41 CLI: the engine behind `generate`, `score`, `serve` and `chat` for a device — the CPU
+// reference (engine::CpuEngine over model::Model) or the GPU engine (gpu::CudaEngine over a
+// gpu::DeviceModel, only in builds with the GPU engine: DS41_HAVE_CUDA_ENGINE is set by
+// tools/CMakeLists.txt when the ds41_gpu target exists; src/ never sees it). Without it,
+// `--device cuda` is a clear error.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "gpu/device_model.h"  // LoadFormat (a plain header: no CUDA needed)
+#include "model/config.h"
+#include "model/layer_schedule.h"
+#include "model/model.h"
+
+#if __has_include("device_flags.h")
+#include "device_flags.h"  // DeviceFlags and its flag parsing (tools/device_flags.h)
+#else
+namespace ds41::cli {
+// The interface of tools/device_flags.h until it is merged.
+struct DeviceFlags {
+  std::string device = "cpu";  // cpu | cuda
+  gpu::LoadFormat load_format = gpu::LoadFormat::kAuto;
+  uint64_t seed = 0;  // --load-format dummy
+  bool engram_host_pinned = false;
+};
+}  // namespace ds41::cli
+#endif
+
+namespace ds41::cli {
+
+// "cuda" when this build has the GPU engine and a CUDA device is visible, else "cpu".
+std::string default_device();
+bool built_with_cuda_engine();
+// --load-format auto|safetensors|dummy.
+Result<gpu::LoadFormat> parse_load_format(const std::string& s);
+// Checks --device / --load-format before anything is loaded (this build, the values).
+Status check_device_flags(const DeviceFlags& f);
+
+struct EngineRequest {
+  std::string model_dir, tokenizer_dir, model_name, who = "ds41";
+  int threads = 2;                 // CPU engine
+  int64_t context_tokens = 4096;   // CPU memory check before loading
+  int64_t max_context = 0;         // 0: the config's (the GPU engine caps its workspace at 131072)
+  int64_t max_batch_tokens = 2048; // GPU forward rows
+  int64_t max_sequences = 64;      // GPU slots
+  int64_t kv_bytes = int64_t{8} << 30;  // GPU KV block pool
+  int64_t max_logit_rows = 0;      // GPU logits rows per forward (score: the longest prompt)
+  bool quiet = false;              // no load progress
+};
+
+struct EngineHandle {
+  std::unique_ptr<engine::Engine> engine;  // owns its model
+  model::ModelConfig config;
+  model::LayerSchedule schedule;
+  // Every row's logits (and records) of `tokens` continuing `seq`, in chunks (0 = as large as
+  // the engine takes): `ds41 score`. Set for the GPU engine (the CPU path of score uses the model).
+  std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens, int64_t chunk,
+                                              bool record)>
+      forward_all;
+};
+
+// Loads the model for the device and builds its engine (load progress on stderr unless quiet).
+Result<EngineHandle> make_engine(const DeviceFlags& flags, const EngineRequest& req);
+
+}  // namespace ds41::cli
