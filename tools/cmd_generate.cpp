@@ -30,9 +30,11 @@
 #include "core/log.h"
 #include "engine/logits_processing.h"
 #include "engine/sampler.h"
+#include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "human_units.h"
 #include "load_progress.h"
+#include "serving_engine.h"
 #include "prompt_input.h"
 #include "server/stop_matcher.h"
 #include "text/chat_encoding.h"
@@ -78,6 +80,7 @@ struct GenerateArgs {
   std::vector<int32_t> ids;  // --prompt-ids, parsed
   engine::SamplerParams sampling;
   int threads = 2;
+  std::string device, load_format = "auto";  // --device cpu|cuda, --load-format (engine_factory.h)
 };
 
 // Whole-string integer in [lo, hi] (surrounding spaces allowed); nullopt otherwise.
@@ -146,6 +149,12 @@ Status validate_generate_args(GenerateArgs& a) {
     return invalid_argument(m);
   }
   if (a.threads < 1) return invalid_argument("--threads must be >= 1");
+  {
+    DeviceFlags f;
+    f.device = a.device;
+    DS41_ASSIGN_OR_RETURN(f.load_format, parse_load_format(a.load_format));
+    DS41_RETURN_IF_ERROR(check_device_flags(f));
+  }
   for (const auto& st : a.stops)
     if (st.empty()) return invalid_argument("--stop: an empty stop string would match at once");
   if (a.penalties.presence_penalty < -2 || a.penalties.presence_penalty > 2 ||
@@ -199,8 +208,24 @@ Status run_generate(const GenerateArgs& a) {
   int64_t context = a.max_tokens + static_cast<int64_t>(a.prompt.size() + a.ids.size()) + 64;
   if (a.conversation)
     for (const auto& msg : a.conversation->messages) context += static_cast<int64_t>(msg.content.size()) + 16;
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, context));
-  model::Model& m = *lm.model;
+  DeviceFlags flags;
+  flags.device = a.device;
+  DS41_ASSIGN_OR_RETURN(flags.load_format, parse_load_format(a.load_format));
+  EngineRequest req;
+  req.model_dir = a.model_dir;
+  req.tokenizer_dir = a.tokenizer_dir;
+  req.model_name = model_name_from_dir(a.model_dir);
+  req.who = "ds41 generate";
+  req.threads = a.threads;
+  req.context_tokens = context;
+  req.max_batch_tokens = kPrefillChunk;
+  req.max_sequences = 1;
+  req.kv_bytes = int64_t{1} << 30;
+  req.quiet = flags.device == "cpu";  // the CPU path loads silently, as before
+  // The CPU reference or the GPU engine, through the one engine interface (engine/engine.h).
+  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(flags, req));
+  engine::Engine& eng = *eh.engine;
+  const model::ModelConfig& cfg = eh.config;
   std::unique_ptr<text::Tokenizer> tok;
   {
     auto t = load_tokenizer_arg(a.model_dir, a.tokenizer_dir);
@@ -232,23 +257,22 @@ Status run_generate(const GenerateArgs& a) {
     DS41_ASSIGN_OR_RETURN(text::ChatPrompt cp, text::encode_chat({msg}, co));
     ids = text::chat_prompt_ids(*tok, cp);
   } else {
-    ids.push_back(static_cast<int32_t>(m.config().bos_token_id));
+    ids.push_back(static_cast<int32_t>(cfg.bos_token_id));
     tok->encode_append(a.prompt, &ids);
   }
   if (ids.empty()) return invalid_argument("empty prompt");
   // The whole sequence must fit the model's context: say so before computing anything.
-  const int64_t ctx = m.config().max_position_embeddings;
+  const int64_t ctx = eng.info().max_context;
   if (static_cast<int64_t>(ids.size()) + a.max_tokens > ctx)
     return invalid_argument("the prompt has " + std::to_string(ids.size()) + " tokens and --max-tokens is " +
                             std::to_string(a.max_tokens) + ": together more than the model's context of " +
                             std::to_string(ctx) + " positions");
   SystemClock clock;
-  auto st = m.new_sequence();
-  model::ForwardOptions opt;
+  DS41_ASSIGN_OR_RETURN(const engine::SeqId seq, eng.create_sequence());
   const int64_t t0 = clock.now_mono_ns();
   // Long prompts are prefilled in chunks (exact: chunked prefill gives the same bits as one shot,
   // MODEL_SPEC 4.2) so that progress can be shown and Ctrl-C stops between chunks.
-  model::SequenceOutput out;
+  engine::StepOutput out;
   {
     const int64_t n = static_cast<int64_t>(ids.size());
     const bool show = n >= kPrefillProgressTokens;
@@ -257,11 +281,8 @@ Status run_generate(const GenerateArgs& a) {
     for (int64_t b = 0; b < n; b += kPrefillChunk) {
       if (g_interrupted.load()) return failed_precondition("interrupted (Ctrl-C) during the prefill");
       const int64_t e = std::min(n, b + kPrefillChunk);
-      model::ForwardOptions copt = opt;
-      copt.logits = e == n ? model::LogitsRows::kLast : model::LogitsRows::kNone;
-      DS41_ASSIGN_OR_RETURN(auto part,
-                            m.prefill(*st, std::span<const int32_t>(ids).subspan(b, e - b), 0, copt));
-      if (e == n) out = std::move(part);
+      engine::StepItem it{seq, std::span<const int32_t>(ids).subspan(b, e - b), e == n};
+      DS41_RETURN_IF_ERROR(eng.step(std::span<const engine::StepItem>(&it, 1), &out));
       progress.update(static_cast<uint64_t>(e), static_cast<uint64_t>(n));
     }
   }
@@ -314,7 +335,7 @@ Status run_generate(const GenerateArgs& a) {
       logprobs.push_back({{"id", next}, {"logprob", lp}, {"top_logprobs", tj}});
     }
     penalties.add(next);
-    if (next == m.config().eos_token_id) {
+    if (next == cfg.eos_token_id) {
       finish = "stop";
       break;
     }
@@ -343,12 +364,13 @@ Status run_generate(const GenerateArgs& a) {
     } else if (show) {
       std::cout << "[" << next << "]" << std::flush;
     }
-    if (generated + 1 == a.max_tokens || st->position() >= m.config().max_position_embeddings) {
+    if (generated + 1 == a.max_tokens || *eng.sequence_position(seq) >= ctx) {
       ++generated;
       break;
     }
-    DS41_ASSIGN_OR_RETURN(auto o, m.decode_step(*st, next, opt));
-    logits = std::move(o.logits);
+    engine::StepItem it{seq, std::span<const int32_t>(&next, 1), true};
+    DS41_RETURN_IF_ERROR(eng.step(std::span<const engine::StepItem>(&it, 1), &out));
+    logits = std::move(out.logits);
   }
   if (dec && !stop.matched()) emit(stop.push(dec->flush()) + stop.flush());
   if (headers && in_thinking && tty) std::cout << "\033[0m";
@@ -433,6 +455,10 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--logprobs", a->penalties.top_logprobs,
                   "With --json: each token's log-probability and the top N (0..20)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
+  a->device = default_device();
+  cmd->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is found)");
+  cmd->add_option("--load-format", a->load_format,
+                  "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
   cmd->add_option("--stop", a->stops, "Stop when the output contains this string (repeatable; not printed)");
   cmd->add_flag("--json", a->json,
                 "Print one JSON object: reasoning_content, content, tool_calls (DSML parsed), finish_reason, "
