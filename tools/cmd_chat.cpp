@@ -13,8 +13,8 @@
 #include "chat_client.h"
 #include "cli_registry.h"
 #include "core/log.h"
-#include "server/api_service.h"
 #include "engine_factory.h"
+#include "server/api_service.h"
 #include "serving_engine.h"
 
 namespace ds41::cli {
@@ -216,8 +216,9 @@ void setup_chat(CLI::App& parent, int& exit_code) {
                   "Folder with tokenizer.json (default: the model directory)");
   a->engine.device = default_device();
   cmd->add_option("--device", a->engine.device, "cpu or cuda (default: cuda when a GPU is found)");
-  cmd->add_option("--load-format", a->engine.load_format,
-                  "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  cmd->add_option(
+      "--load-format", a->engine.load_format,
+      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
   cmd->add_option("--threads", a->engine.threads, "CPU threads (default 2)");
   cmd->add_option("--kv-memory", a->engine.kv_memory, "Sequence state capacity (default 8GiB)");
   cmd->add_option("--effort", a->effort, "Thinking: off, low, high (default) or max; /effort changes it");

@@ -34,9 +34,9 @@
 #include "forward_cli_util.h"
 #include "human_units.h"
 #include "load_progress.h"
-#include "serving_engine.h"
 #include "prompt_input.h"
 #include "server/stop_matcher.h"
+#include "serving_engine.h"
 #include "text/chat_encoding.h"
 #include "text/chat_json.h"
 #include "text/incremental_decoder.h"
@@ -457,8 +457,9 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
   a->device = default_device();
   cmd->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is found)");
-  cmd->add_option("--load-format", a->load_format,
-                  "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  cmd->add_option(
+      "--load-format", a->load_format,
+      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
   cmd->add_option("--stop", a->stops, "Stop when the output contains this string (repeatable; not printed)");
   cmd->add_flag("--json", a->json,
                 "Print one JSON object: reasoning_content, content, tool_calls (DSML parsed), finish_reason, "

@@ -6,16 +6,16 @@
 
 #include <chrono>
 #include <cstdio>
-#include <iostream>
-
-#include <future>
-#include <thread>
 #include <cstdlib>
+#include <future>
+#include <iostream>
+#include <thread>
+
 #include "cli_registry.h"
 #include "core/log.h"
+#include "engine_factory.h"
 #include "server/api_service.h"
 #include "server/http_server.h"
-#include "engine_factory.h"
 #include "serving_engine.h"
 
 namespace ds41::cli {
@@ -110,8 +110,9 @@ void setup_serve(CLI::App& parent, int& exit_code) {
                   "Folder with tokenizer.json (default: the model directory)");
   a->engine.device = default_device();
   cmd->add_option("--device", a->engine.device, "cpu or cuda (default: cuda when a GPU is found)");
-  cmd->add_option("--load-format", a->engine.load_format,
-                  "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  cmd->add_option(
+      "--load-format", a->engine.load_format,
+      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
   cmd->add_option("--host", a->host, "Address to bind (default 127.0.0.1: loopback only)");
   cmd->add_option("--port", a->port, "Port (default 8000; 0 picks a free one)");
   cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");

@@ -96,7 +96,8 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
     for (size_t b = 0; b < tokens.size(); b += step) {
       engine::StepItem it{seq, tokens.subspan(b, std::min(step, tokens.size() - b)), true};
       std::vector<model::SequenceOutput> out;
-      DS41_RETURN_IF_ERROR(raw->forward(std::span<const engine::StepItem>(&it, 1), model::LogitsRows::kAll, record, &out));
+      DS41_RETURN_IF_ERROR(
+          raw->forward(std::span<const engine::StepItem>(&it, 1), model::LogitsRows::kAll, record, &out));
       all.append(std::move(out[0]));
     }
     return all;
@@ -135,7 +136,8 @@ Status check_device_flags(const DeviceFlags& f) {
   if (f.device != "cpu" && f.device != "cuda")
     return invalid_argument("--device must be cpu or cuda, got '" + f.device + "'");
   if (f.device == "cuda" && !built_with_cuda_engine())
-    return failed_precondition("--device cuda: this ds41 was built without CUDA (rebuild with nvcc and DS41_CUDA=ON)");
+    return failed_precondition(
+        "--device cuda: this ds41 was built without CUDA (rebuild with nvcc and DS41_CUDA=ON)");
   if (f.device == "cpu" && f.load_format == gpu::LoadFormat::kDummy)
     return invalid_argument("--load-format dummy needs --device cuda (the CPU reference reads checkpoints)");
   return ok_status();

@@ -44,14 +44,14 @@ Status check_device_flags(const DeviceFlags& f);
 
 struct EngineRequest {
   std::string model_dir, tokenizer_dir, model_name, who = "ds41";
-  int threads = 2;                 // CPU engine
-  int64_t context_tokens = 4096;   // CPU memory check before loading
-  int64_t max_context = 0;         // 0: the config's (the GPU engine caps its workspace at 131072)
-  int64_t max_batch_tokens = 2048; // GPU forward rows
-  int64_t max_sequences = 64;      // GPU slots
+  int threads = 2;                      // CPU engine
+  int64_t context_tokens = 4096;        // CPU memory check before loading
+  int64_t max_context = 0;              // 0: the config's (the GPU engine caps its workspace at 131072)
+  int64_t max_batch_tokens = 2048;      // GPU forward rows
+  int64_t max_sequences = 64;           // GPU slots
   int64_t kv_bytes = int64_t{8} << 30;  // GPU KV block pool
-  int64_t max_logit_rows = 0;      // GPU logits rows per forward (score: the longest prompt)
-  bool quiet = false;              // no load progress
+  int64_t max_logit_rows = 0;           // GPU logits rows per forward (score: the longest prompt)
+  bool quiet = false;                   // no load progress
 };
 
 struct EngineHandle {
@@ -60,8 +60,8 @@ struct EngineHandle {
   model::LayerSchedule schedule;
   // Every row's logits (and records) of `tokens` continuing `seq`, in chunks (0 = as large as
   // the engine takes): `ds41 score`. Set for the GPU engine (the CPU path of score uses the model).
-  std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens, int64_t chunk,
-                                              bool record)>
+  std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens,
+                                              int64_t chunk, bool record)>
       forward_all;
 };
 

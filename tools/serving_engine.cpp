@@ -78,7 +78,8 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   if (!a.quiet) std::fprintf(stderr, "%s: loading tokenizer from %s\n", who.c_str(), tok_dir.c_str());
   DS41_ASSIGN_OR_RETURN(se->tok, text::Tokenizer::from_model_dir(tok_dir));
   if (!a.quiet)
-    std::fprintf(stderr, "%s: loading model from %s (%s)\n", who.c_str(), a.model_dir.c_str(), a.device.c_str());
+    std::fprintf(stderr, "%s: loading model from %s (%s)\n", who.c_str(), a.model_dir.c_str(),
+                 a.device.c_str());
   DeviceFlags f;
   f.device = a.device;
   DS41_ASSIGN_OR_RETURN(f.load_format, parse_load_format(a.load_format));

@@ -9,7 +9,8 @@
 
 namespace ds41::gpu {
 
-Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model, const CudaEngineOptions& opt) {
+Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
+                                                       const CudaEngineOptions& opt) {
   if (!model) return invalid_argument("CUDA engine: no model");
   std::unique_ptr<CudaEngine> e(new CudaEngine());
   e->model_ = model;
@@ -135,7 +136,8 @@ Result<int64_t> CudaEngine::sequence_bytes(engine::SeqId seq) const {
 
 int64_t CudaEngine::bytes_for_tokens(int64_t tokens) const {
   int64_t b = bounded_bytes_;
-  for (const model::KvSourceLayout& s : model_->kv_layout().sources) b += (tokens / s.ratio) * s.entry_bytes();
+  for (const model::KvSourceLayout& s : model_->kv_layout().sources)
+    b += (tokens / s.ratio) * s.entry_bytes();
   return b;
 }
 
@@ -153,8 +155,9 @@ Status CudaEngine::validate(std::span<const engine::StepItem> items) const {
     if (it.tokens.empty()) return invalid_argument(what + ": no tokens");
     for (size_t t = 0; t < it.tokens.size(); ++t)
       if (it.tokens[t] < 0 || it.tokens[t] >= V)
-        return invalid_argument(what + ": token " + std::to_string(t) + " has id " + std::to_string(it.tokens[t]) +
-                                ", outside the vocabulary [0, " + std::to_string(V) + ")");
+        return invalid_argument(what + ": token " + std::to_string(t) + " has id " +
+                                std::to_string(it.tokens[t]) + ", outside the vocabulary [0, " +
+                                std::to_string(V) + ")");
     const int64_t pos = (*st)->position, end = pos + static_cast<int64_t>(it.tokens.size());
     if (end > info_.max_context)
       return out_of_range(what + ": position " + std::to_string(end) + " exceeds the context of " +
@@ -172,7 +175,7 @@ Status CudaEngine::validate(std::span<const engine::StepItem> items) const {
 }
 
 Status CudaEngine::forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
-                           std::vector<model::SequenceOutput>* out) {
+                           std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms) {
   out->assign(items.size(), model::SequenceOutput{});
   if (items.empty()) return ok_status();
   DS41_RETURN_IF_ERROR(validate(items));
@@ -181,6 +184,7 @@ Status CudaEngine::forward(std::span<const engine::StepItem> items, model::Logit
   std::vector<size_t> done(items.size(), 0);
   GpuForwardOptions fo;
   fo.record = record;
+  fo.layer_ms = layer_ms;
   for (;;) {
     std::vector<GpuSeqInput> batch;
     std::vector<size_t> which;
@@ -203,7 +207,8 @@ Status CudaEngine::forward(std::span<const engine::StepItem> items, model::Logit
       in.seq = *find(items[i].seq);
       in.tokens = items[i].tokens.subspan(done[i], static_cast<size_t>(take));
       in.logits = lr;
-      logit_rows += in.logits == model::LogitsRows::kAll ? take : (in.logits == model::LogitsRows::kLast ? 1 : 0);
+      logit_rows +=
+          in.logits == model::LogitsRows::kAll ? take : (in.logits == model::LogitsRows::kLast ? 1 : 0);
       tokens += take;
       batch.push_back(in);
       which.push_back(i);
@@ -238,7 +243,8 @@ Status CudaEngine::step(std::span<const engine::StepItem> items, engine::StepOut
   out->logits.resize(rows * V);
   for (size_t i = 0; i < items.size(); ++i) {
     if (out->row[i] < 0) continue;
-    if (static_cast<int64_t>(res[i].logits.size()) < V) return internal_error("GPU forward returned no last-row logits");
+    if (static_cast<int64_t>(res[i].logits.size()) < V)
+      return internal_error("GPU forward returned no last-row logits");
     std::memcpy(out->logits.data() + out->row[i] * V, res[i].logits.data() + res[i].logits.size() - V,
                 V * sizeof(float));
   }

@@ -24,10 +24,10 @@ namespace ds41::gpu {
 
 struct CudaEngineOptions {
   std::string model_name;
-  GpuLimits limits;               // one forward's rows / sequences / context (gpu_workspace.h)
-  int64_t max_sequences = 64;     // live sequences (slots)
+  GpuLimits limits;                     // one forward's rows / sequences / context (gpu_workspace.h)
+  int64_t max_sequences = 64;           // live sequences (slots)
   int64_t kv_bytes = int64_t{8} << 30;  // device bytes of the KV block pool
-  int64_t entries_per_page = 64;  // compressed entries per page
+  int64_t entries_per_page = 64;        // compressed entries per page
 };
 
 class CudaEngine final : public engine::Engine {
@@ -47,8 +47,9 @@ class CudaEngine final : public engine::Engine {
 
   // Tests and tools: one step with the reference's logits-row choice and records, outputs per item
   // (positions + logits rows, selections when record). Same validation and splitting as step().
+  // layer_ms (benchmarks): per-layer milliseconds of the last forward of the step (gpu_forward.h).
   Status forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
-                 std::vector<model::SequenceOutput>* out);
+                 std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms = nullptr);
 
   const KvBlockPool& pool() const { return pool_; }
   const GpuForward& executor() const { return *fwd_; }

@@ -73,8 +73,8 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
     pa.row_bytes = g.kv_row_bytes;
     DS41_RETURN_IF_ERROR(cuda::run_selection_row_offsets(pa, ws_.sel, n, K, row_seq_, ws_.sel_offsets, s));
     if (n * K > 0)
-      DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets, n * K,
-                                                        ws_.kvf + comp_base * hd, s));
+      DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets,
+                                                        n * K, ws_.kvf + comp_base * hd, s));
     DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, comp_base,
                                                       ws_.kv_offsets, ws_.kv_index, s));
     kv_offsets = ws_.kv_offsets;
@@ -126,9 +126,10 @@ Status GpuForward::compress(int64_t l, const float* x) {
     // u = RMSNorm(z); entry = Q_kv(rotate(u, first position)); key = Q_idx(rotate(RMSNorm(wk u))).
     const DeviceVec& inv = m_->rope_inv_freq(true);
     DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.zs, m, hd, w.c_norm.ptr, eps, ws_.u, s));
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(
-        cudaMemcpyAsync(ws_.e, ws_.u, static_cast<size_t>(m * hd) * sizeof(float), cudaMemcpyDeviceToDevice, s),
-        "copy compressed entries"));
+    DS41_RETURN_IF_ERROR(
+        cuda::cuda_status(cudaMemcpyAsync(ws_.e, ws_.u, static_cast<size_t>(m * hd) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, s),
+                          "copy compressed entries"));
     DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.e, m, 1, hd, src.kpos, inv.ptr, inv.size, false, s));
     DS41_RETURN_IF_ERROR(cuda::run_linear(w.idx_wk, ws_.u, m, ws_.kk, s));
     DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.kk, m, dI, w.idx_k_norm.ptr, eps, ws_.kk, s));
@@ -204,24 +205,27 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
     ia.out = ws_.scores;
     DS41_RETURN_IF_ERROR(cuda::run_indexer_scores(ia, s));
     if (p.candidate_source) {
-      DS41_RETURN_IF_ERROR(cuda::run_candidate_pool(ws_.scores, pi.visible, n, pi.ts, c_->candidate_block_size,
-                                                    c_->candidate_topk_blocks, ws_.cand, ws_.scratch, s));
+      DS41_RETURN_IF_ERROR(cuda::run_candidate_pool(ws_.scores, pi.visible, n, pi.ts,
+                                                    c_->candidate_block_size, c_->candidate_topk_blocks,
+                                                    ws_.cand, ws_.scratch, s));
     } else if (p.candidate_restricted) {
-      DS41_RETURN_IF_ERROR(cuda::run_mask_restrict(ws_.scores, n, pi.ts, ws_.cand, cand_stride_, cand_t_mask_, s));
+      DS41_RETURN_IF_ERROR(
+          cuda::run_mask_restrict(ws_.scores, n, pi.ts, ws_.cand, cand_stride_, cand_t_mask_, s));
     }
     DS41_RETURN_IF_ERROR(cuda::run_topk_rows(ws_.scores, n, pi.ts, K, ws_.sel, ws_.scratch, s));
   }
   if (!opt.record) return ok_status();
   // Tests: the selections as the reference records them (a host round trip per layer).
   std::vector<int32_t> sel(n * K);
-  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(sel.data(), ws_.sel, sel.size() * sizeof(int32_t),
-                                                         cudaMemcpyDeviceToHost, s),
-                                         "copy selections"));
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(sel.data(), ws_.sel, sel.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+      "copy selections"));
   std::vector<uint8_t> mask;
   if (p.candidate_source && pi.ts > 0) {
     mask.resize(n * pi.ts);
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(
-        cudaMemcpyAsync(mask.data(), ws_.cand, mask.size(), cudaMemcpyDeviceToHost, s), "copy candidate mask"));
+    DS41_RETURN_IF_ERROR(
+        cuda::cuda_status(cudaMemcpyAsync(mask.data(), ws_.cand, mask.size(), cudaMemcpyDeviceToHost, s),
+                          "copy candidate mask"));
   }
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(s), "record selections"));
   const int64_t B = c_->candidate_block_size, nb = c_->candidate_topk_blocks;

@@ -15,8 +15,8 @@ Status GpuForward::engram_stage(int64_t l) {
   if (!eng || !m_->hasher()) return internal_error("engram layer without weights or hasher");
   const int64_t n = n_, H = c_->hidden_size, C = c_->hc_mult, ed = c_->engram_head_dim;
   const int64_t li = c_->engram_index(l), cols = m_->hasher()->n_cols();
-  DS41_RETURN_IF_ERROR(cuda::run_engram_gather(eng->table, eng->table_scale, eng->rows, ed, engram_ids_[li], n, cols,
-                                               ws_.erows, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_engram_gather(eng->table, eng->table_scale, eng->rows, ed, engram_ids_[li],
+                                               n, cols, ws_.erows, stream_));
   DS41_RETURN_IF_ERROR(cuda::run_linear(eng->wkv, ws_.erows, n, ws_.ez, stream_));
   return cuda::run_engram_update(ws_.streams, ws_.ez, eng->omega.ptr, nullptr, n, C, H,
                                  static_cast<float>(c_->rms_norm_eps), ws_.gates, stream_);

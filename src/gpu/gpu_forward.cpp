@@ -15,7 +15,8 @@
 namespace ds41::gpu {
 
 Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, const GpuLimits& limits,
-                                                       KvBlockPool* pool, SequenceSlots* slots, cudaStream_t stream) {
+                                                       KvBlockPool* pool, SequenceSlots* slots,
+                                                       cudaStream_t stream) {
   std::unique_ptr<GpuForward> f(new GpuForward());
   f->m_ = &m;
   f->c_ = &m.config();
@@ -26,10 +27,16 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
   f->slots_ = slots;
   f->stream_ = stream;
   DS41_ASSIGN_OR_RETURN(f->ws_, create_workspace(m, f->lim_));
+  f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
+  for (cudaEvent_t& e : f->events_)
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
   return f;
 }
 
-GpuForward::~GpuForward() = default;
+GpuForward::~GpuForward() {
+  for (cudaEvent_t e : events_)
+    if (e) cudaEventDestroy(e);
+}
 
 Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out) {
@@ -48,10 +55,15 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
       (*out)[s].record.hash_ids.assign(hash_ids_.begin() + seqs_[s].begin * per_tok,
                                        hash_ids_.begin() + seqs_[s].end * per_tok);
   }
-  st = cuda::cuda_status(cudaMemcpyAsync(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
-                         "upload step metadata");
+  st = cuda::cuda_status(
+      cudaMemcpyAsync(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
+      "upload step metadata");
   if (st.ok()) st = run_layers(opt, out);
+  if (st.ok() && opt.layer_ms)
+    st = cuda::cuda_status(cudaEventRecord(events_[c_->num_hidden_layers], stream_), "timing event");
   if (st.ok()) st = head(out);
+  if (st.ok() && opt.layer_ms)
+    st = cuda::cuda_status(cudaEventRecord(events_[c_->num_hidden_layers + 1], stream_), "timing event");
   // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
   Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
   if (st.ok()) st = sync;
@@ -60,6 +72,11 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
     rollback_pages();
     out->clear();
     return st.with_context("GPU forward");
+  }
+  if (opt.layer_ms) {
+    opt.layer_ms->assign(events_.size() - 1, 0.0f);
+    for (size_t l = 0; l + 1 < events_.size(); ++l)
+      cudaEventElapsedTime(&(*opt.layer_ms)[l], events_[l], events_[l + 1]);
   }
   const int64_t V = c_->vocab_size;
   size_t i = 0;
@@ -94,12 +111,16 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
   pi_ = ws_.pi;
   pre_f_ = ws_.pre_f;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi_, stream_));
-  for (int64_t l = 0; l < c_->num_hidden_layers; ++l)
+  for (int64_t l = 0; l < c_->num_hidden_layers; ++l) {
+    if (opt.layer_ms)
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventRecord(events_[l], stream_), "timing event"));
     DS41_RETURN_IF_ERROR(run_layer(l, opt, out).with_context("layer " + std::to_string(l)));
+  }
   return ok_status();
 }
 
-Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out) {
+Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
+                             std::vector<model::SequenceOutput>* out) {
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t H = c_->hidden_size, C = c_->hc_mult, n = n_;
   const float eps = static_cast<float>(c_->rms_norm_eps);
@@ -145,12 +166,13 @@ Status GpuForward::head(std::vector<model::SequenceOutput>* out) {
   DS41_RETURN_IF_ERROR(cuda::run_gather_rows(ws_.streams, logit_rows_, m, C * H, ws_.hs, stream_));
   DS41_RETURN_IF_ERROR(cuda::run_gather_rows(pi_, logit_rows_, m, C, ws_.hp, stream_));
   DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.hs, ws_.hp, m, C, H, ws_.h, stream_));
-  DS41_RETURN_IF_ERROR(
-      cuda::run_rms_norm(ws_.h, m, H, m_->weights().norm.ptr, static_cast<float>(c_->rms_norm_eps), ws_.h, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.h, m, H, m_->weights().norm.ptr,
+                                          static_cast<float>(c_->rms_norm_eps), ws_.h, stream_));
   DS41_RETURN_IF_ERROR(cuda::run_linear(m_->weights().head, ws_.h, m, ws_.logits, stream_));
-  return cuda::cuda_status(cudaMemcpyAsync(ws_.logits_host, ws_.logits, static_cast<size_t>(m * V) * sizeof(float),
-                                           cudaMemcpyDeviceToHost, stream_),
-                           "copy logits to the host");
+  return cuda::cuda_status(
+      cudaMemcpyAsync(ws_.logits_host, ws_.logits, static_cast<size_t>(m * V) * sizeof(float),
+                      cudaMemcpyDeviceToHost, stream_),
+      "copy logits to the host");
 }
 
 }  // namespace ds41::gpu

@@ -42,13 +42,17 @@ struct GpuForwardOptions {
   // Copy selections and routing to the host after each layer (tests; a host round trip per
   // layer): SequenceOutput::record's topk, cand_blocks, router_experts, router_weights, hash_ids.
   bool record = false;
+  // Benchmarks: milliseconds of each layer (and the head, last), from CUDA events recorded between
+  // layers on the stream (no extra synchronisation; read after the step's final one).
+  std::vector<float>* layer_ms = nullptr;
 };
 
 class GpuForward {
  public:
   // The model, pools and slots must outlive the forward; `stream` runs every kernel.
   static Result<std::unique_ptr<GpuForward>> create(const DeviceModel& m, const GpuLimits& limits,
-                                                    KvBlockPool* pool, SequenceSlots* slots, cudaStream_t stream);
+                                                    KvBlockPool* pool, SequenceSlots* slots,
+                                                    cudaStream_t stream);
   ~GpuForward();
 
   const GpuLimits& limits() const { return lim_; }
@@ -70,20 +74,20 @@ class GpuForward {
   };
   struct PlanSource {  // one per KvLayout source
     int64_t layer = 0, ratio = 1, pend_j = -1;
-    int64_t groups = 0;                         // entries emitted this step
-    const float* const* ga_ptrs = nullptr;      // [groups * ratio] rows of a (this call or pending)
-    const float* const* gb_ptrs = nullptr;      // [groups * ratio] rows of b (ratio > 1)
-    const int64_t* kpos = nullptr;              // [groups] first position of each group
-    const int64_t* kv_enc = nullptr;            // [groups] byte offsets of the new Q_kv rows
-    const int64_t* key_enc = nullptr;           // [groups] byte offsets of the new Q_idx rows
-    const int64_t* pend_a = nullptr;            // [n] pending row of a (-1: none); null: no row
+    int64_t groups = 0;                     // entries emitted this step
+    const float* const* ga_ptrs = nullptr;  // [groups * ratio] rows of a (this call or pending)
+    const float* const* gb_ptrs = nullptr;  // [groups * ratio] rows of b (ratio > 1)
+    const int64_t* kpos = nullptr;          // [groups] first position of each group
+    const int64_t* kv_enc = nullptr;        // [groups] byte offsets of the new Q_kv rows
+    const int64_t* key_enc = nullptr;       // [groups] byte offsets of the new Q_idx rows
+    const int64_t* pend_a = nullptr;        // [n] pending row of a (-1: none); null: no row
     const int64_t* pend_b = nullptr;
-    const int32_t* pages = nullptr;             // the batch's page tables, concatenated
-    const int64_t* seq_page_begin = nullptr;    // [seqs]
-    const int64_t* key_row_begin = nullptr;     // [seqs + 1] rows of the decoded keys per sequence
-    int64_t total_keys = 0, max_keys = 0;       // entries after this step: sum and max over sequences
+    const int32_t* pages = nullptr;           // the batch's page tables, concatenated
+    const int64_t* seq_page_begin = nullptr;  // [seqs]
+    const int64_t* key_row_begin = nullptr;   // [seqs + 1] rows of the decoded keys per sequence
+    int64_t total_keys = 0, max_keys = 0;     // entries after this step: sum and max over sequences
   };
-  struct PlanIndex {  // one per index-source layer
+  struct PlanIndex {                     // one per index-source layer
     const int64_t* key_begin = nullptr;  // [n]
     const int64_t* visible = nullptr;    // [n]
     const int64_t* t_mask = nullptr;     // [n] candidate source: entries its mask covers per row
@@ -133,8 +137,8 @@ class GpuForward {
   const int64_t* win_offsets_ = nullptr;
   const int32_t* win_index_ = nullptr;
   int64_t ring_rows_ = 0;
-  const int64_t* ring_read_ = nullptr;   // [ring_rows_] byte offsets in a layer's rings
-  const int64_t* ring_write_ = nullptr;  // [n] byte offsets or -1
+  const int64_t* ring_read_ = nullptr;      // [ring_rows_] byte offsets in a layer's rings
+  const int64_t* ring_write_ = nullptr;     // [n] byte offsets or -1
   std::vector<const int64_t*> engram_ids_;  // per engram layer index: [n, cols]
   std::vector<PlanSource> sources_;
   std::vector<int64_t> source_of_layer_;
@@ -148,6 +152,7 @@ class GpuForward {
   const int64_t* cand_t_mask_ = nullptr;
   float* pi_ = nullptr;
   float* pre_f_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)
 };
 
 }  // namespace ds41::gpu

@@ -21,10 +21,10 @@ Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOpti
   const float lim = static_cast<float>(c_->swiglu_limit);
   cudaStream_t s = stream_;
   DS41_RETURN_IF_ERROR(cuda::run_linear(w.gate, x, n, ws_.gate_logits, s));
-  DS41_RETURN_IF_ERROR(cuda::run_router(ws_.gate_logits, n, E, w.gate_bias.ptr,
-                                        w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, nullptr, k,
-                                        static_cast<float>(c_->gate_temp),
-                                        static_cast<float>(c_->routed_scaling_factor), ws_.experts, ws_.route_w, s));
+  DS41_RETURN_IF_ERROR(cuda::run_router(
+      ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, nullptr,
+      k, static_cast<float>(c_->gate_temp), static_cast<float>(c_->routed_scaling_factor), ws_.experts,
+      ws_.route_w, s));
   DS41_RETURN_IF_ERROR(cuda::run_moe_bucket(ws_.experts, ws_.route_w, n, k, E, ws_.offsets, ws_.perm_rows,
                                             ws_.perm_weight, ws_.slot_pos, ws_.scratch, s));
   DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, ws_.perm_rows, nk, H, ws_.xs, s));
@@ -45,9 +45,11 @@ Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOpti
   std::vector<int32_t> ex(nk);
   std::vector<float> wt(nk);
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
-      cudaMemcpyAsync(ex.data(), ws_.experts, nk * sizeof(int32_t), cudaMemcpyDeviceToHost, s), "copy routing"));
+      cudaMemcpyAsync(ex.data(), ws_.experts, nk * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+      "copy routing"));
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
-      cudaMemcpyAsync(wt.data(), ws_.route_w, nk * sizeof(float), cudaMemcpyDeviceToHost, s), "copy routing"));
+      cudaMemcpyAsync(wt.data(), ws_.route_w, nk * sizeof(float), cudaMemcpyDeviceToHost, s),
+      "copy routing"));
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(s), "record routing"));
   for (size_t si = 0; si < seqs_.size(); ++si) {
     model::ForwardRecord& rec = (*out)[si].record;

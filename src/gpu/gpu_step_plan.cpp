@@ -29,8 +29,9 @@ const T* GpuForward::put(const std::vector<T>& v) {
 Status GpuForward::validate(std::span<const GpuSeqInput> batch) const {
   const int64_t V = c_->vocab_size;
   if (static_cast<int64_t>(batch.size()) > lim_.max_step_seqs)
-    return invalid_argument("GPU forward: " + std::to_string(batch.size()) + " sequences in one step, the engine takes " +
-                            std::to_string(lim_.max_step_seqs) + " (max_step_seqs)");
+    return invalid_argument("GPU forward: " + std::to_string(batch.size()) +
+                            " sequences in one step, the engine takes " + std::to_string(lim_.max_step_seqs) +
+                            " (max_step_seqs)");
   int64_t n = 0, logit_rows = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const GpuSeqInput& in = batch[i];
@@ -39,17 +40,19 @@ Status GpuForward::validate(std::span<const GpuSeqInput> batch) const {
     if (in.tokens.empty()) return invalid_argument(who + ": no tokens");
     for (size_t t = 0; t < in.tokens.size(); ++t)
       if (in.tokens[t] < 0 || in.tokens[t] >= V)
-        return invalid_argument(who + ": token " + std::to_string(t) + " has id " + std::to_string(in.tokens[t]) +
-                                ", outside the vocabulary [0, " + std::to_string(V) + ")");
+        return invalid_argument(who + ": token " + std::to_string(t) + " has id " +
+                                std::to_string(in.tokens[t]) + ", outside the vocabulary [0, " +
+                                std::to_string(V) + ")");
     for (size_t j = 0; j < i; ++j)
       if (batch[j].seq == in.seq) return invalid_argument(who + ": state used twice in one batch");
     const int64_t end_pos = in.seq->position + static_cast<int64_t>(in.tokens.size());
     if (end_pos > c_->max_position_embeddings)
-      return out_of_range(who + ": position " + std::to_string(end_pos) + " exceeds max_position_embeddings " +
-                          std::to_string(c_->max_position_embeddings));
+      return out_of_range(who + ": position " + std::to_string(end_pos) +
+                          " exceeds max_position_embeddings " + std::to_string(c_->max_position_embeddings));
     if (end_pos > lim_.max_context)
-      return out_of_range(who + ": position " + std::to_string(end_pos) + " exceeds the GPU engine's context of " +
-                          std::to_string(lim_.max_context) + " tokens (max_context)");
+      return out_of_range(who + ": position " + std::to_string(end_pos) +
+                          " exceeds the GPU engine's context of " + std::to_string(lim_.max_context) +
+                          " tokens (max_context)");
     n += static_cast<int64_t>(in.tokens.size());
     if (in.logits == model::LogitsRows::kAll) logit_rows += static_cast<int64_t>(in.tokens.size());
     if (in.logits == model::LogitsRows::kLast) logit_rows += 1;
@@ -58,8 +61,9 @@ Status GpuForward::validate(std::span<const GpuSeqInput> batch) const {
     return invalid_argument("GPU forward: " + std::to_string(n) + " tokens in one step, the engine takes " +
                             std::to_string(lim_.max_step_tokens) + " (max_step_tokens; prefill in chunks)");
   if (logit_rows > lim_.max_logit_rows)
-    return invalid_argument("GPU forward: " + std::to_string(logit_rows) + " logits rows asked, the engine returns " +
-                            std::to_string(lim_.max_logit_rows) + " per step (max_logit_rows)");
+    return invalid_argument("GPU forward: " + std::to_string(logit_rows) +
+                            " logits rows asked, the engine returns " + std::to_string(lim_.max_logit_rows) +
+                            " per step (max_logit_rows)");
   return ok_status();
 }
 
@@ -116,8 +120,9 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
     hash_ids_.assign(n * per_tok, 0);
     for (size_t s = 0; s < seqs_.size(); ++s) {
       PlanSeq& ps = seqs_[s];
-      Status st = hasher->append(ps.next_engram, batch[s].tokens, {},
-                                 std::span<int32_t>(hash_ids_.data() + ps.begin * per_tok, (ps.end - ps.begin) * per_tok));
+      Status st = hasher->append(
+          ps.next_engram, batch[s].tokens, {},
+          std::span<int32_t>(hash_ids_.data() + ps.begin * per_tok, (ps.end - ps.begin) * per_tok));
       if (!st.ok()) return st.with_context("sequence " + std::to_string(s) + ": engram hashing");
     }
     for (int64_t li = 0; li < nel; ++li) {
@@ -188,7 +193,8 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
         } else {
           m.pend_filled[slot_in_group] = 1;
           if (slot_in_group != R - 1) continue;
-          const bool full = std::all_of(m.pend_filled.begin(), m.pend_filled.end(), [](uint8_t f) { return f != 0; });
+          const bool full =
+              std::all_of(m.pend_filled.begin(), m.pend_filled.end(), [](uint8_t f) { return f != 0; });
           std::fill(m.pend_filled.begin(), m.pend_filled.end(), 0);
           if (k < next) continue;
           if (!full) return internal_error("compressor group completed without all of its rows");
@@ -243,8 +249,9 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
     ps.key_row_begin = put(key_begin);
     if (ps.total_keys > lim_.max_step_key_rows)
       return resource_exhausted("GPU forward: the step needs " + std::to_string(ps.total_keys) +
-                                " decoded index keys of layer " + std::to_string(sl.layer) + ", the workspace holds " +
-                                std::to_string(lim_.max_step_key_rows) + " (max_step_key_rows)");
+                                " decoded index keys of layer " + std::to_string(sl.layer) +
+                                ", the workspace holds " + std::to_string(lim_.max_step_key_rows) +
+                                " (max_step_key_rows)");
     if (ps.max_keys > ws_.ts_max)
       return internal_error("GPU forward: a sequence holds more compressed entries than max_context allows");
   }
@@ -283,8 +290,8 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
   }
   logit_rows_ = put(logit_rows_host_);
   if (meta_overflow_)
-    return resource_exhausted("GPU forward: the step's metadata exceeds its " + std::to_string(ws_.meta_bytes) +
-                              "-byte arena (a smaller batch or chunk)");
+    return resource_exhausted("GPU forward: the step's metadata exceeds its " +
+                              std::to_string(ws_.meta_bytes) + "-byte arena (a smaller batch or chunk)");
   return ok_status();
 }
 

@@ -45,7 +45,8 @@ GpuLimits resolve_limits(const model::ModelConfig& c, const model::LayerSchedule
   if (l.max_logit_rows <= 0) l.max_logit_rows = l.max_step_seqs;
   const int64_t r = min_ratio(s);
   if (l.max_step_key_rows <= 0)
-    l.max_step_key_rows = r == 0 ? 0 : std::min<int64_t>(l.max_step_seqs * (l.max_context / r + 1), int64_t{1} << 22);
+    l.max_step_key_rows =
+        r == 0 ? 0 : std::min<int64_t>(l.max_step_seqs * (l.max_context / r + 1), int64_t{1} << 22);
   return l;
 }
 
@@ -67,13 +68,13 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
   GpuWorkspace w;
   w.ts_max = TS;
   w.kvf_rows = N + S * W + N * K;
-  w.scratch_bytes = std::max({cuda::topk_workspace_bytes(N, std::max<int64_t>(TS, 1), std::max<int64_t>(K, 1)),
-                              c.candidate_block_size > 0
-                                  ? cuda::candidate_pool_workspace_bytes(N, std::max<int64_t>(TS, 1),
-                                                                         c.candidate_block_size,
-                                                                         c.candidate_topk_blocks)
-                                  : size_t{0},
-                              cuda::moe_bucket_workspace_bytes(N, k, E), size_t{1}});
+  w.scratch_bytes =
+      std::max({cuda::topk_workspace_bytes(N, std::max<int64_t>(TS, 1), std::max<int64_t>(K, 1)),
+                c.candidate_block_size > 0
+                    ? cuda::candidate_pool_workspace_bytes(N, std::max<int64_t>(TS, 1),
+                                                           c.candidate_block_size, c.candidate_topk_blocks)
+                    : size_t{0},
+                cuda::moe_bucket_workspace_bytes(N, k, E), size_t{1}});
   auto carve = [&](Carver& cv) {
     cv.take(w.streams, N * C * H);
     for (float** p : {&w.pi, &w.pre_a, &w.post_a, &w.pre_f, &w.post_f}) cv.take(*p, N * C);
@@ -134,8 +135,9 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
   Carver sizer;
   carve(sizer);
   w.device_bytes = sizer.off;
-  DS41_ASSIGN_OR_RETURN(w.dev, DeviceBuffer::allocate(w.device_bytes, "GPU engine workspace (max_step_tokens " +
-                                                                          std::to_string(N) + ")"));
+  DS41_ASSIGN_OR_RETURN(
+      w.dev, DeviceBuffer::allocate(w.device_bytes,
+                                    "GPU engine workspace (max_step_tokens " + std::to_string(N) + ")"));
   Carver cv;
   cv.base = w.dev.as<uint8_t>();
   carve(cv);
@@ -144,15 +146,16 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
   const int64_t n_layers = c.num_hidden_layers;
   const int64_t pages_per_seq = lim.max_context / 16 + 4;
   w.meta_bytes = static_cast<size_t>(
-      N * (4 + 8 + 4 + 8 + 8 + 4 * W + 8 * std::max<int64_t>(1, static_cast<int64_t>(c.engram_layer_ids.size())) *
-                                            std::max<int64_t>(cols, 1)) +
+      N * (4 + 8 + 4 + 8 + 8 + 4 * W +
+           8 * std::max<int64_t>(1, static_cast<int64_t>(c.engram_layer_ids.size())) *
+               std::max<int64_t>(cols, 1)) +
       S * W * 8 + L * 8 +
       n_layers * (G * R * 16 + G * 8 * 3 + N * 16 + S * (pages_per_seq * 4 + 24) + N * 24 + 64 * kAlign) +
       (1 << 20));
   DS41_ASSIGN_OR_RETURN(w.meta_pinned, PinnedBuffer::allocate(w.meta_bytes, "GPU step metadata (pinned)"));
   DS41_ASSIGN_OR_RETURN(w.meta_buf, DeviceBuffer::allocate(w.meta_bytes, "GPU step metadata"));
-  DS41_ASSIGN_OR_RETURN(w.logits_pinned,
-                        PinnedBuffer::allocate(static_cast<size_t>(L * V) * sizeof(float), "logits (pinned)"));
+  DS41_ASSIGN_OR_RETURN(
+      w.logits_pinned, PinnedBuffer::allocate(static_cast<size_t>(L * V) * sizeof(float), "logits (pinned)"));
   w.meta_host = static_cast<uint8_t*>(w.meta_pinned.data());
   w.meta_dev = w.meta_buf.as<uint8_t>();
   w.logits_host = static_cast<float*>(w.logits_pinned.data());

@@ -33,19 +33,20 @@ struct GpuWorkspace {
   float *x = nullptr, *y = nullptr;  // [N, H]
   // Attention (3.4).
   float *q_r = nullptr, *q = nullptr, *o = nullptr, *z = nullptr;
-  float* kvf = nullptr;  // [N + S*W + N*K, head_dim]: this call's window rows, decoded ring rows, decoded entries
+  float* kvf =
+      nullptr;  // [N + S*W + N*K, head_dim]: this call's window rows, decoded ring rows, decoded entries
   int64_t kvf_rows = 0;
-  int64_t* kv_offsets = nullptr;  // [N + 1]
-  int32_t* kv_index = nullptr;    // [N * (W + K)]
+  int64_t* kv_offsets = nullptr;   // [N + 1]
+  int32_t* kv_index = nullptr;     // [N * (W + K)]
   int64_t* sel_offsets = nullptr;  // [N * K]
   // Compressor (3.4.4).
-  float *ca = nullptr, *cb = nullptr;          // [N, head_dim]
-  float *ga = nullptr, *gb = nullptr;          // [G, R, head_dim]
+  float *ca = nullptr, *cb = nullptr;               // [N, head_dim]
+  float *ga = nullptr, *gb = nullptr;               // [G, R, head_dim]
   float *zs = nullptr, *u = nullptr, *e = nullptr;  // [G, head_dim]
-  float* kk = nullptr;                          // [G, index_head_dim]
+  float* kk = nullptr;                              // [G, index_head_dim]
   // Indexer (3.4.6).
   float *qi = nullptr, *wt = nullptr;
-  float* keys = nullptr;  // [KR, index_head_dim]
+  float* keys = nullptr;           // [KR, index_head_dim]
   int64_t* key_offsets = nullptr;  // [KR]
   float* scores = nullptr;         // [N, TS]
   int32_t* sel = nullptr;          // [N, K]

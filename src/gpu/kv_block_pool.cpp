@@ -32,7 +32,8 @@ void PageAllocator::release(int32_t page) {
   if (--refs_[page] == 0) free_.push_back(page);
 }
 
-Result<KvBlockPool> KvBlockPool::create(const model::KvLayout& layout, int64_t n_pages, int64_t entries_per_page) {
+Result<KvBlockPool> KvBlockPool::create(const model::KvLayout& layout, int64_t n_pages,
+                                        int64_t entries_per_page) {
   if (entries_per_page <= 0) return invalid_argument("KV block pool: entries_per_page must be > 0");
   if (n_pages < 0 || n_pages > INT32_MAX) return invalid_argument("KV block pool: page count out of range");
   KvBlockPool p;
@@ -46,12 +47,14 @@ Result<KvBlockPool> KvBlockPool::create(const model::KvLayout& layout, int64_t n
   }
   if (layout.sources.empty()) n_pages = 0;  // window-only model: nothing grows
   p.alloc_ = PageAllocator(n_pages);
-  DS41_ASSIGN_OR_RETURN(p.buf_, DeviceBuffer::allocate(static_cast<size_t>(n_pages * p.geo_.page_bytes()),
-                                                       "KV block pool (" + std::to_string(n_pages) + " pages)"));
+  DS41_ASSIGN_OR_RETURN(p.buf_,
+                        DeviceBuffer::allocate(static_cast<size_t>(n_pages * p.geo_.page_bytes()),
+                                               "KV block pool (" + std::to_string(n_pages) + " pages)"));
   return p;
 }
 
-int64_t KvBlockPool::pages_for_tokens(const model::KvLayout& layout, int64_t tokens, int64_t entries_per_page) {
+int64_t KvBlockPool::pages_for_tokens(const model::KvLayout& layout, int64_t tokens,
+                                      int64_t entries_per_page) {
   int64_t pages = 0;
   for (const model::KvSourceLayout& s : layout.sources)
     pages += (tokens / s.ratio + entries_per_page - 1) / entries_per_page;

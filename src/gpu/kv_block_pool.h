@@ -51,7 +51,8 @@ class KvBlockPool {
  public:
   KvBlockPool() = default;
   // A pool of n_pages pages for the layout's KV sources (all sources share one row geometry).
-  static Result<KvBlockPool> create(const model::KvLayout& layout, int64_t n_pages, int64_t entries_per_page = 64);
+  static Result<KvBlockPool> create(const model::KvLayout& layout, int64_t n_pages,
+                                    int64_t entries_per_page = 64);
   // Pages needed so that `tokens` tokens of every KV source fit (admission by capacity).
   static int64_t pages_for_tokens(const model::KvLayout& layout, int64_t tokens, int64_t entries_per_page);
 

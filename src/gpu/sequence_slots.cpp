@@ -10,7 +10,8 @@
 namespace ds41::gpu {
 
 Result<SequenceSlots> SequenceSlots::create(const model::KvLayout& layout, int64_t max_slots) {
-  if (max_slots <= 0 || max_slots > INT32_MAX) return invalid_argument("sequence slots: max_slots must be > 0");
+  if (max_slots <= 0 || max_slots > INT32_MAX)
+    return invalid_argument("sequence slots: max_slots must be > 0");
   SequenceSlots s;
   s.max_slots_ = max_slots;
   s.n_layers_ = layout.n_layers;
@@ -29,11 +30,12 @@ Result<SequenceSlots> SequenceSlots::create(const model::KvLayout& layout, int64
   // The CPU counts ratio * kv_dim floats per part; with mixed ratios r_max pads (none today).
   for (const model::KvSourceLayout& src : layout.sources)
     if (src.ratio > 1) s.pending_slot_floats_ += 2 * src.ratio * src.kv_dim;
-  DS41_ASSIGN_OR_RETURN(s.rings_, DeviceBuffer::allocate(static_cast<size_t>(s.n_layers_ * s.layer_stride_),
-                                                         "window rings (" + std::to_string(max_slots) + " sequences)"));
-  DS41_ASSIGN_OR_RETURN(
-      s.pending_, DeviceBuffer::allocate(static_cast<size_t>(max_slots * s.n_pending_ * 2 * s.r_max_ * s.kv_dim_ * 4),
-                                         "pending compressor groups"));
+  DS41_ASSIGN_OR_RETURN(s.rings_,
+                        DeviceBuffer::allocate(static_cast<size_t>(s.n_layers_ * s.layer_stride_),
+                                               "window rings (" + std::to_string(max_slots) + " sequences)"));
+  DS41_ASSIGN_OR_RETURN(s.pending_, DeviceBuffer::allocate(static_cast<size_t>(max_slots * s.n_pending_ * 2 *
+                                                                               s.r_max_ * s.kv_dim_ * 4),
+                                                           "pending compressor groups"));
   s.free_.reserve(static_cast<size_t>(max_slots));
   for (int64_t i = max_slots - 1; i >= 0; --i) s.free_.push_back(static_cast<int32_t>(i));
   return s;
@@ -63,10 +65,10 @@ Status SequenceSlots::copy(int32_t src, int32_t dst, cudaStream_t stream) const 
         "copy window rings"));
   const size_t p = static_cast<size_t>(n_pending_ * 2 * r_max_ * kv_dim_) * sizeof(float);
   if (p > 0)
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(pending_.as<uint8_t>() + dst * p,
-                                                           pending_.as<uint8_t>() + src * p, p,
-                                                           cudaMemcpyDeviceToDevice, stream),
-                                           "copy pending groups"));
+    DS41_RETURN_IF_ERROR(
+        cuda::cuda_status(cudaMemcpyAsync(pending_.as<uint8_t>() + dst * p, pending_.as<uint8_t>() + src * p,
+                                          p, cudaMemcpyDeviceToDevice, stream),
+                          "copy pending groups"));
   return ok_status();
 }
 

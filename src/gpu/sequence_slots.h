@@ -27,8 +27,8 @@ struct GpuSourceMirror {
 };
 
 struct GpuSequence {
-  int64_t position = 0;  // absolute position of the next token
-  int32_t slot = -1;     // SequenceSlots slot
+  int64_t position = 0;                  // absolute position of the next token
+  int32_t slot = -1;                     // SequenceSlots slot
   std::vector<GpuSourceMirror> sources;  // one per KvLayout source, in layout order
   engram::EngramHashState engram;
   int64_t last_published_source = -1;

@@ -36,9 +36,9 @@ __global__ void selection_row_offsets_kernel(PagedRowsArgs p, const int32_t* sel
   out[i] = e < 0 ? -1 : paged_offset(p, row_seq[i / k], e);
 }
 
-__global__ void build_sparse_index_kernel(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
-                                          int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets,
-                                          int32_t* kv_index) {
+__global__ void build_sparse_index_kernel(const int64_t* win_offsets, const int32_t* win_index,
+                                          const int32_t* sel, int64_t n, int64_t k, int64_t comp_base,
+                                          int64_t* kv_offsets, int32_t* kv_index) {
   __shared__ int64_t scan[kScanThreads];
   __shared__ int64_t carry;
   if (threadIdx.x == 0) carry = 0;
@@ -87,8 +87,8 @@ Status check_paged(const PagedRowsArgs& p) {
 
 }  // namespace
 
-Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begin, int64_t n_seqs, int64_t total,
-                             int64_t* out, cudaStream_t stream) {
+Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begin, int64_t n_seqs,
+                             int64_t total, int64_t* out, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_paged(p));
   if (total < 0 || n_seqs < 0) return invalid_argument("paged_row_offsets: total and n_seqs must be >= 0");
   if (total == 0) return ok_status();
@@ -106,10 +106,11 @@ Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int
   return last_launch_status("selection_row_offsets");
 }
 
-Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel, int64_t n,
-                              int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
+Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
+                              int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
                               cudaStream_t stream) {
-  if (n < 0 || k < 0 || comp_base < 0) return invalid_argument("build_sparse_index: n, k, comp_base must be >= 0");
+  if (n < 0 || k < 0 || comp_base < 0)
+    return invalid_argument("build_sparse_index: n, k, comp_base must be >= 0");
   if (comp_base + n * k > INT32_MAX) return invalid_argument("build_sparse_index: entry rows exceed int32");
   build_sparse_index_kernel<<<1, kScanThreads, 0, stream>>>(win_offsets, win_index, sel, n, k, comp_base,
                                                             kv_offsets, kv_index);

@@ -25,8 +25,8 @@ struct PagedRowsArgs {
 // All entries of every sequence, concatenated: for i < total, s is the sequence with
 // seq_row_begin[s] <= i < seq_row_begin[s + 1] (seq_row_begin: device [n_seqs + 1], ascending),
 // k = i - seq_row_begin[s], out[i] = the byte offset of entry k of s.
-Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begin, int64_t n_seqs, int64_t total,
-                             int64_t* out, cudaStream_t stream);
+Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begin, int64_t n_seqs,
+                             int64_t total, int64_t* out, cudaStream_t stream);
 
 // Selected entries: out[r * k + j] = byte offset of entry sel[r * k + j] of sequence row_seq[r],
 // or -1 where sel < 0 (top-k padding).
@@ -38,8 +38,8 @@ Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int
 // comp_base + r * k + j for each j (ascending) with sel[r * k + j] >= 0 (the rows where the
 // selected compressed entries were decoded). kv_offsets: [n + 1], kv_index: room for
 // win_offsets[n] + n * k entries. One block; v1 (the speed issue fuses this into attention).
-Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel, int64_t n,
-                              int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
+Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
+                              int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
                               cudaStream_t stream);
 
 }  // namespace ds41::cuda

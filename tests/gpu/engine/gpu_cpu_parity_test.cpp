@@ -80,7 +80,8 @@ TEST_P(GpuCpuParity, OneShotAndChunkedPrefill) {
     ASSERT_TRUE(s.ok()) << s.message();
     chunked.append(std::move(o[0]));
   }
-  expect_rows_close(want.logits, chunked.logits, V, kTolGpuLogits, std::string(GetParam().name) + " chunked-37");
+  expect_rows_close(want.logits, chunked.logits, V, kTolGpuLogits,
+                    std::string(GetParam().name) + " chunked-37");
   const int64_t d2 = count_selection_diffs(want.record, chunked.record, c, "chunked");
   EXPECT_LE(d2 * 100, len_ * static_cast<int64_t>(c.num_hidden_layers));
   // Short prompt: selections exactly equal as sets.
@@ -118,7 +119,8 @@ TEST_P(GpuCpuParity, DecodeStepsAndFork) {
     Status s = eng_->step(both, &so);
     ASSERT_TRUE(s.ok()) << s.message();
     got.insert(got.end(), so.logits.begin() + so.row[0] * V, so.logits.begin() + (so.row[0] + 1) * V);
-    got_fork.insert(got_fork.end(), so.logits.begin() + so.row[1] * V, so.logits.begin() + (so.row[1] + 1) * V);
+    got_fork.insert(got_fork.end(), so.logits.begin() + so.row[1] * V,
+                    so.logits.begin() + (so.row[1] + 1) * V);
   }
   expect_rows_close(want, got, V, kTolGpuLogits, std::string(GetParam().name) + " decode");
   expect_rows_close(want, got_fork, V, kTolGpuLogits, std::string(GetParam().name) + " decode (fork)");
@@ -150,7 +152,8 @@ TEST_P(GpuCpuParity, MixedBatch) {
     auto st = cpu_.model->new_sequence();
     model::ForwardOptions o;
     o.logits = model::LogitsRows::kNone;
-    if (before[i] > 0) ASSERT_TRUE(cpu_.model->prefill(*st, std::span<const int32_t>(*all[i]).first(before[i]), 0, o).ok());
+    if (before[i] > 0)
+      ASSERT_TRUE(cpu_.model->prefill(*st, std::span<const int32_t>(*all[i]).first(before[i]), 0, o).ok());
     o.logits = model::LogitsRows::kAll;
     o.record = true;
     auto w = cpu_.model->prefill(*st, std::span<const int32_t>(*all[i]).subspan(before[i]), 0, o);

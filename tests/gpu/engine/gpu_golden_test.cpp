@@ -43,7 +43,8 @@ TEST(GpuGolden, PromptsSelectionsAndDecode) {
         auto g = gold.get<int32_t>(L + ".topk_indices");
         const auto& mine = out[0].record.topk.at(l);
         for (int64_t r = 0; r < S; ++r)
-          EXPECT_EQ(id_set(&mine[r * c.index_topk], c.index_topk), id_set(&g.v[r * g.row_size()], g.row_size()))
+          EXPECT_EQ(id_set(&mine[r * c.index_topk], c.index_topk),
+                    id_set(&g.v[r * g.row_size()], g.row_size()))
               << L << " row " << r;
       }
       if (p.candidate_source) {
@@ -61,7 +62,8 @@ TEST(GpuGolden, PromptsSelectionsAndDecode) {
       auto ge = gold.get<int32_t>(L + ".router_experts");
       const auto& me = out[0].record.router_experts.at(l);
       const int64_t k = c.num_experts_per_tok;
-      for (int64_t r = 0; r < S; ++r) EXPECT_EQ(id_set(&me[r * k], k), id_set(&ge.v[r * k], k)) << L << " row " << r;
+      for (int64_t r = 0; r < S; ++r)
+        EXPECT_EQ(id_set(&me[r * k], k), id_set(&ge.v[r * k], k)) << L << " row " << r;
     }
     if (i == 2) s2 = *seq;
   }

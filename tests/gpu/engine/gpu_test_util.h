@@ -101,8 +101,8 @@ inline double expect_rows_close(const std::vector<float>& want, const std::vecto
 inline int64_t count_selection_diffs(const model::ForwardRecord& want, const model::ForwardRecord& got,
                                      const model::ModelConfig& c, const std::string& what) {
   int64_t diff = 0, rows = 0;
-  auto cmp = [&](const std::map<int64_t, std::vector<int32_t>>& a, const std::map<int64_t, std::vector<int32_t>>& b,
-                 int64_t width) {
+  auto cmp = [&](const std::map<int64_t, std::vector<int32_t>>& a,
+                 const std::map<int64_t, std::vector<int32_t>>& b, int64_t width) {
     for (const auto& [l, v] : a) {
       auto it = b.find(l);
       if (it == b.end() || it->second.size() != v.size()) {

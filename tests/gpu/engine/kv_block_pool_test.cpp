@@ -1,11 +1,12 @@
 // KV block pool bookkeeping (no device needed): the page allocator's free list and refcounts, and
 // the bytes per token of the pool's page layout equal the CPU's KvLayout (890 B/token for the
 // released config, MODEL_SPEC 5.3); the GPU engine's byte accounting equals the CPU engine's.
+#include "gpu/kv_block_pool.h"
+
 #include <gtest/gtest.h>
 
-#include "gpu/engine/gpu_test_util.h"
 #include "engine/cpu_engine.h"
-#include "gpu/kv_block_pool.h"
+#include "gpu/engine/gpu_test_util.h"
 #include "model/kv_layout.h"
 #include "model/layer_schedule.h"
 
@@ -66,7 +67,8 @@ TEST(CudaEngineBytes, EqualTheCpuEngine) {
   auto eng = make_engine(*dev, 8);
   ASSERT_TRUE(eng);
   engine::CpuEngine ce(cpu.model.get(), "cpu");
-  for (int64_t t : {0, 1, 2, 63, 64, 65, 1000}) EXPECT_EQ(eng->bytes_for_tokens(t), ce.bytes_for_tokens(t)) << t;
+  for (int64_t t : {0, 1, 2, 63, 64, 65, 1000})
+    EXPECT_EQ(eng->bytes_for_tokens(t), ce.bytes_for_tokens(t)) << t;
   auto a = eng->create_sequence();
   auto b = ce.create_sequence();
   auto toks = seeded_tokens(77, dev->config().vocab_size, 3);
