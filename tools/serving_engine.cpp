@@ -101,6 +101,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_running = a.max_running;
   lc.kv_memory_bytes = kv_bytes;
   lc.max_queue = a.max_queue;
+  lc.sample_pool = se->lm.pool.get();  // idle between the CPU engine's forwards
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());
