@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t groups = (n_heads + kHeads - 1) / kHeads;
   const int64_t r = blockIdx.x / groups;
   const int64_t h0 = (blockIdx.x % groups) * kHeads;
-  const int nh = static_cast<int>(min<int64_t>(kHeads, n_heads - h0));
+  const int nh = static_cast<int>(min(static_cast<int64_t>(kHeads), n_heads - h0));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t k0 = kv_offsets[r], k1 = kv_offsets[r + 1];
   float* o = out + (r * n_heads + h0) * d;
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kDimPerThread; ++j) acc[h][j] = 0.0f;
 
   for (int64_t e0 = k0; e0 < k1; e0 += kTile) {
-    const int ne = static_cast<int>(min<int64_t>(kTile, k1 - e0));
+    const int ne = static_cast<int>(min(static_cast<int64_t>(kTile), k1 - e0));
     for (int64_t i = tid; i < ne * d; i += kThreads) {
       const int64_t e = i / d, c = i % d;
       kv_s[i] = kv[static_cast<int64_t>(kv_index[e0 + e]) * d + c];
