@@ -23,9 +23,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kHeads = 4;                // heads per CTA
-constexpr int kTile = 16;                // entries per shared-memory tile
-constexpr int kMaxDim = 512;             // head_dim limit (registers: kMaxDim / kThreads per head)
+constexpr int kHeads = 4;     // heads per CTA
+constexpr int kTile = 16;     // entries per shared-memory tile
+constexpr int kMaxDim = 512;  // head_dim limit (registers: kMaxDim / kThreads per head)
 constexpr int kDimPerThread = kMaxDim / kThreads;
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -40,7 +40,9 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-size_t smem_bytes(int64_t d) { return sizeof(float) * (static_cast<size_t>(kHeads + kTile) * d + kHeads * kTile + 2 * kHeads); }
+size_t smem_bytes(int64_t d) {
+  return sizeof(float) * (static_cast<size_t>(kHeads + kTile) * d + kHeads * kTile + 2 * kHeads);
+}
 
 __global__ void __launch_bounds__(kThreads)
     sparse_attention_kernel(int64_t n_heads, int64_t d, const float* __restrict__ q,
@@ -48,9 +50,9 @@ __global__ void __launch_bounds__(kThreads)
                             const float* __restrict__ kv, const float* __restrict__ sink, float scale,
                             float* __restrict__ out) {
   extern __shared__ float smem[];
-  float* q_s = smem;                    // [kHeads][d]
-  float* kv_s = q_s + kHeads * d;       // [kTile][d]
-  float* p_s = kv_s + kTile * d;        // [kHeads][kTile]: scores, then probabilities
+  float* q_s = smem;                     // [kHeads][d]
+  float* kv_s = q_s + kHeads * d;        // [kTile][d]
+  float* p_s = kv_s + kTile * d;         // [kHeads][kTile]: scores, then probabilities
   float* corr_s = p_s + kHeads * kTile;  // [kHeads]: rescale factor of this tile
   float* l_s = corr_s + kHeads;          // [kHeads]: final denominators
 
@@ -140,7 +142,8 @@ __global__ void __launch_bounds__(kThreads)
 
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.n < 0) return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " is negative");
-  if (a.n_heads <= 0) return invalid_argument("sparse_attention: n_heads " + std::to_string(a.n_heads) + " must be positive");
+  if (a.n_heads <= 0)
+    return invalid_argument("sparse_attention: n_heads " + std::to_string(a.n_heads) + " must be positive");
   if (a.head_dim <= 0 || a.head_dim > kMaxDim)
     return invalid_argument("sparse_attention: head_dim " + std::to_string(a.head_dim) + " outside [1, " +
                             std::to_string(kMaxDim) + "]");

@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void softmax_pool_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t r, int64_t dim,
-                                    int64_t total, float* __restrict__ out) {
+__global__ void softmax_pool_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t r,
+                                    int64_t dim, int64_t total, float* __restrict__ out) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t g = e / dim, d = e % dim;
@@ -46,9 +46,10 @@ Status run_softmax_pool(const float* a, const float* b, int64_t groups, int64_t 
   const int64_t total = groups * dim;
   if (total == 0) return ok_status();
   if (!a || !b || !out) return invalid_argument("softmax_pool: null a, b or out");
-  if ((total + kThreads - 1) / kThreads > 0x7fffffff) return invalid_argument("softmax_pool: groups x dim too large");
-  softmax_pool_kernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a, b, r, dim,
-                                                                                                      total, out);
+  if ((total + kThreads - 1) / kThreads > 0x7fffffff)
+    return invalid_argument("softmax_pool: groups x dim too large");
+  softmax_pool_kernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      a, b, r, dim, total, out);
   return last_launch_status("softmax_pool");
 }
 

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
-#include "backends/cuda/fake_quant_kernels.h"
 #include "backends/cuda/fake_quant_device.cuh"
+#include "backends/cuda/fake_quant_kernels.h"
 #include "backends/cuda/quant_device.cuh"
 
 namespace ds41::cuda {
@@ -109,11 +109,11 @@ Status run_fake_quant_decode(const FakeQuantPlan& p, const uint8_t* packed_rows,
                             " (want F32 or BF16)");
   fq::dispatch_op(static_cast<int>(p.op), [&]<int kOp>() {
     if (out_dtype == DType::kF32)
-      fake_quant_decode_kernel<kOp><<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total,
-                                                                     static_cast<float*>(out));
+      fake_quant_decode_kernel<kOp>
+          <<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total, static_cast<float*>(out));
     else
-      fake_quant_decode_kernel<kOp><<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total,
-                                                                     static_cast<__nv_bfloat16*>(out));
+      fake_quant_decode_kernel<kOp>
+          <<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total, static_cast<__nv_bfloat16*>(out));
   });
   return last_launch_status("fake_quant_decode");
 }

@@ -49,13 +49,13 @@ __device__ __forceinline__ float dot_like_cpu(const float* q, const K& k, int64_
 
 template <int kD>
 __global__ void __launch_bounds__(kThreads)
-    indexer_scores_kernel(int64_t n_heads, int64_t d, int64_t t_stride, int64_t tiles, const float* __restrict__ q,
-                          const float* __restrict__ w, const float* __restrict__ keys,
-                          const int64_t* __restrict__ key_begin, const int64_t* __restrict__ visible, float scale,
-                          float* __restrict__ out) {
+    indexer_scores_kernel(int64_t n_heads, int64_t d, int64_t t_stride, int64_t tiles,
+                          const float* __restrict__ q, const float* __restrict__ w,
+                          const float* __restrict__ keys, const int64_t* __restrict__ key_begin,
+                          const int64_t* __restrict__ visible, float scale, float* __restrict__ out) {
   extern __shared__ float smem[];
-  float* q_s = smem;                 // [n_heads][d]
-  float* w_s = smem + n_heads * d;   // [n_heads]
+  float* q_s = smem;                // [n_heads][d]
+  float* w_s = smem + n_heads * d;  // [n_heads]
   const int64_t r = blockIdx.x / tiles;
   const int64_t t = (blockIdx.x % tiles) * kThreads + threadIdx.x;
   const float* qr = q + r * n_heads * d;
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(kThreads)
 
 Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
   if (a.n < 0 || a.t_stride < 0)
-    return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " / t_stride " + std::to_string(a.t_stride) +
-                            " negative");
+    return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " / t_stride " +
+                            std::to_string(a.t_stride) + " negative");
   if (a.n_heads <= 0 || a.head_dim <= 0)
     return invalid_argument("indexer_scores: n_heads " + std::to_string(a.n_heads) + " / head_dim " +
                             std::to_string(a.head_dim) + " must be positive");
@@ -108,15 +108,15 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
     return invalid_argument("indexer_scores: null q, w, keys, key_begin, visible or out");
   const int64_t tiles = (a.t_stride + kThreads - 1) / kThreads;
   if (a.n * tiles > 0x7fffffff)
-    return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " + std::to_string(a.t_stride) +
-                            " too large for one grid");
+    return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " +
+                            std::to_string(a.t_stride) + " too large for one grid");
   const unsigned grid = static_cast<unsigned>(a.n * tiles);
   if (a.head_dim == 128)
-    indexer_scores_kernel<128><<<grid, kThreads, smem, stream>>>(a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w,
-                                                                  a.keys, a.key_begin, a.visible, a.scale, a.out);
+    indexer_scores_kernel<128><<<grid, kThreads, smem, stream>>>(
+        a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
   else
-    indexer_scores_kernel<0><<<grid, kThreads, smem, stream>>>(a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w,
-                                                                a.keys, a.key_begin, a.visible, a.scale, a.out);
+    indexer_scores_kernel<0><<<grid, kThreads, smem, stream>>>(
+        a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
   return last_launch_status("indexer_scores");
 }
 

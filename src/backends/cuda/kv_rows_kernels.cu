@@ -15,8 +15,9 @@ namespace {
 constexpr int kThreads = 256;
 
 template <int kOp>
-__global__ void decode_rows_gather_kernel(const uint8_t* __restrict__ base, const int64_t* __restrict__ offsets,
-                                          int64_t n, int64_t total, float* __restrict__ out) {
+__global__ void decode_rows_gather_kernel(const uint8_t* __restrict__ base,
+                                          const int64_t* __restrict__ offsets, int64_t n, int64_t total,
+                                          float* __restrict__ out) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t r = e / n, i = e % n;
@@ -56,11 +57,13 @@ const char* op_name(FakeQuantOp op) {
 // Validates the op and shape; *total = m * channels, 0 when there is nothing to do.
 Status check_rows(const char* fn, FakeQuantOp op, int64_t channels, int64_t m, int64_t* total) {
   const int iop = static_cast<int>(op);
-  if (iop < 0 || iop > 2) return invalid_argument(std::string(fn) + ": op " + std::to_string(iop) + " unknown");
+  if (iop < 0 || iop > 2)
+    return invalid_argument(std::string(fn) + ": op " + std::to_string(iop) + " unknown");
   const int64_t block = fq::block_of(iop);
   if (channels <= 0 || channels % block || channels > (int64_t{1} << 24))
-    return invalid_argument(std::string(fn) + ": channels " + std::to_string(channels) + " for " + op_name(op) +
-                            " must be a positive multiple of " + std::to_string(block) + " (MODEL_SPEC 3.9)");
+    return invalid_argument(std::string(fn) + ": channels " + std::to_string(channels) + " for " +
+                            op_name(op) + " must be a positive multiple of " + std::to_string(block) +
+                            " (MODEL_SPEC 3.9)");
   if (m < 0) return invalid_argument(std::string(fn) + ": m " + std::to_string(m) + " is negative");
   *total = m * channels;
   if (m > 0 && (*total + kThreads - 1) / kThreads > 0x7fffffff)
@@ -72,13 +75,14 @@ unsigned grid_for(int64_t total) { return static_cast<unsigned>((total + kThread
 
 }  // namespace
 
-Status run_decode_rows_gather(FakeQuantOp op, int64_t channels, const uint8_t* base, const int64_t* row_offsets,
-                              int64_t m, float* out, cudaStream_t stream) {
+Status run_decode_rows_gather(FakeQuantOp op, int64_t channels, const uint8_t* base,
+                              const int64_t* row_offsets, int64_t m, float* out, cudaStream_t stream) {
   int64_t total = 0;
   DS41_RETURN_IF_ERROR(check_rows("decode_rows_gather", op, channels, m, &total));
   if (total == 0) return ok_status();
   fq::dispatch_op(static_cast<int>(op), [&]<int kOp>() {
-    decode_rows_gather_kernel<kOp><<<grid_for(total), kThreads, 0, stream>>>(base, row_offsets, channels, total, out);
+    decode_rows_gather_kernel<kOp>
+        <<<grid_for(total), kThreads, 0, stream>>>(base, row_offsets, channels, total, out);
   });
   return last_launch_status("decode_rows_gather");
 }
@@ -89,7 +93,8 @@ Status run_encode_rows_scatter(FakeQuantOp op, int64_t channels, const float* x,
   DS41_RETURN_IF_ERROR(check_rows("encode_rows_scatter", op, channels, m, &total));
   if (total == 0) return ok_status();
   fq::dispatch_op(static_cast<int>(op), [&]<int kOp>() {
-    encode_rows_scatter_kernel<kOp><<<grid_for(total), kThreads, 0, stream>>>(x, channels, total, base, row_offsets);
+    encode_rows_scatter_kernel<kOp>
+        <<<grid_for(total), kThreads, 0, stream>>>(x, channels, total, base, row_offsets);
   });
   return last_launch_status("encode_rows_scatter");
 }

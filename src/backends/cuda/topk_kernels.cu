@@ -20,7 +20,8 @@ namespace {
 
 int threads_for(int64_t t) { return t >= 8192 ? 1024 : 256; }
 
-__global__ void topk_rows_kernel(const float* __restrict__ scores, int64_t t, int64_t k, int32_t* __restrict__ out) {
+__global__ void topk_rows_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
+                                 int32_t* __restrict__ out) {
   __shared__ sel::SelectShared sh;
   const int64_t r = blockIdx.x;
   const float* row = scores + r * t;
@@ -35,7 +36,8 @@ __global__ void topk_rows_kernel(const float* __restrict__ scores, int64_t t, in
 
 // bs: the workspace row (written and read here: plain loads, no read-only cache path).
 __global__ void candidate_pool_kernel(const float* __restrict__ scores, const int64_t* __restrict__ visible,
-                                      int64_t t, int64_t block, int64_t keep, float* ws, uint8_t* __restrict__ mask) {
+                                      int64_t t, int64_t block, int64_t keep, float* ws,
+                                      uint8_t* __restrict__ mask) {
   __shared__ sel::SelectShared sh;
   const int64_t r = blockIdx.x;
   const int64_t nb = (t + block - 1) / block;
@@ -72,8 +74,10 @@ __global__ void mask_restrict_kernel(float* __restrict__ scores, int64_t t, cons
 
 Status check_rows(const char* fn, int64_t n, int64_t t) {
   if (n < 0 || t < 0)
-    return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " / t " + std::to_string(t) + " negative");
-  if (n > 0x7fffffff) return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " rows too many for one grid");
+    return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " / t " + std::to_string(t) +
+                            " negative");
+  if (n > 0x7fffffff)
+    return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " rows too many for one grid");
   if (t > 0x7fffffff)
     return invalid_argument(std::string(fn) + ": t " + std::to_string(t) + " exceeds int32 indices");
   return ok_status();
@@ -101,7 +105,8 @@ size_t candidate_pool_workspace_bytes(int64_t n, int64_t t, int64_t block, int64
 Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t, int64_t block,
                           int64_t keep_blocks, uint8_t* mask, void* workspace, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_rows("candidate_pool", n, t));
-  if (block <= 0) return invalid_argument("candidate_pool: block " + std::to_string(block) + " must be positive");
+  if (block <= 0)
+    return invalid_argument("candidate_pool: block " + std::to_string(block) + " must be positive");
   if (keep_blocks < 0)
     return invalid_argument("candidate_pool: keep_blocks " + std::to_string(keep_blocks) + " is negative");
   if (n == 0 || t == 0) return ok_status();
@@ -116,15 +121,15 @@ Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n
 Status run_mask_restrict(float* scores, int64_t n, int64_t t, const uint8_t* mask, int64_t mask_stride,
                          const int64_t* t_mask, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_rows("mask_restrict", n, t));
-  if (mask_stride < 0) return invalid_argument("mask_restrict: mask_stride " + std::to_string(mask_stride) + " is negative");
+  if (mask_stride < 0)
+    return invalid_argument("mask_restrict: mask_stride " + std::to_string(mask_stride) + " is negative");
   if (n == 0 || t == 0) return ok_status();
-  if (!scores || !t_mask || !mask)
-    return invalid_argument("mask_restrict: null scores, mask or t_mask");
+  if (!scores || !t_mask || !mask) return invalid_argument("mask_restrict: null scores, mask or t_mask");
   constexpr int kThreads = 256;
   const int64_t tiles = (t + kThreads - 1) / kThreads;
   if (n * tiles > 0x7fffffff) return invalid_argument("mask_restrict: n x t too large for one grid");
-  mask_restrict_kernel<<<static_cast<unsigned>(n * tiles), kThreads, 0, stream>>>(scores, t, mask, mask_stride, t_mask,
-                                                                                  tiles);
+  mask_restrict_kernel<<<static_cast<unsigned>(n * tiles), kThreads, 0, stream>>>(scores, t, mask,
+                                                                                  mask_stride, t_mask, tiles);
   return last_launch_status("mask_restrict");
 }
 
