@@ -31,9 +31,9 @@ const char* gen_name(Gen g) {
   return "?";
 }
 
-// Scores of one row. kTies: 70% zeros (ReLU), the rest from 6 values; kSparse: mostly -inf, about
-// 1 in 300 finite; kSpecial: ties, +-0, +inf, -inf, subnormals; kIndexerLike: -inf past a visible
-// prefix, ReLU zeros and gaussian tails.
+// Scores of one row. kTies: 70% zeros (ReLU; +0 and -0 mixed, equal for the tie order), the rest
+// from 6 values; kSparse: mostly -inf, about 1 in 300 finite; kSpecial: ties, +-0, +inf, -inf,
+// subnormals; kIndexerLike: -inf past a visible prefix, ReLU zeros and gaussian tails.
 void fill_row(Gen g, std::mt19937& rng, float* x, int64_t t, int64_t row) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float vals[6] = {0.5f, 1.0f, 1.5f, 2.0f, -1.0f, 3.0f};
@@ -42,7 +42,7 @@ void fill_row(Gen g, std::mt19937& rng, float* x, int64_t t, int64_t row) {
     float v = 0.0f;
     switch (g) {
       case Gen::kGauss: v = nd(rng); break;
-      case Gen::kTies: v = (rng() % 10 < 7) ? 0.0f : vals[rng() % 6]; break;
+      case Gen::kTies: v = (rng() % 10 < 7) ? ((rng() & 1) ? 0.0f : -0.0f) : vals[rng() % 6]; break;
       case Gen::kSparse: v = (rng() % 300 == 0) ? nd(rng) : -INFINITY; break;
       case Gen::kSpecial: {
         const uint32_t k = rng() % 12;
