@@ -33,7 +33,7 @@ constexpr int64_t kGemvMaxN = 64;
 constexpr int kTileN = 128;  // output rows per tile
 constexpr int kTileM = 64;   // rows of x per tile
 constexpr int kTileK = 32;
-constexpr int kMaxExperts = 4096;
+constexpr int kMaxExperts = 2048;  // unit_start in shared memory (static smem stays < 48 KB)
 
 // ---------------------------------------------------------------------------------------------
 // GEMV body: the warp of this thread computes W row w_row (global row, -1: idle) against nb

@@ -60,8 +60,9 @@ TEST(MoeParity, Router) {
     const std::string shape = dims({c.n, c.E}) + " k=" + std::to_string(c.k) + (c.ties ? " ties" : "") +
                               (c.vl ? " vl" : "") + (c.ninf ? " -inf" : "");
     report("router experts", shape, static_cast<double>(bad), 0, "exact (house tie order)");
-    report("router weights", shape, rel_elem(dw.get(), want_w), 2.5e-7,
-           "softplus in fp64 (CUDA vs libm <= 1 ulp): expected bit-exact, 1-ulp flips allowed");
+    report("router weights", shape, rel_elem(dw.get(), want_w), 5e-7,
+           "softplus in fp64 (CUDA vs libm <= 1 ulp): expected bit-exact, a rare score flip moves w by <= 4 "
+           "ulp");
   }
 }
 
