@@ -4,7 +4,7 @@
 // rounds each product, so results differ from it by summation order and fused rounding only).
 //
 // GEMV path (n <= kGemvMaxN, decode): 256 threads = 8 warps, one output row per warp; the block
-//   stages kGemvChunk columns of up to NB rows of x in shared memory and every warp streams its
+//   stages 8192 / NB columns of up to NB rows of x in shared memory and every warp streams its
 //   weight row through it (V weights per lane per step), then reduces its lanes with shuffles.
 //   grid = (ceil(out / 8), ceil(n / NB), groups).
 // Tiled path (larger n, prefill): a 128 (outputs) x 64 (rows of x) tile per 256-thread block, K in
@@ -28,7 +28,10 @@ using quant::WeightFormat;
 
 constexpr int kThreads = 256;
 constexpr int kGemvWarps = kThreads / 32;
-constexpr int kGemvChunk = 1024;
+// Columns of x staged per pass: 32 KB of shared memory whatever NB (decode, NB = 1, stages 8192
+// columns: one pass over the released widths, so a warp streams its whole row without a barrier).
+template <int NB>
+constexpr int kGemvChunk = 8192 / NB;
 constexpr int64_t kGemvMaxN = 64;
 constexpr int kTileN = 128;  // output rows per tile
 constexpr int kTileM = 64;   // rows of x per tile
@@ -40,20 +43,20 @@ constexpr int kMaxExperts = 2048;  // unit_start in shared memory (static smem s
 // (<= NB) rows of x (x: first row, group column offset applied); writes y_col[b * ldy].
 template <class D, int NB>
 __device__ __forceinline__ void gemv_rows(const WView& w, int64_t w_row, const float* x, int64_t ldx, int nb,
-                                          float* y_col, int64_t ldy, float (&xs)[NB][kGemvChunk]) {
+                                          float* y_col, int64_t ldy, float (&xs)[NB][kGemvChunk<NB>]) {
   const int lane = threadIdx.x & 31;
   float acc[NB];
 #pragma unroll
   for (int b = 0; b < NB; ++b) acc[b] = 0.0f;
-  for (int64_t k0 = 0; k0 < w.in; k0 += kGemvChunk) {
-    const int kc = static_cast<int>(min(static_cast<int64_t>(kGemvChunk), w.in - k0));
+  for (int64_t k0 = 0; k0 < w.in; k0 += kGemvChunk<NB>) {
+    const int kc = static_cast<int>(min(static_cast<int64_t>(kGemvChunk<NB>), w.in - k0));
     __syncthreads();
 #pragma unroll
     for (int b = 0; b < NB; ++b)
       for (int i = threadIdx.x; i < kc; i += blockDim.x) xs[b][i] = b < nb ? x[b * ldx + k0 + i] : 0.0f;
     __syncthreads();
     if (w_row >= 0) {
-#pragma unroll 2
+#pragma unroll 4
       for (int kk = lane * D::V; kk < kc; kk += 32 * D::V) {
         float wv[D::V];
         D::load(w, w_row, k0 + kk, wv);
@@ -149,7 +152,7 @@ template <class D, int NB>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
                 float* __restrict__ y, int64_t ldy) {
-  __shared__ __align__(16) float xs[NB][kGemvChunk];
+  __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
   const int64_t g = blockIdx.z;
   const int64_t o_local = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * NB;
@@ -228,7 +231,7 @@ __global__ void __launch_bounds__(kThreads)
     expert_gemv_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
                        int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
                        float* __restrict__ y) {
-  __shared__ __align__(16) float xs[NB][kGemvChunk];
+  __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
   __shared__ int unit_start[kMaxExperts + 1];
   const int total = expert_units(offsets, n_experts, NB, unit_start);
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
