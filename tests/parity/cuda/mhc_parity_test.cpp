@@ -19,8 +19,8 @@ TEST(MhcParity, HcMap) {
   struct C {
     int64_t n, c, h, iters;
   };
-  const std::vector<C> cases = {{1, 4, 5120, 20}, {8, 4, 5120, 20}, {300, 4, 5120, 20},
-                                {5, 4, 192, 20},  {7, 2, 64, 3},    {4, 6, 100, 5}};
+  const std::vector<C> cases = {{1, 4, 5120, 20}, {8, 4, 5120, 20}, {300, 4, 5120, 20}, {5, 4, 192, 20},
+                                {7, 2, 64, 3},    {4, 6, 100, 5},   {3, 3, 33, 20}};
   CpuBackend cpu(&ref_pool());
   uint64_t seed = 100;
   for (const C& c : cases) {
