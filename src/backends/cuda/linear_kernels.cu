@@ -3,11 +3,12 @@
 // (MODEL_SPEC 2.1, 3.4.8, 3.5). Float32 products and sums (explicit fmaf: the host reference
 // rounds each product, so results differ from it by summation order and fused rounding only).
 //
-// GEMV path (n <= kGemvMaxN, decode): 256 threads = 8 warps, one output row per warp; the block
+// GEMV path (n <= kGemvMaxN, decode; or too few tiles for one wave): 256 threads = 8 warps, one output row
+// per warp; the block
 //   stages 8192 / NB columns of up to NB rows of x in shared memory and every warp streams its
 //   weight row through it (V weights per lane per step), then reduces its lanes with shuffles.
 //   grid = (ceil(out / 8), ceil(n / NB), groups).
-// Tiled path (larger n, prefill): a 128 (outputs) x 64 (rows of x) tile per 256-thread block, K in
+// Tiled path (larger n and out, prefill): a 128 (outputs) x 64 (rows of x) tile per 256-thread block, K in
 //   steps of 32: the W tile is decoded into shared memory, each thread accumulates 8 x 4 outputs.
 //   grid = (ceil(out / 128), ceil(n / 64), groups).
 // Expert launches (rows of x grouped by expert through offsets) cut each expert's rows into units
@@ -33,6 +34,9 @@ constexpr int kGemvWarps = kThreads / 32;
 template <int NB>
 constexpr int kGemvChunk = 8192 / NB;
 constexpr int64_t kGemvMaxN = 64;
+// Fewer tiles than one wave (an H100/H200 has 132 SMs) would leave SMs idle: the GEMV path then
+// spreads the work over (out / 8) x (n / 8) blocks instead.
+constexpr int64_t kMinTiles = 132;
 constexpr int kTileN = 128;  // output rows per tile
 constexpr int kTileM = 64;   // rows of x per tile
 constexpr int kTileK = 32;
@@ -327,10 +331,17 @@ bool vector_ok(WeightFormat f, int64_t in, const void* data) {
   }
 }
 
+// GEMV unless n is large and the tiles fill at least one wave of the device.
+bool use_gemv(int64_t out_rows, int64_t groups, int64_t n) {
+  if (n <= kGemvMaxN) return true;
+  const int64_t tiles = ((out_rows + kTileN - 1) / kTileN) * ((n + kTileM - 1) / kTileM) * groups;
+  return tiles < kMinTiles && n <= int64_t{8} * 65535;
+}
+
 template <class D>
 void launch_dense(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                   float* y, int64_t ldy, cudaStream_t stream) {
-  if (n <= kGemvMaxN) {
+  if (use_gemv(out_rows, groups, n)) {
     const int nbt = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
     const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, nbt), static_cast<unsigned>(groups));
     if (nbt == 1)
@@ -349,7 +360,7 @@ void launch_dense(const WView& w, int64_t out_rows, int64_t groups, const float*
 template <class D>
 void launch_dense_scalar(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx,
                          int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  if (n <= kGemvMaxN) {
+  if (use_gemv(out_rows, groups, n)) {
     const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, 8), static_cast<unsigned>(groups));
     gemv_kernel<D, 8><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
   } else {

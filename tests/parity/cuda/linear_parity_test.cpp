@@ -1,6 +1,6 @@
 // Parity of the CUDA linear kernels (backends/cuda/linear_kernels.h) with the CPU reference
 // (ds41_backend_cpu): run_linear over F32 / BF16 / FP8-tile / FP4-row weights on the GEMV path
-// (n <= 64) and the tiled path (n > 64) at the released widths, the scalar fallbacks (ragged
+// (n <= 64, or fewer than 132 tiles) and the tiled path at the released widths, the scalar fallbacks (ragged
 // widths, unaligned payloads), run_grouped_linear (the 8-group o-projection of MODEL_SPEC 3.4.8)
 // and run_expert_linear over 384 FP4 experts (decode and prefill routing, the tiled expert path,
 // empty experts, m_max above the routed rows). Argument validation runs without a device.
@@ -70,6 +70,13 @@ TEST(LinearParity, Linear) {
       {"fp4 unaligned", WeightFormat::kFp4Rows, 64, 256, {1, 70}, 2},
       {"f32 unaligned", WeightFormat::kF32, 40, 64, {3, 70}, 4},
       {"fp8 unaligned", WeightFormat::kFp8Tiles, 40, 64, {3, 70}, 1},
+      // The tiled path needs n > 64 and at least 132 tiles of 128 x 64: one case per decoder.
+      {"bf16 tiled", WeightFormat::kBF16, 4096, 256, {4200}},
+      {"f32 tiled", WeightFormat::kF32, 2048, 64, {4200}},
+      {"fp8 ragged tiled", WeightFormat::kFp8Tiles, 2000, 102, {5000}},
+      {"bf16 odd width tiled", WeightFormat::kBF16, 4000, 130, {4200}},
+      {"fp4 unaligned tiled", WeightFormat::kFp4Rows, 2048, 256, {4200}, 2},
+      {"f32 unaligned tiled", WeightFormat::kF32, 2048, 64, {4200}, 4},
   };
   uint64_t seed = 1000;
   for (const LinearCase& c : cases) {
@@ -104,7 +111,7 @@ TEST(LinearParity, GroupedLinear) {
   const std::vector<GroupedCase> cases = {
       {"wo_a", WeightFormat::kFp8Tiles, 8, 8192, 4096, {1, 8, 64, 300}},
       {"tiny wo_a", WeightFormat::kFp8Tiles, 2, 128, 128, {1, 70}},
-      {"partial tiles", WeightFormat::kBF16, 4, 120, 96, {3, 100}},
+      {"partial tiles", WeightFormat::kBF16, 4, 120, 96, {3, 100, 5000}},
   };
   uint64_t seed = 2000;
   for (const GroupedCase& c : cases) {
