@@ -70,6 +70,8 @@ TEST(LinearParity, Linear) {
       {"fp4 unaligned", WeightFormat::kFp4Rows, 64, 256, {1, 70}, 2},
       {"f32 unaligned", WeightFormat::kF32, 40, 64, {3, 70}, 4},
       {"fp8 unaligned", WeightFormat::kFp8Tiles, 40, 64, {3, 70}, 1},
+      // Decode with 4 W rows per warp (>= 264 blocks of 32 rows), the last warp partly idle.
+      {"fp8 4 rows/warp ragged", WeightFormat::kFp8Tiles, 8462, 64, {1}},
       // The tiled path needs n > 64 and at least 132 tiles of 128 x 64: one case per decoder.
       {"bf16 tiled", WeightFormat::kBF16, 4096, 256, {4200}},
       {"f32 tiled", WeightFormat::kF32, 2048, 64, {4200}},
@@ -173,6 +175,7 @@ TEST(LinearParity, ExpertLinear) {
       {"8 experts (tiled)", WeightFormat::kFp4Rows, 8, 2304, 5120, {300}, 2, 0},
       {"fp8 16 experts", WeightFormat::kFp8Tiles, 16, 96, 512, {1, 40, 400}, 3, 7},
       {"bf16 16 experts", WeightFormat::kBF16, 16, 100, 256, {2, 400}, 2, 0},
+      {"fp4 64 experts ragged (4 rows/warp)", WeightFormat::kFp4Rows, 64, 1002, 256, {8}, 6, 3},
   };
   uint64_t seed = 3000;
   for (const ExpertCase& c : cases) {
