@@ -3,11 +3,12 @@
 // (MODEL_SPEC 2.1, 3.4.8, 3.5). Float32 products and sums (explicit fmaf: the host reference
 // rounds each product, so results differ from it by summation order and fused rounding only).
 //
-// GEMV path (n <= kGemvMaxN, decode): 256 threads = 8 warps, one output row per warp; the block
-//   stages kGemvChunk columns of up to NB rows of x in shared memory and every warp streams its
+// GEMV path (n <= kGemvMaxN, decode; or too few tiles for one wave): 256 threads = 8 warps, one output row
+// per warp; the block
+//   stages 8192 / NB columns of up to NB rows of x in shared memory and every warp streams its
 //   weight row through it (V weights per lane per step), then reduces its lanes with shuffles.
 //   grid = (ceil(out / 8), ceil(n / NB), groups).
-// Tiled path (larger n, prefill): a 128 (outputs) x 64 (rows of x) tile per 256-thread block, K in
+// Tiled path (larger n and out, prefill): a 128 (outputs) x 64 (rows of x) tile per 256-thread block, K in
 //   steps of 32: the W tile is decoded into shared memory, each thread accumulates 8 x 4 outputs.
 //   grid = (ceil(out / 128), ceil(n / 64), groups).
 // Expert launches (rows of x grouped by expert through offsets) cut each expert's rows into units
@@ -28,59 +29,86 @@ using quant::WeightFormat;
 
 constexpr int kThreads = 256;
 constexpr int kGemvWarps = kThreads / 32;
-constexpr int kGemvChunk = 1024;
+// Columns of x staged per pass: 32 KB of shared memory whatever NB (decode, NB = 1, stages 8192
+// columns: one pass over the released widths, so a warp streams its whole row without a barrier).
+template <int NB>
+constexpr int kGemvChunk = 8192 / NB;
 constexpr int64_t kGemvMaxN = 64;
+// Fewer tiles than one wave (an H100/H200 has 132 SMs) would leave SMs idle: the GEMV path then
+// spreads the work over (out / 8) x (n / 8) blocks instead.
+constexpr int64_t kMinTiles = 132;
 constexpr int kTileN = 128;  // output rows per tile
 constexpr int kTileM = 64;   // rows of x per tile
 constexpr int kTileK = 32;
-constexpr int kMaxExperts = 4096;
+constexpr int kMaxExperts = 2048;  // unit_start in shared memory (static smem stays < 48 KB)
 
 // ---------------------------------------------------------------------------------------------
-// GEMV body: the warp of this thread computes W row w_row (global row, -1: idle) against nb
-// (<= NB) rows of x (x: first row, group column offset applied); writes y_col[b * ldy].
-template <class D, int NB>
-__device__ __forceinline__ void gemv_rows(const WView& w, int64_t w_row, const float* x, int64_t ldx, int nb,
-                                          float* y_col, int64_t ldy, float (&xs)[NB][kGemvChunk]) {
+// GEMV body: the warp of this thread computes W rows [w_row, w_row + rows) (global rows; rows <= R,
+// 0: idle) against nb (<= NB) rows of x (x: first row, group column offset applied); row r of
+// the warp writes y_col[b * ldy + r]. R > 1 (decode) amortises the staging of x over more rows.
+template <class D, int NB, int R>
+__device__ __forceinline__ void gemv_rows(const WView& w, int64_t w_row, int rows, const float* x,
+                                          int64_t ldx, int nb, float* y_col, int64_t ldy,
+                                          float (&xs)[NB][kGemvChunk<NB>]) {
   const int lane = threadIdx.x & 31;
-  float acc[NB];
+  float acc[R][NB];
 #pragma unroll
-  for (int b = 0; b < NB; ++b) acc[b] = 0.0f;
-  for (int64_t k0 = 0; k0 < w.in; k0 += kGemvChunk) {
-    const int kc = static_cast<int>(min(static_cast<int64_t>(kGemvChunk), w.in - k0));
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+  for (int64_t k0 = 0; k0 < w.in; k0 += kGemvChunk<NB>) {
+    const int kc = static_cast<int>(min(static_cast<int64_t>(kGemvChunk<NB>), w.in - k0));
     __syncthreads();
 #pragma unroll
     for (int b = 0; b < NB; ++b)
       for (int i = threadIdx.x; i < kc; i += blockDim.x) xs[b][i] = b < nb ? x[b * ldx + k0 + i] : 0.0f;
     __syncthreads();
-    if (w_row >= 0) {
-#pragma unroll 2
+    if (rows > 0) {
+#pragma unroll(R == 1 ? 4 : 2)
       for (int kk = lane * D::V; kk < kc; kk += 32 * D::V) {
-        float wv[D::V];
-        D::load(w, w_row, k0 + kk, wv);
+        float wv[R][D::V];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r < rows) {
+            D::load(w, w_row + r, k0 + kk, wv[r]);
+          } else {
+#pragma unroll
+            for (int v = 0; v < D::V; ++v) wv[r][v] = 0.0f;
+          }
+        }
 #pragma unroll
         for (int b = 0; b < NB; ++b) {
           if constexpr (D::V % 4 == 0) {
 #pragma unroll
             for (int q = 0; q < D::V / 4; ++q) {
               const float4 xv = *reinterpret_cast<const float4*>(&xs[b][kk + 4 * q]);
-              acc[b] = __fmaf_rn(wv[4 * q], xv.x, acc[b]);
-              acc[b] = __fmaf_rn(wv[4 * q + 1], xv.y, acc[b]);
-              acc[b] = __fmaf_rn(wv[4 * q + 2], xv.z, acc[b]);
-              acc[b] = __fmaf_rn(wv[4 * q + 3], xv.w, acc[b]);
+#pragma unroll
+              for (int r = 0; r < R; ++r) {
+                acc[r][b] = __fmaf_rn(wv[r][4 * q], xv.x, acc[r][b]);
+                acc[r][b] = __fmaf_rn(wv[r][4 * q + 1], xv.y, acc[r][b]);
+                acc[r][b] = __fmaf_rn(wv[r][4 * q + 2], xv.z, acc[r][b]);
+                acc[r][b] = __fmaf_rn(wv[r][4 * q + 3], xv.w, acc[r][b]);
+              }
             }
           } else {
 #pragma unroll
-            for (int v = 0; v < D::V; ++v) acc[b] = __fmaf_rn(wv[v], xs[b][kk + v], acc[b]);
+            for (int v = 0; v < D::V; ++v) {
+              const float xv = xs[b][kk + v];
+#pragma unroll
+              for (int r = 0; r < R; ++r) acc[r][b] = __fmaf_rn(wv[r][v], xv, acc[r][b]);
+            }
           }
         }
       }
     }
   }
-  if (w_row >= 0) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;  // warp-uniform
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      const float s = dev::warp_sum(acc[b]);
-      if (lane == 0 && b < nb) y_col[b * ldy] = s;
+      const float s = dev::warp_sum(acc[r][b]);
+      if (lane == 0 && b < nb) y_col[b * ldy + r] = s;
     }
   }
 }
@@ -145,17 +173,18 @@ __device__ __forceinline__ void tile_rows(const WView& w, int64_t w_row0, int ro
 // ---------------------------------------------------------------------------------------------
 // Dense / grouped kernels: blockIdx.z = group g uses W rows [g * out_rows, (g + 1) * out_rows),
 // x columns [g * in, (g + 1) * in) and y columns [g * out_rows, (g + 1) * out_rows).
-template <class D, int NB>
+template <class D, int NB, int R>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
                 float* __restrict__ y, int64_t ldy) {
-  __shared__ __align__(16) float xs[NB][kGemvChunk];
+  __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
   const int64_t g = blockIdx.z;
-  const int64_t o_local = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  const int64_t o_local = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
+  const int rows = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(R), out_rows - o_local)));
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
-  gemv_rows<D, NB>(w, o_local < out_rows ? g * out_rows + o_local : -1, x + r0 * ldx + g * w.in, ldx, nb,
-                   y + r0 * ldy + g * out_rows + o_local, ldy, xs);
+  gemv_rows<D, NB, R>(w, g * out_rows + o_local, rows, x + r0 * ldx + g * w.in, ldx, nb,
+                      y + r0 * ldy + g * out_rows + o_local, ldy, xs);
 }
 
 template <class D>
@@ -223,30 +252,36 @@ __device__ __forceinline__ int64_t unit_expert(const int* unit_start, int64_t n_
 // The format is read per expert on the device (the host never reads the weight array); a unit of
 // an expert whose format is not a linear format is skipped. Vector decoders only (run_expert_linear
 // checks the widths; the payloads must be aligned as linear_decode.cuh says).
-template <int NB>
+template <int NB, int R>
 __global__ void __launch_bounds__(kThreads)
     expert_gemv_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
                        int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
                        float* __restrict__ y) {
-  __shared__ __align__(16) float xs[NB][kGemvChunk];
+  __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
   __shared__ int unit_start[kMaxExperts + 1];
   const int total = expert_units(offsets, n_experts, NB, unit_start);
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  const int64_t o = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
+  const int rows = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(R), out_dim - o)));
   for (int u = blockIdx.y; u < total; u += gridDim.y) {
     const int64_t e = unit_expert(unit_start, n_experts, u);
     const int64_t r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
     const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
     const WView w{weights[e].data, weights[e].scale, in_dim};
-    const int64_t row = o < out_dim ? o : -1;
     const float* xr = x + r0 * in_dim;
     float* yr = y + r0 * out_dim + o;
     switch (weights[e].format) {
-      case WeightFormat::kFp4Rows: gemv_rows<dev::DecFp4, NB>(w, row, xr, in_dim, nb, yr, out_dim, xs); break;
-      case WeightFormat::kFp8Tiles:
-        gemv_rows<dev::DecFp8, NB>(w, row, xr, in_dim, nb, yr, out_dim, xs);
+      case WeightFormat::kFp4Rows:
+        gemv_rows<dev::DecFp4, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
         break;
-      case WeightFormat::kBF16: gemv_rows<dev::DecBF16, NB>(w, row, xr, in_dim, nb, yr, out_dim, xs); break;
-      case WeightFormat::kF32: gemv_rows<dev::DecF32, NB>(w, row, xr, in_dim, nb, yr, out_dim, xs); break;
+      case WeightFormat::kFp8Tiles:
+        gemv_rows<dev::DecFp8, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+        break;
+      case WeightFormat::kBF16:
+        gemv_rows<dev::DecBF16, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+        break;
+      case WeightFormat::kF32:
+        gemv_rows<dev::DecF32, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+        break;
       default: break;
     }
   }
@@ -324,18 +359,36 @@ bool vector_ok(WeightFormat f, int64_t in, const void* data) {
   }
 }
 
+// Decode (one row of x): 4 W rows per warp when that still leaves two blocks per SM (132 SMs);
+// the staged row of x then serves 32 W rows per block instead of 8.
+int rows_per_warp(int64_t out_rows, int64_t blocks_per_row) {
+  return (out_rows + kGemvWarps * 4 - 1) / (kGemvWarps * 4) * blocks_per_row >= 2 * 132 ? 4 : 1;
+}
+
+// GEMV unless n is large and the tiles fill at least one wave of the device.
+bool use_gemv(int64_t out_rows, int64_t groups, int64_t n) {
+  if (n <= kGemvMaxN) return true;
+  const int64_t tiles = ((out_rows + kTileN - 1) / kTileN) * ((n + kTileM - 1) / kTileM) * groups;
+  return tiles < kMinTiles && n <= int64_t{8} * 65535;
+}
+
 template <class D>
 void launch_dense(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                   float* y, int64_t ldy, cudaStream_t stream) {
-  if (n <= kGemvMaxN) {
+  if (use_gemv(out_rows, groups, n)) {
     const int nbt = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
+    if (nbt == 1 && rows_per_warp(out_rows, groups) == 4) {
+      const dim3 grid(ceil_u(out_rows, kGemvWarps * 4), 1, static_cast<unsigned>(groups));
+      gemv_kernel<D, 1, 4><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      return;
+    }
     const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, nbt), static_cast<unsigned>(groups));
     if (nbt == 1)
-      gemv_kernel<D, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      gemv_kernel<D, 1, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
     else if (nbt == 4)
-      gemv_kernel<D, 4><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      gemv_kernel<D, 4, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
     else
-      gemv_kernel<D, 8><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      gemv_kernel<D, 8, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
   } else {
     const dim3 grid(ceil_u(out_rows, kTileN), ceil_u(n, kTileM), static_cast<unsigned>(groups));
     tile_kernel<D><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
@@ -346,9 +399,9 @@ void launch_dense(const WView& w, int64_t out_rows, int64_t groups, const float*
 template <class D>
 void launch_dense_scalar(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx,
                          int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  if (n <= kGemvMaxN) {
+  if (use_gemv(out_rows, groups, n)) {
     const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, 8), static_cast<unsigned>(groups));
-    gemv_kernel<D, 8><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+    gemv_kernel<D, 8, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
   } else {
     const dim3 grid(ceil_u(out_rows, kTileN), ceil_u(n, kTileM), static_cast<unsigned>(groups));
     tile_kernel<D><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
@@ -400,15 +453,21 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
     expert_tile_kernel<<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
     return;
   }
-  const unsigned gx = ceil_u(out_dim, kGemvWarps);
   const bool one = m_max <= n_experts;  // about one row per used expert (decode)
   const int64_t upper = one ? m_max : (m_max + 7) / 8 + n_experts;
+  const int R = one ? rows_per_warp(out_dim, m_max) : 1;
+  const unsigned gx = ceil_u(out_dim, kGemvWarps * R);
   const int64_t want = std::max<int64_t>(1, (4096 + gx - 1) / gx);  // ~30 blocks per SM in all
   const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>({upper, want, 65535})));
-  if (one)
-    expert_gemv_kernel<1><<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+  if (one && R == 4)
+    expert_gemv_kernel<1, 4>
+        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+  else if (one)
+    expert_gemv_kernel<1, 1>
+        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
   else
-    expert_gemv_kernel<8><<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    expert_gemv_kernel<8, 1>
+        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
 }
 
 }  // namespace

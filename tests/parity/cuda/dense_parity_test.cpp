@@ -63,8 +63,8 @@ TEST(DenseParity, RmsNorm) {
     report("rms_norm",
            dims({c.n, c.dim}) + (c.weight ? " w" : " no-w") + (c.alias ? " in-place" : "") +
                " eps=" + std::to_string(c.eps),
-           rel_elem(got, want), 3e-7,
-           "fp64 sum of squares in another order: a flip of the fp32 mean is <= 1 ulp");
+           rel_elem(got, want), 5e-7,
+           "fp64 sum of squares in another order: a flip of the fp32 mean moves y by <= 4 ulp");
   }
 }
 
@@ -96,10 +96,11 @@ TEST(DenseParity, Rope) {
     Dev<float> dx(x), dinv(inv);
     Dev<int64_t> dpos(pos);
     ASSERT_TRUE(run_rope(dx.p, c.n, c.heads, c.head_dim, dpos.p, dinv.p, c.n_freq, c.inverse, nullptr).ok());
-    report("rope",
-           dims({c.n, c.heads, c.head_dim}) + " nf=" + std::to_string(c.n_freq) + (c.inverse ? " inv" : ""),
-           rel_to_max(dx.get(), want), 1e-6,
-           "cos/sin in fp64 (CUDA vs libm <= 2 ulp) rounded to fp32: rare 1-ulp flips");
+    report(
+        "rope",
+        dims({c.n, c.heads, c.head_dim}) + " nf=" + std::to_string(c.n_freq) + (c.inverse ? " inv" : ""),
+        rel_to_max(dx.get(), want), 1e-6,
+        "cos/sin in fp64 (CUDA vs libm <= 2 ulp) rounded to fp32: a rare flip moves the result by <= 4 ulp");
   }
 }
 
@@ -118,8 +119,9 @@ TEST(DenseParity, Swiglu) {
       cpu.swiglu(g.data(), u.data(), n, dim, 10.0f, scaled ? rs.data() : nullptr, want.data());
       Dev<float> dg(g), du(u), drs(rs), dout(want.size());
       ASSERT_TRUE(run_swiglu(dg.p, du.p, n, dim, 10.0f, scaled ? drs.p : nullptr, dout.p, nullptr).ok());
-      report("swiglu", dims({n, dim}) + (scaled ? " row_scale" : ""), rel_elem(dout.get(), want), 3e-7,
-             "SiLU's exp in fp64 (CUDA vs libm <= 1 ulp) rounded to fp32: rare 1-ulp flips");
+      report("swiglu", dims({n, dim}) + (scaled ? " row_scale" : ""), rel_elem(dout.get(), want), 5e-7,
+             "SiLU's exp in fp64 (CUDA vs libm <= 1 ulp) rounded to fp32: a rare flip moves the result by <= "
+             "4 ulp");
     }
   }
 }

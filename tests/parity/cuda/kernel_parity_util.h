@@ -18,6 +18,8 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "core/thread_pool.h"
+#include "ops/weight_ref.h"
+#include "quant/weight_format.h"
 
 namespace ds41::cuda::parity {
 
@@ -188,6 +190,54 @@ inline std::string dims(std::initializer_list<int64_t> d) {
   std::string s;
   for (int64_t v : d) s += (s.empty() ? "" : "x") + std::to_string(v);
   return s;
+}
+
+// A linear weight in its checkpoint format on the host, with seeded random contents (FP8: E4M3
+// without NaN codes, scales 2^-9..2^-3; FP4: any code, scales 2^-7..2^-1; BF16 / F32: U(-0.05, 0.05)).
+struct HostWeight {
+  quant::WeightFormat format = quant::WeightFormat::kNone;
+  int64_t out = 0, in = 0;
+  std::vector<uint8_t> data, scale;
+};
+
+inline HostWeight make_weight(quant::WeightFormat f, int64_t out, int64_t in, uint64_t seed) {
+  HostWeight w{f, out, in, {}, {}};
+  switch (f) {
+    case quant::WeightFormat::kFp8Tiles:
+      w.data = rand_e4m3(static_cast<size_t>(out * in), seed);
+      w.scale = rand_e8m0(static_cast<size_t>(((out + 31) / 32) * ((in + 31) / 32)), seed + 1, 118, 124);
+      break;
+    case quant::WeightFormat::kFp4Rows:
+      w.data = rand_bytes(static_cast<size_t>(out * in / 2), seed);
+      w.scale = rand_e8m0(static_cast<size_t>(out * (in / 32)), seed + 1, 120, 126);
+      break;
+    case quant::WeightFormat::kBF16: {
+      Rng r(seed);
+      w.data.resize(static_cast<size_t>(out * in * 2));
+      uint16_t* p = reinterpret_cast<uint16_t*>(w.data.data());
+      for (int64_t i = 0; i < out * in; ++i) p[i] = bf16_of(r.sym() * 0.05f);
+      break;
+    }
+    case quant::WeightFormat::kF32: {
+      auto v = rand_floats(static_cast<size_t>(out * in), seed, 0.05f);
+      w.data.resize(v.size() * 4);
+      std::memcpy(w.data.data(), v.data(), w.data.size());
+      break;
+    }
+    default: break;
+  }
+  return w;
+}
+
+inline ops::WeightRef host_ref(const HostWeight& w, const uint8_t* data, const uint8_t* scale) {
+  ops::WeightRef r;
+  r.format = w.format;
+  r.data = data;
+  r.scale = scale;
+  r.out_dim = w.out;
+  r.in_dim = w.in;
+  r.name = "parity";
+  return r;
 }
 
 }  // namespace ds41::cuda::parity

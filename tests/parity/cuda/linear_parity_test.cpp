@@ -1,6 +1,6 @@
 // Parity of the CUDA linear kernels (backends/cuda/linear_kernels.h) with the CPU reference
 // (ds41_backend_cpu): run_linear over F32 / BF16 / FP8-tile / FP4-row weights on the GEMV path
-// (n <= 64) and the tiled path (n > 64) at the released widths, the scalar fallbacks (ragged
+// (n <= 64, or fewer than 132 tiles) and the tiled path at the released widths, the scalar fallbacks (ragged
 // widths, unaligned payloads), run_grouped_linear (the 8-group o-projection of MODEL_SPEC 3.4.8)
 // and run_expert_linear over 384 FP4 experts (decode and prefill routing, the tiled expert path,
 // empty experts, m_max above the routed rows). Argument validation runs without a device.
@@ -27,52 +27,6 @@ using quant::WeightFormat;
 // K <= 8192.
 constexpr double kLinearTol = 1e-5;
 const char* kLinearWhy = "fp32 sums of identical products in another order (K<=8192)";
-
-struct HostWeight {
-  WeightFormat format = WeightFormat::kNone;
-  int64_t out = 0, in = 0;
-  std::vector<uint8_t> data, scale;
-};
-
-HostWeight make_weight(WeightFormat f, int64_t out, int64_t in, uint64_t seed) {
-  HostWeight w{f, out, in, {}, {}};
-  switch (f) {
-    case WeightFormat::kFp8Tiles:
-      w.data = rand_e4m3(static_cast<size_t>(out * in), seed);
-      w.scale = rand_e8m0(static_cast<size_t>(((out + 31) / 32) * ((in + 31) / 32)), seed + 1, 118, 124);
-      break;
-    case WeightFormat::kFp4Rows:
-      w.data = rand_bytes(static_cast<size_t>(out * in / 2), seed);
-      w.scale = rand_e8m0(static_cast<size_t>(out * (in / 32)), seed + 1, 120, 126);
-      break;
-    case WeightFormat::kBF16: {
-      Rng r(seed);
-      w.data.resize(static_cast<size_t>(out * in * 2));
-      uint16_t* p = reinterpret_cast<uint16_t*>(w.data.data());
-      for (int64_t i = 0; i < out * in; ++i) p[i] = bf16_of(r.sym() * 0.05f);
-      break;
-    }
-    case WeightFormat::kF32: {
-      auto v = rand_floats(static_cast<size_t>(out * in), seed, 0.05f);
-      w.data.resize(v.size() * 4);
-      std::memcpy(w.data.data(), v.data(), w.data.size());
-      break;
-    }
-    default: break;
-  }
-  return w;
-}
-
-ops::WeightRef host_ref(const HostWeight& w, const uint8_t* data, const uint8_t* scale) {
-  ops::WeightRef r;
-  r.format = w.format;
-  r.data = data;
-  r.scale = scale;
-  r.out_dim = w.out;
-  r.in_dim = w.in;
-  r.name = "parity";
-  return r;
-}
 
 // The weight on the device, its payload at byte offset `misalign` (to reach the scalar paths).
 struct DevWeight {
@@ -103,19 +57,28 @@ struct LinearCase {
 TEST(LinearParity, Linear) {
   DS41_SKIP_WITHOUT_GPU();
   const std::vector<LinearCase> cases = {
-      {"wq_a", WeightFormat::kFp8Tiles, 1280, 5120, {1, 8, 64, 300}},
+      {"wq_a", WeightFormat::kFp8Tiles, 1280, 5120, {1, 4, 8, 64, 300}},
       {"wq_b", WeightFormat::kFp8Tiles, 32768, 1280, {1, 8, 64, 300}},
       {"wo_b", WeightFormat::kFp8Tiles, 5120, 8192, {1, 300}},
       {"expert w1 (dense)", WeightFormat::kFp4Rows, 2304, 5120, {1, 8, 64, 300}},
       {"expert w2 (dense)", WeightFormat::kFp4Rows, 5120, 2304, {1, 300}},
       {"head", WeightFormat::kBF16, 129280, 5120, {1, 8, 64}},
-      {"gate", WeightFormat::kBF16, 384, 5120, {1, 300}},
-      {"f32", WeightFormat::kF32, 512, 128, {1, 5, 100}},
+      {"gate", WeightFormat::kBF16, 384, 5120, {1, 3, 300}},
+      {"f32", WeightFormat::kF32, 512, 128, {1, 2, 5, 100}},
       {"fp8 ragged tiles", WeightFormat::kFp8Tiles, 77, 102, {1, 5, 70}},
       {"bf16 odd width", WeightFormat::kBF16, 33, 130, {1, 70}},
       {"fp4 unaligned", WeightFormat::kFp4Rows, 64, 256, {1, 70}, 2},
       {"f32 unaligned", WeightFormat::kF32, 40, 64, {3, 70}, 4},
       {"fp8 unaligned", WeightFormat::kFp8Tiles, 40, 64, {3, 70}, 1},
+      // Decode with 4 W rows per warp (>= 264 blocks of 32 rows), the last warp partly idle.
+      {"fp8 4 rows/warp ragged", WeightFormat::kFp8Tiles, 8462, 64, {1}},
+      // The tiled path needs n > 64 and at least 132 tiles of 128 x 64: one case per decoder.
+      {"bf16 tiled", WeightFormat::kBF16, 4096, 256, {4200}},
+      {"f32 tiled", WeightFormat::kF32, 2048, 64, {4200}},
+      {"fp8 ragged tiled", WeightFormat::kFp8Tiles, 2000, 102, {5000}},
+      {"bf16 odd width tiled", WeightFormat::kBF16, 4000, 130, {4200}},
+      {"fp4 unaligned tiled", WeightFormat::kFp4Rows, 2048, 256, {4200}, 2},
+      {"f32 unaligned tiled", WeightFormat::kF32, 2048, 64, {4200}, 4},
   };
   uint64_t seed = 1000;
   for (const LinearCase& c : cases) {
@@ -150,7 +113,7 @@ TEST(LinearParity, GroupedLinear) {
   const std::vector<GroupedCase> cases = {
       {"wo_a", WeightFormat::kFp8Tiles, 8, 8192, 4096, {1, 8, 64, 300}},
       {"tiny wo_a", WeightFormat::kFp8Tiles, 2, 128, 128, {1, 70}},
-      {"partial tiles", WeightFormat::kBF16, 4, 120, 96, {3, 100}},
+      {"partial tiles", WeightFormat::kBF16, 4, 120, 96, {3, 100, 5000}},
   };
   uint64_t seed = 2000;
   for (const GroupedCase& c : cases) {
@@ -212,6 +175,7 @@ TEST(LinearParity, ExpertLinear) {
       {"8 experts (tiled)", WeightFormat::kFp4Rows, 8, 2304, 5120, {300}, 2, 0},
       {"fp8 16 experts", WeightFormat::kFp8Tiles, 16, 96, 512, {1, 40, 400}, 3, 7},
       {"bf16 16 experts", WeightFormat::kBF16, 16, 100, 256, {2, 400}, 2, 0},
+      {"fp4 64 experts ragged (4 rows/warp)", WeightFormat::kFp4Rows, 64, 1002, 256, {8}, 6, 3},
   };
   uint64_t seed = 3000;
   for (const ExpertCase& c : cases) {

@@ -19,8 +19,8 @@ TEST(MhcParity, HcMap) {
   struct C {
     int64_t n, c, h, iters;
   };
-  const std::vector<C> cases = {{1, 4, 5120, 20}, {8, 4, 5120, 20}, {300, 4, 5120, 20},
-                                {5, 4, 192, 20},  {7, 2, 64, 3},    {4, 6, 100, 5}};
+  const std::vector<C> cases = {{1, 4, 5120, 20}, {8, 4, 5120, 20}, {300, 4, 5120, 20}, {5, 4, 192, 20},
+                                {7, 2, 64, 3},    {4, 6, 100, 5},   {3, 3, 33, 20}};
   CpuBackend cpu(&ref_pool());
   uint64_t seed = 100;
   for (const C& c : cases) {
@@ -62,10 +62,11 @@ TEST(MhcParity, HcMap) {
     ASSERT_TRUE(s.ok()) << s.message();
     const std::string shape = dims({c.n, c.c, c.h}) + " it=" + std::to_string(c.iters);
     const char* why =
-        "m: fp32 dot of C*h terms in another order (~1e-6 rel); sigmoid/softmax/Sinkhorn contract";
-    report("hc_map pre", shape, rel_to_max(dpre.get(), pre), 2e-5, why);
-    report("hc_map post", shape, rel_to_max(dpost.get(), post), 2e-5, why);
-    report("hc_map comb", shape, rel_to_max(dcomb.get(), comb), 2e-5, why);
+        "m: the CPU fp32 lanes of C*h/8 terms carry ~1e-6 rel. error, carried through "
+        "sigmoid/softmax/Sinkhorn";
+    report("hc_map pre", shape, rel_to_max(dpre.get(), pre), 1e-4, why);
+    report("hc_map post", shape, rel_to_max(dpost.get(), post), 1e-4, why);
+    report("hc_map comb", shape, rel_to_max(dcomb.get(), comb), 1e-4, why);
   }
 }
 
