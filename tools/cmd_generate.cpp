@@ -81,6 +81,8 @@ struct GenerateArgs {
   engine::SamplerParams sampling;
   int threads = 2;
   std::string device, load_format = "auto";  // --device cpu|cuda, --load-format (engine_factory.h)
+  std::string memory_limit_text;             // --memory-limit, parsed by validate_generate_args
+  uint64_t memory_limit = 0;
 };
 
 // Whole-string integer in [lo, hi] (surrounding spaces allowed); nullopt otherwise.
@@ -95,6 +97,7 @@ std::optional<int64_t> parse_int(std::string_view s, int64_t lo, int64_t hi) {
 
 // Usage errors (exit 2), found before the model loads. Fills a.max_tokens and a.ids.
 Status validate_generate_args(GenerateArgs& a) {
+  DS41_ASSIGN_OR_RETURN(a.memory_limit, parse_memory_limit(a.memory_limit_text));
   const int sources =
       int(a.has_prompt) + int(a.has_prompt_ids) + int(a.has_prompt_file) + int(a.has_messages);
   if (sources != 1)
@@ -218,6 +221,7 @@ Status run_generate(const GenerateArgs& a) {
   req.who = "ds41 generate";
   req.threads = a.threads;
   req.context_tokens = context;
+  req.memory_limit = a.memory_limit;
   req.max_batch_tokens = kPrefillChunk;
   req.max_sequences = 1;
   req.kv_bytes = int64_t{1} << 30;
@@ -460,6 +464,9 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option(
       "--load-format", a->load_format,
       "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  cmd->add_option(
+      "--memory-limit", a->memory_limit_text,
+      "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");
   cmd->add_option("--stop", a->stops, "Stop when the output contains this string (repeatable; not printed)");
   cmd->add_flag("--json", a->json,
                 "Print one JSON object: reasoning_content, content, tool_calls (DSML parsed), finish_reason, "

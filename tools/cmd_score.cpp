@@ -35,6 +35,7 @@ struct ScoreArgs {
   bool debug = false;
   bool stale_keys = false;
   std::string device = "cpu", load_format = "auto";  // engine_factory.h
+  std::string memory_limit;                          // --memory-limit
 };
 
 struct Prompt {
@@ -165,6 +166,7 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
   req.max_logit_rows = std::min<int64_t>(longest, 2048);
   req.max_sequences = 2;
   req.kv_bytes = int64_t{2} << 30;
+  DS41_ASSIGN_OR_RETURN(req.memory_limit, parse_memory_limit(a.memory_limit));
   DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(f, req));
   if (!eh.forward_all) return unimplemented("ds41 score: this engine returns no all-row logits");
   engine::Engine& eng = *eh.engine;
@@ -233,7 +235,9 @@ Status run_score(const ScoreArgs& a) {
     DS41_RETURN_IF_ERROR(check_device_flags(f));
   }
   if (a.device != "cpu") return run_score_engine(a, prompts, dec);
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads));
+  DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
   model::Model& m = *lm.model;
   const model::ModelConfig& c = m.config();
   const int64_t V = c.vocab_size;
@@ -322,6 +326,9 @@ void setup_score(CLI::App& parent, int& exit_code) {
   cmd->add_option(
       "--load-format", args->load_format,
       "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  cmd->add_option(
+      "--memory-limit", args->memory_limit,
+      "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");
   cmd->add_flag("--stale-index-keys", args->stale_keys,
                 "Official reference's stale index keys (MODEL_SPEC 7.21)");
   cmd->callback([args, &exit_code] {

@@ -40,7 +40,7 @@ class OwningEngine final : public engine::Engine {
 
 Result<EngineHandle> make_cpu_engine(const EngineRequest& r) {
   auto lm = std::make_shared<LoadedModel>();
-  DS41_RETURN_IF_ERROR(check_model_fits(r.model_dir, r.context_tokens));
+  DS41_RETURN_IF_ERROR(check_model_fits(r.model_dir, r.context_tokens, r.memory_limit));
   const auto t0 = std::chrono::steady_clock::now();
   lm->pool = std::make_unique<ThreadPool>(r.threads);
   lm->backend = std::make_unique<backends::cpu::CpuBackend>(lm->pool.get());
@@ -55,6 +55,7 @@ Result<EngineHandle> make_cpu_engine(const EngineRequest& r) {
   EngineHandle h;
   h.config = lm->model->config();
   h.schedule = lm->model->schedule();
+  h.cpu_pool = lm->pool.get();
   auto e = std::make_unique<engine::CpuEngine>(lm->model.get(), r.model_name, r.max_context);
   h.engine = std::make_unique<OwningEngine>(lm, std::move(e));
   return h;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "gpu/device_model.h"  // LoadFormat (a plain header: no CUDA needed)
 #include "model/config.h"
@@ -46,6 +47,7 @@ struct EngineRequest {
   std::string model_dir, tokenizer_dir, model_name, who = "ds41";
   int threads = 2;                      // CPU engine
   int64_t context_tokens = 4096;        // CPU memory check before loading
+  uint64_t memory_limit = 0;            // CPU memory check: --memory-limit (0: MemAvailable)
   int64_t max_context = 0;              // 0: the config's (the GPU engine caps its workspace at 131072)
   int64_t max_batch_tokens = 2048;      // GPU forward rows
   int64_t max_sequences = 64;           // GPU slots
@@ -58,6 +60,7 @@ struct EngineHandle {
   std::unique_ptr<engine::Engine> engine;  // owns its model
   model::ModelConfig config;
   model::LayerSchedule schedule;
+  ThreadPool* cpu_pool = nullptr;  // the CPU engine's thread pool (idle between forwards); null for the GPU
   // Every row's logits (and records) of `tokens` continuing `seq`, in chunks (0 = as large as
   // the engine takes): `ds41 score`. Set for the GPU engine (the CPU path of score uses the model).
   std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens,

@@ -41,6 +41,7 @@ Status validate_engine_args(const EngineArgs& a) {
   DS41_RETURN_IF_ERROR(check_device_flags(f));
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
+  DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
   return parse_bytes(a.kv_memory).status();
 }
 
@@ -93,12 +94,14 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   req.max_sequences = a.max_running;
   req.kv_bytes = kv_bytes;
   req.quiet = a.quiet;
+  DS41_ASSIGN_OR_RETURN(req.memory_limit, parse_memory_limit(a.memory_limit));
   DS41_ASSIGN_OR_RETURN(se->engine, make_engine(f, req));
   engine::LoopConfig lc;
   lc.max_batch_tokens = a.max_batch_tokens;
   lc.max_running = a.max_running;
   lc.kv_memory_bytes = kv_bytes;
   lc.max_queue = a.max_queue;
+  lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());

@@ -1,81 +1,31 @@
 // ds41 backends/cuda: Q_win / Q_kv / Q_idx kernels (MODEL_SPEC 3.9) and packed-row decoders
-// (MODEL_SPEC 5.2). One thread per channel; a quantization block (32 or 16 channels) is a warp
-// or a half warp, so the block maximum is a shuffle reduction and E2M1 nibble pairs are joined
-// with one shuffle. Every lane of a warp takes part in the shuffles (no early return).
+// (MODEL_SPEC 5.2) over contiguous rows. The per-lane device code (one thread per channel, block
+// maxima by shuffles, nibble pairs joined by one shuffle) is in fake_quant_device.cuh, shared with
+// kv_rows_kernels.cu. Every lane of a warp takes part in the shuffles (no early return).
 #include <cfloat>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/fake_quant_device.cuh"
 #include "backends/cuda/fake_quant_kernels.h"
 #include "backends/cuda/quant_device.cuh"
 
 namespace ds41::cuda {
 namespace {
 
-constexpr unsigned kFull = 0xffffffffu;
-
-// max |x| over groups of `width` lanes (width 32 or 16); NaN ignored (fmaxf returns the other
-// operand), inf counted as FLT_MAX — the rules of quant::block_amax.
-template <int kWidth>
-__device__ __forceinline__ float group_amax(float v) {
-  float a = fabsf(v);
-  a = isnan(a) ? 0.0f : a;
-#pragma unroll
-  for (int off = kWidth / 2; off > 0; off >>= 1) a = fmaxf(a, __shfl_xor_sync(kFull, a, off));
-  return fminf(a, FLT_MAX);
-}
-
-// Q_win: blocks of 32 = one warp. Row: n E4M3 codes then n/32 E8M0 exponents.
-__global__ void q_win_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
-                                    uint8_t* __restrict__ rows) {
+// One thread per channel; threads is a multiple of 32 and n of the op's block, so a quantization
+// block never straddles a warp or a CTA (fake_quant_device.cuh).
+template <int kOp>
+__global__ void fake_quant_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
+                                         uint8_t* __restrict__ rows) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = e < total;
   const float v = active ? x[e] : 0.0f;
-  const float a = fmaxf(group_amax<32>(v), 1e-4f);
-  const int k = dev::pow2ceil_exponent(a * (1.0f / 448.0f));
-  const float s = dev::exp2_int(k);
+  const fq::LaneCode c = fq::encode_lane<kOp>(v);
+  const uint32_t packed = fq::pack_byte<kOp>(c);
   if (!active) return;
   const int64_t r = e / n, i = e % n;
-  uint8_t* row = rows + r * (n + n / 32);
-  row[i] = static_cast<uint8_t>(
-      isnan(v) ? 0x7fu : dev::e4m3_encode(dev::clamp_keep_nan(__fdiv_rn(v, s), -448.0f, 448.0f)));
-  if ((i & 31) == 0) row[n + i / 32] = static_cast<uint8_t>(k + 127);
-}
-
-// Q_kv: blocks of 16 = half a warp. Row: n/2 packed E2M1 bytes then n/16 E4M3 scales.
-__global__ void q_kv_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
-                                   uint8_t* __restrict__ rows) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool active = e < total;
-  const float v = active ? x[e] : 0.0f;
-  const float a = fmaxf(group_amax<16>(v), 6.0f * 0x1p-9f);
-  const uint32_t sc = dev::e4m3_encode(__fdiv_rn(a, 6.0f));
-  const float s = dev::e4m3_decode(sc);
-  const uint32_t code = dev::e2m1_encode(dev::clamp_keep_nan(__fdiv_rn(v, s), -6.0f, 6.0f));
-  const uint32_t odd = __shfl_down_sync(kFull, code, 1);
-  if (!active) return;
-  const int64_t r = e / n, i = e % n;
-  uint8_t* row = rows + r * (n / 2 + n / 16);
-  if ((i & 1) == 0) row[i / 2] = static_cast<uint8_t>(code | (odd << 4));  // low nibble = even element
-  if ((i & 15) == 0) row[n / 2 + i / 16] = static_cast<uint8_t>(sc);
-}
-
-// Q_idx: blocks of 32 = one warp. Row: n/2 packed E2M1 bytes then n/32 E8M0 exponents.
-__global__ void q_idx_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
-                                    uint8_t* __restrict__ rows) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool active = e < total;
-  const float v = active ? x[e] : 0.0f;
-  const float a = fmaxf(group_amax<32>(v), 6.0f * 0x1p-126f);
-  const int k = dev::pow2ceil_exponent(a * (1.0f / 6.0f));
-  const float s = dev::exp2_int(k);
-  const uint32_t code = dev::e2m1_encode(dev::clamp_keep_nan(__fdiv_rn(v, s), -6.0f, 6.0f));
-  const uint32_t odd = __shfl_down_sync(kFull, code, 1);
-  if (!active) return;
-  const int64_t r = e / n, i = e % n;
-  uint8_t* row = rows + r * (n / 2 + n / 32);
-  if ((i & 1) == 0) row[i / 2] = static_cast<uint8_t>(code | (odd << 4));
-  if ((i & 31) == 0) row[n / 2 + i / 32] = static_cast<uint8_t>(k + 127);
+  fq::store_lane<kOp>(rows + r * fq::row_bytes(kOp, n), n, i, c, packed);
 }
 
 template <typename T>
@@ -89,24 +39,13 @@ __device__ __forceinline__ void put<__nv_bfloat16>(__nv_bfloat16* out, int64_t e
   out[e] = __float2bfloat16_rn(v);
 }
 
-template <typename T>
-__global__ void fake_quant_decode_kernel(int op, const uint8_t* __restrict__ rows, int64_t n, int64_t total,
+template <int kOp, typename T>
+__global__ void fake_quant_decode_kernel(const uint8_t* __restrict__ rows, int64_t n, int64_t total,
                                          T* __restrict__ out) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t r = e / n, i = e % n;
-  float v;
-  if (op == 0) {
-    const uint8_t* row = rows + r * (n + n / 32);
-    v = dev::e4m3_decode(row[i]) * dev::e8m0_decode(row[n + i / 32]);
-  } else {
-    const uint8_t* row = rows + r * (n / 2 + (op == 1 ? n / 16 : n / 32));
-    const uint32_t b = row[i / 2];
-    const uint32_t code = (i & 1) ? (b >> 4) : (b & 15u);
-    const float s = op == 1 ? dev::e4m3_decode(row[n / 2 + i / 16]) : dev::e8m0_decode(row[n / 2 + i / 32]);
-    v = dev::e2m1_decode(code) * s;
-  }
-  put<T>(out, e, v);
+  put<T>(out, e, fq::decode_elem<kOp>(rows + r * fq::row_bytes(kOp, n), n, i));
 }
 
 __global__ void e4m3_encode_kernel(const float* __restrict__ x, int64_t n, uint8_t* __restrict__ codes) {
@@ -155,17 +94,9 @@ Status run_fake_quant_encode(const FakeQuantPlan& p, const float* x, uint8_t* pa
   const int64_t total = p.n * p.rows;
   const unsigned grid =
       grid_for(total, p.threads);  // threads is a multiple of 32: blocks never straddle CTAs
-  switch (p.op) {
-    case FakeQuantOp::kWin:
-      q_win_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
-      break;
-    case FakeQuantOp::kKv:
-      q_kv_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
-      break;
-    case FakeQuantOp::kIdx:
-      q_idx_encode_kernel<<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
-      break;
-  }
+  fq::dispatch_op(static_cast<int>(p.op), [&]<int kOp>() {
+    fake_quant_encode_kernel<kOp><<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
+  });
   return last_launch_status("fake_quant_encode");
 }
 
@@ -173,16 +104,17 @@ Status run_fake_quant_decode(const FakeQuantPlan& p, const uint8_t* packed_rows,
                              cudaStream_t stream) {
   const int64_t total = p.n * p.rows;
   const unsigned grid = grid_for(total, p.threads);
-  const int op = static_cast<int>(p.op);
-  if (out_dtype == DType::kF32)
-    fake_quant_decode_kernel<<<grid, p.threads, 0, stream>>>(op, packed_rows, p.n, total,
-                                                             static_cast<float*>(out));
-  else if (out_dtype == DType::kBF16)
-    fake_quant_decode_kernel<<<grid, p.threads, 0, stream>>>(op, packed_rows, p.n, total,
-                                                             static_cast<__nv_bfloat16*>(out));
-  else
+  if (out_dtype != DType::kF32 && out_dtype != DType::kBF16)
     return invalid_argument(std::string("fake_quant_decode: output dtype ") + dtype_name(out_dtype) +
                             " (want F32 or BF16)");
+  fq::dispatch_op(static_cast<int>(p.op), [&]<int kOp>() {
+    if (out_dtype == DType::kF32)
+      fake_quant_decode_kernel<kOp>
+          <<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total, static_cast<float*>(out));
+    else
+      fake_quant_decode_kernel<kOp>
+          <<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total, static_cast<__nv_bfloat16*>(out));
+  });
   return last_launch_status("fake_quant_decode");
 }
 

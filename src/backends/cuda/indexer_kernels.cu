@@ -1,0 +1,123 @@
+// ds41 backends/cuda: indexer scores (MODEL_SPEC 3.4.6) over the visible compressed keys:
+// out[r, t] = sum_h w[r, h] * relu(q[r, h] . key[key_begin[r] + t]) * scale, -inf past visible[r].
+//
+// Bit-exact with the CPU reference (backends/cpu indexer_scores): each dot product repeats
+// dot_f32's arithmetic (8 float lane sums over channels i = l mod 8 in ascending order, the lanes
+// then the tail added in double, rounded to float), then relu, the float scale, and the double sum
+// over heads in head order. The build's --fmad=false keeps every product and sum separately rounded
+// like the CPU's -ffp-contract=off. So the selection downstream (top-k, candidate pool) sees the
+// same scores on both backends.
+//
+// Tiling: one CTA per (row, 128 consecutive keys), one thread per key; the row's queries and head
+// weights sit in shared memory (read as broadcasts), the thread's key in registers for
+// head_dim 128 (the released width; other widths read it through L1).
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/indexer_kernels.h"
+
+namespace ds41::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr size_t kMaxSmem = 48 * 1024;
+
+// dot_f32(q, k, d) of backends/cpu, as float. K is an array-like of the key's d channels.
+template <int kD, typename K>
+__device__ __forceinline__ float dot_like_cpu(const float* q, const K& k, int64_t d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  const int64_t dd = kD > 0 ? kD : d;
+  if constexpr (kD > 0) {
+#pragma unroll
+    for (int j = 0; j + 8 <= kD; j += 8)
+#pragma unroll
+      for (int l = 0; l < 8; ++l) acc[l] += q[j + l] * k[j + l];
+    i = kD / 8 * 8;
+  } else {
+    for (; i + 8 <= dd; i += 8)
+#pragma unroll
+      for (int l = 0; l < 8; ++l) acc[l] += q[i + l] * k[i + l];
+  }
+  double s = 0.0;
+#pragma unroll
+  for (int l = 0; l < 8; ++l) s += static_cast<double>(acc[l]);
+  for (; i < dd; ++i) s += static_cast<double>(q[i]) * static_cast<double>(k[i]);
+  return static_cast<float>(s);
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    indexer_scores_kernel(int64_t n_heads, int64_t d, int64_t t_stride, int64_t tiles,
+                          const float* __restrict__ q, const float* __restrict__ w,
+                          const float* __restrict__ keys, const int64_t* __restrict__ key_begin,
+                          const int64_t* __restrict__ visible, float scale, float* __restrict__ out) {
+  extern __shared__ float smem[];
+  float* q_s = smem;                // [n_heads][d]
+  float* w_s = smem + n_heads * d;  // [n_heads]
+  const int64_t r = blockIdx.x / tiles;
+  const int64_t t = (blockIdx.x % tiles) * kThreads + threadIdx.x;
+  const float* qr = q + r * n_heads * d;
+  for (int64_t i = threadIdx.x; i < n_heads * d; i += kThreads) q_s[i] = qr[i];
+  for (int64_t i = threadIdx.x; i < n_heads; i += kThreads) w_s[i] = w[r * n_heads + i];
+  __syncthreads();
+  if (t >= t_stride) return;
+  const int64_t vis = min(visible[r], t_stride);
+  float* o = out + r * t_stride + t;
+  if (t >= vis) {
+    *o = -INFINITY;
+    return;
+  }
+  const float* kp = keys + (key_begin[r] + t) * d;
+  double sc = 0.0;
+  if constexpr (kD > 0) {
+    float kr[kD];
+#pragma unroll
+    for (int i = 0; i < kD; ++i) kr[i] = kp[i];
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float v = dot_like_cpu<kD>(q_s + h * kD, kr, kD);
+      v = (v < 0.0f ? 0.0f : v) * scale;  // std::max(v, 0.0f) * scale, NaN kept
+      sc += static_cast<double>(v) * static_cast<double>(w_s[h]);
+    }
+  } else {
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float v = dot_like_cpu<0>(q_s + h * d, kp, d);
+      v = (v < 0.0f ? 0.0f : v) * scale;
+      sc += static_cast<double>(v) * static_cast<double>(w_s[h]);
+    }
+  }
+  *o = static_cast<float>(sc);
+}
+
+}  // namespace
+
+Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
+  if (a.n < 0 || a.t_stride < 0)
+    return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " / t_stride " +
+                            std::to_string(a.t_stride) + " negative");
+  if (a.n_heads <= 0 || a.head_dim <= 0)
+    return invalid_argument("indexer_scores: n_heads " + std::to_string(a.n_heads) + " / head_dim " +
+                            std::to_string(a.head_dim) + " must be positive");
+  const size_t smem = sizeof(float) * static_cast<size_t>(a.n_heads * a.head_dim + a.n_heads);
+  if (smem > kMaxSmem)
+    return invalid_argument("indexer_scores: n_heads x head_dim " + std::to_string(a.n_heads * a.head_dim) +
+                            " does not fit the shared-memory query tile (48 KiB)");
+  if (a.n == 0 || a.t_stride == 0) return ok_status();
+  if (!a.q || !a.w || !a.keys || !a.key_begin || !a.visible || !a.out)
+    return invalid_argument("indexer_scores: null q, w, keys, key_begin, visible or out");
+  const int64_t tiles = (a.t_stride + kThreads - 1) / kThreads;
+  if (a.n * tiles > 0x7fffffff)
+    return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " +
+                            std::to_string(a.t_stride) + " too large for one grid");
+  const unsigned grid = static_cast<unsigned>(a.n * tiles);
+  if (a.head_dim == 128)
+    indexer_scores_kernel<128><<<grid, kThreads, smem, stream>>>(
+        a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
+  else
+    indexer_scores_kernel<0><<<grid, kThreads, smem, stream>>>(
+        a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
+  return last_launch_status("indexer_scores");
+}
+
+}  // namespace ds41::cuda

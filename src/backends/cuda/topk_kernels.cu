@@ -1,0 +1,136 @@
+// ds41 backends/cuda: the index top-k, the candidate pool and its restriction (MODEL_SPEC 3.4.6)
+// with the house tie order of src/ops/backend.h. Selection sets are bit-exact with the CPU
+// reference: both are defined by the same total order (score desc, index asc), and the selection
+// (radix_select.cuh) computes that order's k-th element exactly.
+//
+// topk_rows: one CTA per row (radix select over the row, then the ascending emit), no workspace.
+// candidate_pool: one CTA per row; block maxima (std::max semantics: NaN ignored) go to the
+// workspace row, the block holding the newest visible entry is forced to +inf, the keep_blocks best
+// blocks are selected like top-k and their entries' mask bytes set (all other bytes cleared).
+// mask_restrict: elementwise.
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/radix_select.cuh"
+#include "backends/cuda/topk_kernels.h"
+
+namespace ds41::cuda {
+namespace {
+
+int threads_for(int64_t t) { return t >= 8192 ? 1024 : 256; }
+
+__global__ void topk_rows_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
+                                 int32_t* __restrict__ out) {
+  __shared__ sel::SelectShared sh;
+  const int64_t r = blockIdx.x;
+  const float* row = scores + r * t;
+  int32_t* o = out + r * k;
+  auto load = [row](int64_t i) { return row[i]; };
+  const sel::Threshold th = sel::select_threshold(load, t, k, sh);
+  const int64_t taken = sel::select_emit(load, t, th, sh, [o](int64_t i, bool s, int64_t pos) {
+    if (s) o[pos] = static_cast<int32_t>(i);
+  });
+  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+}
+
+// bs: the workspace row (written and read here: plain loads, no read-only cache path).
+__global__ void candidate_pool_kernel(const float* __restrict__ scores, const int64_t* __restrict__ visible,
+                                      int64_t t, int64_t block, int64_t keep, float* ws,
+                                      uint8_t* __restrict__ mask) {
+  __shared__ sel::SelectShared sh;
+  const int64_t r = blockIdx.x;
+  const int64_t nb = (t + block - 1) / block;
+  const float* sc = scores + r * t;
+  float* bs = ws + r * nb;
+  uint8_t* mr = mask + r * t;
+  const int64_t vis = visible[r];
+  const int64_t forced = vis > 0 ? (vis - 1) / block : -1;
+  for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+    float m = -INFINITY;
+    const int64_t e = min(t, (b + 1) * block);
+    for (int64_t i = b * block; i < e; ++i) {
+      const float x = sc[i];
+      m = m < x ? x : m;  // std::max(m, x)
+    }
+    bs[b] = b == forced ? INFINITY : m;
+  }
+  __syncthreads();  // bs is visible to the whole CTA
+  auto load = [bs](int64_t b) { return bs[b]; };
+  const sel::Threshold th = sel::select_threshold(load, nb, keep, sh);
+  sel::select_emit(load, nb, th, sh, [&](int64_t b, bool s, int64_t) {
+    const int64_t e = min(t, (b + 1) * block);
+    for (int64_t i = b * block; i < e; ++i) mr[i] = s ? 1 : 0;
+  });
+}
+
+__global__ void mask_restrict_kernel(float* __restrict__ scores, int64_t t, const uint8_t* __restrict__ mask,
+                                     int64_t mask_stride, const int64_t* __restrict__ t_mask, int64_t tiles) {
+  const int64_t r = blockIdx.x / tiles;
+  const int64_t j = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  if (j >= t) return;
+  if (j >= t_mask[r] || mask[r * mask_stride + j] == 0) scores[r * t + j] = -INFINITY;
+}
+
+Status check_rows(const char* fn, int64_t n, int64_t t) {
+  if (n < 0 || t < 0)
+    return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " / t " + std::to_string(t) +
+                            " negative");
+  if (n > 0x7fffffff)
+    return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " rows too many for one grid");
+  if (t > 0x7fffffff)
+    return invalid_argument(std::string(fn) + ": t " + std::to_string(t) + " exceeds int32 indices");
+  return ok_status();
+}
+
+}  // namespace
+
+size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k) { return 0; }
+
+Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32_t* out, void* workspace,
+                     cudaStream_t stream) {
+  DS41_RETURN_IF_ERROR(check_rows("topk_rows", n, t));
+  if (k < 0) return invalid_argument("topk_rows: k " + std::to_string(k) + " is negative");
+  if (n == 0 || k == 0) return ok_status();
+  if (!out || (t > 0 && !scores)) return invalid_argument("topk_rows: null scores or out");
+  topk_rows_kernel<<<static_cast<unsigned>(n), threads_for(t), 0, stream>>>(scores, t, k, out);
+  return last_launch_status("topk_rows");
+}
+
+size_t candidate_pool_workspace_bytes(int64_t n, int64_t t, int64_t block, int64_t keep_blocks) {
+  if (n <= 0 || t <= 0 || block <= 0) return 0;
+  return static_cast<size_t>(n) * static_cast<size_t>((t + block - 1) / block) * sizeof(float);
+}
+
+Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t, int64_t block,
+                          int64_t keep_blocks, uint8_t* mask, void* workspace, cudaStream_t stream) {
+  DS41_RETURN_IF_ERROR(check_rows("candidate_pool", n, t));
+  if (block <= 0)
+    return invalid_argument("candidate_pool: block " + std::to_string(block) + " must be positive");
+  if (keep_blocks < 0)
+    return invalid_argument("candidate_pool: keep_blocks " + std::to_string(keep_blocks) + " is negative");
+  if (n == 0 || t == 0) return ok_status();
+  if (!scores || !visible || !mask || !workspace)
+    return invalid_argument("candidate_pool: null scores, visible, mask or workspace");
+  const int64_t nb = (t + block - 1) / block;
+  candidate_pool_kernel<<<static_cast<unsigned>(n), threads_for(nb), 0, stream>>>(
+      scores, visible, t, block, keep_blocks, static_cast<float*>(workspace), mask);
+  return last_launch_status("candidate_pool");
+}
+
+Status run_mask_restrict(float* scores, int64_t n, int64_t t, const uint8_t* mask, int64_t mask_stride,
+                         const int64_t* t_mask, cudaStream_t stream) {
+  DS41_RETURN_IF_ERROR(check_rows("mask_restrict", n, t));
+  if (mask_stride < 0)
+    return invalid_argument("mask_restrict: mask_stride " + std::to_string(mask_stride) + " is negative");
+  if (n == 0 || t == 0) return ok_status();
+  if (!scores || !t_mask || !mask) return invalid_argument("mask_restrict: null scores, mask or t_mask");
+  constexpr int kThreads = 256;
+  const int64_t tiles = (t + kThreads - 1) / kThreads;
+  if (n * tiles > 0x7fffffff) return invalid_argument("mask_restrict: n x t too large for one grid");
+  mask_restrict_kernel<<<static_cast<unsigned>(n * tiles), kThreads, 0, stream>>>(scores, t, mask,
+                                                                                  mask_stride, t_mask, tiles);
+  return last_launch_status("mask_restrict");
+}
+
+}  // namespace ds41::cuda

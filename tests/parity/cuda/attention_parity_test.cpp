@@ -1,0 +1,269 @@
+// Parity of the attention-side launchers with the CPU reference (backends/cpu): sparse attention
+// (MODEL_SPEC 3.4.7), indexer scores (3.4.6) and the compressor's softmax pool (3.4.4). One table of
+// cases per op, including the released widths (64 heads x 512, index 64/32 heads x 128) and lengths
+// past the limits (> 128 window rows + > 512 selected entries per row, > 16,384 keys), seeded inputs,
+// one line per case: op shape err tol reason. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/attention_kernels.h"
+#include "backends/cuda/compressor_kernels.h"
+#include "backends/cuda/indexer_kernels.h"
+#include "core/thread_pool.h"
+#include "parity/cuda/kc_parity_util.h"
+#include "quant/fake_quant.h"
+
+namespace ds41::cuda {
+namespace {
+
+using namespace kc_test;
+
+int pool_threads() {
+  return static_cast<int>(std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+}
+
+// ---------------------------------------------------------------------------------------------
+struct AttnCase {
+  const char* name;
+  int64_t n, heads, dim, kv_rows;
+  int64_t min_entries, max_entries;  // per row, uniform; row 0 always has none, row 1 exactly one
+  float q_scale, sink_scale;
+};
+const AttnCase kAttnCases[] = {
+    {"released decode", 6, 64, 512, 4096, 640, 640, 1.0f, 1.0f},  // 128 window + 512 selected
+    {"released prefill", 48, 64, 512, 6000, 0, 700, 1.0f, 1.0f},  // past 128 + 512
+    {"peaky scores", 24, 16, 512, 3000, 100, 640, 4.0f, 1.0f},
+    {"sink dominates", 12, 8, 512, 1000, 1, 200, 0.2f, 8.0f},
+    {"odd heads/dim", 20, 5, 100, 500, 0, 300, 1.0f, 1.0f},
+    {"small dim", 33, 3, 32, 200, 0, 40, 1.0f, 1.0f},
+};
+
+TEST(AttentionParity, SparseAttention) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  for (const AttnCase& c : kAttnCases) {
+    std::mt19937 rng(static_cast<uint32_t>(c.n * 131 + c.heads * 7 + c.dim));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t H = c.heads, D = c.dim;
+    std::vector<float> q(c.n * H * D), kv(c.kv_rows * D), sink(H);
+    for (float& v : q) v = nd(rng) * c.q_scale;
+    for (float& v : kv) v = nd(rng);
+    for (float& v : sink) v = nd(rng) * c.sink_scale;
+    quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()) / 32 * 32);  // window-grid values (D % 32
+                                                                                 // may leave a raw tail)
+    std::vector<int64_t> offs(c.n + 1, 0);
+    std::vector<int32_t> index;
+    int64_t max_e = 0;
+    for (int64_t r = 0; r < c.n; ++r) {
+      int64_t e = c.min_entries + static_cast<int64_t>(rng() % (c.max_entries - c.min_entries + 1));
+      if (r == 0) e = 0;
+      if (r == 1) e = 1;
+      for (int64_t j = 0; j < e; ++j) index.push_back(static_cast<int32_t>(rng() % c.kv_rows));
+      offs[r + 1] = static_cast<int64_t>(index.size());
+      max_e = std::max(max_e, e);
+    }
+    std::vector<const float*> ptrs(index.size());
+    for (size_t j = 0; j < index.size(); ++j) ptrs[j] = &kv[static_cast<int64_t>(index[j]) * D];
+    std::vector<float> want(c.n * H * D);
+    ops::AttentionArgs ca;
+    ca.n = c.n;
+    ca.n_heads = H;
+    ca.head_dim = D;
+    ca.q = q.data();
+    ca.kv_offsets = offs.data();
+    ca.kv = ptrs.data();
+    ca.sink = sink.data();
+    ca.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    ca.out = want.data();
+    cpu.attention(ca);
+
+    if (index.empty()) index.push_back(0);
+    auto dq = upload(q);
+    auto dkv = upload(kv);
+    auto dsink = upload(sink);
+    auto doffs = upload(offs);
+    auto dindex = upload(index);
+    DevBuf<float> dout(want.size());
+    ASSERT_TRUE(dq->p && dkv->p && dsink->p && doffs->p && dindex->p && dout.p);
+    SparseAttentionArgs ga;
+    ga.n = c.n;
+    ga.n_heads = H;
+    ga.head_dim = D;
+    ga.q = dq->p;
+    ga.kv_offsets = doffs->p;
+    ga.kv_index = dindex->p;
+    ga.kv = dkv->p;
+    ga.sink = dsink->p;
+    ga.scale = ca.scale;
+    ga.out = dout.p;
+    ga.max_entries_per_row = max_e;
+    KC_OK(run_sparse_attention(ga, nullptr));
+    auto got = from_dev(dout.p, want.size());
+    // Row 0 has no entries: exact zeros.
+    bool zeros = true;
+    for (int64_t i = 0; i < H * D; ++i) zeros = zeros && bits(got[i]) == 0u;
+    EXPECT_TRUE(zeros) << c.name << ": a row without entries must yield +0";
+    const double err = rel_err(got, want, max_abs(kv));
+    const double tol = 1e-4;
+    report("sparse_attention",
+           std::string(c.name) + " n=" + std::to_string(c.n) + " " + std::to_string(H) + "x" +
+               std::to_string(D) + " <=" + std::to_string(max_e) + " entries",
+           err, tol,
+           "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
+    EXPECT_LE(err, tol) << c.name;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+struct IdxCase {
+  const char* name;
+  int64_t heads, dim;
+  std::vector<int64_t> seq_keys;  // keys per sequence (concatenated in the key buffer)
+  int64_t rows_per_seq, t_stride_extra;
+};
+
+TEST(AttentionParity, IndexerScores) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  const IdxCase cases[] = {
+      {"released idx 64x128", 64, 128, {17000, 3000}, 6, 5},  // > 2048 blocks of 8
+      {"released idx 32x128", 32, 128, {33000}, 4, 0},
+      {"small generic dim", 8, 64, {900, 50, 1}, 5, 130},
+      {"dim with tail", 3, 100, {600}, 9, 1},
+  };
+  for (const IdxCase& c : cases) {
+    std::mt19937 rng(static_cast<uint32_t>(c.heads * 1000 + c.dim));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t H = c.heads, D = c.dim, S = static_cast<int64_t>(c.seq_keys.size());
+    int64_t total_keys = 0, t_max = 0;
+    for (int64_t k : c.seq_keys) total_keys += k, t_max = std::max(t_max, k);
+    const int64_t T = t_max + c.t_stride_extra, n = S * c.rows_per_seq;
+    std::vector<float> keys(total_keys * D), q(n * H * D), w(n * H);
+    for (float& v : keys) v = nd(rng);
+    for (float& v : q) v = nd(rng);
+    for (float& v : w) v = nd(rng) / std::sqrt(static_cast<float>(H));
+    if (D % 32 == 0) {  // values on the Q_idx grid, as the model stores them
+      quant::q_idx_inplace(keys.data(), static_cast<int64_t>(keys.size()));
+      quant::q_idx_inplace(q.data(), static_cast<int64_t>(q.size()));
+    }
+    std::vector<int64_t> begin(n), vis(n);
+    std::vector<float> want(n * T, -INFINITY);
+    int64_t kb = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t Ts = c.seq_keys[s];
+      for (int64_t j = 0; j < c.rows_per_seq; ++j) {
+        const int64_t r = s * c.rows_per_seq + j;
+        begin[r] = kb;
+        vis[r] = j == 0 ? Ts : j == 1 ? 0 : static_cast<int64_t>(rng() % (Ts + 1));
+      }
+      // CPU: this sequence's rows against its keys (row stride Ts), copied into the wide table.
+      const int64_t r0 = s * c.rows_per_seq;
+      std::vector<float> out(c.rows_per_seq * Ts);
+      ops::IndexerArgs ia;
+      ia.n = c.rows_per_seq;
+      ia.n_heads = H;
+      ia.head_dim = D;
+      ia.n_keys = Ts;
+      ia.q = &q[r0 * H * D];
+      ia.w = &w[r0 * H];
+      ia.keys = &keys[kb * D];
+      ia.visible = &vis[r0];
+      ia.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+      ia.out = out.data();
+      cpu.indexer_scores(ia);
+      for (int64_t j = 0; j < c.rows_per_seq; ++j)
+        std::copy(&out[j * Ts], &out[(j + 1) * Ts], &want[(r0 + j) * T]);
+      kb += Ts;
+    }
+    auto dkeys = upload(keys);
+    auto dq = upload(q);
+    auto dw = upload(w);
+    auto dbegin = upload(begin);
+    auto dvis = upload(vis);
+    DevBuf<float> dout(n * T);
+    ASSERT_TRUE(dkeys->p && dq->p && dw->p && dbegin->p && dvis->p && dout.p);
+    IndexerDeviceArgs ga;
+    ga.n = n;
+    ga.n_heads = H;
+    ga.head_dim = D;
+    ga.t_stride = T;
+    ga.q = dq->p;
+    ga.w = dw->p;
+    ga.keys = dkeys->p;
+    ga.key_begin = dbegin->p;
+    ga.visible = dvis->p;
+    ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    ga.out = dout.p;
+    KC_OK(run_indexer_scores(ga, nullptr));
+    auto got = from_dev(dout.p, want.size());
+    const int64_t bad = bit_mismatches(got, want);
+    report("indexer_scores",
+           std::string(c.name) + " n=" + std::to_string(n) + " T=" + std::to_string(T) + " " +
+               std::to_string(H) + "x" + std::to_string(D),
+           static_cast<double>(bad), 0,
+           "mismatching bits: the kernel repeats dot_f32's lane order and the double head sum");
+    EXPECT_EQ(bad, 0) << c.name << " (max rel err " << rel_err(got, want, max_abs(want)) << ")";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(AttentionParity, SoftmaxPool) {
+  KC_SKIP_WITHOUT_GPU();
+  backends::cpu::CpuBackend cpu(nullptr);
+  struct Case {
+    int64_t groups, r, dim;
+    float b_scale;
+  };
+  const Case cases[] = {{600, 2, 512, 1.0f}, {300, 4, 512, 3.0f}, {50, 2, 512, 40.0f}, {7, 3, 33, 1.0f}};
+  for (const Case& c : cases) {
+    std::mt19937 rng(static_cast<uint32_t>(c.groups * 10 + c.r));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> a(c.groups * c.r * c.dim), b(a.size()), want(c.groups * c.dim);
+    for (float& v : a) v = nd(rng);
+    for (float& v : b) v = nd(rng) * c.b_scale;
+    for (int64_t g = 0; g < c.groups; ++g)
+      cpu.softmax_pool(&a[g * c.r * c.dim], &b[g * c.r * c.dim], c.r, c.dim, &want[g * c.dim]);
+    auto da = upload(a);
+    auto db = upload(b);
+    DevBuf<float> dout(want.size());
+    ASSERT_TRUE(da->p && db->p && dout.p);
+    KC_OK(run_softmax_pool(da->p, db->p, c.groups, c.r, c.dim, dout.p, nullptr));
+    auto got = from_dev(dout.p, want.size());
+    const double err = rel_err(got, want, max_abs(a));
+    const double tol = 1e-6;
+    report("softmax_pool",
+           "groups=" + std::to_string(c.groups) + " r=" + std::to_string(c.r) + " dim=" +
+               std::to_string(c.dim) + " bit-mismatches=" + std::to_string(bit_mismatches(got, want)),
+           err, tol, "same steps as the CPU; only CUDA's double exp may differ by 1 ulp (double)");
+    EXPECT_LE(err, tol);
+  }
+}
+
+TEST(AttentionParity, LaunchersRejectBadShapes) {
+  SparseAttentionArgs a;
+  a.n = 1;
+  a.n_heads = 4;
+  a.head_dim = 1024;  // above the kernel's limit
+  EXPECT_FALSE(run_sparse_attention(a, nullptr).ok());
+  a.head_dim = 512;
+  a.n = 0;
+  EXPECT_TRUE(run_sparse_attention(a, nullptr).ok());
+  IndexerDeviceArgs i;
+  i.n = 1;
+  i.n_heads = 128;
+  i.head_dim = 128;  // query tile too large for shared memory
+  i.t_stride = 10;
+  EXPECT_FALSE(run_indexer_scores(i, nullptr).ok());
+  EXPECT_FALSE(run_softmax_pool(nullptr, nullptr, 1, 0, 4, nullptr, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace ds41::cuda

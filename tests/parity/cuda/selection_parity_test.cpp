@@ -1,0 +1,200 @@
+// Parity of the selection launchers (backends/cuda/topk_kernels.h) with the CPU reference, bit for
+// bit: top-k index sets in the house tie order (ties from ReLU zeros and small value sets, -0 vs +0,
+// +inf picks, rows with fewer than k selectable scores, rows of -inf only), k = 512 and 2048, rows
+// up to 2^20 + 3 scores; the candidate pool past 2048 blocks of 8 (t > 16,384) with the forced
+// newest block and block-score ties; the candidate-mask restriction. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/topk_kernels.h"
+#include "parity/cuda/kc_parity_util.h"
+
+namespace ds41::cuda {
+namespace {
+
+using namespace kc_test;
+
+enum class Gen { kGauss, kTies, kSparse, kSpecial, kIndexerLike };
+
+const char* gen_name(Gen g) {
+  switch (g) {
+    case Gen::kGauss: return "gauss";
+    case Gen::kTies: return "ties";
+    case Gen::kSparse: return "sparse";
+    case Gen::kSpecial: return "special";
+    case Gen::kIndexerLike: return "indexer-like";
+  }
+  return "?";
+}
+
+// Scores of one row. kTies: 70% zeros (ReLU; +0 and -0 mixed, equal for the tie order), the rest
+// from 6 values; kSparse: mostly -inf, about 1 in 300 finite; kSpecial: ties, +-0, +inf, -inf,
+// subnormals; kIndexerLike: -inf past a visible prefix, ReLU zeros and gaussian tails.
+void fill_row(Gen g, std::mt19937& rng, float* x, int64_t t, int64_t row) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float vals[6] = {0.5f, 1.0f, 1.5f, 2.0f, -1.0f, 3.0f};
+  const int64_t visible = t - static_cast<int64_t>(rng() % (t / 3 + 1));
+  for (int64_t i = 0; i < t; ++i) {
+    float v = 0.0f;
+    switch (g) {
+      case Gen::kGauss: v = nd(rng); break;
+      case Gen::kTies: v = (rng() % 10 < 7) ? ((rng() & 1) ? 0.0f : -0.0f) : vals[rng() % 6]; break;
+      case Gen::kSparse: v = (rng() % 300 == 0) ? nd(rng) : -INFINITY; break;
+      case Gen::kSpecial: {
+        const uint32_t k = rng() % 12;
+        v = k == 0   ? -0.0f
+            : k == 1 ? 0.0f
+            : k == 2 ? INFINITY
+            : k == 3 ? -INFINITY
+            : k == 4 ? 1e-45f * static_cast<float>(rng() % 4)
+            : k == 5 ? -1e-45f
+                     : vals[rng() % 6];
+        if (k == 2 && rng() % 50) v = 2.0f;  // keep +inf rare enough that k is not all +inf
+        break;
+      }
+      case Gen::kIndexerLike:
+        v = i >= visible ? -INFINITY : std::max(0.0f, nd(rng)) * (rng() % 4 == 0 ? 0.0f : 1.0f);
+        break;
+    }
+    x[i] = v;
+  }
+  if (row % 5 == 4)  // an all -inf row
+    for (int64_t i = 0; i < t; ++i) x[i] = -INFINITY;
+}
+
+struct TopkCase {
+  int64_t n, t, k;
+  Gen gen;
+};
+
+TEST(SelectionParity, TopkRows) {
+  KC_SKIP_WITHOUT_GPU();
+  backends::cpu::CpuBackend cpu(nullptr);
+  const TopkCase cases[] = {
+      {6, 40000, 512, Gen::kGauss},
+      {6, 33000, 512, Gen::kTies},
+      {6, 70000, 512, Gen::kSparse},
+      {6, 20000, 512, Gen::kSpecial},
+      {10, 32768, 512, Gen::kIndexerLike},  // released index top-512
+      {5, 20000, 2048, Gen::kTies},         // candidate-pool width
+      {5, 2500, 2048, Gen::kIndexerLike},
+      {2, (1 << 20) + 3, 512, Gen::kIndexerLike},
+      {9, 300, 512, Gen::kGauss},  // t < k: every selectable entry
+      {7, 777, 1, Gen::kTies},
+      {3, 1, 4, Gen::kGauss},
+  };
+  for (const TopkCase& c : cases) {
+    std::mt19937 rng(static_cast<uint32_t>(c.t * 3 + c.k + static_cast<int>(c.gen)));
+    std::vector<float> sc(c.n * c.t);
+    for (int64_t r = 0; r < c.n; ++r) fill_row(c.gen, rng, &sc[r * c.t], c.t, r);
+    std::vector<int32_t> want(c.n * c.k);
+    cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
+    auto dsc = upload(sc);
+    DevBuf<int32_t> dout(want.size());
+    const size_t ws_bytes = topk_workspace_bytes(c.n, c.t, c.k);
+    DevBuf<uint8_t> ws(ws_bytes);
+    ASSERT_TRUE(dsc->p && dout.p && ws.p);
+    KC_OK(run_topk_rows(dsc->p, c.n, c.t, c.k, dout.p, ws.p, nullptr));
+    auto got = from_dev(dout.p, want.size());
+    int64_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
+    report("topk_rows",
+           std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
+               " k=" + std::to_string(c.k),
+           static_cast<double>(bad), 0, "index sets in the tie order: exact");
+    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t << " k=" << c.k;
+  }
+}
+
+TEST(SelectionParity, CandidatePool) {
+  KC_SKIP_WITHOUT_GPU();
+  backends::cpu::CpuBackend cpu(nullptr);
+  struct Case {
+    int64_t n, t, block, keep;
+    Gen gen;
+  };
+  const Case cases[] = {
+      {6, 20000, 8, 2048, Gen::kIndexerLike},  // 2500 blocks > 2048
+      {4, 40003, 8, 2048, Gen::kTies},         // ragged last block
+      {4, 17000, 8, 2048, Gen::kSparse},       // fewer finite blocks than keep
+      {5, 1000, 8, 2048, Gen::kGauss},         // below the limit: every finite block
+      {6, 5000, 8, 5, Gen::kTies},             // heavy block-score ties
+      {3, 3000, 3, 100, Gen::kSpecial},
+  };
+  for (const Case& c : cases) {
+    std::mt19937 rng(static_cast<uint32_t>(c.t + c.keep));
+    std::vector<float> sc(c.n * c.t);
+    std::vector<int64_t> vis(c.n);
+    for (int64_t r = 0; r < c.n; ++r) {
+      fill_row(c.gen, rng, &sc[r * c.t], c.t, r);
+      // visible: all, none, a block boundary, just past one, random.
+      const int64_t choice = r % 5;
+      vis[r] = choice == 0   ? c.t
+               : choice == 1 ? 0
+               : choice == 2 ? (c.t / 2) / c.block * c.block
+               : choice == 3 ? (c.t / 3) / c.block * c.block + 1
+                             : 1 + static_cast<int64_t>(rng() % c.t);
+    }
+    std::vector<uint8_t> want(c.n * c.t);
+    cpu.candidate_pool(sc.data(), vis.data(), c.n, c.t, c.block, c.keep, want.data());
+    auto dsc = upload(sc);
+    auto dvis = upload(vis);
+    DevBuf<uint8_t> dmask(want.size());
+    DevBuf<uint8_t> ws(candidate_pool_workspace_bytes(c.n, c.t, c.block, c.keep));
+    ASSERT_TRUE(dsc->p && dvis->p && dmask.p && ws.p);
+    ASSERT_EQ(cudaMemset(dmask.p, 0x77, want.size()), cudaSuccess);
+    KC_OK(run_candidate_pool(dsc->p, dvis->p, c.n, c.t, c.block, c.keep, dmask.p, ws.p, nullptr));
+    auto got = from_dev(dmask.p, want.size());
+    int64_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
+    report("candidate_pool",
+           std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
+               " block=" + std::to_string(c.block) + " keep=" + std::to_string(c.keep),
+           static_cast<double>(bad), 0, "mask bytes: exact");
+    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t;
+  }
+}
+
+TEST(SelectionParity, MaskRestrict) {
+  KC_SKIP_WITHOUT_GPU();
+  // The reference is the loop of model/attention_layer.cpp (index(), candidate_restricted).
+  const int64_t n = 7, t = 20000, tc = 19000;
+  std::mt19937 rng(5);
+  std::vector<float> sc(n * t);
+  std::vector<uint8_t> mask(n * tc);
+  std::vector<int64_t> t_mask(n);
+  for (int64_t r = 0; r < n; ++r) {
+    fill_row(Gen::kIndexerLike, rng, &sc[r * t], t, r);
+    for (int64_t j = 0; j < tc; ++j) mask[r * tc + j] = (rng() % 3) != 0;
+    t_mask[r] = r == 0 ? 0 : r == 1 ? tc : static_cast<int64_t>(rng() % (tc + 1));
+  }
+  std::vector<float> want = sc;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < t; ++j)
+      if (j >= t_mask[r] || !mask[r * tc + j]) want[r * t + j] = -INFINITY;
+  auto dsc = upload(sc);
+  auto dmask = upload(mask);
+  auto dtm = upload(t_mask);
+  ASSERT_TRUE(dsc->p && dmask->p && dtm->p);
+  KC_OK(run_mask_restrict(dsc->p, n, t, dmask->p, tc, dtm->p, nullptr));
+  auto got = from_dev(dsc->p, sc.size());
+  const int64_t bad = bit_mismatches(got, want);
+  report("mask_restrict", "n=7 t=20000 mask_stride=19000", static_cast<double>(bad), 0, "elementwise: exact");
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(SelectionParity, LaunchersRejectBadShapes) {
+  EXPECT_FALSE(run_topk_rows(nullptr, 1, 10, -1, nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(run_topk_rows(nullptr, 1, int64_t{1} << 32, 4, nullptr, nullptr, nullptr).ok());
+  EXPECT_TRUE(run_topk_rows(nullptr, 0, 10, 4, nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(run_candidate_pool(nullptr, nullptr, 1, 10, 0, 4, nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(run_mask_restrict(nullptr, -1, 10, nullptr, 10, nullptr, nullptr).ok());
+  EXPECT_EQ(candidate_pool_workspace_bytes(2, 17, 8, 2048), 2u * 3u * sizeof(float));
+}
+
+}  // namespace
+}  // namespace ds41::cuda
