@@ -140,7 +140,9 @@ Result<double> copy_bandwidth() {
 
 Result<std::unique_ptr<gpu::DeviceModel>> load_model(const GpuBenchArgs& a) {
   gpu::DeviceLoadOptions o;
-  DS41_ASSIGN_OR_RETURN(o.format, parse_load_format(a.load_format));
+  DeviceFlags f;
+  f.load_format = a.load_format;
+  DS41_ASSIGN_OR_RETURN(o.format, engine_load_format(f));
   o.preset = a.preset;
   o.seed = a.seed;
   o.tokenizer_dir = a.tokenizer_dir;

@@ -214,11 +214,7 @@ void setup_chat(CLI::App& parent, int& exit_code) {
   cmd->add_option("--api-key", a->api_key, "Bearer key for --url");
   cmd->add_option("--tokenizer", a->engine.tokenizer_dir,
                   "Folder with tokenizer.json (default: the model directory)");
-  a->engine.device = default_device();
-  cmd->add_option("--device", a->engine.device, "cpu or cuda (default: cuda when a GPU is found)");
-  cmd->add_option(
-      "--load-format", a->engine.load_format,
-      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  add_engine_device_flags(cmd, &a->engine.device);
   cmd->add_option("--threads", a->engine.threads, "CPU threads (default 2)");
   cmd->add_option("--kv-memory", a->engine.kv_memory, "Sequence state capacity (default 8GiB)");
   cmd->add_option(

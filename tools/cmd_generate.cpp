@@ -80,8 +80,8 @@ struct GenerateArgs {
   std::vector<int32_t> ids;  // --prompt-ids, parsed
   engine::SamplerParams sampling;
   int threads = 2;
-  std::string device, load_format = "auto";  // --device cpu|cuda, --load-format (engine_factory.h)
-  std::string memory_limit_text;             // --memory-limit, parsed by validate_generate_args
+  DeviceFlags device;             // --device, --load-format (engine_factory.h)
+  std::string memory_limit_text;  // --memory-limit, parsed by validate_generate_args
   uint64_t memory_limit = 0;
 };
 
@@ -152,12 +152,7 @@ Status validate_generate_args(GenerateArgs& a) {
     return invalid_argument(m);
   }
   if (a.threads < 1) return invalid_argument("--threads must be >= 1");
-  {
-    DeviceFlags f;
-    f.device = a.device;
-    DS41_ASSIGN_OR_RETURN(f.load_format, parse_load_format(a.load_format));
-    DS41_RETURN_IF_ERROR(check_device_flags(f));
-  }
+  DS41_RETURN_IF_ERROR(engine_device(a.device).status());
   for (const auto& st : a.stops)
     if (st.empty()) return invalid_argument("--stop: an empty stop string would match at once");
   if (a.penalties.presence_penalty < -2 || a.penalties.presence_penalty > 2 ||
@@ -211,9 +206,6 @@ Status run_generate(const GenerateArgs& a) {
   int64_t context = a.max_tokens + static_cast<int64_t>(a.prompt.size() + a.ids.size()) + 64;
   if (a.conversation)
     for (const auto& msg : a.conversation->messages) context += static_cast<int64_t>(msg.content.size()) + 16;
-  DeviceFlags flags;
-  flags.device = a.device;
-  DS41_ASSIGN_OR_RETURN(flags.load_format, parse_load_format(a.load_format));
   EngineRequest req;
   req.model_dir = a.model_dir;
   req.tokenizer_dir = a.tokenizer_dir;
@@ -225,9 +217,9 @@ Status run_generate(const GenerateArgs& a) {
   req.max_batch_tokens = kPrefillChunk;
   req.max_sequences = 1;
   req.kv_bytes = int64_t{1} << 30;
-  req.quiet = flags.device == "cpu";  // the CPU path loads silently, as before
+  req.quiet = device_name(a.device) == "cpu";  // the CPU path loads silently, as before
   // The CPU reference or the GPU engine, through the one engine interface (engine/engine.h).
-  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(flags, req));
+  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(a.device, req));
   engine::Engine& eng = *eh.engine;
   const model::ModelConfig& cfg = eh.config;
   std::unique_ptr<text::Tokenizer> tok;
@@ -459,11 +451,7 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--logprobs", a->penalties.top_logprobs,
                   "With --json: each token's log-probability and the top N (0..20)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
-  a->device = default_device();
-  cmd->add_option("--device", a->device, "cpu or cuda (default: cuda when a GPU is found)");
-  cmd->add_option(
-      "--load-format", a->load_format,
-      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  add_engine_device_flags(cmd, &a->device, /*seed_flag=*/false);  // --seed is the sampling seed
   cmd->add_option(
       "--memory-limit", a->memory_limit_text,
       "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");

@@ -34,8 +34,8 @@ struct ScoreArgs {
   int threads = 2;
   bool debug = false;
   bool stale_keys = false;
-  std::string device = "cpu", load_format = "auto";  // engine_factory.h
-  std::string memory_limit;                          // --memory-limit
+  DeviceFlags device;        // --device, --load-format (engine_factory.h)
+  std::string memory_limit;  // --memory-limit
 };
 
 struct Prompt {
@@ -151,9 +151,6 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
                         const std::pair<std::string, std::vector<int32_t>>& dec) {
   if (!a.replay.empty() || !a.dump_dir.empty() || a.stale_keys)
     return invalid_argument("--replay, --dump and --stale-index-keys need --device cpu (the CPU reference)");
-  DeviceFlags f;
-  f.device = a.device;
-  DS41_ASSIGN_OR_RETURN(f.load_format, parse_load_format(a.load_format));
   int64_t longest = 1;
   for (const Prompt& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
   EngineRequest req;
@@ -167,7 +164,7 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
   req.max_sequences = 2;
   req.kv_bytes = int64_t{2} << 30;
   DS41_ASSIGN_OR_RETURN(req.memory_limit, parse_memory_limit(a.memory_limit));
-  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(f, req));
+  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(a.device, req));
   if (!eh.forward_all) return unimplemented("ds41 score: this engine returns no all-row logits");
   engine::Engine& eng = *eh.engine;
   const model::ModelConfig& c = eh.config;
@@ -228,13 +225,8 @@ Status run_score(const ScoreArgs& a) {
   } else if (!a.replay.empty()) {
     return invalid_argument("--replay must be 'decoder' or 'encoder:H', got '" + a.replay + "'");
   }
-  {
-    DeviceFlags f;
-    f.device = a.device;
-    DS41_ASSIGN_OR_RETURN(f.load_format, parse_load_format(a.load_format));
-    DS41_RETURN_IF_ERROR(check_device_flags(f));
-  }
-  if (a.device != "cpu") return run_score_engine(a, prompts, dec);
+  DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
+  if (device != "cpu") return run_score_engine(a, prompts, dec);
   DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
   DS41_ASSIGN_OR_RETURN(LoadedModel lm,
                         load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
@@ -321,11 +313,7 @@ void setup_score(CLI::App& parent, int& exit_code) {
   cmd->add_option("--dump", args->dump_dir,
                   "Write every named per-layer intermediate to DIR/NAME.safetensors");
   cmd->add_option("--threads", args->threads, "CPU threads (default 2)");
-  args->device = default_device();
-  cmd->add_option("--device", args->device, "cpu or cuda (default: cuda when a GPU is found)");
-  cmd->add_option(
-      "--load-format", args->load_format,
-      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  add_engine_device_flags(cmd, &args->device);
   cmd->add_option(
       "--memory-limit", args->memory_limit,
       "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");

@@ -72,7 +72,7 @@ Status run_serve(const ServeArgs& a) {
                                                        }));
   service.set_ready(eng->generator(), eng->tokenizer(), eng->max_context());
   std::printf("ds41 serve: ready on http://%s:%d (model %s, %s)\n", a.host.c_str(), http.port(), name.c_str(),
-              a.engine.device.c_str());
+              device_name(a.engine.device).c_str());
   std::fflush(stdout);
 
   int sig = 0;
@@ -108,11 +108,7 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--model", a->engine.model_dir, "Model directory")->required();
   cmd->add_option("--tokenizer", a->engine.tokenizer_dir,
                   "Folder with tokenizer.json (default: the model directory)");
-  a->engine.device = default_device();
-  cmd->add_option("--device", a->engine.device, "cpu or cuda (default: cuda when a GPU is found)");
-  cmd->add_option(
-      "--load-format", a->engine.load_format,
-      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+  add_engine_device_flags(cmd, &a->engine.device);
   cmd->add_option("--host", a->host, "Address to bind (default 127.0.0.1: loopback only)");
   cmd->add_option("--port", a->port, "Port (default 8000; 0 picks a free one)");
   cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");

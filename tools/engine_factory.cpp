@@ -1,6 +1,7 @@
 // ds41 CLI: engine construction per device (engine_factory.h).
 #include "engine_factory.h"
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 
@@ -15,6 +16,27 @@
 
 namespace ds41::cli {
 namespace {
+
+#ifdef DS41_HAVE_CUDA_ENGINE
+constexpr bool kHaveCudaEngine = true;
+#else
+constexpr bool kHaveCudaEngine = false;
+#endif
+
+[[maybe_unused]] std::string default_device_name() {
+#ifdef DS41_HAVE_CUDA_ENGINE
+  return cuda::cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+  return "cpu";
+#endif
+}
+
+Result<gpu::LoadFormat> load_format_of(const DeviceFlags& f) {
+  if (f.load_format == "auto" || f.load_format.empty()) return gpu::LoadFormat::kAuto;
+  if (f.load_format == "safetensors") return gpu::LoadFormat::kSafetensors;
+  if (f.load_format == "dummy") return gpu::LoadFormat::kDummy;
+  return invalid_argument("--load-format must be auto, safetensors or dummy, got '" + f.load_format + "'");
+}
 
 // An engine that owns what it computes with (the model and its backend), destroyed after it.
 class OwningEngine final : public engine::Engine {
@@ -65,7 +87,7 @@ Result<EngineHandle> make_cpu_engine(const EngineRequest& r) {
 Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& r) {
   const auto t0 = std::chrono::steady_clock::now();
   gpu::DeviceLoadOptions o;
-  o.format = f.load_format;
+  DS41_ASSIGN_OR_RETURN(o.format, load_format_of(f));
   o.seed = f.seed;
   o.tokenizer_dir = r.tokenizer_dir;
   o.engram_host_pinned = f.engram_host_pinned;
@@ -110,43 +132,46 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
 
 }  // namespace
 
-bool built_with_cuda_engine() {
-#ifdef DS41_HAVE_CUDA_ENGINE
-  return true;
+void add_engine_device_flags(CLI::App* cmd, DeviceFlags* f, bool seed_flag) {
+#if __has_include("device_flags.h")
+  add_device_flags(cmd, f, true, seed_flag);
 #else
-  return false;
+  (void)seed_flag;
+  cmd->add_option("--device", f->device, "cpu or cuda (default: cuda when a GPU is found)");
+  cmd->add_option(
+      "--load-format", f->load_format,
+      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
 #endif
 }
 
-std::string default_device() {
-#ifdef DS41_HAVE_CUDA_ENGINE
-  return cuda::cuda_device_count() > 0 ? "cuda" : "cpu";
+Result<std::string> engine_device(const DeviceFlags& f) {
+  std::string dev;
+#if __has_include("device_flags.h")
+  DS41_ASSIGN_OR_RETURN(DeviceKind k, resolve_device(f));
+  dev = k == DeviceKind::kCuda ? "cuda" : "cpu";
 #else
-  return "cpu";
+  dev = f.device.empty() ? default_device_name() : f.device;
+  if (dev != "cpu" && dev != "cuda")
+    return invalid_argument("--device must be cpu or cuda, got '" + dev + "'");
+  if (dev == "cuda" && !kHaveCudaEngine)
+    return failed_precondition("--device cuda: this ds41 was built without CUDA");
 #endif
-}
-
-Result<gpu::LoadFormat> parse_load_format(const std::string& s) {
-  if (s == "auto") return gpu::LoadFormat::kAuto;
-  if (s == "safetensors") return gpu::LoadFormat::kSafetensors;
-  if (s == "dummy") return gpu::LoadFormat::kDummy;
-  return invalid_argument("--load-format must be auto, safetensors or dummy, got '" + s + "'");
-}
-
-Status check_device_flags(const DeviceFlags& f) {
-  if (f.device != "cpu" && f.device != "cuda")
-    return invalid_argument("--device must be cpu or cuda, got '" + f.device + "'");
-  if (f.device == "cuda" && !built_with_cuda_engine())
-    return failed_precondition(
-        "--device cuda: this ds41 was built without CUDA (rebuild with nvcc and DS41_CUDA=ON)");
-  if (f.device == "cpu" && f.load_format == gpu::LoadFormat::kDummy)
+  DS41_ASSIGN_OR_RETURN(gpu::LoadFormat fmt, load_format_of(f));
+  if (dev == "cpu" && fmt == gpu::LoadFormat::kDummy)
     return invalid_argument("--load-format dummy needs --device cuda (the CPU reference reads checkpoints)");
-  return ok_status();
+  return dev;
+}
+
+Result<gpu::LoadFormat> engine_load_format(const DeviceFlags& f) { return load_format_of(f); }
+
+std::string device_name(const DeviceFlags& f) {
+  auto d = engine_device(f);
+  return d.ok() ? *d : std::string("cpu");
 }
 
 Result<EngineHandle> make_engine(const DeviceFlags& flags, const EngineRequest& req) {
-  DS41_RETURN_IF_ERROR(check_device_flags(flags));
-  if (flags.device == "cpu") return make_cpu_engine(req);
+  DS41_ASSIGN_OR_RETURN(const std::string dev, engine_device(flags));
+  if (dev == "cpu") return make_cpu_engine(req);
 #ifdef DS41_HAVE_CUDA_ENGINE
   return make_gpu_engine(flags, req);
 #else

@@ -20,14 +20,17 @@
 #include "model/model.h"
 
 #if __has_include("device_flags.h")
-#include "device_flags.h"  // DeviceFlags and its flag parsing (tools/device_flags.h)
+#include "device_flags.h"  // DeviceFlags, add_device_flags, resolve_device (tools/device_flags.h)
 #else
+namespace CLI {
+class App;
+}
 namespace ds41::cli {
-// The interface of tools/device_flags.h until it is merged.
+// The interface of tools/device_flags.h until that file is merged (the same fields).
 struct DeviceFlags {
-  std::string device = "cpu";  // cpu | cuda
-  gpu::LoadFormat load_format = gpu::LoadFormat::kAuto;
-  uint64_t seed = 0;  // --load-format dummy
+  std::string device;  // "" = the default (cuda when the build has the GPU engine and a GPU is found)
+  std::string load_format = "auto";
+  uint64_t seed = 0;
   bool engram_host_pinned = false;
 };
 }  // namespace ds41::cli
@@ -35,13 +38,17 @@ struct DeviceFlags {
 
 namespace ds41::cli {
 
-// "cuda" when this build has the GPU engine and a CUDA device is visible, else "cpu".
-std::string default_device();
-bool built_with_cuda_engine();
-// --load-format auto|safetensors|dummy.
-Result<gpu::LoadFormat> parse_load_format(const std::string& s);
-// Checks --device / --load-format before anything is loaded (this build, the values).
-Status check_device_flags(const DeviceFlags& f);
+// Registers --device and --load-format on `cmd` (and, through tools/device_flags.h when it is
+// there, --seed unless seed_flag is false, and --engram-host-pinned).
+void add_engine_device_flags(CLI::App* cmd, DeviceFlags* f, bool seed_flag = true);
+// "cpu" or "cuda" for the flags; InvalidArgument for another name or load format,
+// FailedPrecondition for cuda in a build without the GPU engine ("this ds41 was built without
+// CUDA"), dummy weights on the CPU.
+Result<std::string> engine_device(const DeviceFlags& f);
+// --load-format as the device loader's enum.
+Result<gpu::LoadFormat> engine_load_format(const DeviceFlags& f);
+// engine_device's answer, or "cpu" on error (for messages).
+std::string device_name(const DeviceFlags& f);
 
 struct EngineRequest {
   std::string model_dir, tokenizer_dir, model_name, who = "ds41";

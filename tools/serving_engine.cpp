@@ -35,10 +35,7 @@ Result<int64_t> parse_bytes(const std::string& s, const std::string& flag) {
 }
 
 Status validate_engine_args(const EngineArgs& a) {
-  DeviceFlags f;
-  f.device = a.device;
-  DS41_ASSIGN_OR_RETURN(f.load_format, parse_load_format(a.load_format));
-  DS41_RETURN_IF_ERROR(check_device_flags(f));
+  DS41_RETURN_IF_ERROR(engine_device(a.device).status());
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
   DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
@@ -80,10 +77,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   DS41_ASSIGN_OR_RETURN(se->tok, text::Tokenizer::from_model_dir(tok_dir));
   if (!a.quiet)
     std::fprintf(stderr, "%s: loading model from %s (%s)\n", who.c_str(), a.model_dir.c_str(),
-                 a.device.c_str());
-  DeviceFlags f;
-  f.device = a.device;
-  DS41_ASSIGN_OR_RETURN(f.load_format, parse_load_format(a.load_format));
+                 device_name(a.device).c_str());
   EngineRequest req;
   req.model_dir = a.model_dir;
   req.tokenizer_dir = a.tokenizer_dir;
@@ -95,7 +89,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   req.kv_bytes = kv_bytes;
   req.quiet = a.quiet;
   DS41_ASSIGN_OR_RETURN(req.memory_limit, parse_memory_limit(a.memory_limit));
-  DS41_ASSIGN_OR_RETURN(se->engine, make_engine(f, req));
+  DS41_ASSIGN_OR_RETURN(se->engine, make_engine(a.device, req));
   engine::LoopConfig lc;
   lc.max_batch_tokens = a.max_batch_tokens;
   lc.max_running = a.max_running;
