@@ -152,8 +152,9 @@ TEST_P(GpuCpuParity, MixedBatch) {
     auto st = cpu_.model->new_sequence();
     model::ForwardOptions o;
     o.logits = model::LogitsRows::kNone;
-    if (before[i] > 0)
+    if (before[i] > 0) {
       ASSERT_TRUE(cpu_.model->prefill(*st, std::span<const int32_t>(*all[i]).first(before[i]), 0, o).ok());
+    }
     o.logits = model::LogitsRows::kAll;
     o.record = true;
     auto w = cpu_.model->prefill(*st, std::span<const int32_t>(*all[i]).subspan(before[i]), 0, o);
