@@ -213,6 +213,8 @@ Status run_generate(const GenerateArgs& a) {
   req.who = "ds41 generate";
   req.threads = a.threads;
   req.context_tokens = context;
+  // The GPU engine sizes its workspace from the context: this run's bound (capped by the config).
+  if (device_name(a.device) == "cuda") req.max_context = context;
   req.memory_limit = a.memory_limit;
   req.max_batch_tokens = kPrefillChunk;
   req.max_sequences = 1;
