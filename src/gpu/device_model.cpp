@@ -202,9 +202,10 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
     return resource_exhausted(m2);
   }
   DS41_ASSIGN_OR_RETURN(I.arena, DeviceBuffer::allocate(plan.device_bytes, "the model weights"));
-  if (plan.pinned_bytes > 0)
+  if (plan.pinned_bytes > 0) {
     DS41_ASSIGN_OR_RETURN(I.pinned,
                           PinnedBuffer::allocate(plan.pinned_bytes, "the Engram tables", /*mapped=*/true));
+  }
 
   // Device addresses.
   uint8_t* base = I.arena.as<uint8_t>();

@@ -12,10 +12,11 @@
 namespace ds41::model {
 namespace {
 
-// Payload bytes of the slice's tensor contract (59.6 GiB): embedding 1.32 GB, head 0.66 GB, per
-// layer ~7.5 GB (384 FP4 experts 7.25 GB + attention / shared expert / mHC ~0.2 GB), Engram tables
-// 2 x 1.27 GB (4,803,306 and 4,810,604 rows of 256 + 8 bytes).
-constexpr uint64_t kSliceWeightBytes = 63'988'241'008ULL;
+// Payload bytes of the slice's tensor contract (64.65 GB = 60.2 GiB; `ds41 inspect` of
+// `make-checkpoint --preset v41-flash-slice --layout-only`): FP4 experts 54.36 GB + their E8M0
+// scales, BF16 2.70 GB (embedding 1.32 GB), E4M3 4.09 GB (head, attention, shared experts, Engram
+// tables of 4,803,306 and 4,810,604 rows x 256), F32 31 MB (mHC, sinks, router biases).
+constexpr uint64_t kSliceWeightBytes = 64'649'508'208ULL;
 
 TEST(SlicePreset, ParsesWithTheReleasedWidths) {
   auto c = preset_config("v41-flash-slice");

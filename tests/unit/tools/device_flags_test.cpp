@@ -44,9 +44,8 @@ TEST(DeviceFlags, ParsedFromTheCommandLine) {
   CLI::App app;
   DeviceFlags f;
   add_device_flags(&app, &f);
-  app.parse(std::vector<std::string>{"--engram-host-pinned", "--seed", "42", "--load-format", "dummy",
-                                     "--device",
-                                     "cuda"});  // reversed order: CLI11 takes the vector back to front
+  app.parse("--device cuda --load-format dummy --seed 42 --engram-host-pinned",
+            /*program_name_included=*/false);
   EXPECT_EQ(f.device, "cuda");
   EXPECT_EQ(f.load_format, "dummy");
   EXPECT_EQ(f.seed, 42u);
@@ -62,7 +61,7 @@ TEST(DeviceFlags, NoSeedFlagWhenTheCommandHasItsOwn) {
   CLI::App app;
   DeviceFlags f;
   add_device_flags(&app, &f, true, /*seed_flag=*/false);
-  EXPECT_THROW(app.parse(std::vector<std::string>{"3", "--seed"}), CLI::ParseError);
+  EXPECT_THROW(app.parse("--seed 3", false), CLI::ParseError);
 }
 
 }  // namespace
