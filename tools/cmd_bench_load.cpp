@@ -41,6 +41,7 @@
 #include "model/loader/prefetch.h"
 #include "model/loader/safetensors.h"
 #include "model/loader/tensor_contract.h"
+#include "resource_paths.h"
 
 #ifdef DS41_HAVE_CUDA_ENGINE
 #include "gpu/device_weight_upload.h"
@@ -244,6 +245,10 @@ Result<ojson> device_load_section(const BenchLoadArgs& a) {
   o.io_threads = a.io_threads;
   o.preset = a.preset;
   o.tokenizer_dir = a.tokenizer_dir;
+  if (o.tokenizer_dir.empty() && !std::filesystem::exists(std::filesystem::path(a.dir) / "tokenizer.json")) {
+    auto t = default_tokenizer_dir();  // ../shared/tokenizer-v41 (Engram's compressed vocabulary)
+    if (t.ok()) o.tokenizer_dir = *t;
+  }
   ojson j;
   j["io_threads"] = a.io_threads;
   if (o.format == gpu::LoadFormat::kDummy) {

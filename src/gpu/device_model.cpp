@@ -132,7 +132,9 @@ const DeviceVec& DeviceModel::rope_inv_freq(bool yarn) const {
   return yarn ? impl_->rope_yarn : impl_->rope_main;
 }
 int DeviceModel::device() const { return impl_->device; }
-uint64_t DeviceModel::weight_bytes() const { return impl_->arena.size() + impl_->pinned.size(); }
+uint64_t DeviceModel::weight_bytes() const {
+  return impl_->arena.size();
+}  // pinned Engram tables not counted
 
 Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, const DeviceLoadOptions& opt) {
   const int n_dev = cuda::cuda_device_count();
@@ -267,6 +269,9 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
       DeviceVec{reinterpret_cast<const float*>(base + plan.rope_yarn), static_cast<int64_t>(ry.size())};
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpy(base, image.data(), image.size(), cudaMemcpyHostToDevice),
                                          "upload of the vectors"));
+  // A pageable cudaMemcpy may return before its DMA lands; the dummy kernels below (another stream)
+  // overwrite parts of this region, so wait for it.
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaDeviceSynchronize(), "upload of the vectors"));
 
   if (fmt == LoadFormat::kDummy) {
     cudaStream_t stream = nullptr;
@@ -326,6 +331,7 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
   uo.io_threads = std::max(1, opt.io_threads);
   uo.progress = opt.progress;
   DS41_RETURN_IF_ERROR(upload_file_ranges(paths, jobs, uo).with_context("loading " + dir + " to the device"));
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaDeviceSynchronize(), "loading the weights"));
   return m;
 }
 

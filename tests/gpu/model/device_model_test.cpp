@@ -14,8 +14,10 @@
 #include <functional>
 
 #include "backends/cuda/cuda_status.h"
+#include "core/dtype.h"
 #include "model/layer_schedule.h"
 #include "model/loader/safetensors.h"
+#include "model/model.h"
 #include "model/model_weights.h"
 #include "quant/weight_formats.h"
 
@@ -30,7 +32,9 @@ const std::string kTokenizer = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 
 std::vector<uint8_t> from_device(const void* p, uint64_t bytes) {
   std::vector<uint8_t> h(bytes);
-  if (bytes) EXPECT_EQ(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  if (bytes) {
+    EXPECT_EQ(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   return h;
 }
 
@@ -294,19 +298,40 @@ TEST(DeviceModel, DummyWeightsHaveValidCodesAndTheRecipesScale) {
   ASSERT_TRUE(m.ok()) << m.status().message();
   const auto& w = (*m)->weights();
   const model::ModelConfig& c = (*m)->config();
-  // FP8 linear (head, 2/sqrt(in), 384 tiles): no NaN codes, scales in range, std of the dequantized
-  // weight = sigma times the rms tile gain (E[(2^U(-1,1))^2]^0.5 = (3.75 / ln 16)^0.5 = 1.163).
-  const cuda::DeviceWeight& q = w.head;
-  ASSERT_EQ(q.format, quant::WeightFormat::kFp8Tiles);
-  auto qd = from_device(q.data, payload(q)), qs = from_device(q.scale, scales(q));
-  for (uint8_t b : qd) ASSERT_NE(b & 0x7f, 0x7f) << "E4M3 NaN code";
-  for (uint8_t s : qs) ASSERT_TRUE(s > 100 && s < 140) << "E8M0 scale " << int(s);
-  std::vector<float> f(static_cast<size_t>(q.out_dim * q.in_dim));
-  quant::fp8_tiles_dequant_rows(qd.data(), qs.data(), q.out_dim, q.in_dim, 0, q.out_dim, f.data());
-  double s2 = 0;
-  for (float v : f) s2 += double(v) * v;
-  const double sd = std::sqrt(s2 / f.size()), want = 1.163 * 2.0 / std::sqrt(double(q.in_dim));
-  EXPECT_NEAR(sd / want, 1.0, 0.15) << "head std " << sd << " want " << want;
+  // FP8 linears (wq_b of every layer, 1/sqrt(in), 8 x 48 tiles): no NaN codes, scales in range, std
+  // of the dequantized weights = sigma times the rms tile gain (E[(2^U(-1,1))^2]^0.5 =
+  // (3.75 / ln 16)^0.5 = 1.163).
+  double s2 = 0, n2 = 0;
+  int64_t in_dim = 0;
+  for (const DeviceLayer& d : w.layers) {
+    const cuda::DeviceWeight& q = d.wq_b;
+    ASSERT_EQ(q.format, quant::WeightFormat::kFp8Tiles);
+    auto qd = from_device(q.data, payload(q)), qs = from_device(q.scale, scales(q));
+    for (uint8_t b : qd) ASSERT_NE(b & 0x7f, 0x7f) << "E4M3 NaN code";
+    for (uint8_t s : qs) ASSERT_TRUE(s > 100 && s < 140) << "E8M0 scale " << int(s);
+    std::vector<float> f(static_cast<size_t>(q.out_dim * q.in_dim));
+    quant::fp8_tiles_dequant_rows(qd.data(), qs.data(), q.out_dim, q.in_dim, 0, q.out_dim, f.data());
+    for (float v : f) s2 += double(v) * v;
+    n2 += static_cast<double>(f.size());
+    in_dim = q.in_dim;
+  }
+  const double sd = std::sqrt(s2 / n2), want = 1.163 / std::sqrt(double(in_dim));
+  EXPECT_NEAR(sd / want, 1.0, 0.15) << "wq_b std " << sd << " want " << want;
+  // The head is BF16 (MODEL_SPEC 2.2): N(0, 4/H), no gains.
+  ASSERT_EQ(w.head.format, quant::WeightFormat::kBF16);
+  {
+    auto hd = from_device(w.head.data, payload(w.head));
+    double h2 = 0;
+    for (size_t i = 0; i < hd.size(); i += 2) {
+      uint16_t b;
+      std::memcpy(&b, hd.data() + i, 2);
+      const float v = bf16_to_f32(b);
+      ASSERT_TRUE(std::isfinite(v));
+      h2 += double(v) * v;
+    }
+    const double hsd = std::sqrt(h2 / (hd.size() / 2)), hwant = 2.0 / std::sqrt(double(c.hidden_size));
+    EXPECT_NEAR(hsd / hwant, 1.0, 0.05) << "head std " << hsd << " want " << hwant;
+  }
   // FP4 expert w1 (gain 3.6 / sqrt(H)).
   const cuda::DeviceWeight& e = w.layers[0].experts[0].w1;
   ASSERT_EQ(e.format, quant::WeightFormat::kFp4Rows);
@@ -314,9 +339,9 @@ TEST(DeviceModel, DummyWeightsHaveValidCodesAndTheRecipesScale) {
   for (uint8_t s : es) ASSERT_TRUE(s > 100 && s < 140) << "E8M0 scale " << int(s);
   std::vector<float> g(static_cast<size_t>(e.out_dim * e.in_dim));
   quant::fp4_rows_dequant_rows(ed.data(), es.data(), e.out_dim, e.in_dim, 0, e.out_dim, g.data());
-  s2 = 0;
-  for (float v : g) s2 += double(v) * v;
-  const double esd = std::sqrt(s2 / g.size()), ewant = 1.163 * 3.6 / std::sqrt(double(c.hidden_size));
+  double g2 = 0;
+  for (float v : g) g2 += double(v) * v;
+  const double esd = std::sqrt(g2 / g.size()), ewant = 1.163 * 3.6 / std::sqrt(double(c.hidden_size));
   EXPECT_NEAR(esd / ewant, 1.0, 0.2) << "expert w1 std " << esd << " want " << ewant;
   // Norm weights in [0.5, 1.5] and BF16-exact; sinks finite; Engram omega in [0.25, 2.25].
   auto nv = from_device(w.layers[0].attn_norm.ptr, w.layers[0].attn_norm.size * 4);
