@@ -229,6 +229,7 @@ Result<double> dd_read(const std::string& path) {
   return dt;
 }
 
+#ifdef DS41_HAVE_CUDA_ENGINE
 // Evicts a file's clean pages from the page cache (no root needed); false when it cannot.
 bool evict_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -238,7 +239,6 @@ bool evict_file(const std::string& path) {
   return ok;
 }
 
-#ifdef DS41_HAVE_CUDA_ENGINE
 // (3) device load vs raw read of the same files, alternated twice (best of each), caches evicted.
 Result<ojson> device_load_section(const BenchLoadArgs& a) {
   DS41_ASSIGN_OR_RETURN(gpu::DeviceLoadOptions o, device_load_options(a.dev));

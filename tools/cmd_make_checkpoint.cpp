@@ -1,7 +1,8 @@
 // ds41 make-checkpoint: write a checkpoint in the official format (MODEL_SPEC 1, 2) for a preset:
 // random weights with sane scales (model/random_weights.h), or with --layout-only real headers and
 // sparse holes instead of data (the 510 GB released layout costs a few MB of disk).
-//   ds41 make-checkpoint --preset tiny|small|v41-flash|v41-flash-slice --seed N --out DIR [--layout-only] [--shards K]
+//   ds41 make-checkpoint --preset tiny|small|v41-flash|v41-flash-slice --seed N --out DIR [--layout-only]
+//   [--shards K]
 //                        [--tokenizer DIR]
 #include <unistd.h>
 
