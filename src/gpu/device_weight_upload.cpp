@@ -92,7 +92,11 @@ class Uploader {
       : paths_(paths),
         jobs_(jobs),
         opt_(opt),
-        units_(make_units(jobs, std::max<uint64_t>(opt.unit_bytes, 1))) {}
+        units_(make_units(jobs, std::max<uint64_t>(opt.unit_bytes, 1))) {
+    // CUDA (streams, pinned staging) only when some destination is device memory: reads into host
+    // destinations and the read-only baseline run without a device.
+    for (const UploadJob& j : jobs_) device_ |= opt_.copy && j.dst && !j.dst_host;
+  }
 
   Status run(UploadStats* stats) {
     uint64_t total = 0;
@@ -153,7 +157,7 @@ class Uploader {
     cudaStream_t stream = nullptr;
     cudaEvent_t ev[2] = {nullptr, nullptr};
     PinnedBuffer buf[2];
-    if (opt_.copy) {
+    if (device_) {
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaSetDevice(opt_.device), "cudaSetDevice"));
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                              "cudaStreamCreate (loader)"));
@@ -173,12 +177,12 @@ class Uploader {
           if (e[i]) cudaEventDestroy(e[i]);
       }
     } cleanup{stream, ev};
-    std::vector<uint8_t> plain;  // read-only mode: ordinary memory
+    std::vector<uint8_t> plain;  // no device destination: ordinary memory
     for (auto& b : buf) {
-      if (!opt_.copy) break;
+      if (!device_) break;
       DS41_ASSIGN_OR_RETURN(b, PinnedBuffer::allocate(opt_.stage_bytes, "loader staging buffer"));
     }
-    if (!opt_.copy) plain.resize(opt_.stage_bytes);
+    if (!device_) plain.resize(opt_.stage_bytes);
     bool recorded[2] = {false, false};
     int slot = 0;
     while (!stop_) {
@@ -195,7 +199,7 @@ class Uploader {
       const int fd = it->second;
       for (uint64_t pos = u.begin; pos < u.end && !stop_; pos += opt_.stage_bytes) {
         const uint64_t len = std::min(opt_.stage_bytes, u.end - pos);
-        uint8_t* b = opt_.copy ? static_cast<uint8_t*>(buf[slot].data()) : plain.data();
+        uint8_t* b = device_ ? static_cast<uint8_t*>(buf[slot].data()) : plain.data();
         if (recorded[slot])
           DS41_RETURN_IF_ERROR(
               cuda::cuda_status(cudaEventSynchronize(ev[slot]), "cudaEventSynchronize (loader)"));
@@ -217,7 +221,7 @@ class Uploader {
                 ("cudaMemcpyAsync of " + paths_[u.file] + " at offset " + std::to_string(lo)).c_str()));
           }
         }
-        if (opt_.copy) {
+        if (device_) {
           DS41_RETURN_IF_ERROR(
               cuda::cuda_status(cudaEventRecord(ev[slot], stream), "cudaEventRecord (loader)"));
           recorded[slot] = true;
@@ -234,6 +238,7 @@ class Uploader {
   const std::vector<UploadJob>& jobs_;
   const UploadOptions& opt_;
   std::vector<Unit> units_;
+  bool device_ = false;  // some job copies to device memory
   std::atomic<size_t> next_unit_{0};
   std::atomic<uint64_t> done_{0}, read_{0};
   std::atomic<bool> stop_{false};

@@ -29,7 +29,9 @@ struct UploadOptions {
   int io_threads = 4;
   uint64_t stage_bytes = 8ull << 20;   // per staging buffer (two per worker)
   uint64_t unit_bytes = 256ull << 20;  // work unit (a worker reads one unit sequentially)
-  bool copy = true;                    // false: read only (the raw-disk baseline of `bench load`)
+  // false: read only (the raw-disk baseline of `bench load`). CUDA (a stream, pinned staging) is
+  // used only when some job has a device destination.
+  bool copy = true;
   std::function<void(uint64_t done, uint64_t total)> progress;  // on the calling thread
 };
 
