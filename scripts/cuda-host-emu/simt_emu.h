@@ -51,6 +51,10 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int m) { return emu::exch(v,
 template <class T> T __shfl_down_sync(unsigned, T v, unsigned d) {
   int s = emu::tl_lane + (int)d; return emu::exch(v, s < 32 ? s : emu::tl_lane);
 }
+template <class T> T __shfl_up_sync(unsigned, T v, unsigned d) {
+  int s = emu::tl_lane - (int)d; return emu::exch(v, s >= 0 ? s : emu::tl_lane);
+}
+template <class T> T __shfl_sync(unsigned, T v, int src) { return emu::exch(v, src & 31); }
 inline unsigned __ballot_sync(unsigned, int p) {
   emu::Warp& w = emu::tl_block->warps[emu::tl_warp];
   w.buf[emu::tl_lane] = p ? 1 : 0; w.bar->arrive_and_wait();
