@@ -3,8 +3,9 @@
 # (tests/parity/cuda/{kv_rows,attention,selection}_parity_test.cpp) against the kernels of
 # src/backends/cuda run by the host SIMT emulator (simt_emu.h), and runs them with an optional gtest
 # filter. Needs a configured ./build with ds41_backend_cpu built (ninja -C build ds41_backend_cpu),
-# g++ >= 12, the CUDA headers (/usr/local/cuda/include) and gtest. Slow (one OS thread per CUDA
-# thread): minutes for the full tables.
+# g++ >= 12, the CUDA headers (/usr/local/cuda/include) and gtest. Slow (a ucontext switch per
+# barrier and warp intrinsic): the selection, indexer and KV-row tables take minutes, the sparse
+# attention table about an hour (filter it out: --gtest_filter=-*SparseAttention*).
 #   scripts/cuda-host-emu/run.sh ['--gtest_filter=KvRows*:*Reject*']
 set -euo pipefail
 cd "$(dirname "$0")/../.."
