@@ -395,6 +395,7 @@ Result<std::unique_ptr<InProcess>> start_in_process(const BenchServeArgs& a, int
   engine::LoopConfig lc;
   lc.max_batch_tokens = a.max_batch_tokens;
   lc.max_running = max_running;
+  lc.sample_pool = p->lm.pool.get();
   p->loop = std::make_unique<engine::EngineLoop>(p->engine.get(), lc);
   DS41_RETURN_IF_ERROR(p->loop->start());
   p->gen = std::make_unique<server::EngineLoopGenerator>(p->loop.get());

@@ -216,6 +216,9 @@ void setup_chat(CLI::App& parent, int& exit_code) {
   cmd->add_option("--device", a->engine.device, "cpu (default) or cuda (not available yet)");
   cmd->add_option("--threads", a->engine.threads, "CPU threads (default 2)");
   cmd->add_option("--kv-memory", a->engine.kv_memory, "Sequence state capacity (default 8GiB)");
+  cmd->add_option(
+      "--memory-limit", a->engine.memory_limit,
+      "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");
   cmd->add_option("--effort", a->effort, "Thinking: off, low, high (default) or max; /effort changes it");
   cmd->add_option("--max-tokens", a->max_tokens, "Tokens per answer (default 1024)");
   cmd->add_option("--temperature", a->temperature, "Sampling temperature (default: the server's)");

@@ -78,6 +78,8 @@ struct GenerateArgs {
   std::vector<int32_t> ids;  // --prompt-ids, parsed
   engine::SamplerParams sampling;
   int threads = 2;
+  std::string memory_limit_text;  // --memory-limit, parsed by validate_generate_args
+  uint64_t memory_limit = 0;
 };
 
 // Whole-string integer in [lo, hi] (surrounding spaces allowed); nullopt otherwise.
@@ -92,6 +94,7 @@ std::optional<int64_t> parse_int(std::string_view s, int64_t lo, int64_t hi) {
 
 // Usage errors (exit 2), found before the model loads. Fills a.max_tokens and a.ids.
 Status validate_generate_args(GenerateArgs& a) {
+  DS41_ASSIGN_OR_RETURN(a.memory_limit, parse_memory_limit(a.memory_limit_text));
   const int sources =
       int(a.has_prompt) + int(a.has_prompt_ids) + int(a.has_prompt_file) + int(a.has_messages);
   if (sources != 1)
@@ -199,7 +202,8 @@ Status run_generate(const GenerateArgs& a) {
   int64_t context = a.max_tokens + static_cast<int64_t>(a.prompt.size() + a.ids.size()) + 64;
   if (a.conversation)
     for (const auto& msg : a.conversation->messages) context += static_cast<int64_t>(msg.content.size()) + 16;
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, context));
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, context, a.memory_limit));
   model::Model& m = *lm.model;
   std::unique_ptr<text::Tokenizer> tok;
   {
@@ -433,6 +437,9 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--logprobs", a->penalties.top_logprobs,
                   "With --json: each token's log-probability and the top N (0..20)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
+  cmd->add_option(
+      "--memory-limit", a->memory_limit_text,
+      "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");
   cmd->add_option("--stop", a->stops, "Stop when the output contains this string (repeatable; not printed)");
   cmd->add_flag("--json", a->json,
                 "Print one JSON object: reasoning_content, content, tool_calls (DSML parsed), finish_reason, "

@@ -28,6 +28,7 @@ struct InspectArgs {
   std::string dir;
   bool json = false;
   size_t max_mismatches = 200;
+  std::string memory_limit;  // --memory-limit
 };
 
 ojson number(double v) {
@@ -90,6 +91,11 @@ void print_config(const model::ModelConfig& c) {
 }
 
 int run_inspect(const InspectArgs& a) {
+  Result<uint64_t> memory_limit = parse_memory_limit(a.memory_limit);
+  if (!memory_limit.ok()) {
+    std::fprintf(stderr, "ds41 inspect: %s\n", memory_limit.status().message().c_str());
+    return 2;
+  }
   ojson out;
   out["tensor_count"] = nullptr;
   out["payload_bytes"] = nullptr;
@@ -183,7 +189,7 @@ int run_inspect(const InspectArgs& a) {
   // What loading it would need (the check generate/score/serve/chat make before loading).
   constexpr int64_t kEstimateContext = 4096;
   auto est = model::estimate_model_memory(a.dir, kEstimateContext);
-  const uint64_t avail = available_memory_bytes();
+  const uint64_t avail = available_memory_bytes(*memory_limit);
   if (est.ok())
     out["memory_estimate"] = {{"context_tokens", kEstimateContext},
                               {"weights_bytes", est->weights_bytes},
@@ -249,6 +255,8 @@ void setup(CLI::App& parent, int& exit_code) {
   sub->add_flag("--json", args->json, "Machine-readable JSON on stdout");
   sub->add_option("--max-mismatches", args->max_mismatches,
                   "Mismatches listed in text output (JSON lists all)");
+  sub->add_option("--memory-limit", args->memory_limit,
+                  "Memory a load may use for the estimate (e.g. 20GB); default MemAvailable");
   sub->callback([args, &exit_code] { exit_code = run_inspect(*args); });
 }
 

@@ -32,6 +32,7 @@ struct ScoreArgs {
   int threads = 2;
   bool debug = false;
   bool stale_keys = false;
+  std::string memory_limit;  // --memory-limit
 };
 
 struct Prompt {
@@ -128,7 +129,9 @@ Status run_score(const ScoreArgs& a) {
   } else if (!a.replay.empty()) {
     return invalid_argument("--replay must be 'decoder' or 'encoder:H', got '" + a.replay + "'");
   }
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads));
+  DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
   model::Model& m = *lm.model;
   const model::ModelConfig& c = m.config();
   const int64_t V = c.vocab_size;
@@ -238,6 +241,9 @@ void setup_score(CLI::App& parent, int& exit_code) {
   cmd->add_option("--dump", args->dump_dir,
                   "Write every named per-layer intermediate to DIR/NAME.safetensors");
   cmd->add_option("--threads", args->threads, "CPU threads (default 2)");
+  cmd->add_option(
+      "--memory-limit", args->memory_limit,
+      "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");
   cmd->add_flag("--stale-index-keys", args->stale_keys,
                 "Official reference's stale index keys (MODEL_SPEC 7.21)");
   cmd->callback([args, &exit_code] {

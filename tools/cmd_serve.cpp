@@ -6,11 +6,11 @@
 
 #include <chrono>
 #include <cstdio>
-#include <iostream>
-
-#include <future>
-#include <thread>
 #include <cstdlib>
+#include <future>
+#include <iostream>
+#include <thread>
+
 #include "cli_registry.h"
 #include "core/log.h"
 #include "server/api_service.h"
@@ -116,6 +116,9 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--max-batch-tokens", a->engine.max_batch_tokens, "Tokens per engine step (default 2048)");
   cmd->add_option("--max-running", a->engine.max_running, "Sequences in flight (default 64)");
   cmd->add_option("--kv-memory", a->engine.kv_memory, "Sequence state capacity for admission (default 8GiB)");
+  cmd->add_option(
+      "--memory-limit", a->engine.memory_limit,
+      "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");
   cmd->add_option("--max-queue", a->engine.max_queue, "Waiting requests before 429 (default 1024)");
   cmd->add_option("--max-body-bytes", a->max_body_bytes, "Largest request body, else 413 (default 8 MiB)");
   cmd->add_option("--max-prompt-tokens", a->max_prompt_tokens,

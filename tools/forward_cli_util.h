@@ -22,10 +22,11 @@ struct LoadedModel {
   std::unique_ptr<model::Model> model;
 };
 
-// Memory this machine can give a model: MemAvailable from /proc/meminfo (DS41_MEMAVAILABLE_BYTES
-// overrides it, for tests); 0 when unknown (then nothing is refused).
-inline uint64_t available_memory_bytes() {
-  if (const char* v = std::getenv("DS41_MEMAVAILABLE_BYTES")) return std::strtoull(v, nullptr, 10);
+// Memory this machine can give a model: `--memory-limit` when given (containers whose
+// /proc/meminfo shows the host's memory, or to keep headroom), else MemAvailable from
+// /proc/meminfo; 0 when unknown (then nothing is refused).
+inline uint64_t available_memory_bytes(uint64_t memory_limit = 0) {
+  if (memory_limit > 0) return memory_limit;
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   uint64_t kb = 0;
@@ -34,19 +35,56 @@ inline uint64_t available_memory_bytes() {
   return 0;
 }
 
+// `--memory-limit SIZE`: bytes, or a number with B, KB/MB/GB/TB (powers of 1000) or K/M/G/T,
+// KiB/MiB/GiB/TiB (powers of 1024). Empty -> 0 (no limit given).
+inline Result<uint64_t> parse_memory_limit(const std::string& s) {
+  if (s.empty()) return uint64_t{0};
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  if (pos == 0 || !(v > 0))
+    return invalid_argument("--memory-limit '" + s +
+                            "' is not a positive size (e.g. 20GB, 64GiB, 1000000000)");
+  const std::string unit = s.substr(pos);
+  static const std::pair<const char*, double> kUnits[] = {{"", 1},
+                                                          {"B", 1},
+                                                          {"KB", 1e3},
+                                                          {"MB", 1e6},
+                                                          {"GB", 1e9},
+                                                          {"TB", 1e12},
+                                                          {"K", 1024.},
+                                                          {"KiB", 1024.},
+                                                          {"M", 1048576.},
+                                                          {"MiB", 1048576.},
+                                                          {"G", 1073741824.},
+                                                          {"GiB", 1073741824.},
+                                                          {"T", 1099511627776.},
+                                                          {"TiB", 1099511627776.}};
+  for (const auto& [name, mul] : kUnits)
+    if (unit == name) return static_cast<uint64_t>(v * mul);
+  return invalid_argument("--memory-limit '" + s + "': unknown unit '" + unit +
+                          "' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+}
+
 // Refuses, before anything is loaded, a model whose weights + KV for `context_tokens` +
 // workspaces exceed the available memory (a 510 GB layout-only checkpoint on a 23 GB machine).
-inline Status check_model_fits(const std::string& dir, int64_t context_tokens) {
-  const uint64_t avail = available_memory_bytes();
+inline Status check_model_fits(const std::string& dir, int64_t context_tokens, uint64_t memory_limit = 0) {
+  const uint64_t avail = available_memory_bytes(memory_limit);
   if (avail == 0) return ok_status();
   Result<model::MemoryEstimate> e = model::estimate_model_memory(dir, context_tokens);
   if (!e.ok()) return ok_status();  // the loader reports a bad checkpoint with its own message
-  return model::check_memory_fits(e.value(), avail, "on this machine (MemAvailable)");
+  return model::check_memory_fits(
+      e.value(), avail, memory_limit > 0 ? "under --memory-limit" : "on this machine (MemAvailable)");
 }
 
 inline Result<LoadedModel> load_cpu_model(const std::string& dir, const std::string& tokenizer_dir,
-                                          int threads, int64_t context_tokens = 4096) {
-  DS41_RETURN_IF_ERROR(check_model_fits(dir, context_tokens));
+                                          int threads, int64_t context_tokens = 4096,
+                                          uint64_t memory_limit = 0) {
+  DS41_RETURN_IF_ERROR(check_model_fits(dir, context_tokens, memory_limit));
   LoadedModel lm;
   lm.pool = std::make_unique<ThreadPool>(threads);
   lm.backend = std::make_unique<backends::cpu::CpuBackend>(lm.pool.get());

@@ -40,6 +40,7 @@ Status validate_engine_args(const EngineArgs& a) {
   if (a.device != "cpu") return invalid_argument("--device must be cpu or cuda, got '" + a.device + "'");
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
+  DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
   return parse_bytes(a.kv_memory).status();
 }
 
@@ -81,7 +82,8 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
     std::fprintf(stderr, "%s: loading model from %s (%d threads)\n", who.c_str(), a.model_dir.c_str(),
                  a.threads);
 
-  DS41_RETURN_IF_ERROR(check_model_fits(a.model_dir, 4096));
+  DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
+  DS41_RETURN_IF_ERROR(check_model_fits(a.model_dir, 4096, memory_limit));
   const auto t0 = std::chrono::steady_clock::now();
   se->lm.pool = std::make_unique<ThreadPool>(a.threads);
   se->lm.backend = std::make_unique<backends::cpu::CpuBackend>(se->lm.pool.get());
@@ -99,6 +101,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_running = a.max_running;
   lc.kv_memory_bytes = kv_bytes;
   lc.max_queue = a.max_queue;
+  lc.sample_pool = se->lm.pool.get();  // idle between the CPU engine's forwards
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());

@@ -20,7 +20,8 @@ struct EngineArgs {
   int threads = 2;
   int64_t max_batch_tokens = 2048, max_running = 64, max_queue = 1024;
   std::string kv_memory = "8GiB";
-  bool quiet = false;  // no load progress
+  std::string memory_limit;  // --memory-limit (empty: MemAvailable)
+  bool quiet = false;        // no load progress
 };
 
 // "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.

@@ -5,9 +5,9 @@
 // sample_token() -> logprobs -> TokenEvent, finishing on EOS / stop ids / max_tokens / context end.
 #include "engine/engine_loop.h"
 
-#include <optional>
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -308,23 +308,48 @@ void EngineLoop::Impl::step_once() {
   } else {
     const int64_t V = out.vocab;
     int64_t new_prompt = 0, new_gen = 0;
+    // Draw every row first (in parallel when a pool is given: each row touches only its own
+    // request's sampler and penalty state), then advance the requests in item order.
+    struct Drawn {
+      Status status;
+      int32_t tok = -1;
+      float lp = 0;
+      std::vector<TopLogprob> top;
+    };
+    std::vector<Drawn> drawn(items.size());
+    const auto draw_rows = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (out.row[i] < 0) continue;
+        Req* r = reqs[i];
+        float* row = out.logits.data() + out.row[i] * V;
+        if (r->penalties.active()) r->penalties.apply(row, V);
+        Result<int32_t> t = r->sampler->sample(std::span<const float>(row, static_cast<size_t>(V)));
+        if (!t.ok()) {
+          drawn[i].status = t.status();
+          continue;
+        }
+        drawn[i].tok = *t;
+        if (r->req.sampling.top_logprobs >= 0)
+          drawn[i].lp = token_logprob(row, V, *t, r->req.sampling.top_logprobs, &drawn[i].top);
+      }
+    };
+    const int64_t n_items = static_cast<int64_t>(items.size());
+    if (cfg.sample_pool != nullptr && n_items > 1)
+      cfg.sample_pool->parallel_for(n_items, draw_rows);
+    else
+      draw_rows(0, n_items);
     for (size_t i = 0; i < items.size(); ++i) {
       Req* r = reqs[i];
       r->computed += static_cast<int64_t>(items[i].tokens.size());
       if (out.row[i] < 0) continue;
-      float* row = out.logits.data() + out.row[i] * V;
-      const SamplingParams& sp = r->req.sampling;
-      if (r->penalties.active()) r->penalties.apply(row, V);
-      Result<int32_t> drawn = r->sampler->sample(std::span<const float>(row, static_cast<size_t>(V)));
-      if (!drawn.ok()) {  // a NaN/inf row: this request ends with an error, the others go on
-        finish(*r, FinishReason::kError, drawn.status().message());
+      if (!drawn[i].status.ok()) {  // a NaN/inf row: this request ends with an error, the others go on
+        finish(*r, FinishReason::kError, drawn[i].status.message());
         done.push_back(r);
         continue;
       }
-      const int32_t tok = *drawn;
-      float lp = 0;
-      std::vector<TopLogprob> top;
-      if (sp.top_logprobs >= 0) lp = token_logprob(row, V, tok, sp.top_logprobs, &top);
+      const int32_t tok = drawn[i].tok;
+      const float lp = drawn[i].lp;
+      std::vector<TopLogprob> top = std::move(drawn[i].top);
       r->tokens.push_back(tok);
       r->penalties.add(tok);
       if (++r->generated == 1) new_prompt += static_cast<int64_t>(r->req.prompt.size());

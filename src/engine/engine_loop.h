@@ -24,18 +24,23 @@
 
 #include "core/clock.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/request.h"
 
 namespace ds41::engine {
 
 struct LoopConfig {
-  int64_t max_batch_tokens = 2048;  // tokens per step (prefill chunks + decodes)
-  int64_t max_running = 64;         // sequences in flight
+  int64_t max_batch_tokens = 2048;             // tokens per step (prefill chunks + decodes)
+  int64_t max_running = 64;                    // sequences in flight
   int64_t kv_memory_bytes = int64_t{8} << 30;  // state capacity for admission
-  int64_t max_queue = 1024;         // waiting requests before submit() refuses
-  bool decode_first = true;         // decodes before prefill chunks in a step
-  uint64_t seed = 0;                // seed source for requests without a seed
+  int64_t max_queue = 1024;                    // waiting requests before submit() refuses
+  bool decode_first = true;                    // decodes before prefill chunks in a step
+  uint64_t seed = 0;                           // seed source for requests without a seed
+  // Samples the rows of a step in parallel (penalties, draw, logprobs of each row are independent:
+  // every request owns its sampler and penalty state). Null: on the loop thread. Not owned; the
+  // CPU engine's pool is idle between forwards, so the CLI passes it.
+  ThreadPool* sample_pool = nullptr;
 };
 
 // The consumer side of one request. Thread-safe.

@@ -32,32 +32,60 @@ Result<Sampler> Sampler::create(const SamplerParams& params) {
 
 Result<int32_t> Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) return invalid_argument("sampler: empty logits row");
-  bool any_finite = false;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float v = logits[i];
-    if (std::isnan(v) || v == INFINITY)
-      return invalid_argument("sampler: logit " + std::to_string(i) + " is " + std::to_string(v) +
-                              " (NaN and +inf are not valid logits)");
-    any_finite = any_finite || std::isfinite(v);
+  // One branch-free pass for the maximum and the validity of the row; the offending index is
+  // looked up only when the row is invalid.
+  float mx = -INFINITY;
+  bool bad = false;
+  for (const float v : logits) {
+    bad |= !(v < INFINITY);  // NaN or +inf
+    mx = v > mx ? v : mx;
   }
-  if (!any_finite) return invalid_argument("sampler: every logit is -inf");
+  if (bad)
+    for (size_t i = 0; i < logits.size(); ++i)
+      if (!(logits[i] < INFINITY))
+        return invalid_argument("sampler: logit " + std::to_string(i) + " is " + std::to_string(logits[i]) +
+                                " (NaN and +inf are not valid logits)");
+  if (mx == -INFINITY) return invalid_argument("sampler: every logit is -inf");
   if (params_.temperature == 0) return argmax_token(logits);
 
-  // Only as much of the (p desc, id asc) order is materialised as the rule reads: the kept
-  // prefix is found by selection (nth_element) and sorted; without top_k / min_p the sorted
-  // prefix grows geometrically until it holds the nucleus. The sums are taken in the same order
-  // as a full sort would give, so the tokens are those of the full-sort rule, bit for bit.
+  // The (p desc, id asc) order is materialised lazily: one pass computes every p (and the sum in
+  // token order, which the rule uses as is) and counts the tokens per bucket of 1/16 octave of p
+  // (bucket order = p descending, so every token of a bucket precedes every token of the next one
+  // in the full order). Buckets are placed into cand_ (a counting sort) only when the rule reads
+  // into them — the first read places the buckets of at least 4096 tokens, a later one the rest,
+  // so at most two more passes — and each is sorted by (p desc, id asc) when read. cand_[0,
+  // sorted) is therefore always the full sort's prefix, bit for bit, at O(vocab) plus the sorting
+  // of the buckets the rule reads.
   const size_t n = logits.size();
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  cand_.resize(n);
+  prob_.resize(n);
+  bucket_.resize(n);
+  bucket_start_.assign(kBuckets + 1, 0);
   double sum = 0;  // in token order (kept as is: it decides the nucleus below)
   size_t positive = 0;
+  const double temp = params_.temperature;
+  const bool unit_temp = temp == 1.0;  // x / 1.0 == x exactly: the division is skipped
   for (size_t i = 0; i < n; ++i) {
-    const double p = std::exp((logits[i] - mx) / params_.temperature);
-    cand_[i] = {p, static_cast<int32_t>(i)};
+    const double x = logits[i] - mx;
+    const double p = std::exp(unit_temp ? x : x / temp);
+    prob_[i] = p;
     sum += p;
     positive += p > 0;
+    const auto b = static_cast<uint16_t>(bucket_of(p));
+    bucket_[i] = b;
+    ++bucket_start_[b + 1];
   }
+  for (size_t b = 0; b < kBuckets; ++b) bucket_start_[b + 1] += bucket_start_[b];
+  cand_.resize(n);
+  size_t placed = 0;  // buckets [0, placed) are in cand_ at their bucket_start_ offsets
+  const auto place_through = [&](size_t end_bucket) {
+    if (end_bucket <= placed) return;
+    bucket_fill_.assign(bucket_start_.begin(), bucket_start_.end() - 1);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = bucket_[i];
+      if (b >= placed && b < end_bucket) cand_[bucket_fill_[b]++] = {prob_[i], static_cast<int32_t>(i)};
+    }
+    placed = end_bucket;
+  };
   const auto first = cand_.begin();
   const auto by_prob = [](const Candidate& a, const Candidate& b) {
     return a.p > b.p || (a.p == b.p && a.id < b.id);
@@ -75,22 +103,30 @@ Result<int32_t> Sampler::sample(std::span<const float> logits) {
   if (params_.min_p > 0) {
     const double floor = params_.min_p;  // min_p * p_max, p_max = 1
     size_t above = 0;
-    for (const Candidate& c : cand_) above += c.p >= floor;
+    for (const double p : prob_) above += p >= floor;
     const size_t capped = std::max<size_t>(1, std::min(cand, above));
     cut = cut || capped < cand;
     cand = capped;
   }
-  if (cand < n) std::nth_element(first, first + static_cast<ptrdiff_t>(cand - 1), cand_.end(), by_prob);
-
-  size_t sorted = 0;  // cand_[0, sorted) is the order's prefix
+  size_t sorted = 0;  // cand_[0, sorted) is the order's prefix (whole buckets)
+  size_t next_bucket = 0;
   const auto sort_up_to = [&](size_t m) {
     m = std::min(m, cand);
     if (m <= sorted) return;
-    if (m < cand)
-      std::nth_element(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(m - 1),
-                       first + static_cast<ptrdiff_t>(cand), by_prob);
-    std::sort(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(m), by_prob);
-    sorted = m;
+    size_t end_bucket = next_bucket;
+    while (end_bucket < kBuckets && bucket_start_[end_bucket] < m) ++end_bucket;
+    if (placed == 0) {  // the first read places at least 4096 tokens' worth of buckets
+      while (end_bucket < kBuckets && bucket_start_[end_bucket] < std::min<size_t>(n, 4096)) ++end_bucket;
+      place_through(end_bucket);
+    } else {
+      place_through(kBuckets);
+    }
+    for (; next_bucket < end_bucket; ++next_bucket) {
+      const size_t b0 = bucket_start_[next_bucket], b1 = bucket_start_[next_bucket + 1];
+      if (b1 - b0 > 1)
+        std::sort(first + static_cast<ptrdiff_t>(b0), first + static_cast<ptrdiff_t>(b1), by_prob);
+      sorted = b1;
+    }
   };
   if (cut) {  // the nucleus is a fraction of the mass top_k / min_p left, summed in order
     sort_up_to(cand);

@@ -11,14 +11,16 @@
 //                         (always at least one token);
 //                         and draw from the kept tokens in proportion to p_i with the
 //                         sampler's own mt19937_64 seeded by `seed`.
-// Cost: O(vocab) plus sorting the kept tokens (top_k / min_p) or the nucleus (top_p < 1); only
-// top_p = 1 without top_k / min_p sorts the whole vocabulary (the draw's mass is summed in order).
+// Cost: O(vocab) (one exp per token and a counting sort into 1/16-octave buckets of p) plus
+// sorting the buckets the rule reads: the kept tokens (top_k / min_p), the nucleus (top_p < 1),
+// or, with top_p = 1 and nothing cut, the prefix the draw walks.
 // The same params and the same sequence of rows give the same tokens (the draw is one
 // std::uniform_real_distribution<double> value over the kept mass, walked in the order above;
 // mt19937_64 is fully specified, the distribution is the standard library's).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
@@ -71,7 +73,22 @@ class Sampler {
     double p;  // unnormalized probability
     int32_t id;
   };
-  // Scratch: every token's p; sample() orders only the prefix of (p desc, id asc) it reads.
+  // Buckets of the lazy order: 1/16 octave of p each for p in [2^-127, 1] (128 octaves), then
+  // one bucket for 0 < p < 2^-127 and one for p == 0. Index ascending = p descending.
+  static constexpr size_t kBuckets = 128 * 16 + 2;
+  static size_t bucket_of(double p) {
+    if (!(p > 0)) return kBuckets - 1;
+    uint64_t bits;
+    std::memcpy(&bits, &p, sizeof bits);
+    const uint64_t e = bits >> 52;  // biased exponent, <= 1023 for p <= 1
+    if (e + 127 < 1023) return kBuckets - 2;
+    return static_cast<size_t>((1023 - e) * 16 + (15 - ((bits >> 48) & 15)));
+  }
+  // Scratch: every token's p in token order; cand_ the tokens in bucket order, sorted by
+  // (p desc, id asc) bucket by bucket as sample() reads into them.
+  std::vector<double> prob_;
+  std::vector<uint16_t> bucket_;  // bucket_of(prob_[i])
+  std::vector<size_t> bucket_start_, bucket_fill_;
   std::vector<Candidate> cand_;
 };
 

@@ -13,6 +13,7 @@
 
 namespace ds41::cuda {
 
+// An id outside [0, rows) gives a NaN row (the CPU op aborts; kernels cannot).
 Status run_embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, const int32_t* ids, int64_t n,
                       float* out, cudaStream_t stream);
 // y may alias x.
@@ -24,10 +25,10 @@ Status run_swiglu(const float* g, const float* u, int64_t n, int64_t dim, float 
                   const float* row_scale /* nullable */, float* out, cudaStream_t stream);
 Status run_scale(float* x, int64_t count, float s, cudaStream_t stream);               // x *= s
 Status run_add_inplace(float* y, const float* x, int64_t count, cudaStream_t stream);  // y += x
-// dst[i, :] = src[idx[i], :] (idx: device int64 [m]).
+// dst[i, :] = src[idx[i], :] (idx: device int64 [m]; idx < 0 writes zeros).
 Status run_gather_rows(const float* src, const int64_t* idx, int64_t m, int64_t dim, float* dst,
                        cudaStream_t stream);
-// dst[i, :] = *row_ptrs[i] (device array of m device pointers, each to dim floats).
+// dst[i, :] = *row_ptrs[i] (device array of m device pointers, each to dim floats; null: zeros).
 Status run_gather_row_ptrs(const float* const* row_ptrs, int64_t m, int64_t dim, float* dst,
                            cudaStream_t stream);
 // dst[idx[i], :] = src[i, :] (idx < 0: skipped).

@@ -14,7 +14,8 @@
 namespace ds41::cuda {
 
 // out[r] = concat over cols of the dequantized rows row_ids[r*cols + j] (E4M3 + E8M0 per 32).
-// table / scale may be device memory or mapped host-pinned memory.
+// table / scale may be device memory or mapped host-pinned memory; table and out 16-byte aligned,
+// dim % 32 == 0; an id outside [0, table_rows) gives a NaN row (weight_dequant.h).
 Status run_engram_gather(const uint8_t* table, const uint8_t* scale, int64_t table_rows, int64_t dim,
                          const int64_t* row_ids, int64_t n, int64_t cols, float* out, cudaStream_t stream);
 // As ops::Backend::engram_update, keys and value taken from the wkv output z [n, (C + 1) * H]:

@@ -23,6 +23,9 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 // Grouped expert linear: rows [offsets[e], offsets[e+1]) of x use weights[e] (a DEVICE array of
 // n_experts DeviceWeight, all with the same format and dims). offsets: device int64
 // [n_experts + 1]; m_max: host upper bound of offsets[n_experts] (rows of x and y).
+// Kernel limits (linear_kernels.cu, docs/gpu_kernels.md): n_experts <= 2048; the format is read
+// per expert on the device, so only the vector decoders run: in_dim % 4 == 0 (FP4: % 32) and
+// payloads aligned (FP8 / FP4 4 bytes, BF16 8, F32 16); rows >= offsets[n_experts] are not written.
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
                          cudaStream_t stream);

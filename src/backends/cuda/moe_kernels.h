@@ -13,7 +13,8 @@
 
 namespace ds41::cuda {
 
-// As ops::Backend::router (same tie order, same outputs).
+// As ops::Backend::router (same tie order, same outputs). A row with fewer than k selectable
+// (non -inf) experts gets expert -1 / weight 0 in the missing slots (the CPU op aborts).
 Status run_router(const float* logits, int64_t n, int64_t n_experts, const float* bias,
                   const float* bias_vl /* nullable */, const uint8_t* vl /* nullable */, int64_t k,
                   float temp, float route_scale, int32_t* experts, float* weights, cudaStream_t stream);
@@ -21,6 +22,7 @@ Status run_router(const float* logits, int64_t n, int64_t n_experts, const float
 // (ascending id), rows ascending inside an expert (the CPU's order). offsets: int64
 // [n_experts + 1]; perm_rows: int64 [n*k]; perm_weight: float [n*k] (the pair's routing weight);
 // slot_pos: int64 [n*k], slot_pos[r*k + j] = index in perm of pair (r, j). Deterministic.
+// A pair whose expert is outside [0, n_experts) is not bucketed (slot_pos -1; combine skips it).
 size_t moe_bucket_workspace_bytes(int64_t n, int64_t k, int64_t n_experts);
 Status run_moe_bucket(const int32_t* experts, const float* weights, int64_t n, int64_t k, int64_t n_experts,
                       int64_t* offsets, int64_t* perm_rows, float* perm_weight, int64_t* slot_pos,

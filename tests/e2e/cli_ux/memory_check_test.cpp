@@ -1,7 +1,7 @@
 // The memory check before loading (issue 15): a v41-flash layout-only checkpoint (510 GB of sparse
 // files, written in seconds) is refused by `generate` with the numbers, instead of starting to load
-// it; `inspect` shows the same estimate. MemAvailable is injected (DS41_MEMAVAILABLE_BYTES) so the
-// result does not depend on the machine.
+// it; `inspect` shows the same estimate. The available memory is given with --memory-limit
+// (the flag users set in containers) so the result does not depend on the machine.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -18,7 +18,6 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 class MemoryCheck : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ::setenv("DS41_MEMAVAILABLE_BYTES", "23000000000", 1);
     root_ = new std::string(fresh_dir("memory_check"));
     RunResult r = run_ds41("make-checkpoint --preset v41-flash --layout-only --out " + *root_ + "/big");
     ASSERT_EQ(r.exit_code, 0) << dump(r);
@@ -38,12 +37,12 @@ const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 TEST_F(MemoryCheck, GenerateRefusesALayoutThatCannotFitWithTheNumbers) {
   const auto t0 = std::chrono::steady_clock::now();
   RunResult r = run_ds41("generate --model " + *root_ + "/big --tokenizer " + kTok +
-                         " --prompt-ids 0,1 --max-tokens 2");
+                         " --prompt-ids 0,1 --max-tokens 2 --memory-limit 23GB");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.exit_code, 1) << dump(r);
   EXPECT_TRUE(has(r.err, "needs about")) << dump(r);
   EXPECT_TRUE(has(r.err, "weights 5")) << dump(r);  // ~510 GB
-  EXPECT_TRUE(has(r.err, "only 23.0 GB is available")) << dump(r);
+  EXPECT_TRUE(has(r.err, "only 23.0 GB is available under --memory-limit")) << dump(r);
   EXPECT_TRUE(has(r.err, "KV for")) << dump(r);
   EXPECT_LT(s, 20.0) << "it started loading";
 }
@@ -52,7 +51,7 @@ TEST_F(MemoryCheck, TinyModelStillRunsAndInspectShowsTheEstimate) {
   RunResult g = run_ds41("generate --model " + *root_ + "/tiny --tokenizer " + kTok +
                          " --prompt-ids 0,1 --max-tokens 2");
   EXPECT_EQ(g.exit_code, 0) << dump(g);
-  RunResult r = run_ds41("inspect --json " + *root_ + "/big");
+  RunResult r = run_ds41("inspect --json --memory-limit 23000000000 " + *root_ + "/big");
   ASSERT_EQ(r.exit_code, 0) << dump(r);
   auto j = nlohmann::json::parse(r.out);
   ASSERT_TRUE(j.contains("memory_estimate")) << r.out;
@@ -67,9 +66,34 @@ TEST_F(MemoryCheck, TinyModelStillRunsAndInspectShowsTheEstimate) {
             j["memory_estimate"]["weights_bytes"].get<uint64_t>() +
                 j["memory_estimate"]["kv_bytes"].get<uint64_t>() +
                 j["memory_estimate"]["workspace_bytes"].get<uint64_t>());
-  RunResult t = run_ds41("inspect " + *root_ + "/big");
+  RunResult t = run_ds41("inspect --memory-limit 23GB " + *root_ + "/big");
   EXPECT_TRUE(has(t.out, "memory to load")) << dump(t);
   EXPECT_TRUE(has(t.out, "(does not fit)")) << dump(t);
+}
+
+// The limit is a flag of every command that loads a model: serve refuses before loading too, a
+// limit above the need lets the tiny model run, and a malformed size is a usage error (exit 2)
+// naming the flag.
+TEST_F(MemoryCheck, MemoryLimitFlagOnServeScoreAndBadSizes) {
+  RunResult s =
+      run_ds41("serve --model " + *root_ + "/big --tokenizer " + kTok + " --port 0 --memory-limit 23GB");
+  EXPECT_NE(s.exit_code, 0) << dump(s);
+  EXPECT_TRUE(has(s.err, "under --memory-limit")) << dump(s);
+  RunResult ok = run_ds41("generate --model " + *root_ + "/tiny --tokenizer " + kTok +
+                          " --prompt-ids 0,1 --max-tokens 2 --memory-limit 8GiB");
+  EXPECT_EQ(ok.exit_code, 0) << dump(ok);
+  RunResult tight = run_ds41("generate --model " + *root_ + "/tiny --tokenizer " + kTok +
+                             " --prompt-ids 0,1 --max-tokens 2 --memory-limit 1MB");
+  EXPECT_EQ(tight.exit_code, 1) << dump(tight);
+  EXPECT_TRUE(has(tight.err, "only 0.0 GB is available under --memory-limit") ||
+              has(tight.err, "is available under --memory-limit"))
+      << dump(tight);
+  for (const char* bad : {"lots", "-5GB", "20XB", "0"}) {
+    RunResult b = run_ds41("generate --model " + *root_ + "/tiny --tokenizer " + kTok +
+                           " --prompt-ids 0,1 --memory-limit " + bad);
+    EXPECT_EQ(b.exit_code, 2) << bad << "\n" << dump(b);
+    EXPECT_TRUE(has(b.err, "--memory-limit")) << dump(b);
+  }
 }
 
 }  // namespace

@@ -143,6 +143,45 @@ TEST(EngineLoop, SeededSamplingIsIndependentOfBatchComposition) {
   }
 }
 
+// With a sample pool the rows of a step are drawn on several threads at once; every request must
+// still get exactly its own seeded stream (a shared scratch buffer, a sampler used for another
+// request's row or a misordered result would change tokens), logprobs included.
+TEST(EngineLoop, ParallelSamplingGivesEachRequestItsOwnStream) {
+  ThreadPool pool(4);
+  FakeEngine eng;
+  LoopConfig cfg;
+  cfg.max_batch_tokens = 256;
+  cfg.max_running = 24;
+  cfg.sample_pool = &pool;
+  EngineLoop loop(&eng, cfg);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 24; ++i) {
+    GenerationRequest r;
+    r.prompt = prompt_of(4 + 3 * i, i);
+    r.max_tokens = 20;
+    r.sampling.temperature = 0.5 + 0.05 * i;
+    r.sampling.top_p = i % 3 == 0 ? 0.9 : 1.0;
+    r.sampling.top_k = i % 4 == 1 ? 10 : 0;
+    r.sampling.seed = 1000 + i;
+    r.sampling.frequency_penalty = i % 2 ? 0.4 : 0.0;
+    r.sampling.top_logprobs = i % 5 == 0 ? 3 : -1;
+    reqs.push_back(r);
+    streams.push_back(*loop.submit(r));
+  }
+  ASSERT_TRUE(loop.start().ok());
+  for (int i = 0; i < 24; ++i) {
+    Collected c = drain(*streams[i]);
+    EXPECT_EQ(c.tokens, reference(reqs[i].prompt, 20, reqs[i].sampling, 64)) << "request " << i;
+    if (reqs[i].sampling.top_logprobs >= 0) {
+      for (const TokenEvent& e : c.events) {
+        if (e.token >= 0) EXPECT_EQ(e.top.size(), 3u) << "request " << i;
+      }
+    }
+  }
+  loop.stop(1000ms);
+}
+
 TEST(EngineLoop, StopTokenIdsFinishWithStop) {
   FakeEngine eng;
   EngineLoop loop(&eng, LoopConfig{});

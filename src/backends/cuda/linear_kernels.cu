@@ -1,0 +1,506 @@
+// ds41 backends/cuda: linear layers y = x . W^T over the checkpoint weight formats, W decoded in
+// registers (GEMV path) or into a shared-memory tile (tiled path), never as a full copy
+// (MODEL_SPEC 2.1, 3.4.8, 3.5). Float32 products and sums (explicit fmaf: the host reference
+// rounds each product, so results differ from it by summation order and fused rounding only).
+//
+// GEMV path (n <= kGemvMaxN, decode; or too few tiles for one wave): 256 threads = 8 warps, one output row
+// per warp; the block
+//   stages 8192 / NB columns of up to NB rows of x in shared memory and every warp streams its
+//   weight row through it (V weights per lane per step), then reduces its lanes with shuffles.
+//   grid = (ceil(out / 8), ceil(n / NB), groups).
+// Tiled path (larger n and out, prefill): a 128 (outputs) x 64 (rows of x) tile per 256-thread block, K in
+//   steps of 32: the W tile is decoded into shared memory, each thread accumulates 8 x 4 outputs.
+//   grid = (ceil(out / 128), ceil(n / 64), groups).
+// Expert launches (rows of x grouped by expert through offsets) cut each expert's rows into units
+// (NB or 64 rows); every block scans the offsets once (shared memory) and loops over units.
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/linear_decode.cuh"
+#include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/row_reduce.cuh"
+
+namespace ds41::cuda {
+namespace {
+
+using dev::WView;
+using quant::WeightFormat;
+
+constexpr int kThreads = 256;
+constexpr int kGemvWarps = kThreads / 32;
+// Columns of x staged per pass: 32 KB of shared memory whatever NB (decode, NB = 1, stages 8192
+// columns: one pass over the released widths, so a warp streams its whole row without a barrier).
+template <int NB>
+constexpr int kGemvChunk = 8192 / NB;
+constexpr int64_t kGemvMaxN = 64;
+// Fewer tiles than one wave (an H100/H200 has 132 SMs) would leave SMs idle: the GEMV path then
+// spreads the work over (out / 8) x (n / 8) blocks instead.
+constexpr int64_t kMinTiles = 132;
+constexpr int kTileN = 128;  // output rows per tile
+constexpr int kTileM = 64;   // rows of x per tile
+constexpr int kTileK = 32;
+constexpr int kMaxExperts = 2048;  // unit_start in shared memory (static smem stays < 48 KB)
+
+// ---------------------------------------------------------------------------------------------
+// GEMV body: the warp of this thread computes W rows [w_row, w_row + rows) (global rows; rows <= R,
+// 0: idle) against nb (<= NB) rows of x (x: first row, group column offset applied); row r of
+// the warp writes y_col[b * ldy + r]. R > 1 (decode) amortises the staging of x over more rows.
+template <class D, int NB, int R>
+__device__ __forceinline__ void gemv_rows(const WView& w, int64_t w_row, int rows, const float* x,
+                                          int64_t ldx, int nb, float* y_col, int64_t ldy,
+                                          float (&xs)[NB][kGemvChunk<NB>]) {
+  const int lane = threadIdx.x & 31;
+  float acc[R][NB];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+  for (int64_t k0 = 0; k0 < w.in; k0 += kGemvChunk<NB>) {
+    const int kc = static_cast<int>(min(static_cast<int64_t>(kGemvChunk<NB>), w.in - k0));
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+      for (int i = threadIdx.x; i < kc; i += blockDim.x) xs[b][i] = b < nb ? x[b * ldx + k0 + i] : 0.0f;
+    __syncthreads();
+    if (rows > 0) {
+#pragma unroll(R == 1 ? 4 : 2)
+      for (int kk = lane * D::V; kk < kc; kk += 32 * D::V) {
+        float wv[R][D::V];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r < rows) {
+            D::load(w, w_row + r, k0 + kk, wv[r]);
+          } else {
+#pragma unroll
+            for (int v = 0; v < D::V; ++v) wv[r][v] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          if constexpr (D::V % 4 == 0) {
+#pragma unroll
+            for (int q = 0; q < D::V / 4; ++q) {
+              const float4 xv = *reinterpret_cast<const float4*>(&xs[b][kk + 4 * q]);
+#pragma unroll
+              for (int r = 0; r < R; ++r) {
+                acc[r][b] = __fmaf_rn(wv[r][4 * q], xv.x, acc[r][b]);
+                acc[r][b] = __fmaf_rn(wv[r][4 * q + 1], xv.y, acc[r][b]);
+                acc[r][b] = __fmaf_rn(wv[r][4 * q + 2], xv.z, acc[r][b]);
+                acc[r][b] = __fmaf_rn(wv[r][4 * q + 3], xv.w, acc[r][b]);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int v = 0; v < D::V; ++v) {
+              const float xv = xs[b][kk + v];
+#pragma unroll
+              for (int r = 0; r < R; ++r) acc[r][b] = __fmaf_rn(wv[r][v], xv, acc[r][b]);
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;  // warp-uniform
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float s = dev::warp_sum(acc[r][b]);
+      if (lane == 0 && b < nb) y_col[b * ldy + r] = s;
+    }
+  }
+}
+
+// Tiled body: W rows [w_row0, w_row0 + rows_valid) (rows_valid <= kTileN) against nb (<= kTileM)
+// rows of x; y: first output element of the tile (row 0, column of W row w_row0).
+template <class D>
+__device__ __forceinline__ void tile_rows(const WView& w, int64_t w_row0, int rows_valid, const float* x,
+                                          int64_t ldx, int nb, float* y, int64_t ldy,
+                                          float (&ws)[kTileK][kTileN + 4], float (&xt)[kTileK][kTileM + 4]) {
+  const int tid = threadIdx.x, og = tid & 15, mg = tid >> 4;
+  float acc[4][8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+  constexpr int kLoadsPerRow = kTileK / D::V;
+  for (int64_t k0 = 0; k0 < w.in; k0 += kTileK) {
+    __syncthreads();
+    for (int l = tid; l < kTileN * kLoadsPerRow; l += kThreads) {
+      const int row = l / kLoadsPerRow, kq = (l % kLoadsPerRow) * D::V;
+      float wv[D::V];
+      if (row < rows_valid && k0 + kq < w.in) {
+        D::load(w, w_row0 + row, k0 + kq, wv);
+      } else {
+#pragma unroll
+        for (int v = 0; v < D::V; ++v) wv[v] = 0.0f;
+      }
+#pragma unroll
+      for (int v = 0; v < D::V; ++v) ws[kq + v][row] = wv[v];
+    }
+    for (int l = tid; l < kTileM * kTileK; l += kThreads) {
+      const int m = l / kTileK, kk = l % kTileK;
+      xt[kk][m] = (m < nb && k0 + kk < w.in) ? x[m * ldx + k0 + kk] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTileK; ++kk) {
+      const float4 a0 = *reinterpret_cast<const float4*>(&ws[kk][og * 8]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&ws[kk][og * 8 + 4]);
+      const float4 bv = *reinterpret_cast<const float4*>(&xt[kk][mg * 4]);
+      const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float b[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = __fmaf_rn(a[j], b[i], acc[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = mg * 4 + i;
+    if (m >= nb) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int row = og * 8 + j;
+      if (row < rows_valid) y[m * ldy + row] = acc[i][j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense / grouped kernels: blockIdx.z = group g uses W rows [g * out_rows, (g + 1) * out_rows),
+// x columns [g * in, (g + 1) * in) and y columns [g * out_rows, (g + 1) * out_rows).
+template <class D, int NB, int R>
+__global__ void __launch_bounds__(kThreads)
+    gemv_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
+                float* __restrict__ y, int64_t ldy) {
+  __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
+  const int64_t g = blockIdx.z;
+  const int64_t o_local = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
+  const int rows = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(R), out_rows - o_local)));
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * NB;
+  const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
+  gemv_rows<D, NB, R>(w, g * out_rows + o_local, rows, x + r0 * ldx + g * w.in, ldx, nb,
+                      y + r0 * ldy + g * out_rows + o_local, ldy, xs);
+}
+
+template <class D>
+__global__ void __launch_bounds__(kThreads)
+    tile_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
+                float* __restrict__ y, int64_t ldy) {
+  __shared__ __align__(16) float ws[kTileK][kTileN + 4];
+  __shared__ __align__(16) float xt[kTileK][kTileM + 4];
+  const int64_t g = blockIdx.z;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int rows_valid = static_cast<int>(min(static_cast<int64_t>(kTileN), out_rows - o0));
+  const int nb = static_cast<int>(min(static_cast<int64_t>(kTileM), n - r0));
+  tile_rows<D>(w, g * out_rows + o0, rows_valid, x + r0 * ldx + g * w.in, ldx, nb,
+               y + r0 * ldy + g * out_rows + o0, ldy, ws, xt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expert units: expert e owns ceil(rows_e / unit) units; unit_start[e] is the exclusive prefix
+// (unit_start[E] = total). Block-wide (every thread gets the total); E <= kMaxExperts.
+__device__ int expert_units(const int64_t* __restrict__ offsets, int64_t n_experts, int unit,
+                            int* unit_start) {
+  __shared__ int part[kThreads];
+  const int tid = threadIdx.x;
+  const int64_t per = (n_experts + kThreads - 1) / kThreads;
+  const int64_t eb = min(n_experts, tid * per), ee = min(n_experts, eb + per);
+  int s = 0;
+  for (int64_t e = eb; e < ee; ++e) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    s += rows > 0 ? static_cast<int>((rows + unit - 1) / unit) : 0;
+  }
+  part[tid] = s;
+  __syncthreads();
+  for (int off = 1; off < kThreads; off <<= 1) {  // Hillis-Steele inclusive scan
+    const int v = tid >= off ? part[tid - off] : 0;
+    __syncthreads();
+    part[tid] += v;
+    __syncthreads();
+  }
+  int run = part[tid] - s;
+  for (int64_t e = eb; e < ee; ++e) {
+    unit_start[e] = run;
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    run += rows > 0 ? static_cast<int>((rows + unit - 1) / unit) : 0;
+  }
+  const int total = part[kThreads - 1];
+  if (tid == 0) unit_start[n_experts] = total;
+  __syncthreads();
+  return total;
+}
+
+// The expert owning unit u (u < total): the largest e with unit_start[e] <= u.
+__device__ __forceinline__ int64_t unit_expert(const int* unit_start, int64_t n_experts, int u) {
+  int64_t lo = 0, hi = n_experts - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (unit_start[mid] <= u)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// The format is read per expert on the device (the host never reads the weight array); a unit of
+// an expert whose format is not a linear format is skipped. Vector decoders only (run_expert_linear
+// checks the widths; the payloads must be aligned as linear_decode.cuh says).
+template <int NB, int R>
+__global__ void __launch_bounds__(kThreads)
+    expert_gemv_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
+                       int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
+                       float* __restrict__ y) {
+  __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
+  __shared__ int unit_start[kMaxExperts + 1];
+  const int total = expert_units(offsets, n_experts, NB, unit_start);
+  const int64_t o = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
+  const int rows = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(R), out_dim - o)));
+  for (int u = blockIdx.y; u < total; u += gridDim.y) {
+    const int64_t e = unit_expert(unit_start, n_experts, u);
+    const int64_t r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
+    const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
+    const WView w{weights[e].data, weights[e].scale, in_dim};
+    const float* xr = x + r0 * in_dim;
+    float* yr = y + r0 * out_dim + o;
+    switch (weights[e].format) {
+      case WeightFormat::kFp4Rows:
+        gemv_rows<dev::DecFp4, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+        break;
+      case WeightFormat::kFp8Tiles:
+        gemv_rows<dev::DecFp8, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+        break;
+      case WeightFormat::kBF16:
+        gemv_rows<dev::DecBF16, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+        break;
+      case WeightFormat::kF32:
+        gemv_rows<dev::DecF32, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+        break;
+      default: break;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    expert_tile_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
+                       int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
+                       float* __restrict__ y) {
+  __shared__ __align__(16) float ws[kTileK][kTileN + 4];
+  __shared__ __align__(16) float xt[kTileK][kTileM + 4];
+  __shared__ int unit_start[kMaxExperts + 1];
+  const int total = expert_units(offsets, n_experts, kTileM, unit_start);
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int rows_valid = static_cast<int>(min(static_cast<int64_t>(kTileN), out_dim - o0));
+  for (int u = blockIdx.y; u < total; u += gridDim.y) {
+    const int64_t e = unit_expert(unit_start, n_experts, u);
+    const int64_t r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * kTileM;
+    const int nb = static_cast<int>(min(static_cast<int64_t>(kTileM), offsets[e + 1] - r0));
+    const WView w{weights[e].data, weights[e].scale, in_dim};
+    const float* xr = x + r0 * in_dim;
+    float* yr = y + r0 * out_dim + o0;
+    switch (weights[e].format) {
+      case WeightFormat::kFp4Rows:
+        tile_rows<dev::DecFp4>(w, o0, rows_valid, xr, in_dim, nb, yr, out_dim, ws, xt);
+        break;
+      case WeightFormat::kFp8Tiles:
+        tile_rows<dev::DecFp8>(w, o0, rows_valid, xr, in_dim, nb, yr, out_dim, ws, xt);
+        break;
+      case WeightFormat::kBF16:
+        tile_rows<dev::DecBF16>(w, o0, rows_valid, xr, in_dim, nb, yr, out_dim, ws, xt);
+        break;
+      case WeightFormat::kF32:
+        tile_rows<dev::DecF32>(w, o0, rows_valid, xr, in_dim, nb, yr, out_dim, ws, xt);
+        break;
+      default: break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+unsigned ceil_u(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+bool is_linear_format(WeightFormat f) {
+  return f == WeightFormat::kF32 || f == WeightFormat::kBF16 || f == WeightFormat::kFp8Tiles ||
+         f == WeightFormat::kFp4Rows;
+}
+
+Status check_weight(const DeviceWeight& w, const char* fn) {
+  if (!is_linear_format(w.format))
+    return invalid_argument(std::string(fn) + ": w.format " + quant::weight_format_name(w.format) +
+                            " (want f32, bf16, fp8-tiles-32 or fp4-rows-32)");
+  if (w.out_dim <= 0 || w.in_dim <= 0)
+    return invalid_argument(std::string(fn) + ": w dims " + std::to_string(w.out_dim) + "x" +
+                            std::to_string(w.in_dim) + " must be positive");
+  if (!w.data) return invalid_argument(std::string(fn) + ": w.data is null");
+  const bool scaled = w.format == WeightFormat::kFp8Tiles || w.format == WeightFormat::kFp4Rows;
+  if (scaled && !w.scale) return invalid_argument(std::string(fn) + ": w.scale is null for a scaled format");
+  if (w.format == WeightFormat::kFp4Rows && w.in_dim % 32 != 0)
+    return invalid_argument(std::string(fn) + ": fp4 w.in_dim " + std::to_string(w.in_dim) +
+                            " is not a multiple of 32");
+  return ok_status();
+}
+
+// Whether the vector decoder of the format applies (width and alignment of the payload).
+bool vector_ok(WeightFormat f, int64_t in, const void* data) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(data);
+  switch (f) {
+    case WeightFormat::kF32: return in % 4 == 0 && p % 16 == 0;
+    case WeightFormat::kBF16: return in % 4 == 0 && p % 8 == 0;
+    case WeightFormat::kFp8Tiles: return in % 4 == 0 && p % 4 == 0;
+    case WeightFormat::kFp4Rows: return in % 32 == 0 && p % 4 == 0;
+    default: return false;
+  }
+}
+
+// Decode (one row of x): 4 W rows per warp when that still leaves two blocks per SM (132 SMs);
+// the staged row of x then serves 32 W rows per block instead of 8.
+int rows_per_warp(int64_t out_rows, int64_t blocks_per_row) {
+  return (out_rows + kGemvWarps * 4 - 1) / (kGemvWarps * 4) * blocks_per_row >= 2 * 132 ? 4 : 1;
+}
+
+// GEMV unless n is large and the tiles fill at least one wave of the device.
+bool use_gemv(int64_t out_rows, int64_t groups, int64_t n) {
+  if (n <= kGemvMaxN) return true;
+  const int64_t tiles = ((out_rows + kTileN - 1) / kTileN) * ((n + kTileM - 1) / kTileM) * groups;
+  return tiles < kMinTiles && n <= int64_t{8} * 65535;
+}
+
+template <class D>
+void launch_dense(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
+                  float* y, int64_t ldy, cudaStream_t stream) {
+  if (use_gemv(out_rows, groups, n)) {
+    const int nbt = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
+    if (nbt == 1 && rows_per_warp(out_rows, groups) == 4) {
+      const dim3 grid(ceil_u(out_rows, kGemvWarps * 4), 1, static_cast<unsigned>(groups));
+      gemv_kernel<D, 1, 4><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      return;
+    }
+    const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, nbt), static_cast<unsigned>(groups));
+    if (nbt == 1)
+      gemv_kernel<D, 1, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+    else if (nbt == 4)
+      gemv_kernel<D, 4, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+    else
+      gemv_kernel<D, 8, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+  } else {
+    const dim3 grid(ceil_u(out_rows, kTileN), ceil_u(n, kTileM), static_cast<unsigned>(groups));
+    tile_kernel<D><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+  }
+}
+
+// The scalar decoders only ever run with NB = 8 on the GEMV path (a fallback: fewer instantiations).
+template <class D>
+void launch_dense_scalar(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx,
+                         int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  if (use_gemv(out_rows, groups, n)) {
+    const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, 8), static_cast<unsigned>(groups));
+    gemv_kernel<D, 8, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+  } else {
+    const dim3 grid(ceil_u(out_rows, kTileN), ceil_u(n, kTileM), static_cast<unsigned>(groups));
+    tile_kernel<D><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+  }
+}
+
+Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float* x, int64_t n, float* y,
+             cudaStream_t stream) {
+  DS41_RETURN_IF_ERROR(check_weight(dw, fn));
+  if (n < 0) return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " is negative");
+  if (groups <= 0 || groups > 65535 || dw.out_dim % groups != 0)
+    return invalid_argument(std::string(fn) + ": groups " + std::to_string(groups) +
+                            " does not divide w.out_dim " + std::to_string(dw.out_dim));
+  if (n > int64_t{65535} * kTileM)
+    return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " too large");
+  if (n == 0) return ok_status();
+  if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
+  const WView w{dw.data, dw.scale, dw.in_dim};
+  const int64_t out_rows = dw.out_dim / groups, ldx = groups * dw.in_dim, ldy = dw.out_dim;
+  const bool vec = vector_ok(dw.format, dw.in_dim, dw.data);
+  switch (dw.format) {
+    case WeightFormat::kF32:
+      vec ? launch_dense<dev::DecF32>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+          : launch_dense_scalar<dev::ScalarF32>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      break;
+    case WeightFormat::kBF16:
+      vec ? launch_dense<dev::DecBF16>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+          : launch_dense_scalar<dev::ScalarBF16>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      break;
+    case WeightFormat::kFp8Tiles:
+      vec ? launch_dense<dev::DecFp8>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+          : launch_dense_scalar<dev::ScalarFp8>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      break;
+    case WeightFormat::kFp4Rows:
+      vec ? launch_dense<dev::DecFp4>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+          : launch_dense_scalar<dev::ScalarFp4>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      break;
+    default: break;
+  }
+  return last_launch_status(fn);
+}
+
+void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
+                   const int64_t* offsets, const float* x, int64_t m_max, float* y, cudaStream_t stream) {
+  if (m_max >= 16 * n_experts) {  // many rows per expert: tiles
+    const unsigned gx = ceil_u(out_dim, kTileN);
+    const int64_t upper = (m_max + kTileM - 1) / kTileM + n_experts;
+    const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(upper, 65535)));
+    expert_tile_kernel<<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    return;
+  }
+  const bool one = m_max <= n_experts;  // about one row per used expert (decode)
+  const int64_t upper = one ? m_max : (m_max + 7) / 8 + n_experts;
+  const int R = one ? rows_per_warp(out_dim, m_max) : 1;
+  const unsigned gx = ceil_u(out_dim, kGemvWarps * R);
+  const int64_t want = std::max<int64_t>(1, (4096 + gx - 1) / gx);  // ~30 blocks per SM in all
+  const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>({upper, want, 65535})));
+  if (one && R == 4)
+    expert_gemv_kernel<1, 4>
+        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+  else if (one)
+    expert_gemv_kernel<1, 1>
+        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+  else
+    expert_gemv_kernel<8, 1>
+        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+}
+
+}  // namespace
+
+Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
+  return dense("linear", w, 1, x, n, y, stream);
+}
+
+Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
+                          cudaStream_t stream) {
+  return dense("grouped_linear", w, groups, x, n, y, stream);
+}
+
+Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
+                         const int64_t* offsets, const float* x, int64_t m_max, float* y,
+                         cudaStream_t stream) {
+  const char* fn = "expert_linear";
+  if (n_experts <= 0 || n_experts > kMaxExperts)
+    return invalid_argument(std::string(fn) + ": n_experts " + std::to_string(n_experts) + " outside [1, " +
+                            std::to_string(kMaxExperts) + "]");
+  if (out_dim <= 0 || in_dim <= 0)
+    return invalid_argument(std::string(fn) + ": out_dim/in_dim " + std::to_string(out_dim) + "/" +
+                            std::to_string(in_dim) + " must be positive");
+  if (in_dim % 4 != 0)
+    return invalid_argument(std::string(fn) + ": in_dim " + std::to_string(in_dim) +
+                            " is not a multiple of 4 (the vector decoders)");
+  if (m_max < 0 || m_max > (int64_t{1} << 30))
+    return invalid_argument(std::string(fn) + ": m_max " + std::to_string(m_max) + " out of range");
+  if (!weights || !offsets) return invalid_argument(std::string(fn) + ": weights or offsets is null");
+  if (m_max == 0) return ok_status();
+  if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
+  launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream);
+  return last_launch_status(fn);
+}
+
+}  // namespace ds41::cuda

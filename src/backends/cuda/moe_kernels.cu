@@ -1,0 +1,296 @@
+// ds41 backends/cuda: MoE routing, stable bucketing of the (row, slot) pairs by expert and the
+// combine (MODEL_SPEC 3.5). All three are exact with respect to the CPU reference:
+//   router  one 256-thread block per row: scores sqrt(softplus(logit / temp)) with the
+//           reference's float64 softplus, then k rounds of a block arg-max in the house tie order
+//           (larger biased score first, lower expert id on ties, -inf never selected); the weights
+//           are summed in selection order in float32 by one thread, as the reference does.
+//   bucket  three deterministic kernels (no order-dependent atomics): per chunk of 256 pairs a
+//           shared-memory histogram and each pair's rank among earlier same-expert pairs of the
+//           chunk; one block turns the per-chunk counts into per-chunk bases and the offsets; one
+//           thread per pair writes its position. Pairs whose expert is outside [0, n_experts) get
+//           slot_pos = -1 and are not bucketed.
+//   combine one block row per token row: the row's k slots sorted by expert id (ascending), then
+//           y = ((0 + out_0) + out_1) + ... in float32, the reference's scatter-add order.
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/moe_kernels.h"
+#include "backends/cuda/row_reduce.cuh"
+
+namespace ds41::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kChunk = 256;  // pairs per bucketing chunk (one block)
+constexpr int64_t kMaxExperts = 4096;
+constexpr int64_t kMaxK = 32;
+
+__device__ __forceinline__ float softplus_ref(float x) {
+  const double d = x;
+  return static_cast<float>((d < 0.0 ? 0.0 : d) + log1p(exp(-fabs(d))));
+}
+
+// (v, i) better than (bv, bi) in the house tie order; i < 0 means "none".
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  if (i < 0) return false;
+  if (bi < 0) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    router_kernel(const float* __restrict__ logits, int64_t E, const float* __restrict__ bias,
+                  const float* __restrict__ bias_vl, const uint8_t* __restrict__ vl, int64_t k, float temp,
+                  float route_scale, int32_t* __restrict__ experts, float* __restrict__ weights) {
+  __shared__ float sc[kMaxExperts];
+  __shared__ float bs[kMaxExperts];
+  __shared__ float wv[kThreads / 32];
+  __shared__ int wi[kThreads / 32];
+  __shared__ int sel[kMaxK];
+  const int64_t r = blockIdx.x;
+  const float* bvec = (vl && vl[r] && bias_vl) ? bias_vl : bias;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    const float s = sqrtf(softplus_ref(__fdiv_rn(logits[r * E + e], temp)));
+    sc[e] = s;
+    bs[e] = __fadd_rn(s, bvec ? bvec[e] : 0.0f);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float ninf = -__int_as_float(0x7f800000);
+  for (int64_t j = 0; j < k; ++j) {
+    float bv = 0.0f;
+    int bi = -1;
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+      const float v = bs[e];
+      if (v == ninf) continue;  // -inf (and already selected) entries are never selected
+      if (better(v, static_cast<int>(e), bv, bi)) {
+        bv = v;
+        bi = static_cast<int>(e);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      wv[warp] = bv;
+      wi[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = wv[0];
+      int i = wi[0];
+      for (int w = 1; w < kThreads / 32; ++w)
+        if (better(wv[w], wi[w], v, i)) {
+          v = wv[w];
+          i = wi[w];
+        }
+      sel[j] = i;
+      if (i >= 0) bs[i] = ninf;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j)
+      if (sel[j] >= 0) sum = __fadd_rn(sum, sc[sel[j]]);
+    for (int64_t j = 0; j < k; ++j) {
+      const int i = sel[j];
+      experts[r * k + j] = i;
+      weights[r * k + j] = i >= 0 ? __fmul_rn(__fdiv_rn(sc[i], __fadd_rn(sum, 1e-20f)), route_scale) : 0.0f;
+    }
+  }
+}
+
+// Bucketing pass 1: per chunk, counts[chunk][e] and each pair's rank inside its chunk.
+__global__ void __launch_bounds__(kChunk)
+    bucket_count_kernel(const int32_t* __restrict__ experts, int64_t pairs, int64_t E,
+                        int* __restrict__ counts, int* __restrict__ rank) {
+  __shared__ int ex[kChunk];
+  __shared__ int cnt[kMaxExperts];
+  const int64_t chunk = blockIdx.x, p = chunk * kChunk + threadIdx.x;
+  const int e = p < pairs ? experts[p] : -1;
+  const bool valid = e >= 0 && e < E;
+  ex[threadIdx.x] = valid ? e : -1;
+  for (int64_t i = threadIdx.x; i < E; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  if (valid) {
+    int rk = 0;
+    for (int t = 0; t < static_cast<int>(threadIdx.x); ++t) rk += ex[t] == e;
+    rank[p] = rk;
+    atomicAdd(&cnt[e], 1);  // the count is order-independent
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < E; i += blockDim.x) counts[chunk * E + i] = cnt[i];
+}
+
+// Bucketing pass 2 (one block): counts[c][e] becomes the position of chunk c's first pair of
+// expert e; offsets = exclusive scan of the per-expert totals.
+__global__ void __launch_bounds__(1024)
+    bucket_scan_kernel(int* __restrict__ counts, int64_t chunks, int64_t E, int64_t* __restrict__ offsets) {
+  __shared__ int tot[kMaxExperts];
+  __shared__ int part[1024];
+  const int tid = threadIdx.x, T = blockDim.x;
+  for (int64_t e = tid; e < E; e += T) {
+    int run = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int v = counts[c * E + e];
+      counts[c * E + e] = run;
+      run += v;
+    }
+    tot[e] = run;
+  }
+  __syncthreads();
+  const int64_t per = (E + T - 1) / T, eb = min(E, tid * per), ee = min(E, eb + per);
+  int s = 0;
+  for (int64_t e = eb; e < ee; ++e) s += tot[e];
+  part[tid] = s;
+  __syncthreads();
+  for (int off = 1; off < T; off <<= 1) {
+    const int v = tid >= off ? part[tid - off] : 0;
+    __syncthreads();
+    part[tid] += v;
+    __syncthreads();
+  }
+  int run = part[tid] - s;
+  for (int64_t e = eb; e < ee; ++e) {
+    const int t = tot[e];
+    tot[e] = run;  // now the expert's base
+    offsets[e] = run;
+    run += t;
+  }
+  if (tid == T - 1) offsets[E] = part[T - 1];
+  __syncthreads();
+  for (int64_t e = tid; e < E; e += T)
+    for (int64_t c = 0; c < chunks; ++c) counts[c * E + e] += tot[e];
+}
+
+// Bucketing pass 3: one thread per pair.
+__global__ void bucket_place_kernel(const int32_t* __restrict__ experts, const float* __restrict__ weights,
+                                    int64_t pairs, int64_t k, int64_t E, const int* __restrict__ counts,
+                                    const int* __restrict__ rank, int64_t* __restrict__ perm_rows,
+                                    float* __restrict__ perm_weight, int64_t* __restrict__ slot_pos) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= pairs) return;
+  const int e = experts[p];
+  if (e < 0 || e >= E) {
+    slot_pos[p] = -1;
+    return;
+  }
+  const int64_t pos = static_cast<int64_t>(counts[(p / kChunk) * E + e]) + rank[p];
+  perm_rows[pos] = p / k;
+  perm_weight[pos] = weights[p];
+  slot_pos[p] = pos;
+}
+
+__global__ void combine_kernel(const float* __restrict__ out_perm, const int64_t* __restrict__ slot_pos,
+                               const int32_t* __restrict__ experts, int64_t k, int64_t dim,
+                               float* __restrict__ y) {
+  __shared__ int64_t pos[kMaxK];
+  __shared__ int cnt;
+  const int64_t r = blockIdx.y;
+  if (threadIdx.x == 0) {
+    int32_t ex[kMaxK];
+    int m = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t p = slot_pos[r * k + j];
+      if (p < 0) continue;
+      const int32_t e = experts[r * k + j];
+      int q = m++;
+      while (q > 0 && ex[q - 1] > e) {  // insertion sort by expert id (stable)
+        ex[q] = ex[q - 1];
+        pos[q] = pos[q - 1];
+        --q;
+      }
+      ex[q] = e;
+      pos[q] = p;
+    }
+    cnt = m;
+  }
+  __syncthreads();
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= dim) return;
+  float s = 0.0f;
+  for (int q = 0; q < cnt; ++q) s = __fadd_rn(s, out_perm[pos[q] * dim + c]);
+  y[r * dim + c] = s;
+}
+
+Status bad(const char* fn, const std::string& what) {
+  return invalid_argument(std::string(fn) + ": " + what);
+}
+
+constexpr size_t align256(size_t b) { return (b + 255) & ~size_t{255}; }
+
+Status check_moe(const char* fn, int64_t n, int64_t k, int64_t E) {
+  if (n < 0 || n > 0x7fffffff) return bad(fn, "n " + std::to_string(n) + " out of range");
+  if (k <= 0 || k > kMaxK)
+    return bad(fn, "k " + std::to_string(k) + " outside [1, " + std::to_string(kMaxK) + "]");
+  if (E <= 0 || E > kMaxExperts || k > E)
+    return bad(
+        fn, "n_experts " + std::to_string(E) + " outside [max(1, k), " + std::to_string(kMaxExperts) + "]");
+  if (n * k > 0x7fffffff) return bad(fn, "n * k too large");
+  return ok_status();
+}
+
+}  // namespace
+
+Status run_router(const float* logits, int64_t n, int64_t n_experts, const float* bias, const float* bias_vl,
+                  const uint8_t* vl, int64_t k, float temp, float route_scale, int32_t* experts,
+                  float* weights, cudaStream_t stream) {
+  DS41_RETURN_IF_ERROR(check_moe("router", n, k, n_experts));
+  if (n == 0) return ok_status();
+  router_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, n_experts, bias, bias_vl, vl, k,
+                                                                   temp, route_scale, experts, weights);
+  return last_launch_status("router");
+}
+
+size_t moe_bucket_workspace_bytes(int64_t n, int64_t k, int64_t n_experts) {
+  const int64_t pairs = std::max<int64_t>(0, n * k), chunks = (pairs + kChunk - 1) / kChunk;
+  return align256(static_cast<size_t>(chunks * std::max<int64_t>(n_experts, 0)) * sizeof(int)) +
+         align256(static_cast<size_t>(pairs) * sizeof(int));
+}
+
+Status run_moe_bucket(const int32_t* experts, const float* weights, int64_t n, int64_t k, int64_t n_experts,
+                      int64_t* offsets, int64_t* perm_rows, float* perm_weight, int64_t* slot_pos,
+                      void* workspace, cudaStream_t stream) {
+  DS41_RETURN_IF_ERROR(check_moe("moe_bucket", n, k, n_experts));
+  const int64_t pairs = n * k, chunks = (pairs + kChunk - 1) / kChunk;
+  if (pairs > 0 && !workspace) return bad("moe_bucket", "workspace is null");
+  int* counts = static_cast<int*>(workspace);
+  int* rank = reinterpret_cast<int*>(static_cast<char*>(workspace) +
+                                     align256(static_cast<size_t>(chunks * n_experts) * sizeof(int)));
+  if (chunks > 0) {
+    bucket_count_kernel<<<static_cast<unsigned>(chunks), kChunk, 0, stream>>>(experts, pairs, n_experts,
+                                                                              counts, rank);
+    DS41_RETURN_IF_ERROR(last_launch_status("moe_bucket_count"));
+  }
+  bucket_scan_kernel<<<1, 1024, 0, stream>>>(counts, chunks, n_experts, offsets);
+  DS41_RETURN_IF_ERROR(last_launch_status("moe_bucket_scan"));
+  if (pairs > 0) {
+    bucket_place_kernel<<<grid_1d(pairs, kThreads), kThreads, 0, stream>>>(
+        experts, weights, pairs, k, n_experts, counts, rank, perm_rows, perm_weight, slot_pos);
+    DS41_RETURN_IF_ERROR(last_launch_status("moe_bucket_place"));
+  }
+  return ok_status();
+}
+
+Status run_moe_combine(const float* out_perm, const int64_t* slot_pos, const int32_t* experts, int64_t n,
+                       int64_t k, int64_t dim, float* y, cudaStream_t stream) {
+  if (n < 0) return bad("moe_combine", "n " + std::to_string(n) + " is negative");
+  if (k <= 0 || k > kMaxK) return bad("moe_combine", "k " + std::to_string(k) + " out of range");
+  if (dim <= 0) return bad("moe_combine", "dim must be positive");
+  if (n == 0) return ok_status();
+  for (int64_t r0 = 0; r0 < n; r0 += 65535) {  // grid.y <= 65535 rows per launch
+    const dim3 grid(grid_1d(dim, kThreads), static_cast<unsigned>(std::min<int64_t>(65535, n - r0)));
+    combine_kernel<<<grid, kThreads, 0, stream>>>(out_perm, slot_pos + r0 * k, experts + r0 * k, k, dim,
+                                                  y + r0 * dim);
+  }
+  return last_launch_status("moe_combine");
+}
+
+}  // namespace ds41::cuda

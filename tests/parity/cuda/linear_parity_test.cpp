@@ -1,0 +1,249 @@
+// Parity of the CUDA linear kernels (backends/cuda/linear_kernels.h) with the CPU reference
+// (ds41_backend_cpu): run_linear over F32 / BF16 / FP8-tile / FP4-row weights on the GEMV path
+// (n <= 64, or fewer than 132 tiles) and the tiled path at the released widths, the scalar fallbacks (ragged
+// widths, unaligned payloads), run_grouped_linear (the 8-group o-projection of MODEL_SPEC 3.4.8)
+// and run_expert_linear over 384 FP4 experts (decode and prefill routing, the tiled expert path,
+// empty experts, m_max above the routed rows). Argument validation runs without a device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/linear_kernels.h"
+#include "kernel_parity_util.h"
+#include "ops/weight_ref.h"
+
+namespace ds41::cuda::parity {
+namespace {
+
+using quant::WeightFormat;
+
+// Linear tolerance, relative to the largest |y|: both sides sum the same float32 products
+// (bit-identical dequantized weights) in a different order (CPU: 8 sequential float lanes reduced
+// in float64; GPU: per-lane fmaf chains + a shuffle tree), ~sqrt(K) * 2^-24 of the output scale for
+// K <= 8192.
+constexpr double kLinearTol = 1e-5;
+const char* kLinearWhy = "fp32 sums of identical products in another order (K<=8192)";
+
+// The weight on the device, its payload at byte offset `misalign` (to reach the scalar paths).
+struct DevWeight {
+  std::unique_ptr<Dev<uint8_t>> data, scale;
+  DeviceWeight dw;
+  DevWeight(const HostWeight& w, int misalign = 0) {
+    data = std::make_unique<Dev<uint8_t>>(w.data.size() + 16);
+    cudaMemcpy(data->p + misalign, w.data.data(), w.data.size(), cudaMemcpyHostToDevice);
+    if (!w.scale.empty()) scale = std::make_unique<Dev<uint8_t>>(w.scale);
+    dw.format = w.format;
+    dw.out_dim = w.out;
+    dw.in_dim = w.in;
+    dw.data = data->p + misalign;
+    dw.scale = scale ? scale->p : nullptr;
+  }
+};
+
+const char* fmt_name(WeightFormat f) { return quant::weight_format_name(f); }
+
+struct LinearCase {
+  const char* what;
+  WeightFormat format;
+  int64_t out, in;
+  std::vector<int64_t> ns;
+  int misalign = 0;
+};
+
+TEST(LinearParity, Linear) {
+  DS41_SKIP_WITHOUT_GPU();
+  const std::vector<LinearCase> cases = {
+      {"wq_a", WeightFormat::kFp8Tiles, 1280, 5120, {1, 4, 8, 64, 300}},
+      {"wq_b", WeightFormat::kFp8Tiles, 32768, 1280, {1, 8, 64, 300}},
+      {"wo_b", WeightFormat::kFp8Tiles, 5120, 8192, {1, 300}},
+      {"expert w1 (dense)", WeightFormat::kFp4Rows, 2304, 5120, {1, 8, 64, 300}},
+      {"expert w2 (dense)", WeightFormat::kFp4Rows, 5120, 2304, {1, 300}},
+      {"head", WeightFormat::kBF16, 129280, 5120, {1, 8, 64}},
+      {"gate", WeightFormat::kBF16, 384, 5120, {1, 3, 300}},
+      {"f32", WeightFormat::kF32, 512, 128, {1, 2, 5, 100}},
+      {"fp8 ragged tiles", WeightFormat::kFp8Tiles, 77, 102, {1, 5, 70}},
+      {"bf16 odd width", WeightFormat::kBF16, 33, 130, {1, 70}},
+      {"fp4 unaligned", WeightFormat::kFp4Rows, 64, 256, {1, 70}, 2},
+      {"f32 unaligned", WeightFormat::kF32, 40, 64, {3, 70}, 4},
+      {"fp8 unaligned", WeightFormat::kFp8Tiles, 40, 64, {3, 70}, 1},
+      // Decode with 4 W rows per warp (>= 264 blocks of 32 rows), the last warp partly idle.
+      {"fp8 4 rows/warp ragged", WeightFormat::kFp8Tiles, 8462, 64, {1}},
+      // The tiled path needs n > 64 and at least 132 tiles of 128 x 64: one case per decoder.
+      {"bf16 tiled", WeightFormat::kBF16, 4096, 256, {4200}},
+      {"f32 tiled", WeightFormat::kF32, 2048, 64, {4200}},
+      {"fp8 ragged tiled", WeightFormat::kFp8Tiles, 2000, 102, {5000}},
+      {"bf16 odd width tiled", WeightFormat::kBF16, 4000, 130, {4200}},
+      {"fp4 unaligned tiled", WeightFormat::kFp4Rows, 2048, 256, {4200}, 2},
+      {"f32 unaligned tiled", WeightFormat::kF32, 2048, 64, {4200}, 4},
+  };
+  uint64_t seed = 1000;
+  for (const LinearCase& c : cases) {
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw, c.misalign);
+    ASSERT_TRUE(dw.data->p);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    for (int64_t n : c.ns) {
+      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      std::vector<float> want(static_cast<size_t>(n * c.out));
+      cpu.linear(ref, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      Status s = run_linear(dw.dw, dx.p, n, dy.p, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      report("linear",
+             std::string(c.what) + " " + fmt_name(c.format) + " " + dims({c.out, c.in}) +
+                 " n=" + std::to_string(n) + (c.misalign ? " +" + std::to_string(c.misalign) + "B" : ""),
+             rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
+    }
+  }
+}
+
+TEST(LinearParity, GroupedLinear) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct GroupedCase {
+    const char* what;
+    WeightFormat format;
+    int64_t groups, out, in;
+    std::vector<int64_t> ns;
+  };
+  const std::vector<GroupedCase> cases = {
+      {"wo_a", WeightFormat::kFp8Tiles, 8, 8192, 4096, {1, 8, 64, 300}},
+      {"tiny wo_a", WeightFormat::kFp8Tiles, 2, 128, 128, {1, 70}},
+      {"partial tiles", WeightFormat::kBF16, 4, 120, 96, {3, 100, 5000}},
+  };
+  uint64_t seed = 2000;
+  for (const GroupedCase& c : cases) {
+    backends::cpu::CpuBackend cpu(&ref_pool());  // per case: its weight cache is keyed by address
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    for (int64_t n : c.ns) {
+      auto x = rand_floats(static_cast<size_t>(n * c.groups * c.in), ++seed);
+      std::vector<float> want(static_cast<size_t>(n * c.out));
+      cpu.grouped_linear(ref, c.groups, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      Status s = run_grouped_linear(dw.dw, c.groups, dx.p, n, dy.p, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      report("grouped_linear",
+             std::string(c.what) + " " + fmt_name(c.format) + " g=" + std::to_string(c.groups) + " " +
+                 dims({c.out, c.in}) + " n=" + std::to_string(n),
+             rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
+    }
+  }
+}
+
+// Rows per expert from a random top-k routing of n tokens (distinct experts per token); with
+// skip_every > 0, experts that are multiples of it are mostly avoided (empty experts).
+std::vector<int64_t> routed_offsets(int64_t n, int64_t k, int64_t E, uint64_t seed, int64_t skip_every = 0) {
+  Rng r(seed);
+  std::vector<int64_t> cnt(E, 0);
+  std::vector<int64_t> ids(E);
+  for (int64_t t = 0; t < n; ++t) {
+    std::iota(ids.begin(), ids.end(), 0);
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t pick;
+      do {
+        const int64_t q = j + static_cast<int64_t>(r.next() % static_cast<uint64_t>(E - j));
+        std::swap(ids[j], ids[q]);
+        pick = ids[j];
+      } while (skip_every > 0 && pick % skip_every == 0 && (r.next() & 3) != 0);
+      ++cnt[pick];
+    }
+  }
+  std::vector<int64_t> off(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + cnt[e];
+  return off;
+}
+
+TEST(LinearParity, ExpertLinear) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct ExpertCase {
+    const char* what;
+    WeightFormat format;
+    int64_t E, out, in;
+    std::vector<int64_t> ns;  // tokens; rows = n * k
+    int64_t k;
+    int64_t slack;  // m_max - routed rows
+  };
+  const std::vector<ExpertCase> cases = {
+      {"w1/w3 384 experts", WeightFormat::kFp4Rows, 384, 2304, 5120, {1, 8, 300}, 6, 0},
+      {"w2 384 experts", WeightFormat::kFp4Rows, 384, 5120, 2304, {1, 300}, 6, 5},
+      {"8 experts (tiled)", WeightFormat::kFp4Rows, 8, 2304, 5120, {300}, 2, 0},
+      {"fp8 16 experts", WeightFormat::kFp8Tiles, 16, 96, 512, {1, 40, 400}, 3, 7},
+      {"bf16 16 experts", WeightFormat::kBF16, 16, 100, 256, {2, 400}, 2, 0},
+      {"fp4 64 experts ragged (4 rows/warp)", WeightFormat::kFp4Rows, 64, 1002, 256, {8}, 6, 3},
+  };
+  uint64_t seed = 3000;
+  for (const ExpertCase& c : cases) {
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    // All experts in one payload buffer (aligned slices), distinct random weights.
+    HostWeight all = make_weight(c.format, c.E * c.out, c.in, ++seed);
+    if (c.format == WeightFormat::kFp8Tiles) {  // per-expert tile scales: regenerate per expert below
+      all.scale.clear();
+    }
+    const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(c.format, c.out, c.in));
+    const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(c.format, c.out, c.in));
+    if (c.format == WeightFormat::kFp8Tiles) all.scale = rand_e8m0(sb * c.E, ++seed, 118, 124);
+    Dev<uint8_t> ddata(all.data), dscale(std::max<size_t>(all.scale.size(), 1));
+    if (!all.scale.empty()) dscale.put(all.scale);
+    std::vector<DeviceWeight> dws(c.E);
+    std::vector<ops::WeightRef> refs(c.E);
+    HostWeight one{c.format, c.out, c.in, {}, {}};
+    for (int64_t e = 0; e < c.E; ++e) {
+      dws[e] = DeviceWeight{c.format, c.out, c.in, ddata.p + e * pb, sb ? dscale.p + e * sb : nullptr};
+      refs[e] = host_ref(one, all.data.data() + e * pb, sb ? all.scale.data() + e * sb : nullptr);
+    }
+    Dev<DeviceWeight> dweights(dws);
+    for (int64_t n : c.ns) {
+      const auto off = routed_offsets(n, c.k, c.E, ++seed, c.E == 16 ? 5 : 0);
+      const int64_t m = off[c.E], m_max = m + c.slack;
+      auto x = rand_floats(static_cast<size_t>(m_max * c.in), ++seed);
+      std::vector<float> want(static_cast<size_t>(m * c.out));
+      for (int64_t e = 0; e < c.E; ++e)
+        if (off[e + 1] > off[e])
+          cpu.linear(refs[e], x.data() + off[e] * c.in, off[e + 1] - off[e], want.data() + off[e] * c.out);
+      Dev<int64_t> doff(off);
+      Dev<float> dx(x), dy(static_cast<size_t>(m_max * c.out));
+      cudaMemset(dy.p, 0xff, dy.n * sizeof(float));  // NaN sentinel: rows >= m stay untouched
+      Status s = run_expert_linear(dweights.p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy.p, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      auto got = dy.get();
+      size_t touched = 0;
+      for (size_t i = static_cast<size_t>(m * c.out); i < got.size(); ++i)
+        touched += bits_of(got[i]) != 0xffffffffu;
+      EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
+      got.resize(want.size());
+      report("expert_linear",
+             std::string(c.what) + " " + fmt_name(c.format) + " " + dims({c.out, c.in}) +
+                 " n=" + std::to_string(n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(m),
+             rel_to_max(got, want), kLinearTol, kLinearWhy);
+    }
+  }
+}
+
+// Invalid shapes come back as invalid_argument before any launch: no device needed.
+TEST(LinearParity, LinearArgumentErrors) {
+  DeviceWeight w{WeightFormat::kFp4Rows, 16, 48, reinterpret_cast<const uint8_t*>(16),
+                 reinterpret_cast<const uint8_t*>(16)};
+  float* p = reinterpret_cast<float*>(16);
+  Status s = run_linear(w, p, 1, p, nullptr);  // fp4 in % 32 != 0
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  w.format = WeightFormat::kEngramRows;
+  s = run_linear(w, p, 1, p, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  w.format = WeightFormat::kFp8Tiles;
+  s = run_grouped_linear(w, 3, p, 1, p, nullptr);  // 16 rows not divisible by 3 groups
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  s = run_expert_linear(nullptr, 0, 16, 48, nullptr, p, 4, p, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  s = run_expert_linear(reinterpret_cast<const DeviceWeight*>(16), 4, 16, 50,
+                        reinterpret_cast<const int64_t*>(16), p, 4, p, nullptr);  // in_dim % 4 != 0
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
