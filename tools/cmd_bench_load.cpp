@@ -9,6 +9,12 @@
 // (/proc/sys/vm/drop_caches, needs root) only with --drop-caches; the JSON says whether that worked. Warm
 // (page-cache) numbers are reported as well. Prints JSON with the git revision and the machine
 // (tools/bench_header.h).
+// With --device cuda (issue 10): instead of (2), the device load of DIR (gpu::DeviceModel::load:
+// pinned staging, --io-threads shards in parallel, reads overlapped with host-to-device copies)
+// against a raw read of the same shard files with the same reader threads in the same run, both
+// after evicting the files from the page cache (posix_fadvise DONTNEED, no root needed); JSON
+// "device_load": GB/s of each and their ratio. With --load-format dummy it times the on-device
+// generation instead (no disk).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -28,12 +34,18 @@
 #include "bench_header.h"
 #include "cli_registry.h"
 #include "core/log.h"
+#include "device_flags.h"
 #include "load_progress.h"
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/loader/prefetch.h"
 #include "model/loader/safetensors.h"
 #include "model/loader/tensor_contract.h"
+#include "resource_paths.h"
+
+#ifdef DS41_HAVE_CUDA_ENGINE
+#include "gpu/device_weight_upload.h"
+#endif
 
 namespace ds41::cli {
 namespace {
@@ -55,6 +67,10 @@ struct BenchLoadArgs {
   bool keep = false;
   int threads = 0;           // 0: min(16, hardware threads)
   bool drop_caches = false;  // drop the whole machine's page cache before cold reads (asked for)
+  DeviceFlags dev;           // --device cuda: device load vs raw read (section "device_load")
+  int io_threads = 4;
+  std::string preset;  // dummy without config.json
+  std::string tokenizer_dir;
 };
 
 double now_s() {
@@ -213,6 +229,99 @@ Result<double> dd_read(const std::string& path) {
   return dt;
 }
 
+#ifdef DS41_HAVE_CUDA_ENGINE
+// Evicts a file's clean pages from the page cache (no root needed); false when it cannot.
+bool evict_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// (3) device load vs raw read of the same files, alternated twice (best of each), caches evicted.
+Result<ojson> device_load_section(const BenchLoadArgs& a) {
+  DS41_ASSIGN_OR_RETURN(gpu::DeviceLoadOptions o, device_load_options(a.dev));
+  o.io_threads = a.io_threads;
+  o.preset = a.preset;
+  o.tokenizer_dir = a.tokenizer_dir;
+  if (o.tokenizer_dir.empty() && !std::filesystem::exists(std::filesystem::path(a.dir) / "tokenizer.json")) {
+    auto t = default_tokenizer_dir();  // ../shared/tokenizer-v41 (Engram's compressed vocabulary)
+    if (t.ok()) o.tokenizer_dir = *t;
+  }
+  ojson j;
+  j["io_threads"] = a.io_threads;
+  if (o.format == gpu::LoadFormat::kDummy) {
+    double best = 1e30;
+    uint64_t bytes = 0;
+    std::vector<double> runs;
+    for (int r = 0; r < 2; ++r) {
+      const double t0 = now_s();
+      auto m = gpu::DeviceModel::load(a.dir, o);
+      if (!m.ok()) return m.status();
+      const double dt = now_s() - t0;
+      bytes = (*m)->weight_bytes();
+      runs.push_back(dt);
+      best = std::min(best, dt);
+    }
+    j["format"] = "dummy";
+    j["weight_bytes"] = bytes;
+    j["seconds"] = runs;
+    j["generate_gb_per_s"] = static_cast<double>(bytes) / best / 1e9;
+    return j;
+  }
+  DS41_ASSIGN_OR_RETURN(auto ck, model::Checkpoint::open(a.dir));
+  std::vector<std::string> paths;
+  std::vector<gpu::UploadJob> whole;
+  uint64_t file_bytes = 0;
+  for (const auto& f : ck->files()) {
+    whole.push_back({static_cast<int>(paths.size()), 0, f->file_size(), nullptr, false});
+    paths.push_back(f->path());
+    file_bytes += f->file_size();
+  }
+  ck.reset();
+  bool evicted = true;
+  auto evict_all = [&] {
+    for (const auto& p : paths) evicted &= evict_file(p);
+  };
+  std::vector<double> raw_runs, dev_runs;
+  uint64_t weight_bytes = 0;
+  LoadProgress progress(stderr, progress_mode(), "ds41 bench load: device load");
+  for (int r = 0; r < 2; ++r) {
+    evict_all();
+    gpu::UploadOptions uo;
+    uo.io_threads = a.io_threads;
+    uo.copy = false;
+    gpu::UploadStats st;
+    DS41_RETURN_IF_ERROR(gpu::upload_file_ranges(paths, whole, uo, &st));
+    raw_runs.push_back(st.seconds);
+    evict_all();
+    o.progress = [&](uint64_t d, uint64_t t) { progress.update(d, t); };
+    const double t0 = now_s();
+    auto m = gpu::DeviceModel::load(a.dir, o);
+    if (!m.ok()) return m.status();
+    dev_runs.push_back(now_s() - t0);
+    weight_bytes = (*m)->weight_bytes();
+  }
+  const double raw = *std::min_element(raw_runs.begin(), raw_runs.end());
+  const double dev = *std::min_element(dev_runs.begin(), dev_runs.end());
+  j["format"] = "safetensors";
+  j["files"] = paths.size();
+  j["file_bytes"] = file_bytes;
+  j["weight_bytes"] = weight_bytes;
+  j["page_cache_evicted"] = evicted;
+  j["raw_read_seconds"] = raw_runs;
+  j["device_load_seconds"] = dev_runs;
+  j["raw_read_gb_per_s"] = static_cast<double>(file_bytes) / raw / 1e9;
+  // The device load reads the weights' bytes (the files less headers and unused tensors) and also
+  // opens, validates and binds the checkpoint: its rate is weight bytes over the whole load.
+  j["device_load_gb_per_s"] = static_cast<double>(weight_bytes) / dev / 1e9;
+  j["ratio_device_over_raw"] =
+      (static_cast<double>(weight_bytes) / dev) / (static_cast<double>(file_bytes) / raw);
+  return j;
+}
+#endif
+
 int run_bench_load(const BenchLoadArgs& a) {
   ojson out = bench_header("load", ojson::object(),
                            {{"dir", a.dir},
@@ -221,10 +330,20 @@ int run_bench_load(const BenchLoadArgs& a) {
                             {"repeats", a.repeats},
                             {"threads", a.threads}});
 
-  // (1) open + validate, a few times (the first may pay for cold metadata).
+  // --device cuda (asked for explicitly): section (3) replaces (2).
+  auto kind = resolve_device(a.dev);
+  auto format = parse_load_format(a.dev.load_format);
+  if (!kind.ok() || !format.ok()) {
+    std::cerr << "ds41 bench load: " << (kind.ok() ? format.status() : kind.status()).message() << "\n";
+    return 2;
+  }
+  const bool device_section = *kind == DeviceKind::kCuda && !a.dev.device.empty();
+  const bool dummy = *format == LoadFormatFlag::kDummy;
+
+  // (1) open + validate, a few times (the first may pay for cold metadata); not for dummy weights.
   std::vector<double> times;
   size_t tensors = 0;
-  for (int i = 0; i < std::max(1, a.repeats); ++i) {
+  for (int i = 0; i < std::max(1, a.repeats) && !(device_section && dummy); ++i) {
     auto t = open_and_validate(a.dir, &tensors);
     if (!t.ok()) {
       std::cerr << "ds41 bench load: " << t.status().message() << "\n";
@@ -232,12 +351,31 @@ int run_bench_load(const BenchLoadArgs& a) {
     }
     times.push_back(*t);
   }
-  double best = *std::min_element(times.begin(), times.end());
-  out["open_validate"] = {{"tensors", tensors},
-                          {"seconds", times},
-                          {"best_seconds", best},
-                          {"target_seconds", 2.0},
-                          {"meets_target", best < 2.0}};
+  double best = times.empty() ? 0.0 : *std::min_element(times.begin(), times.end());
+  if (!times.empty())
+    out["open_validate"] = {{"tensors", tensors},
+                            {"seconds", times},
+                            {"best_seconds", best},
+                            {"target_seconds", 2.0},
+                            {"meets_target", best < 2.0}};
+
+  if (device_section) {
+#ifdef DS41_HAVE_CUDA_ENGINE
+    auto d = device_load_section(a);
+    if (!d.ok()) {
+      std::cerr << "ds41 bench load: " << d.status().message() << "\n";
+      return 1;
+    }
+    out["device_load"] = *d;
+    if (a.json) {
+      std::cout << out.dump(2) << "\n";
+    } else {
+      std::printf("open + validate %s: %zu tensors, best %.3f s\n", a.dir.c_str(), tensors, best);
+      std::printf("device load: %s\n", d->dump().c_str());
+    }
+    return 0;
+#endif
+  }
 
   // (2) mmap vs dd bandwidth on the same file.
   std::string path = a.file;
@@ -386,7 +524,8 @@ void setup(CLI::App& parent, int& exit_code) {
   CLI::App* sub =
       parent.add_subcommand("load", "Checkpoint open+validate time and mmap read bandwidth vs dd");
   sub->add_option("dir", args->dir,
-                  "Checkpoint directory (e.g. make-checkpoint --layout-only --preset v41-flash)")
+                  "Checkpoint directory (e.g. make-checkpoint --layout-only --preset v41-flash); with "
+                  "--load-format dummy --preset P it may be empty (\"\")")
       ->required();
   sub->add_flag("--json", args->json, "Print JSON");
   sub->add_option("--file", args->file, "Existing large file to read (default: create one in the temp dir)");
@@ -399,6 +538,11 @@ void setup(CLI::App& parent, int& exit_code) {
                 "Drop the whole machine's page cache before each cold read (root; affects every process)");
   sub->add_option("--threads", args->threads, "Reader threads of the loader path (default min(16, cores))")
       ->check(CLI::Range(1, 1024));
+  add_device_flags(sub, &args->dev);
+  sub->add_option("--io-threads", args->io_threads, "--device cuda: shards read in parallel (default 4)")
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--preset", args->preset, "--load-format dummy without config.json: a preset");
+  sub->add_option("--tokenizer", args->tokenizer_dir, "Folder with tokenizer.json (Engram layers)");
   sub->callback([args, &exit_code] { exit_code = run_bench_load(*args); });
 }
 

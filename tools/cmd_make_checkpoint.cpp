@@ -1,7 +1,8 @@
 // ds41 make-checkpoint: write a checkpoint in the official format (MODEL_SPEC 1, 2) for a preset:
 // random weights with sane scales (model/random_weights.h), or with --layout-only real headers and
 // sparse holes instead of data (the 510 GB released layout costs a few MB of disk).
-//   ds41 make-checkpoint --preset tiny|small|v41-flash --seed N --out DIR [--layout-only] [--shards K]
+//   ds41 make-checkpoint --preset tiny|small|v41-flash|v41-flash-slice --seed N --out DIR [--layout-only]
+//   [--shards K]
 //                        [--tokenizer DIR]
 #include <unistd.h>
 
@@ -109,7 +110,7 @@ void setup(CLI::App& parent, int& exit_code) {
   auto args = std::make_shared<MakeArgs>();
   CLI::App* sub =
       parent.add_subcommand("make-checkpoint", "Write a preset checkpoint (random weights or sparse layout)");
-  sub->add_option("--preset", args->preset, "tiny | small | v41-flash")->required();
+  sub->add_option("--preset", args->preset, "tiny | small | v41-flash | v41-flash-slice")->required();
   sub->add_option("--seed", args->seed, "Random seed (weights depend only on seed and tensor name)");
   sub->add_option("--out", args->out, "Output directory (must not hold a checkpoint yet)")->required();
   sub->add_flag("--layout-only", args->layout_only, "Real headers, sparse all-zero data (holes)");

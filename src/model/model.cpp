@@ -9,6 +9,7 @@
 #include "engram/compressed_vocab.h"
 #include "engram/hash_constants.h"
 #include "model/forward_pass.h"
+#include "model/model_setup.h"
 #include "quant/fake_quant.h"
 
 namespace ds41::model {
@@ -67,44 +68,12 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   DS41_ASSIGN_OR_RETURN(m->cfg_, load_model_config(dir));
   DS41_RETURN_IF_ERROR(validate_model_config(m->cfg_).with_context(dir + "/config.json"));
   const ModelConfig& c = m->cfg_;
-  if (c.num_key_value_heads != 1)
-    return invalid_argument(dir + "/config.json: num_key_value_heads " +
-                            std::to_string(c.num_key_value_heads) + " (V4.1 uses one shared K=V latent)");
-  if ((c.num_attention_heads * c.head_dim) % c.o_groups != 0)
-    return invalid_argument(dir + "/config.json: heads * head_dim not divisible by o_groups");
-  if (c.qk_rope_head_dim % 2 != 0 || c.qk_rope_head_dim > c.head_dim || c.qk_rope_head_dim > c.index_head_dim)
-    return invalid_argument(dir + "/config.json: qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
-                            " must be even and fit head_dim and index_head_dim");
+  DS41_RETURN_IF_ERROR(check_model_config_supported(c, dir + "/config.json"));
   DS41_ASSIGN_OR_RETURN(m->sched_, derive_layer_schedule(c));
   DS41_ASSIGN_OR_RETURN(m->layout_, make_kv_layout(c, m->sched_));
   DS41_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::open(dir));
   DS41_ASSIGN_OR_RETURN(m->weights_, bind_model_weights(*m->ckpt_, c, m->sched_));
-  if (!c.engram_layer_ids.empty()) {
-    engram::EngramConfig ec;
-    for (int64_t l : c.engram_layer_ids) ec.layer_ids.push_back(static_cast<int>(l));
-    ec.num_embeddings = c.engram_num_embeddings;
-    ec.max_ngram_size = static_cast<int>(c.engram_max_ngram_size);
-    ec.n_heads = static_cast<int>(c.engram_n_heads);
-    ec.head_dim = static_cast<int>(c.engram_head_dim);
-    ec.vocab_size = c.engram_vocab_size;
-    ec.compressed_vocab_size = c.engram_compressed_vocab_size;
-    ec.pad_token_id = static_cast<int32_t>(c.engram_pad_token_id);
-    DS41_ASSIGN_OR_RETURN(auto consts, engram::compute_engram_hash_constants(ec));
-    // tokenizer_dir: a folder holding tokenizer.json, or the file itself.
-    std::string tok = (opt.tokenizer_dir.empty() ? dir : opt.tokenizer_dir);
-    if (!std::filesystem::is_regular_file(tok)) tok += "/tokenizer.json";
-    if (!std::filesystem::exists(tok))
-      return not_found(tok +
-                       ": missing — the config has Engram layers, whose compressed vocabulary comes from the "
-                       "tokenizer (pass --tokenizer DIR)");
-    DS41_ASSIGN_OR_RETURN(auto vocab, engram::load_compressed_vocab(tok, c.engram_compressed_vocab_size));
-    if (static_cast<int64_t>(vocab.map.size()) < c.vocab_size)
-      return invalid_argument(tok + ": " + std::to_string(vocab.map.size()) + " token ids, the model has " +
-                              std::to_string(c.vocab_size));
-    DS41_ASSIGN_OR_RETURN(auto h,
-                          engram::EngramHasher::create(std::move(consts), std::move(vocab), ec.pad_token_id));
-    m->hasher_ = std::make_unique<engram::EngramHasher>(std::move(h));
-  }
+  DS41_ASSIGN_OR_RETURN(m->hasher_, make_engram_hasher(c, dir, opt.tokenizer_dir));
   // Let the backend convert / cache every linear weight once, at load.
   const ModelWeights& w = *m->weights_;
   std::vector<const ops::WeightRef*> linear{&w.head};

@@ -177,6 +177,31 @@ ModelConfig v41_flash() {
   return c;
 }
 
+// The released widths on a shortened layer list (issue 10): one layer of every CSA2 kind in
+// schedule order (MODEL_SPEC 1.5): 0 window-only, 1 window-only + Engram, 2 ratio-2 Full (KV +
+// index source, compressor with gate) + Engram, 3 ratio-2 Reuse, 4 ratio-1 Full + candidate
+// source, 5 Reuse, 6 Reindex (candidate-restricted), 7 Reuse. Engram sits on a window-only layer
+// and on a ratio-2 KV source as in the release (layers 1 and 14). Engram tables keep the released
+// heads / dim / orders but start their primes at 200,000 instead of 16,000,000 (~4.8M rows,
+// 1.3 GB per table instead of 101 GB). No DSpark stage, no vision tower: the text model only.
+ModelConfig v41_flash_slice() {
+  ModelConfig c = v41_flash();
+  c.num_hidden_layers = 8;
+  c.num_nextn_predict_layers = 0;
+  c.compress_ratios = ratios({{2, 0}, {2, 2}, {4, 1}});
+  c.kv_source_layer_ids = {2, 4};
+  c.index_source_layer_ids = {2, 4, 6};
+  c.candidate_source_layer_id = 4;
+  c.engram_layer_ids = {1, 2};
+  c.engram_vocab_size = 200000;
+  set_engram_rows(c);
+  c.dspark_target_layer_ids = {5, 6, 7};  // present for format fidelity; no stages (as tiny)
+  c.has_vision = false;
+  c.vision_hidden_size = c.vision_intermediate_size = c.vision_num_layers = c.vision_num_heads = 0;
+  c.vision_patch_size = c.vision_downsample_ratio = 0;
+  return c;
+}
+
 }  // namespace
 
 bool is_prime_i64(int64_t n) {
@@ -207,16 +232,22 @@ std::vector<int64_t> engram_table_rows(int64_t n_layers, int64_t n_orders, int64
   return rows;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "v41-flash"}; }
+std::vector<std::string> preset_names() { return {"tiny", "small", "v41-flash", "v41-flash-slice"}; }
 
 Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "tiny") return tiny();
   if (name == "small") return small();
   if (name == "v41-flash") return v41_flash();
-  return invalid_argument("unknown preset '" + std::string(name) + "' (known: tiny, small, v41-flash)");
+  if (name == "v41-flash-slice") return v41_flash_slice();
+  return invalid_argument("unknown preset '" + std::string(name) +
+                          "' (known: tiny, small, v41-flash, v41-flash-slice)");
 }
 
-int preset_default_shards(std::string_view name) { return name == "v41-flash" ? 48 : 1; }
+int preset_default_shards(std::string_view name) {
+  if (name == "v41-flash") return 48;
+  if (name == "v41-flash-slice") return 8;  // ~8 GB per shard, read in parallel by the GPU loader
+  return 1;
+}
 
 std::string model_config_to_json(const ModelConfig& c) {
   using ojson = nlohmann::ordered_json;

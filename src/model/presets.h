@@ -15,6 +15,12 @@
 //              of the release.
 //   v41-flash  the released config exactly (MODEL_SPEC 1.3, 1.4): 40 layers, 3 DSpark stages,
 //              vision; 48 shards, 510,286,023,000 bytes. Only sensible with --layout-only.
+//   v41-flash-slice  the released widths (hidden 5120, 64 heads x 512, q rank 1280, o 8 x 1024,
+//              index 32 x 128 top-512, candidate pool 2048 blocks of 8, 384 experts top-6 of 2304 +
+//              shared, vocab 129,280, window 128, mHC 4) on 8 layers, one of every CSA2 kind in
+//              schedule order; Engram on layers 1 and 2 with tables of ~4.8M rows; no DSpark, no
+//              vision. Sized for one H200 with >= 1M tokens of global KV (`--load-format dummy`
+//              generates it on the device; tests/unit/model/slice_preset_test.cpp pins its numbers).
 // Engram table rows (engram_num_embeddings) are always computed from the prime search of
 // MODEL_SPEC 3.2.2, never typed in.
 #pragma once
@@ -31,7 +37,7 @@ namespace ds41::model {
 std::vector<std::string> preset_names();
 // InvalidArgument naming the known presets for an unknown name.
 Result<ModelConfig> preset_config(std::string_view name);
-// Shards the release uses for this preset (48 for v41-flash, else 1).
+// Shards the release uses for this preset (48 for v41-flash, 8 for v41-flash-slice, else 1).
 int preset_default_shards(std::string_view name);
 
 // MODEL_SPEC 3.2.2 prime moduli: for each of n_layers layers and each of n_orders orders, the next

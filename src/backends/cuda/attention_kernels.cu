@@ -2,12 +2,14 @@
 // plus selected compressed entries, or prefill rows): s_j = scale * q_h . v_j, the sink enlarging
 // the denominator only, a row without entries -> 0. Single shared latent: each entry is key and value.
 //
-// One CTA per (query row, group of kHeads heads): the group shares the row's entries, so each entry
-// tile is loaded into shared memory once for kHeads heads. Entries are walked in tiles of kTile with
-// an online softmax (running max m seeded with the sink, running denominator l seeded with
-// exp(sink - sink) = 1, accumulator rescaled when m grows), which equals the CPU's two-pass
-// max-then-sum form up to rounding. Scores are warp dot products over head_dim; the P.V product keeps
-// kHeads x ceil(head_dim / 256) float accumulators per thread.
+// Two kernels, both with an online softmax (running max m, running denominator l, accumulator
+// rescaled when m grows; equal to the CPU's two-pass max-then-sum form up to rounding):
+// - tiled (more than 16 rows: prefill): one CTA per (query row, group of kHeads heads); the group
+//   shares the row's entries, so each tile of kTile entries is loaded into shared memory once for
+//   kHeads heads; m is seeded with the sink and l with exp(sink - sink) = 1; scores are warp dot
+//   products, P.V keeps kHeads x ceil(head_dim / 256) float accumulators per thread.
+// - split (up to 16 rows: decode): one CTA per (row, kSplitHeads heads), its warps splitting the
+//   row's entries (no barrier in the loop, the next row prefetched), merged at the end.
 //
 // Float accumulation (the CPU uses double): the output is a convex combination of <= 640 entries, so
 // the float sums add a relative error of at most ~640 * 2^-24 ~ 4e-5 of max|v| (typically ~1e-6);
@@ -138,6 +140,119 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Decode-shaped calls (few rows): the tiled kernel would give each row only n_heads / kHeads CTAs
+// walking its entries tile after tile. Here a CTA serves (row, kSplitHeads heads) and its 8 warps
+// split the row's entries (warp w takes entries w, w + 8, ...), each warp with its own online softmax
+// (lanes hold channels lane + 32 j), no barrier until the end, where the warps' states are merged
+// in warp order: M = max m_w, L = sum_w l_w exp(m_w - M), o = sum_w exp(m_w - M) acc_w / L. The sink
+// seeds warp 0 only (m = sink, l = 1); the other warps start empty (m = -inf, l = 0).
+constexpr int kSplitHeads = 2;  // the output loop below picks big_l[0] / big_l[1]
+static_assert(kSplitHeads == 2);
+constexpr int kLaneDims = kMaxDim / 32;  // channels per lane
+constexpr int64_t kSplitMaxRows = 16;    // rows up to which run_sparse_attention takes this kernel
+
+__global__ void __launch_bounds__(kThreads)
+    sparse_attention_split_kernel(int64_t n_heads, int64_t d, const float* __restrict__ q,
+                                  const int64_t* __restrict__ kv_offsets,
+                                  const int32_t* __restrict__ kv_index, const float* __restrict__ kv,
+                                  const float* __restrict__ sink, float scale, float* __restrict__ out) {
+  __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
+  __shared__ float acc_s[kSplitHeads * kMaxDim];
+  const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
+  const int64_t r = blockIdx.x / groups;
+  const int64_t h0 = (blockIdx.x % groups) * kSplitHeads;
+  const int nh = static_cast<int>(min(static_cast<int64_t>(kSplitHeads), n_heads - h0));
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t k0 = kv_offsets[r], k1 = kv_offsets[r + 1];
+  float* o = out + (r * n_heads + h0) * d;
+  if (k1 <= k0) {  // a row without entries yields 0 (uniform over the CTA)
+    for (int64_t i = tid; i < nh * d; i += kThreads) o[i] = 0.0f;
+    return;
+  }
+  float qr[kSplitHeads][kLaneDims], acc[kSplitHeads][kLaneDims], m[kSplitHeads], l[kSplitHeads];
+#pragma unroll
+  for (int h = 0; h < kSplitHeads; ++h) {
+    const float* qh = q + (r * n_heads + h0 + h) * d;
+#pragma unroll
+    for (int j = 0; j < kLaneDims; ++j) {
+      const int64_t c = lane + 32 * j;
+      qr[h][j] = (h < nh && c < d) ? qh[c] : 0.0f;
+      acc[h][j] = 0.0f;
+    }
+    m[h] = warp == 0 && h < nh ? sink[h0 + h] : -INFINITY;
+    l[h] = warp == 0 ? 1.0f : 0.0f;
+  }
+  // Software pipeline: the next entry's row (and the index after it) load while this one computes.
+  float v[kLaneDims], vn[kLaneDims];
+  auto load_row = [&](float* dst, int32_t row) {
+    const float* vp = kv + static_cast<int64_t>(row) * d;
+#pragma unroll
+    for (int j = 0; j < kLaneDims; ++j) {
+      const int64_t c = lane + 32 * j;
+      dst[j] = c < d ? vp[c] : 0.0f;
+    }
+  };
+  int64_t e = k0 + warp;
+  if (e < k1) load_row(v, kv_index[e]);
+  int32_t idx_next = e + kWarps < k1 ? kv_index[e + kWarps] : 0;
+  for (; e < k1; e += kWarps) {
+    if (e + kWarps < k1) {
+      load_row(vn, idx_next);
+      idx_next = e + 2 * kWarps < k1 ? kv_index[e + 2 * kWarps] : 0;
+    }
+#pragma unroll
+    for (int h = 0; h < kSplitHeads; ++h) {
+      float part = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kLaneDims; ++j) part += qr[h][j] * v[j];
+      const float s = warp_sum(part) * scale;
+      const float new_m = fmaxf(m[h], s);
+      const float corr = new_m == m[h] ? 1.0f : expf(m[h] - new_m);
+      const float p = s == -INFINITY ? 0.0f : expf(s - new_m);
+      l[h] = l[h] * corr + p;
+#pragma unroll
+      for (int j = 0; j < kLaneDims; ++j) acc[h][j] = acc[h][j] * corr + p * v[j];
+      m[h] = new_m;
+    }
+#pragma unroll
+    for (int j = 0; j < kLaneDims; ++j) v[j] = vn[j];
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int h = 0; h < kSplitHeads; ++h) {
+      m_s[warp][h] = m[h];
+      l_s[warp][h] = l[h];
+    }
+  __syncthreads();
+  float big_m[kSplitHeads], big_l[kSplitHeads];
+#pragma unroll
+  for (int h = 0; h < kSplitHeads; ++h) {
+    big_m[h] = m_s[0][h];
+    for (int w = 1; w < kWarps; ++w) big_m[h] = fmaxf(big_m[h], m_s[w][h]);
+    big_l[h] = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (m_s[w][h] != -INFINITY) big_l[h] += l_s[w][h] * expf(m_s[w][h] - big_m[h]);
+  }
+  for (int w = 0; w < kWarps; ++w) {  // deterministic merge in warp order
+    if (warp == w) {
+#pragma unroll
+      for (int h = 0; h < kSplitHeads; ++h) {
+        const float f = m[h] == -INFINITY ? 0.0f : expf(m[h] - big_m[h]);
+#pragma unroll
+        for (int j = 0; j < kLaneDims; ++j) {
+          const int64_t c = lane + 32 * j;
+          if (c < d) acc_s[h * kMaxDim + c] = (w == 0 ? 0.0f : acc_s[h * kMaxDim + c]) + acc[h][j] * f;
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t i = tid; i < nh * d; i += kThreads) {
+    const int64_t h = i / d, c = i % d;
+    o[i] = acc_s[h * kMaxDim + c] / (h == 0 ? big_l[0] : big_l[kSplitHeads - 1]);
+  }
+}
+
 }  // namespace
 
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
@@ -153,6 +268,14 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.n == 0) return ok_status();
   if (!a.q || !a.kv_offsets || !a.sink || !a.out || (a.max_entries_per_row > 0 && (!a.kv_index || !a.kv)))
     return invalid_argument("sparse_attention: null q, kv_offsets, kv_index, kv, sink or out");
+  if (a.n <= kSplitMaxRows) {  // decode-shaped: more CTAs per row, entries split over warps
+    const int64_t split_groups = (a.n_heads + kSplitHeads - 1) / kSplitHeads;
+    if (a.n * split_groups > 0x7fffffff)
+      return invalid_argument("sparse_attention: n_heads " + std::to_string(a.n_heads) + " too large");
+    sparse_attention_split_kernel<<<static_cast<unsigned>(a.n * split_groups), kThreads, 0, stream>>>(
+        a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
+    return last_launch_status("sparse_attention_split");
+  }
   const int64_t groups = (a.n_heads + kHeads - 1) / kHeads;
   if (a.n * groups > 0x7fffffff)
     return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " x head groups too large");

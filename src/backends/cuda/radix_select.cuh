@@ -16,6 +16,7 @@
 namespace ds41::cuda::sel {
 
 constexpr unsigned kFull = 0xffffffffu;
+constexpr int kBatch = 4;  // scores loaded per thread per histogram step
 
 __device__ __forceinline__ bool selectable(float x) { return !isnan(x) && x != -INFINITY; }
 
@@ -45,7 +46,7 @@ struct SelectShared {
 // multiple of 32, at most 1024); every thread gets the same result.
 template <typename Load>
 __device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, SelectShared& sh) {
-  const int tid = threadIdx.x, lane = tid % 32, nthreads = blockDim.x;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nthreads = blockDim.x;
   if (k <= 0) return Threshold{0xffffffffu, 0, false};  // selects nothing (no selectable key is 2^32-1)
   if (tid == 0) {
     sh.prefix = 0u;
@@ -58,41 +59,60 @@ __device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, Se
     for (int b = tid; b < 256; b += nthreads) sh.hist[b] = 0u;
     __syncthreads();
     const uint32_t prefix = sh.prefix, mask = sh.mask;
-    for (int64_t base = 0; base < t; base += nthreads) {  // uniform trip count: full-warp intrinsics
-      const int64_t i = base + tid;
-      bool ok = false;
-      uint32_t key = 0u;
-      if (i < t) {
-        const float x = load(i);
-        key = order_key(x);
-        ok = selectable(x) && (key & mask) == prefix;
+    // kBatch independent loads per thread per step (memory-level parallelism), then the histogram
+    // updates; the trip count is uniform over the CTA (full-warp intrinsics).
+    for (int64_t base = 0; base < t; base += kBatch * nthreads) {
+      float x[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t i = base + j * nthreads + tid;
+        x[j] = i < t ? load(i) : -INFINITY;
       }
-      const int bin = ok ? static_cast<int>((key >> shift) & 255u) : -1 - lane;  // unique when !ok
-      const unsigned peers = __match_any_sync(kFull, bin);
-      if (ok && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const uint32_t key = order_key(x[j]);
+        const bool ok = selectable(x[j]) && (key & mask) == prefix;
+        const int bin = ok ? static_cast<int>((key >> shift) & 255u) : -1 - lane;  // unique when !ok
+        const unsigned peers = __match_any_sync(kFull, bin);
+        if (ok && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
+      }
     }
     __syncthreads();
-    if (tid == 0) {
-      if (pass == 0) {
-        int64_t total = 0;
-        for (int b = 0; b < 256; ++b) total += sh.hist[b];
-        if (total <= k) sh.take_all = 1;
+    // Warp 0 picks the bin holding the remaining-th best entry: lane L owns the 8 bins
+    // 255 - 8L .. 248 - 8L (lane 0 the highest), a warp prefix sum over lanes gives the count above
+    // each lane's bins, the first lane whose inclusive count reaches `remaining` scans its 8 bins.
+    if (warp == 0) {
+      const int hi = 255 - 8 * lane;
+      int64_t c[8], sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum += (c[j] = sh.hist[hi - j]);
+      int64_t incl = sum;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int64_t y = __shfl_up_sync(kFull, incl, off);
+        if (lane >= off) incl += y;
       }
-      if (!sh.take_all) {
+      const int64_t total = __shfl_sync(kFull, incl, 31);
+      if (pass == 0 && total <= k) {
+        if (lane == 0) sh.take_all = 1;
+      } else {
         const int64_t remaining = sh.remaining;
-        int64_t cum = 0;
-        int chosen = 0;
-        for (int b = 255; b >= 0; --b) {
-          const int64_t c = sh.hist[b];
-          if (cum + c >= remaining) {
-            chosen = b;
-            break;
+        const unsigned reach = __ballot_sync(kFull, incl >= remaining);  // nonzero: total >= remaining
+        if (lane == __ffs(reach) - 1) {
+          int64_t cum = incl - sum;  // entries in higher bins
+          int chosen = hi - 7;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            if (cum + c[j] >= remaining) {
+              chosen = hi - j;
+              break;
+            }
+            cum += c[j];
           }
-          cum += c;
+          sh.remaining = remaining - cum;  // entries of the chosen bin still to take
+          sh.prefix = prefix | (static_cast<uint32_t>(chosen) << shift);
+          sh.mask = mask | (255u << shift);
         }
-        sh.remaining = remaining - cum;  // entries of the chosen bin still to take
-        sh.prefix = prefix | (static_cast<uint32_t>(chosen) << shift);
-        sh.mask = mask | (255u << shift);
       }
     }
     __syncthreads();
@@ -116,11 +136,13 @@ __device__ int64_t select_emit(const Load& load, int64_t t, const Threshold& th,
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
   const uint32_t lt_mask = (1u << lane) - 1u;
   int64_t run_gt = 0, run_eq = 0;
+  float next = tid < t ? load(tid) : -INFINITY;  // the next chunk's score, loaded one chunk ahead
   for (int64_t base = 0; base < t; base += blockDim.x) {
     const int64_t i = base + tid;
+    const float x = next;
+    if (i + blockDim.x < t) next = load(i + blockDim.x);
     bool gt = false, eq = false;
     if (i < t) {
-      const float x = load(i);
       if (selectable(x)) {
         const uint32_t key = order_key(x);
         gt = th.take_all || key > th.key;

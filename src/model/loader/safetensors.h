@@ -55,6 +55,11 @@ class SafetensorsFile {
   uint64_t file_size() const { return file_size_; }
   // Pointer to the tensor's bytes inside the mapping (valid while the file lives).
   const uint8_t* data(const TensorInfo& t) const { return data_base_ + t.begin; }
+  // File offset of the data section (8 + header length): a tensor's bytes are at
+  // data_section_offset() + begin in the file (readers that pread instead of mapping).
+  uint64_t data_section_offset() const {
+    return static_cast<uint64_t>(data_base_ - static_cast<const uint8_t*>(map_));
+  }
 
  private:
   SafetensorsFile() = default;

@@ -86,6 +86,8 @@ TEST(SelectionParity, TopkRows) {
       {9, 300, 512, Gen::kGauss},  // t < k: every selectable entry
       {7, 777, 1, Gen::kTies},
       {3, 1, 4, Gen::kGauss},
+      {6, 3000, 2048, Gen::kTies},     // the k-th score is a zero: +-0 ties by index
+      {6, 2000, 1500, Gen::kSpecial},  // the k-th among +-0 / subnormals
   };
   for (const TopkCase& c : cases) {
     std::mt19937 rng(static_cast<uint32_t>(c.t * 3 + c.k + static_cast<int>(c.gen)));

@@ -1,0 +1,18 @@
+// ds41 scripts/cuda-host-emu: the CUDA runtime calls the parity tests make, on host memory (device
+// pointers are host pointers under the emulator), and the backends/cuda status helpers (one device).
+#include <cuda_runtime_api.h>
+#include <cstdlib>
+#include <cstring>
+#include "backends/cuda/cuda_status.h"
+extern "C" {
+cudaError_t cudaMalloc(void** p, size_t n) { *p = std::aligned_alloc(256, (n + 255) / 256 * 256); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
+cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { std::memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemset(void* d, int v, size_t n) { std::memset(d, v, n); return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+}
+namespace ds41::cuda {
+Status cuda_status(cudaError_t e, const char* what) { return e == cudaSuccess ? ok_status() : internal_error(what); }
+Status last_launch_status(const char*) { return ok_status(); }
+int cuda_device_count() { return 1; }
+}
