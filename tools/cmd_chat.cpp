@@ -13,6 +13,7 @@
 #include "chat_client.h"
 #include "cli_registry.h"
 #include "core/log.h"
+#include "engine_factory.h"
 #include "server/api_service.h"
 #include "serving_engine.h"
 
@@ -213,7 +214,7 @@ void setup_chat(CLI::App& parent, int& exit_code) {
   cmd->add_option("--api-key", a->api_key, "Bearer key for --url");
   cmd->add_option("--tokenizer", a->engine.tokenizer_dir,
                   "Folder with tokenizer.json (default: the model directory)");
-  cmd->add_option("--device", a->engine.device, "cpu (default) or cuda (not available yet)");
+  add_engine_device_flags(cmd, &a->engine.device, /*seed_flag=*/false);  // --seed samples
   cmd->add_option("--threads", a->engine.threads, "CPU threads (default 2)");
   cmd->add_option("--kv-memory", a->engine.kv_memory, "Sequence state capacity (default 8GiB)");
   cmd->add_option(

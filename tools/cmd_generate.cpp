@@ -30,11 +30,13 @@
 #include "core/log.h"
 #include "engine/logits_processing.h"
 #include "engine/sampler.h"
+#include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "human_units.h"
 #include "load_progress.h"
 #include "prompt_input.h"
 #include "server/stop_matcher.h"
+#include "serving_engine.h"
 #include "text/chat_encoding.h"
 #include "text/chat_json.h"
 #include "text/incremental_decoder.h"
@@ -78,6 +80,7 @@ struct GenerateArgs {
   std::vector<int32_t> ids;  // --prompt-ids, parsed
   engine::SamplerParams sampling;
   int threads = 2;
+  DeviceFlags device;             // --device, --load-format (engine_factory.h)
   std::string memory_limit_text;  // --memory-limit, parsed by validate_generate_args
   uint64_t memory_limit = 0;
 };
@@ -149,6 +152,7 @@ Status validate_generate_args(GenerateArgs& a) {
     return invalid_argument(m);
   }
   if (a.threads < 1) return invalid_argument("--threads must be >= 1");
+  DS41_RETURN_IF_ERROR(engine_device(a.device).status());
   for (const auto& st : a.stops)
     if (st.empty()) return invalid_argument("--stop: an empty stop string would match at once");
   if (a.penalties.presence_penalty < -2 || a.penalties.presence_penalty > 2 ||
@@ -202,9 +206,22 @@ Status run_generate(const GenerateArgs& a) {
   int64_t context = a.max_tokens + static_cast<int64_t>(a.prompt.size() + a.ids.size()) + 64;
   if (a.conversation)
     for (const auto& msg : a.conversation->messages) context += static_cast<int64_t>(msg.content.size()) + 16;
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
-                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, context, a.memory_limit));
-  model::Model& m = *lm.model;
+  EngineRequest req;
+  req.model_dir = a.model_dir;
+  req.tokenizer_dir = a.tokenizer_dir;
+  req.model_name = model_name_from_dir(a.model_dir);
+  req.who = "ds41 generate";
+  req.threads = a.threads;
+  req.context_tokens = context;
+  req.memory_limit = a.memory_limit;
+  req.max_batch_tokens = kPrefillChunk;
+  req.max_sequences = 1;
+  req.kv_bytes = int64_t{1} << 30;
+  req.quiet = device_name(a.device) == "cpu";  // the CPU path loads silently, as before
+  // The CPU reference or the GPU engine, through the one engine interface (engine/engine.h).
+  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(a.device, req));
+  engine::Engine& eng = *eh.engine;
+  const model::ModelConfig& cfg = eh.config;
   std::unique_ptr<text::Tokenizer> tok;
   {
     auto t = load_tokenizer_arg(a.model_dir, a.tokenizer_dir);
@@ -236,23 +253,22 @@ Status run_generate(const GenerateArgs& a) {
     DS41_ASSIGN_OR_RETURN(text::ChatPrompt cp, text::encode_chat({msg}, co));
     ids = text::chat_prompt_ids(*tok, cp);
   } else {
-    ids.push_back(static_cast<int32_t>(m.config().bos_token_id));
+    ids.push_back(static_cast<int32_t>(cfg.bos_token_id));
     tok->encode_append(a.prompt, &ids);
   }
   if (ids.empty()) return invalid_argument("empty prompt");
   // The whole sequence must fit the model's context: say so before computing anything.
-  const int64_t ctx = m.config().max_position_embeddings;
+  const int64_t ctx = eng.info().max_context;
   if (static_cast<int64_t>(ids.size()) + a.max_tokens > ctx)
     return invalid_argument("the prompt has " + std::to_string(ids.size()) + " tokens and --max-tokens is " +
                             std::to_string(a.max_tokens) + ": together more than the model's context of " +
                             std::to_string(ctx) + " positions");
   SystemClock clock;
-  auto st = m.new_sequence();
-  model::ForwardOptions opt;
+  DS41_ASSIGN_OR_RETURN(const engine::SeqId seq, eng.create_sequence());
   const int64_t t0 = clock.now_mono_ns();
   // Long prompts are prefilled in chunks (exact: chunked prefill gives the same bits as one shot,
   // MODEL_SPEC 4.2) so that progress can be shown and Ctrl-C stops between chunks.
-  model::SequenceOutput out;
+  engine::StepOutput out;
   {
     const int64_t n = static_cast<int64_t>(ids.size());
     const bool show = n >= kPrefillProgressTokens;
@@ -261,11 +277,8 @@ Status run_generate(const GenerateArgs& a) {
     for (int64_t b = 0; b < n; b += kPrefillChunk) {
       if (g_interrupted.load()) return failed_precondition("interrupted (Ctrl-C) during the prefill");
       const int64_t e = std::min(n, b + kPrefillChunk);
-      model::ForwardOptions copt = opt;
-      copt.logits = e == n ? model::LogitsRows::kLast : model::LogitsRows::kNone;
-      DS41_ASSIGN_OR_RETURN(auto part,
-                            m.prefill(*st, std::span<const int32_t>(ids).subspan(b, e - b), 0, copt));
-      if (e == n) out = std::move(part);
+      engine::StepItem it{seq, std::span<const int32_t>(ids).subspan(b, e - b), e == n};
+      DS41_RETURN_IF_ERROR(eng.step(std::span<const engine::StepItem>(&it, 1), &out));
       progress.update(static_cast<uint64_t>(e), static_cast<uint64_t>(n));
     }
   }
@@ -318,7 +331,7 @@ Status run_generate(const GenerateArgs& a) {
       logprobs.push_back({{"id", next}, {"logprob", lp}, {"top_logprobs", tj}});
     }
     penalties.add(next);
-    if (next == m.config().eos_token_id) {
+    if (next == cfg.eos_token_id) {
       finish = "stop";
       break;
     }
@@ -347,12 +360,13 @@ Status run_generate(const GenerateArgs& a) {
     } else if (show) {
       std::cout << "[" << next << "]" << std::flush;
     }
-    if (generated + 1 == a.max_tokens || st->position() >= m.config().max_position_embeddings) {
+    if (generated + 1 == a.max_tokens || *eng.sequence_position(seq) >= ctx) {
       ++generated;
       break;
     }
-    DS41_ASSIGN_OR_RETURN(auto o, m.decode_step(*st, next, opt));
-    logits = std::move(o.logits);
+    engine::StepItem it{seq, std::span<const int32_t>(&next, 1), true};
+    DS41_RETURN_IF_ERROR(eng.step(std::span<const engine::StepItem>(&it, 1), &out));
+    logits = std::move(out.logits);
   }
   if (dec && !stop.matched()) emit(stop.push(dec->flush()) + stop.flush());
   if (headers && in_thinking && tty) std::cout << "\033[0m";
@@ -437,6 +451,7 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--logprobs", a->penalties.top_logprobs,
                   "With --json: each token's log-probability and the top N (0..20)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
+  add_engine_device_flags(cmd, &a->device, /*seed_flag=*/false);  // --seed is the sampling seed
   cmd->add_option(
       "--memory-limit", a->memory_limit_text,
       "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");

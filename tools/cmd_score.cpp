@@ -15,12 +15,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli_registry.h"
 #include "core/clock.h"
+#include "engine_factory.h"
 #include "forward_cli_util.h"
 
 namespace ds41::cli {
@@ -32,6 +34,7 @@ struct ScoreArgs {
   int threads = 2;
   bool debug = false;
   bool stale_keys = false;
+  DeviceFlags device;        // --device, --load-format (engine_factory.h)
   std::string memory_limit;  // --memory-limit
 };
 
@@ -111,6 +114,99 @@ Status check_writable_output(const std::string& out) {
   return ok_status();
 }
 
+// --debug arrays under the golden names: hash ids, top-k, routing, candidate masks (over the
+// candidate source's entries after the prompt: entries_of(layer) = T, golden layout [S, T]).
+void write_records(model::SafetensorsWriter* w, const std::string& name, int64_t S,
+                   const model::ModelConfig& c, const model::ForwardRecord& r,
+                   const std::function<int64_t(int64_t)>& entries_of) {
+  if (!r.hash_ids.empty()) {
+    const int64_t nel = static_cast<int64_t>(c.engram_layer_ids.size());
+    w->add_i32(name + ".engram_hash_ids", {S, nel, static_cast<int64_t>(r.hash_ids.size()) / (S * nel)},
+               r.hash_ids.data());
+  }
+  for (auto& [l, v] : r.topk)
+    w->add_i32(name + ".layer" + std::to_string(l) + ".topk_indices", {S, c.index_topk}, v.data());
+  for (auto& [l, v] : r.router_experts)
+    w->add_i32(name + ".layer" + std::to_string(l) + ".router_experts", {S, c.num_experts_per_tok}, v.data());
+  for (auto& [l, v] : r.router_weights)
+    w->add_f32(name + ".layer" + std::to_string(l) + ".router_weights", {S, c.num_experts_per_tok}, v.data());
+  for (auto& [l, blocks] : r.cand_blocks) {
+    const int64_t T = entries_of(l);
+    const int64_t B = c.candidate_block_size, nb = c.candidate_topk_blocks;
+    std::vector<uint8_t> mask(S * T, 0);
+    for (int64_t row = 0; row < S; ++row)
+      for (int64_t j = 0; j < nb; ++j) {
+        const int32_t b = blocks[row * nb + j];
+        if (b < 0) continue;
+        for (int64_t t = b * B; t < std::min(T, (b + 1) * B); ++t) mask[row * T + t] = 1;
+      }
+    w->add_u8(name + ".layer" + std::to_string(l) + ".candidate_mask", {S, T}, mask.data());
+  }
+}
+
+// `--device cuda` (or any engine): exact prefill of each prompt with every row's logits, then the
+// decode steps, through the engine (engine_factory.h). The approximate paths and --dump are the
+// CPU reference's.
+Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
+                        const std::pair<std::string, std::vector<int32_t>>& dec) {
+  if (!a.replay.empty() || !a.dump_dir.empty() || a.stale_keys)
+    return invalid_argument("--replay, --dump and --stale-index-keys need --device cpu (the CPU reference)");
+  int64_t longest = 1;
+  for (const Prompt& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+  EngineRequest req;
+  req.model_dir = a.model_dir;
+  req.tokenizer_dir = a.tokenizer_dir;
+  req.model_name = "score";
+  req.who = "ds41 score";
+  req.threads = a.threads;
+  req.max_batch_tokens = 2048;
+  req.max_logit_rows = std::min<int64_t>(longest, 2048);
+  req.max_sequences = 2;
+  req.kv_bytes = int64_t{2} << 30;
+  DS41_ASSIGN_OR_RETURN(req.memory_limit, parse_memory_limit(a.memory_limit));
+  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(a.device, req));
+  if (!eh.forward_all) return unimplemented("ds41 score: this engine returns no all-row logits");
+  engine::Engine& eng = *eh.engine;
+  const model::ModelConfig& c = eh.config;
+  const int64_t V = c.vocab_size;
+  model::SafetensorsWriter w;
+  w.set_metadata("producer", "ds41 score (" + eng.info().device + ")");
+  engine::SeqId keep = -1;
+  for (const Prompt& p : prompts) {
+    const int64_t S = static_cast<int64_t>(p.ids.size());
+    DS41_ASSIGN_OR_RETURN(engine::SeqId seq, eng.create_sequence());
+    DS41_ASSIGN_OR_RETURN(model::SequenceOutput out, eh.forward_all(seq, p.ids, a.chunk, a.debug));
+    std::vector<float> logits(S * V, std::numeric_limits<float>::quiet_NaN());
+    for (size_t i = 0; i < out.positions.size(); ++i)
+      std::copy(out.logits.begin() + i * V, out.logits.begin() + (i + 1) * V,
+                logits.begin() + out.positions[i] * V);
+    w.add_f32(p.name + ".logits", {S, V}, logits.data());
+    if (a.debug)  // a fresh prefill of S tokens leaves S / ratio entries in a KV source
+      write_records(&w, p.name, S, c, out.record,
+                    [&](int64_t l) { return S / eh.schedule.layers[eh.schedule.layers[l].kv_owner].ratio; });
+    if (p.name == dec.first)
+      keep = seq;
+    else
+      DS41_RETURN_IF_ERROR(eng.free_sequence(seq));
+  }
+  if (!dec.second.empty()) {
+    const int64_t n = static_cast<int64_t>(dec.second.size());
+    std::vector<float> logits(n * V);
+    for (int64_t t = 0; t < n; ++t) {
+      engine::StepItem it{keep, std::span<const int32_t>(&dec.second[t], 1), true};
+      engine::StepOutput so;
+      DS41_RETURN_IF_ERROR(eng.step(std::span<const engine::StepItem>(&it, 1), &so));
+      std::copy(so.logits.begin(), so.logits.end(), logits.begin() + t * V);
+    }
+    w.add_f32("decode.logits", {n, V}, logits.data());
+  }
+  DS41_RETURN_IF_ERROR(w.write(a.out));
+  std::fprintf(stderr, "ds41 score: wrote %zu prompt(s)%s to %s\n", prompts.size(),
+               dec.second.empty() ? "" : " and the decode steps",
+               std::filesystem::absolute(a.out).lexically_normal().c_str());
+  return ok_status();
+}
+
 Status run_score(const ScoreArgs& a) {
   DS41_RETURN_IF_ERROR(check_writable_output(a.out));
   DS41_ASSIGN_OR_RETURN(auto input, read_input(a.input));
@@ -129,6 +225,8 @@ Status run_score(const ScoreArgs& a) {
   } else if (!a.replay.empty()) {
     return invalid_argument("--replay must be 'decoder' or 'encoder:H', got '" + a.replay + "'");
   }
+  DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
+  if (device != "cpu") return run_score_engine(a, prompts, dec);
   DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
   DS41_ASSIGN_OR_RETURN(LoadedModel lm,
                         load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
@@ -170,35 +268,9 @@ Status run_score(const ScoreArgs& a) {
       std::copy(out.logits.begin() + i * V, out.logits.begin() + (i + 1) * V,
                 logits.begin() + out.positions[i] * V);
     w.add_f32(p.name + ".logits", {S, V}, logits.data());
-    if (a.debug && !replay_decoder) {
-      const model::ForwardRecord& r = out.record;
-      if (!r.hash_ids.empty()) {
-        const int64_t nel = static_cast<int64_t>(c.engram_layer_ids.size());
-        w.add_i32(p.name + ".engram_hash_ids", {S, nel, static_cast<int64_t>(r.hash_ids.size()) / (S * nel)},
-                  r.hash_ids.data());
-      }
-      for (auto& [l, v] : r.topk)
-        w.add_i32(p.name + ".layer" + std::to_string(l) + ".topk_indices", {S, c.index_topk}, v.data());
-      for (auto& [l, v] : r.router_experts)
-        w.add_i32(p.name + ".layer" + std::to_string(l) + ".router_experts", {S, c.num_experts_per_tok},
-                  v.data());
-      for (auto& [l, v] : r.router_weights)
-        w.add_f32(p.name + ".layer" + std::to_string(l) + ".router_weights", {S, c.num_experts_per_tok},
-                  v.data());
-      for (auto& [l, blocks] : r.cand_blocks) {
-        // Mask over the candidate source's entries after the prompt (golden layout [S, T]).
-        const int64_t T = st->source(m.schedule().layers[l].kv_owner)->count;
-        const int64_t B = c.candidate_block_size, nb = c.candidate_topk_blocks;
-        std::vector<uint8_t> mask(S * T, 0);
-        for (int64_t row = 0; row < S; ++row)
-          for (int64_t j = 0; j < nb; ++j) {
-            const int32_t b = blocks[row * nb + j];
-            if (b < 0) continue;
-            for (int64_t t = b * B; t < std::min(T, (b + 1) * B); ++t) mask[row * T + t] = 1;
-          }
-        w.add_u8(p.name + ".layer" + std::to_string(l) + ".candidate_mask", {S, T}, mask.data());
-      }
-    }
+    if (a.debug && !replay_decoder)
+      write_records(&w, p.name, S, c, out.record,
+                    [&](int64_t l) { return st->source(m.schedule().layers[l].kv_owner)->count; });
     if (!a.dump_dir.empty()) {
       std::filesystem::create_directories(a.dump_dir);
       DS41_RETURN_IF_ERROR(dumpw.write(a.dump_dir + "/" + p.name + ".safetensors"));
@@ -241,6 +313,7 @@ void setup_score(CLI::App& parent, int& exit_code) {
   cmd->add_option("--dump", args->dump_dir,
                   "Write every named per-layer intermediate to DIR/NAME.safetensors");
   cmd->add_option("--threads", args->threads, "CPU threads (default 2)");
+  add_engine_device_flags(cmd, &args->device);
   cmd->add_option(
       "--memory-limit", args->memory_limit,
       "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");

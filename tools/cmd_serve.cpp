@@ -13,6 +13,7 @@
 
 #include "cli_registry.h"
 #include "core/log.h"
+#include "engine_factory.h"
 #include "server/api_service.h"
 #include "server/http_server.h"
 #include "serving_engine.h"
@@ -71,7 +72,7 @@ Status run_serve(const ServeArgs& a) {
                                                        }));
   service.set_ready(eng->generator(), eng->tokenizer(), eng->max_context());
   std::printf("ds41 serve: ready on http://%s:%d (model %s, %s)\n", a.host.c_str(), http.port(), name.c_str(),
-              a.engine.device.c_str());
+              device_name(a.engine.device).c_str());
   std::fflush(stdout);
 
   int sig = 0;
@@ -107,7 +108,7 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--model", a->engine.model_dir, "Model directory")->required();
   cmd->add_option("--tokenizer", a->engine.tokenizer_dir,
                   "Folder with tokenizer.json (default: the model directory)");
-  cmd->add_option("--device", a->engine.device, "cpu (default) or cuda (not available yet)");
+  add_engine_device_flags(cmd, &a->engine.device);
   cmd->add_option("--host", a->host, "Address to bind (default 127.0.0.1: loopback only)");
   cmd->add_option("--port", a->port, "Port (default 8000; 0 picks a free one)");
   cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");

@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "engine/cpu_engine.h"
+#include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "load_progress.h"
 #include "server/engine_loop_generator.h"
@@ -35,9 +35,7 @@ Result<int64_t> parse_bytes(const std::string& s, const std::string& flag) {
 }
 
 Status validate_engine_args(const EngineArgs& a) {
-  if (a.device == "cuda")
-    return unimplemented("--device cuda: the GPU engine is not available yet; use --device cpu");
-  if (a.device != "cpu") return invalid_argument("--device must be cpu or cuda, got '" + a.device + "'");
+  DS41_RETURN_IF_ERROR(engine_device(a.device).status());
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
   DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
@@ -55,9 +53,8 @@ namespace {
 // the engine before the model it computes with.
 class CpuServingEngine final : public ServingEngine {
  public:
-  LoadedModel lm;
   std::unique_ptr<text::Tokenizer> tok;
-  std::unique_ptr<engine::CpuEngine> engine;
+  EngineHandle engine;
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<server::EngineLoopGenerator> gen;
   int64_t context = 0;
@@ -79,34 +76,31 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   if (!a.quiet) std::fprintf(stderr, "%s: loading tokenizer from %s\n", who.c_str(), tok_dir.c_str());
   DS41_ASSIGN_OR_RETURN(se->tok, text::Tokenizer::from_model_dir(tok_dir));
   if (!a.quiet)
-    std::fprintf(stderr, "%s: loading model from %s (%d threads)\n", who.c_str(), a.model_dir.c_str(),
-                 a.threads);
-
-  DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
-  DS41_RETURN_IF_ERROR(check_model_fits(a.model_dir, 4096, memory_limit));
-  const auto t0 = std::chrono::steady_clock::now();
-  se->lm.pool = std::make_unique<ThreadPool>(a.threads);
-  se->lm.backend = std::make_unique<backends::cpu::CpuBackend>(se->lm.pool.get());
-  model::LoadOptions lo;
-  lo.tokenizer_dir = a.tokenizer_dir;
-  LoadProgress progress(stderr, LoadProgress::mode_for(stderr, a.quiet), who + ": weights");
-  lo.progress = [&progress](uint64_t done, uint64_t total) { progress.update(done, total); };
-  DS41_ASSIGN_OR_RETURN(se->lm.model, model::Model::load(a.model_dir, lo, se->lm.backend.get()));
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!a.quiet) std::fprintf(stderr, "%s: model loaded in %.1f s\n", who.c_str(), load_s);
-
-  se->engine = std::make_unique<engine::CpuEngine>(se->lm.model.get(), name);
+    std::fprintf(stderr, "%s: loading model from %s (%s)\n", who.c_str(), a.model_dir.c_str(),
+                 device_name(a.device).c_str());
+  EngineRequest req;
+  req.model_dir = a.model_dir;
+  req.tokenizer_dir = a.tokenizer_dir;
+  req.model_name = name;
+  req.who = who;
+  req.threads = a.threads;
+  req.max_batch_tokens = a.max_batch_tokens;
+  req.max_sequences = a.max_running;
+  req.kv_bytes = kv_bytes;
+  req.quiet = a.quiet;
+  DS41_ASSIGN_OR_RETURN(req.memory_limit, parse_memory_limit(a.memory_limit));
+  DS41_ASSIGN_OR_RETURN(se->engine, make_engine(a.device, req));
   engine::LoopConfig lc;
   lc.max_batch_tokens = a.max_batch_tokens;
   lc.max_running = a.max_running;
   lc.kv_memory_bytes = kv_bytes;
   lc.max_queue = a.max_queue;
-  lc.sample_pool = se->lm.pool.get();  // idle between the CPU engine's forwards
-  se->loop = std::make_unique<engine::EngineLoop>(se->engine.get(), lc);
+  lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
+  se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());
   se->gen = std::make_unique<server::EngineLoopGenerator>(se->loop.get());
-  se->context = se->engine->info().max_context;
+  se->context = se->engine.engine->info().max_context;
   return std::unique_ptr<ServingEngine>(std::move(se));
 }
 

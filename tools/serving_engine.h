@@ -10,13 +10,15 @@
 #include <string>
 
 #include "core/status.h"
+#include "engine_factory.h"
 #include "server/generator.h"
 #include "text/tokenizer.h"
 
 namespace ds41::cli {
 
 struct EngineArgs {
-  std::string model_dir, tokenizer_dir, device = "cpu";
+  std::string model_dir, tokenizer_dir;
+  DeviceFlags device;  // --device, --load-format (engine_factory.h)
   int threads = 2;
   int64_t max_batch_tokens = 2048, max_running = 64, max_queue = 1024;
   std::string kv_memory = "8GiB";

@@ -1,0 +1,45 @@
+// ds41 backends/cuda: the GPU executor's index-list kernels (docs/gpu_engine.md). They turn the
+// step plan's page tables (MODEL_SPEC 5.2 rows in fixed pages) and the device-resident top-k
+// selections into the byte offsets and entry lists that the KV-row and attention launchers take,
+// so no selection ever travels to the host inside a forward. Graph-capturable: no allocation,
+// no synchronisation, last argument the stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace ds41::cuda {
+
+// Paged per-sequence rows: sequence s (of the step) holds its entries in pages
+// pages[seq_page_begin[s] ...], `entries_per_page` entries per page; entry k of s lies at byte
+// pages[seq_page_begin[s] + k / E] * page_bytes + offset_in_page + (k % E) * row_bytes.
+struct PagedRowsArgs {
+  const int32_t* pages = nullptr;           // device
+  const int64_t* seq_page_begin = nullptr;  // device [n_seqs]
+  int64_t entries_per_page = 0, page_bytes = 0, offset_in_page = 0, row_bytes = 0;
+};
+
+// All entries of every sequence, concatenated: for i < total, s is the sequence with
+// seq_row_begin[s] <= i < seq_row_begin[s + 1] (seq_row_begin: device [n_seqs + 1], ascending),
+// k = i - seq_row_begin[s], out[i] = the byte offset of entry k of s.
+Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begin, int64_t n_seqs,
+                             int64_t total, int64_t* out, cudaStream_t stream);
+
+// Selected entries: out[r * k + j] = byte offset of entry sel[r * k + j] of sequence row_seq[r],
+// or -1 where sel < 0 (top-k padding).
+Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int64_t n, int64_t k,
+                                 const int32_t* row_seq, int64_t* out, cudaStream_t stream);
+
+// The entry lists of cuda::run_sparse_attention (MODEL_SPEC 3.4.7): row r attends to its window
+// entries win_index[win_offsets[r] .. win_offsets[r + 1]) followed, when sel is not null, by
+// comp_base + r * k + j for each j (ascending) with sel[r * k + j] >= 0 (the rows where the
+// selected compressed entries were decoded). kv_offsets: [n + 1], kv_index: room for
+// win_offsets[n] + n * k entries. One block; v1 (the speed issue fuses this into attention).
+Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
+                              int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
+                              cudaStream_t stream);
+
+}  // namespace ds41::cuda

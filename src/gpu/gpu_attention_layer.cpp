@@ -1,0 +1,249 @@
+// ds41 gpu: the attention sublayer on the device (MODEL_SPEC 3.4) — the twin of
+// src/model/attention_layer.cpp: query path, window KV through Q_win (packed into the ring after
+// the earlier rows were decoded), the compressor with the pending group kept on the device across
+// calls, the indexer over decoded Q_idx keys with the candidate pool and its restriction, top-k,
+// sparse attention over window + selected compressed entries with the sink, inverse RoPE and the
+// grouped output projection. Selections stay on the device: gx_step_kernels turn them into row
+// offsets and entry lists.
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/attention_kernels.h"
+#include "backends/cuda/compressor_kernels.h"
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/gx_step_kernels.h"
+#include "backends/cuda/indexer_kernels.h"
+#include "backends/cuda/kv_rows_kernels.h"
+#include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/topk_kernels.h"
+#include "gpu/gpu_forward.h"
+
+namespace ds41::gpu {
+
+using cuda::FakeQuantOp;
+
+Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
+                             std::vector<model::SequenceOutput>* out) {
+  const model::LayerPlan& p = m_->schedule().layers[l];
+  const DeviceLayer& w = m_->weights().layers[l];
+  const int64_t n = n_, nh = c_->num_attention_heads, hd = c_->head_dim, qr = c_->q_lora_rank;
+  const int64_t W = c_->sliding_window, K = c_->index_topk;
+  const float eps = static_cast<float>(c_->rms_norm_eps);
+  const DeviceVec& inv = m_->rope_inv_freq(p.yarn_rope);
+  cudaStream_t s = stream_;
+
+  // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
+  DS41_RETURN_IF_ERROR(cuda::run_linear(w.wq_a, x, n, ws_.q_r, s));
+  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
+  DS41_RETURN_IF_ERROR(cuda::run_linear(w.wq_b, ws_.q_r, n, ws_.q, s));
+  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.q, n, nh, hd, pos_, inv.ptr, inv.size, false, s));
+  // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
+  float* kv = ws_.kvf;
+  DS41_RETURN_IF_ERROR(cuda::run_linear(w.wkv, x, n, kv, s));
+  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(kv, n, hd, w.kv_norm.ptr, eps, kv, s));
+  DS41_RETURN_IF_ERROR(cuda::run_rope(kv, n, 1, hd, pos_, inv.ptr, inv.size, false, s));
+  // Earlier calls' window rows, decoded before this call's rows take their ring slots; then the
+  // ring update (packed from the unquantized rows, as the reference's kvp) and Q_win in place.
+  uint8_t* ring = slots_->ring_layer_base(l);
+  if (ring_rows_ > 0)
+    DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ring, ring_read_, ring_rows_,
+                                                      ws_.kvf + n * hd, s));
+  DS41_RETURN_IF_ERROR(cuda::run_encode_rows_scatter(FakeQuantOp::kWin, hd, kv, n, ring, ring_write_, s));
+  DS41_RETURN_IF_ERROR(cuda::run_fake_quant_inplace(FakeQuantOp::kWin, hd, kv, n, s));
+
+  if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
+  if (p.index_source) DS41_RETURN_IF_ERROR(index(l, x, ws_.q_r, opt, out).with_context("indexer"));
+
+  // 3.4.7 entry sets: window rows + the selected compressed entries of the KV owner, decoded
+  // into kvf rows comp_base + r * K + j.
+  const int64_t* kv_offsets = win_offsets_;
+  const int32_t* kv_index = win_index_;
+  int64_t max_entries = W;
+  if (p.ratio > 0) {
+    const PlanSource& src = sources_[source_of_layer_[p.kv_owner]];
+    const KvPageGeometry& g = pool_->geometry();
+    const int64_t comp_base = n + ring_rows_;
+    cuda::PagedRowsArgs pa;
+    pa.pages = src.pages;
+    pa.seq_page_begin = src.seq_page_begin;
+    pa.entries_per_page = g.entries_per_page;
+    pa.page_bytes = g.page_bytes();
+    pa.offset_in_page = g.kv_offset_in_page();
+    pa.row_bytes = g.kv_row_bytes;
+    DS41_RETURN_IF_ERROR(cuda::run_selection_row_offsets(pa, ws_.sel, n, K, row_seq_, ws_.sel_offsets, s));
+    if (n * K > 0)
+      DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets,
+                                                        n * K, ws_.kvf + comp_base * hd, s));
+    DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, comp_base,
+                                                      ws_.kv_offsets, ws_.kv_index, s));
+    kv_offsets = ws_.kv_offsets;
+    kv_index = ws_.kv_index;
+    max_entries = W + K;
+  }
+  cuda::SparseAttentionArgs a;
+  a.n = n;
+  a.n_heads = nh;
+  a.head_dim = hd;
+  a.q = ws_.q;
+  a.kv_offsets = kv_offsets;
+  a.kv_index = kv_index;
+  a.kv = ws_.kvf;
+  a.sink = w.attn_sink.ptr;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  a.out = ws_.o;
+  a.max_entries_per_row = max_entries;
+  DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
+  // Undo the query rotation on the output (7.9), then the grouped output projection (3.4.8).
+  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.o, n, nh, hd, pos_, inv.ptr, inv.size, true, s));
+  DS41_RETURN_IF_ERROR(cuda::run_grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z, s));
+  return cuda::run_linear(w.wo_b, ws_.z, n, y, s);
+}
+
+// 3.4.4: compressed entries of a KV source: the emit schedule (groups of `ratio` positions, rows
+// from this call or the pending group) comes from the plan; a trailing partial group's rows go to
+// the pending buffers after the groups that completed were gathered.
+Status GpuForward::compress(int64_t l, const float* x) {
+  const DeviceLayer& w = m_->weights().layers[l];
+  const PlanSource& src = sources_[source_of_layer_[l]];
+  const int64_t n = n_, hd = c_->head_dim, dI = c_->index_head_dim, R = src.ratio, m = src.groups;
+  const float eps = static_cast<float>(c_->rms_norm_eps);
+  cudaStream_t s = stream_;
+  keys_of_source_ = -1;  // this source's keys change
+  DS41_RETURN_IF_ERROR(cuda::run_linear(w.c_wkv, x, n, ws_.ca, s));
+  if (R > 1) {
+    if (!w.c_wgate.present()) return internal_error("ratio > 1 compressor without wgate");
+    DS41_RETURN_IF_ERROR(cuda::run_linear(w.c_wgate, x, n, ws_.cb, s));
+  }
+  if (m > 0) {
+    if (R == 1) {
+      DS41_RETURN_IF_ERROR(cuda::run_gather_row_ptrs(src.ga_ptrs, m, hd, ws_.zs, s));
+    } else {
+      DS41_RETURN_IF_ERROR(cuda::run_gather_row_ptrs(src.ga_ptrs, m * R, hd, ws_.ga, s));
+      DS41_RETURN_IF_ERROR(cuda::run_gather_row_ptrs(src.gb_ptrs, m * R, hd, ws_.gb, s));
+      DS41_RETURN_IF_ERROR(cuda::run_softmax_pool(ws_.ga, ws_.gb, m, R, hd, ws_.zs, s));
+    }
+    // u = RMSNorm(z); entry = Q_kv(rotate(u, first position)); key = Q_idx(rotate(RMSNorm(wk u))).
+    const DeviceVec& inv = m_->rope_inv_freq(true);
+    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.zs, m, hd, w.c_norm.ptr, eps, ws_.u, s));
+    DS41_RETURN_IF_ERROR(
+        cuda::cuda_status(cudaMemcpyAsync(ws_.e, ws_.u, static_cast<size_t>(m * hd) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, s),
+                          "copy compressed entries"));
+    DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.e, m, 1, hd, src.kpos, inv.ptr, inv.size, false, s));
+    DS41_RETURN_IF_ERROR(cuda::run_linear(w.idx_wk, ws_.u, m, ws_.kk, s));
+    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.kk, m, dI, w.idx_k_norm.ptr, eps, ws_.kk, s));
+    DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.kk, m, 1, dI, src.kpos, inv.ptr, inv.size, false, s));
+    DS41_RETURN_IF_ERROR(
+        cuda::run_encode_rows_scatter(FakeQuantOp::kKv, hd, ws_.e, m, pool_->base(), src.kv_enc, s));
+    DS41_RETURN_IF_ERROR(
+        cuda::run_encode_rows_scatter(FakeQuantOp::kIdx, dI, ws_.kk, m, pool_->base(), src.key_enc, s));
+  }
+  if (src.pend_a) {
+    DS41_RETURN_IF_ERROR(cuda::run_scatter_rows(ws_.ca, src.pend_a, n, hd, slots_->pending_base(), s));
+    DS41_RETURN_IF_ERROR(cuda::run_scatter_rows(ws_.cb, src.pend_b, n, hd, slots_->pending_base(), s));
+  }
+  return ok_status();
+}
+
+// 3.4.6: indexer query, head weights, scores over the visible keys of the KV owner (decoded once
+// per owner and step), the candidate pool (candidate source) or its restriction (later index
+// sources), top-k into ws_.sel (read by this layer and the following ones up to the next index
+// source).
+Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuForwardOptions& opt,
+                         std::vector<model::SequenceOutput>* out) {
+  const model::LayerPlan& p = m_->schedule().layers[l];
+  const DeviceLayer& w = m_->weights().layers[l];
+  const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim, K = c_->index_topk;
+  const DeviceVec& inv = m_->rope_inv_freq(true);
+  const PlanIndex& pi = index_[l];
+  const int64_t j = source_of_layer_[p.kv_owner];
+  const PlanSource& src = sources_[j];
+  cudaStream_t s = stream_;
+  DS41_RETURN_IF_ERROR(cuda::run_linear(w.idx_wq_b, q_r, n, ws_.qi, s));
+  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.qi, n, nih, dI, pos_, inv.ptr, inv.size, false, s));
+  DS41_RETURN_IF_ERROR(cuda::run_fake_quant_inplace(FakeQuantOp::kIdx, dI, ws_.qi, n * nih, s));
+  DS41_RETURN_IF_ERROR(cuda::run_linear(w.idx_weights_proj, x, n, ws_.wt, s));
+  DS41_RETURN_IF_ERROR(
+      cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s));
+  const bool none = pi.ts == 0 || (p.candidate_restricted && !p.candidate_source && cand_stride_ == 0);
+  if (p.candidate_source) {
+    cand_stride_ = pi.ts;
+    cand_t_mask_ = pi.t_mask;
+  }
+  if (none) {  // no visible key anywhere: every selection is padding
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(
+        cudaMemsetAsync(ws_.sel, 0xff, static_cast<size_t>(n * K) * sizeof(int32_t), s), "clear selection"));
+  } else {
+    if (keys_of_source_ != j) {
+      const KvPageGeometry& g = pool_->geometry();
+      cuda::PagedRowsArgs pa;
+      pa.pages = src.pages;
+      pa.seq_page_begin = src.seq_page_begin;
+      pa.entries_per_page = g.entries_per_page;
+      pa.page_bytes = g.page_bytes();
+      pa.offset_in_page = g.key_offset_in_page();
+      pa.row_bytes = g.key_row_bytes;
+      const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
+      DS41_RETURN_IF_ERROR(
+          cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.total_keys, ws_.key_offsets, s));
+      DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
+                                                        src.total_keys, ws_.keys, s));
+      keys_of_source_ = j;
+    }
+    cuda::IndexerDeviceArgs ia;
+    ia.n = n;
+    ia.n_heads = nih;
+    ia.head_dim = dI;
+    ia.t_stride = pi.ts;
+    ia.q = ws_.qi;
+    ia.w = ws_.wt;
+    ia.keys = ws_.keys;
+    ia.key_begin = pi.key_begin;
+    ia.visible = pi.visible;
+    ia.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)));
+    ia.out = ws_.scores;
+    DS41_RETURN_IF_ERROR(cuda::run_indexer_scores(ia, s));
+    if (p.candidate_source) {
+      DS41_RETURN_IF_ERROR(cuda::run_candidate_pool(ws_.scores, pi.visible, n, pi.ts,
+                                                    c_->candidate_block_size, c_->candidate_topk_blocks,
+                                                    ws_.cand, ws_.scratch, s));
+    } else if (p.candidate_restricted) {
+      DS41_RETURN_IF_ERROR(
+          cuda::run_mask_restrict(ws_.scores, n, pi.ts, ws_.cand, cand_stride_, cand_t_mask_, s));
+    }
+    DS41_RETURN_IF_ERROR(cuda::run_topk_rows(ws_.scores, n, pi.ts, K, ws_.sel, ws_.scratch, s));
+  }
+  if (!opt.record) return ok_status();
+  // Tests: the selections as the reference records them (a host round trip per layer).
+  std::vector<int32_t> sel(n * K);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(sel.data(), ws_.sel, sel.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+      "copy selections"));
+  std::vector<uint8_t> mask;
+  if (p.candidate_source && pi.ts > 0) {
+    mask.resize(n * pi.ts);
+    DS41_RETURN_IF_ERROR(
+        cuda::cuda_status(cudaMemcpyAsync(mask.data(), ws_.cand, mask.size(), cudaMemcpyDeviceToHost, s),
+                          "copy candidate mask"));
+  }
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(s), "record selections"));
+  const int64_t B = c_->candidate_block_size, nb = c_->candidate_topk_blocks;
+  for (size_t si = 0; si < seqs_.size(); ++si) {
+    const PlanSeq& q = seqs_[si];
+    model::ForwardRecord& rec = (*out)[si].record;
+    rec.topk[l].assign(sel.begin() + q.begin * K, sel.begin() + q.end * K);
+    if (!p.candidate_source) continue;
+    const int64_t T = q.next_sources[j].count, rows = q.end - q.begin;
+    auto& cb = rec.cand_blocks[l];
+    cb.assign(rows * nb, -1);
+    for (int64_t r = 0; r < rows && !mask.empty(); ++r) {
+      int64_t jj = 0;
+      for (int64_t b0 = 0; b0 * B < T && jj < nb; ++b0)
+        if (mask[(q.begin + r) * pi.ts + b0 * B]) cb[r * nb + jj++] = static_cast<int32_t>(b0);
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace ds41::gpu

@@ -1,0 +1,178 @@
+// ds41 gpu: GpuForward rows, embeddings, the per-layer schedule with the mHC lag (MODEL_SPEC 3.1,
+// 3.3, 3.6) and the head — the device twin of src/model/forward_pass.cpp.
+#include "gpu/gpu_forward.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/mhc_kernels.h"
+
+namespace ds41::gpu {
+
+Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, const GpuLimits& limits,
+                                                       KvBlockPool* pool, SequenceSlots* slots,
+                                                       cudaStream_t stream) {
+  std::unique_ptr<GpuForward> f(new GpuForward());
+  f->m_ = &m;
+  f->c_ = &m.config();
+  f->lim_ = resolve_limits(m.config(), m.schedule(), limits);
+  if (f->lim_.max_step_tokens <= 0 || f->lim_.max_step_seqs <= 0)
+    return invalid_argument("GPU forward: max_step_tokens and max_step_seqs must be > 0");
+  f->pool_ = pool;
+  f->slots_ = slots;
+  f->stream_ = stream;
+  DS41_ASSIGN_OR_RETURN(f->ws_, create_workspace(m, f->lim_));
+  f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
+  for (cudaEvent_t& e : f->events_)
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
+  return f;
+}
+
+GpuForward::~GpuForward() {
+  for (cudaEvent_t e : events_)
+    if (e) cudaEventDestroy(e);
+}
+
+Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,
+                       std::vector<model::SequenceOutput>* out) {
+  out->clear();
+  DS41_RETURN_IF_ERROR(validate(batch));
+  if (batch.empty()) return ok_status();
+  Status st = plan(batch);
+  if (!st.ok()) {
+    rollback_pages();
+    return st;
+  }
+  out->resize(seqs_.size());
+  if (opt.record && m_->hasher()) {
+    const int64_t per_tok = m_->hasher()->ids_per_token();
+    for (size_t s = 0; s < seqs_.size(); ++s)
+      (*out)[s].record.hash_ids.assign(hash_ids_.begin() + seqs_[s].begin * per_tok,
+                                       hash_ids_.begin() + seqs_[s].end * per_tok);
+  }
+  st = cuda::cuda_status(
+      cudaMemcpyAsync(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
+      "upload step metadata");
+  if (st.ok()) st = run_layers(opt, out);
+  if (st.ok() && opt.layer_ms)
+    st = cuda::cuda_status(cudaEventRecord(events_[c_->num_hidden_layers], stream_), "timing event");
+  if (st.ok()) st = head(out);
+  if (st.ok() && opt.layer_ms)
+    st = cuda::cuda_status(cudaEventRecord(events_[c_->num_hidden_layers + 1], stream_), "timing event");
+  // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
+  Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
+  if (st.ok()) st = sync;
+  if (!st.ok()) {
+    // Host mirrors stay as they were; device rows written by the failed step are beyond them.
+    rollback_pages();
+    out->clear();
+    return st.with_context("GPU forward");
+  }
+  if (opt.layer_ms) {
+    opt.layer_ms->assign(events_.size() - 1, 0.0f);
+    for (size_t l = 0; l + 1 < events_.size(); ++l)
+      cudaEventElapsedTime(&(*opt.layer_ms)[l], events_[l], events_[l + 1]);
+  }
+  const int64_t V = c_->vocab_size;
+  size_t i = 0;
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    model::SequenceOutput& o = (*out)[s];
+    while (i < logit_rows_host_.size() && logit_rows_host_[i] < seqs_[s].end) {
+      o.positions.push_back(pos_host_[logit_rows_host_[i]]);
+      o.logits.insert(o.logits.end(), ws_.logits_host + i * V, ws_.logits_host + (i + 1) * V);
+      ++i;
+    }
+  }
+  commit();
+  return ok_status();
+}
+
+void GpuForward::commit() {
+  for (PlanSeq& q : seqs_) {
+    GpuSequence& s = *q.seq;
+    s.position = q.start_pos + (q.end - q.begin);
+    s.sources = std::move(q.next_sources);
+    s.engram = q.next_engram;
+    for (const PlanSource& ps : sources_)
+      if (ps.groups > 0) s.last_published_source = ps.layer;  // as the reference: every sequence of the call
+  }
+  new_pages_.clear();
+}
+
+Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out) {
+  const int64_t n = n_, H = c_->hidden_size, C = c_->hc_mult;
+  // MODEL_SPEC 3.1: embed, copy into every stream, pi = one-hot(0).
+  DS41_RETURN_IF_ERROR(cuda::run_embed_bf16(m_->weights().embed, c_->vocab_size, H, ids_, n, ws_.x, stream_));
+  pi_ = ws_.pi;
+  pre_f_ = ws_.pre_f;
+  DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi_, stream_));
+  for (int64_t l = 0; l < c_->num_hidden_layers; ++l) {
+    if (opt.layer_ms)
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventRecord(events_[l], stream_), "timing event"));
+    DS41_RETURN_IF_ERROR(run_layer(l, opt, out).with_context("layer " + std::to_string(l)));
+  }
+  return ok_status();
+}
+
+Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
+                             std::vector<model::SequenceOutput>* out) {
+  const DeviceLayer& w = m_->weights().layers[l];
+  const int64_t H = c_->hidden_size, C = c_->hc_mult, n = n_;
+  const float eps = static_cast<float>(c_->rms_norm_eps);
+  if (c_->is_engram_layer(l)) DS41_RETURN_IF_ERROR(engram_stage(l));
+  auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {
+    cuda::HcMapDeviceArgs a;
+    a.n = n;
+    a.c = C;
+    a.h = H;
+    a.sinkhorn_iters = c_->hc_sinkhorn_iters;
+    a.streams = ws_.streams;
+    a.fn = hw.fn.ptr;
+    a.scale = hw.scale.ptr;
+    a.base = hw.base.ptr;
+    a.hc_eps = static_cast<float>(c_->hc_eps);
+    a.norm_eps = eps;
+    a.pre = pre;
+    a.post = post;
+    a.comb = comb;
+    return cuda::run_hc_map(a, stream_);
+  };
+  // Attention site: collapse with the previous site's pre (MODEL_SPEC 3.3, the lag).
+  DS41_RETURN_IF_ERROR(site_map(w.hc_attn, ws_.pre_a, ws_.post_a, ws_.comb_a));
+  DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, pi_, n, C, H, ws_.x, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, w.attn_norm.ptr, eps, ws_.x, stream_));
+  DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
+  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
+  // FFN site.
+  DS41_RETURN_IF_ERROR(site_map(w.hc_ffn, pre_f_, ws_.post_f, ws_.comb_f));
+  DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, ws_.pre_a, n, C, H, ws_.x, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, w.ffn_norm.ptr, eps, ws_.x, stream_));
+  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out));
+  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_f, ws_.comb_f, n, C, H, stream_));
+  std::swap(pi_, pre_f_);  // the next layer collapses with this FFN site's pre
+  return ok_status();
+}
+
+Status GpuForward::head(std::vector<model::SequenceOutput>* out) {
+  const int64_t H = c_->hidden_size, C = c_->hc_mult, V = c_->vocab_size;
+  const int64_t m = static_cast<int64_t>(logit_rows_host_.size());
+  if (m == 0) return ok_status();
+  // MODEL_SPEC 3.6: collapse with the last FFN pre, final norm, head.
+  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(ws_.streams, logit_rows_, m, C * H, ws_.hs, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(pi_, logit_rows_, m, C, ws_.hp, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.hs, ws_.hp, m, C, H, ws_.h, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.h, m, H, m_->weights().norm.ptr,
+                                          static_cast<float>(c_->rms_norm_eps), ws_.h, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_linear(m_->weights().head, ws_.h, m, ws_.logits, stream_));
+  return cuda::cuda_status(
+      cudaMemcpyAsync(ws_.logits_host, ws_.logits, static_cast<size_t>(m * V) * sizeof(float),
+                      cudaMemcpyDeviceToHost, stream_),
+      "copy logits to the host");
+}
+
+}  // namespace ds41::gpu

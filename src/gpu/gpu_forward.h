@@ -1,0 +1,158 @@
+// ds41 gpu: GpuForward — one forward step of the V4.1 text model on the device over a batch that
+// mixes prefill chunks and decode tokens of many sequences; the GPU twin of model::ForwardPass.
+// Exactly the CPU reference's math (src/model/*.cpp), op for op through the backends/cuda
+// launchers; the layer files mirror the reference's one to one (docs/gpu_engine.md says why):
+//   gpu_forward.cpp         ~ forward_pass.cpp    rows, embeddings, layer loop with the mHC lag, head
+//   gpu_step_plan.cpp       ~ (host loops of the reference) the step plan built from positions alone
+//   gpu_attention_layer.cpp ~ attention_layer.cpp window KV, compressor, indexer, sparse attention
+//   gpu_moe_layer.cpp       ~ moe_layer.cpp       router, bucketing, grouped experts, shared expert
+//   gpu_engram_layer.cpp    ~ engram_layer.cpp    table gather, projection, gated update
+//
+// A step: validate (nothing moves on error) -> plan on the host from positions (rows, window
+// entry lists, compressor emit schedule, pages allocated for new entries, page tables, index
+// visibility, Engram hash ids) written into a pinned arena -> ONE upload -> every layer's kernels
+// on one stream, no host round trip (unless options.record) -> logits rows copied back -> commit
+// of the host mirrors (positions, counts, pending flags, Engram look-back). No allocation: all
+// buffers come from GpuWorkspace.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/status.h"
+#include "gpu/device_model.h"
+#include "gpu/gpu_workspace.h"
+#include "gpu/kv_block_pool.h"
+#include "gpu/sequence_slots.h"
+#include "model/model.h"
+
+namespace ds41::gpu {
+
+struct GpuSeqInput {
+  GpuSequence* seq = nullptr;
+  std::span<const int32_t> tokens;
+  model::LogitsRows logits = model::LogitsRows::kLast;
+};
+
+struct GpuForwardOptions {
+  // Copy selections and routing to the host after each layer (tests; a host round trip per
+  // layer): SequenceOutput::record's topk, cand_blocks, router_experts, router_weights, hash_ids.
+  bool record = false;
+  // Benchmarks: milliseconds of each layer (and the head, last), from CUDA events recorded between
+  // layers on the stream (no extra synchronisation; read after the step's final one).
+  std::vector<float>* layer_ms = nullptr;
+};
+
+class GpuForward {
+ public:
+  // The model, pools and slots must outlive the forward; `stream` runs every kernel.
+  static Result<std::unique_ptr<GpuForward>> create(const DeviceModel& m, const GpuLimits& limits,
+                                                    KvBlockPool* pool, SequenceSlots* slots,
+                                                    cudaStream_t stream);
+  ~GpuForward();
+
+  const GpuLimits& limits() const { return lim_; }
+  size_t workspace_bytes() const { return ws_.device_bytes; }
+
+  // One exact forward over the batch (distinct sequences, >= 1 token each). out gets one
+  // SequenceOutput per input (positions + logits rows as requested, record when asked). Errors
+  // from validation and planning leave every sequence unchanged.
+  Status run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,
+             std::vector<model::SequenceOutput>* out);
+
+ private:
+  struct PlanSeq {
+    GpuSequence* seq = nullptr;
+    int64_t begin = 0, end = 0, start_pos = 0;
+    model::LogitsRows logits = model::LogitsRows::kLast;
+    std::vector<GpuSourceMirror> next_sources;  // the mirrors after this step
+    engram::EngramHashState next_engram;
+  };
+  struct PlanSource {  // one per KvLayout source
+    int64_t layer = 0, ratio = 1, pend_j = -1;
+    int64_t groups = 0;                     // entries emitted this step
+    const float* const* ga_ptrs = nullptr;  // [groups * ratio] rows of a (this call or pending)
+    const float* const* gb_ptrs = nullptr;  // [groups * ratio] rows of b (ratio > 1)
+    const int64_t* kpos = nullptr;          // [groups] first position of each group
+    const int64_t* kv_enc = nullptr;        // [groups] byte offsets of the new Q_kv rows
+    const int64_t* key_enc = nullptr;       // [groups] byte offsets of the new Q_idx rows
+    const int64_t* pend_a = nullptr;        // [n] pending row of a (-1: none); null: no row
+    const int64_t* pend_b = nullptr;
+    const int32_t* pages = nullptr;           // the batch's page tables, concatenated
+    const int64_t* seq_page_begin = nullptr;  // [seqs]
+    const int64_t* key_row_begin = nullptr;   // [seqs + 1] rows of the decoded keys per sequence
+    int64_t total_keys = 0, max_keys = 0;     // entries after this step: sum and max over sequences
+  };
+  struct PlanIndex {                     // one per index-source layer
+    const int64_t* key_begin = nullptr;  // [n]
+    const int64_t* visible = nullptr;    // [n]
+    const int64_t* t_mask = nullptr;     // [n] candidate source: entries its mask covers per row
+    int64_t ts = 0;                      // score columns
+  };
+
+  GpuForward() = default;
+  Status validate(std::span<const GpuSeqInput> batch) const;
+  Status plan(std::span<const GpuSeqInput> batch);
+  void rollback_pages();
+  Status run_layers(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
+  Status run_layer(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
+  Status head(std::vector<model::SequenceOutput>* out);
+  void commit();
+
+  Status engram_stage(int64_t l);
+  Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
+                   std::vector<model::SequenceOutput>* out);
+  Status compress(int64_t l, const float* x);
+  Status index(int64_t l, const float* x, const float* q_r, const GpuForwardOptions& opt,
+               std::vector<model::SequenceOutput>* out);
+  Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
+             std::vector<model::SequenceOutput>* out);
+
+  template <class T>
+  const T* put(const std::vector<T>& v);  // into the metadata arena; device address
+  Status meta_fits() const;
+
+  const DeviceModel* m_ = nullptr;
+  const model::ModelConfig* c_ = nullptr;
+  GpuLimits lim_;
+  KvBlockPool* pool_ = nullptr;
+  SequenceSlots* slots_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  GpuWorkspace ws_;
+
+  // The step plan.
+  int64_t n_ = 0;
+  std::vector<PlanSeq> seqs_;
+  std::vector<int64_t> pos_host_;
+  std::vector<int32_t> hash_ids_;  // [n, engram layers, cols]
+  size_t meta_off_ = 0;
+  bool meta_overflow_ = false;
+  const int32_t* ids_ = nullptr;
+  const int64_t* pos_ = nullptr;
+  const int32_t* row_seq_ = nullptr;
+  const int64_t* win_offsets_ = nullptr;
+  const int32_t* win_index_ = nullptr;
+  int64_t ring_rows_ = 0;
+  const int64_t* ring_read_ = nullptr;      // [ring_rows_] byte offsets in a layer's rings
+  const int64_t* ring_write_ = nullptr;     // [n] byte offsets or -1
+  std::vector<const int64_t*> engram_ids_;  // per engram layer index: [n, cols]
+  std::vector<PlanSource> sources_;
+  std::vector<int64_t> source_of_layer_;
+  std::vector<PlanIndex> index_;  // per layer (used by index sources)
+  std::vector<int64_t> logit_rows_host_;
+  const int64_t* logit_rows_ = nullptr;
+  std::vector<int32_t> new_pages_;
+  // Within the step: which source's keys are decoded in ws_.keys (-1: none), the candidate mask's stride.
+  int64_t keys_of_source_ = -1;
+  int64_t cand_stride_ = 0;
+  const int64_t* cand_t_mask_ = nullptr;
+  float* pi_ = nullptr;
+  float* pre_f_ = nullptr;
+  std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)
+};
+
+}  // namespace ds41::gpu

@@ -1,0 +1,62 @@
+// ds41 gpu: the MoE sublayer on the device (MODEL_SPEC 3.5) — the twin of src/model/moe_layer.cpp:
+// sqrt-softplus router (bias for selection only), stable bucketing of the (row, slot) pairs by
+// expert, one grouped launch per expert matrix over the sorted rows (w1, w3), SwiGLU with the two
+// clamps and the routing weight applied before w2, w2, the combine in ascending expert order
+// (the reference's order of additions), then the shared expert added.
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/moe_kernels.h"
+#include "gpu/gpu_forward.h"
+
+namespace ds41::gpu {
+
+Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
+                       std::vector<model::SequenceOutput>* out) {
+  const DeviceLayer& w = m_->weights().layers[l];
+  const int64_t n = n_, H = c_->hidden_size, E = c_->n_routed_experts, k = c_->num_experts_per_tok;
+  const int64_t I = c_->moe_intermediate_size, nk = n * k;
+  const float lim = static_cast<float>(c_->swiglu_limit);
+  cudaStream_t s = stream_;
+  DS41_RETURN_IF_ERROR(cuda::run_linear(w.gate, x, n, ws_.gate_logits, s));
+  DS41_RETURN_IF_ERROR(cuda::run_router(
+      ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, nullptr,
+      k, static_cast<float>(c_->gate_temp), static_cast<float>(c_->routed_scaling_factor), ws_.experts,
+      ws_.route_w, s));
+  DS41_RETURN_IF_ERROR(cuda::run_moe_bucket(ws_.experts, ws_.route_w, n, k, E, ws_.offsets, ws_.perm_rows,
+                                            ws_.perm_weight, ws_.slot_pos, ws_.scratch, s));
+  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, ws_.perm_rows, nk, H, ws_.xs, s));
+  DS41_RETURN_IF_ERROR(cuda::run_expert_linear(w.d_w1, E, I, H, ws_.offsets, ws_.xs, nk, ws_.g, s));
+  DS41_RETURN_IF_ERROR(cuda::run_expert_linear(w.d_w3, E, I, H, ws_.offsets, ws_.xs, nk, ws_.up, s));
+  DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.g, ws_.up, nk, I, lim, ws_.perm_weight, ws_.act, s));
+  DS41_RETURN_IF_ERROR(cuda::run_expert_linear(w.d_w2, E, H, I, ws_.offsets, ws_.act, nk, ws_.out_perm, s));
+  DS41_RETURN_IF_ERROR(cuda::run_moe_combine(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, y, s));
+  if (w.shared.w1.present()) {
+    const int64_t Is = w.shared.w1.out_dim;
+    DS41_RETURN_IF_ERROR(cuda::run_linear(w.shared.w1, x, n, ws_.sg, s));
+    DS41_RETURN_IF_ERROR(cuda::run_linear(w.shared.w3, x, n, ws_.su, s));
+    DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.sg, ws_.su, n, Is, lim, nullptr, ws_.sa, s));
+    DS41_RETURN_IF_ERROR(cuda::run_linear(w.shared.w2, ws_.sa, n, ws_.sout, s));
+    DS41_RETURN_IF_ERROR(cuda::run_add_inplace(y, ws_.sout, n * H, s));
+  }
+  if (!opt.record) return ok_status();
+  std::vector<int32_t> ex(nk);
+  std::vector<float> wt(nk);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(ex.data(), ws_.experts, nk * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+      "copy routing"));
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(wt.data(), ws_.route_w, nk * sizeof(float), cudaMemcpyDeviceToHost, s),
+      "copy routing"));
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(s), "record routing"));
+  for (size_t si = 0; si < seqs_.size(); ++si) {
+    model::ForwardRecord& rec = (*out)[si].record;
+    rec.router_experts[l].assign(ex.begin() + seqs_[si].begin * k, ex.begin() + seqs_[si].end * k);
+    rec.router_weights[l].assign(wt.begin() + seqs_[si].begin * k, wt.begin() + seqs_[si].end * k);
+  }
+  return ok_status();
+}
+
+}  // namespace ds41::gpu

@@ -1,0 +1,84 @@
+// ds41 gpu: GpuLimits and GpuWorkspace — every device buffer one forward step uses, carved out of
+// ONE allocation at engine creation from the step limits (rows, sequences, context, logits rows),
+// so a step never allocates (docs/gpu_engine.md). Also the step's metadata buffers: a pinned host
+// arena the plan is written into and its device twin, uploaded with one copy per step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/status.h"
+#include "gpu/device_buffer.h"
+#include "gpu/device_model.h"
+
+namespace ds41::gpu {
+
+struct GpuLimits {
+  int64_t max_step_tokens = 2048;  // rows (tokens) of one forward, all sequences together
+  int64_t max_step_seqs = 64;      // sequences of one forward
+  int64_t max_context = 0;         // positions a sequence may reach; 0: the config's, at most 131072
+  int64_t max_logit_rows = 0;      // logits rows one forward returns; 0: max_step_seqs
+  int64_t max_step_key_rows = 0;   // index keys decoded per step (all sequences); 0: derived, <= 2^22
+};
+
+// The limits with every 0 resolved from the config.
+GpuLimits resolve_limits(const model::ModelConfig& c, const model::LayerSchedule& s, GpuLimits l);
+
+struct GpuWorkspace {
+  // Rows / residual streams (MODEL_SPEC 3.1, 3.3).
+  float* streams = nullptr;  // [N, C, H]
+  float* pi = nullptr;       // [N, C] the collapse weights entering a layer
+  float *pre_a = nullptr, *post_a = nullptr, *comb_a = nullptr;
+  float *pre_f = nullptr, *post_f = nullptr, *comb_f = nullptr;
+  float *x = nullptr, *y = nullptr;  // [N, H]
+  // Attention (3.4).
+  float *q_r = nullptr, *q = nullptr, *o = nullptr, *z = nullptr;
+  float* kvf =
+      nullptr;  // [N + S*W + N*K, head_dim]: this call's window rows, decoded ring rows, decoded entries
+  int64_t kvf_rows = 0;
+  int64_t* kv_offsets = nullptr;   // [N + 1]
+  int32_t* kv_index = nullptr;     // [N * (W + K)]
+  int64_t* sel_offsets = nullptr;  // [N * K]
+  // Compressor (3.4.4).
+  float *ca = nullptr, *cb = nullptr;               // [N, head_dim]
+  float *ga = nullptr, *gb = nullptr;               // [G, R, head_dim]
+  float *zs = nullptr, *u = nullptr, *e = nullptr;  // [G, head_dim]
+  float* kk = nullptr;                              // [G, index_head_dim]
+  // Indexer (3.4.6).
+  float *qi = nullptr, *wt = nullptr;
+  float* keys = nullptr;           // [KR, index_head_dim]
+  int64_t* key_offsets = nullptr;  // [KR]
+  float* scores = nullptr;         // [N, TS]
+  int32_t* sel = nullptr;          // [N, K]
+  uint8_t* cand = nullptr;         // [N, TS]
+  // MoE (3.5).
+  float *gate_logits = nullptr, *route_w = nullptr, *perm_weight = nullptr;
+  int32_t* experts = nullptr;
+  int64_t *offsets = nullptr, *perm_rows = nullptr, *slot_pos = nullptr;
+  float *xs = nullptr, *g = nullptr, *up = nullptr, *act = nullptr, *out_perm = nullptr;
+  float *sg = nullptr, *su = nullptr, *sa = nullptr, *sout = nullptr;
+  // Engram (3.2.4).
+  float *erows = nullptr, *ez = nullptr, *gates = nullptr;
+  // Head (3.6).
+  float *hs = nullptr, *hp = nullptr, *h = nullptr, *logits = nullptr;
+  // Kernel scratch (top-k, candidate pool, MoE bucketing): the largest need.
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+  // Step metadata: pinned host arena and its device twin.
+  uint8_t* meta_host = nullptr;
+  uint8_t* meta_dev = nullptr;
+  size_t meta_bytes = 0;
+  float* logits_host = nullptr;  // pinned [L, V]
+
+  int64_t ts_max = 0;  // index key columns per row (max_context / smallest ratio)
+  size_t device_bytes = 0;
+
+  DeviceBuffer dev;
+  PinnedBuffer meta_pinned, logits_pinned;
+  DeviceBuffer meta_buf;
+};
+
+// Sizes and allocates the workspace for the model and the limits (resolved).
+Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim);
+
+}  // namespace ds41::gpu

@@ -1,0 +1,324 @@
+// ds41 bench decode / ds41 bench prefill: the GPU engine's step time per layer kind (issue 10
+// "Benchmarks"), on --model DIR or a preset with --load-format dummy (weights generated on the
+// device, e.g. --preset v41-flash-slice: the released widths). Prints one JSON object:
+//   decode:  per (batch, context): median step ms, per layer ms and per layer kind ms, the bytes
+//            a step must read per layer (weights touched: dense + shared + the routed experts
+//            expected to be selected; window rows, selected compressed rows and index keys read),
+//            the HBM bandwidth measured by a device-to-device copy in the same run, and
+//            roofline = time / (bytes / bandwidth) per layer and per kind;
+//   prefill: tokens/s for one sequence of --context tokens in chunks, per layer kind ms.
+// The context is built by real prefill (v1; the speed issue may synthesize it in the pools).
+// Needs a build with the GPU engine (DS41_HAVE_CUDA_ENGINE); otherwise a clear error.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench_header.h"
+#include "cli_registry.h"
+#include "engine_factory.h"
+
+#ifdef DS41_HAVE_CUDA_ENGINE
+#include "backends/cuda/cuda_status.h"
+#include "gpu/cuda_engine.h"
+#include "gpu/device_buffer.h"
+#endif
+
+namespace ds41::cli {
+namespace {
+
+struct GpuBenchArgs {
+  std::string model_dir, preset, tokenizer_dir, load_format = "dummy", batches = "1", contexts = "4096";
+  std::string device = "cuda";
+  int64_t steps = 8, chunk = 2048;
+  uint64_t seed = 1;
+  bool engram_host_pinned = false;
+};
+
+Result<std::vector<int64_t>> parse_list(const std::string& s, const char* flag) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      v.push_back(std::stoll(item));
+    } catch (...) {
+      return invalid_argument(std::string(flag) + ": '" + item + "' is not an integer");
+    }
+    if (v.back() < 1) return invalid_argument(std::string(flag) + " values must be >= 1");
+  }
+  if (v.empty()) return invalid_argument(std::string(flag) + " is empty");
+  return v;
+}
+
+#ifdef DS41_HAVE_CUDA_ENGINE
+
+// Device bytes of a weight in its checkpoint format (payload + E8M0 scales, MODEL_SPEC 2.1).
+int64_t weight_bytes(const cuda::DeviceWeight& w) {
+  const int64_t o = w.out_dim, i = w.in_dim;
+  switch (w.format) {
+    case quant::WeightFormat::kF32: return 4 * o * i;
+    case quant::WeightFormat::kBF16: return 2 * o * i;
+    case quant::WeightFormat::kFp8Tiles: return o * i + ((o + 31) / 32) * ((i + 31) / 32);
+    case quant::WeightFormat::kFp4Rows: return o * i / 2 + o * ((i + 31) / 32);
+    default: return 0;
+  }
+}
+
+std::string layer_kind(const model::LayerPlan& p) {
+  std::string k = std::string(model::attn_mode_name(p.mode));
+  if (p.ratio > 0) k += "/r" + std::to_string(p.ratio);
+  if (p.candidate_source) k += "+cand";
+  if (p.engram) k += "+engram";
+  return k;
+}
+
+// Bytes one decode step must read in layer l for `batch` sequences at `context` tokens.
+std::map<std::string, double> decode_bytes(const gpu::DeviceModel& m, int64_t l, int64_t batch,
+                                           int64_t context) {
+  const model::ModelConfig& c = m.config();
+  const model::LayerPlan& p = m.schedule().layers[l];
+  const gpu::DeviceLayer& w = m.weights().layers[l];
+  const model::KvLayout& kv = m.kv_layout();
+  std::map<std::string, double> b;
+  double dense = 0;
+  for (const cuda::DeviceWeight* x :
+       {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_a, &w.wo_b, &w.c_wkv, &w.c_wgate, &w.idx_wk, &w.idx_wq_b,
+        &w.idx_weights_proj, &w.gate, &w.shared.w1, &w.shared.w2, &w.shared.w3})
+    dense += static_cast<double>(weight_bytes(*x));
+  if (w.engram) dense += static_cast<double>(weight_bytes(w.engram->wkv));
+  b["dense_weights"] = dense;
+  // Routed experts: the expected number of distinct experts among batch * k draws.
+  const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
+  const double touched = E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(batch)));
+  if (!w.experts.empty())
+    b["routed_experts"] =
+        touched * static_cast<double>(weight_bytes(w.experts[0].w1) + weight_bytes(w.experts[0].w2) +
+                                      weight_bytes(w.experts[0].w3));
+  b["window_rows"] = static_cast<double>(batch * std::min(c.sliding_window, context) * kv.window_row_bytes);
+  if (p.ratio > 0) {
+    const int64_t entries = context / p.ratio;
+    const int64_t kvb = kv.sources.empty() ? 0 : kv.sources[0].kv_row_bytes;
+    const int64_t keyb = kv.sources.empty() ? 0 : kv.sources[0].key_row_bytes;
+    b["selected_entries"] = static_cast<double>(batch * std::min(entries, c.index_topk) * kvb);
+    if (p.index_source) b["index_keys"] = static_cast<double>(batch * entries * keyb);
+  }
+  if (c.is_engram_layer(l) && m.hasher())
+    b["engram_rows"] =
+        static_cast<double>(batch * m.hasher()->n_cols() * (c.engram_head_dim + c.engram_head_dim / 32));
+  return b;
+}
+
+// HBM bandwidth of a device-to-device copy (bytes read + written per second).
+Result<double> copy_bandwidth() {
+  const size_t bytes = size_t{1} << 30;
+  DS41_ASSIGN_OR_RETURN(gpu::DeviceBuffer a, gpu::DeviceBuffer::allocate(bytes, "bandwidth probe"));
+  DS41_ASSIGN_OR_RETURN(gpu::DeviceBuffer b, gpu::DeviceBuffer::allocate(bytes, "bandwidth probe"));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  DS41_RETURN_IF_ERROR(
+      cuda::cuda_status(cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice), "copy"));
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventSynchronize(e1), "bandwidth probe"));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * static_cast<double>(bytes) / (best * 1e-3);
+}
+
+Result<std::unique_ptr<gpu::DeviceModel>> load_model(const GpuBenchArgs& a) {
+  gpu::DeviceLoadOptions o;
+  DeviceFlags f;
+  f.load_format = a.load_format;
+  DS41_ASSIGN_OR_RETURN(o.format, engine_load_format(f));
+  o.preset = a.preset;
+  o.seed = a.seed;
+  o.tokenizer_dir = a.tokenizer_dir;
+  o.engram_host_pinned = a.engram_host_pinned;
+  return gpu::DeviceModel::load(a.model_dir, o);
+}
+
+Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
+  DS41_ASSIGN_OR_RETURN(std::vector<int64_t> batches, parse_list(a.batches, "--batch"));
+  DS41_ASSIGN_OR_RETURN(std::vector<int64_t> contexts, parse_list(a.contexts, "--context"));
+  if (a.steps < 1 || a.chunk < 1) return invalid_argument("--steps and --chunk must be >= 1");
+  if (a.device != "cuda") return invalid_argument("--device: this benchmark runs the GPU engine (cuda)");
+  if (cuda::cuda_device_count() == 0) return failed_precondition("no CUDA device");
+  DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::DeviceModel> m, load_model(a));
+  const model::ModelConfig& c = m->config();
+  DS41_ASSIGN_OR_RETURN(double bw, copy_bandwidth());
+  const int64_t max_b = decode ? *std::max_element(batches.begin(), batches.end()) : 1;
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + a.steps + 1;
+  gpu::CudaEngineOptions eo;
+  eo.model_name = "bench";
+  eo.limits.max_step_tokens = std::max(a.chunk, max_b);
+  eo.limits.max_step_seqs = max_b;
+  eo.limits.max_context = max_ctx;
+  eo.max_sequences = max_b;
+  eo.kv_bytes = static_cast<int64_t>(m->kv_layout().global_bytes_per_token() *
+                                     static_cast<double>(max_ctx * max_b) * 1.1) +
+                (int64_t{64} << 20);
+  DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaEngine> eng, gpu::CudaEngine::create(m.get(), eo));
+  nlohmann::ordered_json j = bench_header(
+      decode ? "decode" : "prefill",
+      nlohmann::ordered_json{{"gpu", eng->info().device}, {"copy_bandwidth_gbs", bw / 1e9}},
+      nlohmann::ordered_json{
+          {"model", a.model_dir},
+          {"preset", a.preset},
+          {"load_format", a.load_format},
+          {"hidden", c.hidden_size},
+          {"layers", c.num_hidden_layers},
+          {"chunk", a.chunk},
+          {"steps", a.steps},
+          {"weight_gib", static_cast<double>(m->weight_bytes()) / (1 << 30)},
+          {"workspace_gib", static_cast<double>(eng->executor().workspace_bytes()) / (1 << 30)}});
+  nlohmann::ordered_json runs = nlohmann::ordered_json::array();
+  const int64_t L = c.num_hidden_layers;
+  for (int64_t ctx : contexts)
+    for (int64_t B : decode ? batches : std::vector<int64_t>{1}) {
+      std::vector<engine::SeqId> seqs;
+      for (int64_t s = 0; s < B; ++s) {
+        DS41_ASSIGN_OR_RETURN(engine::SeqId id, eng->create_sequence());
+        seqs.push_back(id);
+      }
+      std::vector<int32_t> toks(ctx + a.steps + 1);
+      for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
+      // Context: prefill in chunks (timed for the prefill bench).
+      std::vector<double> layer_sum(L + 1, 0.0);
+      std::vector<float> lm;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t s = 0; s < B; ++s)
+        for (int64_t p = 0; p < ctx; p += a.chunk) {
+          const int64_t e = std::min(ctx, p + a.chunk);
+          engine::StepItem it{seqs[s], std::span<const int32_t>(toks).subspan(p, e - p), false};
+          std::vector<model::SequenceOutput> out;
+          DS41_RETURN_IF_ERROR(eng->forward(std::span<const engine::StepItem>(&it, 1),
+                                            model::LogitsRows::kLast, false, &out, &lm));
+          for (int64_t l = 0; l <= L; ++l) layer_sum[l] += lm[l];
+        }
+      const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      nlohmann::ordered_json r{{"batch", B}, {"context", ctx}};
+      std::map<std::string, double> kind_ms, kind_bytes;
+      if (!decode) {
+        r["prefill_s"] = pre_s;
+        r["tokens_per_s"] = static_cast<double>(ctx * B) / pre_s;
+        for (int64_t l = 0; l < L; ++l) kind_ms[layer_kind(m->schedule().layers[l])] += layer_sum[l] / 1e3;
+        r["per_kind_s"] = kind_ms;
+        r["head_s"] = layer_sum[L] / 1e3;
+      } else {
+        std::vector<double> step_ms;
+        std::vector<std::vector<float>> per_layer;
+        for (int64_t t = 0; t < a.steps; ++t) {
+          std::vector<engine::StepItem> items;
+          for (int64_t s = 0; s < B; ++s)
+            items.push_back({seqs[s], std::span<const int32_t>(&toks[ctx + t], 1), true});
+          std::vector<model::SequenceOutput> out;
+          const auto s0 = std::chrono::steady_clock::now();
+          DS41_RETURN_IF_ERROR(eng->forward(items, model::LogitsRows::kLast, false, &out, &lm));
+          step_ms.push_back(
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+          per_layer.push_back(lm);
+        }
+        std::sort(step_ms.begin(), step_ms.end());
+        r["step_ms_median"] = step_ms[step_ms.size() / 2];
+        nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+        for (int64_t l = 0; l < L; ++l) {
+          std::vector<float> v;
+          for (const auto& pl : per_layer) v.push_back(pl[l]);
+          std::sort(v.begin(), v.end());
+          const double ms = v[v.size() / 2];
+          auto bytes = decode_bytes(*m, l, B, ctx);
+          double total = 0;
+          for (auto& [k, x] : bytes) total += x;
+          const std::string kind = layer_kind(m->schedule().layers[l]);
+          kind_ms[kind] += ms;
+          kind_bytes[kind] += total;
+          layers.push_back({{"layer", l},
+                            {"kind", kind},
+                            {"ms", ms},
+                            {"bytes", bytes},
+                            {"bytes_total", total},
+                            {"roofline_ratio", ms * 1e-3 / (total / bw)}});
+        }
+        r["layers"] = layers;
+        nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
+        for (auto& [k, ms] : kind_ms)
+          kinds[k] = {
+              {"ms", ms}, {"bytes", kind_bytes[k]}, {"roofline_ratio", ms * 1e-3 / (kind_bytes[k] / bw)}};
+        r["per_kind"] = kinds;
+      }
+      runs.push_back(r);
+      for (engine::SeqId s : seqs) DS41_RETURN_IF_ERROR(eng->free_sequence(s));
+      std::fprintf(stderr, "ds41 bench %s: batch %lld context %lld done\n", decode ? "decode" : "prefill",
+                   static_cast<long long>(B), static_cast<long long>(ctx));
+    }
+  j["runs"] = runs;
+  std::cout << j.dump(2) << "\n";
+  return ok_status();
+}
+#else
+Status run_gpu_bench(const GpuBenchArgs&, bool) {
+  return failed_precondition("this ds41 was built without CUDA: the GPU benchmarks need the GPU engine");
+}
+#endif
+
+void setup_common(CLI::App* cmd, GpuBenchArgs* a) {
+  cmd->add_option("--model", a->model_dir, "Model directory (config.json [+ safetensors])");
+  cmd->add_option("--preset", a->preset,
+                  "With --load-format dummy and no --model: a preset (e.g. v41-flash-slice)");
+  cmd->add_option("--tokenizer", a->tokenizer_dir, "Folder with tokenizer.json (Engram vocabulary)");
+  cmd->add_option("--load-format", a->load_format, "auto | safetensors | dummy (default dummy)");
+  cmd->add_option("--seed", a->seed, "Seed of the dummy weights (default 1)");
+  cmd->add_flag("--engram-host-pinned", a->engram_host_pinned, "Engram tables in mapped host-pinned memory");
+  cmd->add_option("--context", a->contexts, "Context tokens, comma-separated (default 4096)");
+  cmd->add_option("--chunk", a->chunk, "Prefill chunk tokens (default 2048)");
+  cmd->add_option("--device", a->device, "cuda (the only device of this benchmark)");
+}
+
+void setup_decode(CLI::App& parent, int& exit_code) {
+  auto a = std::make_shared<GpuBenchArgs>();
+  CLI::App* cmd =
+      parent.add_subcommand("decode", "GPU engine decode step time per layer kind vs the HBM roofline");
+  setup_common(cmd, a.get());
+  cmd->add_option("--batch", a->batches, "Batch sizes, comma-separated (default 1)");
+  cmd->add_option("--steps", a->steps, "Decode steps timed (default 8)");
+  cmd->callback([a, &exit_code] {
+    Status s = run_gpu_bench(*a, true);
+    if (!s.ok()) {
+      std::cerr << "ds41 bench decode: " << s.message() << "\n";
+      exit_code = 1;
+    }
+  });
+}
+
+void setup_prefill(CLI::App& parent, int& exit_code) {
+  auto a = std::make_shared<GpuBenchArgs>();
+  CLI::App* cmd = parent.add_subcommand("prefill", "GPU engine prefill tokens/s and time per layer kind");
+  setup_common(cmd, a.get());
+  cmd->callback([a, &exit_code] {
+    Status s = run_gpu_bench(*a, false);
+    if (!s.ok()) {
+      std::cerr << "ds41 bench prefill: " << s.message() << "\n";
+      exit_code = 1;
+    }
+  });
+}
+
+}  // namespace
+
+DS41_REGISTER_BENCH("decode", setup_decode);
+DS41_REGISTER_BENCH("prefill", setup_prefill);
+
+}  // namespace ds41::cli

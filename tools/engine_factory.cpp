@@ -1,0 +1,182 @@
+// ds41 CLI: engine construction per device (engine_factory.h).
+#include "engine_factory.h"
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+
+#include "engine/cpu_engine.h"
+#include "forward_cli_util.h"
+#include "load_progress.h"
+
+#ifdef DS41_HAVE_CUDA_ENGINE
+#include "backends/cuda/cuda_status.h"
+#include "gpu/cuda_engine.h"
+#endif
+
+namespace ds41::cli {
+namespace {
+
+#ifdef DS41_HAVE_CUDA_ENGINE
+constexpr bool kHaveCudaEngine = true;
+#else
+constexpr bool kHaveCudaEngine = false;
+#endif
+
+[[maybe_unused]] std::string default_device_name() {
+#ifdef DS41_HAVE_CUDA_ENGINE
+  return cuda::cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+  return "cpu";
+#endif
+}
+
+Result<gpu::LoadFormat> load_format_of(const DeviceFlags& f) {
+  if (f.load_format == "auto" || f.load_format.empty()) return gpu::LoadFormat::kAuto;
+  if (f.load_format == "safetensors") return gpu::LoadFormat::kSafetensors;
+  if (f.load_format == "dummy") return gpu::LoadFormat::kDummy;
+  return invalid_argument("--load-format must be auto, safetensors or dummy, got '" + f.load_format + "'");
+}
+
+// An engine that owns what it computes with (the model and its backend), destroyed after it.
+class OwningEngine final : public engine::Engine {
+ public:
+  OwningEngine(std::shared_ptr<void> keep, std::unique_ptr<engine::Engine> inner)
+      : keep_(std::move(keep)), inner_(std::move(inner)) {}
+  const engine::EngineInfo& info() const override { return inner_->info(); }
+  Result<engine::SeqId> create_sequence() override { return inner_->create_sequence(); }
+  Result<engine::SeqId> fork_sequence(engine::SeqId s) override { return inner_->fork_sequence(s); }
+  Status free_sequence(engine::SeqId s) override { return inner_->free_sequence(s); }
+  Result<int64_t> sequence_position(engine::SeqId s) const override { return inner_->sequence_position(s); }
+  Result<int64_t> sequence_bytes(engine::SeqId s) const override { return inner_->sequence_bytes(s); }
+  int64_t bytes_for_tokens(int64_t t) const override { return inner_->bytes_for_tokens(t); }
+  int64_t live_sequences() const override { return inner_->live_sequences(); }
+  Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override {
+    return inner_->step(items, out);
+  }
+
+ private:
+  std::shared_ptr<void> keep_;  // declared first: destroyed after the engine
+  std::unique_ptr<engine::Engine> inner_;
+};
+
+Result<EngineHandle> make_cpu_engine(const EngineRequest& r) {
+  auto lm = std::make_shared<LoadedModel>();
+  DS41_RETURN_IF_ERROR(check_model_fits(r.model_dir, r.context_tokens, r.memory_limit));
+  const auto t0 = std::chrono::steady_clock::now();
+  lm->pool = std::make_unique<ThreadPool>(r.threads);
+  lm->backend = std::make_unique<backends::cpu::CpuBackend>(lm->pool.get());
+  model::LoadOptions lo;
+  lo.tokenizer_dir = r.tokenizer_dir;
+  LoadProgress progress(stderr, LoadProgress::mode_for(stderr, r.quiet), r.who + ": weights");
+  lo.progress = [&progress](uint64_t done, uint64_t total) { progress.update(done, total); };
+  DS41_ASSIGN_OR_RETURN(lm->model, model::Model::load(r.model_dir, lo, lm->backend.get()));
+  if (!r.quiet)
+    std::fprintf(stderr, "%s: model loaded in %.1f s (cpu, %d threads)\n", r.who.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), r.threads);
+  EngineHandle h;
+  h.config = lm->model->config();
+  h.schedule = lm->model->schedule();
+  h.cpu_pool = lm->pool.get();
+  auto e = std::make_unique<engine::CpuEngine>(lm->model.get(), r.model_name, r.max_context);
+  h.engine = std::make_unique<OwningEngine>(lm, std::move(e));
+  return h;
+}
+
+#ifdef DS41_HAVE_CUDA_ENGINE
+Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  gpu::DeviceLoadOptions o;
+  DS41_ASSIGN_OR_RETURN(o.format, load_format_of(f));
+  o.seed = f.seed;
+  o.tokenizer_dir = r.tokenizer_dir;
+  o.engram_host_pinned = f.engram_host_pinned;
+  LoadProgress progress(stderr, LoadProgress::mode_for(stderr, r.quiet), r.who + ": weights (cuda)");
+  o.progress = [&progress](uint64_t done, uint64_t total) { progress.update(done, total); };
+  DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::DeviceModel> dm, gpu::DeviceModel::load(r.model_dir, o));
+  std::shared_ptr<gpu::DeviceModel> model(std::move(dm));
+  gpu::CudaEngineOptions eo;
+  eo.model_name = r.model_name;
+  eo.limits.max_step_tokens = r.max_batch_tokens;
+  eo.limits.max_step_seqs = r.max_sequences;
+  eo.limits.max_context = r.max_context;
+  eo.limits.max_logit_rows = r.max_logit_rows;
+  eo.max_sequences = r.max_sequences;
+  eo.kv_bytes = r.kv_bytes;
+  DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaEngine> ce, gpu::CudaEngine::create(model.get(), eo));
+  if (!r.quiet)
+    std::fprintf(stderr, "%s: model loaded in %.1f s (%s, %.2f GiB of weights)\n", r.who.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                 ce->info().device.c_str(), static_cast<double>(model->weight_bytes()) / (1 << 30));
+  EngineHandle h;
+  h.config = model->config();
+  h.schedule = model->schedule();
+  gpu::CudaEngine* raw = ce.get();
+  h.forward_all = [raw](engine::SeqId seq, std::span<const int32_t> tokens, int64_t chunk,
+                        bool record) -> Result<model::SequenceOutput> {
+    model::SequenceOutput all;
+    const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : tokens.size();
+    for (size_t b = 0; b < tokens.size(); b += step) {
+      engine::StepItem it{seq, tokens.subspan(b, std::min(step, tokens.size() - b)), true};
+      std::vector<model::SequenceOutput> out;
+      DS41_RETURN_IF_ERROR(
+          raw->forward(std::span<const engine::StepItem>(&it, 1), model::LogitsRows::kAll, record, &out));
+      all.append(std::move(out[0]));
+    }
+    return all;
+  };
+  h.engine = std::make_unique<OwningEngine>(model, std::move(ce));
+  return h;
+}
+#endif
+
+}  // namespace
+
+void add_engine_device_flags(CLI::App* cmd, DeviceFlags* f, bool seed_flag) {
+#if __has_include("device_flags.h")
+  add_device_flags(cmd, f, true, seed_flag);
+#else
+  (void)seed_flag;
+  cmd->add_option("--device", f->device, "cpu or cuda (default: cuda when a GPU is found)");
+  cmd->add_option(
+      "--load-format", f->load_format,
+      "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
+#endif
+}
+
+Result<std::string> engine_device(const DeviceFlags& f) {
+  std::string dev;
+#if __has_include("device_flags.h")
+  DS41_ASSIGN_OR_RETURN(DeviceKind k, resolve_device(f));
+  dev = k == DeviceKind::kCuda ? "cuda" : "cpu";
+#else
+  dev = f.device.empty() ? default_device_name() : f.device;
+  if (dev != "cpu" && dev != "cuda")
+    return invalid_argument("--device must be cpu or cuda, got '" + dev + "'");
+  if (dev == "cuda" && !kHaveCudaEngine)
+    return failed_precondition("--device cuda: this ds41 was built without CUDA");
+#endif
+  DS41_ASSIGN_OR_RETURN(gpu::LoadFormat fmt, load_format_of(f));
+  if (dev == "cpu" && fmt == gpu::LoadFormat::kDummy)
+    return invalid_argument("--load-format dummy needs --device cuda (the CPU reference reads checkpoints)");
+  return dev;
+}
+
+Result<gpu::LoadFormat> engine_load_format(const DeviceFlags& f) { return load_format_of(f); }
+
+std::string device_name(const DeviceFlags& f) {
+  auto d = engine_device(f);
+  return d.ok() ? *d : std::string("cpu");
+}
+
+Result<EngineHandle> make_engine(const DeviceFlags& flags, const EngineRequest& req) {
+  DS41_ASSIGN_OR_RETURN(const std::string dev, engine_device(flags));
+  if (dev == "cpu") return make_cpu_engine(req);
+#ifdef DS41_HAVE_CUDA_ENGINE
+  return make_gpu_engine(flags, req);
+#else
+  return failed_precondition("--device cuda: this ds41 was built without CUDA");
+#endif
+}
+
+}  // namespace ds41::cli
