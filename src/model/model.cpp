@@ -105,9 +105,14 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
                           engram::EngramHasher::create(std::move(consts), std::move(vocab), ec.pad_token_id));
     m->hasher_ = std::make_unique<engram::EngramHasher>(std::move(h));
   }
+  if (c.has_vision) {
+    DS41_ASSIGN_OR_RETURN(m->vision_weights_, bind_vision_weights(*m->ckpt_, c));
+  }
   // Let the backend convert / cache every linear weight once, at load.
   const ModelWeights& w = *m->weights_;
   std::vector<const ops::WeightRef*> linear{&w.head};
+  if (m->vision_weights_)
+    for (const ops::WeightRef* r : m->vision_weights_->linears()) linear.push_back(r);
   for (const LayerWeights& lw : w.layers) {
     for (const ops::WeightRef* r :
          {&lw.wq_a, &lw.wq_b, &lw.wkv, &lw.wo_a, &lw.wo_b, &lw.c_wkv, &lw.c_wgate, &lw.idx_wk, &lw.idx_wq_b,
@@ -127,6 +132,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   if (opt.progress) opt.progress(total, total);
   m->inv_freq_main_ = rope_inv_freq_main(c);
   m->inv_freq_yarn_ = rope_inv_freq_yarn(c);
+  if (m->vision_weights_)
+    m->vision_tower_ = std::make_unique<VisionTower>(m->cfg_, *m->vision_weights_, *backend);
   return m;
 }
 
