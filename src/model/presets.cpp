@@ -207,13 +207,31 @@ std::vector<int64_t> engram_table_rows(int64_t n_layers, int64_t n_orders, int64
   return rows;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "v41-flash"}; }
+// tiny + a one-block vision tower (hidden 64, 2 heads of 32) with a small image budget (64 span
+// positions, min 84^2 pixels): the e2e tests' image model (issue 16).
+ModelConfig tiny_vision() {
+  ModelConfig c = tiny();
+  c.has_vision = true;
+  c.vision_hidden_size = 64;
+  c.vision_intermediate_size = 128;
+  c.vision_num_layers = 1;
+  c.vision_num_heads = 2;
+  c.vision_patch_size = 14;
+  c.vision_downsample_ratio = 3;
+  c.vision_max_image_tokens = 64;
+  c.vision_min_pixels = 7056;
+  return c;
+}
+
+std::vector<std::string> preset_names() { return {"tiny", "tiny-vision", "small", "v41-flash"}; }
 
 Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "tiny") return tiny();
+  if (name == "tiny-vision") return tiny_vision();
   if (name == "small") return small();
   if (name == "v41-flash") return v41_flash();
-  return invalid_argument("unknown preset '" + std::string(name) + "' (known: tiny, small, v41-flash)");
+  return invalid_argument("unknown preset '" + std::string(name) +
+                          "' (known: tiny, tiny-vision, small, v41-flash)");
 }
 
 int preset_default_shards(std::string_view name) { return name == "v41-flash" ? 48 : 1; }
@@ -301,17 +319,14 @@ std::string model_config_to_json(const ModelConfig& c) {
   t["use_cache"] = true;
   root["text_config"] = t;
   if (c.has_vision) {
-    // MODEL_SPEC 1.4; keys the engine does not read yet keep their released values.
-    root["vision_config"] = {{"hidden_size", c.vision_hidden_size},
-                             {"intermediate_size", c.vision_intermediate_size},
-                             {"num_hidden_layers", c.vision_num_layers},
-                             {"num_attention_heads", c.vision_num_heads},
-                             {"patch_size", c.vision_patch_size},
-                             {"downsample_ratio", c.vision_downsample_ratio},
-                             {"rope_theta", 10000},
-                             {"max_image_tokens", 1024},
-                             {"min_pixels", 295936},
-                             {"max_wh_ratio", nullptr}};
+    // MODEL_SPEC 1.4.
+    root["vision_config"] = {
+        {"hidden_size", c.vision_hidden_size},      {"intermediate_size", c.vision_intermediate_size},
+        {"num_hidden_layers", c.vision_num_layers}, {"num_attention_heads", c.vision_num_heads},
+        {"patch_size", c.vision_patch_size},        {"downsample_ratio", c.vision_downsample_ratio},
+        {"rope_theta", c.vision_rope_theta},        {"max_image_tokens", c.vision_max_image_tokens},
+        {"min_pixels", c.vision_min_pixels},        {"max_wh_ratio", nullptr}};
+    if (c.vision_max_wh_ratio > 0) root["vision_config"]["max_wh_ratio"] = c.vision_max_wh_ratio;
   }
   return root.dump(2) + "\n";
 }
