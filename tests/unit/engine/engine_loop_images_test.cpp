@@ -59,7 +59,8 @@ class ImageRecordingEngine final : public Engine {
     }
     return ok_status();
   }
-  Result<std::vector<std::vector<float>>> encode_images(std::span<const image::PreparedImage* const> images) override {
+  Result<std::vector<std::vector<float>>> encode_images(
+      std::span<const image::PreparedImage* const> images) override {
     if (!tower_) return unimplemented("no tower here");
     std::vector<std::vector<float>> out;
     for (const image::PreparedImage* p : images) {
