@@ -1,6 +1,8 @@
 // ds41 model: preset configs and the nested config.json emitter (MODEL_SPEC 1.2-1.4).
 #include "model/presets.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -324,8 +326,13 @@ std::string model_config_to_json(const ModelConfig& c) {
         {"hidden_size", c.vision_hidden_size},      {"intermediate_size", c.vision_intermediate_size},
         {"num_hidden_layers", c.vision_num_layers}, {"num_attention_heads", c.vision_num_heads},
         {"patch_size", c.vision_patch_size},        {"downsample_ratio", c.vision_downsample_ratio},
-        {"rope_theta", c.vision_rope_theta},        {"max_image_tokens", c.vision_max_image_tokens},
+        {"rope_theta", 0},        {"max_image_tokens", c.vision_max_image_tokens},
         {"min_pixels", c.vision_min_pixels},        {"max_wh_ratio", nullptr}};
+    // rope_theta as the release writes it (an integer when integral).
+    if (c.vision_rope_theta == std::floor(c.vision_rope_theta))
+      root["vision_config"]["rope_theta"] = static_cast<int64_t>(c.vision_rope_theta);
+    else
+      root["vision_config"]["rope_theta"] = c.vision_rope_theta;
     if (c.vision_max_wh_ratio > 0) root["vision_config"]["max_wh_ratio"] = c.vision_max_wh_ratio;
   }
   return root.dump(2) + "\n";
