@@ -33,7 +33,10 @@
 #include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "human_units.h"
+#include "image/image_decode.h"
 #include "load_progress.h"
+#include "model/image_input.h"
+#include "model/vision_span.h"
 #include "prompt_input.h"
 #include "server/stop_matcher.h"
 #include "serving_engine.h"
@@ -83,6 +86,7 @@ struct GenerateArgs {
   DeviceFlags device;             // --device, --load-format (engine_factory.h)
   std::string memory_limit_text;  // --memory-limit, parsed by validate_generate_args
   uint64_t memory_limit = 0;
+  std::vector<std::string> images;  // --image FILE, repeatable (MODEL_SPEC 3.11)
 };
 
 // Whole-string integer in [lo, hi] (surrounding spaces allowed); nullopt otherwise.
@@ -116,6 +120,11 @@ Status validate_generate_args(GenerateArgs& a) {
   if (a.parse_special_in_content && !templated)
     return invalid_argument(
         "--parse-special-in-content needs --chat (a raw --prompt always parses special tokens)");
+  if (!a.images.empty() && (a.has_prompt_ids || a.has_messages))
+    return invalid_argument(
+        "--image goes with --prompt/--prompt-file (raw, or --chat/--thinking); --messages carries its own "
+        "image "
+        "parts and --prompt-ids its own spans (see `ds41 score` for token-id prompts with images)");
   if (a.mode.any() && a.has_prompt_ids)
     return invalid_argument(
         "--chat/--thinking wrap prompt text in the chat template; they cannot apply to --prompt-ids (give "
@@ -198,6 +207,43 @@ Status read_generate_inputs(GenerateArgs& a) {
   return ok_status();
 }
 
+// --image: decodes the files, runs the tower once over all of them, and replaces the k-th
+// placeholder of `ids` (the tokenizer's <｜deepseek_image｜>) by the k-th image's span.
+Result<model::ImagePromptInput> expand_image_placeholders(const model::Model& m,
+                                                          const std::vector<std::string>& files,
+                                                          int32_t placeholder,
+                                                          const std::vector<int32_t>& ids) {
+  const model::ModelConfig& c = m.config();
+  if (!m.vision_tower())
+    return failed_precondition("--image: this model has no vision tower (no vision_config)");
+  std::vector<image::PreparedImage> prepared;
+  for (const std::string& f : files) {
+    DS41_ASSIGN_OR_RETURN(auto d, image::decode_image_file(f));
+    auto p = image::prepare_image(d.rgb, model::vision_plan_config(c));
+    if (!p.ok()) return p.status().with_context(f);
+    prepared.push_back(std::move(p).value());
+  }
+  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_images(m, prepared));
+  std::vector<int32_t> with_runs;
+  std::vector<std::vector<float>> spans;
+  size_t k = 0;
+  for (int32_t t : ids) {
+    if (t != placeholder) {
+      if (t == static_cast<int32_t>(c.image_token_id))
+        return invalid_argument("the prompt text holds the image token; pass images with --image");
+      with_runs.push_back(t);
+      continue;
+    }
+    if (k >= enc.size()) return invalid_argument("more image placeholders than --image files");
+    with_runs.insert(with_runs.end(), static_cast<size_t>(enc[k].plan.n_tokens),
+                     static_cast<int32_t>(c.image_token_id));
+    spans.push_back(enc[k].span_embeds);
+    ++k;
+  }
+  if (k != enc.size()) return invalid_argument("fewer image placeholders than --image files");
+  return model::place_image_spans(with_runs, static_cast<int32_t>(c.image_token_id), spans, c.hidden_size);
+}
+
 // Precondition: validate_generate_args(a) and read_generate_inputs(a) returned ok.
 Status run_generate(const GenerateArgs& a) {
   // The memory check before loading counts KV for the requested context: an upper bound of the
@@ -252,11 +298,38 @@ Status run_generate(const GenerateArgs& a) {
     text::ChatMessage msg;
     msg.role = text::ChatRole::kUser;
     msg.content = a.prompt;
+    if (!a.images.empty()) {  // the images first, then the text, in one user message
+      msg.parts.emplace();
+      for (const std::string& f : a.images) {
+        text::ContentPart ip;
+        ip.type = text::ContentPart::Type::kImage;
+        ip.image_source = f;
+        msg.parts->push_back(ip);
+      }
+      text::ContentPart tp;
+      tp.text = a.prompt;
+      msg.parts->push_back(tp);
+    }
     DS41_ASSIGN_OR_RETURN(text::ChatPrompt cp, text::encode_chat({msg}, co));
     ids = text::chat_prompt_ids(*tok, cp);
   } else {
     ids.push_back(static_cast<int32_t>(cfg.bos_token_id));
+    // Raw prompt with images: BOS, one placeholder per image, then the text.
+    const int32_t ph = tok->token_to_id(text::kImageToken).value_or(static_cast<int32_t>(cfg.image_token_id));
+    for (size_t k = 0; k < a.images.size(); ++k) ids.push_back(ph);
     tok->encode_append(a.prompt, &ids);
+  }
+  // Images (MODEL_SPEC 3.11): each placeholder becomes the image's span of image_token_id.
+  std::vector<uint8_t> span_flags;
+  std::vector<float> span_embeds;
+  if (!a.images.empty()) {
+    if (eh.cpu_model == nullptr)
+      return unimplemented("--image needs --device cpu: the GPU engine has no vision tower yet (issue 16)");
+    const int32_t ph = tok->token_to_id(text::kImageToken).value_or(static_cast<int32_t>(cfg.image_token_id));
+    DS41_ASSIGN_OR_RETURN(auto expanded, expand_image_placeholders(*eh.cpu_model, a.images, ph, ids));
+    ids = std::move(expanded.tokens);
+    span_flags = std::move(expanded.image_span);
+    span_embeds = std::move(expanded.span_embeds);
   }
   if (ids.empty()) return invalid_argument("empty prompt");
   // The whole sequence must fit the model's context: say so before computing anything.
@@ -280,6 +353,13 @@ Status run_generate(const GenerateArgs& a) {
       if (g_interrupted.load()) return failed_precondition("interrupted (Ctrl-C) during the prefill");
       const int64_t e = std::min(n, b + kPrefillChunk);
       engine::StepItem it{seq, std::span<const int32_t>(ids).subspan(b, e - b), e == n};
+      if (!span_flags.empty()) {  // this chunk's flags and span rows
+        const int64_t H = cfg.hidden_size;
+        int64_t before = 0, inside = 0;
+        for (int64_t t = 0; t < e; ++t) (t < b ? before : inside) += span_flags[t];
+        it.image_span = std::span<const uint8_t>(span_flags).subspan(b, e - b);
+        it.span_embeds = std::span<const float>(span_embeds).subspan(before * H, inside * H);
+      }
       DS41_RETURN_IF_ERROR(eng.step(std::span<const engine::StepItem>(&it, 1), &out));
       progress.update(static_cast<uint64_t>(e), static_cast<uint64_t>(n));
     }
@@ -413,6 +493,10 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   cmd->add_option("--model", a->model_dir, "Model directory")->required();
   cmd->add_option("--tokenizer", a->tokenizer_dir,
                   "tokenizer.json, or a folder holding it (default: the model directory)");
+  cmd->add_option(
+      "--image", a->images,
+      "Image file (PNG, JPEG, WebP, GIF first frame), repeatable: before the prompt text (in the user "
+      "message with --chat/--thinking); needs a model with vision_config");
   CLI::Option* prompt = cmd->add_option("--prompt", a->prompt,
                                         "Prompt text, - = stdin (without --chat: the whole raw prompt, "
                                         "special-token strings in it are tokens)");

@@ -9,6 +9,14 @@
 // exact) and decode.logits [n, vocab] (single-token steps after the named prompt).
 // --replay decoder (MODEL_SPEC 4.4) or encoder:H (4.5) switch to the approximate paths; rows
 // the decoder replay never computes are written as NaN.
+//
+// Images (MODEL_SPEC 3.11, golden README "Vision set"): a top-level "images": [paths] (relative
+// to IN.json's folder; a manifest's [{"file": ...}] entries too) and prompts written as
+// {"input_ids": [...], "images": [k, ...]}: the k-th listed image fills the k-th run of
+// image_token_id in input_ids, in order. The tower runs once over all listed images. With --debug
+// the output also holds image{k}.plan / grid_thw / resized_u8 / pixel_values / vit_out /
+// aligner_out / span_embeds and per prompt input_ids / image_mask / span_starts / images /
+// inputs_embeds / layer{l}.engram_delta_rms.
 #include <unistd.h>
 
 #include <cmath>
@@ -18,12 +26,16 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "engine_factory.h"
 #include "forward_cli_util.h"
+#include "image/image_decode.h"
+#include "model/image_input.h"
+#include "model/vision_span.h"
 
 namespace ds41::cli {
 namespace {
@@ -41,30 +53,84 @@ struct ScoreArgs {
 struct Prompt {
   std::string name;
   std::vector<int32_t> ids;
+  std::vector<int64_t> images;  // indices into ScoreInput::image_paths, in span order
 };
 
-Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t>>>> read_input(
-    const std::string& path) {
+struct ScoreInput {
+  std::vector<Prompt> prompts;
+  std::pair<std::string, std::vector<int32_t>> dec;
+  std::vector<std::string> image_paths;
+};
+
+// One prompt: [ids] or {"input_ids": [ids], "images": [k, ...]}.
+Status parse_prompt(const std::string& path, const nlohmann::ordered_json& v, Prompt* p) {
+  const nlohmann::ordered_json* ids = &v;
+  if (v.is_object()) {
+    if (!v.contains("input_ids"))
+      return invalid_argument(path + ": prompts." + p->name + " has no input_ids");
+    ids = &v["input_ids"];
+    if (v.contains("images")) {
+      if (!v["images"].is_array())
+        return invalid_argument(path + ": prompts." + p->name + ".images must be a list");
+      for (auto& k : v["images"]) {
+        if (!k.is_number_integer() || k.get<int64_t>() < 0)
+          return invalid_argument(path + ": prompts." + p->name + ".images holds a non-index");
+        p->images.push_back(k.get<int64_t>());
+      }
+    }
+  }
+  if (!ids->is_array() || ids->empty())
+    return invalid_argument(path + ": prompts." + p->name + " must be a non-empty list of token ids");
+  for (auto& t : *ids) {
+    if (!t.is_number_integer())
+      return invalid_argument(path + ": prompts." + p->name + " holds a non-integer");
+    p->ids.push_back(t.get<int32_t>());
+  }
+  return ok_status();
+}
+
+Result<ScoreInput> read_input(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found(path + ": cannot open");
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return invalid_argument(path + ": not a JSON object");
-  if (!j.contains("prompts") || !j["prompts"].is_object() || j["prompts"].empty())
+  const bool listed = j.contains("prompts") && j["prompts"].is_array();  // a vision manifest's list
+  if (!j.contains("prompts") || !(j["prompts"].is_object() || listed) || j["prompts"].empty())
     return invalid_argument(path + ": 'prompts' must be a non-empty object of NAME: [ids]");
-  std::vector<Prompt> prompts;
+  ScoreInput si;
+  std::vector<Prompt>& prompts = si.prompts;
   for (auto it = j["prompts"].begin(); it != j["prompts"].end(); ++it) {
     Prompt p;
-    p.name = it.key();
-    if (!it.value().is_array() || it.value().empty())
-      return invalid_argument(path + ": prompts." + p.name + " must be a non-empty list of token ids");
-    for (auto& v : it.value()) {
-      if (!v.is_number_integer())
-        return invalid_argument(path + ": prompts." + p.name + " holds a non-integer");
-      p.ids.push_back(v.get<int32_t>());
+    if (listed) {
+      if (!it->is_object() || !it->contains("name") || !(*it)["name"].is_string())
+        return invalid_argument(path + ": a listed prompt needs a \"name\"");
+      p.name = (*it)["name"].get<std::string>();
+    } else {
+      p.name = it.key();
     }
+    DS41_RETURN_IF_ERROR(parse_prompt(path, it.value(), &p));
     prompts.push_back(std::move(p));
   }
-  std::pair<std::string, std::vector<int32_t>> dec;
+  const std::filesystem::path base = std::filesystem::path(path).parent_path();
+  if (j.contains("images")) {
+    if (!j["images"].is_array()) return invalid_argument(path + ": 'images' must be a list of paths");
+    for (auto& im : j["images"]) {
+      std::string f;
+      if (im.is_string())
+        f = im.get<std::string>();
+      else if (im.is_object() && im.contains("file") && im["file"].is_string())
+        f = im["file"].get<std::string>();
+      else
+        return invalid_argument(path + ": 'images' entries must be paths");
+      si.image_paths.push_back(std::filesystem::path(f).is_absolute() ? f : (base / f).string());
+    }
+  }
+  for (const Prompt& p : prompts)
+    for (int64_t k : p.images)
+      if (k >= static_cast<int64_t>(si.image_paths.size()))
+        return invalid_argument(path + ": prompts." + p.name + " uses image " + std::to_string(k) + " but " +
+                                std::to_string(si.image_paths.size()) + " images are listed");
+  std::pair<std::string, std::vector<int32_t>>& dec = si.dec;
   if (j.contains("decode") && j["decode"].is_object() && j["decode"].contains("after_prompt")) {
     // A golden manifest: decode.input_ids is an I32 array in one of the set's files.
     auto& d = j["decode"];
@@ -76,10 +142,11 @@ Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t
     if (!found)
       return invalid_argument(path + ": decode.after_prompt names unknown prompt '" + dec.first + "'");
     const auto& arr = j["arrays"]["decode.input_ids"];
-    if (!arr.is_object() || !arr.contains("file") || !arr["file"].is_string())
-      return invalid_argument(path + ": arrays.decode.input_ids.file is missing");
-    const std::string file =
-        (std::filesystem::path(path).parent_path() / arr["file"].get<std::string>()).string();
+    if (!arr.is_object()) return invalid_argument(path + ": arrays.decode.input_ids is missing");
+    // The vision manifest lists its arrays without a file: they are in goldens.safetensors.
+    const std::string fname = arr.contains("file") && arr["file"].is_string() ? arr["file"].get<std::string>()
+                                                                              : "goldens.safetensors";
+    const std::string file = (std::filesystem::path(path).parent_path() / fname).string();
     DS41_ASSIGN_OR_RETURN(auto st, model::SafetensorsFile::open(file));
     auto it = st->header().tensors.find("decode.input_ids");
     if (it == st->header().tensors.end() || it->second.dtype != DType::kI32)
@@ -100,7 +167,7 @@ Result<std::pair<std::vector<Prompt>, std::pair<std::string, std::vector<int32_t
       dec.second.push_back(v.get<int32_t>());
     }
   }
-  return std::make_pair(std::move(prompts), std::move(dec));
+  return si;
 }
 
 // The output's folder must exist and be writable: checked before minutes of computing.
@@ -207,10 +274,101 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
   return ok_status();
 }
 
+// Decodes, preprocesses and encodes every listed image in one tower batch; with debug writes the
+// golden image{k}.* arrays.
+Result<std::vector<model::EncodedImage>> encode_listed_images(const model::Model& m,
+                                                              const std::vector<std::string>& paths,
+                                                              bool debug, model::SafetensorsWriter* w) {
+  const model::ModelConfig& c = m.config();
+  if (!m.vision_tower())
+    return failed_precondition(
+        "the input lists images, but the model has no vision tower (no vision_config)");
+  std::vector<image::PreparedImage> prepared;
+  for (const std::string& path : paths) {
+    DS41_ASSIGN_OR_RETURN(auto d, image::decode_image_file(path, image::ImageLimits{}));
+    auto p = image::prepare_image(d.rgb, model::vision_plan_config(c));
+    if (!p.ok()) return p.status().with_context(path);
+    prepared.push_back(std::move(p).value());
+  }
+  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_images(m, prepared, debug));
+  if (debug) {
+    const int64_t ps = c.vision_patch_size, D = c.vision_hidden_size, H = c.hidden_size;
+    for (size_t k = 0; k < enc.size(); ++k) {
+      const image::ImagePlan& pl = enc[k].plan;
+      const std::string pre = "image" + std::to_string(k) + ".";
+      const std::vector<int32_t> plan = {int32_t(pl.orig_w),   int32_t(pl.orig_h),  int32_t(pl.up_w),
+                                         int32_t(pl.up_h),     int32_t(pl.box_h),   int32_t(pl.box_w),
+                                         int32_t(pl.fit_h),    int32_t(pl.fit_w),   int32_t(pl.pad_top),
+                                         int32_t(pl.pad_left), int32_t(pl.n_llm_h), int32_t(pl.n_llm_w),
+                                         int32_t(pl.n_tokens)};
+      const std::vector<int32_t> grid = {1, int32_t(pl.box_h / ps), int32_t(pl.box_w / ps)};
+      const int64_t np = (pl.box_h / ps) * (pl.box_w / ps);
+      w->add_i32(pre + "plan", {13}, plan.data());
+      w->add_i32(pre + "grid_thw", {3}, grid.data());
+      w->add_u8(pre + "resized_u8", {pl.box_h, pl.box_w, 3}, prepared[k].resized.rgb.data());
+      w->add_f32(pre + "pixel_values", {np, 3 * ps * ps}, enc[k].pixel_values.data());
+      w->add_f32(pre + "vit_out", {np, D}, enc[k].vit_out.data());
+      w->add_f32(pre + "aligner_out", {pl.n_llm_h * pl.n_llm_w, H}, enc[k].aligner_out.data());
+      w->add_f32(pre + "span_embeds", {pl.n_tokens, H}, enc[k].span_embeds.data());
+    }
+  }
+  return enc;
+}
+
+// Exact prefill of a prompt with image spans (chunks of `chunk` tokens, 0 = one shot; the span
+// rows of each chunk go with it). With debug writes the prompt's span layout and inputs_embeds.
+Result<model::SequenceOutput> prefill_with_images(model::Model& m, model::SequenceState& st, const Prompt& p,
+                                                  const std::vector<model::EncodedImage>& encoded,
+                                                  int64_t chunk, const model::ForwardOptions& opt,
+                                                  model::SafetensorsWriter* w) {
+  const model::ModelConfig& c = m.config();
+  const int64_t H = c.hidden_size, S = static_cast<int64_t>(p.ids.size());
+  std::vector<std::vector<float>> spans;
+  for (int64_t k : p.images) spans.push_back(encoded[k].span_embeds);
+  auto placed = model::place_image_spans(p.ids, static_cast<int32_t>(c.image_token_id), spans, H);
+  if (!placed.ok()) return placed.status().with_context("prompt '" + p.name + "'");
+  const model::ImagePromptInput& pi = placed.value();
+  model::SequenceOutput out;
+  const int64_t step = chunk > 0 ? chunk : S;
+  int64_t row = 0;
+  for (int64_t b = 0; b < S; b += step) {
+    const int64_t e = std::min(S, b + step);
+    int64_t flagged = 0;
+    for (int64_t t = b; t < e; ++t) flagged += pi.image_span[t];
+    model::SequenceInput in{&st, std::span<const int32_t>(pi.tokens).subspan(b, e - b),
+                            std::span<const uint8_t>(pi.image_span).subspan(b, e - b),
+                            std::span<const float>(pi.span_embeds).subspan(row * H, flagged * H)};
+    std::vector<model::SequenceOutput> o;
+    DS41_RETURN_IF_ERROR(m.forward(std::span<const model::SequenceInput>(&in, 1), opt, &o));
+    out.append(std::move(o[0]));
+    row += flagged;
+  }
+  if (w) {
+    const std::string pre = p.name + ".";
+    std::vector<int32_t> starts(pi.span_starts.begin(), pi.span_starts.end());
+    std::vector<int32_t> imgs(p.images.begin(), p.images.end());
+    w->add_i32(pre + "input_ids", {S}, pi.tokens.data());
+    w->add_u8(pre + "image_mask", {S}, pi.image_span.data());
+    w->add_i32(pre + "span_starts", {static_cast<int64_t>(starts.size())}, starts.data());
+    w->add_i32(pre + "images", {static_cast<int64_t>(imgs.size())}, imgs.data());
+    std::vector<float> emb(S * H);
+    m.backend().embed_bf16(m.weights().embed, c.vocab_size, H, pi.tokens.data(), S, emb.data());
+    const float* src = pi.span_embeds.data();
+    for (int64_t t = 0; t < S; ++t)
+      if (pi.image_span[t]) {
+        std::copy(src, src + H, emb.begin() + t * H);
+        src += H;
+      }
+    w->add_f32(pre + "inputs_embeds", {S, H}, emb.data());
+  }
+  return out;
+}
+
 Status run_score(const ScoreArgs& a) {
   DS41_RETURN_IF_ERROR(check_writable_output(a.out));
   DS41_ASSIGN_OR_RETURN(auto input, read_input(a.input));
-  auto& [prompts, dec] = input;
+  std::vector<Prompt>& prompts = input.prompts;
+  auto& dec = input.dec;
   int64_t replay_h = -1;
   bool replay_decoder = false;
   if (a.replay == "decoder") {
@@ -235,6 +393,11 @@ Status run_score(const ScoreArgs& a) {
   const int64_t V = c.vocab_size;
   model::SafetensorsWriter w;
   w.set_metadata("producer", "ds41 score (CPU reference)");
+  const bool vision = !input.image_paths.empty();
+  std::vector<model::EncodedImage> encoded;
+  if (vision) {
+    DS41_ASSIGN_OR_RETURN(encoded, encode_listed_images(m, input.image_paths, a.debug, &w));
+  }
   std::unique_ptr<model::SequenceState> keep_state;
   for (const Prompt& p : prompts) {
     const int64_t S = static_cast<int64_t>(p.ids.size());
@@ -245,10 +408,24 @@ Status run_score(const ScoreArgs& a) {
     opt.stale_index_keys = a.stale_keys;
     model::SafetensorsWriter dumpw;
     model::DumpFn dfn = dump_into(&dumpw, "debug.");  // golden debug.* names
-    if (!a.dump_dir.empty()) opt.dump = &dfn;
+    // With images and --debug, the Engram update's RMS per position is kept (golden
+    // prompt{i}.layer{l}.engram_delta_rms), concatenated over chunks.
+    std::map<std::string, std::vector<float>> delta_rms;
+    model::DumpFn both = [&](const std::string& name, const std::vector<int64_t>& shape, const float* data) {
+      if (!a.dump_dir.empty()) dfn(name, shape, data);
+      if (vision && a.debug && name.ends_with(".engram_delta_rms"))
+        delta_rms[name].insert(delta_rms[name].end(), data, data + shape[0]);
+    };
+    if (!a.dump_dir.empty() || (vision && a.debug)) opt.dump = &both;
     model::SequenceOutput out;
     std::vector<float> logits(S * V, std::numeric_limits<float>::quiet_NaN());
-    if (replay_decoder) {
+    if (!p.images.empty()) {
+      if (replay_decoder || replay_h > 0)
+        return invalid_argument("prompt '" + p.name + "' has images: --replay is for text prompts only");
+      DS41_ASSIGN_OR_RETURN(out,
+                            prefill_with_images(m, *st, p, encoded, a.chunk, opt, a.debug ? &w : nullptr));
+      for (auto& [name, v] : delta_rms) w.add_f32(p.name + "." + name, {S}, v.data());
+    } else if (replay_decoder) {
       DS41_ASSIGN_OR_RETURN(out, m.prefill_decoder_replay(*st, p.ids, opt));
     } else if (replay_h > 0) {
       if (replay_h >= S)
@@ -262,6 +439,12 @@ Status run_score(const ScoreArgs& a) {
       DS41_ASSIGN_OR_RETURN(auto rest, m.prefill(*st, ids.subspan(replay_h), a.chunk, opt));
       out.append(std::move(rest));
     } else {
+      // A text prompt: image tokens are refused (they need an image).
+      if (vision || c.has_vision)
+        for (int32_t t : p.ids)
+          if (t == c.image_token_id)
+            return invalid_argument("prompt '" + p.name + "' holds image token " + std::to_string(t) +
+                                    " but lists no images");
       DS41_ASSIGN_OR_RETURN(out, m.prefill(*st, p.ids, a.chunk, opt));
     }
     for (size_t i = 0; i < out.positions.size(); ++i)

@@ -28,6 +28,9 @@ struct ServeArgs {
   int64_t max_body_bytes = 8 << 20, max_prompt_tokens = 0, max_tokens_limit = 0;
   double shutdown_timeout_s = 30;
   int read_timeout_s = 30, write_timeout_s = 30;
+  bool allow_image_urls = false;  // image_url parts: http:// fetched only with this flag
+  std::string max_image_bytes = "20MiB";
+  int64_t max_image_pixels = 40000000;
 };
 
 Status run_serve(const ServeArgs& a) {
@@ -52,6 +55,10 @@ Status run_serve(const ServeArgs& a) {
   const std::string name =
       a.served_model_name.empty() ? model_name_from_dir(a.engine.model_dir) : a.served_model_name;
   sc.served_model_name = name;
+  sc.images.allow_remote_urls = a.allow_image_urls;
+  DS41_ASSIGN_OR_RETURN(sc.images.limits.max_bytes, parse_bytes(a.max_image_bytes, "--max-image-bytes"));
+  sc.images.limits.max_pixels = a.max_image_pixels;
+  if (sc.images.limits.max_pixels < 1) return invalid_argument("--max-image-pixels must be >= 1");
 
   // Serve from the start: /health answers 503 until the model is loaded.
   server::ApiService service(sc, &metrics);
@@ -70,6 +77,7 @@ Status run_serve(const ServeArgs& a) {
                                                        [&metrics](int64_t seqs, int64_t tokens, double s) {
                                                          metrics.observe_step(seqs, tokens, s);
                                                        }));
+  service.set_vision(eng->vision_info());
   service.set_ready(eng->generator(), eng->tokenizer(), eng->max_context());
   std::printf("ds41 serve: ready on http://%s:%d (model %s, %s)\n", a.host.c_str(), http.port(), name.c_str(),
               device_name(a.engine.device).c_str());
@@ -132,6 +140,14 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--write-timeout", a->write_timeout_s, "Seconds a non-reading client is kept (default 30)");
   cmd->add_option("--shutdown-timeout", a->shutdown_timeout_s, "Seconds to drain on SIGTERM (default 30)");
   cmd->add_option("--threads", a->engine.threads, "CPU threads (default 2)");
+  cmd->add_flag(
+      "--allow-image-urls", a->allow_image_urls,
+      "Fetch http:// image_url parts (off: only data: URLs; a server must not fetch arbitrary URLs)");
+  cmd->add_option("--max-image-bytes", a->max_image_bytes, "Largest encoded image (default 20MiB)");
+  cmd->add_option("--max-image-pixels", a->max_image_pixels,
+                  "Largest decoded image in pixels (default 40000000)");
+  cmd->add_option("--vision-cache", a->engine.vision_cache,
+                  "Host memory for the vision-feature cache (default 256MiB; 0 = off)");
   cmd->add_flag("-q,--quiet", a->engine.quiet, "No load progress (the ready line is still printed)");
   cmd->callback([a, &exit_code] {
     Status s = run_serve(*a);

@@ -78,6 +78,7 @@ Result<EngineHandle> make_cpu_engine(const EngineRequest& r) {
   h.config = lm->model->config();
   h.schedule = lm->model->schedule();
   h.cpu_pool = lm->pool.get();
+  h.cpu_model = lm->model.get();
   auto e = std::make_unique<engine::CpuEngine>(lm->model.get(), r.model_name, r.max_context);
   h.engine = std::make_unique<OwningEngine>(lm, std::move(e));
   return h;

@@ -68,6 +68,7 @@ struct EngineHandle {
   model::ModelConfig config;
   model::LayerSchedule schedule;
   ThreadPool* cpu_pool = nullptr;  // the CPU engine's thread pool (idle between forwards); null for the GPU
+  const model::Model* cpu_model = nullptr;  // the CPU engine's model (its vision tower); null for the GPU
   // Every row's logits (and records) of `tokens` continuing `seq`, in chunks (0 = as large as
   // the engine takes): `ds41 score`. Set for the GPU engine (the CPU path of score uses the model).
   std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens,

@@ -6,7 +6,9 @@
 #include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "load_progress.h"
+#include "model/image_input.h"
 #include "server/engine_loop_generator.h"
+#include "text/chat_encoding.h"
 
 namespace ds41::cli {
 
@@ -62,6 +64,24 @@ class CpuServingEngine final : public ServingEngine {
   server::Generator* generator() override { return gen.get(); }
   const text::Tokenizer* tokenizer() const override { return tok.get(); }
   int64_t max_context() const override { return context; }
+  server::VisionModelInfo vision_info() const override {
+    server::VisionModelInfo v;
+    const model::ModelConfig& c = engine.config;
+    const auto placeholder = tok->token_to_id(text::kImageToken);
+    // Images need the vision tower: the CPU engine has it, the GPU engine not yet (issue 16).
+    if (!c.has_vision || !placeholder || engine.cpu_model == nullptr) return v;
+    v.enabled = true;
+    v.plan = model::vision_plan_config(c);
+    v.image_token_id = static_cast<int32_t>(c.image_token_id);
+    v.placeholder_id = *placeholder;
+    // The feature-cache key covers everything that changes an image's span rows: the model's
+    // vision config (a different checkpoint of the same shape is a different process).
+    v.config_key = "p" + std::to_string(v.plan.patch_size) + "d" + std::to_string(v.plan.downsample_ratio) +
+                   "m" + std::to_string(v.plan.min_pixels) + "t" + std::to_string(v.plan.max_image_tokens) +
+                   "r" + std::to_string(v.plan.max_wh_ratio) + "h" + std::to_string(c.vision_hidden_size) +
+                   "l" + std::to_string(c.vision_num_layers);
+    return v;
+  }
   void stop(std::chrono::milliseconds drain) override { loop->stop(drain); }
 };
 
@@ -96,6 +116,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.kv_memory_bytes = kv_bytes;
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
+  DS41_ASSIGN_OR_RETURN(lc.vision_cache_bytes, parse_bytes(a.vision_cache, "--vision-cache"));
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "engine_factory.h"
 #include "server/generator.h"
+#include "server/image_inputs.h"
 #include "text/tokenizer.h"
 
 namespace ds41::cli {
@@ -22,8 +23,9 @@ struct EngineArgs {
   int threads = 2;
   int64_t max_batch_tokens = 2048, max_running = 64, max_queue = 1024;
   std::string kv_memory = "8GiB";
-  std::string memory_limit;  // --memory-limit (empty: MemAvailable)
-  bool quiet = false;        // no load progress
+  std::string memory_limit;             // --memory-limit (empty: MemAvailable)
+  bool quiet = false;                   // no load progress
+  std::string vision_cache = "256MiB";  // --vision-cache: image feature cache (0 = off)
 };
 
 // "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.
@@ -39,6 +41,8 @@ class ServingEngine {
   virtual server::Generator* generator() = 0;
   virtual const text::Tokenizer* tokenizer() const = 0;
   virtual int64_t max_context() const = 0;
+  // The served model's vision config for the API (disabled without vision_config).
+  virtual server::VisionModelInfo vision_info() const = 0;
   // Lets running requests finish for up to `drain`, aborts the rest, stops the loop.
   virtual void stop(std::chrono::milliseconds drain) = 0;
 };

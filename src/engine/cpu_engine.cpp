@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/check.h"
+#include "model/image_input.h"
 
 namespace ds41::engine {
 
@@ -63,6 +64,17 @@ int64_t CpuEngine::bytes_for_tokens(int64_t tokens) const {
   return b;
 }
 
+Result<std::vector<std::vector<float>>> CpuEngine::encode_images(
+    std::span<const image::PreparedImage* const> images) {
+  std::vector<image::PreparedImage> copies;  // encode_images takes a contiguous span
+  copies.reserve(images.size());
+  for (const image::PreparedImage* p : images) copies.push_back(*p);
+  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_images(*model_, copies));
+  std::vector<std::vector<float>> out;
+  for (auto& e : enc) out.push_back(std::move(e.span_embeds));
+  return out;
+}
+
 Status CpuEngine::step(std::span<const StepItem> items, StepOutput* out) {
   const int64_t V = info_.vocab_size;
   out->vocab = V;
@@ -89,7 +101,7 @@ Status CpuEngine::step(std::span<const StepItem> items, StepOutput* out) {
     if (end > info_.max_context)
       return out_of_range(what + ": position " + std::to_string(end) + " exceeds the context of " +
                           std::to_string(info_.max_context) + " tokens");
-    batch[i] = model::SequenceInput{*st, it.tokens, {}};
+    batch[i] = model::SequenceInput{*st, it.tokens, it.image_span, it.span_embeds};
     any_logits = any_logits || it.want_logits;
   }
   model::ForwardOptions opt;

@@ -32,6 +32,8 @@ class CpuEngine final : public Engine {
   int64_t bytes_for_tokens(int64_t tokens) const override;
   int64_t live_sequences() const override { return static_cast<int64_t>(seqs_.size()); }
   Status step(std::span<const StepItem> items, StepOutput* out) override;
+  Result<std::vector<std::vector<float>>> encode_images(
+      std::span<const image::PreparedImage* const> images) override;
 
  private:
   Result<model::SequenceState*> find(SeqId seq) const;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "image/preprocess.h"
 
 namespace ds41::engine {
 
@@ -34,6 +35,10 @@ struct StepItem {
   SeqId seq = -1;
   std::span<const int32_t> tokens;  // >= 1 token; continues the sequence at its position
   bool want_logits = true;          // return the logits row of the last token
+  // Optional image spans (MODEL_SPEC 3.11): one flag per token, and the rows replacing the
+  // flagged tokens' embeddings (as model::SequenceInput).
+  std::span<const uint8_t> image_span = {};
+  std::span<const float> span_embeds = {};
 };
 
 struct StepOutput {
@@ -62,6 +67,12 @@ class Engine {
   // One forward over the items (distinct sequences, each with >= 1 token). Errors (unknown
   // sequence, bad token id, context overflow, backend failure) leave every sequence unchanged.
   virtual Status step(std::span<const StepItem> items, StepOutput* out) = 0;
+  // Image span embeddings [span length, hidden] per image, one tower batch (MODEL_SPEC 3.11).
+  // Engines without a vision tower refuse.
+  virtual Result<std::vector<std::vector<float>>> encode_images(
+      std::span<const image::PreparedImage* const> images) {
+    return unimplemented("this engine has no vision tower");
+  }
 };
 
 }  // namespace ds41::engine

@@ -76,6 +76,13 @@ struct Req {
   int64_t prefill_target = 0;  // prefill up to here before decoding (all tokens after a preemption)
   int64_t computed = 0;        // tokens in the engine state
   SeqId seq = -1;
+  // Image spans (MODEL_SPEC 3.11): one flag per token (grown with zeros as tokens are appended),
+  // the span rows of the flagged prompt positions once encoded, and how many rows precede each
+  // prompt position.
+  std::vector<uint8_t> span_flags;
+  std::vector<float> span_embeds;
+  std::vector<int64_t> rows_before;  // [prompt + 1]
+  bool images_ready = false;
 };
 
 Status validate_sampling(const SamplingParams& p) {
@@ -134,8 +141,11 @@ struct EngineLoop::Impl {
   std::deque<std::unique_ptr<Req>> waiting;
   std::vector<std::unique_ptr<Req>> running;  // admission order
   std::vector<float> scratch;
+  VisionFeatureCache vision_cache{cfg.vision_cache_bytes};
 
   void run();
+  // Span rows of r's images: feature cache, else one Engine::encode_images batch of the misses.
+  Status ensure_images(Req& r);
   void step_once();
   void finish(Req& r, FinishReason why, const std::string& error, int32_t token = -1, float lp = 0,
               std::vector<TopLogprob> top = {});
@@ -189,6 +199,50 @@ void EngineLoop::Impl::abort_all(const std::string& why) {
   for (auto& r : rest) finish(*r, FinishReason::kAbort, why);
 }
 
+Status EngineLoop::Impl::ensure_images(Req& r) {
+  if (r.images_ready || r.req.images.empty()) return ok_status();
+  const auto& imgs = r.req.images;
+  std::vector<SpanEmbeds> rows(imgs.size());
+  std::vector<const image::PreparedImage*> todo;
+  std::vector<size_t> todo_index;
+  for (size_t i = 0; i < imgs.size(); ++i) {
+    if (cfg.vision_cache_bytes > 0 && !imgs[i].cache_key.empty())
+      rows[i] = vision_cache.find(imgs[i].cache_key);
+    if (!rows[i]) {
+      if (!imgs[i].prepared)
+        return failed_precondition("image " + std::to_string(i) +
+                                   " is neither in the vision-feature cache nor given");
+      todo.push_back(imgs[i].prepared.get());
+      todo_index.push_back(i);
+    }
+  }
+  if (!todo.empty()) {
+    DS41_ASSIGN_OR_RETURN(auto enc, engine->encode_images(todo));
+    for (size_t j = 0; j < todo.size(); ++j) {
+      auto v = std::make_shared<const std::vector<float>>(std::move(enc[j]));
+      const size_t i = todo_index[j];
+      if (cfg.vision_cache_bytes > 0 && !imgs[i].cache_key.empty()) vision_cache.insert(imgs[i].cache_key, v);
+      rows[i] = std::move(v);
+    }
+  }
+  const int64_t P = static_cast<int64_t>(r.req.prompt.size());
+  int64_t image_tokens = 0;
+  for (size_t i = 0; i < imgs.size(); ++i) {
+    const int64_t want = imgs[i].span_length;
+    if (want <= 0 || rows[i]->size() % static_cast<size_t>(want) != 0)
+      return internal_error("image " + std::to_string(i) + ": span rows do not match its span length");
+    r.span_embeds.insert(r.span_embeds.end(), rows[i]->begin(), rows[i]->end());
+    image_tokens += want;
+  }
+  r.rows_before.assign(P + 1, 0);
+  for (int64_t t = 0; t < P; ++t) r.rows_before[t + 1] = r.rows_before[t] + r.span_flags[t];
+  r.images_ready = true;
+  std::lock_guard<std::mutex> lk(mu);
+  stats.images_encoded += static_cast<int64_t>(todo.size());
+  stats.image_tokens += image_tokens;
+  return ok_status();
+}
+
 void EngineLoop::Impl::publish_stats() {
   int64_t used = 0;
   for (const auto& r : running) {
@@ -200,6 +254,11 @@ void EngineLoop::Impl::publish_stats() {
   stats.waiting = static_cast<int64_t>(waiting.size());
   stats.kv_used_bytes = used;
   stats.kv_capacity_bytes = cfg.kv_memory_bytes;
+  const VisionCacheStats vc = vision_cache.stats();
+  stats.vision_cache_hits = vc.hits;
+  stats.vision_cache_misses = vc.misses;
+  stats.vision_cache_entries = vc.entries;
+  stats.vision_cache_bytes = vc.bytes;
 }
 
 void EngineLoop::Impl::run() {
@@ -288,10 +347,29 @@ void EngineLoop::Impl::step_once() {
     Req* r = it->second;
     DS41_CHECK(r->computed + p.tokens <= static_cast<int64_t>(r->tokens.size()),
                "plan runs past the known tokens");
+    if (!r->req.images.empty()) {
+      if (Status is = ensure_images(*r); !is.ok()) {
+        finish(*r, FinishReason::kError, "image encoding failed: " + is.message());
+        std::erase_if(running, [&](const auto& q) { return q.get() == r; });
+        continue;
+      }
+    }
     StepItem s;
     s.seq = r->seq;
     s.tokens = std::span<const int32_t>(r->tokens).subspan(r->computed, p.tokens);
     s.want_logits = r->computed + p.tokens == static_cast<int64_t>(r->tokens.size());
+    if (!r->req.images.empty()) {
+      // The flags of this slice, and the span rows of its flagged prompt positions (positions
+      // after the prompt, re-prefilled after a preemption, carry no image).
+      r->span_flags.resize(r->tokens.size(), 0);
+      const int64_t P = static_cast<int64_t>(r->req.prompt.size());
+      const int64_t b = std::min(r->computed, P), e = std::min(r->computed + p.tokens, P);
+      const int64_t H =
+          r->rows_before[P] > 0 ? static_cast<int64_t>(r->span_embeds.size()) / r->rows_before[P] : 0;
+      s.image_span = std::span<const uint8_t>(r->span_flags).subspan(r->computed, p.tokens);
+      s.span_embeds = std::span<const float>(r->span_embeds)
+                          .subspan(r->rows_before[b] * H, (r->rows_before[e] - r->rows_before[b]) * H);
+    }
     items.push_back(s);
     reqs.push_back(r);
   }
@@ -428,6 +506,21 @@ Result<std::shared_ptr<RequestStream>> EngineLoop::submit(GenerationRequest req)
   r->stream = std::make_shared<RequestStream>();
   r->tokens = r->req.prompt;
   r->prefill_target = P;
+  if (!r->req.images.empty()) {
+    // Spans inside the prompt, disjoint, in order, each all image tokens (MODEL_SPEC 3.11).
+    r->span_flags.assign(P, 0);
+    int64_t prev_end = 0;
+    for (size_t i = 0; i < r->req.images.size(); ++i) {
+      const RequestImage& im = r->req.images[i];
+      if ((!im.prepared && im.cache_key.empty()) || im.span_length <= 0 || im.span_start < prev_end ||
+          im.span_start + im.span_length > P)
+        return invalid_argument("image " + std::to_string(i) + ": its span [" +
+                                std::to_string(im.span_start) + ", +" + std::to_string(im.span_length) +
+                                ") is not a free range of the " + std::to_string(P) + "-token prompt");
+      for (int64_t t = im.span_start; t < im.span_start + im.span_length; ++t) r->span_flags[t] = 1;
+      prev_end = im.span_start + im.span_length;
+    }
+  }
   r->penalties = PenaltyState(r->req.sampling, r->req.prompt, info.vocab_size);
   auto stream = r->stream;
   {

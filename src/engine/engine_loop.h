@@ -27,6 +27,7 @@
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/request.h"
+#include "engine/vision_feature_cache.h"
 
 namespace ds41::engine {
 
@@ -41,6 +42,8 @@ struct LoopConfig {
   // every request owns its sampler and penalty state). Null: on the loop thread. Not owned; the
   // CPU engine's pool is idle between forwards, so the CLI passes it.
   ThreadPool* sample_pool = nullptr;
+  // Host memory for the vision-feature cache (image span embeddings by image hash; 0 = off).
+  int64_t vision_cache_bytes = int64_t{256} << 20;
 };
 
 // The consumer side of one request. Thread-safe.
@@ -70,6 +73,9 @@ struct LoopStats {
   int64_t kv_used_bytes = 0, kv_capacity_bytes = 0;
   int64_t steps = 0, preemptions = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;
+  // Images (MODEL_SPEC 3.11): encoded by the tower, and the feature cache's counters.
+  int64_t images_encoded = 0, image_tokens = 0;
+  int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0, vision_cache_bytes = 0;
 };
 
 class EngineLoop {

@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "image/preprocess.h"
 
 namespace ds41::engine {
 
@@ -23,6 +26,15 @@ struct SamplingParams {
   int top_logprobs = -1;           // -1: no logprobs; 0..20: sampled token's logprob + top N
 };
 
+// One image of a prompt (MODEL_SPEC 3.11): decoded and preprocessed by the submitter; the engine
+// loop turns it into span embeddings (feature cache, else Engine::encode_images) before the
+// request's first prefill step. The prompt holds image_token_id over [span_start, +span_length).
+struct RequestImage {
+  std::string cache_key;  // image bytes' hash + vision config (vision_cache_key); empty: never cached
+  std::shared_ptr<const image::PreparedImage> prepared;  // may be null when cache_key is cached
+  int64_t span_start = 0, span_length = 0;
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids (after the chat template)
   SamplingParams sampling;
@@ -30,6 +42,7 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;  // besides EOS (unless ignore_eos)
   bool ignore_eos = false;
   std::string request_id;       // for logs and metrics
+  std::vector<RequestImage> images;  // in prompt order; spans disjoint
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };

@@ -104,6 +104,32 @@ std::vector<BlockKey> BlockChainHasher::chain_keys(std::span<const int32_t> toke
   return keys;
 }
 
+std::vector<BlockKey> BlockChainHasher::chain_keys_with_images(std::span<const int32_t> tokens,
+                                                               std::span<const ImageSpanKey> images) const {
+  static constexpr char kImageTag[8] = {'d', 's', '4', '1', 'i', 'm', 'g', '\0'};
+  std::vector<BlockKey> keys;
+  const size_t n_blocks = tokens.size() / block_tokens_;
+  keys.reserve(n_blocks);
+  StatePtr st = start_state(model_identity_, block_tokens_);
+  size_t next = 0;
+  for (size_t b = 0; b < n_blocks; ++b) {
+    update_tokens(st.get(), tokens.subspan(b * block_tokens_, block_tokens_));
+    const int64_t end = static_cast<int64_t>((b + 1) * block_tokens_);
+    for (; next < images.size() && images[next].start < end; ++next) {
+      uint8_t rec[40];
+      std::memcpy(rec, kImageTag, 8);
+      const uint64_t v[4] = {static_cast<uint64_t>(images[next].start),
+                             static_cast<uint64_t>(images[next].length), images[next].hash_hi,
+                             images[next].hash_lo};
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 8; ++j) rec[8 + 8 * i + j] = static_cast<uint8_t>(v[i] >> (8 * j));
+      XXH3_128bits_update(st.get(), rec, sizeof(rec));
+    }
+    keys.push_back(digest(st.get()));
+  }
+  return keys;
+}
+
 BlockKey BlockChainHasher::prefix_key(std::span<const int32_t> tokens) const {
   StatePtr st = start_state(model_identity_, block_tokens_);
   update_tokens(st.get(), tokens);

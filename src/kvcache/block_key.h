@@ -35,6 +35,13 @@ struct BlockKeyHash {
 
 // Hashes token prefixes for one (model identity, block size). Stateless apart from config;
 // thread-safe.
+// An image span of a prompt for key derivation (docs/formats/kv_block.md "Prompts with images"):
+// its positions all carry the same token id, so the image's content hash joins the key.
+struct ImageSpanKey {
+  int64_t start = 0, length = 0;
+  uint64_t hash_hi = 0, hash_lo = 0;  // XXH3-128 of the encoded image bytes
+};
+
 class BlockChainHasher {
  public:
   // model_identity: any stable string naming the model + KV layout (e.g. checkpoint hash);
@@ -49,6 +56,10 @@ class BlockChainHasher {
   // Key of the prefix tokens[0, tokens.size()) of any length (SWA snapshot key). For a
   // block-aligned length it equals the last chain key.
   BlockKey prefix_key(std::span<const int32_t> tokens) const;
+  // chain_keys with image spans (sorted by start): after each block's ids, a record of every span
+  // starting in that block. Without images it equals chain_keys.
+  std::vector<BlockKey> chain_keys_with_images(std::span<const int32_t> tokens,
+                                               std::span<const ImageSpanKey> images) const;
 
  private:
   BlockChainHasher(std::string id, uint32_t b) : model_identity_(std::move(id)), block_tokens_(b) {}

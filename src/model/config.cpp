@@ -242,6 +242,11 @@ Result<ModelConfig> parse_model_config(std::string_view text) {
       v.i64("num_attention_heads", c.vision_num_heads);
       v.i64("patch_size", c.vision_patch_size);
       v.i64("downsample_ratio", c.vision_downsample_ratio);
+      // MODEL_SPEC 1.4 preprocessing keys; absent ones keep the released values.
+      v.f64("rope_theta", c.vision_rope_theta, false);
+      v.i64("max_image_tokens", c.vision_max_image_tokens, false);
+      v.i64("min_pixels", c.vision_min_pixels, false);
+      if (vc.contains("max_wh_ratio") && !vc["max_wh_ratio"].is_null()) v.i64("max_wh_ratio", c.vision_max_wh_ratio);
     }
   }
   if (!errors.empty()) return invalid_argument("config.json:\n" + join_errors(errors));

@@ -60,6 +60,10 @@ struct ModelConfig {
   bool has_vision = false;
   int64_t vision_hidden_size = 0, vision_intermediate_size = 0, vision_num_layers = 0, vision_num_heads = 0;
   int64_t vision_patch_size = 0, vision_downsample_ratio = 0;
+  // Preprocessing and RoPE (MODEL_SPEC 1.4, 3.11); absent keys take the released values.
+  double vision_rope_theta = 10000.0;
+  int64_t vision_max_image_tokens = 1024, vision_min_pixels = 295936;
+  int64_t vision_max_wh_ratio = 0;  // 0 = null (no cap)
 
   bool is_engram_layer(int64_t l) const;
   int64_t engram_index(int64_t l) const;  // position in engram_layer_ids or -1

@@ -2,6 +2,7 @@
 // position's hash ids (computed by ds41_engram's hasher in ForwardPass::setup), project with
 // engram.wkv into one key per stream and a shared value, and update every stream with its own
 // gate. DEAD positions (image spans) are left unchanged.
+#include <cmath>
 #include <vector>
 
 #include "core/check.h"
@@ -35,6 +36,18 @@ void ForwardPass::engram_stage(int64_t l) {
                     gates.data());
   dump("layer" + std::to_string(l) + ".engram_out", {n, C, H}, streams_.data());
   dump("layer" + std::to_string(l) + ".engram_gate", {n, C}, gates.data());
+  if (opt_.dump && *opt_.dump) {
+    // RMS over streams and channels of the update g_c * value (the golden engram_delta_rms;
+    // exactly 0 at DEAD positions, whose gates are 0).
+    std::vector<float> rms(n);
+    for (int64_t r = 0; r < n; ++r) {
+      double g2 = 0, v2 = 0;
+      for (int64_t c = 0; c < C; ++c) g2 += static_cast<double>(gates[r * C + c]) * gates[r * C + c];
+      for (int64_t h = 0; h < H; ++h) v2 += static_cast<double>(value[r * H + h]) * value[r * H + h];
+      rms[r] = static_cast<float>(std::sqrt(g2 * v2 / static_cast<double>(C * H)));
+    }
+    dump("layer" + std::to_string(l) + ".engram_delta_rms", {n}, rms.data());
+  }
 }
 
 }  // namespace ds41::model

@@ -23,6 +23,14 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
       return invalid_argument("sequence " + std::to_string(i) + ": image_span has " +
                               std::to_string(in.image_span.size()) + " flags for " +
                               std::to_string(in.tokens.size()) + " tokens");
+    if (!in.span_embeds.empty()) {
+      int64_t flagged = 0;
+      for (uint8_t f : in.image_span) flagged += f != 0;
+      if (static_cast<int64_t>(in.span_embeds.size()) != flagged * H)
+        return invalid_argument(
+            "sequence " + std::to_string(i) + ": span_embeds has " + std::to_string(in.span_embeds.size()) +
+            " values for " + std::to_string(flagged) + " image-span positions of width " + std::to_string(H));
+    }
     for (size_t t = 0; t < in.tokens.size(); ++t)
       if (in.tokens[t] < 0 || in.tokens[t] >= V)
         return invalid_argument("sequence " + std::to_string(i) + ": token " + std::to_string(t) +
@@ -89,6 +97,17 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
   // MODEL_SPEC 3.1: embed, copy into every stream, pi = one-hot(0).
   std::vector<float> e(n_ * H);
   be_.embed_bf16(m_.weights().embed, c_.vocab_size, H, ids.data(), n_, e.data());
+  // MODEL_SPEC 3.11: image-span positions take the span rows instead of the token embedding.
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceInput& in = batch[i];
+    if (in.span_embeds.empty()) continue;
+    const float* src = in.span_embeds.data();
+    for (size_t t = 0; t < in.tokens.size(); ++t)
+      if (in.image_span[t]) {
+        std::memcpy(&e[(seqs_[i].begin + static_cast<int64_t>(t)) * H], src, H * sizeof(float));
+        src += H;
+      }
+  }
   for (int64_t r = 0; r < n_; ++r) {
     for (int64_t c = 0; c < C; ++c) std::memcpy(&streams_[(r * C + c) * H], &e[r * H], H * sizeof(float));
     pi_[r * C] = 1.0f;

@@ -74,9 +74,14 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   DS41_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::open(dir));
   DS41_ASSIGN_OR_RETURN(m->weights_, bind_model_weights(*m->ckpt_, c, m->sched_));
   DS41_ASSIGN_OR_RETURN(m->hasher_, make_engram_hasher(c, dir, opt.tokenizer_dir));
+  if (c.has_vision) {
+    DS41_ASSIGN_OR_RETURN(m->vision_weights_, bind_vision_weights(*m->ckpt_, c));
+  }
   // Let the backend convert / cache every linear weight once, at load.
   const ModelWeights& w = *m->weights_;
   std::vector<const ops::WeightRef*> linear{&w.head};
+  if (m->vision_weights_)
+    for (const ops::WeightRef* r : m->vision_weights_->linears()) linear.push_back(r);
   for (const LayerWeights& lw : w.layers) {
     for (const ops::WeightRef* r :
          {&lw.wq_a, &lw.wq_b, &lw.wkv, &lw.wo_a, &lw.wo_b, &lw.c_wkv, &lw.c_wgate, &lw.idx_wk, &lw.idx_wq_b,
@@ -96,6 +101,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   if (opt.progress) opt.progress(total, total);
   m->inv_freq_main_ = rope_inv_freq_main(c);
   m->inv_freq_yarn_ = rope_inv_freq_yarn(c);
+  if (m->vision_weights_)
+    m->vision_tower_ = std::make_unique<VisionTower>(m->cfg_, *m->vision_weights_, *backend);
   return m;
 }
 

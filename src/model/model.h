@@ -23,6 +23,8 @@
 #include "model/loader/safetensors.h"
 #include "model/model_weights.h"
 #include "model/sequence_state.h"
+#include "model/vision_tower.h"
+#include "model/vision_weights.h"
 #include "ops/backend.h"
 
 namespace ds41::model {
@@ -59,6 +61,10 @@ struct SequenceInput {
   std::span<const int32_t> tokens;
   // Optional, one flag per token: inside an image span (router bias_vl; Engram DEAD).
   std::span<const uint8_t> image_span = {};
+  // Optional: [flagged positions, hidden] rows that replace the token embeddings of the positions
+  // flagged in image_span, in order (model/vision_span.h builds them). Empty: the flagged
+  // positions keep their token embeddings.
+  std::span<const float> span_embeds = {};
 };
 
 // Selections of one call for one sequence; rows = the call's tokens.
@@ -113,6 +119,9 @@ class Model {
   const ModelWeights& weights() const { return *weights_; }
   ops::Backend& backend() const { return *backend_; }
   const engram::EngramHasher* hasher() const { return hasher_.get(); }
+  // The vision tower and its weights (MODEL_SPEC 3.11); null without vision_config.
+  const VisionWeights* vision_weights() const { return vision_weights_.get(); }
+  const VisionTower* vision_tower() const { return vision_tower_.get(); }
   const std::vector<float>& rope_inv_freq(bool yarn) const { return yarn ? inv_freq_yarn_ : inv_freq_main_; }
 
   std::unique_ptr<SequenceState> new_sequence() const;
@@ -154,6 +163,8 @@ class Model {
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ModelWeights> weights_;
   std::unique_ptr<engram::EngramHasher> hasher_;
+  std::unique_ptr<VisionWeights> vision_weights_;
+  std::unique_ptr<VisionTower> vision_tower_;
   ops::Backend* backend_ = nullptr;
   std::vector<float> inv_freq_main_, inv_freq_yarn_;
 };

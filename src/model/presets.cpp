@@ -1,6 +1,7 @@
 // ds41 model: preset configs and the nested config.json emitter (MODEL_SPEC 1.2-1.4).
 #include "model/presets.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -232,15 +233,34 @@ std::vector<int64_t> engram_table_rows(int64_t n_layers, int64_t n_orders, int64
   return rows;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "v41-flash", "v41-flash-slice"}; }
+// tiny + a one-block vision tower (hidden 64, 2 heads of 32) with a small image budget (64 span
+// positions, min 84^2 pixels): the e2e tests' image model (issue 16).
+ModelConfig tiny_vision() {
+  ModelConfig c = tiny();
+  c.has_vision = true;
+  c.vision_hidden_size = 64;
+  c.vision_intermediate_size = 128;
+  c.vision_num_layers = 1;
+  c.vision_num_heads = 2;
+  c.vision_patch_size = 14;
+  c.vision_downsample_ratio = 3;
+  c.vision_max_image_tokens = 64;
+  c.vision_min_pixels = 7056;
+  return c;
+}
+
+std::vector<std::string> preset_names() {
+  return {"tiny", "tiny-vision", "small", "v41-flash", "v41-flash-slice"};
+}
 
 Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "tiny") return tiny();
+  if (name == "tiny-vision") return tiny_vision();
   if (name == "small") return small();
   if (name == "v41-flash") return v41_flash();
   if (name == "v41-flash-slice") return v41_flash_slice();
   return invalid_argument("unknown preset '" + std::string(name) +
-                          "' (known: tiny, small, v41-flash, v41-flash-slice)");
+                          "' (known: tiny, tiny-vision, small, v41-flash, v41-flash-slice)");
 }
 
 int preset_default_shards(std::string_view name) {
@@ -332,17 +352,23 @@ std::string model_config_to_json(const ModelConfig& c) {
   t["use_cache"] = true;
   root["text_config"] = t;
   if (c.has_vision) {
-    // MODEL_SPEC 1.4; keys the engine does not read yet keep their released values.
+    // MODEL_SPEC 1.4.
     root["vision_config"] = {{"hidden_size", c.vision_hidden_size},
                              {"intermediate_size", c.vision_intermediate_size},
                              {"num_hidden_layers", c.vision_num_layers},
                              {"num_attention_heads", c.vision_num_heads},
                              {"patch_size", c.vision_patch_size},
                              {"downsample_ratio", c.vision_downsample_ratio},
-                             {"rope_theta", 10000},
-                             {"max_image_tokens", 1024},
-                             {"min_pixels", 295936},
+                             {"rope_theta", 0},
+                             {"max_image_tokens", c.vision_max_image_tokens},
+                             {"min_pixels", c.vision_min_pixels},
                              {"max_wh_ratio", nullptr}};
+    // rope_theta as the release writes it (an integer when integral).
+    if (c.vision_rope_theta == std::floor(c.vision_rope_theta))
+      root["vision_config"]["rope_theta"] = static_cast<int64_t>(c.vision_rope_theta);
+    else
+      root["vision_config"]["rope_theta"] = c.vision_rope_theta;
+    if (c.vision_max_wh_ratio > 0) root["vision_config"]["max_wh_ratio"] = c.vision_max_wh_ratio;
   }
   return root.dump(2) + "\n";
 }

@@ -7,6 +7,8 @@
 //              Reuse, Reindex, Reuse), Engram on layers 1 and 3, hidden 192, vocab 2048,
 //              window 8, index top-k 8, candidate pool 6 blocks of 2. No DSpark, no vision.
 //              ~7.4 MB; every limit is exceeded by a ~100-token sequence.
+//   tiny-vision  tiny + a 1-block vision tower (hidden 64, 2 heads, intermediate 128), at most 64
+//              image span positions per image, min_pixels 84^2: the image e2e tests' model.
 //   small      16 layers in the released proportions (2 window-only, 6 ratio-2 with KV sources 2
 //              and 5, 8 ratio-1 with the KV + candidate source 8 and Reindex 10/12/14), released
 //              row widths (head_dim 512, index_head_dim 128), the real vocabulary (129,280, so the

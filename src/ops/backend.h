@@ -52,6 +52,20 @@ struct HcMapArgs {
   float* comb = nullptr;  // [n, c, c]
 };
 
+// Full (bidirectional) multi-head attention within segments (the vision tower, MODEL_SPEC 3.11):
+// row r of segment s attends to every row of s with separate keys and values; softmax over the
+// segment, no sink, no mask.
+struct DenseAttentionArgs {
+  int64_t n = 0, n_heads = 0, head_dim = 0;
+  const float* q = nullptr;              // [n, n_heads, head_dim]
+  const float* k = nullptr;              // [n, n_heads, head_dim]
+  const float* v = nullptr;              // [n, n_heads, head_dim]
+  const int64_t* seg_offsets = nullptr;  // [n_segs + 1], seg_offsets[0] = 0, seg_offsets[n_segs] = n
+  int64_t n_segs = 0;
+  float scale = 1.0f;
+  float* out = nullptr;  // [n, n_heads, head_dim]
+};
+
 // Top-k tie order used by every selection in ds41 (index top-k, candidate blocks, router):
 // larger score first; equal scores -> lower index first (NumPy's stable argsort of -score).
 // -inf entries are never selected; +inf entries are.
@@ -117,6 +131,26 @@ class Backend {
   // dst[rows[i], :] += src[i, :].
   virtual void scatter_add_rows(const float* src, const int64_t* rows, int64_t m, int64_t dim,
                                 float* dst) = 0;
+
+  // --- Vision tower and aligner (MODEL_SPEC 3.11) ---
+  // y[r, :] += bias, n rows of dim.
+  virtual void add_bias(float* y, int64_t n, int64_t dim, const float* bias) = 0;
+  // y[i] += x[i] over count values (residual adds).
+  virtual void add_inplace(float* y, const float* x, int64_t count) = 0;
+  // Exact (erf) GELU in place: x * 0.5 * (1 + erf(x / sqrt(2))).
+  virtual void gelu_erf(float* x, int64_t count) = 0;
+  // 2D RoPE, split-half convention, on n rows x heads vectors of head_dim: with the angle vector
+  // a = [row[r] * f (head_dim/4), col[r] * f (head_dim/4)] (float32 products),
+  // out[j] = x[j] cos a_j - x[j + head_dim/2] sin a_j, out[j + head_dim/2] = x[j + head_dim/2] cos a_j
+  // + x[j] sin a_j for j < head_dim/2. inv_freq has head_dim/4 entries.
+  virtual void rope_2d(float* x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* row,
+                       const int32_t* col, const float* inv_freq) = 0;
+  virtual void dense_attention(const DenseAttentionArgs& a) = 0;
+  // The aligner's unshuffle: x is a grid_h x grid_w grid of c-wide rows, zero-padded to multiples
+  // of k; out[(i * ceil(grid_w/k) + j), (ch * k + dy) * k + dx] = x[(i*k + dy) * grid_w + j*k + dx, ch]
+  // (windows in reading order, each flattened channel-major).
+  virtual void space_to_depth(const float* x, int64_t grid_h, int64_t grid_w, int64_t c, int64_t k,
+                              float* out) = 0;
 };
 
 }  // namespace ds41::ops

@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "server/generator.h"
 #include "server/http_types.h"
+#include "server/image_inputs.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
 #include "text/tokenizer.h"
@@ -29,6 +30,7 @@ struct ServiceConfig {
   int64_t max_tokens_limit = 0;   // max_tokens cap (0: none); also the default when unset
   bool default_thinking = text::ChatOptions{}.thinking;  // chat_template_kwargs unset
   ParseLimits parse;
+  ImageInputOptions images;  // image_url parts: remote URLs (off by default), byte/pixel limits
 };
 
 // One request's context, for logs and metrics.
@@ -49,6 +51,8 @@ class ApiService {
   // outlive the service. max_context > 0 replaces the configured one (known only after the
   // model loaded). Call once.
   void set_ready(Generator* gen, const text::Tokenizer* tok, int64_t max_context = 0);
+  // The served model's vision config (before set_ready); without it image parts are refused.
+  void set_vision(VisionModelInfo v) { vision_ = std::move(v); }
   // Shutting down: new generation requests get 503.
   void set_draining();
   bool ready() const { return ready_.load(); }
@@ -70,6 +74,7 @@ class ApiService {
   std::optional<ApiError> check_lengths(int64_t prompt_tokens, std::optional<int64_t> requested,
                                         int64_t* max_tokens) const;
   std::string next_id(const char* prefix);
+  VisionModelInfo vision_;  // set before set_ready, read-only after
   // Per-request log line and request metrics (streams: when the stream closes).
   void finish_request(const RequestCtx& ctx, int status, const std::string& detail);
 

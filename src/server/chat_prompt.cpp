@@ -5,7 +5,7 @@ namespace ds41::server {
 
 ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& req,
                                                   const text::Tokenizer& tok, bool default_thinking,
-                                                  bool* thinking) {
+                                                  bool* thinking, std::vector<std::string>* images) {
   std::vector<text::ChatMessage> messages = req.messages;
   const bool has_tools = !req.tools.is_null() && !req.tools.empty();
   const bool has_rf = !req.response_format.is_null() && !req.response_format.empty();
@@ -26,6 +26,7 @@ ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& r
   if (!prompt.ok()) return bad_request(prompt.status().message(), "messages");
   // Only the template's own markers become control tokens: special-token strings inside message
   // content (untrusted client text) are tokenized as plain text (text/chat_encoding.h).
+  if (images) *images = prompt.value().images;
   return text::chat_prompt_ids(tok, prompt.value());
 }
 

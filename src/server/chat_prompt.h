@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "server/openai_protocol.h"
@@ -13,8 +14,10 @@ namespace ds41::server {
 // Request-level tools and response_format go to a system message first (inserted when message
 // 0 is not one). *thinking (optional) receives the mode used: the request's, else
 // `default_thinking`. Encoding errors (e.g. a tool call without a name) are 400s.
+// *images (optional) receives the image sources in placeholder order (each placeholder is one
+// <｜deepseek_image｜> token in the ids; image_inputs.h expands them).
 ApiResult<std::vector<int32_t>> build_chat_prompt(const ChatCompletionRequest& req,
                                                   const text::Tokenizer& tok, bool default_thinking,
-                                                  bool* thinking);
+                                                  bool* thinking, std::vector<std::string>* images = nullptr);
 
 }  // namespace ds41::server

@@ -274,9 +274,18 @@ HttpResponse ApiService::chat_completions(const HttpRequest& req, RequestCtx* ct
   if (!pr.ok()) return error_response(pr.error());
   ChatCompletionRequest& cr = pr.value();
   bool thinking = cfg_.default_thinking;
-  ApiResult<std::vector<int32_t>> ids = build_chat_prompt(cr, *tok_, cfg_.default_thinking, &thinking);
+  std::vector<std::string> image_sources;
+  ApiResult<std::vector<int32_t>> ids =
+      build_chat_prompt(cr, *tok_, cfg_.default_thinking, &thinking, &image_sources);
   if (!ids.ok()) return error_response(ids.error());
   engine::GenerationRequest g;
+  // Images: resolved, decoded and preprocessed here; their placeholders expand to span
+  // positions (counted in usage.prompt_tokens); the tower runs in the engine loop.
+  int64_t image_tokens = 0;
+  ApiResult<std::vector<engine::RequestImage>> imgs =
+      resolve_request_images(image_sources, vision_, cfg_.images, &ids.value(), &image_tokens);
+  if (!imgs.ok()) return error_response(imgs.error());
+  g.images = std::move(imgs.value());
   if (auto e = check_lengths(static_cast<int64_t>(ids.value().size()), cr.common.max_tokens, &g.max_tokens))
     return error_response(*e);
   g.prompt = std::move(ids.value());

@@ -101,6 +101,15 @@ std::string ServerMetrics::render(const engine::LoopStats& st) const {
   gauge("ds41_preemptions_total", "Sequences preempted (state dropped, recomputed later).", "counter",
         st.preemptions);
   gauge("ds41_engine_steps_total", "Engine steps run.", "counter", st.steps);
+  gauge("ds41_images_encoded_total", "Images run through the vision tower (feature-cache misses).", "counter",
+        st.images_encoded);
+  gauge("ds41_image_tokens_total", "Image span positions of prefilled requests.", "counter", st.image_tokens);
+  gauge("ds41_vision_cache_hits_total", "Vision-feature cache hits (image encoded before).", "counter",
+        st.vision_cache_hits);
+  gauge("ds41_vision_cache_misses_total", "Vision-feature cache misses.", "counter", st.vision_cache_misses);
+  gauge("ds41_vision_cache_entries", "Images held by the vision-feature cache.", "gauge",
+        st.vision_cache_entries);
+  gauge("ds41_vision_cache_bytes", "Bytes held by the vision-feature cache.", "gauge", st.vision_cache_bytes);
   step_seqs_.render("ds41_step_batch_size", "Sequences per engine step.", &o);
   step_tokens_.render("ds41_step_tokens", "Tokens per engine step (prefill chunks + decodes).", &o);
   step_seconds_.render("ds41_step_seconds", "Engine step duration.", &o);

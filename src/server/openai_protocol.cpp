@@ -273,7 +273,7 @@ std::optional<ApiError> read_response_format(const Json& j, ChatCompletionReques
 }
 
 // Chat messages go through text::chat_messages_from_json (one parser for the CLI and the
-// server); image parts are refused here until the vision pipeline exists.
+// server); image parts are checked for shape here and resolved by the service.
 std::optional<ApiError> read_messages(const Json& j, ChatCompletionRequest* r) {
   if (!j.contains("messages")) return bad_request("'messages' is required", "messages");
   const Json& m = j["messages"];
@@ -291,11 +291,27 @@ std::optional<ApiError> read_messages(const Json& j, ChatCompletionRequest* r) {
                         msg.status().message().find(".role") != std::string::npos;
       return bad_request(msg.status().message(), role ? w + ".role" : w);
     }
-    if (msg.value().parts) {
-      for (const text::ContentPart& p : *msg.value().parts) {
-        if (p.type == text::ContentPart::Type::kImage)
-          return bad_request("vision not supported yet: " + w + " has an image part", w + ".content",
-                             "vision_not_supported");
+    // Image parts (issue 16): `image_url` as {"url": ..., "detail": "auto"|"low"|"high"} or a
+    // plain string. `detail` is accepted and has no effect: the model's vision config fixes the
+    // resize plan (README "Images"). The URL itself is resolved by the service (image_inputs.h).
+    if (m[i].contains("content") && m[i]["content"].is_array()) {
+      const Json& parts = m[i]["content"];
+      for (size_t k = 0; k < parts.size(); ++k) {
+        const Json& part = parts[k];
+        if (!part.is_object() || !part.contains("type") || part["type"] != "image_url") continue;
+        const std::string pw = w + ".content[" + std::to_string(k) + "].image_url";
+        if (!part.contains("image_url") || !(part["image_url"].is_object() || part["image_url"].is_string()))
+          return bad_request("'" + pw + "' must be an object with a 'url'", pw);
+        const Json& iu = part["image_url"];
+        if (iu.is_object()) {
+          if (!iu.contains("url") || !iu["url"].is_string() || iu["url"].get<std::string>().empty())
+            return bad_request("'" + pw + ".url' must be a non-empty string", pw + ".url");
+          if (iu.contains("detail") && !iu["detail"].is_null()) {
+            const Json& d = iu["detail"];
+            if (!d.is_string() || (d != "auto" && d != "low" && d != "high"))
+              return bad_request("'" + pw + ".detail' must be \"auto\", \"low\" or \"high\"", pw + ".detail");
+          }
+        }
       }
     }
     r->messages.push_back(std::move(msg.value()));

@@ -62,6 +62,15 @@ class CpuBackend final : public ops::Backend {
   void swiglu(const float* g, const float* u, int64_t n, int64_t dim, float limit, const float* row_scale,
               float* out) override;
   void scatter_add_rows(const float* src, const int64_t* rows, int64_t m, int64_t dim, float* dst) override;
+  // Vision ops (cpu_vision_ops.cpp).
+  void add_bias(float* y, int64_t n, int64_t dim, const float* bias) override;
+  void add_inplace(float* y, const float* x, int64_t count) override;
+  void gelu_erf(float* x, int64_t count) override;
+  void rope_2d(float* x, int64_t n, int64_t heads, int64_t head_dim, const int32_t* row, const int32_t* col,
+               const float* inv_freq) override;
+  void dense_attention(const ops::DenseAttentionArgs& a) override;
+  void space_to_depth(const float* x, int64_t grid_h, int64_t grid_w, int64_t c, int64_t k,
+                      float* out) override;
 
  private:
   // Float32 copy of w (cached mode), created on first use.

@@ -181,6 +181,31 @@ uint64_t Checkpoint::payload_bytes() const {
   return s;
 }
 
+namespace {
+
+// A shard may be stored as a symbolic link written out as a plain file holding the relative
+// target path (a git symlink checked out without link support, as the vision golden set's
+// model.safetensors -> ../v41-tiny-public/model.safetensors). Such a file is far too small to be
+// a safetensors file; when its whole content is a path to an existing *.safetensors file next to
+// it, that file is opened instead. Anything else is opened as is (and fails with its own error).
+std::string follow_link_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec || size == 0 || size > 1024) return path;
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  const std::string ext = ".safetensors";
+  if (text.empty() || text.front() == '/' || text.find('\0') != std::string::npos || text.size() <= ext.size() ||
+      text.compare(text.size() - ext.size(), ext.size(), ext) != 0)
+    return path;
+  const fs::path target = fs::path(path).parent_path() / text;
+  return fs::is_regular_file(target, ec) ? target.string() : path;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir) {
   namespace fs = std::filesystem;
   auto ck = std::make_unique<Checkpoint>();
@@ -213,7 +238,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir) {
   }
   std::string errors;
   for (const std::string& sf : shard_files) {
-    auto f = SafetensorsFile::open(dir + "/" + sf);
+    auto f = SafetensorsFile::open(follow_link_file(dir + "/" + sf));
     if (!f.ok()) {
       errors += f.status().message() + "\n";
       continue;

@@ -20,10 +20,11 @@ process.on('exit', cleanupAll);
 for (const sig of ['SIGTERM', 'SIGINT']) process.on(sig, () => { cleanupAll(); process.exit(1); });
 
 // Makes the tiny checkpoint (random weights, V4.1 tokenizer) in a fresh temp dir; returns its path.
-function makeTinyModel(ds41, sharedDir, seed = 1) {
+// `preset` 'tiny-vision' adds a small vision tower (the image tests).
+function makeTinyModel(ds41, sharedDir, seed = 1, preset = 'tiny') {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ds41-e2e-model-'));
   const out = path.join(dir, 'tiny');
-  execFileSync(ds41, ['make-checkpoint', '--preset', 'tiny', '--seed', String(seed), '--out', out,
+  execFileSync(ds41, ['make-checkpoint', '--preset', preset, '--seed', String(seed), '--out', out,
     '--tokenizer', path.join(sharedDir, 'tokenizer-v41')], { stdio: ['ignore', 'ignore', 'inherit'] });
   liveDirs.add(dir);
   return { dir, model: out, remove: () => { fs.rmSync(dir, { recursive: true, force: true }); liveDirs.delete(dir); } };

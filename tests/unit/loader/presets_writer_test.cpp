@@ -57,7 +57,7 @@ TEST(Presets, ConfigJsonRoundTripsForEveryPreset) {
     ASSERT_TRUE(k.ok()) << k.status().message();
   }
   EXPECT_FALSE(preset_config("huge").ok());
-  EXPECT_NE(preset_config("huge").status().message().find("tiny, small, v41-flash"), std::string::npos);
+  EXPECT_NE(preset_config("huge").status().message().find("tiny, tiny-vision, small, v41-flash"), std::string::npos);
 }
 
 TEST(Presets, TinyMatchesTheGoldenStructure) {

@@ -31,8 +31,11 @@ TEST(ServerProtocol, ChatBadBodiesAre400WithTheField) {
       {R"({"messages": [{"content": "x"}]})", {"no role", "", "messages[0]", "role"}},
       {R"({"messages": [{"role": "user", "content": 5}]})",
        {"content int", "", "messages[0].content", "string"}},
-      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]})",
-       {"image", "", "messages[0].content", "vision not supported yet"}},
+      // Issue 16: image parts are accepted (resolved by the service); their shape is checked here.
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x", "detail": "max"}}]}]})",
+       {"image detail", "", "messages[0].content[0].image_url.detail", "\"auto\", \"low\" or \"high\""}},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}]})",
+       {"image url", "", "messages[0].content[0].image_url.url", "non-empty"}},
       {with(R"("temperature": "hot")"), {"temp type", "", "temperature", "must be a number"}},
       {with(R"("temperature": 3)"), {"temp range", "", "temperature", "[0, 2]"}},
       {with(R"("top_p": 0)"), {"top_p zero", "", "top_p", "(0, 1]"}},
