@@ -11,6 +11,15 @@
 //   - events arrive in order; exactly one final event (finish != kNone) ends every stream.
 //   - cancel() (client gone, stop string matched on the consumer side) is idempotent and thread-safe.
 //   - stop(timeout): stops accepting, lets running requests finish until timeout, aborts the rest.
+//
+// Prefix cache (LoopConfig::prefix_cache, prefix_cache.h): at admission a request restores the
+// longest cached prefix of its tokens (all but the last) and prefills only the rest; or, when
+// another running request is computing the same prefix blocks, it is parked until that producer
+// reaches the shared boundary (the producer stops a chunk there and publishes a snapshot). After
+// each step the full blocks a sequence completed are published; SWA snapshots are published at
+// the prompt's last-but-one position (a chunk stops there, so a repeat of the prompt restores
+// everything but the token whose logits it needs) and at the end of the output. A preempted
+// sequence keeps its blocks pinned and its snapshot, and resumes by an exact restore.
 #pragma once
 
 #include <chrono>
@@ -29,6 +38,10 @@
 #include "engine/request.h"
 
 namespace ds41::engine {
+class PrefixCache;
+}
+
+namespace ds41::engine {
 
 struct LoopConfig {
   int64_t max_batch_tokens = 2048;             // tokens per step (prefill chunks + decodes)
@@ -41,6 +54,12 @@ struct LoopConfig {
   // every request owns its sampler and penalty state). Null: on the loop thread. Not owned; the
   // CPU engine's pool is idle between forwards, so the CLI passes it.
   ThreadPool* sample_pool = nullptr;
+  // Prefix cache (issue 13; not owned, must outlive the loop): null serves without one.
+  PrefixCache* prefix_cache = nullptr;
+  // MODEL_SPEC 4.4 decoder SWA bounded replay for cold prompts (--prefill-mode decoder-replay):
+  // the prompt but its last token runs through Engine::prefill_decoder_replay in one call (not
+  // chunked), the last token in the batch. An approximation; off by default.
+  bool decoder_replay_prefill = false;
 };
 
 // The consumer side of one request. Thread-safe.
@@ -70,6 +89,8 @@ struct LoopStats {
   int64_t kv_used_bytes = 0, kv_capacity_bytes = 0;
   int64_t steps = 0, preemptions = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;
+  int64_t prefill_tokens_computed = 0;  // prompt positions run through the model (not restored)
+  int64_t cached_tokens = 0;            // prompt positions restored from the prefix cache
 };
 
 class EngineLoop {
