@@ -285,7 +285,10 @@ void EngineLoop::Impl::unpark_ready() {
     r->cache.wait_boundary = 0;
     r->cache.wait_producer = -1;
     restore(*r);
+    if (r->seq < 0)
+      finish(*r, FinishReason::kError, "could not recreate the sequence after a failed restore");
   }
+  std::erase_if(running, [](const auto& r) { return r->seq < 0; });
 }
 
 void EngineLoop::Impl::step_once() {

@@ -151,6 +151,20 @@ test('two concurrent requests sharing a prefix compute it once', { skip: REDIS_O
   }
 });
 
+test('--prefill-mode decoder-replay serves and meters the prefill', { skip: REDIS_ONLY }, async () => {
+  const srv = await start(['--prefill-mode', 'decoder-replay']);
+  try {
+    const r = await chat(srv, conversation(40), 4);
+    assert.ok(r.tokens.length > 0);
+    assert.equal(await metric(srv, 'ds41_prefill_tokens_computed_total'), r.usage.prompt_tokens);
+    const again = await chat(srv, conversation(40), 4);
+    assert.deepEqual(again.tokens, r.tokens, 'a repeat restores the (approximate) state exactly');
+    assert.equal(again.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens - 1);
+  } finally {
+    await stop(srv);
+  }
+});
+
 test('restart with the same --kv-dir: persistent tier serves, replay counted; recompute is exact; a corrupt block is a miss',
   { skip: REDIS_ONLY }, async () => {
     const dir = tmpDir('kvdir');

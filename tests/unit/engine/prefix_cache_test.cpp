@@ -308,6 +308,31 @@ TEST_F(PrefixCacheTest, PreemptedSequenceResumesByAnExactRestore) {
   EXPECT_EQ(stats_.prefill_tokens_computed, 400 + stats_.preemptions);
 }
 
+TEST_F(PrefixCacheTest, DecoderReplayPrefillPublishesApproximateSnapshotsAndExactBlocks) {
+  PrefixCacheConfig c = base_config();
+  c.decoder_replay_prefill = true;
+  make_cache(c);
+  auto p = random_prompt(300, 15);
+  LoopConfig lc;
+  lc.decoder_replay_prefill = true;
+  const Outcome first = run({greedy(p, 4)}, true, lc)[0];
+  EXPECT_EQ(first.tokens.size(), 4u);
+  EXPECT_EQ(stats_.prefill_tokens_computed, 300);
+  const std::span<const int32_t> P(p);
+  auto exact = kvcache::BlockChainHasher::create("golden-tiny-test", 128);
+  auto approx = kvcache::BlockChainHasher::create("golden-tiny-test+approx", 128);
+  // MODEL_SPEC 4.4 changes only the layers after the last KV source: the snapshot is approximate
+  // (an exact consumer never sees it), the global-KV blocks are exact.
+  EXPECT_FALSE(pc_->swa_pool().contains(exact->prefix_key(P.first(299))));
+  EXPECT_TRUE(pc_->swa_pool().contains(approx->prefix_key(P.first(299))));
+  EXPECT_TRUE(pc_->engine_tier().contains(exact->chain_keys(P.first(256))[1]));
+  // A repeat restores the approximate state exactly: the same tokens as the first run.
+  const Outcome again = run({greedy(p, 4)}, true, lc)[0];
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_EQ(again.last.cache.swa, "restored");
+  EXPECT_EQ(again.last.cached_tokens, 299);
+}
+
 TEST(BlockTier, PinnedBlocksStayLruAmongUnpinnedAndEvictionsDemote) {
   std::vector<BlockKey> demoted;
   BlockTier t(250, [&](const BlockKey& k, BlockBytes) { demoted.push_back(k); });
