@@ -161,6 +161,8 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--kv-cache-memory", a->engine.kv_cache_memory,
                   "Engine-memory tier for cached blocks not in use (default 1GiB)");
   cmd->add_option("--kv-dram", a->engine.kv_dram, "Host DRAM tier for cached blocks (default 4GiB)");
+  cmd->add_option("--kv-swa-memory", a->engine.kv_swa_memory,
+                  "Cap of the in-process SWA snapshot pool (default: 10% of host memory)");
   cmd->add_flag("-q,--quiet", a->engine.quiet, "No load progress (the ready line is still printed)");
   cmd->callback([a, &exit_code] {
     Status s = run_serve(*a);

@@ -69,6 +69,10 @@ Result<engine::PrefixCacheConfig> prefix_cache_config(const EngineArgs& a, const
   c.engine_tier_bytes = static_cast<uint64_t>(eng_bytes);
   c.dram_tier_bytes = static_cast<uint64_t>(dram_bytes);
   c.decoder_replay_prefill = a.prefill_mode == "decoder-replay";
+  if (!a.kv_swa_memory.empty()) {
+    DS41_ASSIGN_OR_RETURN(int64_t swa_bytes, parse_bytes(a.kv_swa_memory, "--kv-swa-memory"));
+    c.dram_swa.capacity_bytes = static_cast<uint64_t>(swa_bytes);
+  }
   if (!a.kv_dir.empty()) {
     c.disk.dir = a.kv_dir;
     auto cap = kvcache::parse_byte_size(a.kv_disk_capacity);
