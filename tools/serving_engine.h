@@ -35,6 +35,7 @@ struct EngineArgs {
   std::string prefill_mode = "exact";    // exact | decoder-replay
   std::string kv_cache_memory = "1GiB";  // engine tier (unpinned blocks)
   std::string kv_dram = "4GiB";          // host DRAM tier
+  std::string kv_swa_memory;             // DRAM SWA pool cap; empty: 10 % of host memory
 };
 
 // "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.
