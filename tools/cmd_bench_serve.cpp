@@ -11,7 +11,11 @@
 // --url URL: against a running server. --model DIR: starts the server in-process on a free
 // loopback port. --overhead (with --model): runs the same requests, at the same concurrency, once
 // through HTTP and once directly on the same EngineLoop, and reports the ratio of output tokens/s
-// (the server's own overhead: parsing, detokenization, SSE, sockets).
+// (the server's own overhead: parsing, detokenization, SSE, sockets). --cache-compare (with
+// --model): two in-process servers, one without and one with the prefix cache (DRAM tiers, issue
+// 13), run the same requests in the same run; each point reports both, the prefill tokens each
+// computed and the ratios (TTFT p50/p99, prefill tokens: cache on / off). Each point uses its own
+// trace seed so the cache-on server never sees a point's trace before.
 //
 // Clients: one thread per concurrent client (cpp-httplib, streaming), fine up to a few hundred.
 #include <httplib.h>
@@ -30,6 +34,8 @@
 #include "cli_registry.h"
 #include "engine/cpu_engine.h"
 #include "engine/engine_loop.h"
+#include "engine/model_identity.h"
+#include "engine/prefix_cache.h"
 #include "forward_cli_util.h"
 #include "load_progress.h"
 #include "server/api_service.h"
@@ -46,7 +52,7 @@ using namespace bench_serve;
 
 struct BenchServeArgs {
   std::string url, model_dir, tokenizer_dir, api_key, model_name;
-  bool overhead = false, json = false;
+  bool overhead = false, json = false, cache_compare = false;
   std::string concurrency = "1,8,64", request_rate = "inf", workload = "random";
   int64_t num_prompts = 0;  // 0: 4 x concurrency (at least 16)
   int64_t input_len = 128, output_len = 32;
@@ -375,6 +381,8 @@ struct InProcess {
   LoadedModel lm;
   std::unique_ptr<text::Tokenizer> tok;
   std::unique_ptr<engine::CpuEngine> engine;
+  kvcache::MetricsRegistry cache_metrics;
+  std::unique_ptr<engine::PrefixCache> cache;  // --cache-compare's cache-on server
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<server::EngineLoopGenerator> gen;
   server::ServerMetrics metrics;
@@ -386,7 +394,8 @@ struct InProcess {
   }
 };
 
-Result<std::unique_ptr<InProcess>> start_in_process(const BenchServeArgs& a, int64_t max_running) {
+Result<std::unique_ptr<InProcess>> start_in_process(const BenchServeArgs& a, int64_t max_running,
+                                                    bool prefix_cache = false) {
   auto p = std::make_unique<InProcess>();
   const std::string tok_dir = a.tokenizer_dir.empty() ? a.model_dir : a.tokenizer_dir;
   DS41_ASSIGN_OR_RETURN(p->tok, text::Tokenizer::from_model_dir(tok_dir));
@@ -396,6 +405,13 @@ Result<std::unique_ptr<InProcess>> start_in_process(const BenchServeArgs& a, int
   lc.max_batch_tokens = a.max_batch_tokens;
   lc.max_running = max_running;
   lc.sample_pool = p->lm.pool.get();
+  if (prefix_cache) {
+    engine::PrefixCacheConfig pc;
+    DS41_ASSIGN_OR_RETURN(pc.model_identity, engine::model_identity(a.model_dir, p->lm.model->kv_layout()));
+    DS41_ASSIGN_OR_RETURN(p->cache,
+                          engine::PrefixCache::create(pc, SystemClock::instance(), p->cache_metrics));
+    lc.prefix_cache = p->cache.get();
+  }
   p->loop = std::make_unique<engine::EngineLoop>(p->engine.get(), lc);
   DS41_RETURN_IF_ERROR(p->loop->start());
   p->gen = std::make_unique<server::EngineLoopGenerator>(p->loop.get());
@@ -416,6 +432,8 @@ Status run_bench_serve(const BenchServeArgs& a) {
   if (a.url.empty() == a.model_dir.empty()) return invalid_argument("give exactly one of --url and --model");
   if (a.overhead && a.model_dir.empty())
     return invalid_argument("--overhead needs --model (an in-process engine)");
+  if (a.cache_compare && (a.model_dir.empty() || a.overhead))
+    return invalid_argument("--cache-compare needs --model and excludes --overhead");
   if (a.workload != "random" && a.workload != "agent" && a.workload != "both")
     return invalid_argument("--workload must be random, agent or both");
   if (a.input_len <= 0 || a.output_len <= 0 || a.agent_turns <= 0 || a.token_lo < 0 ||
@@ -426,18 +444,26 @@ Status run_bench_serve(const BenchServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);
   const int64_t max_conc = *std::max_element(concs.begin(), concs.end());
 
-  std::unique_ptr<InProcess> proc;
-  ParsedUrl url;
+  std::unique_ptr<InProcess> proc, proc_on;
+  ParsedUrl url, url_on;
   if (!a.model_dir.empty()) {
     std::cerr << "ds41 bench serve: loading " << a.model_dir << "\n";
     DS41_ASSIGN_OR_RETURN(proc, start_in_process(a, std::max(a.max_running, max_conc)));
     url.host = "127.0.0.1";
     url.port = proc->http->port();
+    if (a.cache_compare) {
+      DS41_ASSIGN_OR_RETURN(proc_on, start_in_process(a, std::max(a.max_running, max_conc), true));
+      url_on.host = "127.0.0.1";
+      url_on.port = proc_on->http->port();
+    }
   } else {
     DS41_ASSIGN_OR_RETURN(url, parse_url(a.url));
   }
   auto http_sender = [&](SteadyClock::time_point t0) -> std::unique_ptr<Sender> {
     return std::make_unique<HttpSender>(url, a.api_key, a.model_name, a.timeout_s, t0);
+  };
+  auto http_sender_on = [&](SteadyClock::time_point t0) -> std::unique_ptr<Sender> {
+    return std::make_unique<HttpSender>(url_on, a.api_key, a.model_name, a.timeout_s, t0);
   };
   auto direct_sender = [&](SteadyClock::time_point t0) -> std::unique_ptr<Sender> {
     return std::make_unique<DirectSender>(proc->loop.get(), t0);
@@ -447,6 +473,7 @@ Status run_bench_serve(const BenchServeArgs& a) {
   Json cfg = {{"url", a.url},
               {"model", a.model_dir},
               {"overhead", a.overhead},
+              {"cache_compare", a.cache_compare},
               {"workload", a.workload},
               {"concurrency", concs},
               {"request_rate", a.request_rate},
@@ -468,6 +495,7 @@ Status run_bench_serve(const BenchServeArgs& a) {
   if (a.warmup > 0) {
     auto w = random_workload(a.warmup, 8, 4, a.seed + 999, range);
     (void)run_point(w, poisson_arrivals(a.warmup, 0, 0), a.warmup, http_sender);
+    if (proc_on) (void)run_point(w, poisson_arrivals(a.warmup, 0, 0), a.warmup, http_sender_on);
   }
 
   Json results = Json::array();
@@ -498,7 +526,7 @@ Status run_bench_serve(const BenchServeArgs& a) {
           tc.user_tokens = a.agent_user;
           tc.tool_tokens = a.agent_tool;
           tc.output_tokens = a.output_len;
-          tc.seed = a.seed;
+          tc.seed = a.cache_compare ? a.seed + points_done : a.seed;
           tc.range = range;
           jobs = agent_trace(tc);
         }
@@ -509,8 +537,25 @@ Status run_bench_serve(const BenchServeArgs& a) {
         if (mode != LoadProgress::Mode::kQuiet)
           std::cerr << clear << "ds41 bench serve: " << wl << " concurrency " << conc << " rate " << rate
                     << "\n";
+        const int64_t off0 = proc ? proc->loop->stats().prefill_tokens_computed : 0;
         Json http = run_point(jobs, at, conc, http_sender);
-        if (a.overhead) {
+        if (a.cache_compare) {
+          const int64_t off = proc->loop->stats().prefill_tokens_computed - off0;
+          const int64_t on0 = proc_on->loop->stats().prefill_tokens_computed;
+          Json on = run_point(jobs, at, conc, http_sender_on);
+          const int64_t onp = proc_on->loop->stats().prefill_tokens_computed - on0;
+          auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
+          point["cache_off"] = http;
+          point["cache_on"] = on;
+          point["prefill_tokens_computed"] = {{"cache_off", off}, {"cache_on", onp}};
+          point["cached_token_ratio"] = on["cached_token_ratio"];
+          point["ratios_on_over_off"] = {
+              {"ttft_p50", ratio(on["ttft_ms"]["p50"].get<double>(), http["ttft_ms"]["p50"].get<double>())},
+              {"ttft_p99", ratio(on["ttft_ms"]["p99"].get<double>(), http["ttft_ms"]["p99"].get<double>())},
+              {"prefill_tokens_computed", ratio(static_cast<double>(onp), static_cast<double>(off))},
+              {"output_tokens_per_s",
+               ratio(on["output_tokens_per_s"].get<double>(), http["output_tokens_per_s"].get<double>())}};
+        } else if (a.overhead) {
           Json direct = run_point(jobs, at, conc, direct_sender);
           point["server"] = http;
           point["direct"] = direct;
@@ -540,6 +585,9 @@ void setup_bench_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--tokenizer", a->tokenizer_dir, "Tokenizer folder (default: the model directory)");
   cmd->add_flag("--overhead", a->overhead,
                 "Also run the same requests directly on the engine loop; report the ratio");
+  cmd->add_flag("--cache-compare", a->cache_compare,
+                "With --model: the same requests on a server without and one with the prefix cache, "
+                "same run (TTFT, prefill tokens computed, cached ratio)");
   cmd->add_flag("--json", a->json, "Pretty JSON report on stdout (progress on stderr)");
   cmd->add_option("--concurrency", a->concurrency, "Comma-separated client counts (default 1,8,64)");
   cmd->add_option("--request-rate", a->request_rate,

@@ -4,6 +4,7 @@
 // finish within --shutdown-timeout (the rest are aborted), exit 0.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -78,6 +79,7 @@ Status run_serve(const ServeArgs& a) {
                                                          metrics.observe_step(seqs, tokens, s);
                                                        }));
   service.set_vision(eng->vision_info());
+  metrics.set_cache_metrics(eng->cache_metrics());
   service.set_ready(eng->generator(), eng->tokenizer(), eng->max_context());
   std::printf("ds41 serve: ready on http://%s:%d (model %s, %s)\n", a.host.c_str(), http.port(), name.c_str(),
               device_name(a.engine.device).c_str());
@@ -88,11 +90,20 @@ Status run_serve(const ServeArgs& a) {
   std::fprintf(stderr, "ds41 serve: %s, draining (up to %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                a.shutdown_timeout_s);
   service.set_draining();
-  eng->stop(std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_timeout_s * 1000)));
+  const auto shutdown_start = std::chrono::steady_clock::now();
+  const auto shutdown_budget = std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_timeout_s * 1000));
+  eng->stop(shutdown_budget);
+  // The persistent tier's write queue: what the last requests published, so a restarted server
+  // finds it. Bounded by what is left of --shutdown-timeout.
+  const auto left = shutdown_budget - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - shutdown_start);
+  if (!eng->drain_cache_writes(std::max(left, std::chrono::milliseconds(0))))
+    std::fprintf(stderr,
+                 "ds41 serve: the KV write queue did not drain within --shutdown-timeout (blocks dropped)\n");
   // Every generation has now finished or been aborted. cpp-httplib's stop() also waits for idle
   // keep-alive connections to reach their idle timeout (5 s), which would hold the exit past
   // --shutdown-timeout; nothing is left to send on them, so after a short grace the process
-  // exits without waiting (no persistent state is written by the serving path).
+  // exits without waiting (the persistent tier's queue was drained above).
   auto stopped = std::make_shared<std::promise<void>>();
   std::future<void> http_done = stopped->get_future();
   std::thread([&http, stopped] {
@@ -148,6 +159,27 @@ void setup_serve(CLI::App& parent, int& exit_code) {
                   "Largest decoded image in pixels (default 40000000)");
   cmd->add_option("--vision-cache", a->engine.vision_cache,
                   "Host memory for the vision-feature cache (default 256MiB; 0 = off)");
+  // Prefix cache (issue 13; README "Prefix cache").
+  cmd->add_flag("--no-prefix-cache", a->engine.no_prefix_cache, "Serve without the prefix cache");
+  cmd->add_option("--kv-dir", a->engine.kv_dir,
+                  "Persistent global-KV tier directory (local SSD or shared filesystem; default: none)");
+  cmd->add_option("--kv-disk-capacity", a->engine.kv_disk_capacity, "Byte cap of --kv-dir (default 64GiB)");
+  cmd->add_option("--kv-retention", a->engine.kv_retention,
+                  "Blocks in --kv-dir younger than this are never evicted (default 72h)");
+  cmd->add_option("--kv-redis", a->engine.kv_redis,
+                  "SWA snapshot pool in Redis: host:port[,host:port...] (default: in-process DRAM pool)");
+  cmd->add_option("--swa-miss", a->engine.swa_miss,
+                  "No SWA snapshot for a cached prefix: replay (bounded replay of the last window, "
+                  "approximate; default) or recompute (the whole prefix, exact)");
+  cmd->add_option("--kv-swa-ttl", a->engine.kv_swa_ttl, "Lifetime of SWA snapshots (default 300s)");
+  cmd->add_option("--prefill-mode", a->engine.prefill_mode,
+                  "exact (default) or decoder-replay (MODEL_SPEC 4.4: decoder layers on the last window "
+                  "of the prompt only; approximate)");
+  cmd->add_option("--kv-cache-memory", a->engine.kv_cache_memory,
+                  "Engine-memory tier for cached blocks not in use (default 1GiB)");
+  cmd->add_option("--kv-dram", a->engine.kv_dram, "Host DRAM tier for cached blocks (default 4GiB)");
+  cmd->add_option("--kv-swa-memory", a->engine.kv_swa_memory,
+                  "Cap of the in-process SWA snapshot pool (default: 10% of host memory)");
   cmd->add_flag("-q,--quiet", a->engine.quiet, "No load progress (the ready line is still printed)");
   cmd->callback([a, &exit_code] {
     Status s = run_serve(*a);

@@ -3,8 +3,12 @@
 
 #include <cstdio>
 
+#include "engine/cpu_engine.h"
+#include "engine/model_identity.h"
+#include "engine/prefix_cache.h"
 #include "engine_factory.h"
 #include "forward_cli_util.h"
+#include "kvcache/store_config.h"
 #include "load_progress.h"
 #include "model/image_input.h"
 #include "server/engine_loop_generator.h"
@@ -41,7 +45,63 @@ Status validate_engine_args(const EngineArgs& a) {
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
   DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
-  return parse_bytes(a.kv_memory).status();
+  DS41_RETURN_IF_ERROR(parse_bytes(a.kv_memory).status());
+  if (a.prefill_mode != "exact" && a.prefill_mode != "decoder-replay")
+    return invalid_argument("--prefill-mode must be exact or decoder-replay, got '" + a.prefill_mode + "'");
+  if (a.no_prefix_cache) return ok_status();
+  auto c = prefix_cache_config(a, "validation");
+  return c.ok() ? c->validate() : c.status();
+}
+
+Result<engine::PrefixCacheConfig> prefix_cache_config(const EngineArgs& a, const std::string& identity) {
+  engine::PrefixCacheConfig c;
+  c.model_identity = identity;
+  if (a.swa_miss == "replay")
+    c.swa_miss = engine::SwaMiss::kReplay;
+  else if (a.swa_miss == "recompute")
+    c.swa_miss = engine::SwaMiss::kRecompute;
+  else
+    return invalid_argument("--swa-miss must be replay or recompute, got '" + a.swa_miss + "'");
+  auto ttl = kvcache::parse_duration_ns(a.kv_swa_ttl);
+  if (!ttl.ok()) return invalid_argument("--kv-swa-ttl '" + a.kv_swa_ttl + "': " + ttl.status().message());
+  c.swa_ttl_ns = *ttl;
+  DS41_ASSIGN_OR_RETURN(int64_t eng_bytes, parse_bytes(a.kv_cache_memory, "--kv-cache-memory"));
+  DS41_ASSIGN_OR_RETURN(int64_t dram_bytes, parse_bytes(a.kv_dram, "--kv-dram"));
+  c.engine_tier_bytes = static_cast<uint64_t>(eng_bytes);
+  c.dram_tier_bytes = static_cast<uint64_t>(dram_bytes);
+  c.decoder_replay_prefill = a.prefill_mode == "decoder-replay";
+  if (!a.kv_swa_memory.empty()) {
+    DS41_ASSIGN_OR_RETURN(int64_t swa_bytes, parse_bytes(a.kv_swa_memory, "--kv-swa-memory"));
+    c.dram_swa.capacity_bytes = static_cast<uint64_t>(swa_bytes);
+  }
+  if (!a.kv_dir.empty()) {
+    c.disk.dir = a.kv_dir;
+    auto cap = kvcache::parse_byte_size(a.kv_disk_capacity);
+    if (!cap.ok())
+      return invalid_argument("--kv-disk-capacity '" + a.kv_disk_capacity + "': " + cap.status().message());
+    c.disk.capacity_bytes = *cap;
+    auto ret = kvcache::parse_duration_ns(a.kv_retention);
+    if (!ret.ok())
+      return invalid_argument("--kv-retention '" + a.kv_retention + "': " + ret.status().message());
+    c.disk.retention_ns = *ret;
+  }
+  if (!a.kv_redis.empty()) {
+    c.swa_backend = kvcache::SwaBackend::kRedis;
+    std::string nodes = a.kv_redis;
+    for (size_t b = 0; b <= nodes.size();) {
+      size_t e = nodes.find(',', b);
+      if (e == std::string::npos) e = nodes.size();
+      if (e > b) c.redis.nodes.push_back(nodes.substr(b, e - b));
+      b = e + 1;
+    }
+    for (const std::string& n : c.redis.nodes) {
+      std::string host;
+      int port = 0;
+      Status st = kvcache::parse_host_port(n, &host, &port);
+      if (!st.ok()) return invalid_argument("--kv-redis '" + n + "': " + st.message());
+    }
+  }
+  return c;
 }
 
 std::string model_name_from_dir(std::string dir) {
@@ -57,6 +117,8 @@ class CpuServingEngine final : public ServingEngine {
  public:
   std::unique_ptr<text::Tokenizer> tok;
   EngineHandle engine;
+  std::unique_ptr<kvcache::MetricsRegistry> cache_registry;
+  std::unique_ptr<engine::PrefixCache> cache;  // outlives the loop that uses it
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<server::EngineLoopGenerator> gen;
   int64_t context = 0;
@@ -83,6 +145,10 @@ class CpuServingEngine final : public ServingEngine {
     return v;
   }
   void stop(std::chrono::milliseconds drain) override { loop->stop(drain); }
+  const kvcache::MetricsRegistry* cache_metrics() const override { return cache_registry.get(); }
+  bool drain_cache_writes(std::chrono::milliseconds timeout) override {
+    return cache ? cache->drain_writes(timeout.count()) : true;
+  }
 };
 
 }  // namespace
@@ -117,6 +183,28 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
   DS41_ASSIGN_OR_RETURN(lc.vision_cache_bytes, parse_bytes(a.vision_cache, "--vision-cache"));
+  // The prefix cache and decoder-replay prefill need the engine's state export / replay entry
+  // points, which only the CPU engine implements so far (the GPU engine answers unimplemented).
+  const bool cpu = se->engine.cpu_model != nullptr;
+  if (!cpu && a.prefill_mode == "decoder-replay")
+    return unimplemented(
+        "--prefill-mode decoder-replay needs --device cpu (the GPU engine has no replay yet)");
+  lc.decoder_replay_prefill = a.prefill_mode == "decoder-replay";
+  if (!a.no_prefix_cache && cpu) {
+    DS41_ASSIGN_OR_RETURN(std::string identity,
+                          engine::model_identity(a.model_dir, se->engine.cpu_model->kv_layout()));
+    DS41_ASSIGN_OR_RETURN(engine::PrefixCacheConfig pcc, prefix_cache_config(a, identity));
+    se->cache_registry = std::make_unique<kvcache::MetricsRegistry>();
+    DS41_ASSIGN_OR_RETURN(se->cache,
+                          engine::PrefixCache::create(pcc, SystemClock::instance(), *se->cache_registry));
+    lc.prefix_cache = se->cache.get();
+    if (!a.quiet)
+      std::fprintf(stderr, "%s: prefix cache on (SWA pool %s, persistent tier %s, --swa-miss %s)\n",
+                   who.c_str(), a.kv_redis.empty() ? "dram" : a.kv_redis.c_str(),
+                   a.kv_dir.empty() ? "off" : a.kv_dir.c_str(), a.swa_miss.c_str());
+  } else if (!a.no_prefix_cache && !a.quiet) {
+    std::fprintf(stderr, "%s: prefix cache off (the GPU engine does not export state yet)\n", who.c_str());
+  }
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "core/status.h"
+#include "engine/prefix_cache.h"
 #include "engine_factory.h"
+#include "kvcache/metrics.h"
 #include "server/generator.h"
 #include "server/image_inputs.h"
 #include "text/tokenizer.h"
@@ -26,10 +28,25 @@ struct EngineArgs {
   std::string memory_limit;             // --memory-limit (empty: MemAvailable)
   bool quiet = false;                   // no load progress
   std::string vision_cache = "256MiB";  // --vision-cache: image feature cache (0 = off)
+  // Prefix cache (issue 13; README "Prefix cache"): on unless no_prefix_cache.
+  bool no_prefix_cache = false;
+  std::string kv_dir;                      // persistent tier; empty: none
+  std::string kv_disk_capacity = "64GiB";  // its byte cap
+  std::string kv_retention = "72h";        // never evict younger blocks
+  std::string kv_redis;                    // "host:port,..." SWA pool; empty: in-process DRAM pool
+  std::string swa_miss = "replay";         // replay | recompute
+  std::string kv_swa_ttl = "300s";
+  std::string prefill_mode = "exact";    // exact | decoder-replay
+  std::string kv_cache_memory = "1GiB";  // engine tier (unpinned blocks)
+  std::string kv_dram = "4GiB";          // host DRAM tier
+  std::string kv_swa_memory;             // DRAM SWA pool cap; empty: 10 % of host memory
 };
 
 // "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.
 Result<int64_t> parse_bytes(const std::string& s, const std::string& flag = "--kv-memory");
+
+// The prefix cache's config from the flags (model_identity: engine::model_identity()).
+Result<engine::PrefixCacheConfig> prefix_cache_config(const EngineArgs& a, const std::string& model_identity);
 
 // Checks the flag values before anything is loaded (kInvalidArgument / kUnimplemented).
 Status validate_engine_args(const EngineArgs& a);
@@ -45,6 +62,11 @@ class ServingEngine {
   virtual server::VisionModelInfo vision_info() const = 0;
   // Lets running requests finish for up to `drain`, aborts the rest, stops the loop.
   virtual void stop(std::chrono::milliseconds drain) = 0;
+  // The prefix cache's metrics (Prometheus text appended to /metrics), or null without a cache.
+  virtual const kvcache::MetricsRegistry* cache_metrics() const { return nullptr; }
+  // Waits up to `timeout` for the persistent tier's write queue to drain (after stop()); true
+  // when everything queued was written (or there is no persistent tier).
+  virtual bool drain_cache_writes(std::chrono::milliseconds) { return true; }
 };
 
 // Observes every engine step (sequences, tokens, seconds): the server's metrics.

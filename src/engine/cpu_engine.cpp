@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "model/image_input.h"
+#include "engine/state_codec.h"
 
 namespace ds41::engine {
 
@@ -117,6 +118,55 @@ Status CpuEngine::step(std::span<const StepItem> items, StepOutput* out) {
     DS41_CHECK(static_cast<int64_t>(res[i].logits.size()) == V, "forward returned no last-row logits");
     std::memcpy(out->logits.data() + out->row[i] * V, res[i].logits.data(), V * sizeof(float));
   }
+  return ok_status();
+}
+
+Result<std::vector<uint8_t>> CpuEngine::export_kv_block(SeqId seq, int64_t index,
+                                                        int64_t block_tokens) const {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(seq));
+  return encode_kv_block(*s, index, block_tokens);
+}
+
+Result<std::vector<uint8_t>> CpuEngine::export_swa_snapshot(SeqId seq, int64_t block_tokens,
+                                                            bool approximate) const {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(seq));
+  return encode_swa_snapshot(*s, block_tokens, approximate ? kSwaFlagApproximate : 0u);
+}
+
+Status CpuEngine::import_state(SeqId seq, std::span<const std::span<const uint8_t>> blocks,
+                               std::span<const uint8_t> snapshot, int64_t block_tokens) {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(seq));
+  const int64_t end = static_cast<int64_t>(blocks.size()) * block_tokens;
+  if (end > info_.max_context)
+    return out_of_range("state import of " + std::to_string(end) + " tokens exceeds the context of " +
+                        std::to_string(info_.max_context));
+  return decode_state(*s, blocks, snapshot, block_tokens);
+}
+
+Status CpuEngine::replay_window(SeqId seq, std::span<const int32_t> prefix_tokens) {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(seq));
+  // Work on a copy so an error leaves the sequence as it was (Engine contract).
+  model::SequenceState tmp(*s);
+  model::ForwardOptions opt;
+  opt.logits = model::LogitsRows::kNone;
+  DS41_RETURN_IF_ERROR(model_->encoder_replay(tmp, prefix_tokens, opt).status());
+  *s = std::move(tmp);
+  return ok_status();
+}
+
+Status CpuEngine::prefill_decoder_replay(SeqId seq, std::span<const int32_t> tokens) {
+  DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(seq));
+  if (tokens.empty()) return invalid_argument("decoder replay: no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= info_.vocab_size)
+      return invalid_argument("decoder replay: token id " + std::to_string(t) + " outside the vocabulary");
+  if (static_cast<int64_t>(tokens.size()) > info_.max_context)
+    return out_of_range("decoder replay: " + std::to_string(tokens.size()) + " tokens exceed the context");
+  model::SequenceState tmp(*s);
+  model::ForwardOptions opt;
+  opt.logits = model::LogitsRows::kNone;
+  DS41_RETURN_IF_ERROR(model_->prefill_decoder_replay(tmp, tokens, opt).status());
+  *s = std::move(tmp);
   return ok_status();
 }
 

@@ -3,6 +3,9 @@
 // batch (MODEL_SPEC 4.2-4.3: chunked prefill and decode are exact, and the reference's batch
 // forward is row-independent, so a sequence's logits do not depend on what it is batched with).
 //
+// State export / import (the prefix cache) encodes the SequenceState with state_codec.h; the two
+// bounded replays are model::Model's entry points (MODEL_SPEC 4.4, 4.5).
+//
 // Thread model: driven by one thread (Engine contract). The model (and its backend) must outlive
 // the engine.
 #pragma once
@@ -34,6 +37,15 @@ class CpuEngine final : public Engine {
   Status step(std::span<const StepItem> items, StepOutput* out) override;
   Result<std::vector<std::vector<float>>> encode_images(
       std::span<const image::PreparedImage* const> images) override;
+
+  // State export / import (engine.h; layouts in state_codec.h).
+  Result<std::vector<uint8_t>> export_kv_block(SeqId seq, int64_t index, int64_t block_tokens) const override;
+  Result<std::vector<uint8_t>> export_swa_snapshot(SeqId seq, int64_t block_tokens,
+                                                   bool approximate) const override;
+  Status import_state(SeqId seq, std::span<const std::span<const uint8_t>> blocks,
+                      std::span<const uint8_t> snapshot, int64_t block_tokens) override;
+  Status replay_window(SeqId seq, std::span<const int32_t> prefix_tokens) override;
+  Status prefill_decoder_replay(SeqId seq, std::span<const int32_t> tokens) override;
 
  private:
   Result<model::SequenceState*> find(SeqId seq) const;

@@ -8,6 +8,12 @@
 // their state lives in the engine (host memory for the CPU engine, device pools for the GPU engine)
 // and its size in bytes is queryable so the scheduler admits by capacity.
 //
+// State export / import (issue 13, the prefix cache): a sequence's global KV leaves and enters the
+// engine as 128-token global-KV blocks and its bounded state as SWA snapshots, both in the byte
+// layouts of docs/formats/kv_block.md ("Engine state payloads"), shared by every engine so a block
+// written by one restores in another. These are virtual with an unimplemented() default: an engine
+// that has not implemented them yet serves without a prefix cache.
+//
 // Thread model: an Engine is driven by one thread (the engine loop); it is not thread-safe.
 #pragma once
 
@@ -24,10 +30,10 @@ namespace ds41::engine {
 using SeqId = int64_t;
 
 struct EngineInfo {
-  std::string model_name;   // served model name default (the model folder's name)
-  std::string device;       // "cpu" or "cuda:N"
-  int64_t vocab_size = 0;   // logits row width
-  int64_t max_context = 0;  // positions a sequence may reach (config max_position_embeddings)
+  std::string model_name;     // served model name default (the model folder's name)
+  std::string device;         // "cpu" or "cuda:N"
+  int64_t vocab_size = 0;     // logits row width
+  int64_t max_context = 0;    // positions a sequence may reach (config max_position_embeddings)
   int32_t eos_token_id = -1;  // ends generation unless ignore_eos (config eos_token_id); -1: none
 };
 
@@ -43,8 +49,8 @@ struct StepItem {
 
 struct StepOutput {
   int64_t vocab = 0;
-  std::vector<float> logits;      // [rows, vocab]
-  std::vector<int64_t> row;       // per item: its row in logits, or -1 (want_logits false)
+  std::vector<float> logits;  // [rows, vocab]
+  std::vector<int64_t> row;   // per item: its row in logits, or -1 (want_logits false)
 };
 
 class Engine {
@@ -73,6 +79,39 @@ class Engine {
       std::span<const image::PreparedImage* const> images) {
     return unimplemented("this engine has no vision tower");
   }
+
+  // ---- State export / import (docs/formats/kv_block.md "Engine state payloads") ----
+  // Every call names the block size in tokens (the prefix cache's, 128 by default); each KV
+  // source's ratio must divide it.
+
+  // The global-KV block `index` of the sequence: the compressed and indexer rows of every KV
+  // source for tokens [index * block_tokens, (index + 1) * block_tokens). The sequence must have
+  // consumed those tokens (kOutOfRange otherwise).
+  virtual Result<std::vector<uint8_t>> export_kv_block(SeqId seq, int64_t index, int64_t block_tokens) const;
+  // The SWA snapshot at the sequence's position L: everything a restore at L needs besides the
+  // floor(L / block_tokens) full blocks (window rings, window floors, the partial last block's
+  // rows, pending ratio>1 groups, the Engram look-back, the position). `approximate` is stored
+  // in the snapshot's flags (the state went through a bounded replay, MODEL_SPEC 4.4 / 4.5).
+  virtual Result<std::vector<uint8_t>> export_swa_snapshot(SeqId seq, int64_t block_tokens,
+                                                           bool approximate) const;
+  // Restores a fresh sequence (position 0) from blocks 0..n-1 and, when `snapshot` is not empty,
+  // the SWA snapshot at L with n == floor(L / block_tokens): then the sequence continues exactly
+  // as the one exported. Without a snapshot the sequence holds only the global KV at position
+  // n * block_tokens and must be completed by replay_window() before it steps. Errors (layout
+  // mismatch, wrong sizes, non-fresh sequence) leave the sequence fresh.
+  virtual Status import_state(SeqId seq, std::span<const std::span<const uint8_t>> blocks,
+                              std::span<const uint8_t> snapshot, int64_t block_tokens);
+  // MODEL_SPEC 4.5 Encoder SWA Bounded Replay (an approximation): the sequence holds the global
+  // KV of `prefix_tokens` (import_state without a snapshot); recomputes the last window of them
+  // to rebuild the window rings, pending groups and Engram look-back.
+  virtual Status replay_window(SeqId seq, std::span<const int32_t> prefix_tokens);
+  // MODEL_SPEC 4.4 Decoder SWA Bounded Replay (an approximation): prefill of a fresh sequence
+  // where the layers after the last KV source run only on the last window of `tokens`. No
+  // logits (the caller steps the next token normally).
+  virtual Status prefill_decoder_replay(SeqId seq, std::span<const int32_t> tokens);
 };
+
+// Flags of an SWA snapshot payload (docs/formats/kv_block.md).
+inline constexpr uint32_t kSwaFlagApproximate = 1;
 
 }  // namespace ds41::engine

@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "engine/logits_processing.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 
@@ -83,6 +84,10 @@ struct Req {
   std::vector<float> span_embeds;
   std::vector<int64_t> rows_before;  // [prompt + 1]
   bool images_ready = false;
+  // Prefix cache.
+  CacheSession cache;
+  bool restored_once = false;  // usage reports the first admission's restore
+  int64_t snap_at = -1;        // publish an SWA snapshot when computed reaches this (P - 1)
 };
 
 Status validate_sampling(const SamplingParams& p) {
@@ -147,6 +152,14 @@ struct EngineLoop::Impl {
   // Span rows of r's images: feature cache, else one Engine::encode_images batch of the misses.
   Status ensure_images(Req& r);
   void step_once();
+  // Prefix cache: restore at admission (recreates the sequence if a failed restore left it
+  // partly filled); unparks requests whose producer reached the shared boundary or is gone.
+  void restore(Req& r);
+  // The prefix cache for this request: none for requests with images (their positions all carry
+  // the image token id, so token-keyed blocks of two different images would collide; the
+  // image-hash block key of docs/formats/kv_block.md is not wired into the cache yet).
+  PrefixCache* cache_for(const Req& r) const { return r.req.images.empty() ? cfg.prefix_cache : nullptr; }
+  void unpark_ready();
   void finish(Req& r, FinishReason why, const std::string& error, int32_t token = -1, float lp = 0,
               std::vector<TopLogprob> top = {});
   void drop_cancelled();
@@ -167,7 +180,17 @@ void EngineLoop::Impl::finish(Req& r, FinishReason why, const std::string& error
   ev.finish = why;
   ev.error = error;
   ev.prompt_tokens = static_cast<int64_t>(r.req.prompt.size());
-  ev.cached_tokens = 0;  // prefix cache: next issue
+  if (cache_for(r)) {
+    cfg.prefix_cache->release(r.cache);
+    const RestoreResult& rr = r.cache.restored;
+    ev.cached_tokens = rr.tokens;
+    ev.cache.enabled = true;
+    ev.cache.engine_tokens = rr.engine_tokens;
+    ev.cache.dram_tokens = rr.dram_tokens;
+    ev.cache.disk_tokens = rr.disk_tokens;
+    ev.cache.snapshot_tokens = rr.snapshot_tokens;
+    ev.cache.swa = swa_outcome_name(rr.swa);
+  }
   r.stream->push(std::move(ev));
 }
 
@@ -288,13 +311,60 @@ void EngineLoop::Impl::run() {
   publish_stats();
 }
 
+void EngineLoop::Impl::restore(Req& r) {
+  PrefixCache* pc = cache_for(r);
+  const std::span<const int32_t> t(r.tokens);
+  RestoreResult rr =
+      pc->restore(*engine, r.seq, t, static_cast<int64_t>(t.size()) - 1, r.prefill_target, r.cache);
+  if (rr.tokens == 0) {
+    auto pos = engine->sequence_position(r.seq);
+    if (pos.ok() && *pos != 0) {  // a failed restore left part of an import: start fresh
+      (void)engine->free_sequence(r.seq);
+      auto seq = engine->create_sequence();
+      r.seq = seq.ok() ? *seq : -1;
+    }
+  }
+  r.computed = rr.tokens;
+  if (r.snap_at >= 0 && r.computed >= r.snap_at) r.snap_at = -1;  // restored from that very snapshot
+  if (!r.restored_once) {
+    r.cache.restored = rr;
+    r.restored_once = true;
+    std::lock_guard<std::mutex> lk(mu);
+    stats.cached_tokens += rr.tokens;
+  }
+}
+
+void EngineLoop::Impl::unpark_ready() {
+  PrefixCache* pc = cfg.prefix_cache;
+  if (!pc) return;
+  for (auto& r : running) {
+    if (r->cache.wait_boundary == 0) continue;
+    const Req* producer = nullptr;
+    for (const auto& p : running)
+      if (p->id == r->cache.wait_producer) producer = p.get();
+    const bool waiting_on =
+        producer && producer->computed < r->cache.wait_boundary && pc->producer_active(producer->id);
+    if (waiting_on) continue;
+    r->cache.wait_boundary = 0;
+    r->cache.wait_producer = -1;
+    restore(*r);
+    if (r->seq < 0)
+      finish(*r, FinishReason::kError, "could not recreate the sequence after a failed restore");
+  }
+  std::erase_if(running, [](const auto& r) { return r->seq < 0; });
+}
+
 void EngineLoop::Impl::step_once() {
+  unpark_ready();
   std::vector<WaitingEntry> w;
   w.reserve(waiting.size());
   for (const auto& r : waiting) w.push_back({r->id, static_cast<int64_t>(r->tokens.size())});
   std::vector<RunningEntry> rn;
   rn.reserve(running.size());
-  for (const auto& r : running) rn.push_back({r->id, r->prefill_target, r->computed});
+  // A parked request (waiting for a shared prefix) is counted at its whole prefill target and
+  // looks like a decoding sequence to the planner; its planned token is skipped below.
+  for (const auto& r : running)
+    rn.push_back({r->id, r->prefill_target, r->cache.wait_boundary > 0 ? r->prefill_target : r->computed});
   const StepPlan plan = plan_step(sc, w, rn);
 
   // Preempt (newest first): drop the state; back to the waiting front with every token so far as
@@ -302,6 +372,13 @@ void EngineLoop::Impl::step_once() {
   for (int64_t id : plan.preempt) {
     auto it = std::find_if(running.begin(), running.end(), [&](const auto& r) { return r->id == id; });
     DS41_CHECK(it != running.end(), "preempted id is not running");
+    if (cache_for(**it)) {
+      Req& pr = **it;
+      if (pr.computed > 0 && pr.cache.wait_boundary == 0)
+        cfg.prefix_cache->preempt(*engine, pr.seq, pr.tokens, pr.computed, pr.cache);
+      pr.cache.wait_boundary = 0;
+      pr.cache.wait_producer = -1;
+    }
     (void)engine->free_sequence((*it)->seq);
     (*it)->seq = -1;
     (*it)->computed = 0;
@@ -321,11 +398,25 @@ void EngineLoop::Impl::step_once() {
       continue;
     }
     r->seq = *seq;
-    // Prefix-cache seam (next issue): here a new or preempted request asks how much of its
-    // prompt's state can be restored (global-KV blocks + an SWA snapshot by the chain keys of
-    // src/kvcache) and starts its prefill after it; a finished or preempted sequence offers its
-    // state back where it is freed. This issue restores nothing.
     r->computed = 0;
+    if (PrefixCache* pc = cache_for(*r)) {
+      const std::span<const int32_t> t(r->tokens);
+      std::pair<int64_t, int64_t> wait{0, -1};
+      if (r->cache.resume_snapshot.empty())
+        wait = pc->shared_prefix_wait(t, static_cast<int64_t>(t.size()) - 1, r->id);
+      if (wait.first > 0) {
+        pc->reset_for_admission(r->cache);
+        r->cache.wait_boundary = wait.first;
+        r->cache.wait_producer = wait.second;
+        pc->want_boundary(wait.second, wait.first);
+      } else {
+        restore(*r);
+        if (r->seq < 0) {
+          finish(*r, FinishReason::kError, "could not recreate the sequence after a failed restore");
+          continue;
+        }
+      }
+    }
     running.push_back(std::move(r));
   }
   if (plan.items.empty()) {
@@ -345,8 +436,11 @@ void EngineLoop::Impl::step_once() {
     auto it = by_id.find(p.id);
     if (it == by_id.end()) continue;  // admission failed above
     Req* r = it->second;
-    DS41_CHECK(r->computed + p.tokens <= static_cast<int64_t>(r->tokens.size()),
-               "plan runs past the known tokens");
+    if (r->cache.wait_boundary > 0) continue;  // parked: its producer computes the shared prefix
+    const int64_t size = static_cast<int64_t>(r->tokens.size());
+    // A restore at admission may have covered part of the planned chunk.
+    int64_t n = std::min(p.tokens, size - r->computed);
+    if (n <= 0) continue;
     if (!r->req.images.empty()) {
       if (Status is = ensure_images(*r); !is.ok()) {
         finish(*r, FinishReason::kError, "image encoding failed: " + is.message());
@@ -354,25 +448,59 @@ void EngineLoop::Impl::step_once() {
         continue;
       }
     }
+    if (cfg.decoder_replay_prefill && r->req.images.empty() && r->computed == 0 && size >= 2 &&
+        r->generated == 0 && !r->cache.approximate && r->prefill_target == size) {
+      // MODEL_SPEC 4.4: all but the last prompt token in one decoder-replay prefill.
+      Status st = engine->prefill_decoder_replay(r->seq, std::span<const int32_t>(r->tokens).first(size - 1));
+      if (!st.ok()) {
+        finish(*r, FinishReason::kError, st.message());
+        std::erase_if(running, [&](const auto& q) { return q.get() == r; });
+        by_id.erase(p.id);
+        continue;
+      }
+      r->computed = size - 1;
+      r->cache.approximate = true;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        stats.prefill_tokens_computed += size - 1;
+      }
+      if (PrefixCache* pc = cache_for(*r)) {
+        pc->publish_blocks(*engine, r->seq, r->tokens, r->computed, r->cache);
+        if (r->snap_at == r->computed) {
+          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
+                               r->cache);
+          r->snap_at = -1;
+        }
+      }
+      n = 1;
+    }
+    if (PrefixCache* pc = cache_for(*r)) {
+      // Stop the chunk where a snapshot is due: the prompt's last-but-one position, or a
+      // boundary another request waits for.
+      if (r->snap_at > r->computed && r->snap_at < r->computed + n) n = r->snap_at - r->computed;
+      const int64_t wb = pc->next_wanted_boundary(r->id, r->computed);
+      if (wb > 0 && wb < r->computed + n) n = wb - r->computed;
+    }
     StepItem s;
     s.seq = r->seq;
-    s.tokens = std::span<const int32_t>(r->tokens).subspan(r->computed, p.tokens);
-    s.want_logits = r->computed + p.tokens == static_cast<int64_t>(r->tokens.size());
+    s.tokens = std::span<const int32_t>(r->tokens).subspan(r->computed, n);
+    s.want_logits = r->computed + n == size;
     if (!r->req.images.empty()) {
       // The flags of this slice, and the span rows of its flagged prompt positions (positions
       // after the prompt, re-prefilled after a preemption, carry no image).
       r->span_flags.resize(r->tokens.size(), 0);
       const int64_t P = static_cast<int64_t>(r->req.prompt.size());
-      const int64_t b = std::min(r->computed, P), e = std::min(r->computed + p.tokens, P);
+      const int64_t b = std::min(r->computed, P), e = std::min(r->computed + n, P);
       const int64_t H =
           r->rows_before[P] > 0 ? static_cast<int64_t>(r->span_embeds.size()) / r->rows_before[P] : 0;
-      s.image_span = std::span<const uint8_t>(r->span_flags).subspan(r->computed, p.tokens);
+      s.image_span = std::span<const uint8_t>(r->span_flags).subspan(r->computed, n);
       s.span_embeds = std::span<const float>(r->span_embeds)
                           .subspan(r->rows_before[b] * H, (r->rows_before[e] - r->rows_before[b]) * H);
     }
     items.push_back(s);
     reqs.push_back(r);
   }
+  if (items.empty()) return;
   const int64_t t0 = clock->now_mono_ns();
   StepOutput out;
   Status st = engine->step(items, &out);
@@ -416,9 +544,21 @@ void EngineLoop::Impl::step_once() {
       cfg.sample_pool->parallel_for(n_items, draw_rows);
     else
       draw_rows(0, n_items);
+    int64_t prefill_computed = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       Req* r = reqs[i];
-      r->computed += static_cast<int64_t>(items[i].tokens.size());
+      const int64_t n = static_cast<int64_t>(items[i].tokens.size());
+      if (r->computed < r->prefill_target) prefill_computed += std::min(n, r->prefill_target - r->computed);
+      r->computed += n;
+      if (PrefixCache* pc = cache_for(*r)) {
+        pc->publish_blocks(*engine, r->seq, r->tokens, r->computed, r->cache);
+        const bool wanted = pc->next_wanted_boundary(r->id, r->computed - 1) == r->computed;
+        if (r->computed == r->snap_at || wanted) {
+          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
+                               r->cache);
+          if (r->computed == r->snap_at) r->snap_at = -1;
+        }
+      }
       if (out.row[i] < 0) continue;
       if (!drawn[i].status.ok()) {  // a NaN/inf row: this request ends with an error, the others go on
         finish(*r, FinishReason::kError, drawn[i].status.message());
@@ -441,6 +581,9 @@ void EngineLoop::Impl::step_once() {
                static_cast<int64_t>(r->tokens.size()) >= engine->info().max_context)
         why = FinishReason::kLength;
       if (why != FinishReason::kNone) {
+        if (PrefixCache* pc = cache_for(*r))  // end of the output: the next turn extends it
+          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
+                               r->cache);
         finish(*r, why, "", tok, lp, std::move(top));
         done.push_back(r);
       } else {
@@ -454,6 +597,7 @@ void EngineLoop::Impl::step_once() {
     std::lock_guard<std::mutex> lk(mu);
     stats.prompt_tokens += new_prompt;
     stats.generation_tokens += new_gen;
+    stats.prefill_tokens_computed += prefill_computed;
   }
   if (!done.empty())
     std::erase_if(running,
@@ -521,6 +665,7 @@ Result<std::shared_ptr<RequestStream>> EngineLoop::submit(GenerationRequest req)
       prev_end = im.span_start + im.span_length;
     }
   }
+  r->snap_at = P >= 2 ? P - 1 : -1;
   r->penalties = PenaltyState(r->req.sampling, r->req.prompt, info.vocab_size);
   auto stream = r->stream;
   {
@@ -531,6 +676,7 @@ Result<std::shared_ptr<RequestStream>> EngineLoop::submit(GenerationRequest req)
       return resource_exhausted("the request queue is full (" + std::to_string(queued) +
                                 " waiting, max_queue " + std::to_string(m.cfg.max_queue) + ")");
     r->id = m.next_id++;
+    r->cache.request_id = r->id;
     const uint64_t seed = r->req.sampling.seed ? *r->req.sampling.seed : m.seed_source();
     auto sampler = Sampler::create(sampler_params(r->req.sampling, seed));
     if (!sampler.ok()) return sampler.status();

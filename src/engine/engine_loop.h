@@ -11,6 +11,15 @@
 //   - events arrive in order; exactly one final event (finish != kNone) ends every stream.
 //   - cancel() (client gone, stop string matched on the consumer side) is idempotent and thread-safe.
 //   - stop(timeout): stops accepting, lets running requests finish until timeout, aborts the rest.
+//
+// Prefix cache (LoopConfig::prefix_cache, prefix_cache.h): at admission a request restores the
+// longest cached prefix of its tokens (all but the last) and prefills only the rest; or, when
+// another running request is computing the same prefix blocks, it is parked until that producer
+// reaches the shared boundary (the producer stops a chunk there and publishes a snapshot). After
+// each step the full blocks a sequence completed are published; SWA snapshots are published at
+// the prompt's last-but-one position (a chunk stops there, so a repeat of the prompt restores
+// everything but the token whose logits it needs) and at the end of the output. A preempted
+// sequence keeps its blocks pinned and its snapshot, and resumes by an exact restore.
 #pragma once
 
 #include <chrono>
@@ -30,6 +39,10 @@
 #include "engine/vision_feature_cache.h"
 
 namespace ds41::engine {
+class PrefixCache;
+}
+
+namespace ds41::engine {
 
 struct LoopConfig {
   int64_t max_batch_tokens = 2048;             // tokens per step (prefill chunks + decodes)
@@ -44,6 +57,12 @@ struct LoopConfig {
   ThreadPool* sample_pool = nullptr;
   // Host memory for the vision-feature cache (image span embeddings by image hash; 0 = off).
   int64_t vision_cache_bytes = int64_t{256} << 20;
+  // Prefix cache (issue 13; not owned, must outlive the loop): null serves without one.
+  PrefixCache* prefix_cache = nullptr;
+  // MODEL_SPEC 4.4 decoder SWA bounded replay for cold prompts (--prefill-mode decoder-replay):
+  // the prompt but its last token runs through Engine::prefill_decoder_replay in one call (not
+  // chunked), the last token in the batch. An approximation; off by default.
+  bool decoder_replay_prefill = false;
 };
 
 // The consumer side of one request. Thread-safe.
@@ -76,6 +95,8 @@ struct LoopStats {
   // Images (MODEL_SPEC 3.11): encoded by the tower, and the feature cache's counters.
   int64_t images_encoded = 0, image_tokens = 0;
   int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0, vision_cache_bytes = 0;
+  int64_t prefill_tokens_computed = 0;  // prompt positions run through the model (not restored)
+  int64_t cached_tokens = 0;            // prompt positions restored from the prefix cache
 };
 
 class EngineLoop {

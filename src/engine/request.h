@@ -15,15 +15,15 @@
 namespace ds41::engine {
 
 struct SamplingParams {
-  double temperature = 1.0;  // 0: greedy (lowest id among equal maxima)
-  double top_p = 1.0;        // (0, 1]
-  int64_t top_k = 0;         // 0: off
-  double min_p = 0.0;        // [0, 1]
-  std::optional<uint64_t> seed;  // unset: drawn from the loop's seed source
-  double presence_penalty = 0.0;   // [-2, 2], OpenAI semantics, over generated tokens
-  double frequency_penalty = 0.0;  // [-2, 2]
-  double repetition_penalty = 1.0; // > 0, vLLM/HF semantics, over prompt + generated tokens
-  int top_logprobs = -1;           // -1: no logprobs; 0..20: sampled token's logprob + top N
+  double temperature = 1.0;         // 0: greedy (lowest id among equal maxima)
+  double top_p = 1.0;               // (0, 1]
+  int64_t top_k = 0;                // 0: off
+  double min_p = 0.0;               // [0, 1]
+  std::optional<uint64_t> seed;     // unset: drawn from the loop's seed source
+  double presence_penalty = 0.0;    // [-2, 2], OpenAI semantics, over generated tokens
+  double frequency_penalty = 0.0;   // [-2, 2]
+  double repetition_penalty = 1.0;  // > 0, vLLM/HF semantics, over prompt + generated tokens
+  int top_logprobs = -1;            // -1: no logprobs; 0..20: sampled token's logprob + top N
 };
 
 // One image of a prompt (MODEL_SPEC 3.11): decoded and preprocessed by the submitter; the engine
@@ -38,10 +38,10 @@ struct RequestImage {
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids (after the chat template)
   SamplingParams sampling;
-  int64_t max_tokens = 16;      // generated tokens at most (>= 1)
+  int64_t max_tokens = 16;              // generated tokens at most (>= 1)
   std::vector<int32_t> stop_token_ids;  // besides EOS (unless ignore_eos)
   bool ignore_eos = false;
-  std::string request_id;       // for logs and metrics
+  std::string request_id;            // for logs and metrics
   std::vector<RequestImage> images;  // in prompt order; spans disjoint
 };
 
@@ -53,16 +53,25 @@ struct TopLogprob {
   float logprob = 0;
 };
 
+// Where a request's cached prompt tokens came from (prefix cache, issue 13); on the final event.
+struct CacheUsage {
+  bool enabled = false;                                         // the server runs with a prefix cache
+  int64_t engine_tokens = 0, dram_tokens = 0, disk_tokens = 0;  // full blocks by tier
+  int64_t snapshot_tokens = 0;  // the partial last block, from the SWA snapshot
+  std::string swa = "none";     // none | restored | replayed | recomputed
+};
+
 // One generated token, or the end of the stream (finish != kNone; token = -1 when the stream ends
 // without a token, e.g. abort or error).
 struct TokenEvent {
   int32_t token = -1;
-  float logprob = 0;                 // when requested
-  std::vector<TopLogprob> top;       // when requested
+  float logprob = 0;            // when requested
+  std::vector<TopLogprob> top;  // when requested
   FinishReason finish = FinishReason::kNone;
-  std::string error;                 // finish == kError: what went wrong
-  int64_t prompt_tokens = 0;         // on the final event
-  int64_t cached_tokens = 0;         // on the final event (prefix cache: next issue)
+  std::string error;          // finish == kError: what went wrong
+  int64_t prompt_tokens = 0;  // on the final event
+  int64_t cached_tokens = 0;  // on the final event: prompt tokens restored from the prefix cache
+  CacheUsage cache;           // on the final event
 };
 
 }  // namespace ds41::engine

@@ -52,6 +52,7 @@ ConsumerUpdate CompletionConsumer::consume(const std::vector<engine::TokenEvent>
     if (final) {
       if (ev.prompt_tokens > 0) prompt_tokens_ = ev.prompt_tokens;
       cached_tokens_ = ev.cached_tokens;
+      cache_ = ev.cache;
     }
     if (ev.token >= 0) {
       ++completion_tokens_;

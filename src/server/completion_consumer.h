@@ -52,6 +52,7 @@ class CompletionConsumer {
 
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t cached_tokens() const { return cached_tokens_; }
+  const engine::CacheUsage& cache_usage() const { return cache_; }
   int64_t completion_tokens() const { return completion_tokens_; }
   int64_t reasoning_tokens() const { return reasoning_tokens_; }
 
@@ -68,6 +69,7 @@ class CompletionConsumer {
   bool done_ = false;
   bool any_tool_calls_ = false;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0, reasoning_tokens_ = 0;
+  engine::CacheUsage cache_;
 };
 
 }  // namespace ds41::server

@@ -107,6 +107,21 @@ struct Session {
     }
     Json u = {{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
     u["prompt_tokens_details"] = {{"cached_tokens", cached}};
+    // ds41-specific (README "Prefix cache"): where the cached tokens came from and what
+    // happened to the SWA state (the first choice's, for n > 1).
+    if (!gens.empty() && gens[0].consumer->cache_usage().enabled) {
+      int64_t te = 0, td = 0, tk = 0, ts = 0;
+      for (const Gen& g : gens) {
+        const engine::CacheUsage& cu = g.consumer->cache_usage();
+        te += cu.engine_tokens;
+        td += cu.dram_tokens;
+        tk += cu.disk_tokens;
+        ts += cu.snapshot_tokens;
+      }
+      u["ds41"] = {
+          {"cached_tokens_by_tier", {{"engine", te}, {"dram", td}, {"disk", tk}, {"swa_snapshot", ts}}},
+          {"swa", gens[0].consumer->cache_usage().swa}};
+    }
     if (chat) u["completion_tokens_details"] = {{"reasoning_tokens", r}};
     return u;
   }

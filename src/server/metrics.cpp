@@ -110,12 +110,18 @@ std::string ServerMetrics::render(const engine::LoopStats& st) const {
   gauge("ds41_vision_cache_entries", "Images held by the vision-feature cache.", "gauge",
         st.vision_cache_entries);
   gauge("ds41_vision_cache_bytes", "Bytes held by the vision-feature cache.", "gauge", st.vision_cache_bytes);
+  gauge("ds41_prefill_tokens_computed_total",
+        "Prompt positions run through the model (not restored from the cache).", "counter",
+        st.prefill_tokens_computed);
+  gauge("ds41_prompt_cached_tokens_total", "Prompt positions restored from the prefix cache.", "counter",
+        st.cached_tokens);
   step_seqs_.render("ds41_step_batch_size", "Sequences per engine step.", &o);
   step_tokens_.render("ds41_step_tokens", "Tokens per engine step (prefill chunks + decodes).", &o);
   step_seconds_.render("ds41_step_seconds", "Engine step duration.", &o);
   ttft_.render("ds41_time_to_first_token_seconds", "Time from request arrival to the first token.", &o);
   itl_.render("ds41_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &o);
   e2e_.render("ds41_e2e_request_latency_seconds", "Time from request arrival to its last token.", &o);
+  if (cache_) o += cache_->prometheus_text();
   return o;
 }
 

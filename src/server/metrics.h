@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/engine_loop.h"
+#include "kvcache/metrics.h"
 
 namespace ds41::server {
 
@@ -36,6 +37,9 @@ class ServerMetrics {
   void observe_inter_token(double s);
   void observe_e2e(double s);
   void observe_step(int64_t seqs, int64_t tokens, double seconds);
+  // Appends this registry's series (the prefix cache's) to every render; null: none. Set before
+  // serving; the registry must outlive the metrics.
+  void set_cache_metrics(const kvcache::MetricsRegistry* r) { cache_ = r; }
   // The whole exposition; loop gauges come from `stats`.
   std::string render(const engine::LoopStats& stats) const;
 
@@ -44,6 +48,7 @@ class ServerMetrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;  // (route, status) -> count
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   Histogram ttft_, itl_, e2e_, step_seqs_, step_tokens_, step_seconds_;
+  const kvcache::MetricsRegistry* cache_ = nullptr;
 };
 
 }  // namespace ds41::server

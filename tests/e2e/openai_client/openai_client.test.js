@@ -111,7 +111,14 @@ test('chat non-stream and stream, thinking off, equal `ds41 generate --chat` (gr
   assert.ok(chunks >= 3, 'several chunks');
   assert.equal(content, msg.content, 'streamed text = non-streamed text');
   assert.equal(finish, r.choices[0].finish_reason);
-  assert.deepEqual(usage, r.usage);
+  // The same prompt again: the prefix cache (on by default) restores all but its last token.
+  const { prompt_tokens_details: cachedDetails, ds41: cacheUsage, ...rest } = usage;
+  const { prompt_tokens_details: coldDetails, ds41: coldCache, ...coldRest } = r.usage;
+  assert.deepEqual(rest, coldRest);
+  assert.equal(coldDetails.cached_tokens, 0);
+  assert.equal(coldCache.swa, 'none');
+  assert.equal(cachedDetails.cached_tokens, r.usage.prompt_tokens - 1);
+  assert.equal(cacheUsage.swa, 'restored');
 });
 
 test('chat with seeded sampling (temperature, top_p, top_k, seed) equals `ds41 generate`', async () => {

@@ -39,7 +39,10 @@ function halves(rss) {
 let tiny, srv;
 test.before(async () => {
   tiny = S.makeTinyModel(DS41, SHARED, 1);
-  srv = await S.startServer(DS41, tiny.model, ['--max-running', '64', '--max-connections', '256']);
+  // The prefix cache stays on (exercised under load) with small caps: its bounded growth must not
+  // read as a leak (every request publishes up to two SWA snapshots, kept for --kv-swa-ttl).
+  srv = await S.startServer(DS41, tiny.model, ['--max-running', '64', '--max-connections', '256',
+    '--kv-cache-memory', '4MiB', '--kv-dram', '4MiB', '--kv-swa-memory', '8MiB']);
 });
 test.after(async () => {
   if (srv) assert.equal((await srv.stop('SIGTERM')).code, 0, srv.stderr());

@@ -1,0 +1,557 @@
+// ds41 engine: PrefixCache (prefix_cache.h).
+#include "engine/prefix_cache.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/log.h"
+#include "engine/state_codec.h"
+#include "kvcache/block_format.h"
+#include "kvcache/dram_swa_pool.h"
+#include "kvcache/posix_io.h"
+#include "kvcache/redis_swa_pool.h"
+
+namespace ds41::engine {
+
+using kvcache::BlockKey;
+
+const char* swa_outcome_name(SwaOutcome o) {
+  switch (o) {
+    case SwaOutcome::kRestored: return "restored";
+    case SwaOutcome::kReplayed: return "replayed";
+    case SwaOutcome::kRecomputed: return "recomputed";
+    default: return "none";
+  }
+}
+
+Status PrefixCacheConfig::validate() const {
+  if (model_identity.empty()) return invalid_argument("prefix cache: model_identity is required");
+  if (block_tokens == 0) return invalid_argument("prefix cache: block_tokens must be > 0");
+  if (swa_ttl_ns <= 0) return invalid_argument("--kv-swa-ttl must be > 0");
+  if (!disk.dir.empty()) DS41_RETURN_IF_ERROR(disk.validate());
+  DS41_RETURN_IF_ERROR(writer.validate());
+  if (swa_backend == kvcache::SwaBackend::kRedis) DS41_RETURN_IF_ERROR(redis.validate());
+  return dram_swa.validate();
+}
+
+namespace {
+constexpr size_t kMarkerMax = 16;  // snapshot lengths remembered per block boundary
+constexpr int kBoundariesSearched = 3;
+}  // namespace
+
+PrefixCache::PrefixCache(const PrefixCacheConfig& c, Clock& clock, kvcache::MetricsRegistry& m,
+                         kvcache::BlockChainHasher exact, kvcache::BlockChainHasher approx)
+    : config_(c),
+      clock_(clock),
+      exact_(std::move(exact)),
+      approx_(std::move(approx)),
+      dram_tier_(c.dram_tier_bytes, [this](const BlockKey&, BlockBytes) { evict_dram_.inc(); }),
+      engine_tier_(c.engine_tier_bytes,
+                   [this](const BlockKey& k, BlockBytes b) {
+                     evict_engine_.inc();
+                     if (config_.dram_tier_bytes > 0) dram_tier_.put(k, std::move(b));
+                   }),
+      lookups_(m.counter("ds41_prefix_cache_lookups_total", "Requests that looked up the prefix cache")),
+      hit_requests_(m.counter("ds41_prefix_cache_hits_total", "Requests that restored at least one token")),
+      tok_engine_(m.counter("ds41_prefix_cache_cached_tokens_total",
+                            "Prompt tokens restored, by where they came from", {{"tier", "engine"}})),
+      tok_dram_(m.counter("ds41_prefix_cache_cached_tokens_total",
+                          "Prompt tokens restored, by where they came from", {{"tier", "dram"}})),
+      tok_disk_(m.counter("ds41_prefix_cache_cached_tokens_total",
+                          "Prompt tokens restored, by where they came from", {{"tier", "disk"}})),
+      tok_snapshot_(m.counter("ds41_prefix_cache_cached_tokens_total",
+                              "Prompt tokens restored, by where they came from", {{"tier", "swa_snapshot"}})),
+      swa_restored_(m.counter("ds41_prefix_cache_swa_total", "SWA state of requests with cached blocks",
+                              {{"result", "restored"}})),
+      swa_replayed_(m.counter("ds41_prefix_cache_swa_total", "SWA state of requests with cached blocks",
+                              {{"result", "replayed"}})),
+      swa_recomputed_(m.counter("ds41_prefix_cache_swa_total", "SWA state of requests with cached blocks",
+                                {{"result", "recomputed"}})),
+      swa_put_(m.counter("ds41_prefix_cache_swa_snapshots_published_total", "SWA snapshots published")),
+      swa_put_err_(m.counter("ds41_prefix_cache_swa_publish_errors_total",
+                             "SWA snapshots the pool refused (too large, node down)")),
+      swa_bad_(m.counter("ds41_prefix_cache_swa_rejected_total",
+                         "SWA snapshots found but unusable (corrupt, other layout, import failed)")),
+      blocks_published_(m.counter("ds41_prefix_cache_blocks_published_total",
+                                  "Global-KV blocks published into the engine tier")),
+      disk_writes_dropped_(m.counter("ds41_prefix_cache_disk_writes_dropped_total",
+                                     "Blocks not queued for the persistent tier (write queue full)")),
+      shared_waits_(m.counter("ds41_prefix_cache_shared_prefix_waits_total",
+                              "Requests that waited for another request computing their prefix")),
+      restore_failures_(m.counter("ds41_prefix_cache_restore_failures_total",
+                                  "Restores abandoned after an engine error (the request recomputed)")),
+      evict_engine_(m.counter("ds41_prefix_cache_evictions_total", "Blocks evicted (LRU, unpinned)",
+                              {{"tier", "engine"}})),
+      evict_dram_(m.counter("ds41_prefix_cache_evictions_total", "Blocks evicted (LRU, unpinned)",
+                            {{"tier", "dram"}})),
+      g_engine_bytes_(m.gauge("ds41_prefix_cache_bytes", "Block payload bytes held", {{"tier", "engine"}})),
+      g_engine_blocks_(m.gauge("ds41_prefix_cache_blocks", "Blocks held", {{"tier", "engine"}})),
+      g_dram_bytes_(m.gauge("ds41_prefix_cache_bytes", "Block payload bytes held", {{"tier", "dram"}})),
+      g_dram_blocks_(m.gauge("ds41_prefix_cache_blocks", "Blocks held", {{"tier", "dram"}})),
+      g_pinned_(m.gauge("ds41_prefix_cache_pinned_blocks",
+                        "Engine-tier blocks pinned by running or preempted requests")) {}
+
+PrefixCache::~PrefixCache() = default;
+
+Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const PrefixCacheConfig& config0, Clock& clock,
+                                                         kvcache::MetricsRegistry& metrics,
+                                                         kvcache::FileIo* io,
+                                                         std::unique_ptr<kvcache::SwaPool> pool) {
+  PrefixCacheConfig config = config0;
+  if (config.model_fingerprint == 0)
+    config.model_fingerprint = XXH3_64bits(config.model_identity.data(), config.model_identity.size()) | 1;
+  config.disk.model_fingerprint = config.model_fingerprint;
+  config.dram_swa.ttl_ns = config.swa_ttl_ns;
+  config.redis.ttl_ns = config.swa_ttl_ns;
+  DS41_RETURN_IF_ERROR(config.validate());
+  DS41_ASSIGN_OR_RETURN(auto exact,
+                        kvcache::BlockChainHasher::create(config.model_identity, config.block_tokens));
+  DS41_ASSIGN_OR_RETURN(
+      auto approx, kvcache::BlockChainHasher::create(config.model_identity + "+approx", config.block_tokens));
+  std::unique_ptr<PrefixCache> pc(
+      new PrefixCache(config, clock, metrics, std::move(exact), std::move(approx)));
+  if (!config.disk.dir.empty()) {
+    kvcache::FileIo& fio = io ? *io : kvcache::PosixIo::instance();
+    DS41_ASSIGN_OR_RETURN(pc->disk_, kvcache::DiskTier::open(config.disk, fio, clock, metrics));
+    pc->writer_ = std::make_unique<kvcache::AsyncWriter>(*pc->disk_, config.writer, metrics);
+  }
+  if (pool) {
+    pc->swa_ = std::move(pool);
+  } else if (config.swa_backend == kvcache::SwaBackend::kRedis) {
+    DS41_ASSIGN_OR_RETURN(pc->swa_, kvcache::RedisSwaPool::create(config.redis, clock, metrics));
+  } else {
+    DS41_ASSIGN_OR_RETURN(pc->swa_, kvcache::DramSwaPool::create(config.dram_swa, clock, metrics));
+  }
+  return pc;
+}
+
+void PrefixCache::update_gauges() {
+  g_engine_bytes_.set(static_cast<int64_t>(engine_tier_.bytes()));
+  g_engine_blocks_.set(static_cast<int64_t>(engine_tier_.blocks()));
+  g_dram_bytes_.set(static_cast<int64_t>(dram_tier_.bytes()));
+  g_dram_blocks_.set(static_cast<int64_t>(dram_tier_.blocks()));
+  g_pinned_.set(static_cast<int64_t>(engine_tier_.pinned_blocks()));
+}
+
+// ---------------------------------------------------------------- SWA pool access
+
+kvcache::SwaBytes PrefixCache::swa_get(const BlockKey& key) {
+  kvcache::SwaBytes b = swa_->get(key);
+  if (!b) return nullptr;
+  auto meta = kvcache::decode_block(
+      *b, kvcache::BlockMeta{key, kvcache::BlockKind::kSwaSnapshot, config_.model_fingerprint, 0});
+  if (!meta.ok()) {
+    swa_bad_.inc();
+    if (meta.status().code() == StatusCode::kDataLoss) (void)swa_->erase(key);
+    return nullptr;
+  }
+  return b;
+}
+
+void PrefixCache::swa_put(const BlockKey& key, uint32_t tokens, std::span<const uint8_t> payload) {
+  kvcache::BlockMeta meta{key, kvcache::BlockKind::kSwaSnapshot, config_.model_fingerprint, tokens};
+  Status st = swa_->put_owned(key, kvcache::encode_block(meta, payload), config_.swa_ttl_ns);
+  if (!st.ok()) swa_put_err_.inc();
+}
+
+BlockKey PrefixCache::marker_key(const BlockKey& k) const {
+  // A key no chain hash produces on purpose: the boundary's key with fixed bits flipped.
+  return BlockKey{k.hi ^ 0x5357414d41524b31ULL /* "SWAMARK1" */, k.lo ^ 0x6473343173776121ULL};
+}
+
+std::vector<uint32_t> PrefixCache::marker_lengths(const BlockKey& boundary_key) {
+  std::vector<uint32_t> out;
+  kvcache::SwaBytes b = swa_get(marker_key(boundary_key));
+  if (!b) return out;
+  std::span<const uint8_t> p = std::span<const uint8_t>(*b).subspan(kvcache::kBlockHeaderBytes);
+  for (size_t i = 0; i + 4 <= p.size() && out.size() < kMarkerMax; i += 4) {
+    uint32_t v = 0;
+    std::memcpy(&v, p.data() + i, 4);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- lookup
+
+PrefixCache::Found PrefixCache::walk_blocks(std::span<const int32_t> tokens, int64_t limit,
+                                            bool allow_approx) const {
+  const int64_t B = config_.block_tokens;
+  const int64_t nmax = std::max<int64_t>(0, limit) / B;
+  Found f;
+  if (nmax == 0) return f;
+  const auto span = tokens.subspan(0, static_cast<size_t>(nmax * B));
+  std::vector<BlockKey> ek = exact_.chain_keys(span), ak;
+  auto where = [&](const BlockKey& k) -> int {
+    if (engine_tier_.contains(k)) return 0;
+    if (dram_tier_.contains(k)) return 1;
+    if (disk_ && disk_->contains(k)) return 2;
+    return -1;
+  };
+  for (int64_t i = 0; i < nmax; ++i) {
+    int t = -1;
+    if (f.approx_from < 0) {
+      t = where(ek[i]);
+      if (t >= 0) {
+        f.keys.push_back(ek[i]);
+      } else if (allow_approx) {
+        if (ak.empty()) ak = approx_.chain_keys(span);
+        t = where(ak[i]);
+        if (t >= 0) {
+          f.approx_from = i;
+          f.keys.push_back(ak[i]);
+        }
+      }
+    } else {
+      t = where(ak[i]);
+      if (t >= 0) f.keys.push_back(ak[i]);
+    }
+    if (t < 0) break;
+    f.tier.push_back(t);
+    ++f.blocks;
+  }
+  return f;
+}
+
+std::optional<std::pair<int64_t, kvcache::SwaBytes>> PrefixCache::find_snapshot(
+    std::span<const int32_t> tokens, int64_t limit, const Found& f, bool allow_approx) {
+  const int64_t B = config_.block_tokens;
+  for (int64_t k = f.blocks; k >= 0 && k > f.blocks - kBoundariesSearched; --k) {
+    // Namespaces a snapshot at a length in block k may come from: past the first approximate
+    // block only the approximate one; otherwise exact, then approximate when allowed.
+    std::vector<bool> spaces;
+    if (f.approx_from >= 0 && k > f.approx_from) {
+      spaces = {true};
+    } else {
+      spaces = {false};
+      if (allow_approx) spaces.push_back(true);
+    }
+    const int64_t hi = std::min(limit, (k + 1) * B - 1);
+    std::optional<std::pair<int64_t, kvcache::SwaBytes>> best;
+    for (bool approx : spaces) {
+      const kvcache::BlockChainHasher& h = hasher(approx);
+      std::vector<int64_t> lens;
+      if (k > 0 && k * B <= limit) lens.push_back(k * B);
+      const BlockKey boundary = h.prefix_key(tokens.subspan(0, static_cast<size_t>(k * B)));
+      for (uint32_t L : marker_lengths(boundary))
+        if (static_cast<int64_t>(L) > k * B && static_cast<int64_t>(L) <= hi) lens.push_back(L);
+      std::sort(lens.rbegin(), lens.rend());
+      for (int64_t L : lens) {
+        if (best && L <= best->first) break;
+        const BlockKey key = h.prefix_key(tokens.subspan(0, static_cast<size_t>(L)));
+        kvcache::SwaBytes b = swa_get(key);
+        if (!b) continue;
+        auto info = peek_swa_snapshot(std::span<const uint8_t>(*b).subspan(kvcache::kBlockHeaderBytes));
+        if (!info.ok() || info->position != L || info->block_tokens != B ||
+            ((info->flags & kSwaFlagApproximate) && !allow_approx)) {
+          swa_bad_.inc();
+          continue;
+        }
+        best = {L, std::move(b)};
+        break;
+      }
+    }
+    if (best) return best;
+  }
+  return std::nullopt;
+}
+
+bool PrefixCache::bring_up(const Found& f, int64_t n, CacheSession& s, std::vector<BlockBytes>* out,
+                           RestoreResult* r) {
+  const int64_t B = config_.block_tokens;
+  for (int64_t i = 0; i < n; ++i) {
+    const BlockKey& k = f.keys[i];
+    BlockBytes b = engine_tier_.get(k);
+    int tier = 0;
+    if (!b) {
+      b = dram_tier_.get(k);
+      tier = 1;
+    }
+    if (!b && disk_) {
+      std::optional<kvcache::StoredBlock> sb = disk_->get(k);
+      if (sb) {
+        auto p = sb->payload();
+        b = std::make_shared<const std::vector<uint8_t>>(p.begin(), p.end());
+      }
+      tier = 2;
+    }
+    if (!b) return false;  // evicted or corrupt since the walk (a corrupt block was deleted)
+    engine_tier_.put(k, b);
+    engine_tier_.pin(k);
+    s.keys.push_back(k);
+    out->push_back(std::move(b));
+    (tier == 0 ? r->engine_tokens : tier == 1 ? r->dram_tokens : r->disk_tokens) += B;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- in flight / shared prefixes
+
+std::pair<int64_t, int64_t> PrefixCache::shared_prefix_wait(std::span<const int32_t> tokens, int64_t limit,
+                                                            int64_t self_id) const {
+  const int64_t B = config_.block_tokens;
+  const int64_t nmax = std::max<int64_t>(0, limit) / B;
+  if (nmax == 0 || inflight_.empty()) return {0, -1};
+  std::vector<BlockKey> keys = exact_.chain_keys(tokens.subspan(0, static_cast<size_t>(nmax * B)));
+  int64_t i = 0;
+  while (i < nmax && (engine_tier_.contains(keys[i]) || dram_tier_.contains(keys[i]) ||
+                      (disk_ && disk_->contains(keys[i]))))
+    ++i;
+  int64_t j = i, producer = -1;
+  for (; j < nmax; ++j) {
+    auto it = inflight_.find(keys[j]);
+    if (it == inflight_.end() || it->second == self_id || (producer >= 0 && it->second != producer)) break;
+    producer = it->second;
+  }
+  if (j == i) return {0, -1};
+  return {j * B, producer};
+}
+
+void PrefixCache::want_boundary(int64_t producer, int64_t boundary) {
+  auto& v = wanted_[producer];
+  if (std::find(v.begin(), v.end(), boundary) == v.end()) v.push_back(boundary);
+  shared_waits_.inc();
+}
+
+int64_t PrefixCache::next_wanted_boundary(int64_t producer, int64_t computed) const {
+  auto it = wanted_.find(producer);
+  if (it == wanted_.end()) return 0;
+  int64_t best = 0;
+  for (int64_t b : it->second)
+    if (b > computed && (best == 0 || b < best)) best = b;
+  return best;
+}
+
+bool PrefixCache::producer_active(int64_t producer) const { return inflight_by_.count(producer) != 0; }
+
+void PrefixCache::register_inflight(std::span<const int32_t> tokens, int64_t from_block, int64_t target,
+                                    CacheSession& s) {
+  const int64_t B = config_.block_tokens;
+  const int64_t n = target / B;
+  if (s.approx_from_block >= 0 || n <= from_block) return;  // approximate blocks: nobody exact waits
+  std::vector<BlockKey> keys = exact_.chain_keys(tokens.subspan(0, static_cast<size_t>(n * B)));
+  auto& mine = inflight_by_[s.request_id];
+  for (int64_t i = from_block; i < n; ++i) {
+    if (inflight_.count(keys[i]) || engine_tier_.contains(keys[i])) continue;
+    inflight_[keys[i]] = s.request_id;
+    mine.push_back(keys[i]);
+  }
+  if (mine.empty()) inflight_by_.erase(s.request_id);
+  s.inflight_blocks = static_cast<int64_t>(n - from_block);
+}
+
+void PrefixCache::unregister_inflight(CacheSession& s) {
+  auto it = inflight_by_.find(s.request_id);
+  if (it != inflight_by_.end()) {
+    for (const BlockKey& k : it->second) {
+      auto f = inflight_.find(k);
+      if (f != inflight_.end() && f->second == s.request_id) inflight_.erase(f);
+    }
+    inflight_by_.erase(it);
+  }
+  wanted_.erase(s.request_id);
+}
+
+// ---------------------------------------------------------------- restore / publish
+
+void PrefixCache::reset_for_admission(CacheSession& s) {
+  unregister_inflight(s);
+  for (const BlockKey& k : s.keys) engine_tier_.unpin(k);
+  s.keys.clear();
+  s.approx_from_block = -1;
+  s.wait_boundary = 0;
+  s.wait_producer = -1;
+}
+
+RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t limit,
+                                   int64_t target, CacheSession& s) {
+  const int64_t B = config_.block_tokens;
+  RestoreResult r;
+  // A preempted request: its blocks are still pinned and its snapshot is in the session.
+  if (!s.resume_snapshot.empty()) {
+    std::vector<uint8_t> snap = std::move(s.resume_snapshot);
+    s.resume_snapshot.clear();
+    auto info = peek_swa_snapshot(snap);
+    if (info.ok() && info->position <= limit && info->position / B <= static_cast<int64_t>(s.keys.size())) {
+      const int64_t n = info->position / B;
+      std::vector<BlockBytes> held;
+      for (int64_t i = 0; i < n; ++i) held.push_back(engine_tier_.get(s.keys[i]));
+      if (std::all_of(held.begin(), held.end(), [](const BlockBytes& b) { return b != nullptr; })) {
+        std::vector<std::span<const uint8_t>> v;
+        for (const BlockBytes& b : held) v.emplace_back(*b);
+        if (engine.import_state(seq, v, snap, B).ok()) {
+          for (int64_t i = n; i < static_cast<int64_t>(s.keys.size()); ++i) engine_tier_.unpin(s.keys[i]);
+          s.keys.resize(static_cast<size_t>(n));
+          r.tokens = info->position;
+          r.engine_tokens = n * B;
+          r.snapshot_tokens = r.tokens - n * B;
+          r.swa = SwaOutcome::kRestored;
+          return r;
+        }
+      }
+    }
+    restore_failures_.inc();
+  }
+  reset_for_admission(s);
+  lookups_.inc();
+  const bool allow_approx = config_.swa_miss == SwaMiss::kReplay || config_.decoder_replay_prefill;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    r = RestoreResult{};
+    Found f = walk_blocks(tokens, limit, allow_approx);
+    auto snap = find_snapshot(tokens, limit, f, allow_approx);
+    int64_t n = 0;
+    if (snap) {
+      n = snap->first / B;
+    } else if (f.blocks > 0 && config_.swa_miss == SwaMiss::kReplay) {
+      n = f.blocks;
+    } else {
+      r.swa = f.blocks > 0 ? SwaOutcome::kRecomputed : SwaOutcome::kNone;
+      break;
+    }
+    std::vector<BlockBytes> blocks;
+    if (!bring_up(f, n, s, &blocks, &r)) {
+      for (const BlockKey& k : s.keys) engine_tier_.unpin(k);
+      s.keys.clear();
+      continue;  // a block vanished or was corrupt (and deleted): look up again
+    }
+    std::vector<std::span<const uint8_t>> views;
+    for (const BlockBytes& b : blocks) views.emplace_back(*b);
+    std::span<const uint8_t> payload;
+    if (snap) payload = std::span<const uint8_t>(*snap->second).subspan(kvcache::kBlockHeaderBytes);
+    Status st = engine.import_state(seq, views, payload, B);
+    if (st.ok() && !snap) st = engine.replay_window(seq, tokens.subspan(0, static_cast<size_t>(n * B)));
+    if (!st.ok()) {
+      // The sequence may hold part of the import: the caller recreates it (r.tokens == 0 and
+      // seq position != 0 tell it to).
+      log_warn("prefix_cache", "restore of " + std::to_string(n * B) + " tokens failed: " + st.message());
+      restore_failures_.inc();
+      if (snap) swa_bad_.inc();
+      for (const BlockKey& k : s.keys) engine_tier_.unpin(k);
+      s.keys.clear();
+      r = RestoreResult{};
+      break;
+    }
+    if (snap) {
+      const bool approx_snap = (peek_swa_snapshot(payload)->flags & kSwaFlagApproximate) != 0;
+      r.tokens = snap->first;
+      r.snapshot_tokens = r.tokens - n * B;
+      r.swa = SwaOutcome::kRestored;
+      if (f.approx_from >= 0 && f.approx_from < n) s.approx_from_block = f.approx_from;
+      if (approx_snap || s.approx_from_block >= 0) {
+        s.approximate = true;
+        if (s.approx_from_block < 0) s.approx_from_block = n;
+      }
+    } else {
+      r.tokens = n * B;
+      r.swa = SwaOutcome::kReplayed;
+      s.approximate = true;
+      s.approx_from_block = f.approx_from >= 0 ? f.approx_from : n;
+    }
+    break;
+  }
+  if (config_.decoder_replay_prefill) s.approximate = true;
+  // Metrics.
+  if (r.tokens > 0) hit_requests_.inc();
+  tok_engine_.inc(static_cast<uint64_t>(r.engine_tokens));
+  tok_dram_.inc(static_cast<uint64_t>(r.dram_tokens));
+  tok_disk_.inc(static_cast<uint64_t>(r.disk_tokens));
+  tok_snapshot_.inc(static_cast<uint64_t>(r.snapshot_tokens));
+  if (r.swa == SwaOutcome::kRestored) swa_restored_.inc();
+  if (r.swa == SwaOutcome::kReplayed) swa_replayed_.inc();
+  if (r.swa == SwaOutcome::kRecomputed) swa_recomputed_.inc();
+  register_inflight(tokens, r.tokens / B, target, s);
+  update_gauges();
+  return r;
+}
+
+void PrefixCache::publish_blocks(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed,
+                                 CacheSession& s) {
+  const int64_t B = config_.block_tokens;
+  const int64_t have = static_cast<int64_t>(s.keys.size()), full = computed / B;
+  if (full <= have) return;
+  for (int64_t i = have; i < full; ++i) {
+    const bool approx = s.approx_from_block >= 0 && i >= s.approx_from_block;
+    const BlockKey key = hasher(approx).prefix_key(tokens.subspan(0, static_cast<size_t>((i + 1) * B)));
+    auto payload = engine.export_kv_block(seq, i, B);
+    if (!payload.ok()) {
+      log_warn("prefix_cache", "block export failed: " + payload.status().message());
+      return;
+    }
+    BlockBytes bytes = std::make_shared<const std::vector<uint8_t>>(std::move(*payload));
+    engine_tier_.put(key, bytes);
+    engine_tier_.pin(key);
+    s.keys.push_back(key);
+    blocks_published_.inc();
+    // No longer in flight: waiters find it in the engine tier.
+    auto f = inflight_.find(key);
+    if (f != inflight_.end() && f->second == s.request_id) inflight_.erase(f);
+    if (writer_ && !disk_->contains(key)) {
+      Status st = writer_->submit(kvcache::BlockWrite{key, static_cast<uint32_t>(B), *bytes, {}},
+                                  kvcache::SubmitMode::kReject);
+      if (!st.ok()) disk_writes_dropped_.inc();
+    }
+  }
+  update_gauges();
+}
+
+void PrefixCache::publish_snapshot(Engine& engine, SeqId seq, std::span<const int32_t> prefix,
+                                   CacheSession& s) {
+  const int64_t B = config_.block_tokens;
+  const int64_t L = static_cast<int64_t>(prefix.size());
+  if (L == 0) return;
+  auto payload = engine.export_swa_snapshot(seq, B, s.approximate);
+  if (!payload.ok()) {
+    log_warn("prefix_cache", "snapshot export failed: " + payload.status().message());
+    return;
+  }
+  const kvcache::BlockChainHasher& h = hasher(s.approximate);
+  swa_put(h.prefix_key(prefix), static_cast<uint32_t>(L), *payload);
+  swa_put_.inc();
+  if (L % B != 0) {
+    // Remember L under its block boundary so a lookup can find this unaligned snapshot.
+    const BlockKey boundary = h.prefix_key(prefix.subspan(0, static_cast<size_t>((L / B) * B)));
+    std::vector<uint32_t> lens = marker_lengths(boundary);
+    lens.erase(std::remove(lens.begin(), lens.end(), static_cast<uint32_t>(L)), lens.end());
+    lens.insert(lens.begin(), static_cast<uint32_t>(L));
+    if (lens.size() > kMarkerMax) lens.resize(kMarkerMax);
+    std::vector<uint8_t> p(lens.size() * 4);
+    std::memcpy(p.data(), lens.data(), p.size());
+    swa_put(marker_key(boundary), static_cast<uint32_t>((L / B) * B), p);
+  }
+  auto w = wanted_.find(s.request_id);
+  if (w != wanted_.end()) std::erase(w->second, L);
+}
+
+void PrefixCache::preempt(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed,
+                          CacheSession& s) {
+  publish_blocks(engine, seq, tokens, computed, s);
+  auto snap = engine.export_swa_snapshot(seq, config_.block_tokens, s.approximate);
+  if (snap.ok()) s.resume_snapshot = std::move(*snap);
+  unregister_inflight(s);  // waiters stop waiting for a preempted producer
+}
+
+void PrefixCache::release(CacheSession& s) {
+  unregister_inflight(s);
+  for (const BlockKey& k : s.keys) engine_tier_.unpin(k);
+  s.keys.clear();
+  s.resume_snapshot.clear();
+  update_gauges();
+}
+
+bool PrefixCache::drain_writes(int64_t timeout_ms) {
+  if (!writer_) return true;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (writer_->queued_blocks() > 0) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // The queue is empty; blocks being written finish within one group commit.
+  writer_->drain();
+  return true;
+}
+
+}  // namespace ds41::engine
