@@ -54,6 +54,30 @@ class OwningEngine final : public engine::Engine {
   Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override {
     return inner_->step(items, out);
   }
+  // Every optional entry point is forwarded too (a default here would answer "unimplemented" for an
+  // engine that has it: images and the prefix cache failed through this wrapper before).
+  Result<std::vector<std::vector<float>>> encode_images(
+      std::span<const image::PreparedImage* const> images) override {
+    return inner_->encode_images(images);
+  }
+  Result<std::vector<uint8_t>> export_kv_block(engine::SeqId s, int64_t index,
+                                               int64_t block_tokens) const override {
+    return inner_->export_kv_block(s, index, block_tokens);
+  }
+  Result<std::vector<uint8_t>> export_swa_snapshot(engine::SeqId s, int64_t block_tokens,
+                                                   bool approximate) const override {
+    return inner_->export_swa_snapshot(s, block_tokens, approximate);
+  }
+  Status import_state(engine::SeqId s, std::span<const std::span<const uint8_t>> blocks,
+                      std::span<const uint8_t> snapshot, int64_t block_tokens) override {
+    return inner_->import_state(s, blocks, snapshot, block_tokens);
+  }
+  Status replay_window(engine::SeqId s, std::span<const int32_t> prefix_tokens) override {
+    return inner_->replay_window(s, prefix_tokens);
+  }
+  Status prefill_decoder_replay(engine::SeqId s, std::span<const int32_t> tokens) override {
+    return inner_->prefill_decoder_replay(s, tokens);
+  }
 
  private:
   std::shared_ptr<void> keep_;  // declared first: destroyed after the engine

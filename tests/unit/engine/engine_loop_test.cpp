@@ -175,7 +175,9 @@ TEST(EngineLoop, ParallelSamplingGivesEachRequestItsOwnStream) {
     EXPECT_EQ(c.tokens, reference(reqs[i].prompt, 20, reqs[i].sampling, 64)) << "request " << i;
     if (reqs[i].sampling.top_logprobs >= 0) {
       for (const TokenEvent& e : c.events) {
-        if (e.token >= 0) EXPECT_EQ(e.top.size(), 3u) << "request " << i;
+        if (e.token >= 0) {
+          EXPECT_EQ(e.top.size(), 3u) << "request " << i;
+        }
       }
     }
   }
