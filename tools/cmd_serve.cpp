@@ -132,6 +132,9 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--write-timeout", a->write_timeout_s, "Seconds a non-reading client is kept (default 30)");
   cmd->add_option("--shutdown-timeout", a->shutdown_timeout_s, "Seconds to drain on SIGTERM (default 30)");
   cmd->add_option("--threads", a->engine.threads, "CPU threads (default 2)");
+  cmd->add_option("--speculative", a->engine.speculative,
+                  "DSpark speculative decoding for greedy requests: dspark | off | auto (default auto = off "
+                  "on the CPU engine, where a speculative step costs more than it saves)");
   cmd->add_flag("-q,--quiet", a->engine.quiet, "No load progress (the ready line is still printed)");
   cmd->callback([a, &exit_code] {
     Status s = run_serve(*a);

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "engine/cpu_engine.h"
 #include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "load_progress.h"
@@ -36,6 +37,8 @@ Result<int64_t> parse_bytes(const std::string& s, const std::string& flag) {
 
 Status validate_engine_args(const EngineArgs& a) {
   DS41_RETURN_IF_ERROR(engine_device(a.device).status());
+  if (a.speculative != "auto" && a.speculative != "dspark" && a.speculative != "off")
+    return invalid_argument("--speculative must be dspark or off, got '" + a.speculative + "'");
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
   DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
@@ -96,6 +99,14 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.kv_memory_bytes = kv_bytes;
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
+  if (a.speculative == "dspark") {       // auto: off on the CPU engine (EngineArgs::speculative)
+    auto* cpu = dynamic_cast<engine::CpuEngine*>(se->engine.engine.get());
+    if (!cpu)
+      return unimplemented("--speculative dspark: only the CPU engine has DSpark speculative decoding yet");
+    DS41_RETURN_IF_ERROR(cpu->enable_speculative().with_context("--speculative dspark"));
+    lc.speculative = true;
+    if (!a.quiet) std::fprintf(stderr, "%s: DSpark speculative decoding on (greedy requests)\n", who.c_str());
+  }
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());

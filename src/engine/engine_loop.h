@@ -41,6 +41,10 @@ struct LoopConfig {
   // every request owns its sampler and penalty state). Null: on the loop thread. Not owned; the
   // CPU engine's pool is idle between forwards, so the CLI passes it.
   ThreadPool* sample_pool = nullptr;
+  // DSpark speculative decoding (MODEL_SPEC 3.10) for decode steps of greedy requests without
+  // penalties or logprobs, through Engine::speculative_step (when the engine offers it). Greedy
+  // outputs are unchanged; sampled requests decode plainly (their sampler's stream stays the same).
+  bool speculative = false;
 };
 
 // The consumer side of one request. Thread-safe.
@@ -70,6 +74,9 @@ struct LoopStats {
   int64_t kv_used_bytes = 0, kv_capacity_bytes = 0;
   int64_t steps = 0, preemptions = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;
+  // Speculative steps: spec_accepted[a] = steps that accepted a candidates (a = 0..block).
+  int64_t spec_steps = 0;
+  std::vector<int64_t> spec_accepted;
 };
 
 class EngineLoop {

@@ -181,6 +181,29 @@ uint64_t Checkpoint::payload_bytes() const {
   return s;
 }
 
+namespace {
+
+// A symlink checked out where symlinks are not kept (git core.symlinks=false, copies through
+// tools that flatten links) becomes a small text file holding the link's target. The golden
+// DSpark set links its text weights as ../v41-tiny-public/model.safetensors this way. Such a
+// stub (under 1 KiB, one line naming an existing *.safetensors file relative to the stub's
+// folder) is followed; anything else is opened as is.
+std::string follow_link_stub(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) >= 1024 || ec) return path;
+  std::ifstream in(path);
+  std::string target((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!target.empty() && (target.back() == '\n' || target.back() == '\r')) target.pop_back();
+  if (target.empty() || target.find('\n') != std::string::npos || !target.ends_with(".safetensors"))
+    return path;
+  const fs::path resolved = fs::path(path).parent_path() / target;
+  if (!fs::is_regular_file(resolved, ec) || fs::file_size(resolved, ec) < 1024) return path;
+  return resolved.string();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir) {
   namespace fs = std::filesystem;
   auto ck = std::make_unique<Checkpoint>();
@@ -213,7 +236,7 @@ Result<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string& dir) {
   }
   std::string errors;
   for (const std::string& sf : shard_files) {
-    auto f = SafetensorsFile::open(dir + "/" + sf);
+    auto f = SafetensorsFile::open(follow_link_stub(dir + "/" + sf));
     if (!f.ok()) {
       errors += f.status().message() + "\n";
       continue;
