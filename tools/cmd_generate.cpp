@@ -29,7 +29,6 @@
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "core/log.h"
-#include "engine/cpu_engine.h"
 #include "engine/logits_processing.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
@@ -280,12 +279,7 @@ Status run_generate(const GenerateArgs& a) {
   // B + 1 decode rows plus the draft and only pays off on a memory-bound (GPU) engine. Enabled
   // before the sequence exists, so that its prefill captures the draft context.
   const bool spec = a.speculative == "dspark";
-  if (spec) {
-    auto* cpu = dynamic_cast<engine::CpuEngine*>(&eng);
-    if (!cpu)
-      return unimplemented("--speculative dspark: only the CPU engine has DSpark speculative decoding yet");
-    DS41_RETURN_IF_ERROR(cpu->enable_speculative().with_context("--speculative dspark"));
-  }
+  if (spec) DS41_RETURN_IF_ERROR(eng.enable_speculative().with_context("--speculative dspark"));
   engine::AcceptanceStats spec_stats;
   std::deque<int32_t> spec_pending;  // committed tokens of the last speculative step, not yet emitted
   SystemClock clock;

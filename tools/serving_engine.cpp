@@ -3,7 +3,6 @@
 
 #include <cstdio>
 
-#include "engine/cpu_engine.h"
 #include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "load_progress.h"
@@ -100,10 +99,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
   if (a.speculative == "dspark") {       // auto: off on the CPU engine (EngineArgs::speculative)
-    auto* cpu = dynamic_cast<engine::CpuEngine*>(se->engine.engine.get());
-    if (!cpu)
-      return unimplemented("--speculative dspark: only the CPU engine has DSpark speculative decoding yet");
-    DS41_RETURN_IF_ERROR(cpu->enable_speculative().with_context("--speculative dspark"));
+    DS41_RETURN_IF_ERROR(se->engine.engine->enable_speculative().with_context("--speculative dspark"));
     lc.speculative = true;
     if (!a.quiet) std::fprintf(stderr, "%s: DSpark speculative decoding on (greedy requests)\n", who.c_str());
   }

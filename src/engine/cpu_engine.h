@@ -39,7 +39,7 @@ class CpuEngine final : public Engine {
   // DSpark speculative decoding (MODEL_SPEC 3.10): once enabled (before any sequence exists),
   // every step() captures the context features and writes the draft rows of its positions.
   // FailedPrecondition when the checkpoint has no draft stages.
-  Status enable_speculative();
+  Status enable_speculative() override;
   int64_t speculative_block() const override;
   Status speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) override;
 

@@ -79,7 +79,12 @@ class Engine {
   // sequence, bad token id, context overflow, backend failure) leave every sequence unchanged.
   virtual Status step(std::span<const StepItem> items, StepOutput* out) = 0;
 
-  // Speculative decoding: the draft block size (0 = not available: no draft stages, or off).
+  // Speculative decoding: turns it on (before any sequence exists: every forward then captures
+  // the draft context); FailedPrecondition when the engine or the checkpoint has none.
+  virtual Status enable_speculative() {
+    return failed_precondition("this engine has no speculative decoding");
+  }
+  // The draft block size (0 = not available: no draft stages, or off).
   virtual int64_t speculative_block() const { return 0; }
   // One speculative step per item (distinct sequences). Afterwards each sequence's position is
   // its anchor's + accepted + 1, and the last result token is its next anchor.
