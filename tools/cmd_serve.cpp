@@ -148,6 +148,9 @@ void setup_serve(CLI::App& parent, int& exit_code) {
                   "Largest decoded image in pixels (default 40000000)");
   cmd->add_option("--vision-cache", a->engine.vision_cache,
                   "Host memory for the vision-feature cache (default 256MiB; 0 = off)");
+  cmd->add_option("--speculative", a->engine.speculative,
+                  "DSpark speculative decoding for greedy requests: dspark | off | auto (default auto = off "
+                  "on the CPU engine, where a speculative step costs more than it saves)");
   cmd->add_flag("-q,--quiet", a->engine.quiet, "No load progress (the ready line is still printed)");
   cmd->callback([a, &exit_code] {
     Status s = run_serve(*a);

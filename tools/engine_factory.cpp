@@ -54,6 +54,16 @@ class OwningEngine final : public engine::Engine {
   Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override {
     return inner_->step(items, out);
   }
+  Result<std::vector<std::vector<float>>> encode_images(
+      std::span<const image::PreparedImage* const> images) override {
+    return inner_->encode_images(images);
+  }
+  Status enable_speculative() override { return inner_->enable_speculative(); }
+  int64_t speculative_block() const override { return inner_->speculative_block(); }
+  Status speculative_step(std::span<const engine::SpecStepItem> items,
+                          std::vector<engine::SpecStepResult>* out) override {
+    return inner_->speculative_step(items, out);
+  }
 
  private:
   std::shared_ptr<void> keep_;  // declared first: destroyed after the engine

@@ -38,6 +38,8 @@ Result<int64_t> parse_bytes(const std::string& s, const std::string& flag) {
 
 Status validate_engine_args(const EngineArgs& a) {
   DS41_RETURN_IF_ERROR(engine_device(a.device).status());
+  if (a.speculative != "auto" && a.speculative != "dspark" && a.speculative != "off")
+    return invalid_argument("--speculative must be dspark or off, got '" + a.speculative + "'");
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
   DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
@@ -117,6 +119,11 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
   DS41_ASSIGN_OR_RETURN(lc.vision_cache_bytes, parse_bytes(a.vision_cache, "--vision-cache"));
+  if (a.speculative == "dspark") {       // auto: off on the CPU engine (EngineArgs::speculative)
+    DS41_RETURN_IF_ERROR(se->engine.engine->enable_speculative().with_context("--speculative dspark"));
+    lc.speculative = true;
+    if (!a.quiet) std::fprintf(stderr, "%s: DSpark speculative decoding on (greedy requests)\n", who.c_str());
+  }
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);
   DS41_RETURN_IF_ERROR(se->loop->start());

@@ -26,6 +26,11 @@ struct EngineArgs {
   std::string memory_limit;             // --memory-limit (empty: MemAvailable)
   bool quiet = false;                   // no load progress
   std::string vision_cache = "256MiB";  // --vision-cache: image feature cache (0 = off)
+  // --speculative dspark|off|auto: greedy requests decode speculatively (MODEL_SPEC 3.10; their
+  // outputs are unchanged). auto = off on the CPU engine (it computes every verified row, so a
+  // speculative step is slower there); meant to be on for the GPU engine where the checkpoint has
+  // draft stages.
+  std::string speculative = "auto";
 };
 
 // "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.

@@ -8,9 +8,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <unordered_map>
 
+#include "engine/dspark_decoder.h"
 #include "engine/engine.h"
 #include "model/model.h"
 
@@ -35,6 +38,13 @@ class CpuEngine final : public Engine {
   Result<std::vector<std::vector<float>>> encode_images(
       std::span<const image::PreparedImage* const> images) override;
 
+  // DSpark speculative decoding (MODEL_SPEC 3.10): once enabled (before any sequence exists),
+  // every step() captures the context features and writes the draft rows of its positions.
+  // FailedPrecondition when the checkpoint has no draft stages.
+  Status enable_speculative() override;
+  int64_t speculative_block() const override;
+  Status speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) override;
+
  private:
   Result<model::SequenceState*> find(SeqId seq) const;
 
@@ -42,6 +52,8 @@ class CpuEngine final : public Engine {
   EngineInfo info_;
   int64_t bounded_bytes_ = 0;  // what a fresh SequenceState holds (window rings, pending groups)
   std::unordered_map<SeqId, std::unique_ptr<model::SequenceState>> seqs_;
+  std::optional<DsparkDecoder> spec_;                    // enable_speculative()
+  std::unordered_map<SeqId, std::mt19937_64> spec_rng_;  // sampled speculative steps
   SeqId next_id_ = 1;
 };
 

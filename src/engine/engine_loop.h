@@ -44,6 +44,10 @@ struct LoopConfig {
   ThreadPool* sample_pool = nullptr;
   // Host memory for the vision-feature cache (image span embeddings by image hash; 0 = off).
   int64_t vision_cache_bytes = int64_t{256} << 20;
+  // DSpark speculative decoding (MODEL_SPEC 3.10) for decode steps of greedy requests without
+  // penalties or logprobs, through Engine::speculative_step (when the engine offers it). Greedy
+  // outputs are unchanged; sampled requests decode plainly (their sampler's stream stays the same).
+  bool speculative = false;
 };
 
 // The consumer side of one request. Thread-safe.
@@ -76,6 +80,9 @@ struct LoopStats {
   // Images (MODEL_SPEC 3.11): encoded by the tower, and the feature cache's counters.
   int64_t images_encoded = 0, image_tokens = 0;
   int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0, vision_cache_bytes = 0;
+  // Speculative steps: spec_accepted[a] = steps that accepted a candidates (a = 0..block).
+  int64_t spec_steps = 0;
+  std::vector<int64_t> spec_accepted;
 };
 
 class EngineLoop {
