@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <deque>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "core/log.h"
 #include "engine/logits_processing.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "human_units.h"
@@ -87,6 +89,7 @@ struct GenerateArgs {
   std::string memory_limit_text;  // --memory-limit, parsed by validate_generate_args
   uint64_t memory_limit = 0;
   std::vector<std::string> images;  // --image FILE, repeatable (MODEL_SPEC 3.11)
+  std::string speculative = "off";  // --speculative dspark|off
 };
 
 // Whole-string integer in [lo, hi] (surrounding spaces allowed); nullopt otherwise.
@@ -136,6 +139,14 @@ Status validate_generate_args(GenerateArgs& a) {
     return invalid_argument("--max-tokens must be an integer in [1, 2147483647], got '" + a.max_tokens_text +
                             "'");
   a.max_tokens = *mt;
+  if (a.speculative != "dspark" && a.speculative != "off")
+    return invalid_argument("--speculative must be dspark or off, got '" + a.speculative + "'");
+  if (a.speculative == "dspark" && (a.sampling.top_k > 0 || a.sampling.top_p < 1 || a.sampling.min_p > 0 ||
+                                    a.penalties.top_logprobs >= 0 || a.penalties.repetition_penalty != 1 ||
+                                    a.penalties.presence_penalty != 0 || a.penalties.frequency_penalty != 0))
+    return invalid_argument(
+        "--speculative dspark supports greedy decoding and --temperature only (no top-k/top-p/min-p, "
+        "penalties or --logprobs); use --speculative off");
   if (a.has_prompt_ids) {
     std::string_view rest = a.prompt_ids;
     for (;;) {
@@ -338,6 +349,14 @@ Status run_generate(const GenerateArgs& a) {
     return invalid_argument("the prompt has " + std::to_string(ids.size()) + " tokens and --max-tokens is " +
                             std::to_string(a.max_tokens) + ": together more than the model's context of " +
                             std::to_string(ctx) + " positions");
+  // DSpark speculative decoding (MODEL_SPEC 3.10), when asked for: greedy output is the same token
+  // for token. Off by default: the CPU reference computes every verified row, so a step costs about
+  // B + 1 decode rows plus the draft and only pays off on a memory-bound (GPU) engine. Enabled
+  // before the sequence exists, so that its prefill captures the draft context.
+  const bool spec = a.speculative == "dspark";
+  if (spec) DS41_RETURN_IF_ERROR(eng.enable_speculative().with_context("--speculative dspark"));
+  engine::AcceptanceStats spec_stats;
+  std::deque<int32_t> spec_pending;  // committed tokens of the last speculative step, not yet emitted
   SystemClock clock;
   DS41_ASSIGN_OR_RETURN(const engine::SeqId seq, eng.create_sequence());
   const int64_t t0 = clock.now_mono_ns();
@@ -403,8 +422,14 @@ Status run_generate(const GenerateArgs& a) {
       finish = "interrupted";
       break;
     }
-    if (penalties.active()) penalties.apply(logits.data(), vocab);
-    DS41_ASSIGN_OR_RETURN(const int32_t next, sampler.sample(logits));
+    int32_t next = -1;
+    if (!spec_pending.empty()) {  // committed by the last speculative step
+      next = spec_pending.front();
+      spec_pending.pop_front();
+    } else {
+      if (penalties.active()) penalties.apply(logits.data(), vocab);
+      DS41_ASSIGN_OR_RETURN(next, sampler.sample(logits));
+    }
     if (a.penalties.top_logprobs >= 0) {
       std::vector<engine::TopLogprob> top;
       const float lp = engine::token_logprob(logits.data(), vocab, next, a.penalties.top_logprobs, &top);
@@ -446,6 +471,26 @@ Status run_generate(const GenerateArgs& a) {
       ++generated;
       break;
     }
+    if (spec) {
+      // `next` was already run through the target unless it is the last step's bonus token (or
+      // the first token): then one speculative step runs it and commits what follows.
+      if (spec_pending.empty()) {
+        if (*eng.sequence_position(seq) + eng.speculative_block() + 1 > ctx) {
+          ++generated;
+          break;
+        }
+        engine::SpecStepItem si;
+        si.seq = seq;
+        si.anchor = next;
+        si.temperature = sp.temperature;
+        si.seed = sp.seed;
+        std::vector<engine::SpecStepResult> res;
+        DS41_RETURN_IF_ERROR(eng.speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res));
+        spec_stats.add(res[0].accepted, eng.speculative_block());
+        spec_pending.assign(res[0].tokens.begin(), res[0].tokens.end());
+      }
+      continue;
+    }
     engine::StepItem it{seq, std::span<const int32_t>(&next, 1), true};
     DS41_RETURN_IF_ERROR(eng.step(std::span<const engine::StepItem>(&it, 1), &out));
     logits = std::move(out.logits);
@@ -473,6 +518,12 @@ Status run_generate(const GenerateArgs& a) {
                           {"prefill_tokens_per_s", ids.size() / std::max(pre_s, 1e-9)},
                           {"decode_tokens_per_s", generated / std::max(dec_s, 1e-9)}}}};
     j["seed"] = sp.seed;
+    if (spec)
+      j["speculative"] = {{"method", "dspark"},
+                          {"steps", spec_stats.steps},
+                          {"accepted_histogram", spec_stats.counts},
+                          {"mean_accepted", spec_stats.mean_accepted()},
+                          {"tokens_per_step", spec_stats.tokens_per_step()}};
     if (a.penalties.top_logprobs >= 0) j["logprobs"] = logprobs;
     if (thinking) j["reasoning_complete"] = po.reasoning_complete;
     if (stop.matched()) j["stop"] = stop.matched_stop();
@@ -484,6 +535,14 @@ Status run_generate(const GenerateArgs& a) {
             << human_rate(ids.size() / std::max(pre_s, 1e-9)) << " tok/s); decode: " << generated
             << " tokens in " << human_duration(dec_s) << " (" << human_rate(generated / std::max(dec_s, 1e-9))
             << " tok/s)\n";
+  if (spec && spec_stats.steps > 0) {
+    std::string hist;
+    for (size_t i = 0; i < spec_stats.counts.size(); ++i)
+      hist += (i ? " " : "") + std::to_string(spec_stats.counts[i]);
+    std::cerr << "speculative (dspark): " << spec_stats.steps << " steps, accepted histogram [" << hist
+              << "], mean accepted " << spec_stats.mean_accepted() << ", " << spec_stats.tokens_per_step()
+              << " tokens/step\n";
+  }
   return ok_status();
 }
 
@@ -538,6 +597,9 @@ void setup_generate(CLI::App& parent, int& exit_code) {
                   "With --json: each token's log-probability and the top N (0..20)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
   add_engine_device_flags(cmd, &a->device, /*seed_flag=*/false);  // --seed is the sampling seed
+  cmd->add_option("--speculative", a->speculative,
+                  "DSpark speculative decoding: dspark | off (default off: on the CPU reference a step "
+                  "costs ~6 decode rows plus the draft; greedy output is the same either way)");
   cmd->add_option(
       "--memory-limit", a->memory_limit_text,
       "Memory the model may use (e.g. 20GB, 64GiB); default MemAvailable. Checked before loading");

@@ -17,6 +17,8 @@
 // the output also holds image{k}.plan / grid_thw / resized_u8 / pixel_values / vit_out /
 // aligner_out / span_embeds and per prompt input_ids / image_mask / span_starts / images /
 // inputs_embeds / layer{l}.engram_delta_rms.
+// IN.json {"dspark": {"input_ids": [...], "prompt_len": P, "anchors": [L, ...], "walk_steps": N}}
+// runs the DSpark checks instead (engine/dspark_score.h; golden README "DSpark set").
 #include <unistd.h>
 
 #include <cmath>
@@ -28,9 +30,11 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli_registry.h"
 #include "core/clock.h"
+#include "engine/dspark_score.h"
 #include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "image/image_decode.h"
@@ -364,8 +368,62 @@ Result<model::SequenceOutput> prefill_with_images(model::Model& m, model::Sequen
   return out;
 }
 
+// {"dspark": {...}} input, or nullopt-like empty input_ids when the file has no "dspark" key.
+Result<std::optional<engine::DsparkScoreInput>> read_dspark_input(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return not_found(path + ": cannot open");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("dspark"))
+    return std::optional<engine::DsparkScoreInput>();
+  const auto& d = j["dspark"];
+  if (!d.is_object()) return invalid_argument(path + ": 'dspark' must be an object");
+  engine::DsparkScoreInput r;
+  auto ints = [&](const char* key, bool required, auto* dst) -> Status {
+    if (!d.contains(key))
+      return required ? invalid_argument(path + ": dspark." + key + " is missing") : ok_status();
+    if (!d[key].is_array()) return invalid_argument(path + ": dspark." + key + " must be a list of integers");
+    for (auto& v : d[key]) {
+      if (!v.is_number_integer()) return invalid_argument(path + ": dspark." + key + " holds a non-integer");
+      dst->push_back(v.template get<typename std::remove_pointer_t<decltype(dst)>::value_type>());
+    }
+    return ok_status();
+  };
+  DS41_RETURN_IF_ERROR(ints("input_ids", true, &r.input_ids));
+  DS41_RETURN_IF_ERROR(ints("anchors", false, &r.anchors));
+  if (!d.contains("prompt_len") || !d["prompt_len"].is_number_integer())
+    return invalid_argument(path + ": dspark.prompt_len must be an integer");
+  r.prompt_len = d["prompt_len"].get<int64_t>();
+  if (d.contains("walk_steps")) {
+    if (!d["walk_steps"].is_number_integer() || d["walk_steps"].get<int64_t>() < 0)
+      return invalid_argument(path + ": dspark.walk_steps must be a non-negative integer");
+    r.walk_steps = d["walk_steps"].get<int64_t>();
+  }
+  return std::optional<engine::DsparkScoreInput>(std::move(r));
+}
+
+Status run_score_dspark(const ScoreArgs& a, const engine::DsparkScoreInput& in) {
+  DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
+  DS41_ASSIGN_OR_RETURN(auto arrays, engine::dspark_score(lm.model.get(), in));
+  model::SafetensorsWriter w;
+  w.set_metadata("producer", "ds41 score --dspark (CPU reference)");
+  for (const engine::NamedArray& arr : arrays) {
+    if (!arr.i32.empty())
+      w.add_i32(arr.name, arr.shape, arr.i32.data());
+    else
+      w.add_f32(arr.name, arr.shape, arr.f32.data());
+  }
+  DS41_RETURN_IF_ERROR(w.write(a.out));
+  std::fprintf(stderr, "ds41 score: wrote %zu DSpark arrays to %s\n", arrays.size(),
+               std::filesystem::absolute(a.out).lexically_normal().c_str());
+  return ok_status();
+}
+
 Status run_score(const ScoreArgs& a) {
   DS41_RETURN_IF_ERROR(check_writable_output(a.out));
+  DS41_ASSIGN_OR_RETURN(auto dspark_in, read_dspark_input(a.input));
+  if (dspark_in) return run_score_dspark(a, *dspark_in);
   DS41_ASSIGN_OR_RETURN(auto input, read_input(a.input));
   std::vector<Prompt>& prompts = input.prompts;
   auto& dec = input.dec;

@@ -78,6 +78,12 @@ class OwningEngine final : public engine::Engine {
   Status prefill_decoder_replay(engine::SeqId s, std::span<const int32_t> tokens) override {
     return inner_->prefill_decoder_replay(s, tokens);
   }
+  Status enable_speculative() override { return inner_->enable_speculative(); }
+  int64_t speculative_block() const override { return inner_->speculative_block(); }
+  Status speculative_step(std::span<const engine::SpecStepItem> items,
+                          std::vector<engine::SpecStepResult>* out) override {
+    return inner_->speculative_step(items, out);
+  }
 
  private:
   std::shared_ptr<void> keep_;  // declared first: destroyed after the engine

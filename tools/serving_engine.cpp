@@ -42,6 +42,8 @@ Result<int64_t> parse_bytes(const std::string& s, const std::string& flag) {
 
 Status validate_engine_args(const EngineArgs& a) {
   DS41_RETURN_IF_ERROR(engine_device(a.device).status());
+  if (a.speculative != "auto" && a.speculative != "dspark" && a.speculative != "off")
+    return invalid_argument("--speculative must be dspark or off, got '" + a.speculative + "'");
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
   DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
@@ -204,6 +206,11 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
                    a.kv_dir.empty() ? "off" : a.kv_dir.c_str(), a.swa_miss.c_str());
   } else if (!a.no_prefix_cache && !a.quiet) {
     std::fprintf(stderr, "%s: prefix cache off (the GPU engine does not export state yet)\n", who.c_str());
+  }
+  if (a.speculative == "dspark") {       // auto: off on the CPU engine (EngineArgs::speculative)
+    DS41_RETURN_IF_ERROR(se->engine.engine->enable_speculative().with_context("--speculative dspark"));
+    lc.speculative = true;
+    if (!a.quiet) std::fprintf(stderr, "%s: DSpark speculative decoding on (greedy requests)\n", who.c_str());
   }
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);

@@ -40,6 +40,11 @@ struct EngineArgs {
   std::string kv_cache_memory = "1GiB";  // engine tier (unpinned blocks)
   std::string kv_dram = "4GiB";          // host DRAM tier
   std::string kv_swa_memory;             // DRAM SWA pool cap; empty: 10 % of host memory
+  // --speculative dspark|off|auto: greedy requests decode speculatively (MODEL_SPEC 3.10; their
+  // outputs are unchanged). auto = off on the CPU engine (it computes every verified row, so a
+  // speculative step is slower there); meant to be on for the GPU engine where the checkpoint has
+  // draft stages.
+  std::string speculative = "auto";
 };
 
 // "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.

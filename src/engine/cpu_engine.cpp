@@ -27,9 +27,17 @@ Result<model::SequenceState*> CpuEngine::find(SeqId seq) const {
   return it->second.get();
 }
 
+void CpuEngine::restart_draft(model::SequenceState& s) const {
+  if (!spec_) return;
+  if (!s.dspark) spec_->dspark().enable(s);
+  s.dspark->restart_at(s.position());
+}
+
 Result<SeqId> CpuEngine::create_sequence() {
   const SeqId id = next_id_++;
-  seqs_.emplace(id, model_->new_sequence());
+  auto st = model_->new_sequence();
+  if (spec_) spec_->dspark().enable(*st);
+  seqs_.emplace(id, std::move(st));
   return id;
 }
 
@@ -37,11 +45,13 @@ Result<SeqId> CpuEngine::fork_sequence(SeqId src) {
   DS41_ASSIGN_OR_RETURN(model::SequenceState * s, find(src));
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::make_unique<model::SequenceState>(*s));
+  if (auto it = spec_rng_.find(src); it != spec_rng_.end()) spec_rng_.emplace(id, it->second);
   return id;
 }
 
 Status CpuEngine::free_sequence(SeqId seq) {
   if (seqs_.erase(seq) == 0) return not_found("sequence " + std::to_string(seq) + " does not exist");
+  spec_rng_.erase(seq);
   return ok_status();
 }
 
@@ -107,8 +117,14 @@ Status CpuEngine::step(std::span<const StepItem> items, StepOutput* out) {
   }
   model::ForwardOptions opt;
   opt.logits = any_logits ? model::LogitsRows::kLast : model::LogitsRows::kNone;
+  opt.dspark_features = spec_.has_value();  // MODEL_SPEC 3.10.2: during every target forward
   std::vector<model::SequenceOutput> res;
   DS41_RETURN_IF_ERROR(model_->forward(batch, opt, &res));
+  if (spec_)
+    for (size_t i = 0; i < items.size(); ++i)
+      DS41_RETURN_IF_ERROR(spec_->dspark().commit_context(*batch[i].state, res[i].dspark_features.data(),
+                                                          static_cast<int64_t>(items[i].tokens.size()),
+                                                          res[i].dspark_first_pos));
   int64_t rows = 0;
   for (size_t i = 0; i < items.size(); ++i)
     if (items[i].want_logits) out->row[i] = rows++;
@@ -140,7 +156,9 @@ Status CpuEngine::import_state(SeqId seq, std::span<const std::span<const uint8_
   if (end > info_.max_context)
     return out_of_range("state import of " + std::to_string(end) + " tokens exceeds the context of " +
                         std::to_string(info_.max_context));
-  return decode_state(*s, blocks, snapshot, block_tokens);
+  DS41_RETURN_IF_ERROR(decode_state(*s, blocks, snapshot, block_tokens));
+  restart_draft(*s);
+  return ok_status();
 }
 
 Status CpuEngine::replay_window(SeqId seq, std::span<const int32_t> prefix_tokens) {
@@ -151,6 +169,7 @@ Status CpuEngine::replay_window(SeqId seq, std::span<const int32_t> prefix_token
   opt.logits = model::LogitsRows::kNone;
   DS41_RETURN_IF_ERROR(model_->encoder_replay(tmp, prefix_tokens, opt).status());
   *s = std::move(tmp);
+  restart_draft(*s);
   return ok_status();
 }
 
@@ -167,6 +186,56 @@ Status CpuEngine::prefill_decoder_replay(SeqId seq, std::span<const int32_t> tok
   opt.logits = model::LogitsRows::kNone;
   DS41_RETURN_IF_ERROR(model_->prefill_decoder_replay(tmp, tokens, opt).status());
   *s = std::move(tmp);
+  restart_draft(*s);
+  return ok_status();
+}
+
+Status CpuEngine::enable_speculative() {
+  if (spec_) return ok_status();
+  if (!seqs_.empty())
+    return failed_precondition("speculative decoding must be enabled before any sequence exists");
+  DS41_ASSIGN_OR_RETURN(DsparkDecoder d, DsparkDecoder::create(model_));
+  spec_.emplace(std::move(d));
+  auto probe = model_->new_sequence();
+  spec_->dspark().enable(*probe);
+  bounded_bytes_ = probe->bounded_bytes();  // admission counts the draft rings too
+  return ok_status();
+}
+
+int64_t CpuEngine::speculative_block() const { return spec_ ? spec_->dspark().block_size() : 0; }
+
+// Serial over the items: the CPU reference batches nothing across speculative steps (each is a
+// draft forward of B rows and one verification forward of up to B + 1 rows).
+Status CpuEngine::speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) {
+  if (!spec_) return failed_precondition("speculative decoding is off (CpuEngine::enable_speculative)");
+  out->assign(items.size(), SpecStepResult{});
+  std::unordered_set<SeqId> seen;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const SpecStepItem& it = items[i];
+    const std::string what =
+        "speculative item " + std::to_string(i) + " (sequence " + std::to_string(it.seq) + ")";
+    DS41_ASSIGN_OR_RETURN(model::SequenceState * st, find(it.seq));
+    if (!seen.insert(it.seq).second) return invalid_argument(what + ": sequence appears twice in one step");
+    if (it.anchor < 0 || it.anchor >= info_.vocab_size)
+      return invalid_argument(what + ": anchor token " + std::to_string(it.anchor) +
+                              " outside the vocabulary");
+    if (st->position() + spec_->dspark().block_size() + 1 > info_.max_context)
+      return out_of_range(what + ": a speculative step would pass the context of " +
+                          std::to_string(info_.max_context) + " tokens");
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const SpecStepItem& it = items[i];
+    model::SequenceState* st = seqs_.at(it.seq).get();
+    SpecStepOptions so;
+    so.verify_len = it.verify_len;
+    so.confidence_threshold = it.confidence_threshold;
+    so.temperature = it.temperature;
+    if (it.temperature > 0) so.rng = &spec_rng_.try_emplace(it.seq, it.seed).first->second;
+    DS41_ASSIGN_OR_RETURN(SpecStep s, spec_->step(*st, it.anchor, so));
+    (*out)[i].tokens = std::move(s.tokens);
+    (*out)[i].verified = s.verified;
+    (*out)[i].accepted = s.accepted;
+  }
   return ok_status();
 }
 

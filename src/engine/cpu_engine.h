@@ -11,9 +11,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <unordered_map>
 
+#include "engine/dspark_decoder.h"
 #include "engine/engine.h"
 #include "model/model.h"
 
@@ -46,14 +49,25 @@ class CpuEngine final : public Engine {
                       std::span<const uint8_t> snapshot, int64_t block_tokens) override;
   Status replay_window(SeqId seq, std::span<const int32_t> prefix_tokens) override;
   Status prefill_decoder_replay(SeqId seq, std::span<const int32_t> tokens) override;
+  // DSpark speculative decoding (MODEL_SPEC 3.10): once enabled (before any sequence exists),
+  // every step() captures the context features and writes the draft rows of its positions.
+  // FailedPrecondition when the checkpoint has no draft stages.
+  Status enable_speculative() override;
+  int64_t speculative_block() const override;
+  Status speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) override;
 
  private:
   Result<model::SequenceState*> find(SeqId seq) const;
+  // After a state import or a bounded replay the draft rings hold no rows of the restored
+  // positions: the draft restarts at the sequence's position (DsparkState::restart_at).
+  void restart_draft(model::SequenceState& s) const;
 
   model::Model* model_;
   EngineInfo info_;
   int64_t bounded_bytes_ = 0;  // what a fresh SequenceState holds (window rings, pending groups)
   std::unordered_map<SeqId, std::unique_ptr<model::SequenceState>> seqs_;
+  std::optional<DsparkDecoder> spec_;                    // enable_speculative()
+  std::unordered_map<SeqId, std::mt19937_64> spec_rng_;  // sampled speculative steps
   SeqId next_id_ = 1;
 };
 

@@ -47,6 +47,22 @@ struct StepItem {
   std::span<const float> span_embeds = {};
 };
 
+// Speculative decoding (MODEL_SPEC 3.10; engine/speculative.h): one draft + verification step of
+// a sequence whose last sampled token `anchor` has not yet run through the target.
+struct SpecStepItem {
+  SeqId seq = -1;
+  int32_t anchor = 0;
+  int64_t verify_len = -1;           // candidates verified: -1 = the whole block, 0 = plain step
+  double confidence_threshold = -1;  // >= 0: MODEL_SPEC 3.10.9 single-sequence scheduling
+  double temperature = 0;            // 0: greedy; > 0: rejection sampling (temperature only)
+  uint64_t seed = 0;                 // T > 0: seeds the sequence's speculative RNG on first use
+};
+
+struct SpecStepResult {
+  std::vector<int32_t> tokens;  // committed after the anchor: accepted candidates, then the bonus
+  int64_t verified = 0, accepted = 0;
+};
+
 struct StepOutput {
   int64_t vocab = 0;
   std::vector<float> logits;  // [rows, vocab]
@@ -109,6 +125,18 @@ class Engine {
   // where the layers after the last KV source run only on the last window of `tokens`. No
   // logits (the caller steps the next token normally).
   virtual Status prefill_decoder_replay(SeqId seq, std::span<const int32_t> tokens);
+  // Speculative decoding: turns it on (before any sequence exists: every forward then captures
+  // the draft context); FailedPrecondition when the engine or the checkpoint has none.
+  virtual Status enable_speculative() {
+    return failed_precondition("this engine has no speculative decoding");
+  }
+  // The draft block size (0 = not available: no draft stages, or off).
+  virtual int64_t speculative_block() const { return 0; }
+  // One speculative step per item (distinct sequences). Afterwards each sequence's position is
+  // its anchor's + accepted + 1, and the last result token is its next anchor.
+  virtual Status speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) {
+    return failed_precondition("this engine has no speculative decoding");
+  }
 };
 
 // Flags of an SWA snapshot payload (docs/formats/kv_block.md).

@@ -159,6 +159,14 @@ struct EngineLoop::Impl {
   // the image token id, so token-keyed blocks of two different images would collide; the
   // image-hash block key of docs/formats/kv_block.md is not wired into the cache yet).
   PrefixCache* cache_for(const Req& r) const { return r.req.images.empty() ? cfg.prefix_cache : nullptr; }
+  // Another request waits for an SWA snapshot of r at a length in (computed, computed + n]: a
+  // speculative step could pass it, so r decodes plainly until it is published.
+  bool wants_boundary_within(const Req& r, int64_t n) const {
+    const PrefixCache* pc = cache_for(r);
+    if (pc == nullptr) return false;
+    const int64_t wb = pc->next_wanted_boundary(r.id, r.computed);
+    return wb > r.computed && wb <= r.computed + n;
+  }
   void unpark_ready();
   void finish(Req& r, FinishReason why, const std::string& error, int32_t token = -1, float lp = 0,
               std::vector<TopLogprob> top = {});
@@ -500,12 +508,99 @@ void EngineLoop::Impl::step_once() {
     items.push_back(s);
     reqs.push_back(r);
   }
-  if (items.empty()) return;
+  // Decodes of greedy requests go through a speculative step instead (MODEL_SPEC 3.10).
+  std::vector<SpecStepItem> spec_items;
+  std::vector<Req*> spec_reqs;
+  const int64_t spec_block = cfg.speculative ? engine->speculative_block() : 0;
+  if (spec_block > 0) {
+    size_t keep = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      Req* r = reqs[i];
+      const bool eligible =
+          items[i].tokens.size() == 1 && items[i].want_logits && r->generated >= 1 &&
+          r->req.sampling.temperature == 0 && !r->penalties.active() && r->req.sampling.top_logprobs < 0 &&
+          static_cast<int64_t>(r->tokens.size()) + spec_block + 1 <= engine->info().max_context &&
+          !wants_boundary_within(*r, spec_block + 1);
+      if (eligible) {
+        SpecStepItem s;
+        s.seq = r->seq;
+        s.anchor = r->tokens.back();
+        spec_items.push_back(s);
+        spec_reqs.push_back(r);
+      } else {
+        items[keep] = items[i];
+        reqs[keep] = r;
+        ++keep;
+      }
+    }
+    items.resize(keep);
+    reqs.resize(keep);
+  }
+  if (items.empty() && spec_items.empty()) return;
   const int64_t t0 = clock->now_mono_ns();
   StepOutput out;
-  Status st = engine->step(items, &out);
+  Status st = items.empty() ? ok_status() : engine->step(items, &out);
+  std::vector<SpecStepResult> spec_out;
+  Status spec_st = spec_items.empty() ? ok_status() : engine->speculative_step(spec_items, &spec_out);
   const double seconds = static_cast<double>(clock->now_mono_ns() - t0) * 1e-9;
   std::vector<Req*> done;
+  if (!spec_st.ok()) {
+    for (Req* r : spec_reqs) {
+      finish(*r, FinishReason::kError, spec_st.message());
+      done.push_back(r);
+    }
+  } else if (!spec_items.empty()) {
+    int64_t new_gen = 0;
+    std::vector<int64_t> hist(spec_block + 1, 0);
+    for (size_t i = 0; i < spec_reqs.size(); ++i) {
+      Req* r = spec_reqs[i];
+      const SpecStepResult& res = spec_out[i];
+      ++hist[std::clamp<int64_t>(res.accepted, 0, spec_block)];
+      r->computed += 1 + res.accepted;  // the anchor and the accepted candidates are in the state
+      bool finished = false;
+      FinishReason fin_why = FinishReason::kNone;
+      for (const int32_t tok : res.tokens) {
+        r->tokens.push_back(tok);
+        r->penalties.add(tok);
+        ++r->generated;
+        ++new_gen;
+        FinishReason why = FinishReason::kNone;
+        const auto& stops = r->req.stop_token_ids;
+        if ((!r->req.ignore_eos && tok == engine->info().eos_token_id) ||
+            std::find(stops.begin(), stops.end(), tok) != stops.end())
+          why = FinishReason::kStop;
+        else if (r->generated >= r->req.max_tokens ||
+                 static_cast<int64_t>(r->tokens.size()) >= engine->info().max_context)
+          why = FinishReason::kLength;
+        if (why != FinishReason::kNone) {
+          finished = true;
+          fin_why = why;
+          break;
+        }
+        TokenEvent ev;
+        ev.token = tok;
+        r->stream->push(std::move(ev));
+      }
+      // The prefix cache sees what the state holds. A stop inside the accepted candidates leaves
+      // the state past the kept tokens: then nothing is published (it would not match them).
+      PrefixCache* pc = cache_for(*r);
+      if (pc != nullptr && r->computed <= static_cast<int64_t>(r->tokens.size())) {
+        pc->publish_blocks(*engine, r->seq, r->tokens, r->computed, r->cache);
+        if (finished)  // end of the output: the next turn extends it
+          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
+                               r->cache);
+      }
+      if (finished) {
+        finish(*r, fin_why, "", r->tokens.back(), 0, {});
+        done.push_back(r);
+      }
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    stats.generation_tokens += new_gen;
+    stats.spec_steps += static_cast<int64_t>(spec_reqs.size());
+    if (stats.spec_accepted.size() < hist.size()) stats.spec_accepted.resize(hist.size(), 0);
+    for (size_t a = 0; a < hist.size(); ++a) stats.spec_accepted[a] += hist[a];
+  }
   if (!st.ok()) {
     for (Req* r : reqs) {
       finish(*r, FinishReason::kError, st.message());
@@ -606,7 +701,8 @@ void EngineLoop::Impl::step_once() {
     std::lock_guard<std::mutex> lk(mu);
     ++stats.steps;
   }
-  if (owner->on_step) owner->on_step(static_cast<int64_t>(items.size()), plan.tokens, seconds);
+  if (owner->on_step)
+    owner->on_step(static_cast<int64_t>(items.size() + spec_items.size()), plan.tokens, seconds);
 }
 
 EngineLoop::EngineLoop(Engine* engine, LoopConfig cfg, Clock* clock)

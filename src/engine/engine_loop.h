@@ -63,6 +63,10 @@ struct LoopConfig {
   // the prompt but its last token runs through Engine::prefill_decoder_replay in one call (not
   // chunked), the last token in the batch. An approximation; off by default.
   bool decoder_replay_prefill = false;
+  // DSpark speculative decoding (MODEL_SPEC 3.10) for decode steps of greedy requests without
+  // penalties or logprobs, through Engine::speculative_step (when the engine offers it). Greedy
+  // outputs are unchanged; sampled requests decode plainly (their sampler's stream stays the same).
+  bool speculative = false;
 };
 
 // The consumer side of one request. Thread-safe.
@@ -97,6 +101,9 @@ struct LoopStats {
   int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0, vision_cache_bytes = 0;
   int64_t prefill_tokens_computed = 0;  // prompt positions run through the model (not restored)
   int64_t cached_tokens = 0;            // prompt positions restored from the prefix cache
+  // Speculative steps: spec_accepted[a] = steps that accepted a candidates (a = 0..block).
+  int64_t spec_steps = 0;
+  std::vector<int64_t> spec_accepted;
 };
 
 class EngineLoop {

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "model/forward_pass.h"
+#include "model/spec_rollback.h"
 #include "quant/fake_quant.h"
 
 namespace ds41::model {
@@ -101,8 +102,10 @@ void ForwardPass::attention(int64_t l, const float* x, float* y) {
   // Window ring update (after every query of the call has read the old rows).
   for (const SeqRows& s : seqs_) {
     const int64_t end_pos = s.start_pos + (s.end - s.begin);
-    for (int64_t t = std::max(s.start_pos, end_pos - W); t < end_pos; ++t)
+    for (int64_t t = std::max(s.start_pos, end_pos - W); t < end_pos; ++t) {
+      if (s.journal) s.journal->save_ring_row(l, t, s.st->window_row(l, t), wrb);  // 3.10.8 undo
       std::memcpy(s.st->window_row(l, t), &kvp[(s.begin + t - s.start_pos) * wrb], wrb);
+    }
   }
 }
 
@@ -133,22 +136,29 @@ void ForwardPass::compress(int64_t l, const float* x) {
     int64_t next = src->count;  // next entry index to emit
     for (int64_t r = s.begin; r < s.end; ++r) {
       const int64_t pr = pos_[r], k = pr / R, slot = pr % R;
+      bool emit = false;
       if (R == 1) {
-        if (k < next) continue;
-        zs.insert(zs.end(), &a[r * hd], &a[(r + 1) * hd]);
+        emit = k >= next;
+        if (emit) zs.insert(zs.end(), &a[r * hd], &a[(r + 1) * hd]);
       } else {
         std::memcpy(&src->pend_a[slot * hd], &a[r * hd], hd * sizeof(float));
         std::memcpy(&src->pend_b[slot * hd], &b[r * hd], hd * sizeof(float));
         src->pend_filled[slot] = 1;
-        if (slot != R - 1) continue;
-        bool full =
-            std::all_of(src->pend_filled.begin(), src->pend_filled.end(), [](uint8_t f) { return f != 0; });
-        std::fill(src->pend_filled.begin(), src->pend_filled.end(), 0);
-        if (k < next) continue;
-        DS41_CHECK(full, "compressor group completed without all of its rows");
-        zs.resize(zs.size() + hd);
-        be_.softmax_pool(src->pend_a.data(), src->pend_b.data(), R, hd, zs.data() + zs.size() - hd);
+        if (slot == R - 1) {
+          bool full =
+              std::all_of(src->pend_filled.begin(), src->pend_filled.end(), [](uint8_t f) { return f != 0; });
+          std::fill(src->pend_filled.begin(), src->pend_filled.end(), 0);
+          emit = k >= next;
+          if (emit) {
+            DS41_CHECK(full, "compressor group completed without all of its rows");
+            zs.resize(zs.size() + hd);
+            be_.softmax_pool(src->pend_a.data(), src->pend_b.data(), R, hd, zs.data() + zs.size() - hd);
+          }
+        }
       }
+      // MODEL_SPEC 3.10.8: the half-pair buffer after every row, and which rows emitted.
+      if (s.journal) s.journal->note_source_row(l, pr, *src, emit);
+      if (!emit) continue;
       DS41_CHECK_EQ(k, next, "compressed entries must be emitted in order");
       emits.push_back({src, k});
       ++next;

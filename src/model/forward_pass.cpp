@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "model/spec_rollback.h"
 
 namespace ds41::model {
 
@@ -45,6 +46,16 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
                           " exceeds max_position_embeddings " + std::to_string(c_.max_position_embeddings));
     n_ += static_cast<int64_t>(in.tokens.size());
   }
+  if (!opt_.journals.empty() && opt_.journals.size() != batch.size())
+    return invalid_argument("forward: " + std::to_string(opt_.journals.size()) + " journals for " +
+                            std::to_string(batch.size()) + " sequences");
+  for (size_t i = 0; i < opt_.journals.size(); ++i)
+    if (opt_.journals[i] && static_cast<int64_t>(batch[i].tokens.size()) > c_.sliding_window)
+      return invalid_argument("sequence " + std::to_string(i) +
+                              ": a journaled (verification) call may hold at most " +
+                              std::to_string(c_.sliding_window) + " tokens (the window)");
+  if (opt_.dspark_features && !m_.dspark_weights())
+    return failed_precondition("forward: DSpark features requested but the checkpoint has no DSpark stages");
   // Engram hash ids first: the only step that can still fail, and it must not half-advance.
   const engram::EngramHasher* hasher = m_.hasher();
   const int64_t nel = static_cast<int64_t>(c_.engram_layer_ids.size());
@@ -80,6 +91,13 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
     s.st = in.state;
     s.begin = row;
     s.start_pos = in.state->position();
+    if (!opt_.journals.empty() && opt_.journals[i]) {
+      s.journal = opt_.journals[i];
+      // The Engram look-back is the one thing setup() has already advanced.
+      engram::EngramHashState before = in.state->engram_state();
+      s.journal->begin(*in.state, static_cast<int64_t>(in.tokens.size()));
+      s.journal->engram_before = before;
+    }
     for (size_t t = 0; t < in.tokens.size(); ++t, ++row) {
       pos_[row] = s.start_pos + static_cast<int64_t>(t);
       ids[row] = in.tokens[t];
@@ -95,6 +113,8 @@ Status ForwardPass::setup(std::span<const SequenceInput> batch) {
       records_[i].hash_ids.assign(hash_ids_.begin() + s.begin * per_tok, hash_ids_.begin() + s.end * per_tok);
   }
   // MODEL_SPEC 3.1: embed, copy into every stream, pi = one-hot(0).
+  if (opt_.dspark_features)
+    dspark_feat_.assign(n_ * static_cast<int64_t>(c_.dspark_target_layer_ids.size()) * H, 0.0f);
   std::vector<float> e(n_ * H);
   be_.embed_bf16(m_.weights().embed, c_.vocab_size, H, ids.data(), n_, e.data());
   // MODEL_SPEC 3.11: image-span positions take the span rows instead of the token embedding.
@@ -134,6 +154,7 @@ void ForwardPass::run_layer(int64_t l) {
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const std::string L = "layer" + std::to_string(l) + ".";
   if (c_.is_engram_layer(l)) engram_stage(l);
+  if (opt_.dspark_features) capture_dspark_features(l);  // the streams entering block l (3.10.2)
 
   auto site_map = [&](const HcSiteWeights& hw, std::vector<float>& pre, std::vector<float>& post,
                       std::vector<float>& comb) {
@@ -211,6 +232,7 @@ void ForwardPass::keep_tail_rows(int64_t keep, int64_t after_layer) {
   take(pos_, 1);
   take(vl_, 1);
   take(dead_, 1);
+  if (!dspark_feat_.empty()) take(dspark_feat_, static_cast<int64_t>(c_.dspark_target_layer_ids.size()) * H);
   for (auto& [l, p] : pub_) {
     if (p.width > 0 && !p.sel.empty()) take(p.sel, p.width);
     for (size_t s = 0; s < p.cand.size(); ++s) {
@@ -258,6 +280,12 @@ void ForwardPass::finish(std::vector<SequenceOutput>* out) {
       ++i;
     }
     o.record = std::move(records_[s]);
+    if (!dspark_feat_.empty()) {
+      const int64_t F = static_cast<int64_t>(c_.dspark_target_layer_ids.size()) * H;
+      o.dspark_first_pos = seqs_[s].start_pos;
+      o.dspark_features.assign(dspark_feat_.begin() + seqs_[s].begin * F,
+                               dspark_feat_.begin() + seqs_[s].end * F);
+    }
     seqs_[s].st->set_position(seqs_[s].start_pos + (seqs_[s].end - seqs_[s].begin));
   }
 }

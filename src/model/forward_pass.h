@@ -16,6 +16,13 @@
 
 namespace ds41::model {
 
+// MODEL_SPEC 3.5 over n rows with E routed experts, top k (text layers and DSpark stages): y [n, H];
+// experts / weights [n, k] in order of descending biased score. vl: per-row image-span flags
+// (router bias_vl) or nullptr.
+void moe_forward(ops::Backend& be, const ModelConfig& c, const LayerWeights& w, int64_t n_experts,
+                 int64_t top_k, const float* x, int64_t n, const uint8_t* vl, float* y, int32_t* experts,
+                 float* weights);
+
 class ForwardPass {
  public:
   ForwardPass(const Model& m, const ForwardOptions& opt);
@@ -49,8 +56,9 @@ class ForwardPass {
  private:
   struct SeqRows {
     SequenceState* st = nullptr;
-    int64_t begin = 0, end = 0;  // rows of the batch
-    int64_t start_pos = 0;       // position of row `begin`
+    int64_t begin = 0, end = 0;      // rows of the batch
+    int64_t start_pos = 0;           // position of row `begin`
+    SpecJournal* journal = nullptr;  // ForwardOptions::journals (MODEL_SPEC 3.10.8)
   };
 
   void engram_stage(int64_t l);
@@ -59,6 +67,7 @@ class ForwardPass {
   void index(int64_t l, const float* x, const float* q_r);
   void moe(int64_t l, const float* x, float* y);
   void dump(const std::string& name, std::vector<int64_t> shape, const float* data) const;
+  void capture_dspark_features(int64_t l);  // dspark_context.cpp (MODEL_SPEC 3.10.2)
 
   const Model& m_;
   const ModelConfig& c_;
@@ -73,6 +82,7 @@ class ForwardPass {
   bool any_vl_ = false, any_dead_ = false;
   std::map<int64_t, Published> pub_;
   std::vector<ForwardRecord> records_;  // per sequence
+  std::vector<float> dspark_feat_;      // [n, n_targets * H] (ForwardOptions::dspark_features)
 };
 
 }  // namespace ds41::model

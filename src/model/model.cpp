@@ -56,6 +56,10 @@ void SequenceOutput::append(SequenceOutput&& o) {
     r.router_experts[l].insert(r.router_experts[l].end(), v.begin(), v.end());
   for (auto& [l, v] : o.record.router_weights)
     r.router_weights[l].insert(r.router_weights[l].end(), v.begin(), v.end());
+  if (!o.dspark_features.empty()) {
+    if (dspark_features.empty()) dspark_first_pos = o.dspark_first_pos;
+    dspark_features.insert(dspark_features.end(), o.dspark_features.begin(), o.dspark_features.end());
+  }
 }
 
 Model::~Model() = default;
@@ -73,6 +77,9 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
   DS41_ASSIGN_OR_RETURN(m->layout_, make_kv_layout(c, m->sched_));
   DS41_ASSIGN_OR_RETURN(m->ckpt_, Checkpoint::open(dir));
   DS41_ASSIGN_OR_RETURN(m->weights_, bind_model_weights(*m->ckpt_, c, m->sched_));
+  if (c.num_nextn_predict_layers > 0) {
+    DS41_ASSIGN_OR_RETURN(m->dspark_weights_, bind_dspark_weights(*m->ckpt_, c));
+  }
   DS41_ASSIGN_OR_RETURN(m->hasher_, make_engram_hasher(c, dir, opt.tokenizer_dir));
   if (c.has_vision) {
     DS41_ASSIGN_OR_RETURN(m->vision_weights_, bind_vision_weights(*m->ckpt_, c));
@@ -90,6 +97,16 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     for (const ExpertWeights& e : lw.experts)
       for (const ops::WeightRef* r : {&e.w1, &e.w2, &e.w3}) linear.push_back(r);
     if (lw.engram) linear.push_back(&lw.engram->wkv);
+  }
+  if (const DsparkWeights* d = m->dspark_weights_.get()) {
+    for (const LayerWeights& lw : d->stages) {
+      for (const ops::WeightRef* r : {&lw.wq_a, &lw.wq_b, &lw.wkv, &lw.wo_a, &lw.wo_b, &lw.gate,
+                                      &lw.shared.w1, &lw.shared.w2, &lw.shared.w3})
+        linear.push_back(r);
+      for (const ExpertWeights& e : lw.experts)
+        for (const ops::WeightRef* r : {&e.w1, &e.w2, &e.w3}) linear.push_back(r);
+    }
+    for (const ops::WeightRef* r : {&d->main_proj, &d->markov_head, &d->confidence_proj}) linear.push_back(r);
   }
   uint64_t total = 0, done = 0;
   for (const ops::WeightRef* r : linear) total += static_cast<uint64_t>(r->bytes());

@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "engram/hasher.h"
 #include "model/config.h"
+#include "model/dspark_weights.h"
 #include "model/kv_layout.h"
 #include "model/layer_schedule.h"
 #include "model/loader/safetensors.h"
@@ -46,6 +47,8 @@ enum class LogitsRows { kNone, kLast, kAll };
 using DumpFn =
     std::function<void(const std::string& name, const std::vector<int64_t>& shape, const float* data)>;
 
+struct SpecJournal;  // spec_rollback.h
+
 struct ForwardOptions {
   LogitsRows logits = LogitsRows::kLast;
   bool record = false;           // fill SequenceOutput::record (selections, routing, hash ids)
@@ -54,6 +57,12 @@ struct ForwardOptions {
   // index sources with ratio > 1 against the most recently published key cache (the official
   // reference's behaviour) instead of the owner's keys. Default: owner's keys (HF, vLLM).
   bool stale_index_keys = false;
+  // MODEL_SPEC 3.10.2: capture the DSpark context features of every row (the stream means
+  // entering the dspark_target_layer_ids layers) into SequenceOutput::dspark_features.
+  bool dspark_features = false;
+  // MODEL_SPEC 3.10.8: journal what the call overwrites so that a verification forward can be
+  // rolled back to any prefix of its rows (one per input sequence; see spec_rollback.h).
+  std::span<SpecJournal* const> journals = {};
 };
 
 struct SequenceInput {
@@ -80,6 +89,10 @@ struct SequenceOutput {
   std::vector<int64_t> positions;  // absolute position of each logits row
   std::vector<float> logits;       // [positions.size(), vocab]
   ForwardRecord record;
+  // ForwardOptions::dspark_features: [rows, n_targets * hidden] for the call's rows, positions
+  // dspark_first_pos.. (every row, whatever `logits` asks for).
+  std::vector<float> dspark_features;
+  int64_t dspark_first_pos = -1;
   void append(SequenceOutput&& o);
 };
 
@@ -122,6 +135,8 @@ class Model {
   // The vision tower and its weights (MODEL_SPEC 3.11); null without vision_config.
   const VisionWeights* vision_weights() const { return vision_weights_.get(); }
   const VisionTower* vision_tower() const { return vision_tower_.get(); }
+  // The DSpark draft stages (MODEL_SPEC 3.10.1), or nullptr when the checkpoint has none.
+  const DsparkWeights* dspark_weights() const { return dspark_weights_.get(); }
   const std::vector<float>& rope_inv_freq(bool yarn) const { return yarn ? inv_freq_yarn_ : inv_freq_main_; }
 
   std::unique_ptr<SequenceState> new_sequence() const;
@@ -165,6 +180,7 @@ class Model {
   std::unique_ptr<engram::EngramHasher> hasher_;
   std::unique_ptr<VisionWeights> vision_weights_;
   std::unique_ptr<VisionTower> vision_tower_;
+  std::unique_ptr<DsparkWeights> dspark_weights_;
   ops::Backend* backend_ = nullptr;
   std::vector<float> inv_freq_main_, inv_freq_yarn_;
 };

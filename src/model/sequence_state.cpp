@@ -41,6 +41,7 @@ int64_t SequenceState::bounded_bytes() const {
   for (const auto& w : window_) b += static_cast<int64_t>(w.size());
   for (const KvSourceState& s : sources_)
     b += static_cast<int64_t>((s.pend_a.size() + s.pend_b.size()) * sizeof(float));
+  if (dspark) b += dspark->bytes();  // MODEL_SPEC 4.1: the DSpark stages' rings count too
   return b + static_cast<int64_t>(sizeof(engram_));
 }
 

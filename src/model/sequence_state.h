@@ -6,14 +6,17 @@
 //   - per KV source the compressed Q_kv rows and Q_idx key rows (the only growing state), and
 //     for ratio > 1 the pending partial group (a and b rows in float32, MODEL_SPEC 3.4.4);
 //   - the Engram look-back (last max_ngram - 1 compressed ids, DEAD marked);
-//   - the absolute position of the next token.
+//   - the absolute position of the next token;
+//   - optionally the DSpark draft's context rings (MODEL_SPEC 3.10.3).
 // Owned by the caller (engine / CLI); the model reads and appends. Not thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "engram/hasher.h"
+#include "model/dspark_state.h"
 #include "model/kv_layout.h"
 
 namespace ds41::model {
@@ -59,6 +62,9 @@ class SequenceState {
   void set_position(int64_t p) { position_ = p; }
   // Index of the KV source that appended an entry most recently (-1: none); MODEL_SPEC 7.21.
   int64_t last_published_source = -1;
+  // DSpark draft context rings (MODEL_SPEC 3.10.3); present when speculative decoding is on for
+  // this sequence (Dspark::enable). Rows are written for committed positions only.
+  std::optional<DsparkState> dspark;
 
  private:
   KvLayout layout_;

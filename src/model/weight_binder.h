@@ -1,7 +1,8 @@
 // ds41 model (internal): Binder — looks up checkpoint tensors by name, checks dtype and shape,
 // and builds WeightRefs / float vectors, collecting every problem (one line each) instead of
-// stopping at the first. Shared by model_weights.cpp (MODEL_SPEC 2.2-2.3) and vision_weights.cpp
-// (2.5).
+// stopping at the first. Shared by model_weights.cpp (MODEL_SPEC 2.2-2.3), vision_weights.cpp
+// (2.5) and dspark_weights.cpp (the DSpark stages, 3.10.1; as WeightBinder, with
+// bind_layer_weights for the blocks they share with the text layers).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,10 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/config.h"
+#include "model/layer_schedule.h"
 #include "model/loader/safetensors.h"
+#include "model/model_weights.h"
 #include "ops/weight_ref.h"
 
 namespace ds41::model::detail {
@@ -135,3 +139,14 @@ class Binder {
 };
 
 }  // namespace ds41::model::detail
+
+namespace ds41::model {
+
+using WeightBinder = detail::Binder;
+
+// One block's tensors under prefix L ("layers.{l}." or "mtp.{s}."): attention, the compressor and
+// indexer parts the plan asks for, the MoE with n_experts routed experts, both mHC sites, Engram.
+LayerWeights bind_layer_weights(WeightBinder& b, const ModelConfig& c, const std::string& L,
+                                const LayerPlan& p, int64_t n_experts);
+
+}  // namespace ds41::model

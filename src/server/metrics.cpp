@@ -2,6 +2,7 @@
 #include "server/metrics.h"
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 namespace ds41::server {
@@ -115,6 +116,25 @@ std::string ServerMetrics::render(const engine::LoopStats& st) const {
         st.prefill_tokens_computed);
   gauge("ds41_prompt_cached_tokens_total", "Prompt positions restored from the prefix cache.", "counter",
         st.cached_tokens);
+  // DSpark speculative decoding (MODEL_SPEC 3.10): accepted candidates per sequence step.
+  gauge("ds41_spec_decode_steps_total", "Speculative (DSpark) sequence steps.", "counter", st.spec_steps);
+  o += "# HELP ds41_spec_decode_accepted_total Speculative sequence steps by accepted candidates.\n"
+       "# TYPE ds41_spec_decode_accepted_total counter\n";
+  int64_t accepted_sum = 0;
+  for (size_t a = 0; a < st.spec_accepted.size(); ++a) {
+    o += "ds41_spec_decode_accepted_total{accepted=\"" + std::to_string(a) + "\"} " +
+         std::to_string(st.spec_accepted[a]) + "\n";
+    accepted_sum += static_cast<int64_t>(a) * st.spec_accepted[a];
+  }
+  {
+    char buf[64];
+    std::snprintf(
+        buf, sizeof buf, "%.6g",
+        st.spec_steps > 0 ? static_cast<double>(accepted_sum) / static_cast<double>(st.spec_steps) : 0.0);
+    o += "# HELP ds41_spec_decode_mean_accepted_length Mean accepted candidates per speculative step.\n"
+         "# TYPE ds41_spec_decode_mean_accepted_length gauge\nds41_spec_decode_mean_accepted_length " +
+         std::string(buf) + "\n";
+  }
   step_seqs_.render("ds41_step_batch_size", "Sequences per engine step.", &o);
   step_tokens_.render("ds41_step_tokens", "Tokens per engine step (prefill chunks + decodes).", &o);
   step_seconds_.render("ds41_step_seconds", "Engine step duration.", &o);

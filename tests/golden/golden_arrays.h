@@ -19,6 +19,9 @@
 namespace ds41::testing {
 
 inline std::string golden_dir() { return std::string(DS41_SHARED_DIR) + "/golden/v41-tiny-public"; }
+inline std::string dspark_golden_dir() {
+  return std::string(DS41_SHARED_DIR) + "/golden/v41-tiny-dspark-public";
+}
 inline std::string tokenizer_dir() { return std::string(DS41_SHARED_DIR) + "/tokenizer-v41"; }
 
 template <typename T>
@@ -61,13 +64,13 @@ struct TestModel {
   std::unique_ptr<model::Model> model;
 };
 
-inline TestModel load_golden_model(int threads = 2) {
+inline TestModel load_golden_model(int threads = 2, const std::string& dir = golden_dir()) {
   TestModel t;
   t.pool = std::make_unique<ThreadPool>(threads);
   t.backend = std::make_unique<backends::cpu::CpuBackend>(t.pool.get());
   model::LoadOptions lo;
   lo.tokenizer_dir = tokenizer_dir();
-  auto m = model::Model::load(golden_dir(), lo, t.backend.get());
+  auto m = model::Model::load(dir, lo, t.backend.get());
   EXPECT_TRUE(m.ok()) << m.status().message();
   if (m.ok()) t.model = std::move(m).value();
   return t;
