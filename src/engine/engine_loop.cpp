@@ -168,6 +168,17 @@ struct EngineLoop::Impl {
     return wb > r.computed && wb <= r.computed + n;
   }
   void unpark_ready();
+  // Whether r ends after appending `tok` (already in r.tokens and counted in r.generated): EOS
+  // (unless ignore_eos) or a stop id, else max_tokens or the context.
+  FinishReason finish_after(const Req& r, int32_t tok) const {
+    const auto& stops = r.req.stop_token_ids;
+    if ((!r.req.ignore_eos && tok == engine->info().eos_token_id) ||
+        std::find(stops.begin(), stops.end(), tok) != stops.end())
+      return FinishReason::kStop;
+    if (r.generated >= r.req.max_tokens || static_cast<int64_t>(r.tokens.size()) >= engine->info().max_context)
+      return FinishReason::kLength;
+    return FinishReason::kNone;
+  }
   void finish(Req& r, FinishReason why, const std::string& error, int32_t token = -1, float lp = 0,
               std::vector<TopLogprob> top = {});
   void drop_cancelled();
@@ -564,14 +575,7 @@ void EngineLoop::Impl::step_once() {
         r->penalties.add(tok);
         ++r->generated;
         ++new_gen;
-        FinishReason why = FinishReason::kNone;
-        const auto& stops = r->req.stop_token_ids;
-        if ((!r->req.ignore_eos && tok == engine->info().eos_token_id) ||
-            std::find(stops.begin(), stops.end(), tok) != stops.end())
-          why = FinishReason::kStop;
-        else if (r->generated >= r->req.max_tokens ||
-                 static_cast<int64_t>(r->tokens.size()) >= engine->info().max_context)
-          why = FinishReason::kLength;
+        const FinishReason why = finish_after(*r, tok);
         if (why != FinishReason::kNone) {
           finished = true;
           fin_why = why;
@@ -667,14 +671,7 @@ void EngineLoop::Impl::step_once() {
       r->penalties.add(tok);
       if (++r->generated == 1) new_prompt += static_cast<int64_t>(r->req.prompt.size());
       ++new_gen;
-      FinishReason why = FinishReason::kNone;
-      const auto& stops = r->req.stop_token_ids;
-      if ((!r->req.ignore_eos && tok == engine->info().eos_token_id) ||
-          std::find(stops.begin(), stops.end(), tok) != stops.end())
-        why = FinishReason::kStop;
-      else if (r->generated >= r->req.max_tokens ||
-               static_cast<int64_t>(r->tokens.size()) >= engine->info().max_context)
-        why = FinishReason::kLength;
+      const FinishReason why = finish_after(*r, tok);
       if (why != FinishReason::kNone) {
         if (PrefixCache* pc = cache_for(*r))  // end of the output: the next turn extends it
           pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),

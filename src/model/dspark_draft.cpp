@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "model/hc_site.h"
 #include "model/dspark.h"
 #include "model/forward_pass.h"
 
@@ -65,26 +66,7 @@ Status Dspark::draft(std::span<const DraftInput> batch, const DraftOptions& opt,
     pi[r * C] = 1.0f;
   }
   auto site_map = [&](const HcSiteWeights& hw, std::vector<float>& pre, std::vector<float>& post,
-                      std::vector<float>& comb) {
-    pre.resize(n * C);
-    post.resize(n * C);
-    comb.resize(n * C * C);
-    ops::HcMapArgs a;
-    a.n = n;
-    a.c = C;
-    a.h = H;
-    a.sinkhorn_iters = c.hc_sinkhorn_iters;
-    a.streams = streams.data();
-    a.fn = hw.fn.data();
-    a.scale = hw.scale.data();
-    a.base = hw.base.data();
-    a.hc_eps = static_cast<float>(c.hc_eps);
-    a.norm_eps = eps;
-    a.pre = pre.data();
-    a.post = post.data();
-    a.comb = comb.data();
-    be.hc_map(a);
-  };
+                      std::vector<float>& comb) { hc_site_map(be, c, hw, streams.data(), n, &pre, &post, &comb); };
   std::vector<float> pre_a, post_a, comb_a, pre_f, post_f, comb_f, x(n * H), y(n * H), kv_rec, wts(n * kd);
   std::vector<int32_t> experts(n * kd);
   for (int64_t s = 0; s < w.n_stages(); ++s) {

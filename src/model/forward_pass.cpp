@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "model/hc_site.h"
 #include "model/spec_rollback.h"
 
 namespace ds41::model {
@@ -157,26 +158,7 @@ void ForwardPass::run_layer(int64_t l) {
   if (opt_.dspark_features) capture_dspark_features(l);  // the streams entering block l (3.10.2)
 
   auto site_map = [&](const HcSiteWeights& hw, std::vector<float>& pre, std::vector<float>& post,
-                      std::vector<float>& comb) {
-    pre.resize(n * C);
-    post.resize(n * C);
-    comb.resize(n * C * C);
-    ops::HcMapArgs a;
-    a.n = n;
-    a.c = C;
-    a.h = H;
-    a.sinkhorn_iters = c_.hc_sinkhorn_iters;
-    a.streams = streams_.data();
-    a.fn = hw.fn.data();
-    a.scale = hw.scale.data();
-    a.base = hw.base.data();
-    a.hc_eps = static_cast<float>(c_.hc_eps);
-    a.norm_eps = eps;
-    a.pre = pre.data();
-    a.post = post.data();
-    a.comb = comb.data();
-    be_.hc_map(a);
-  };
+                      std::vector<float>& comb) { hc_site_map(be_, c_, hw, streams_.data(), n, &pre, &post, &comb); };
   std::vector<float> pre_a, post_a, comb_a, pre_f, post_f, comb_f, x(n * H), y(n * H);
   // Attention site: collapse with the previous site's pre (MODEL_SPEC 3.3, the lag).
   site_map(w.hc_attn, pre_a, post_a, comb_a);
