@@ -1,4 +1,4 @@
-// ds41 inspect DIR [--json]: config summary, the derived layer schedule (MODEL_SPEC 1.5), the
+// ds41 inspect DIR [--json] [--world N --parallel tp|dp]: config summary, the derived layer schedule (MODEL_SPEC 1.5), the
 // tensor-contract check (every mismatch listed, MODEL_SPEC 2), parameter counts, global-KV bytes
 // per token (5.3) and the bounded per-sequence state (5.4). Exit 0 when the checkpoint opens and
 // matches its contract, 1 otherwise (the reason is printed, in JSON too with --json).
@@ -17,6 +17,7 @@
 #include "model/loader/safetensors.h"
 #include "model/loader/tensor_contract.h"
 #include "model/memory_estimate.h"
+#include "model/parallel_plan.h"
 #include "model/model_summary.h"
 
 namespace ds41::cli {
@@ -29,6 +30,8 @@ struct InspectArgs {
   bool json = false;
   size_t max_mismatches = 200;
   std::string memory_limit;  // --memory-limit
+  int world = 0;              // --world: the parallel plan over this many GPUs (0: none)
+  std::string parallel = "tp";  // --parallel tp|dp
 };
 
 ojson number(double v) {
@@ -165,6 +168,37 @@ int run_inspect(const InspectArgs& a) {
                           {"engram_lookback_ids", b.engram_lookback_ids},
                           {"total_bytes", b.total_bytes}};
 
+  // The parallel plan (issue 14; model/parallel_plan.h): what each GPU of a node would hold.
+  if (a.world > 0) {
+    auto regime = model::parse_parallel_regime(a.parallel);
+    if (!regime.ok()) return fail(regime.status().message());
+    auto plan = model::plan_parallel(c, *contract, a.world, *regime);
+    if (!plan.ok()) return fail(plan.status().message());
+    ojson ranks = ojson::array();
+    for (const auto& r : plan->ranks)
+      ranks.push_back({{"rank", r.rank},
+                       {"device_bytes", r.device_bytes},
+                       {"replicated_bytes", r.replicated_bytes},
+                       {"split_bytes", r.split_bytes},
+                       {"expert_bytes", r.expert_bytes},
+                       {"experts", {r.expert_begin, r.expert_end}},
+                       {"heads", {r.head_begin, r.head_end}},
+                       {"tensors", r.slices.size()}});
+    out["parallel_plan"] = {{"world", plan->world},
+                            {"parallel", model::parallel_regime_name(plan->regime)},
+                            {"host_bytes", plan->host_bytes},
+                            {"ranks", ranks}};
+    if (!a.json) {
+      std::printf("\nparallel plan (--parallel %s, %d GPUs): Engram tables in host memory %s (shared)\n",
+                  model::parallel_regime_name(plan->regime), plan->world, model::format_gb(plan->host_bytes).c_str());
+      for (const auto& r : plan->ranks)
+        std::printf("  rank %d: %s = replicated %s + split %s + experts %lld..%lld %s; heads %lld..%lld\n", r.rank,
+                    model::format_gb(r.device_bytes).c_str(), model::format_gb(r.replicated_bytes).c_str(),
+                    model::format_gb(r.split_bytes).c_str(), (long long)r.expert_begin, (long long)r.expert_end - 1,
+                    model::format_gb(r.expert_bytes).c_str(), (long long)r.head_begin, (long long)r.head_end - 1);
+    }
+  }
+
   auto ck = model::Checkpoint::open(a.dir);
   if (!ck.ok()) return fail(ck.status().message());
   model::ContractReport rep = model::check_checkpoint(**ck, *contract);
@@ -257,6 +291,12 @@ void setup(CLI::App& parent, int& exit_code) {
                   "Mismatches listed in text output (JSON lists all)");
   sub->add_option("--memory-limit", args->memory_limit,
                   "Memory a load may use for the estimate (e.g. 20GB); default MemAvailable");
+  sub->add_option("--world", args->world,
+                  "Print the parallel plan over this many GPUs of a node (issue 14: per-rank bytes, experts, heads)")
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--parallel", args->parallel,
+                  "With --world: tp (tensor-parallel attention, batch-1 latency; default) or dp (data-parallel "
+                  "attention, throughput); routed experts are expert-parallel in both");
   sub->callback([args, &exit_code] { exit_code = run_inspect(*args); });
 }
 
