@@ -13,6 +13,7 @@
 #include <random>
 
 #include "bench_header.h"
+#include "bench_model.h"
 #include "checkpoint_guard.h"
 #include "cli_registry.h"
 #include "core/clock.h"
@@ -44,22 +45,9 @@ Status validate_bench_args(const BenchArgs& a) {
 }
 
 Status run_bench(const BenchArgs& a) {
-  std::string dir = a.model_dir;
-  if (dir.empty()) {
-    DS41_ASSIGN_OR_RETURN(model::ModelConfig pc, model::preset_config(a.preset));
-    dir = a.work_dir + "/" + a.preset;
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      model::MakeCheckpointOptions mo;
-      mo.seed = 1;
-      DS41_ASSIGN_OR_RETURN(auto made, model::make_checkpoint(dir, pc, mo));
-      (void)made;
-    }
-  }
-  std::string tok_dir = a.tokenizer_dir;
-  if (tok_dir.empty() && !std::filesystem::exists(dir + "/tokenizer.json")) {
-    DS41_ASSIGN_OR_RETURN(tok_dir, default_tokenizer_dir());
-  }
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(dir, tok_dir, a.threads));
+  std::string dir;
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_bench_model({a.model_dir, a.preset, a.work_dir, a.tokenizer_dir, a.threads}, &dir));
   model::Model& m = *lm.model;
   const model::ModelConfig& c = m.config();
   std::mt19937 rng(1234);

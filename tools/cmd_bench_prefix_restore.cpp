@@ -21,6 +21,7 @@
 #include <random>
 
 #include "bench_header.h"
+#include "bench_model.h"
 #include "cli_registry.h"
 #include "engine/cpu_engine.h"
 #include "engine/prefix_cache.h"
@@ -53,24 +54,11 @@ bool drop_page_cache() {
 Status run_prefix_restore(const PrefixRestoreArgs& a) {
   if (a.tokens < 130 || a.repeats < 1 || a.threads < 1 || a.chunk < 1)
     return invalid_argument("--tokens must be >= 130, --repeats, --threads and --chunk >= 1");
-  std::string dir = a.model_dir;
-  if (dir.empty()) {
-    DS41_ASSIGN_OR_RETURN(model::ModelConfig pc, model::preset_config(a.preset));
-    if (a.preset == "v41-flash")
-      return invalid_argument("--preset v41-flash: use --model DIR (510 GB of weights)");
-    dir = a.work_dir + "/" + a.preset;
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      model::MakeCheckpointOptions mo;
-      mo.seed = 1;
-      DS41_ASSIGN_OR_RETURN(auto made, model::make_checkpoint(dir, pc, mo));
-      (void)made;
-    }
-  }
-  std::string tok_dir = a.tokenizer_dir;
-  if (tok_dir.empty() && !std::filesystem::exists(dir + "/tokenizer.json")) {
-    DS41_ASSIGN_OR_RETURN(tok_dir, default_tokenizer_dir());
-  }
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(dir, tok_dir, a.threads));
+  if (a.model_dir.empty() && a.preset == "v41-flash")
+    return invalid_argument("--preset v41-flash: use --model DIR (510 GB of weights)");
+  std::string dir;
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_bench_model({a.model_dir, a.preset, a.work_dir, a.tokenizer_dir, a.threads}, &dir));
   const model::ModelConfig& c = lm.model->config();
   engine::CpuEngine eng(lm.model.get(), "bench");
   std::mt19937 rng(4321);

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "bench_header.h"
+#include "bench_model.h"
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "engine/sampler.h"
@@ -116,22 +117,9 @@ Result<double> time_decode(model::Model& m, int64_t steps) {
 }
 
 Status run_bench(const SamplerBenchArgs& a) {
-  std::string dir = a.model_dir;
-  if (dir.empty()) {
-    DS41_ASSIGN_OR_RETURN(model::ModelConfig pc, model::preset_config("tiny"));
-    dir = a.work_dir + "/tiny";
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      model::MakeCheckpointOptions mo;
-      mo.seed = 1;
-      DS41_ASSIGN_OR_RETURN(auto made, model::make_checkpoint(dir, pc, mo));
-      (void)made;
-    }
-  }
-  std::string tok_dir = a.tokenizer_dir;
-  if (tok_dir.empty() && !std::filesystem::exists(dir + "/tokenizer.json")) {
-    DS41_ASSIGN_OR_RETURN(tok_dir, default_tokenizer_dir());
-  }
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(dir, tok_dir, a.threads));
+  std::string dir;
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_bench_model({a.model_dir, "tiny", a.work_dir, a.tokenizer_dir, a.threads}, &dir));
   const int64_t model_vocab = lm.model->config().vocab_size;
   DS41_ASSIGN_OR_RETURN(const double decode_us, time_decode(*lm.model, a.decode));
 

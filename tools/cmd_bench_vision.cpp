@@ -11,6 +11,7 @@
 #include <random>
 
 #include "bench_header.h"
+#include "bench_model.h"
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "engine/vision_feature_cache.h"
@@ -46,23 +47,13 @@ image::RgbImage synthetic_image(int64_t w, int64_t h) {
 }
 
 Status run_bench(const VisionBenchArgs& a) {
-  std::string dir = a.model_dir;
-  if (dir.empty()) {
+  if (a.model_dir.empty()) {
     DS41_ASSIGN_OR_RETURN(model::ModelConfig pc, model::preset_config(a.preset));
     if (!pc.has_vision) return invalid_argument("--preset " + a.preset + " has no vision tower");
-    dir = a.work_dir + "/" + a.preset;
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      model::MakeCheckpointOptions mo;
-      mo.seed = 1;
-      DS41_ASSIGN_OR_RETURN(auto made, model::make_checkpoint(dir, pc, mo));
-      (void)made;
-    }
   }
-  std::string tok_dir = a.tokenizer_dir;
-  if (tok_dir.empty() && !std::filesystem::exists(dir + "/tokenizer.json")) {
-    DS41_ASSIGN_OR_RETURN(tok_dir, default_tokenizer_dir());
-  }
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm, load_cpu_model(dir, tok_dir, a.threads));
+  std::string dir;
+  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                        load_bench_model({a.model_dir, a.preset, a.work_dir, a.tokenizer_dir, a.threads}, &dir));
   model::Model& m = *lm.model;
   const model::ModelConfig& c = m.config();
   if (!m.vision_tower()) return failed_precondition(dir + ": the model has no vision_config");
