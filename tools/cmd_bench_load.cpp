@@ -44,6 +44,7 @@
 #include "resource_paths.h"
 
 #ifdef DS41_HAVE_CUDA_ENGINE
+#include "gpu/device_model.h"
 #include "gpu/device_weight_upload.h"
 #endif
 

@@ -19,7 +19,7 @@ class App;
 }
 
 #ifdef DS41_HAVE_CUDA_ENGINE
-#include "gpu/device_model.h"
+#include "gpu/device_load_options.h"
 #endif
 
 namespace ds41::cli {

@@ -14,7 +14,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
-#include "gpu/device_model.h"  // LoadFormat (a plain header: no CUDA needed)
+#include "gpu/device_load_options.h"  // LoadFormat (a plain header: no CUDA needed)
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/model.h"

@@ -16,6 +16,7 @@
 
 #include "backends/cuda/device_weight.h"
 #include "core/status.h"
+#include "gpu/device_load_options.h"
 #include "engram/hasher.h"
 #include "model/config.h"
 #include "model/kv_layout.h"
@@ -58,20 +59,6 @@ struct DeviceModelWeights {
   DeviceVec norm;
   cuda::DeviceWeight head;
   std::vector<DeviceLayer> layers;
-};
-
-enum class LoadFormat { kAuto, kSafetensors, kDummy };
-
-struct DeviceLoadOptions {
-  LoadFormat format = LoadFormat::kAuto;  // kAuto: safetensors when the folder has them
-  std::string preset;                     // dummy without a config.json: a preset name (model/presets.h)
-  uint64_t seed = 0;                      // dummy weights
-  std::string tokenizer_dir;              // as model::LoadOptions (Engram's compressed vocabulary)
-  bool engram_host_pinned = false;        // Engram tables in mapped host-pinned memory
-  int device = 0;
-  int io_threads = 4;  // shards read in parallel
-  // Called on the loading thread with bytes done / total (as model::LoadOptions::progress).
-  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 class DeviceModel {
