@@ -512,7 +512,7 @@ bool PrefixCache::start_bring_up(std::span<const int32_t> tokens, int64_t limit,
   if (!s.resume_snapshot.empty()) return false;  // a preempted session restores its pinned blocks
   const int64_t B = config_.block_tokens;
   const bool allow_approx = config_.swa_miss == SwaMiss::kReplay || config_.decoder_replay_prefill;
-  const Found f = walk_blocks(tokens, limit, allow_approx, s, /*disk=*/true);
+  const Found f = walk_blocks(tokens, limit, allow_approx, s, /*use_disk=*/true);
   if (std::find(f.tier.begin(), f.tier.end(), 2) == f.tier.end()) return false;
   // The blocks restore() would use: as many as the snapshot covers, else all (replay), else none.
   int64_t n = 0;
