@@ -134,6 +134,7 @@ struct EngineLoop::Impl {
   std::condition_variable cv;
   std::deque<std::unique_ptr<Req>> incoming;
   bool started = false, stopping = false;
+  bool bring_up_ready = false;  // the prefix cache finished an async read (its listener sets this)
   int64_t deadline_ns = 0;
   LoopStats stats;
   std::mt19937_64 seed_source;
@@ -155,6 +156,11 @@ struct EngineLoop::Impl {
   // Prefix cache: restore at admission (recreates the sequence if a failed restore left it
   // partly filled); unparks requests whose producer reached the shared boundary or is gone.
   void restore(Req& r);
+  // At admission / when a shared-prefix wait ends: restore now, or park the request (it stays in
+  // `running`, no tokens planned) while the prefix cache reads its blocks found only in the
+  // persistent tier off this thread; unpark_ready() restores it when the read is back.
+  void restore_or_park(Req& r);
+  static bool parked(const Req& r) { return r.cache.wait_boundary > 0 || r.cache.read_ticket != 0; }
   // The prefix cache for this request: none for requests with images (their positions all carry
   // the image token id, so token-keyed blocks of two different images would collide; the
   // image-hash block key of docs/formats/kv_block.md is not wired into the cache yet).
@@ -304,12 +310,33 @@ void EngineLoop::Impl::publish_stats() {
 }
 
 void EngineLoop::Impl::run() {
+  if (cfg.prefix_cache) {
+    cfg.prefix_cache->set_bring_up_listener([this] {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        bring_up_ready = true;
+      }
+      cv.notify_all();
+    });
+  }
+  int64_t steps_seen = 0;
+  bool reads_parked = false;  // a running request waits for an async read of its cached blocks
   for (;;) {
     bool stop_now = false, drained = false;
     {
       std::unique_lock<std::mutex> lk(mu);
-      if (incoming.empty() && waiting.empty() && running.empty() && !stopping)
+      if (incoming.empty() && waiting.empty() && running.empty() && !stopping) {
         cv.wait(lk, [&] { return !incoming.empty() || stopping; });
+      } else if (reads_parked && stats.steps == steps_seen) {
+        // Nothing ran last time and requests wait for their reads: sleep until a read is back or
+        // a request arrives, instead of spinning. Bounded, to notice cancelled streams (they do
+        // not wake the loop) and, when stopping, the drain deadline on the injectable clock.
+        cv.wait_for(lk, stopping ? std::chrono::milliseconds(5) : std::chrono::milliseconds(20), [&] {
+          return !incoming.empty() || bring_up_ready || (stopping && clock->now_mono_ns() >= deadline_ns);
+        });
+      }
+      bring_up_ready = false;
+      steps_seen = stats.steps;
       while (!incoming.empty()) {
         waiting.push_back(std::move(incoming.front()));
         incoming.pop_front();
@@ -326,8 +353,11 @@ void EngineLoop::Impl::run() {
     drop_cancelled();
     if (!waiting.empty() || !running.empty()) step_once();
     publish_stats();
+    reads_parked =
+        std::any_of(running.begin(), running.end(), [](const auto& r) { return r->cache.read_ticket != 0; });
   }
   publish_stats();
+  if (cfg.prefix_cache) cfg.prefix_cache->set_bring_up_listener({});
 }
 
 void EngineLoop::Impl::restore(Req& r) {
@@ -353,9 +383,25 @@ void EngineLoop::Impl::restore(Req& r) {
   }
 }
 
+void EngineLoop::Impl::restore_or_park(Req& r) {
+  const std::span<const int32_t> t(r.tokens);
+  if (cache_for(r)->start_bring_up(t, static_cast<int64_t>(t.size()) - 1, r.cache)) return;
+  restore(r);
+}
+
 void EngineLoop::Impl::unpark_ready() {
   PrefixCache* pc = cfg.prefix_cache;
   if (!pc) return;
+  // Async reads that are back: their blocks go to the DRAM tier, then the normal restore.
+  for (BlockRead& rd : pc->take_bring_ups()) {
+    auto it = std::find_if(running.begin(), running.end(),
+                           [&](const auto& r) { return r->cache.read_ticket == rd.ticket; });
+    if (it == running.end()) continue;  // cancelled meanwhile (cancel() normally drops it first)
+    Req& r = **it;
+    pc->accept_bring_up(std::move(rd), r.cache);
+    restore(r);
+    if (r.seq < 0) finish(r, FinishReason::kError, "could not recreate the sequence after a failed restore");
+  }
   for (auto& r : running) {
     if (r->cache.wait_boundary == 0) continue;
     const Req* producer = nullptr;
@@ -366,7 +412,7 @@ void EngineLoop::Impl::unpark_ready() {
     if (waiting_on) continue;
     r->cache.wait_boundary = 0;
     r->cache.wait_producer = -1;
-    restore(*r);
+    restore_or_park(*r);
     if (r->seq < 0)
       finish(*r, FinishReason::kError, "could not recreate the sequence after a failed restore");
   }
@@ -380,10 +426,10 @@ void EngineLoop::Impl::step_once() {
   for (const auto& r : waiting) w.push_back({r->id, static_cast<int64_t>(r->tokens.size())});
   std::vector<RunningEntry> rn;
   rn.reserve(running.size());
-  // A parked request (waiting for a shared prefix) is counted at its whole prefill target and
-  // looks like a decoding sequence to the planner; its planned token is skipped below.
+  // A parked request (waiting for a shared prefix or an async read) is counted at its whole
+  // prefill target and looks like a decoding sequence to the planner; its planned token is skipped.
   for (const auto& r : running)
-    rn.push_back({r->id, r->prefill_target, r->cache.wait_boundary > 0 ? r->prefill_target : r->computed});
+    rn.push_back({r->id, r->prefill_target, parked(*r) ? r->prefill_target : r->computed});
   const StepPlan plan = plan_step(sc, w, rn);
 
   // Preempt (newest first): drop the state; back to the waiting front with every token so far as
@@ -395,6 +441,7 @@ void EngineLoop::Impl::step_once() {
       Req& pr = **it;
       if (pr.computed > 0 && pr.cache.wait_boundary == 0)
         cfg.prefix_cache->preempt(*engine, pr.seq, pr.tokens, pr.computed, pr.cache);
+      cfg.prefix_cache->cancel_bring_up(pr.cache);  // parked on a read: read again when readmitted
       pr.cache.wait_boundary = 0;
       pr.cache.wait_producer = -1;
     }
@@ -429,7 +476,7 @@ void EngineLoop::Impl::step_once() {
         r->cache.wait_producer = wait.second;
         pc->want_boundary(wait.second, wait.first);
       } else {
-        restore(*r);
+        restore_or_park(*r);
         if (r->seq < 0) {
           finish(*r, FinishReason::kError, "could not recreate the sequence after a failed restore");
           continue;
@@ -455,7 +502,7 @@ void EngineLoop::Impl::step_once() {
     auto it = by_id.find(p.id);
     if (it == by_id.end()) continue;  // admission failed above
     Req* r = it->second;
-    if (r->cache.wait_boundary > 0) continue;  // parked: its producer computes the shared prefix
+    if (parked(*r)) continue;  // its producer computes the shared prefix, or its blocks are being read
     const int64_t size = static_cast<int64_t>(r->tokens.size());
     // A restore at admission may have covered part of the planned chunk.
     int64_t n = std::min(p.tokens, size - r->computed);

@@ -19,7 +19,10 @@
 // each step the full blocks a sequence completed are published; SWA snapshots are published at
 // the prompt's last-but-one position (a chunk stops there, so a repeat of the prompt restores
 // everything but the token whose logits it needs) and at the end of the output. A preempted
-// sequence keeps its blocks pinned and its snapshot, and resumes by an exact restore.
+// sequence keeps its blocks pinned and its snapshot, and resumes by an exact restore. Blocks
+// found only in the persistent tier are read off the loop thread (PrefixCache::start_bring_up):
+// the request is parked (in `running`, no tokens planned) until the read is back, drained at the
+// start of a step; a loop with nothing else to do sleeps until a read, a submit or stop wakes it.
 #pragma once
 
 #include <chrono>

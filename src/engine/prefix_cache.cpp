@@ -34,6 +34,7 @@ Status PrefixCacheConfig::validate() const {
   if (swa_ttl_ns <= 0) return invalid_argument("--kv-swa-ttl must be > 0");
   if (!disk.dir.empty()) DS41_RETURN_IF_ERROR(disk.validate());
   DS41_RETURN_IF_ERROR(writer.validate());
+  DS41_RETURN_IF_ERROR(reader.validate());
   if (swa_backend == kvcache::SwaBackend::kRedis) DS41_RETURN_IF_ERROR(redis.validate());
   return dram_swa.validate();
 }
@@ -88,6 +89,25 @@ PrefixCache::PrefixCache(const PrefixCacheConfig& c, Clock& clock, kvcache::Metr
                               {{"tier", "engine"}})),
       evict_dram_(m.counter("ds41_prefix_cache_evictions_total", "Blocks evicted (LRU, unpinned)",
                             {{"tier", "dram"}})),
+      async_started_(m.counter("ds41_prefix_cache_async_bring_ups_total",
+                               "Admissions parked while blocks found only in the persistent tier were read "
+                               "off the engine loop thread")),
+      async_cancelled_(
+          m.counter("ds41_prefix_cache_async_bring_ups_cancelled_total",
+                    "Async bring-ups dropped before they were used (request aborted or preempted)")),
+      async_short_(m.counter("ds41_prefix_cache_async_read_failures_total",
+                             "Async bring-ups that came back short (a block absent, corrupt or unreadable): "
+                             "a shorter restore")),
+      async_rejected_(
+          m.counter("ds41_prefix_cache_async_reads_rejected_total",
+                    "Admissions restored without the persistent tier because the read queue was full")),
+      async_blocks_(m.counter("ds41_prefix_cache_async_read_blocks_total",
+                              "Blocks read from the persistent tier off the engine loop thread")),
+      async_bytes_(m.counter("ds41_prefix_cache_async_read_bytes_total",
+                             "Payload bytes read from the persistent tier off the engine loop thread")),
+      async_wait_us_(
+          m.counter("ds41_prefix_cache_async_wait_microseconds_total",
+                    "Time requests spent parked on an async bring-up, summed over the finished ones")),
       g_engine_bytes_(m.gauge("ds41_prefix_cache_bytes", "Block payload bytes held", {{"tier", "engine"}})),
       g_engine_blocks_(m.gauge("ds41_prefix_cache_blocks", "Blocks held", {{"tier", "engine"}})),
       g_dram_bytes_(m.gauge("ds41_prefix_cache_bytes", "Block payload bytes held", {{"tier", "dram"}})),
@@ -118,6 +138,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::create(const PrefixCacheConfig
     kvcache::FileIo& fio = io ? *io : kvcache::PosixIo::instance();
     DS41_ASSIGN_OR_RETURN(pc->disk_, kvcache::DiskTier::open(config.disk, fio, clock, metrics));
     pc->writer_ = std::make_unique<kvcache::AsyncWriter>(*pc->disk_, config.writer, metrics);
+    pc->reader_ = std::make_unique<BlockPrefetcher>(*pc->disk_, config.reader);
   }
   if (pool) {
     pc->swa_ = std::move(pool);
@@ -178,8 +199,8 @@ std::vector<uint32_t> PrefixCache::marker_lengths(const BlockKey& boundary_key) 
 
 // ---------------------------------------------------------------- lookup
 
-PrefixCache::Found PrefixCache::walk_blocks(std::span<const int32_t> tokens, int64_t limit,
-                                            bool allow_approx) const {
+PrefixCache::Found PrefixCache::walk_blocks(std::span<const int32_t> tokens, int64_t limit, bool allow_approx,
+                                            const CacheSession& s, bool use_disk) const {
   const int64_t B = config_.block_tokens;
   const int64_t nmax = std::max<int64_t>(0, limit) / B;
   Found f;
@@ -189,7 +210,8 @@ PrefixCache::Found PrefixCache::walk_blocks(std::span<const int32_t> tokens, int
   auto where = [&](const BlockKey& k) -> int {
     if (engine_tier_.contains(k)) return 0;
     if (dram_tier_.contains(k)) return 1;
-    if (disk_ && disk_->contains(k)) return 2;
+    if (s.staged.count(k)) return 2;
+    if (use_disk && disk_ && disk_->contains(k)) return 2;
     return -1;
   };
   for (int64_t i = 0; i < nmax; ++i) {
@@ -267,11 +289,16 @@ bool PrefixCache::bring_up(const Found& f, int64_t n, CacheSession& s, std::vect
     const BlockKey& k = f.keys[i];
     BlockBytes b = engine_tier_.get(k);
     int tier = 0;
+    if (!b) {  // read from the persistent tier for this admission (usage says disk)
+      auto st = s.staged.find(k);
+      if (st != s.staged.end()) b = st->second;
+      tier = 2;
+    }
     if (!b) {
       b = dram_tier_.get(k);
       tier = 1;
     }
-    if (!b && disk_) {
+    if (!b && disk_ && !s.disk_via_reader) {
       std::optional<kvcache::StoredBlock> sb = disk_->get(k);
       if (sb) {
         auto p = sb->payload();
@@ -371,6 +398,14 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const in
                                    int64_t target, CacheSession& s) {
   const int64_t B = config_.block_tokens;
   RestoreResult r;
+  // What an async bring-up staged is used by this restore only (it stays in the DRAM tier).
+  struct Unstage {
+    CacheSession& s;
+    ~Unstage() {
+      s.staged.clear();
+      s.disk_via_reader = false;
+    }
+  } unstage{s};
   // A preempted request: its blocks are still pinned and its snapshot is in the session.
   if (!s.resume_snapshot.empty()) {
     std::vector<uint8_t> snap = std::move(s.resume_snapshot);
@@ -401,7 +436,7 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const in
   const bool allow_approx = config_.swa_miss == SwaMiss::kReplay || config_.decoder_replay_prefill;
   for (int attempt = 0; attempt < 3; ++attempt) {
     r = RestoreResult{};
-    Found f = walk_blocks(tokens, limit, allow_approx);
+    Found f = walk_blocks(tokens, limit, allow_approx, s, !s.disk_via_reader);
     auto snap = find_snapshot(tokens, limit, f, allow_approx);
     int64_t n = 0;
     if (snap) {
@@ -466,6 +501,77 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const in
   register_inflight(tokens, r.tokens / B, target, s);
   update_gauges();
   return r;
+}
+
+// ---------------------------------------------------------------- async bring-up
+
+bool PrefixCache::start_bring_up(std::span<const int32_t> tokens, int64_t limit, CacheSession& s) {
+  cancel_bring_up(s);
+  if (!reader_) return false;
+  s.disk_via_reader = true;  // from here on, this admission's restore never reads the disk itself
+  if (!s.resume_snapshot.empty()) return false;  // a preempted session restores its pinned blocks
+  const int64_t B = config_.block_tokens;
+  const bool allow_approx = config_.swa_miss == SwaMiss::kReplay || config_.decoder_replay_prefill;
+  const Found f = walk_blocks(tokens, limit, allow_approx, s, /*use_disk=*/true);
+  if (std::find(f.tier.begin(), f.tier.end(), 2) == f.tier.end()) return false;
+  // The blocks restore() would use: as many as the snapshot covers, else all (replay), else none.
+  int64_t n = 0;
+  if (auto snap = find_snapshot(tokens, limit, f, allow_approx)) {
+    n = snap->first / B;
+  } else if (config_.swa_miss == SwaMiss::kReplay) {
+    n = f.blocks;
+  }
+  std::vector<BlockKey> keys;
+  for (int64_t i = 0; i < n; ++i)
+    if (f.tier[i] == 2) keys.push_back(f.keys[i]);
+  if (keys.empty()) return false;
+  Result<uint64_t> ticket = reader_->submit(std::move(keys));
+  if (!ticket.ok()) {
+    async_rejected_.inc();
+    return false;
+  }
+  s.read_ticket = *ticket;
+  s.read_started_ns = clock_.now_mono_ns();
+  async_started_.inc();
+  return true;
+}
+
+std::vector<BlockRead> PrefixCache::take_bring_ups() {
+  return reader_ ? reader_->take_completed() : std::vector<BlockRead>{};
+}
+
+void PrefixCache::accept_bring_up(BlockRead read, CacheSession& s) {
+  if (read.ticket == 0 || read.ticket != s.read_ticket) return;
+  s.read_ticket = 0;
+  async_wait_us_.inc(
+      static_cast<uint64_t>(std::max<int64_t>(0, clock_.now_mono_ns() - s.read_started_ns) / 1000));
+  async_blocks_.inc(read.blocks.size());
+  async_bytes_.inc(read.bytes);
+  if (!read.status.ok()) {
+    async_short_.inc();
+    log_debug("prefix_cache", "async bring-up of request " + std::to_string(s.request_id) +
+                                  " came back short: " + read.status.message());
+  }
+  for (size_t i = 0; i < read.blocks.size(); ++i) {
+    // Also into the DRAM tier: other requests with this prefix find it in memory from now on.
+    if (config_.dram_tier_bytes > 0) dram_tier_.put(read.keys[i], read.blocks[i]);
+    s.staged[read.keys[i]] = std::move(read.blocks[i]);
+  }
+  update_gauges();
+}
+
+void PrefixCache::cancel_bring_up(CacheSession& s) {
+  if (s.read_ticket != 0) {
+    if (reader_) reader_->cancel(s.read_ticket);
+    async_cancelled_.inc();
+    s.read_ticket = 0;
+  }
+  s.staged.clear();
+  s.disk_via_reader = false;
+}
+
+void PrefixCache::set_bring_up_listener(std::function<void()> fn) {
+  if (reader_) reader_->set_listener(std::move(fn));
 }
 
 void PrefixCache::publish_blocks(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed,
@@ -535,6 +641,7 @@ void PrefixCache::preempt(Engine& engine, SeqId seq, std::span<const int32_t> to
 }
 
 void PrefixCache::release(CacheSession& s) {
+  cancel_bring_up(s);
   unregister_inflight(s);
   for (const BlockKey& k : s.keys) engine_tier_.unpin(k);
   s.keys.clear();

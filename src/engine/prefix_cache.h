@@ -16,7 +16,13 @@
 //      with pins (blocks of running and preempted sequences) and LRU among the unpinned;
 //   2. the host DRAM tier: BlockTier, LRU; receives what the engine tier evicts;
 //   3. the persistent tier (--kv-dir): kvcache::DiskTier, its own LRU above a 72 h retention.
-// Blocks found below the engine tier are brought up into it (and pinned by the request).
+// Blocks found below the engine tier are brought up into it (and pinned by the request). Blocks
+// found only in the persistent tier are read off the engine loop thread (block_prefetcher.h): at
+// admission start_bring_up() plans the restore and queues the read of those blocks; the request
+// is parked (no tokens planned; the others keep stepping) until the loop, at the start of a step,
+// takes the finished read, puts its blocks into the DRAM tier and runs restore(), which then finds
+// them in memory. A block the read could not serve (absent, corrupt, I/O error) only shortens the
+// restore; restore() after start_bring_up() never reads the disk itself.
 //
 // SWA snapshots (state_codec.h payloads in the kvcache block format) live in an SwaPool (DRAM TTL
 // pool by default, Redis with --kv-redis) for --kv-swa-ttl. A snapshot at any prefix length L is
@@ -36,11 +42,13 @@
 // for the producer to reach the last shared boundary; the producer stops a prefill chunk there and
 // publishes a snapshot, and the waiter then restores blocks + snapshot exactly.
 //
-// Thread model: used by the engine loop thread only. Metrics are atomics in the registry; the
-// disk writer has its own threads.
+// Thread model: used by the engine loop thread only (the memory tiers are loop-thread-only).
+// Metrics are atomics in the registry; the disk writer and the block prefetcher have their own
+// threads and touch only the persistent tier (DiskTier is thread-safe).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +59,7 @@
 
 #include "core/clock.h"
 #include "core/status.h"
+#include "engine/block_prefetcher.h"
 #include "engine/block_tier.h"
 #include "engine/engine.h"
 #include "kvcache/async_writer.h"
@@ -77,6 +86,7 @@ struct PrefixCacheConfig {
   // Persistent tier: used when disk.dir is not empty (disk.capacity_bytes required then).
   kvcache::DiskTierConfig disk;
   kvcache::AsyncWriterConfig writer;
+  BlockPrefetcherConfig reader;  // async reads of the persistent tier (block_prefetcher.h)
   kvcache::SwaBackend swa_backend = kvcache::SwaBackend::kDram;
   kvcache::DramSwaPoolConfig dram_swa;
   kvcache::RedisSwaPoolConfig redis;
@@ -106,6 +116,13 @@ struct CacheSession {
   int64_t wait_boundary = 0;             // parked: waiting for a producer to reach this many tokens
   int64_t wait_producer = -1;
   int64_t inflight_blocks = 0;  // prompt blocks this request registered as in flight
+  // Async bring-up: the read in flight (0: none; the request is parked while set), when it
+  // started (clock ns), and the blocks it read, staged for this admission's restore(). While
+  // disk_via_reader a restore takes persistent-tier blocks from `staged` only.
+  uint64_t read_ticket = 0;
+  int64_t read_started_ns = 0;
+  bool disk_via_reader = false;
+  std::unordered_map<kvcache::BlockKey, BlockBytes, kvcache::BlockKeyHash> staged;
 };
 
 class PrefixCache {
@@ -141,6 +158,26 @@ class PrefixCache {
   RestoreResult restore(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t limit,
                         int64_t target, CacheSession& s);
 
+  // Async bring-up (the file comment). Call at admission (and when a parked waiter is released)
+  // before restore(): when the blocks a restore would use now include some found only in the
+  // persistent tier, queues their read, sets s.read_ticket and returns true: park the request
+  // until take_bring_ups() returns the read and accept_bring_up() staged it, then restore().
+  // False: restore() now (nothing to read, no persistent tier, a preempted session's own state,
+  // or the read queue is full: that restore skips the persistent tier).
+  bool start_bring_up(std::span<const int32_t> tokens, int64_t limit, CacheSession& s);
+  // Finished reads not yet taken (loop thread, at the start of a step).
+  std::vector<BlockRead> take_bring_ups();
+  // Hands a finished read to its session: blocks into the DRAM tier and staged for its restore();
+  // clears s.read_ticket; metrics.
+  void accept_bring_up(BlockRead read, CacheSession& s);
+  // Drops the session's read in flight (abort, preemption) and whatever it staged.
+  void cancel_bring_up(CacheSession& s);
+  // Called on a reader thread after each finished read (wakes an idle loop); {} clears it and
+  // waits for a call in progress.
+  void set_bring_up_listener(std::function<void()> fn);
+  // Reads queued, running or finished and not taken.
+  size_t bring_ups_outstanding() const { return reader_ ? reader_->outstanding() : 0; }
+
   // After a step: publishes the full blocks the sequence completed (tokens[0, computed)).
   void publish_blocks(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed,
                       CacheSession& s);
@@ -173,13 +210,17 @@ class PrefixCache {
     std::vector<int> tier;     // per block: 0 engine, 1 dram, 2 disk
     std::vector<kvcache::BlockKey> keys;
   };
-  Found walk_blocks(std::span<const int32_t> tokens, int64_t limit, bool allow_approx) const;
+  // `s`: its staged blocks count as found in the persistent tier; `use_disk`: whether blocks found
+  // only in the persistent tier count (a restore after start_bring_up: no).
+  Found walk_blocks(std::span<const int32_t> tokens, int64_t limit, bool allow_approx, const CacheSession& s,
+                    bool use_disk) const;
   // Longest verified snapshot at L in [k*B, min((k+1)*B - 1, limit)] for k in the last three
   // boundaries of `f`; its block count is L / B.
   std::optional<std::pair<int64_t, kvcache::SwaBytes>> find_snapshot(std::span<const int32_t> tokens,
                                                                      int64_t limit, const Found& f,
                                                                      bool allow_approx);
-  // Reads blocks [0, n) into the engine tier (pinned by `s`); false when one is missing/corrupt.
+  // Blocks [0, n) into the engine tier (pinned by `s`): from memory, the session's staged blocks,
+  // or (unless s.disk_via_reader) read from the persistent tier; false when one is missing/corrupt.
   bool bring_up(const Found& f, int64_t n, CacheSession& s, std::vector<BlockBytes>* out, RestoreResult* r);
   kvcache::SwaBytes swa_get(const kvcache::BlockKey& key);
   void swa_put(const kvcache::BlockKey& key, uint32_t tokens, std::span<const uint8_t> payload);
@@ -198,6 +239,7 @@ class PrefixCache {
   std::unique_ptr<kvcache::DiskTier> disk_;
   std::unique_ptr<kvcache::SwaPool> swa_;
   std::unique_ptr<kvcache::AsyncWriter> writer_;  // destroyed (drained) before disk_
+  std::unique_ptr<BlockPrefetcher> reader_;       // destroyed (joined) before disk_
 
   // In flight: block key -> producer request id; producer -> its keys; wanted boundaries.
   std::unordered_map<kvcache::BlockKey, int64_t, kvcache::BlockKeyHash> inflight_;
@@ -208,6 +250,8 @@ class PrefixCache {
   kvcache::Counter &swa_restored_, &swa_replayed_, &swa_recomputed_, &swa_put_, &swa_put_err_, &swa_bad_;
   kvcache::Counter &blocks_published_, &disk_writes_dropped_, &shared_waits_, &restore_failures_;
   kvcache::Counter &evict_engine_, &evict_dram_;
+  kvcache::Counter &async_started_, &async_cancelled_, &async_short_, &async_rejected_, &async_blocks_,
+      &async_bytes_, &async_wait_us_;
   kvcache::Gauge &g_engine_bytes_, &g_engine_blocks_, &g_dram_bytes_, &g_dram_blocks_, &g_pinned_;
 };
 

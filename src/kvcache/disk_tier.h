@@ -10,6 +10,10 @@
 //                               blocks fill the disk
 //   disk_tier_verified_read.cpp reads: verified (a corrupt/torn block is a miss and is deleted)
 //   disk_tier_admin.cpp         the operator API behind `ds41 kv stats|verify|gc`
+// Thread model: put / put_batch / get / prefetch / contains / erase may run on several threads at
+// once (the async writer's threads, the prefix cache's block readers, the engine loop's lookups):
+// the index is guarded by mu_, file I/O runs outside it, and a reader sees a block whole under its
+// final name or not at all (atomic publish).
 #pragma once
 
 #include <atomic>
