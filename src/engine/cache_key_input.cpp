@@ -14,7 +14,8 @@ std::optional<std::vector<kvcache::ImageSpanKey>> image_span_keys(const std::vec
   out.reserve(images.size());
   for (const RequestImage& im : images) {
     if (!im.content_hash) return std::nullopt;
-    out.push_back(kvcache::ImageSpanKey{im.span_start, im.span_length, im.content_hash->hi, im.content_hash->lo});
+    out.push_back(
+        kvcache::ImageSpanKey{im.span_start, im.span_length, im.content_hash->hi, im.content_hash->lo});
   }
   return out;
 }

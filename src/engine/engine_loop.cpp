@@ -456,7 +456,8 @@ void EngineLoop::Impl::step_once() {
     if (n <= 0) continue;
     // The span rows are needed while an image position is left to compute (a prefix-cache
     // restore may have covered every image: then the tower does not run).
-    if (!r->req.images.empty() && r->computed < r->req.images.back().span_start + r->req.images.back().span_length) {
+    if (!r->req.images.empty() &&
+        r->computed < r->req.images.back().span_start + r->req.images.back().span_length) {
       if (Status is = ensure_images(*r); !is.ok()) {
         finish(*r, FinishReason::kError, "image encoding failed: " + is.message());
         std::erase_if(running, [&](const auto& q) { return q.get() == r; });

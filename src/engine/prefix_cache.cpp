@@ -228,8 +228,8 @@ PrefixCache::Found PrefixCache::walk_blocks(const CacheKeyInput& in, int64_t lim
 }
 
 std::optional<std::pair<int64_t, kvcache::SwaBytes>> PrefixCache::find_snapshot(const CacheKeyInput& in,
-                                                                                 int64_t limit, const Found& f,
-                                                                                 bool allow_approx) {
+                                                                                int64_t limit, const Found& f,
+                                                                                bool allow_approx) {
   const int64_t B = config_.block_tokens;
   for (int64_t k = f.blocks; k >= 0 && k > f.blocks - kBoundariesSearched; --k) {
     // Namespaces a snapshot at a length in block k may come from: past the first approximate
@@ -417,7 +417,8 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, const CacheKeyInpu
     int64_t n = 0;
     if (snap) {
       n = snap->first / B;
-    } else if (f.blocks > 0 && config_.swa_miss == SwaMiss::kReplay && replay_can_rebuild(engine, in, f.blocks * B)) {
+    } else if (f.blocks > 0 && config_.swa_miss == SwaMiss::kReplay &&
+               replay_can_rebuild(engine, in, f.blocks * B)) {
       n = f.blocks;
     } else {
       r.swa = f.blocks > 0 ? SwaOutcome::kRecomputed : SwaOutcome::kNone;

@@ -136,7 +136,8 @@ class PrefixCache {
 
   // A producer (another running request) will compute blocks this prompt needs: the boundary
   // (tokens) to wait for and the producer's id, or {0, -1}. `limit`: positions a restore may cover.
-  std::pair<int64_t, int64_t> shared_prefix_wait(const CacheKeyInput& in, int64_t limit, int64_t self_id) const;
+  std::pair<int64_t, int64_t> shared_prefix_wait(const CacheKeyInput& in, int64_t limit,
+                                                 int64_t self_id) const;
   // Registers that `waiter` waits for `producer` to reach `boundary`.
   void want_boundary(int64_t producer, int64_t boundary);
   // The next boundary > computed where `producer` must stop a prefill chunk and publish a

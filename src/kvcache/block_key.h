@@ -67,7 +67,8 @@ class BlockChainHasher {
   // its ids. Spans starting at or after tokens.size() are not part of the prefix. For a
   // block-aligned length it equals the last chain_keys_with_images key; without images it
   // equals prefix_key.
-  BlockKey prefix_key_with_images(std::span<const int32_t> tokens, std::span<const ImageSpanKey> images) const;
+  BlockKey prefix_key_with_images(std::span<const int32_t> tokens,
+                                  std::span<const ImageSpanKey> images) const;
 
  private:
   BlockChainHasher(std::string id, uint32_t b) : model_identity_(std::move(id)), block_tokens_(b) {}

@@ -57,8 +57,8 @@ class StubTowerEngine final : public Engine {
   Result<std::vector<uint8_t>> export_swa_snapshot(SeqId s, int64_t b, bool approx) const override {
     return in_.export_swa_snapshot(s, b, approx);
   }
-  Status import_state(SeqId s, std::span<const std::span<const uint8_t>> blocks, std::span<const uint8_t> snap,
-                      int64_t b) override {
+  Status import_state(SeqId s, std::span<const std::span<const uint8_t>> blocks,
+                      std::span<const uint8_t> snap, int64_t b) override {
     return in_.import_state(s, blocks, snap, b);
   }
   Status replay_window(SeqId s, std::span<const int32_t> prefix) override {
@@ -215,7 +215,8 @@ TEST_F(PrefixCacheImagesTest, DifferentImageAtTheSamePositionsSharesNothingPastI
   const std::vector<Img> a{{11, 150, 100}}, b{{12, 150, 100}};
   const Outcome cold_a = run1(image_request(ids, a, 8), false);
   const Outcome cold_b = run1(image_request(ids, b, 8), false);
-  ASSERT_NE(cold_a.tokens, cold_b.tokens) << "the two images must change the output for this test to mean anything";
+  ASSERT_NE(cold_a.tokens, cold_b.tokens)
+      << "the two images must change the output for this test to mean anything";
   EXPECT_EQ(run1(image_request(ids, a, 8)).tokens, cold_a.tokens);
   const Outcome got_b = run1(image_request(ids, b, 8));
   EXPECT_EQ(got_b.tokens, cold_b.tokens);
@@ -234,6 +235,25 @@ TEST_F(PrefixCacheImagesTest, DifferentImageAtTheSamePositionsSharesNothingPastI
   const Outcome again_a = run1(image_request(ids, a, 8));
   EXPECT_EQ(again_a.last.cached_tokens, 299);
   EXPECT_EQ(again_a.tokens, cold_a.tokens);
+}
+
+// The same with the image inside the partial last block (after the last full block): the full
+// blocks are shared, the SWA snapshots (unaligned lengths) must not be.
+TEST_F(PrefixCacheImagesTest, DifferentImageInThePartialLastBlockDoesNotShareSnapshots) {
+  make_cache(SwaMiss::kRecompute);
+  const auto ids = random_ids(300, 10);
+  const std::vector<Img> a{{14, 262, 30}}, b{{15, 262, 30}};
+  const Outcome cold_a = run1(image_request(ids, a, 6), false);
+  const Outcome cold_b = run1(image_request(ids, b, 6), false);
+  ASSERT_NE(cold_a.tokens, cold_b.tokens)
+      << "the two images must change the output for this test to mean anything";
+  run1(image_request(ids, a, 6));
+  const Outcome got_b = run1(image_request(ids, b, 6));
+  EXPECT_LE(got_b.last.cached_tokens, 256);
+  EXPECT_EQ(got_b.tokens, cold_b.tokens);
+  const Outcome got_a = run1(image_request(ids, a, 6));
+  EXPECT_EQ(got_a.last.cached_tokens, 299);
+  EXPECT_EQ(got_a.tokens, cold_a.tokens);
 }
 
 // Two requests with the same ids and different images at once: the second waits only for the
@@ -287,7 +307,7 @@ TEST_F(PrefixCacheImagesTest, RestoreEndingInsideAnImageSpanFeedsTheRestOfItsRow
   auto b = a;
   const auto tail = random_ids(21, 9);
   std::copy(tail.begin() + 1, tail.end(), b.begin() + 280);  // the same up to 280, then other text
-  const std::vector<Img> shared{{42, 200, 80}};             // [200, 280) holds the boundary 256
+  const std::vector<Img> shared{{42, 200, 80}};              // [200, 280) holds the boundary 256
   const auto cold2 = run({image_request(a, shared, 4), image_request(b, shared, 4)}, false);
   const auto got = run({image_request(a, shared, 4), image_request(b, shared, 4)});
   EXPECT_EQ(got[0].tokens, cold2[0].tokens);

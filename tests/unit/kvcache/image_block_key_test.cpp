@@ -48,12 +48,11 @@ TEST(ImageBlockKey, SameImageSameKeysAndTextOnlyUnchanged) {
             h->chain_keys_with_images(ids, std::span<const ImageSpanKey>(&moved, 1)).back());
 }
 
-
 // The documented stream rebuilt by hand (docs/formats/kv_block.md): preamble, then per block
 // (the last one possibly partial, cut at L) its ids as u32 LE followed by the 40-byte record of
 // every span starting inside it (a span running past L included).
-BlockKey reference_prefix_key(const std::string& id, uint32_t block, const std::vector<int32_t>& toks, size_t L,
-                              const std::vector<ImageSpanKey>& imgs) {
+BlockKey reference_prefix_key(const std::string& id, uint32_t block, const std::vector<int32_t>& toks,
+                              size_t L, const std::vector<ImageSpanKey>& imgs) {
   std::vector<uint8_t> buf = {'d', 's', '4', '1', 'k', 'v', '1', 0};
   auto u64 = [&](uint64_t v) {
     for (int i = 0; i < 8; ++i) buf.push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -64,7 +63,8 @@ BlockKey reference_prefix_key(const std::string& id, uint32_t block, const std::
   for (size_t b0 = 0; b0 < L; b0 += block) {
     const size_t b1 = std::min<size_t>(b0 + block, L);
     for (size_t t = b0; t < b1; ++t)
-      for (int i = 0; i < 4; ++i) buf.push_back(static_cast<uint8_t>(static_cast<uint32_t>(toks[t]) >> (8 * i)));
+      for (int i = 0; i < 4; ++i)
+        buf.push_back(static_cast<uint8_t>(static_cast<uint32_t>(toks[t]) >> (8 * i)));
     for (const ImageSpanKey& im : imgs) {
       if (im.start < static_cast<int64_t>(b0) || im.start >= static_cast<int64_t>(b1)) continue;
       const char tag[8] = {'d', 's', '4', '1', 'i', 'm', 'g', 0};
@@ -89,7 +89,8 @@ TEST(ImageBlockKey, PrefixKeysFollowTheDocumentedStreamAtAnyLength) {
   const std::vector<ImageSpanKey> imgs{{20, 42, 0x1111, 0x2222}, {70, 5, 0x3333, 0x4444}};
   const std::span<const int32_t> all(ids);
   for (size_t L = 1; L <= 80; ++L)
-    ASSERT_EQ(h->prefix_key_with_images(all.first(L), imgs), reference_prefix_key("model-x", 16, ids, L, imgs))
+    ASSERT_EQ(h->prefix_key_with_images(all.first(L), imgs),
+              reference_prefix_key("model-x", 16, ids, L, imgs))
         << L;
   // Block-aligned lengths: the chain keys.
   const auto chain = h->chain_keys_with_images(ids, imgs);
@@ -97,7 +98,8 @@ TEST(ImageBlockKey, PrefixKeysFollowTheDocumentedStreamAtAnyLength) {
     EXPECT_EQ(h->prefix_key_with_images(all.first(b * 16), imgs), chain[b - 1]) << b;
   // Without images, or before the first span starts (a span starting at L is not in [0, L)):
   // prefix_key.
-  for (size_t L : {1, 5, 33, 50, 80}) EXPECT_EQ(h->prefix_key_with_images(all.first(L), {}), h->prefix_key(all.first(L)));
+  for (size_t L : {1, 5, 33, 50, 80})
+    EXPECT_EQ(h->prefix_key_with_images(all.first(L), {}), h->prefix_key(all.first(L)));
   for (size_t L = 1; L <= 20; ++L)
     EXPECT_EQ(h->prefix_key_with_images(all.first(L), imgs), h->prefix_key(all.first(L))) << L;
   // From the span's start on, the image is part of every prefix key, also while the span
@@ -111,8 +113,10 @@ TEST(ImageBlockKey, PrefixKeysFollowTheDocumentedStreamAtAnyLength) {
   }
   // The second span joins the key at L = 71 (it starts at 70), not before.
   const auto first_only = std::span<const ImageSpanKey>(imgs).first(1);
-  EXPECT_EQ(h->prefix_key_with_images(all.first(70), imgs), h->prefix_key_with_images(all.first(70), first_only));
-  EXPECT_NE(h->prefix_key_with_images(all.first(71), imgs), h->prefix_key_with_images(all.first(71), first_only));
+  EXPECT_EQ(h->prefix_key_with_images(all.first(70), imgs),
+            h->prefix_key_with_images(all.first(70), first_only));
+  EXPECT_NE(h->prefix_key_with_images(all.first(71), imgs),
+            h->prefix_key_with_images(all.first(71), first_only));
 }
 
 }  // namespace
