@@ -5,8 +5,8 @@
 // takes span rows from any source). Checks: a repeated image prompt restores exactly; the same
 // ids with a different image share nothing past the image's start; a multi-turn conversation
 // restores turn 1's end; a restore ending inside an image span feeds the rest of its rows; a
-// replay that would read image positions recomputes instead. Outputs are compared token for
-// token with a loop without a cache.
+// replay that would read image positions recomputes instead; a preempted image request resumes
+// exactly. Outputs are compared token for token with a loop without a cache.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -150,8 +150,7 @@ class PrefixCacheImagesTest : public ::testing::Test {
     pc_ = std::move(*pc);
   }
   // The requests (submitted together) through a loop with the cache, or without one (cold).
-  std::vector<Outcome> run(std::vector<GenerationRequest> reqs, bool cached = true) {
-    LoopConfig lc;
+  std::vector<Outcome> run(std::vector<GenerationRequest> reqs, bool cached = true, LoopConfig lc = {}) {
     lc.prefix_cache = cached ? pc_.get() : nullptr;
     CpuEngine cold_cpu(tm_->model.get(), "tiny");
     StubTowerEngine cold(cold_cpu, tm_->model->config().hidden_size);
@@ -314,6 +313,27 @@ TEST_F(PrefixCacheImagesTest, RestoreEndingInsideAnImageSpanFeedsTheRestOfItsRow
   EXPECT_EQ(got[1].tokens, cold2[1].tokens);
   EXPECT_EQ(got[1].last.cached_tokens, 256);
   EXPECT_EQ(got[1].last.cache.swa, "restored");
+}
+
+// A preempted request with an image resumes by an exact restore of its own snapshot; its blocks
+// are published under the image keys (a repeat of the same prompt restores them).
+TEST_F(PrefixCacheImagesTest, PreemptedImageRequestResumesExactly) {
+  make_cache();
+  const auto a = random_ids(200, 11), b = random_ids(200, 12);
+  const std::vector<Img> ia{{61, 30, 120}}, ib{{62, 90, 100}};
+  const auto cold = run({image_request(a, ia, 40), image_request(b, ib, 40)}, false);
+  LoopConfig lc;
+  // Room for both prompts but not for both to decode 40 tokens: the newest is preempted.
+  lc.kv_memory_bytes = cpu_->bytes_for_tokens(200) + cpu_->bytes_for_tokens(215);
+  lc.max_batch_tokens = 512;
+  const auto got = run({image_request(a, ia, 40), image_request(b, ib, 40)}, true, lc);
+  ASSERT_GE(stats_.preemptions, 1);
+  EXPECT_EQ(got[0].tokens, cold[0].tokens);
+  EXPECT_EQ(got[1].tokens, cold[1].tokens);
+  EXPECT_EQ(stats_.prefill_tokens_computed, 400 + stats_.preemptions);
+  const Outcome again = run1(image_request(b, ib, 40));
+  EXPECT_EQ(again.last.cached_tokens, 199);
+  EXPECT_EQ(again.tokens, cold[1].tokens);
 }
 
 // --swa-miss replay with images: the bounded replay rebuilds the window from token ids, so a
