@@ -502,9 +502,9 @@ void EngineLoop::Impl::step_once() {
     s.want_logits = r->computed + n == size;
     if (!r->req.images.empty()) {
       // The flags of this slice, and the span rows of its flagged prompt positions (positions
-      // after the prompt, re-prefilled after a preemption, carry no image).
-      // After a restore the slice starts at the restored length, possibly inside a span: its
-      // rows start at rows_before[computed].
+      // after the prompt, re-prefilled after a preemption, carry no image). After a restore the
+      // slice starts at the restored length, possibly inside a span: its rows start at
+      // rows_before[computed].
       r->span_flags.resize(r->tokens.size(), 0);
       s.image_span = std::span<const uint8_t>(r->span_flags).subspan(r->computed, n);
       if (r->images_ready) {  // else no image position is left (no row to feed)
