@@ -18,6 +18,10 @@ CpuEngine::CpuEngine(model::Model* model, std::string model_name, int64_t max_co
   info_.max_context = model->config().max_position_embeddings;
   if (max_context > 0) info_.max_context = std::min(max_context, info_.max_context);
   info_.eos_token_id = static_cast<int32_t>(model->config().eos_token_id);
+  // model::Model::encoder_replay: the last window by id, the Engram look-back before it.
+  info_.replay_lookback =
+      model->config().sliding_window +
+      (model->hasher() ? std::max<int64_t>(0, model->config().engram_max_ngram_size - 1) : 0);
   bounded_bytes_ = model->new_sequence()->bounded_bytes();
 }
 

@@ -35,6 +35,10 @@ struct EngineInfo {
   int64_t vocab_size = 0;     // logits row width
   int64_t max_context = 0;    // positions a sequence may reach (config max_position_embeddings)
   int32_t eos_token_id = -1;  // ends generation unless ignore_eos (config eos_token_id); -1: none
+  // Positions before the end of a prefix whose token ids replay_window() reads (the sliding
+  // window + the Engram look-back); 0: unknown (a caller assumes the whole prefix). The prefix
+  // cache never replays over an image span (token ids cannot rebuild its positions).
+  int64_t replay_lookback = 0;
 };
 
 struct StepItem {

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "engine/cache_key_input.h"
 #include "engine/logits_processing.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
@@ -85,6 +86,8 @@ struct Req {
   std::vector<int64_t> rows_before;  // [prompt + 1]
   bool images_ready = false;
   // Prefix cache.
+  std::vector<kvcache::ImageSpanKey> image_keys;  // the images' key spans (cache_key_input.h)
+  bool cacheable = true;                          // false: an image has no content hash
   CacheSession cache;
   bool restored_once = false;  // usage reports the first admission's restore
   int64_t snap_at = -1;        // publish an SWA snapshot when computed reaches this (P - 1)
@@ -161,10 +164,14 @@ struct EngineLoop::Impl {
   // persistent tier off this thread; unpark_ready() restores it when the read is back.
   void restore_or_park(Req& r);
   static bool parked(const Req& r) { return r.cache.wait_boundary > 0 || r.cache.read_ticket != 0; }
-  // The prefix cache for this request: none for requests with images (their positions all carry
-  // the image token id, so token-keyed blocks of two different images would collide; the
-  // image-hash block key of docs/formats/kv_block.md is not wired into the cache yet).
-  PrefixCache* cache_for(const Req& r) const { return r.req.images.empty() ? cfg.prefix_cache : nullptr; }
+  // The prefix cache for this request (none for a request with an image without a content hash),
+  // and the key input of its first n tokens (ids + image spans: prefix_cache.h "Prompts with
+  // images").
+  PrefixCache* cache_for(const Req& r) const { return r.cacheable ? cfg.prefix_cache : nullptr; }
+  static CacheKeyInput key_input(const Req& r, int64_t n) {
+    return CacheKeyInput(std::span<const int32_t>(r.tokens).first(static_cast<size_t>(n)), r.image_keys);
+  }
+  static CacheKeyInput key_input(const Req& r) { return key_input(r, static_cast<int64_t>(r.tokens.size())); }
   // Another request waits for an SWA snapshot of r at a length in (computed, computed + n]: a
   // speculative step could pass it, so r decodes plainly until it is published.
   bool wants_boundary_within(const Req& r, int64_t n) const {
@@ -362,9 +369,8 @@ void EngineLoop::Impl::run() {
 
 void EngineLoop::Impl::restore(Req& r) {
   PrefixCache* pc = cache_for(r);
-  const std::span<const int32_t> t(r.tokens);
-  RestoreResult rr =
-      pc->restore(*engine, r.seq, t, static_cast<int64_t>(t.size()) - 1, r.prefill_target, r.cache);
+  const int64_t size = static_cast<int64_t>(r.tokens.size());
+  RestoreResult rr = pc->restore(*engine, r.seq, key_input(r), size - 1, r.prefill_target, r.cache);
   if (rr.tokens == 0) {
     auto pos = engine->sequence_position(r.seq);
     if (pos.ok() && *pos != 0) {  // a failed restore left part of an import: start fresh
@@ -384,8 +390,8 @@ void EngineLoop::Impl::restore(Req& r) {
 }
 
 void EngineLoop::Impl::restore_or_park(Req& r) {
-  const std::span<const int32_t> t(r.tokens);
-  if (cache_for(r)->start_bring_up(t, static_cast<int64_t>(t.size()) - 1, r.cache)) return;
+  const int64_t size = static_cast<int64_t>(r.tokens.size());
+  if (cache_for(r)->start_bring_up(key_input(r), size - 1, r.cache)) return;
   restore(r);
 }
 
@@ -440,7 +446,7 @@ void EngineLoop::Impl::step_once() {
     if (cache_for(**it)) {
       Req& pr = **it;
       if (pr.computed > 0 && pr.cache.wait_boundary == 0)
-        cfg.prefix_cache->preempt(*engine, pr.seq, pr.tokens, pr.computed, pr.cache);
+        cfg.prefix_cache->preempt(*engine, pr.seq, key_input(pr), pr.computed, pr.cache);
       cfg.prefix_cache->cancel_bring_up(pr.cache);  // parked on a read: read again when readmitted
       pr.cache.wait_boundary = 0;
       pr.cache.wait_producer = -1;
@@ -466,10 +472,9 @@ void EngineLoop::Impl::step_once() {
     r->seq = *seq;
     r->computed = 0;
     if (PrefixCache* pc = cache_for(*r)) {
-      const std::span<const int32_t> t(r->tokens);
       std::pair<int64_t, int64_t> wait{0, -1};
       if (r->cache.resume_snapshot.empty())
-        wait = pc->shared_prefix_wait(t, static_cast<int64_t>(t.size()) - 1, r->id);
+        wait = pc->shared_prefix_wait(key_input(*r), static_cast<int64_t>(r->tokens.size()) - 1, r->id);
       if (wait.first > 0) {
         pc->reset_for_admission(r->cache);
         r->cache.wait_boundary = wait.first;
@@ -507,7 +512,10 @@ void EngineLoop::Impl::step_once() {
     // A restore at admission may have covered part of the planned chunk.
     int64_t n = std::min(p.tokens, size - r->computed);
     if (n <= 0) continue;
-    if (!r->req.images.empty()) {
+    // The span rows are needed while an image position is left to compute (a prefix-cache
+    // restore may have covered every image: then the tower does not run).
+    if (!r->req.images.empty() &&
+        r->computed < r->req.images.back().span_start + r->req.images.back().span_length) {
       if (Status is = ensure_images(*r); !is.ok()) {
         finish(*r, FinishReason::kError, "image encoding failed: " + is.message());
         std::erase_if(running, [&](const auto& q) { return q.get() == r; });
@@ -531,10 +539,9 @@ void EngineLoop::Impl::step_once() {
         stats.prefill_tokens_computed += size - 1;
       }
       if (PrefixCache* pc = cache_for(*r)) {
-        pc->publish_blocks(*engine, r->seq, r->tokens, r->computed, r->cache);
+        pc->publish_blocks(*engine, r->seq, key_input(*r), r->computed, r->cache);
         if (r->snap_at == r->computed) {
-          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
-                               r->cache);
+          pc->publish_snapshot(*engine, r->seq, key_input(*r, r->computed), r->cache);
           r->snap_at = -1;
         }
       }
@@ -553,15 +560,19 @@ void EngineLoop::Impl::step_once() {
     s.want_logits = r->computed + n == size;
     if (!r->req.images.empty()) {
       // The flags of this slice, and the span rows of its flagged prompt positions (positions
-      // after the prompt, re-prefilled after a preemption, carry no image).
+      // after the prompt, re-prefilled after a preemption, carry no image). After a restore the
+      // slice starts at the restored length, possibly inside a span: its rows start at
+      // rows_before[computed].
       r->span_flags.resize(r->tokens.size(), 0);
-      const int64_t P = static_cast<int64_t>(r->req.prompt.size());
-      const int64_t b = std::min(r->computed, P), e = std::min(r->computed + n, P);
-      const int64_t H =
-          r->rows_before[P] > 0 ? static_cast<int64_t>(r->span_embeds.size()) / r->rows_before[P] : 0;
       s.image_span = std::span<const uint8_t>(r->span_flags).subspan(r->computed, n);
-      s.span_embeds = std::span<const float>(r->span_embeds)
-                          .subspan(r->rows_before[b] * H, (r->rows_before[e] - r->rows_before[b]) * H);
+      if (r->images_ready) {  // else no image position is left (no row to feed)
+        const int64_t P = static_cast<int64_t>(r->req.prompt.size());
+        const int64_t b = std::min(r->computed, P), e = std::min(r->computed + n, P);
+        const int64_t H =
+            r->rows_before[P] > 0 ? static_cast<int64_t>(r->span_embeds.size()) / r->rows_before[P] : 0;
+        s.span_embeds = std::span<const float>(r->span_embeds)
+                            .subspan(r->rows_before[b] * H, (r->rows_before[e] - r->rows_before[b]) * H);
+      }
     }
     items.push_back(s);
     reqs.push_back(r);
@@ -636,10 +647,9 @@ void EngineLoop::Impl::step_once() {
       // the state past the kept tokens: then nothing is published (it would not match them).
       PrefixCache* pc = cache_for(*r);
       if (pc != nullptr && r->computed <= static_cast<int64_t>(r->tokens.size())) {
-        pc->publish_blocks(*engine, r->seq, r->tokens, r->computed, r->cache);
+        pc->publish_blocks(*engine, r->seq, key_input(*r), r->computed, r->cache);
         if (finished)  // end of the output: the next turn extends it
-          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
-                               r->cache);
+          pc->publish_snapshot(*engine, r->seq, key_input(*r, r->computed), r->cache);
       }
       if (finished) {
         finish(*r, fin_why, "", r->tokens.back(), 0, {});
@@ -697,11 +707,10 @@ void EngineLoop::Impl::step_once() {
       if (r->computed < r->prefill_target) prefill_computed += std::min(n, r->prefill_target - r->computed);
       r->computed += n;
       if (PrefixCache* pc = cache_for(*r)) {
-        pc->publish_blocks(*engine, r->seq, r->tokens, r->computed, r->cache);
+        pc->publish_blocks(*engine, r->seq, key_input(*r), r->computed, r->cache);
         const bool wanted = pc->next_wanted_boundary(r->id, r->computed - 1) == r->computed;
         if (r->computed == r->snap_at || wanted) {
-          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
-                               r->cache);
+          pc->publish_snapshot(*engine, r->seq, key_input(*r, r->computed), r->cache);
           if (r->computed == r->snap_at) r->snap_at = -1;
         }
       }
@@ -721,8 +730,7 @@ void EngineLoop::Impl::step_once() {
       const FinishReason why = finish_after(*r, tok);
       if (why != FinishReason::kNone) {
         if (PrefixCache* pc = cache_for(*r))  // end of the output: the next turn extends it
-          pc->publish_snapshot(*engine, r->seq, std::span<const int32_t>(r->tokens).first(r->computed),
-                               r->cache);
+          pc->publish_snapshot(*engine, r->seq, key_input(*r, r->computed), r->cache);
         finish(*r, why, "", tok, lp, std::move(top));
         done.push_back(r);
       } else {
@@ -804,6 +812,9 @@ Result<std::shared_ptr<RequestStream>> EngineLoop::submit(GenerationRequest req)
       for (int64_t t = im.span_start; t < im.span_start + im.span_length; ++t) r->span_flags[t] = 1;
       prev_end = im.span_start + im.span_length;
     }
+    auto keys = image_span_keys(r->req.images);
+    r->cacheable = keys.has_value();
+    if (keys) r->image_keys = std::move(*keys);
   }
   r->snap_at = P >= 2 ? P - 1 : -1;
   r->penalties = PenaltyState(r->req.sampling, r->req.prompt, info.vocab_size);

@@ -42,6 +42,17 @@ Status PrefixCacheConfig::validate() const {
 namespace {
 constexpr size_t kMarkerMax = 16;  // snapshot lengths remembered per block boundary
 constexpr int kBoundariesSearched = 3;
+
+// MODEL_SPEC 4.5 Encoder SWA Bounded Replay (Engine::replay_window) rebuilds the SWA state of a
+// prefix of H tokens from token ids alone: an image-span position among those it reads (the
+// engine's replay_lookback; 0: unknown, all of them) cannot be rebuilt, so such a restore takes
+// the exact path (a snapshot, else recompute).
+bool replay_can_rebuild(const Engine& engine, const CacheKeyInput& in, int64_t H) {
+  if (in.images.empty()) return true;
+  const int64_t lookback = engine.info().replay_lookback;
+  return !in.has_image_in(lookback > 0 ? std::max<int64_t>(0, H - lookback) : 0, H);
+}
+
 }  // namespace
 
 PrefixCache::PrefixCache(const PrefixCacheConfig& c, Clock& clock, kvcache::MetricsRegistry& m,
@@ -199,14 +210,14 @@ std::vector<uint32_t> PrefixCache::marker_lengths(const BlockKey& boundary_key) 
 
 // ---------------------------------------------------------------- lookup
 
-PrefixCache::Found PrefixCache::walk_blocks(std::span<const int32_t> tokens, int64_t limit, bool allow_approx,
+PrefixCache::Found PrefixCache::walk_blocks(const CacheKeyInput& in, int64_t limit, bool allow_approx,
                                             const CacheSession& s, bool use_disk) const {
   const int64_t B = config_.block_tokens;
   const int64_t nmax = std::max<int64_t>(0, limit) / B;
   Found f;
   if (nmax == 0) return f;
-  const auto span = tokens.subspan(0, static_cast<size_t>(nmax * B));
-  std::vector<BlockKey> ek = exact_.chain_keys(span), ak;
+  const CacheKeyInput span = in.first(nmax * B);
+  std::vector<BlockKey> ek = span.chain_keys(exact_), ak;
   auto where = [&](const BlockKey& k) -> int {
     if (engine_tier_.contains(k)) return 0;
     if (dram_tier_.contains(k)) return 1;
@@ -221,7 +232,7 @@ PrefixCache::Found PrefixCache::walk_blocks(std::span<const int32_t> tokens, int
       if (t >= 0) {
         f.keys.push_back(ek[i]);
       } else if (allow_approx) {
-        if (ak.empty()) ak = approx_.chain_keys(span);
+        if (ak.empty()) ak = span.chain_keys(approx_);
         t = where(ak[i]);
         if (t >= 0) {
           f.approx_from = i;
@@ -239,8 +250,9 @@ PrefixCache::Found PrefixCache::walk_blocks(std::span<const int32_t> tokens, int
   return f;
 }
 
-std::optional<std::pair<int64_t, kvcache::SwaBytes>> PrefixCache::find_snapshot(
-    std::span<const int32_t> tokens, int64_t limit, const Found& f, bool allow_approx) {
+std::optional<std::pair<int64_t, kvcache::SwaBytes>> PrefixCache::find_snapshot(const CacheKeyInput& in,
+                                                                                int64_t limit, const Found& f,
+                                                                                bool allow_approx) {
   const int64_t B = config_.block_tokens;
   for (int64_t k = f.blocks; k >= 0 && k > f.blocks - kBoundariesSearched; --k) {
     // Namespaces a snapshot at a length in block k may come from: past the first approximate
@@ -258,13 +270,13 @@ std::optional<std::pair<int64_t, kvcache::SwaBytes>> PrefixCache::find_snapshot(
       const kvcache::BlockChainHasher& h = hasher(approx);
       std::vector<int64_t> lens;
       if (k > 0 && k * B <= limit) lens.push_back(k * B);
-      const BlockKey boundary = h.prefix_key(tokens.subspan(0, static_cast<size_t>(k * B)));
+      const BlockKey boundary = in.first(k * B).prefix_key(h);
       for (uint32_t L : marker_lengths(boundary))
         if (static_cast<int64_t>(L) > k * B && static_cast<int64_t>(L) <= hi) lens.push_back(L);
       std::sort(lens.rbegin(), lens.rend());
       for (int64_t L : lens) {
         if (best && L <= best->first) break;
-        const BlockKey key = h.prefix_key(tokens.subspan(0, static_cast<size_t>(L)));
+        const BlockKey key = in.first(L).prefix_key(h);
         kvcache::SwaBytes b = swa_get(key);
         if (!b) continue;
         auto info = peek_swa_snapshot(std::span<const uint8_t>(*b).subspan(kvcache::kBlockHeaderBytes));
@@ -318,12 +330,12 @@ bool PrefixCache::bring_up(const Found& f, int64_t n, CacheSession& s, std::vect
 
 // ---------------------------------------------------------------- in flight / shared prefixes
 
-std::pair<int64_t, int64_t> PrefixCache::shared_prefix_wait(std::span<const int32_t> tokens, int64_t limit,
+std::pair<int64_t, int64_t> PrefixCache::shared_prefix_wait(const CacheKeyInput& in, int64_t limit,
                                                             int64_t self_id) const {
   const int64_t B = config_.block_tokens;
   const int64_t nmax = std::max<int64_t>(0, limit) / B;
   if (nmax == 0 || inflight_.empty()) return {0, -1};
-  std::vector<BlockKey> keys = exact_.chain_keys(tokens.subspan(0, static_cast<size_t>(nmax * B)));
+  std::vector<BlockKey> keys = in.first(nmax * B).chain_keys(exact_);
   int64_t i = 0;
   while (i < nmax && (engine_tier_.contains(keys[i]) || dram_tier_.contains(keys[i]) ||
                       (disk_ && disk_->contains(keys[i]))))
@@ -355,12 +367,12 @@ int64_t PrefixCache::next_wanted_boundary(int64_t producer, int64_t computed) co
 
 bool PrefixCache::producer_active(int64_t producer) const { return inflight_by_.count(producer) != 0; }
 
-void PrefixCache::register_inflight(std::span<const int32_t> tokens, int64_t from_block, int64_t target,
+void PrefixCache::register_inflight(const CacheKeyInput& in, int64_t from_block, int64_t target,
                                     CacheSession& s) {
   const int64_t B = config_.block_tokens;
   const int64_t n = target / B;
   if (s.approx_from_block >= 0 || n <= from_block) return;  // approximate blocks: nobody exact waits
-  std::vector<BlockKey> keys = exact_.chain_keys(tokens.subspan(0, static_cast<size_t>(n * B)));
+  std::vector<BlockKey> keys = in.first(n * B).chain_keys(exact_);
   auto& mine = inflight_by_[s.request_id];
   for (int64_t i = from_block; i < n; ++i) {
     if (inflight_.count(keys[i]) || engine_tier_.contains(keys[i])) continue;
@@ -394,7 +406,7 @@ void PrefixCache::reset_for_admission(CacheSession& s) {
   s.wait_producer = -1;
 }
 
-RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t limit,
+RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, const CacheKeyInput& in, int64_t limit,
                                    int64_t target, CacheSession& s) {
   const int64_t B = config_.block_tokens;
   RestoreResult r;
@@ -436,12 +448,13 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const in
   const bool allow_approx = config_.swa_miss == SwaMiss::kReplay || config_.decoder_replay_prefill;
   for (int attempt = 0; attempt < 3; ++attempt) {
     r = RestoreResult{};
-    Found f = walk_blocks(tokens, limit, allow_approx, s, !s.disk_via_reader);
-    auto snap = find_snapshot(tokens, limit, f, allow_approx);
+    Found f = walk_blocks(in, limit, allow_approx, s, !s.disk_via_reader);
+    auto snap = find_snapshot(in, limit, f, allow_approx);
     int64_t n = 0;
     if (snap) {
       n = snap->first / B;
-    } else if (f.blocks > 0 && config_.swa_miss == SwaMiss::kReplay) {
+    } else if (f.blocks > 0 && config_.swa_miss == SwaMiss::kReplay &&
+               replay_can_rebuild(engine, in, f.blocks * B)) {
       n = f.blocks;
     } else {
       r.swa = f.blocks > 0 ? SwaOutcome::kRecomputed : SwaOutcome::kNone;
@@ -458,7 +471,7 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const in
     std::span<const uint8_t> payload;
     if (snap) payload = std::span<const uint8_t>(*snap->second).subspan(kvcache::kBlockHeaderBytes);
     Status st = engine.import_state(seq, views, payload, B);
-    if (st.ok() && !snap) st = engine.replay_window(seq, tokens.subspan(0, static_cast<size_t>(n * B)));
+    if (st.ok() && !snap) st = engine.replay_window(seq, in.tokens.first(static_cast<size_t>(n * B)));
     if (!st.ok()) {
       // The sequence may hold part of the import: the caller recreates it (r.tokens == 0 and
       // seq position != 0 tell it to).
@@ -498,25 +511,25 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, std::span<const in
   if (r.swa == SwaOutcome::kRestored) swa_restored_.inc();
   if (r.swa == SwaOutcome::kReplayed) swa_replayed_.inc();
   if (r.swa == SwaOutcome::kRecomputed) swa_recomputed_.inc();
-  register_inflight(tokens, r.tokens / B, target, s);
+  register_inflight(in, r.tokens / B, target, s);
   update_gauges();
   return r;
 }
 
 // ---------------------------------------------------------------- async bring-up
 
-bool PrefixCache::start_bring_up(std::span<const int32_t> tokens, int64_t limit, CacheSession& s) {
+bool PrefixCache::start_bring_up(const CacheKeyInput& in, int64_t limit, CacheSession& s) {
   cancel_bring_up(s);
   if (!reader_) return false;
   s.disk_via_reader = true;  // from here on, this admission's restore never reads the disk itself
   if (!s.resume_snapshot.empty()) return false;  // a preempted session restores its pinned blocks
   const int64_t B = config_.block_tokens;
   const bool allow_approx = config_.swa_miss == SwaMiss::kReplay || config_.decoder_replay_prefill;
-  const Found f = walk_blocks(tokens, limit, allow_approx, s, /*use_disk=*/true);
+  const Found f = walk_blocks(in, limit, allow_approx, s, /*use_disk=*/true);
   if (std::find(f.tier.begin(), f.tier.end(), 2) == f.tier.end()) return false;
   // The blocks restore() would use: as many as the snapshot covers, else all (replay), else none.
   int64_t n = 0;
-  if (auto snap = find_snapshot(tokens, limit, f, allow_approx)) {
+  if (auto snap = find_snapshot(in, limit, f, allow_approx)) {
     n = snap->first / B;
   } else if (config_.swa_miss == SwaMiss::kReplay) {
     n = f.blocks;
@@ -574,14 +587,14 @@ void PrefixCache::set_bring_up_listener(std::function<void()> fn) {
   if (reader_) reader_->set_listener(std::move(fn));
 }
 
-void PrefixCache::publish_blocks(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed,
+void PrefixCache::publish_blocks(Engine& engine, SeqId seq, const CacheKeyInput& in, int64_t computed,
                                  CacheSession& s) {
   const int64_t B = config_.block_tokens;
   const int64_t have = static_cast<int64_t>(s.keys.size()), full = computed / B;
   if (full <= have) return;
   for (int64_t i = have; i < full; ++i) {
     const bool approx = s.approx_from_block >= 0 && i >= s.approx_from_block;
-    const BlockKey key = hasher(approx).prefix_key(tokens.subspan(0, static_cast<size_t>((i + 1) * B)));
+    const BlockKey key = in.first((i + 1) * B).prefix_key(hasher(approx));
     auto payload = engine.export_kv_block(seq, i, B);
     if (!payload.ok()) {
       log_warn("prefix_cache", "block export failed: " + payload.status().message());
@@ -604,10 +617,9 @@ void PrefixCache::publish_blocks(Engine& engine, SeqId seq, std::span<const int3
   update_gauges();
 }
 
-void PrefixCache::publish_snapshot(Engine& engine, SeqId seq, std::span<const int32_t> prefix,
-                                   CacheSession& s) {
+void PrefixCache::publish_snapshot(Engine& engine, SeqId seq, const CacheKeyInput& prefix, CacheSession& s) {
   const int64_t B = config_.block_tokens;
-  const int64_t L = static_cast<int64_t>(prefix.size());
+  const int64_t L = prefix.size();
   if (L == 0) return;
   auto payload = engine.export_swa_snapshot(seq, B, s.approximate);
   if (!payload.ok()) {
@@ -615,11 +627,11 @@ void PrefixCache::publish_snapshot(Engine& engine, SeqId seq, std::span<const in
     return;
   }
   const kvcache::BlockChainHasher& h = hasher(s.approximate);
-  swa_put(h.prefix_key(prefix), static_cast<uint32_t>(L), *payload);
+  swa_put(prefix.prefix_key(h), static_cast<uint32_t>(L), *payload);
   swa_put_.inc();
   if (L % B != 0) {
     // Remember L under its block boundary so a lookup can find this unaligned snapshot.
-    const BlockKey boundary = h.prefix_key(prefix.subspan(0, static_cast<size_t>((L / B) * B)));
+    const BlockKey boundary = prefix.first((L / B) * B).prefix_key(h);
     std::vector<uint32_t> lens = marker_lengths(boundary);
     lens.erase(std::remove(lens.begin(), lens.end(), static_cast<uint32_t>(L)), lens.end());
     lens.insert(lens.begin(), static_cast<uint32_t>(L));
@@ -632,9 +644,9 @@ void PrefixCache::publish_snapshot(Engine& engine, SeqId seq, std::span<const in
   if (w != wanted_.end()) std::erase(w->second, L);
 }
 
-void PrefixCache::preempt(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed,
+void PrefixCache::preempt(Engine& engine, SeqId seq, const CacheKeyInput& in, int64_t computed,
                           CacheSession& s) {
-  publish_blocks(engine, seq, tokens, computed, s);
+  publish_blocks(engine, seq, in, computed, s);
   auto snap = engine.export_swa_snapshot(seq, config_.block_tokens, s.approximate);
   if (snap.ok()) s.resume_snapshot = std::move(*snap);
   unregister_inflight(s);  // waiters stop waiting for a preempted producer

@@ -10,6 +10,17 @@
 // replay (blocks emitted after an encoder replay, snapshots of replayed or decoder-replay
 // states). An exact consumer never sees approximate state; a replay consumer may use both.
 //
+// Prompts with images (issue 16): every image-span position carries the same token id, so the
+// keys of a request with images also hash each image's content (CacheKeyInput: token ids + image
+// spans with their content hashes; docs/formats/kv_block.md "Prompts with images"). Every key of
+// such a request (blocks, SWA snapshots and their boundary markers, in-flight registrations) is
+// derived that way, so two different images at the same positions share nothing from the
+// image's start on; a text-only request keys by its ids alone, as before. The bounded replay
+// rebuilds the window from token ids alone: a restore whose replay would read an image-span
+// position (EngineInfo::replay_lookback) takes the exact path instead: an SWA snapshot, else
+// recompute (counted as "recomputed"). A request with an image without a content hash does not
+// use the cache.
+//
 // Tiers of global-KV blocks, looked up in this order (the walk stops at the first block found
 // nowhere):
 //   1. engine memory (host memory for the CPU engine; device HBM for the GPU engine): BlockTier
@@ -61,6 +72,7 @@
 #include "core/status.h"
 #include "engine/block_prefetcher.h"
 #include "engine/block_tier.h"
+#include "engine/cache_key_input.h"
 #include "engine/engine.h"
 #include "kvcache/async_writer.h"
 #include "kvcache/block_key.h"
@@ -141,7 +153,7 @@ class PrefixCache {
 
   // A producer (another running request) will compute blocks this prompt needs: the boundary
   // (tokens) to wait for and the producer's id, or {0, -1}. `limit`: positions a restore may cover.
-  std::pair<int64_t, int64_t> shared_prefix_wait(std::span<const int32_t> tokens, int64_t limit,
+  std::pair<int64_t, int64_t> shared_prefix_wait(const CacheKeyInput& in, int64_t limit,
                                                  int64_t self_id) const;
   // Registers that `waiter` waits for `producer` to reach `boundary`.
   void want_boundary(int64_t producer, int64_t boundary);
@@ -151,12 +163,13 @@ class PrefixCache {
   // Whether `producer` is still computing toward `boundary` (registered and in flight).
   bool producer_active(int64_t producer) const;
 
-  // Restores the longest cached prefix of tokens[0, limit) into the fresh sequence `seq` (see the
-  // file comment) and pins its blocks; a preempted session restores its own snapshot. Registers
-  // the blocks of tokens[0, target) that the request will compute as in flight. On any failure
-  // the sequence is left fresh and the result says 0 tokens (a cache never fails a request).
-  RestoreResult restore(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t limit,
-                        int64_t target, CacheSession& s);
+  // Restores the longest cached prefix of in.tokens[0, limit) into the fresh sequence `seq` (see
+  // the file comment) and pins its blocks; a preempted session restores its own snapshot.
+  // Registers the blocks of [0, target) that the request will compute as in flight. On any
+  // failure the sequence is left fresh and the result says 0 tokens (a cache never fails a
+  // request).
+  RestoreResult restore(Engine& engine, SeqId seq, const CacheKeyInput& in, int64_t limit, int64_t target,
+                        CacheSession& s);
 
   // Async bring-up (the file comment). Call at admission (and when a parked waiter is released)
   // before restore(): when the blocks a restore would use now include some found only in the
@@ -164,7 +177,7 @@ class PrefixCache {
   // until take_bring_ups() returns the read and accept_bring_up() staged it, then restore().
   // False: restore() now (nothing to read, no persistent tier, a preempted session's own state,
   // or the read queue is full: that restore skips the persistent tier).
-  bool start_bring_up(std::span<const int32_t> tokens, int64_t limit, CacheSession& s);
+  bool start_bring_up(const CacheKeyInput& in, int64_t limit, CacheSession& s);
   // Finished reads not yet taken (loop thread, at the start of a step).
   std::vector<BlockRead> take_bring_ups();
   // Hands a finished read to its session: blocks into the DRAM tier and staged for its restore();
@@ -178,13 +191,12 @@ class PrefixCache {
   // Reads queued, running or finished and not taken.
   size_t bring_ups_outstanding() const { return reader_ ? reader_->outstanding() : 0; }
 
-  // After a step: publishes the full blocks the sequence completed (tokens[0, computed)).
-  void publish_blocks(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed,
-                      CacheSession& s);
+  // After a step: publishes the full blocks the sequence completed (in.tokens[0, computed)).
+  void publish_blocks(Engine& engine, SeqId seq, const CacheKeyInput& in, int64_t computed, CacheSession& s);
   // Publishes the SWA snapshot at the sequence's position (= prefix.size()).
-  void publish_snapshot(Engine& engine, SeqId seq, std::span<const int32_t> prefix, CacheSession& s);
+  void publish_snapshot(Engine& engine, SeqId seq, const CacheKeyInput& prefix, CacheSession& s);
   // Preemption: keeps the blocks pinned and the snapshot in the session.
-  void preempt(Engine& engine, SeqId seq, std::span<const int32_t> tokens, int64_t computed, CacheSession& s);
+  void preempt(Engine& engine, SeqId seq, const CacheKeyInput& in, int64_t computed, CacheSession& s);
   // The request is done (finished, aborted, failed): unpins, drops its in-flight registrations.
   void release(CacheSession& s);
   // Before a (re)admission: drops what a previous admission held.
@@ -212,13 +224,12 @@ class PrefixCache {
   };
   // `s`: its staged blocks count as found in the persistent tier; `use_disk`: whether blocks found
   // only in the persistent tier count (a restore after start_bring_up: no).
-  Found walk_blocks(std::span<const int32_t> tokens, int64_t limit, bool allow_approx, const CacheSession& s,
+  Found walk_blocks(const CacheKeyInput& in, int64_t limit, bool allow_approx, const CacheSession& s,
                     bool use_disk) const;
   // Longest verified snapshot at L in [k*B, min((k+1)*B - 1, limit)] for k in the last three
   // boundaries of `f`; its block count is L / B.
-  std::optional<std::pair<int64_t, kvcache::SwaBytes>> find_snapshot(std::span<const int32_t> tokens,
-                                                                     int64_t limit, const Found& f,
-                                                                     bool allow_approx);
+  std::optional<std::pair<int64_t, kvcache::SwaBytes>> find_snapshot(const CacheKeyInput& in, int64_t limit,
+                                                                     const Found& f, bool allow_approx);
   // Blocks [0, n) into the engine tier (pinned by `s`): from memory, the session's staged blocks,
   // or (unless s.disk_via_reader) read from the persistent tier; false when one is missing/corrupt.
   bool bring_up(const Found& f, int64_t n, CacheSession& s, std::vector<BlockBytes>* out, RestoreResult* r);
@@ -227,8 +238,7 @@ class PrefixCache {
   kvcache::BlockKey marker_key(const kvcache::BlockKey& boundary_key) const;
   std::vector<uint32_t> marker_lengths(const kvcache::BlockKey& boundary_key);
   const kvcache::BlockChainHasher& hasher(bool approx) const { return approx ? approx_ : exact_; }
-  void register_inflight(std::span<const int32_t> tokens, int64_t from_block, int64_t target,
-                         CacheSession& s);
+  void register_inflight(const CacheKeyInput& in, int64_t from_block, int64_t target, CacheSession& s);
   void unregister_inflight(CacheSession& s);
 
   PrefixCacheConfig config_;

@@ -29,10 +29,17 @@ struct SamplingParams {
 // One image of a prompt (MODEL_SPEC 3.11): decoded and preprocessed by the submitter; the engine
 // loop turns it into span embeddings (feature cache, else Engine::encode_images) before the
 // request's first prefill step. The prompt holds image_token_id over [span_start, +span_length).
+// content_hash names the image in the prefix cache's keys (docs/formats/kv_block.md "Prompts with
+// images"): a request with an image that has none does not use the prefix cache.
+struct ImageContentHash {
+  uint64_t hi = 0, lo = 0;  // XXH3-128 of the encoded image bytes
+  bool operator==(const ImageContentHash&) const = default;
+};
 struct RequestImage {
   std::string cache_key;  // image bytes' hash + vision config (vision_cache_key); empty: never cached
   std::shared_ptr<const image::PreparedImage> prepared;  // may be null when cache_key is cached
   int64_t span_start = 0, span_length = 0;
+  std::optional<ImageContentHash> content_hash;
 };
 
 struct GenerationRequest {

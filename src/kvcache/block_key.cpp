@@ -54,6 +54,22 @@ void update_tokens(XXH3_state_t* st, std::span<const int32_t> tokens) {
   }
 }
 
+// The 40-byte records of images[next, ...) that start before `end` (docs/formats/kv_block.md
+// "Prompts with images"); returns the index of the first span not recorded.
+size_t update_images(XXH3_state_t* st, std::span<const ImageSpanKey> images, size_t next, int64_t end) {
+  static constexpr char kImageTag[8] = {'d', 's', '4', '1', 'i', 'm', 'g', '\0'};
+  for (; next < images.size() && images[next].start < end; ++next) {
+    uint8_t rec[40];
+    std::memcpy(rec, kImageTag, 8);
+    put_u64le(rec + 8, static_cast<uint64_t>(images[next].start));
+    put_u64le(rec + 16, static_cast<uint64_t>(images[next].length));
+    put_u64le(rec + 24, images[next].hash_hi);
+    put_u64le(rec + 32, images[next].hash_lo);
+    XXH3_128bits_update(st, rec, sizeof(rec));
+  }
+  return next;
+}
+
 BlockKey digest(XXH3_state_t* st) {
   XXH128_hash_t h = XXH3_128bits_digest(st);
   return BlockKey{h.high64, h.low64};
@@ -106,7 +122,6 @@ std::vector<BlockKey> BlockChainHasher::chain_keys(std::span<const int32_t> toke
 
 std::vector<BlockKey> BlockChainHasher::chain_keys_with_images(std::span<const int32_t> tokens,
                                                                std::span<const ImageSpanKey> images) const {
-  static constexpr char kImageTag[8] = {'d', 's', '4', '1', 'i', 'm', 'g', '\0'};
   std::vector<BlockKey> keys;
   const size_t n_blocks = tokens.size() / block_tokens_;
   keys.reserve(n_blocks);
@@ -114,20 +129,28 @@ std::vector<BlockKey> BlockChainHasher::chain_keys_with_images(std::span<const i
   size_t next = 0;
   for (size_t b = 0; b < n_blocks; ++b) {
     update_tokens(st.get(), tokens.subspan(b * block_tokens_, block_tokens_));
-    const int64_t end = static_cast<int64_t>((b + 1) * block_tokens_);
-    for (; next < images.size() && images[next].start < end; ++next) {
-      uint8_t rec[40];
-      std::memcpy(rec, kImageTag, 8);
-      const uint64_t v[4] = {static_cast<uint64_t>(images[next].start),
-                             static_cast<uint64_t>(images[next].length), images[next].hash_hi,
-                             images[next].hash_lo};
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 8; ++j) rec[8 + 8 * i + j] = static_cast<uint8_t>(v[i] >> (8 * j));
-      XXH3_128bits_update(st.get(), rec, sizeof(rec));
-    }
+    next = update_images(st.get(), images, next, static_cast<int64_t>((b + 1) * block_tokens_));
     keys.push_back(digest(st.get()));
   }
   return keys;
+}
+
+BlockKey BlockChainHasher::prefix_key_with_images(std::span<const int32_t> tokens,
+                                                  std::span<const ImageSpanKey> images) const {
+  // The stream of chain_keys_with_images up to the last full block, then the partial block's ids
+  // and the records of the spans starting inside it (one that runs past the prefix end too).
+  StatePtr st = start_state(model_identity_, block_tokens_);
+  const size_t n_full = tokens.size() / block_tokens_;
+  size_t next = 0;
+  for (size_t b = 0; b < n_full; ++b) {
+    update_tokens(st.get(), tokens.subspan(b * block_tokens_, block_tokens_));
+    next = update_images(st.get(), images, next, static_cast<int64_t>((b + 1) * block_tokens_));
+  }
+  if (tokens.size() > n_full * block_tokens_) {
+    update_tokens(st.get(), tokens.subspan(n_full * block_tokens_));
+    update_images(st.get(), images, next, static_cast<int64_t>(tokens.size()));
+  }
+  return digest(st.get());
 }
 
 BlockKey BlockChainHasher::prefix_key(std::span<const int32_t> tokens) const {

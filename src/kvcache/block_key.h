@@ -2,7 +2,9 @@
 // blocks; the key of block i is XXH3-128 over (model identity, block size, every token id from
 // position 0 up to and including block i), so a key names a whole prefix, not just one block's
 // tokens. SWA snapshots use the same hash at their (possibly unaligned) prefix length, so the
-// snapshot at a block boundary has exactly that block's key. Byte layout: docs/formats/kv_block.md.
+// snapshot at a block boundary has exactly that block's key. Prompts with images add each image
+// span's content hash to the stream (the *_with_images functions). Byte layout:
+// docs/formats/kv_block.md.
 #pragma once
 
 #include <compare>
@@ -33,8 +35,6 @@ struct BlockKeyHash {
   }
 };
 
-// Hashes token prefixes for one (model identity, block size). Stateless apart from config;
-// thread-safe.
 // An image span of a prompt for key derivation (docs/formats/kv_block.md "Prompts with images"):
 // its positions all carry the same token id, so the image's content hash joins the key.
 struct ImageSpanKey {
@@ -42,6 +42,8 @@ struct ImageSpanKey {
   uint64_t hash_hi = 0, hash_lo = 0;  // XXH3-128 of the encoded image bytes
 };
 
+// Hashes token prefixes for one (model identity, block size). Stateless apart from config;
+// thread-safe.
 class BlockChainHasher {
  public:
   // model_identity: any stable string naming the model + KV layout (e.g. checkpoint hash);
@@ -60,6 +62,13 @@ class BlockChainHasher {
   // starting in that block. Without images it equals chain_keys.
   std::vector<BlockKey> chain_keys_with_images(std::span<const int32_t> tokens,
                                                std::span<const ImageSpanKey> images) const;
+  // prefix_key with image spans (sorted by start): the same stream, with the partial last
+  // block's records (spans starting inside it, one running past the prefix end included) after
+  // its ids. Spans starting at or after tokens.size() are not part of the prefix. For a
+  // block-aligned length it equals the last chain_keys_with_images key; without images it
+  // equals prefix_key.
+  BlockKey prefix_key_with_images(std::span<const int32_t> tokens,
+                                  std::span<const ImageSpanKey> images) const;
 
  private:
   BlockChainHasher(std::string id, uint32_t b) : model_identity_(std::move(id)), block_tokens_(b) {}

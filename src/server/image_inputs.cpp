@@ -80,11 +80,16 @@ Result<std::vector<uint8_t>> decode_data_url(const std::string& url) {
   return out;
 }
 
-std::string vision_cache_key(const std::vector<uint8_t>& bytes, const std::string& config_key) {
+engine::ImageContentHash image_content_hash(const std::vector<uint8_t>& bytes) {
   const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  return engine::ImageContentHash{h.high64, h.low64};
+}
+
+std::string vision_cache_key(const std::vector<uint8_t>& bytes, const std::string& config_key) {
+  const engine::ImageContentHash h = image_content_hash(bytes);
   char buf[40];
-  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h.hi),
+                static_cast<unsigned long long>(h.lo));
   return std::string(buf) + "/" + config_key;
 }
 
@@ -126,6 +131,7 @@ ApiResult<std::vector<engine::RequestImage>> resolve_request_images(const std::v
     if (!p.ok()) return bad_request(which + ": " + p.status().message(), "messages", "invalid_image");
     engine::RequestImage ri;
     ri.cache_key = vision_cache_key(bytes.value(), vm.config_key);
+    ri.content_hash = image_content_hash(bytes.value());
     ri.span_length = p->plan.n_tokens;
     ri.prepared = std::make_shared<const image::PreparedImage>(std::move(p).value());
     out.push_back(std::move(ri));

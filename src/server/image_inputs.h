@@ -36,7 +36,9 @@ struct ImageInputOptions {
 // Decodes a data: URL's payload (";base64" required). Errors name the problem.
 Result<std::vector<uint8_t>> decode_data_url(const std::string& url);
 
-// The feature-cache key of an image: 128-bit hash of its bytes + the vision config digest.
+// XXH3-128 of an image's encoded bytes: the prefix cache's image key (RequestImage::content_hash).
+engine::ImageContentHash image_content_hash(const std::vector<uint8_t>& bytes);
+// The feature-cache key of an image: that hash in hex + "/" + the vision config digest.
 std::string vision_cache_key(const std::vector<uint8_t>& bytes, const std::string& config_key);
 
 // Resolves `sources` (ChatPrompt::images, in placeholder order) and expands the placeholders of
