@@ -26,6 +26,7 @@ const PHASE_MS = 1000 * Number(process.env.DS41_LOAD_SECONDS || 15);
 // once, then flat), so the bound is 48 MiB: it catches a leak of about 170 KiB per request or more
 // (~280 requests per half), not a small one.
 const RSS_SLACK_KIB = Number(process.env.DS41_LOAD_RSS_SLACK_KIB || 48 * 1024);
+const WARM_ROUNDS = 8;  // 512 requests: locally RSS rose in steps over the first ~600 requests, then stayed flat for 2,000 more
 
 // { first, second }: median RSS (KiB) of the first and second half of the samples. Medians, not
 // peaks: a single sample can catch a transient batch buffer (seen: one 454 MiB sample among
@@ -102,9 +103,12 @@ async function oneStream(i, n, abortAfter) {
   return { aborted: false, tokens };
 }
 
-// Runs CLIENTS workers: one warm-up round (every worker finishes one request; then onWarm() runs
-// once, e.g. to sample RSS), then PHASE_MS more of back-to-back requests. `abortP` is each
-// request's chance to disconnect early.
+// Runs CLIENTS workers: WARM_ROUNDS warm-up rounds (every worker finishes WARM_ROUNDS requests;
+// then onWarm() runs once, e.g. to sample RSS), then PHASE_MS more of back-to-back requests.
+// `abortP` is each request's chance to disconnect early. The warm-up is counted in requests, not
+// seconds: the one-time growth (the prefix cache filling its caps, malloc arenas of the sampling
+// pool) then ends before the samples start on a slow or loaded machine too (one round was not
+// enough in a CI rehearsal under load: 550 -> 663 MiB in steps during the first half).
 async function phase(abortP, onWarm) {
   const stats = { ok: 0, aborted: 0, errors: [], tokens: 0, warmMs: 0 };
   const t0 = Date.now();
@@ -114,7 +118,7 @@ async function phase(abortP, onWarm) {
   let seed = 12345;
   const rand = () => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed / 2147483648; };
   const worker = async (i) => {
-    for (let n = 0; n === 0 || Date.now() < deadline; ++n) {
+    for (let n = 0; n < WARM_ROUNDS || Date.now() < deadline; ++n) {
       const abortAfter = rand() < abortP ? 1 + Math.floor(rand() * 3) : 0;
       try {
         const r = await oneStream(i, n, abortAfter);
@@ -122,7 +126,7 @@ async function phase(abortP, onWarm) {
       } catch (e) {
         stats.errors.push(String(e));
       }
-      if (n === 0) {
+      if (n === WARM_ROUNDS - 1) {
         if (--firstRoundLeft === 0) {
           stats.warmMs = Date.now() - t0;
           onWarm();
