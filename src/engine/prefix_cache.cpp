@@ -537,7 +537,13 @@ bool PrefixCache::start_bring_up(const CacheKeyInput& in, int64_t limit, CacheSe
   std::vector<BlockKey> keys;
   for (int64_t i = 0; i < n; ++i)
     if (f.tier[i] == 2) keys.push_back(f.keys[i]);
-  if (keys.empty()) return false;
+  if (keys.empty()) {
+    // Nothing to read: the restore uses memory tiers only, or nothing (no snapshot and --swa-miss
+    // recompute). It may look at the persistent tier's index again so that blocks found there
+    // still count as a recompute (a lookup, no read).
+    s.disk_via_reader = false;
+    return false;
+  }
   Result<uint64_t> ticket = reader_->submit(std::move(keys));
   if (!ticket.ok()) {
     async_rejected_.inc();

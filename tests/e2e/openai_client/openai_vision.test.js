@@ -1,7 +1,9 @@
 // e2e (issue 16): the official `openai` npm client sends images to `ds41 serve` on the tiny-vision
 // model (tiny + a one-block vision tower, CPU engine) as data: URLs in image_url content parts.
 //   - an image gets an answer, and usage.prompt_tokens counts the image's span positions;
-//   - the same image again is a vision-feature cache hit (/metrics), the tower ran once;
+//   - the same request again is restored from the prefix cache (image-aware block keys): the
+//     tower does not run; the same image after another question is a vision-feature cache hit
+//     (/metrics), the tower ran once;
 //   - a corrupt image is a 400 that names the problem; an http URL without --allow-image-urls
 //     and an unknown `detail` are 400s.
 //
@@ -40,15 +42,15 @@ test.after(async () => {
   if (tiny) tiny.remove();
 });
 
-const body = (url, extra = {}) => ({
+const body = (url, extra = {}, question = 'What is in this picture?') => ({
   model: 'tiny',
   messages: [{ role: 'user', content: [
-    { type: 'text', text: 'What is in this picture?' },
+    { type: 'text', text: question },
     { type: 'image_url', image_url: { url, detail: 'low', ...extra } },
   ] }],
   max_tokens: 6, temperature: 0, chat_template_kwargs: { thinking: false },
 });
-const ask = (url, extra = {}) => client.chat.completions.create(body(url, extra));
+const ask = (url, extra = {}, question) => client.chat.completions.create(body(url, extra, question));
 
 test('a data-URL image gets an answer; usage counts its span positions', async () => {
   // /tokenize renders the same chat body with the image as one placeholder token.
@@ -69,9 +71,23 @@ test('a data-URL image gets an answer; usage counts its span positions', async (
   assert.equal(m.ds41_image_tokens_total, 17);
 });
 
-test('the same image again hits the vision-feature cache (the tower runs once)', async () => {
+test('the same request again is restored from the prefix cache: the tower does not run', async () => {
+  const first = await ask(dataUrl);
   const r = await ask(dataUrl);
+  assert.equal(r.choices[0].message.content, first.choices[0].message.content);
+  // Image-aware block keys (docs/formats/kv_block.md): all but the last prompt position restored.
+  assert.equal(r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens - 1);
+  const m = await S.metrics(srv.url, AUTH);
+  assert.equal(m.ds41_images_encoded_total, 1);
+  assert.equal(m.ds41_vision_cache_hits_total, 0, 'a restore covering the image needs no span rows');
+});
+
+test('the same image after another question hits the vision-feature cache (the tower runs once)', async () => {
+  // The text before the image differs, so no cached block covers the image: its span rows come
+  // from the feature cache.
+  const r = await ask(dataUrl, {}, 'Describe the colours, please.');
   assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.ok(r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens - 17);
   const m = await S.metrics(srv.url, AUTH);
   assert.equal(m.ds41_vision_cache_hits_total, 1);
   assert.equal(m.ds41_images_encoded_total, 1);

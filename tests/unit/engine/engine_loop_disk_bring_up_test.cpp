@@ -18,6 +18,7 @@
 #include "engine/engine_loop.h"
 #include "engine/prefix_cache.h"
 #include "golden/golden_arrays.h"
+#include "unit/engine/loop_test_util.h"
 #include "support/kvcache/fault_injecting_io.h"
 #include "unit/engine/gate_io.h"
 #include "unit/kvcache/test_util.h"
@@ -26,23 +27,8 @@ namespace ds41::engine {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(3, 2047);
-  std::vector<int32_t> v{0};
-  while (static_cast<int64_t>(v.size()) < n) v.push_back(d(rng));
-  return v;
-}
-
-GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.ignore_eos = true;
-  return r;
-}
+using looptest::greedy;
+using looptest::random_prompt;
 
 struct Outcome {
   std::vector<int32_t> tokens;

@@ -16,11 +16,14 @@
 #include "engine/engine_loop.h"
 #include "engine/prefix_cache.h"
 #include "golden/golden_arrays.h"
+#include "unit/engine/loop_test_util.h"
 
 namespace ds41::engine {
 namespace {
 
 using namespace std::chrono_literals;
+using looptest::collect;
+using looptest::Outcome;
 
 constexpr int32_t kImageId = 2047;  // the span positions' id (any id: the rows replace it)
 
@@ -75,13 +78,7 @@ class StubTowerEngine final : public Engine {
   int64_t hidden_;
 };
 
-std::vector<int32_t> random_ids(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(3, 2000);
-  std::vector<int32_t> v{0};
-  while (static_cast<int64_t>(v.size()) < n) v.push_back(d(rng));
-  return v;
-}
+std::vector<int32_t> random_ids(int64_t n, uint32_t seed) { return looptest::random_prompt(n, seed, 2000); }
 
 struct Img {
   int tag;  // names the image: its span rows and its content hash
@@ -109,24 +106,6 @@ GenerationRequest image_request(std::vector<int32_t> ids, const std::vector<Img>
   g.sampling.temperature = 0;
   g.ignore_eos = true;
   return g;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  TokenEvent last;
-};
-
-Outcome collect(RequestStream& s) {
-  Outcome o;
-  std::vector<TokenEvent> evs;
-  while (s.next(&evs, 20000ms)) {
-    for (auto& e : evs) {
-      if (e.token >= 0) o.tokens.push_back(e.token);
-      if (e.finish != FinishReason::kNone) o.last = e;
-    }
-    evs.clear();
-  }
-  return o;
 }
 
 class PrefixCacheImagesTest : public ::testing::Test {

@@ -16,6 +16,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/engine_loop.h"
 #include "golden/golden_arrays.h"
+#include "unit/engine/loop_test_util.h"
 #include "unit/kvcache/test_util.h"
 
 namespace ds41::engine {
@@ -23,41 +24,10 @@ namespace {
 
 using namespace std::chrono_literals;
 using kvcache::BlockKey;
-
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(3, 2047);
-  std::vector<int32_t> v{0};
-  while (static_cast<int64_t>(v.size()) < n) v.push_back(d(rng));
-  return v;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  TokenEvent last;
-};
-
-Outcome collect(RequestStream& s) {
-  Outcome o;
-  std::vector<TokenEvent> evs;
-  while (s.next(&evs, 20000ms)) {
-    for (auto& e : evs) {
-      if (e.token >= 0) o.tokens.push_back(e.token);
-      if (e.finish != FinishReason::kNone) o.last = e;
-    }
-    evs.clear();
-  }
-  return o;
-}
-
-GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
-  GenerationRequest r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0;
-  r.ignore_eos = true;
-  return r;
-}
+using looptest::collect;
+using looptest::greedy;
+using looptest::Outcome;
+using looptest::random_prompt;
 
 class PrefixCacheTest : public ::testing::Test {
  protected:
