@@ -391,7 +391,7 @@ void EngineLoop::Impl::restore(Req& r) {
 
 void EngineLoop::Impl::restore_or_park(Req& r) {
   const int64_t size = static_cast<int64_t>(r.tokens.size());
-  if (cache_for(r)->start_bring_up(key_input(r), size - 1, r.cache)) return;
+  if (cache_for(r)->start_bring_up(*engine, key_input(r), size - 1, r.cache)) return;
   restore(r);
 }
 

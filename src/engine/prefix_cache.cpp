@@ -518,7 +518,7 @@ RestoreResult PrefixCache::restore(Engine& engine, SeqId seq, const CacheKeyInpu
 
 // ---------------------------------------------------------------- async bring-up
 
-bool PrefixCache::start_bring_up(const CacheKeyInput& in, int64_t limit, CacheSession& s) {
+bool PrefixCache::start_bring_up(const Engine& engine, const CacheKeyInput& in, int64_t limit, CacheSession& s) {
   cancel_bring_up(s);
   if (!reader_) return false;
   s.disk_via_reader = true;  // from here on, this admission's restore never reads the disk itself
@@ -531,8 +531,8 @@ bool PrefixCache::start_bring_up(const CacheKeyInput& in, int64_t limit, CacheSe
   int64_t n = 0;
   if (auto snap = find_snapshot(in, limit, f, allow_approx)) {
     n = snap->first / B;
-  } else if (config_.swa_miss == SwaMiss::kReplay) {
-    n = f.blocks;
+  } else if (config_.swa_miss == SwaMiss::kReplay && replay_can_rebuild(engine, in, f.blocks * B)) {
+    n = f.blocks;  // as restore() decides (a replay window over image positions recomputes)
   }
   std::vector<BlockKey> keys;
   for (int64_t i = 0; i < n; ++i)

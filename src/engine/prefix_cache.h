@@ -177,7 +177,7 @@ class PrefixCache {
   // until take_bring_ups() returns the read and accept_bring_up() staged it, then restore().
   // False: restore() now (nothing to read, no persistent tier, a preempted session's own state,
   // or the read queue is full: that restore skips the persistent tier).
-  bool start_bring_up(const CacheKeyInput& in, int64_t limit, CacheSession& s);
+  bool start_bring_up(const Engine& engine, const CacheKeyInput& in, int64_t limit, CacheSession& s);
   // Finished reads not yet taken (loop thread, at the start of a step).
   std::vector<BlockRead> take_bring_ups();
   // Hands a finished read to its session: blocks into the DRAM tier and staged for its restore();
