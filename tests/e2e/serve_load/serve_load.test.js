@@ -31,10 +31,18 @@ const WARM_ROUNDS = 8;  // 512 requests: locally RSS rose in steps over the firs
 // { first, second }: median RSS (KiB) of the first and second half of the samples. Medians, not
 // peaks: a single sample can catch a transient batch buffer (seen: one 454 MiB sample among
 // 425 MiB ones), while a leak moves the whole second half up.
+// `step` is the largest rise between two consecutive samples: glibc keeps what it grew in one-time
+// steps (a new malloc arena for a thread, a heap extension), seen in CI rehearsals as one jump of
+// ~60 MiB after 8 s of flat RSS and flat again after it; a leak rises in many small increments
+// (170 KiB per request at ~30 requests/s is ~2.5 MiB per sample). The check therefore allows the
+// median growth minus that single largest step.
 function halves(rss) {
   const h = Math.floor(rss.length / 2);
   const median = (v) => { const s = [...v].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]; };
-  return { first: median(rss.slice(0, h)), second: median(rss.slice(h)) };
+  let step = 0;
+  for (let i = 1; i < rss.length; ++i) step = Math.max(step, rss[i] - rss[i - 1]);
+  const first = median(rss.slice(0, h)), second = median(rss.slice(h));
+  return { first, second, step, growth: Math.max(0, second - first - step) };
 }
 
 let tiny, srv;
@@ -165,9 +173,10 @@ test('64 concurrent streaming clients: 0 errors, every stream complete, RSS flat
   assert.ok(st.ok >= 3 * CLIENTS, `at least three rounds completed (${st.ok})`);
   assert.ok(warmRss > 0);
   const p = halves(st.rss);
-  console.log(`load: RSS median ${p.first} KiB in the first half after warm-up, ${p.second} KiB in the second`);
+  console.log(`load: RSS median ${p.first} KiB in the first half after warm-up, ${p.second} KiB in the second; ` +
+    `largest single step ${p.step} KiB; growth besides it ${p.growth} KiB`);
   assert.ok(st.rss.length >= 10);
-  assert.ok(p.second - p.first <= RSS_SLACK_KIB, `RSS median grew ${p.second - p.first} KiB`);
+  assert.ok(p.growth <= RSS_SLACK_KIB, `RSS median grew ${p.second - p.first} KiB (${p.growth} KiB besides the largest single step)`);
   const m = await gaugesZero();
   assert.ok(m, 'running/waiting gauges back to 0');
   assert.ok(m['ds41_requests_total{route="/v1/chat/completions",status="200"}'] +
@@ -184,8 +193,9 @@ test('the same with clients disconnecting at random: server keeps serving, all s
   assert.ok(st.aborted >= CLIENTS / 4, `clients did disconnect (${st.aborted})`);
   assert.ok(st.ok >= CLIENTS / 4, `others completed (${st.ok})`);
   const p = halves(st.rss);
-  console.log(`load+disconnects: RSS median ${p.first} KiB in the first half after warm-up, ${p.second} KiB in the second`);
-  assert.ok(p.second - p.first <= RSS_SLACK_KIB, `RSS median grew ${p.second - p.first} KiB`);
+  console.log(`load+disconnects: RSS median ${p.first} KiB in the first half after warm-up, ${p.second} KiB in ` +
+    `the second; largest single step ${p.step} KiB; growth besides it ${p.growth} KiB`);
+  assert.ok(p.growth <= RSS_SLACK_KIB, `RSS median grew ${p.second - p.first} KiB (${p.growth} KiB besides the largest single step)`);
   const m = await gaugesZero();
   assert.ok(m, 'running/waiting gauges back to 0 after the disconnects');
   assert.equal((await fetch(srv.url + '/health')).status, 200);
