@@ -104,16 +104,21 @@ class EngineLoopDiskBringUp : public ::testing::Test {
     lc.prefix_cache = pc_.get();
     return lc;
   }
-  // One request through a loop without a cache: the reference output.
-  std::vector<int32_t> cold(GenerationRequest r) {
-    CpuEngine eng(tm_->model.get(), "tiny");
-    EngineLoop loop(&eng, LoopConfig{});
+  // One request through a fresh loop over `eng` with `lc`, collected to its end (60 s at most).
+  static Outcome serve_one(Engine& eng, const LoopConfig& lc, GenerationRequest r) {
+    EngineLoop loop(&eng, lc);
     auto s = loop.submit(std::move(r));
     EXPECT_TRUE(s.ok());
     EXPECT_TRUE(loop.start().ok());
-    Outcome o = collect(**s, 60s);
-    EXPECT_TRUE(o.done);
+    Outcome o = s.ok() ? collect(**s, 60s) : Outcome{};
     loop.stop(1000ms);
+    return o;
+  }
+  // One request through a loop without a cache: the reference output.
+  std::vector<int32_t> cold(GenerationRequest r) {
+    CpuEngine eng(tm_->model.get(), "tiny");
+    const Outcome o = serve_one(eng, LoopConfig{}, std::move(r));
+    EXPECT_TRUE(o.done);
     return o.tokens;
   }
   // Runs `r` once through the cache: its blocks are written to the persistent tier (and its
@@ -204,12 +209,7 @@ TEST_F(EngineLoopDiskBringUp, FailedOrCorruptReadsAreAShorterRestoreWithAnExactA
     make_cache(config());
     warm(greedy(p, 5));
     faults_.inject(kvcache::FaultKind::kFailRead, 0, -1);
-    EngineLoop loop(eng_.get(), loop_config());
-    auto s = loop.submit(greedy(p, 5));
-    ASSERT_TRUE(s.ok());
-    ASSERT_TRUE(loop.start().ok());
-    const Outcome o = collect(**s, 60s);
-    loop.stop(1000ms);
+    const Outcome o = serve_one(*eng_, loop_config(), greedy(p, 5));
     faults_.clear();
     ASSERT_TRUE(o.done);
     EXPECT_EQ(o.tokens, cold_p);
@@ -229,12 +229,7 @@ TEST_F(EngineLoopDiskBringUp, FailedOrCorruptReadsAreAShorterRestoreWithAnExactA
     make_cache(c);
     warm(greedy(p, 5));
     faults_.inject(kvcache::FaultKind::kCorruptRead, 1, 1);  // block 0 reads fine, block 1 corrupt
-    EngineLoop loop(eng_.get(), loop_config());
-    auto s = loop.submit(greedy(p, 5));
-    ASSERT_TRUE(s.ok());
-    ASSERT_TRUE(loop.start().ok());
-    const Outcome o = collect(**s, 60s);
-    loop.stop(1000ms);
+    const Outcome o = serve_one(*eng_, loop_config(), greedy(p, 5));
     faults_.clear();
     ASSERT_TRUE(o.done);
     EXPECT_EQ(o.tokens, cold_p);

@@ -2,9 +2,12 @@
 // bring-up): random prompts of token ids, greedy requests, and a stream collected to its end.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <memory>
 #include <vector>
 
 #include "engine/engine_loop.h"
@@ -47,6 +50,25 @@ inline Outcome collect(RequestStream& s) {
     evs.clear();
   }
   return o;
+}
+
+// Submits the requests together to a fresh loop over `engine` (lc as given), starts it, collects
+// every stream to its end and stops it; *stats gets the loop's counters when given.
+inline std::vector<Outcome> run_requests(Engine& engine, const LoopConfig& lc, std::vector<GenerationRequest> reqs,
+                                         LoopStats* stats = nullptr) {
+  EngineLoop loop(&engine, lc);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (auto& r : reqs) {
+    auto s = loop.submit(std::move(r));
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    if (s.ok()) streams.push_back(*s);
+  }
+  EXPECT_TRUE(loop.start().ok());
+  std::vector<Outcome> out;
+  for (auto& s : streams) out.push_back(collect(*s));
+  if (stats) *stats = loop.stats();
+  loop.stop(std::chrono::milliseconds(1000));
+  return out;
 }
 
 }  // namespace ds41::engine::looptest

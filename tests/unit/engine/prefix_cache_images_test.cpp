@@ -133,18 +133,8 @@ class PrefixCacheImagesTest : public ::testing::Test {
     lc.prefix_cache = cached ? pc_.get() : nullptr;
     CpuEngine cold_cpu(tm_->model.get(), "tiny");
     StubTowerEngine cold(cold_cpu, tm_->model->config().hidden_size);
-    EngineLoop loop(cached ? static_cast<Engine*>(eng_.get()) : &cold, lc);
-    std::vector<std::shared_ptr<RequestStream>> streams;
-    for (auto& r : reqs) {
-      auto s = loop.submit(std::move(r));
-      EXPECT_TRUE(s.ok()) << s.status().message();
-      if (s.ok()) streams.push_back(*s);
-    }
-    EXPECT_TRUE(loop.start().ok());
-    std::vector<Outcome> out;
-    for (auto& s : streams) out.push_back(collect(*s));
-    stats_ = loop.stats();
-    loop.stop(1000ms);
+    std::vector<Outcome> out =
+        looptest::run_requests(cached ? static_cast<Engine&>(*eng_) : cold, lc, std::move(reqs), &stats_);
     for (const Outcome& o : out) EXPECT_NE(o.last.finish, FinishReason::kError) << o.last.error;
     return out;
   }

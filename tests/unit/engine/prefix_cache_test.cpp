@@ -54,19 +54,7 @@ class PrefixCacheTest : public ::testing::Test {
   std::vector<Outcome> run(std::vector<GenerationRequest> reqs, bool cached = true, LoopConfig lc = {}) {
     lc.prefix_cache = cached ? pc_.get() : nullptr;
     CpuEngine eng(tm_->model.get(), "tiny");
-    EngineLoop loop(cached ? eng_.get() : &eng, lc);
-    std::vector<std::shared_ptr<RequestStream>> streams;
-    for (auto& r : reqs) {
-      auto s = loop.submit(std::move(r));
-      EXPECT_TRUE(s.ok()) << s.status().message();
-      if (s.ok()) streams.push_back(*s);
-    }
-    EXPECT_TRUE(loop.start().ok());
-    std::vector<Outcome> out;
-    for (auto& s : streams) out.push_back(collect(*s));
-    stats_ = loop.stats();
-    loop.stop(1000ms);
-    return out;
+    return looptest::run_requests(cached ? *eng_ : eng, lc, std::move(reqs), &stats_);
   }
   Outcome run1(GenerationRequest r, bool cached = true) { return run({std::move(r)}, cached)[0]; }
   uint64_t counter(const std::string& name, const kvcache::MetricLabels& l = {}) {
