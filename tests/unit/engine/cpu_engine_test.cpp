@@ -12,24 +12,12 @@
 
 #include "engine/engine_loop.h"
 #include "golden/golden_arrays.h"
+#include "unit/engine/loop_test_util.h"
 
 namespace ds41::engine {
 namespace {
 
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(3, 2047);
-  std::vector<int32_t> v{0};
-  while (static_cast<int64_t>(v.size()) < n) {
-    if (v.size() > 20 && rng() % 5 == 0) {  // repeated spans: Engram n-grams recur
-      size_t b = rng() % (v.size() - 10);
-      for (size_t i = 0; i < 6 && static_cast<int64_t>(v.size()) < n; ++i) v.push_back(v[b + i]);
-    } else {
-      v.push_back(d(rng));
-    }
-  }
-  return v;
-}
+std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) { return looptest::random_prompt_with_repeats(n, seed); }
 
 class CpuEngineTest : public ::testing::Test {
  protected:

@@ -23,6 +23,22 @@ inline std::vector<int32_t> random_prompt(int64_t n, uint32_t seed, int32_t max_
   return v;
 }
 
+// As random_prompt, with spans of 6 earlier ids repeated now and then (Engram n-grams recur).
+inline std::vector<int32_t> random_prompt_with_repeats(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(3, 2047);
+  std::vector<int32_t> v{0};
+  while (static_cast<int64_t>(v.size()) < n) {
+    if (v.size() > 20 && rng() % 5 == 0) {
+      size_t b = rng() % (v.size() - 10);
+      for (size_t i = 0; i < 6 && static_cast<int64_t>(v.size()) < n; ++i) v.push_back(v[b + i]);
+    } else {
+      v.push_back(d(rng));
+    }
+  }
+  return v;
+}
+
 // Greedy, ignore_eos: exactly max_tokens tokens, comparable token for token.
 inline GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
   GenerationRequest r;
