@@ -23,6 +23,8 @@
 #include "engine_factory.h"
 
 #ifdef DS41_HAVE_CUDA_ENGINE
+#include <cuda_profiler_api.h>
+
 #include "backends/cuda/cuda_status.h"
 #include "gpu/cuda_engine.h"
 #include "gpu/device_buffer.h"
@@ -199,6 +201,9 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
       std::vector<double> layer_sum(L + 1, 0.0);
       std::vector<float> lm;
       const auto t0 = std::chrono::steady_clock::now();
+      // The timed region is bracketed for a profiler started with --profile-from-start off
+      // (ncu / nsys); without one these calls do nothing.
+      if (!decode) cudaProfilerStart();
       for (int64_t s = 0; s < B; ++s)
         for (int64_t p = 0; p < ctx; p += a.chunk) {
           const int64_t e = std::min(ctx, p + a.chunk);
@@ -208,6 +213,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                                             model::LogitsRows::kLast, false, &out, &lm));
           for (int64_t l = 0; l <= L; ++l) layer_sum[l] += lm[l];
         }
+      if (!decode) cudaProfilerStop();
       const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       nlohmann::ordered_json r{{"batch", B}, {"context", ctx}};
       std::map<std::string, double> kind_ms, kind_bytes;
@@ -220,6 +226,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
       } else {
         std::vector<double> step_ms;
         std::vector<std::vector<float>> per_layer;
+        cudaProfilerStart();
         for (int64_t t = 0; t < a.steps; ++t) {
           std::vector<engine::StepItem> items;
           for (int64_t s = 0; s < B; ++s)
@@ -231,6 +238,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
           per_layer.push_back(lm);
         }
+        cudaProfilerStop();
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
