@@ -34,13 +34,13 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   cudaStream_t s = stream_;
 
   // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
-  DS41_RETURN_IF_ERROR(cuda::run_linear(w.wq_a, x, n, ws_.q_r, s));
+  DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
   DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
-  DS41_RETURN_IF_ERROR(cuda::run_linear(w.wq_b, ws_.q_r, n, ws_.q, s));
+  DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));
   DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.q, n, nh, hd, pos_, inv.ptr, inv.size, false, s));
   // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
   float* kv = ws_.kvf;
-  DS41_RETURN_IF_ERROR(cuda::run_linear(w.wkv, x, n, kv, s));
+  DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
   DS41_RETURN_IF_ERROR(cuda::run_rms_norm(kv, n, hd, w.kv_norm.ptr, eps, kv, s));
   DS41_RETURN_IF_ERROR(cuda::run_rope(kv, n, 1, hd, pos_, inv.ptr, inv.size, false, s));
   // Earlier calls' window rows, decoded before this call's rows take their ring slots; then the
@@ -96,8 +96,8 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
   // Undo the query rotation on the output (7.9), then the grouped output projection (3.4.8).
   DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.o, n, nh, hd, pos_, inv.ptr, inv.size, true, s));
-  DS41_RETURN_IF_ERROR(cuda::run_grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z, s));
-  return cuda::run_linear(w.wo_b, ws_.z, n, y, s);
+  DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
+  return linear(w.wo_b, ws_.z, n, y);
 }
 
 // 3.4.4: compressed entries of a KV source: the emit schedule (groups of `ratio` positions, rows
@@ -110,10 +110,10 @@ Status GpuForward::compress(int64_t l, const float* x) {
   const float eps = static_cast<float>(c_->rms_norm_eps);
   cudaStream_t s = stream_;
   keys_of_source_ = -1;  // this source's keys change
-  DS41_RETURN_IF_ERROR(cuda::run_linear(w.c_wkv, x, n, ws_.ca, s));
+  DS41_RETURN_IF_ERROR(linear(w.c_wkv, x, n, ws_.ca));
   if (R > 1) {
     if (!w.c_wgate.present()) return internal_error("ratio > 1 compressor without wgate");
-    DS41_RETURN_IF_ERROR(cuda::run_linear(w.c_wgate, x, n, ws_.cb, s));
+    DS41_RETURN_IF_ERROR(linear(w.c_wgate, x, n, ws_.cb));
   }
   if (m > 0) {
     if (R == 1) {
@@ -131,7 +131,7 @@ Status GpuForward::compress(int64_t l, const float* x) {
                                           cudaMemcpyDeviceToDevice, s),
                           "copy compressed entries"));
     DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.e, m, 1, hd, src.kpos, inv.ptr, inv.size, false, s));
-    DS41_RETURN_IF_ERROR(cuda::run_linear(w.idx_wk, ws_.u, m, ws_.kk, s));
+    DS41_RETURN_IF_ERROR(linear(w.idx_wk, ws_.u, m, ws_.kk));
     DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.kk, m, dI, w.idx_k_norm.ptr, eps, ws_.kk, s));
     DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.kk, m, 1, dI, src.kpos, inv.ptr, inv.size, false, s));
     DS41_RETURN_IF_ERROR(
@@ -160,10 +160,10 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
   const int64_t j = source_of_layer_[p.kv_owner];
   const PlanSource& src = sources_[j];
   cudaStream_t s = stream_;
-  DS41_RETURN_IF_ERROR(cuda::run_linear(w.idx_wq_b, q_r, n, ws_.qi, s));
+  DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
   DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.qi, n, nih, dI, pos_, inv.ptr, inv.size, false, s));
   DS41_RETURN_IF_ERROR(cuda::run_fake_quant_inplace(FakeQuantOp::kIdx, dI, ws_.qi, n * nih, s));
-  DS41_RETURN_IF_ERROR(cuda::run_linear(w.idx_weights_proj, x, n, ws_.wt, s));
+  DS41_RETURN_IF_ERROR(linear(w.idx_weights_proj, x, n, ws_.wt));
   DS41_RETURN_IF_ERROR(
       cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s));
   const bool none = pi.ts == 0 || (p.candidate_restricted && !p.candidate_source && cand_stride_ == 0);

@@ -17,7 +17,7 @@ Status GpuForward::engram_stage(int64_t l) {
   const int64_t li = c_->engram_index(l), cols = m_->hasher()->n_cols();
   DS41_RETURN_IF_ERROR(cuda::run_engram_gather(eng->table, eng->table_scale, eng->rows, ed, engram_ids_[li],
                                                n, cols, ws_.erows, stream_));
-  DS41_RETURN_IF_ERROR(cuda::run_linear(eng->wkv, ws_.erows, n, ws_.ez, stream_));
+  DS41_RETURN_IF_ERROR(linear(eng->wkv, ws_.erows, n, ws_.ez));
   return cuda::run_engram_update(ws_.streams, ws_.ez, eng->omega.ptr, nullptr, n, C, H,
                                  static_cast<float>(c_->rms_norm_eps), ws_.gates, stream_);
 }

@@ -2,6 +2,7 @@
 // 3.3, 3.6) and the head — the device twin of src/model/forward_pass.cpp.
 #include "gpu/gpu_forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -27,10 +28,69 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
   f->slots_ = slots;
   f->stream_ = stream;
   DS41_ASSIGN_OR_RETURN(f->ws_, create_workspace(m, f->lim_));
+  if (f->lim_.tensor_core_min_rows > 0 && f->lim_.max_step_tokens >= f->lim_.tensor_core_min_rows) {
+    const model::ModelConfig& c = m.config();
+    TensorCoreLimits tl;
+    tl.min_rows = f->lim_.tensor_core_min_rows;
+    tl.max_rows = f->lim_.max_step_tokens;
+    int64_t dense_max = 0;
+    for (const DeviceLayer& w : m.weights().layers) {
+      for (const cuda::DeviceWeight* x :
+           {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_b, &w.c_wkv, &w.c_wgate, &w.idx_wk, &w.idx_wq_b,
+            &w.idx_weights_proj, &w.gate, &w.shared.w1, &w.shared.w2, &w.shared.w3}) {
+        tl.max_in = std::max(tl.max_in, x->in_dim);
+        tl.max_out = std::max(tl.max_out, x->out_dim);
+        dense_max = std::max(dense_max, x->in_dim * x->out_dim);
+      }
+      // wo_a: its x rows are in_dim * groups wide.
+      tl.max_in = std::max(tl.max_in, w.wo_a.in_dim * std::max<int64_t>(c.o_groups, 1));
+      tl.max_out = std::max(tl.max_out, w.wo_a.out_dim);
+      dense_max = std::max(dense_max, w.wo_a.in_dim * w.wo_a.out_dim);
+      if (w.engram) {
+        tl.max_in = std::max(tl.max_in, w.engram->wkv.in_dim);
+        tl.max_out = std::max(tl.max_out, w.engram->wkv.out_dim);
+        dense_max = std::max(dense_max, w.engram->wkv.in_dim * w.engram->wkv.out_dim);
+      }
+    }
+    tl.n_experts = c.n_routed_experts;
+    if (tl.n_experts > 0) {
+      tl.expert_out = c.moe_intermediate_size;
+      tl.expert_in = c.hidden_size;
+      tl.max_expert_rows = tl.max_rows * c.num_experts_per_tok;
+    }
+    const int64_t expert_elems = tl.expert_in * tl.expert_out;
+    tl.weight_scratch_bytes =
+        2 * std::max(dense_max, std::min<int64_t>(std::max<int64_t>(tl.n_experts, 1), 48) * expert_elems);
+    DS41_ASSIGN_OR_RETURN(f->tc_, TensorCoreLinear::create(tl, stream));
+  }
   f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
   for (cudaEvent_t& e : f->events_)
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
   return f;
+}
+
+Status GpuForward::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y) {
+  if (tc_ && tc_->accepts(w, n)) return tc_->linear(w, x, n, y);
+  return cuda::run_linear(w, x, n, y, stream_);
+}
+
+Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
+                                  float* y) {
+  if (tc_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);
+  return cuda::run_grouped_linear(w, groups, x, n, y, stream_);
+}
+
+Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
+                                 const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
+                                 int64_t m_max, float* y) {
+  const int64_t E = static_cast<int64_t>(experts.size());
+  if (tc_ && m_max >= lim_.tensor_core_min_rows) {
+    expert_scratch_.resize(experts.size());
+    for (size_t e = 0; e < experts.size(); ++e) expert_scratch_[e] = experts[e].*which;
+    if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max))
+      return tc_->expert_linear(expert_scratch_, d_w, out_dim, in_dim, ws_.offsets, x, m_max, y);
+  }
+  return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_);
 }
 
 GpuForward::~GpuForward() {
@@ -168,7 +228,7 @@ Status GpuForward::head(std::vector<model::SequenceOutput>* out) {
   DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.hs, ws_.hp, m, C, H, ws_.h, stream_));
   DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.h, m, H, m_->weights().norm.ptr,
                                           static_cast<float>(c_->rms_norm_eps), ws_.h, stream_));
-  DS41_RETURN_IF_ERROR(cuda::run_linear(m_->weights().head, ws_.h, m, ws_.logits, stream_));
+  DS41_RETURN_IF_ERROR(linear(m_->weights().head, ws_.h, m, ws_.logits));
   return cuda::cuda_status(
       cudaMemcpyAsync(ws_.logits_host, ws_.logits, static_cast<size_t>(m * V) * sizeof(float),
                       cudaMemcpyDeviceToHost, stream_),

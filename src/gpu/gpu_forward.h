@@ -28,6 +28,7 @@
 #include "gpu/gpu_workspace.h"
 #include "gpu/kv_block_pool.h"
 #include "gpu/sequence_slots.h"
+#include "gpu/tensor_core_linear.h"
 #include "model/model.h"
 
 namespace ds41::gpu {
@@ -112,6 +113,14 @@ class GpuForward {
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out);
 
+  // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
+  // kernels of backends/cuda/linear_kernels.h.
+  Status linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y);
+  Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y);
+  Status expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
+                       const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
+                       int64_t m_max, float* y);
+
   template <class T>
   const T* put(const std::vector<T>& v);  // into the metadata arena; device address
   Status meta_fits() const;
@@ -123,6 +132,8 @@ class GpuForward {
   SequenceSlots* slots_ = nullptr;
   cudaStream_t stream_ = nullptr;
   GpuWorkspace ws_;
+  std::unique_ptr<TensorCoreLinear> tc_;  // null: tensor-core prefill off (GpuLimits::tensor_core_min_rows 0)
+  std::vector<cuda::DeviceWeight> expert_scratch_;  // host list of one expert matrix (expert_linear)
 
   // The step plan.
   int64_t n_ = 0;

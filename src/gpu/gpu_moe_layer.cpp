@@ -20,7 +20,7 @@ Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOpti
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
   cudaStream_t s = stream_;
-  DS41_RETURN_IF_ERROR(cuda::run_linear(w.gate, x, n, ws_.gate_logits, s));
+  DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
   DS41_RETURN_IF_ERROR(cuda::run_router(
       ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, nullptr,
       k, static_cast<float>(c_->gate_temp), static_cast<float>(c_->routed_scaling_factor), ws_.experts,
@@ -28,17 +28,17 @@ Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOpti
   DS41_RETURN_IF_ERROR(cuda::run_moe_bucket(ws_.experts, ws_.route_w, n, k, E, ws_.offsets, ws_.perm_rows,
                                             ws_.perm_weight, ws_.slot_pos, ws_.scratch, s));
   DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, ws_.perm_rows, nk, H, ws_.xs, s));
-  DS41_RETURN_IF_ERROR(cuda::run_expert_linear(w.d_w1, E, I, H, ws_.offsets, ws_.xs, nk, ws_.g, s));
-  DS41_RETURN_IF_ERROR(cuda::run_expert_linear(w.d_w3, E, I, H, ws_.offsets, ws_.xs, nk, ws_.up, s));
+  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w1, w.d_w1, I, H, ws_.xs, nk, ws_.g));
+  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w3, w.d_w3, I, H, ws_.xs, nk, ws_.up));
   DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.g, ws_.up, nk, I, lim, ws_.perm_weight, ws_.act, s));
-  DS41_RETURN_IF_ERROR(cuda::run_expert_linear(w.d_w2, E, H, I, ws_.offsets, ws_.act, nk, ws_.out_perm, s));
+  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm));
   DS41_RETURN_IF_ERROR(cuda::run_moe_combine(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, y, s));
   if (w.shared.w1.present()) {
     const int64_t Is = w.shared.w1.out_dim;
-    DS41_RETURN_IF_ERROR(cuda::run_linear(w.shared.w1, x, n, ws_.sg, s));
-    DS41_RETURN_IF_ERROR(cuda::run_linear(w.shared.w3, x, n, ws_.su, s));
+    DS41_RETURN_IF_ERROR(linear(w.shared.w1, x, n, ws_.sg));
+    DS41_RETURN_IF_ERROR(linear(w.shared.w3, x, n, ws_.su));
     DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.sg, ws_.su, n, Is, lim, nullptr, ws_.sa, s));
-    DS41_RETURN_IF_ERROR(cuda::run_linear(w.shared.w2, ws_.sa, n, ws_.sout, s));
+    DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
     DS41_RETURN_IF_ERROR(cuda::run_add_inplace(y, ws_.sout, n * H, s));
   }
   if (!opt.record) return ok_status();

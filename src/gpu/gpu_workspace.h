@@ -19,6 +19,9 @@ struct GpuLimits {
   int64_t max_context = 0;         // positions a sequence may reach; 0: the config's, at most 131072
   int64_t max_logit_rows = 0;      // logits rows one forward returns; 0: max_step_seqs
   int64_t max_step_key_rows = 0;   // index keys decoded per step (all sequences); 0: derived, <= 2^22
+  // Linears with at least this many rows run on the tensor cores (gpu/tensor_core_linear.h);
+  // 0: never (the GEMV / tile kernels only).
+  int64_t tensor_core_min_rows = 128;
 };
 
 // The limits with every 0 resolved from the config.

@@ -1,0 +1,241 @@
+// ds41 gpu: TensorCoreLinear (tensor_core_linear.h).
+#include "gpu/tensor_core_linear.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/tc_prep_kernels.h"
+#include "backends/cuda/weight_dequant.h"
+
+namespace ds41::gpu {
+namespace {
+
+using quant::WeightFormat;
+
+cublasHandle_t H(void* h) { return static_cast<cublasHandle_t>(h); }
+
+Status blas_status(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return ok_status();
+  return internal_error(std::string("cuBLAS ") + what + ": " + cublasGetStatusName(s) + " (" +
+                        cublasGetStatusString(s) + ")");
+}
+
+bool decodable(WeightFormat f) {
+  return f == WeightFormat::kFp8Tiles || f == WeightFormat::kFp4Rows || f == WeightFormat::kBF16;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Rows of one dense chunk that fit the stacked buffers for these widths.
+int64_t rows_fitting(size_t x3_bytes, size_t y3_bytes, int64_t in, int64_t out) {
+  const int64_t by_x = static_cast<int64_t>(x3_bytes / (3 * sizeof(__nv_bfloat16) * static_cast<size_t>(in)));
+  const int64_t by_y = static_cast<int64_t>(y3_bytes / (3 * sizeof(float) * static_cast<size_t>(out)));
+  return std::min(by_x, by_y);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorCoreLimits& lim,
+                                                                   cudaStream_t stream) {
+  if (lim.min_rows < 1 || lim.max_rows < lim.min_rows || lim.max_in <= 0 || lim.max_out <= 0)
+    return invalid_argument("tensor-core linears: limits out of range (min_rows " + std::to_string(lim.min_rows) +
+                            ", max_rows " + std::to_string(lim.max_rows) + ")");
+  std::unique_ptr<TensorCoreLinear> t(new TensorCoreLinear());
+  t->lim_ = lim;
+  t->stream_ = stream;
+  const int64_t ew = std::max(lim.expert_out, lim.expert_in);
+  const size_t x_elems = static_cast<size_t>(
+      std::max(lim.max_rows * lim.max_in, lim.max_expert_rows * ew));
+  const size_t y_elems = static_cast<size_t>(
+      std::max(lim.max_rows * lim.max_out, lim.max_expert_rows * ew));
+  DS41_ASSIGN_OR_RETURN(t->x3_, DeviceBuffer::allocate(3 * x_elems * sizeof(__nv_bfloat16),
+                                                       "tensor-core linears: split activations"));
+  DS41_ASSIGN_OR_RETURN(t->y3_, DeviceBuffer::allocate(3 * y_elems * sizeof(float),
+                                                       "tensor-core linears: partial products"));
+  const size_t wmin = static_cast<size_t>(std::max(lim.max_in * lim.max_out, lim.expert_in * lim.expert_out)) *
+                      sizeof(__nv_bfloat16);
+  DS41_ASSIGN_OR_RETURN(t->wscratch_,
+                        DeviceBuffer::allocate(std::max(wmin, static_cast<size_t>(lim.weight_scratch_bytes)),
+                                               "tensor-core linears: bf16 weight scratch"));
+  DS41_ASSIGN_OR_RETURN(t->blas_ws_, DeviceBuffer::allocate(size_t{32} << 20, "cuBLAS workspace"));
+  const int64_t E = std::max<int64_t>(lim.n_experts, 1);
+  DS41_ASSIGN_OR_RETURN(t->ids_, DeviceBuffer::allocate(static_cast<size_t>(E) * sizeof(int32_t),
+                                                        "tensor-core linears: expert ids"));
+  DS41_ASSIGN_OR_RETURN(t->offsets_host_, PinnedBuffer::allocate(static_cast<size_t>(E + 1) * sizeof(int64_t),
+                                                                 "tensor-core linears: expert offsets"));
+  DS41_ASSIGN_OR_RETURN(t->ids_host_, PinnedBuffer::allocate(static_cast<size_t>(E) * sizeof(int32_t),
+                                                             "tensor-core linears: expert ids"));
+  cublasHandle_t h = nullptr;
+  DS41_RETURN_IF_ERROR(blas_status(cublasCreate(&h), "create"));
+  t->handle_ = h;
+  DS41_RETURN_IF_ERROR(blas_status(cublasSetStream(h, stream), "set stream"));
+  DS41_RETURN_IF_ERROR(blas_status(cublasSetWorkspace(h, t->blas_ws_.data(), t->blas_ws_.size()), "set workspace"));
+  // Full fp32 accumulation: no reduced-precision split-K reductions.
+  DS41_RETURN_IF_ERROR(blas_status(
+      cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                     CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+      "set math mode"));
+  return t;
+}
+
+TensorCoreLinear::~TensorCoreLinear() {
+  if (handle_) cublasDestroy(H(handle_));
+}
+
+bool TensorCoreLinear::accepts(const cuda::DeviceWeight& w, int64_t n) const {
+  if (!decodable(w.format) || n < lim_.min_rows) return false;
+  if (w.out_dim > lim_.max_out || w.in_dim > lim_.max_in) return false;
+  if (static_cast<size_t>(w.out_dim * w.in_dim) * sizeof(__nv_bfloat16) > wscratch_.size()) return false;
+  if (w.format == WeightFormat::kFp4Rows && w.in_dim % 32 != 0) return false;
+  return rows_fitting(x3_.size(), y3_.size(), w.in_dim, w.out_dim) >= 1;
+}
+
+bool TensorCoreLinear::accepts_grouped(const cuda::DeviceWeight& w, int64_t groups, int64_t n) const {
+  if (groups < 1 || w.out_dim % groups != 0) return false;
+  if (!decodable(w.format) || n < lim_.min_rows) return false;
+  const int64_t in_total = w.in_dim * groups;  // x row width
+  if (static_cast<size_t>(w.out_dim * w.in_dim) * sizeof(__nv_bfloat16) > wscratch_.size()) return false;
+  return rows_fitting(x3_.size(), y3_.size(), in_total, w.out_dim) >= 1;
+}
+
+Status TensorCoreLinear::dequant(const cuda::DeviceWeight& w, const __nv_bfloat16** wb) {
+  __nv_bfloat16* out = wscratch_.as<__nv_bfloat16>();
+  switch (w.format) {
+    case WeightFormat::kBF16:
+      *wb = reinterpret_cast<const __nv_bfloat16*>(w.data);
+      return ok_status();
+    case WeightFormat::kFp8Tiles: {
+      DS41_ASSIGN_OR_RETURN(cuda::WeightDequantPlan p,
+                            cuda::plan_fp8_tiles_dequant(w.out_dim, w.in_dim, 0, w.out_dim, DType::kBF16));
+      DS41_RETURN_IF_ERROR(cuda::run_fp8_tiles_dequant(p, w.data, w.scale, out, stream_));
+      break;
+    }
+    case WeightFormat::kFp4Rows: {
+      DS41_ASSIGN_OR_RETURN(cuda::WeightDequantPlan p,
+                            cuda::plan_fp4_rows_dequant(w.out_dim, w.in_dim, 0, w.out_dim, DType::kBF16));
+      DS41_RETURN_IF_ERROR(cuda::run_fp4_rows_dequant(p, w.data, w.scale, out, stream_));
+      break;
+    }
+    default:
+      return invalid_argument("tensor-core linears: weight format not decodable to bfloat16");
+  }
+  *wb = out;
+  return ok_status();
+}
+
+// y3 [rows3, out] (row-major) = x3 [rows3, in] . W^T, W [out, in] bf16 row-major. Column-major
+// views: y3' (out x rows3) = W' ^T (W' = in x out) . x3' (in x rows3).
+Status TensorCoreLinear::gemm(const __nv_bfloat16* w, int64_t out, int64_t in, const __nv_bfloat16* x3,
+                              int64_t rows3, float* y3) {
+  const float one = 1.0f, zero = 0.0f;
+  return blas_status(cublasGemmEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
+                                  static_cast<int>(rows3), static_cast<int>(in), &one, w, CUDA_R_16BF,
+                                  static_cast<int>(in), x3, CUDA_R_16BF, static_cast<int>(in), &zero, y3,
+                                  CUDA_R_32F, static_cast<int>(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "GemmEx");
+}
+
+Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y) {
+  if (!accepts(w, n)) return invalid_argument("tensor-core linears: this weight / row count is not accepted");
+  const __nv_bfloat16* wb = nullptr;
+  DS41_RETURN_IF_ERROR(dequant(w, &wb));
+  const int64_t in = w.in_dim, out = w.out_dim;
+  const int64_t chunk = std::min(n, rows_fitting(x3_.size(), y3_.size(), in, out));
+  __nv_bfloat16* x3 = x3_.as<__nv_bfloat16>();
+  float* y3 = y3_.as<float>();
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t R = std::min(chunk, n - r0);
+    DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in, R, in, nullptr, 1, x3, stream_));
+    DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3, 3 * R, y3));
+    DS41_RETURN_IF_ERROR(cuda::run_sum3(y3, R, out, nullptr, 1, y + r0 * out, stream_));
+  }
+  return ok_status();
+}
+
+Status TensorCoreLinear::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
+                                        float* y) {
+  if (!accepts_grouped(w, groups, n))
+    return invalid_argument("tensor-core linears: this grouped weight / row count is not accepted");
+  const __nv_bfloat16* wb = nullptr;
+  DS41_RETURN_IF_ERROR(dequant(w, &wb));
+  const int64_t in_g = w.in_dim, out_g = w.out_dim / groups, in_t = in_g * groups, out_t = w.out_dim;
+  const int64_t chunk = std::min(n, rows_fitting(x3_.size(), y3_.size(), in_t, out_t));
+  __nv_bfloat16* x3 = x3_.as<__nv_bfloat16>();
+  float* y3 = y3_.as<float>();
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t R = std::min(chunk, n - r0);
+    DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in_t, R, in_t, nullptr, 1, x3, stream_));
+    // Group g: y3[:, g*out_g .. ] = x3[:, g*in_g .. ] . W_g^T with W_g = rows [g*out_g, (g+1)*out_g).
+    DS41_RETURN_IF_ERROR(blas_status(
+        cublasGemmStridedBatchedEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_g),
+                                   static_cast<int>(3 * R), static_cast<int>(in_g), &one, wb, CUDA_R_16BF,
+                                   static_cast<int>(in_g), out_g * in_g, x3, CUDA_R_16BF, static_cast<int>(in_t),
+                                   in_g, &zero, y3, CUDA_R_32F, static_cast<int>(out_t), out_g,
+                                   static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "GemmStridedBatchedEx"));
+    DS41_RETURN_IF_ERROR(cuda::run_sum3(y3, R, out_t, nullptr, 1, y + r0 * out_t, stream_));
+  }
+  return ok_status();
+}
+
+bool TensorCoreLinear::accepts_experts(const std::vector<cuda::DeviceWeight>& w, int64_t out_dim, int64_t in_dim,
+                                       int64_t m_max) const {
+  if (w.empty() || m_max < lim_.min_rows || in_dim % 32 != 0) return false;
+  if (static_cast<int64_t>(w.size()) > lim_.n_experts) return false;
+  if (static_cast<size_t>(out_dim * in_dim) * sizeof(__nv_bfloat16) > wscratch_.size()) return false;
+  if (static_cast<size_t>(3 * m_max * in_dim) * sizeof(__nv_bfloat16) > x3_.size()) return false;
+  if (static_cast<size_t>(3 * m_max * out_dim) * sizeof(float) > y3_.size()) return false;
+  for (const cuda::DeviceWeight& e : w)
+    if (!decodable(e.format) || e.out_dim != out_dim || e.in_dim != in_dim || !aligned16(e.data)) return false;
+  return true;
+}
+
+Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w, const cuda::DeviceWeight* d_w,
+                                       int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                                       int64_t m_max, float* y) {
+  if (!accepts_experts(w, out_dim, in_dim, m_max))
+    return invalid_argument("tensor-core linears: these experts / row count are not accepted");
+  const int64_t E = static_cast<int64_t>(w.size());
+  int64_t* off = static_cast<int64_t*>(offsets_host_.data());
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(off, offsets, static_cast<size_t>(E + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, stream_),
+      "copy expert offsets"));
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(stream_), "expert offsets"));
+  const int64_t m = off[E];
+  if (m < 0 || m > m_max)
+    return internal_error("tensor-core linears: expert offsets end at " + std::to_string(m) + " > m_max " +
+                          std::to_string(m_max));
+  if (m == 0) return ok_status();
+  __nv_bfloat16* x3 = x3_.as<__nv_bfloat16>();
+  float* y3 = y3_.as<float>();
+  DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x, m, in_dim, offsets, E, x3, stream_));
+  // Experts with rows, in id order; uploaded once (the batches index into the list).
+  int32_t* ids = static_cast<int32_t*>(ids_host_.data());
+  int64_t used = 0;
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e]) ids[used++] = static_cast<int32_t>(e);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(ids_.data(), ids, static_cast<size_t>(used) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+      "upload expert ids"));
+  const int64_t per = out_dim * in_dim;
+  const int64_t batch = std::max<int64_t>(1, static_cast<int64_t>(wscratch_.size() / sizeof(__nv_bfloat16)) / per);
+  __nv_bfloat16* wb = wscratch_.as<__nv_bfloat16>();
+  for (int64_t b0 = 0; b0 < used; b0 += batch) {
+    const int64_t cnt = std::min(batch, used - b0);
+    DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_bf16(d_w, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim, wb,
+                                                        stream_));
+    for (int64_t j = 0; j < cnt; ++j) {
+      const int64_t e = ids[b0 + j], rows = off[e + 1] - off[e];
+      DS41_RETURN_IF_ERROR(gemm(wb + j * per, out_dim, in_dim, x3 + 3 * off[e] * in_dim, 3 * rows,
+                                y3 + 3 * off[e] * out_dim));
+    }
+  }
+  return cuda::run_sum3(y3, m, out_dim, offsets, E, y, stream_);
+}
+
+}  // namespace ds41::gpu

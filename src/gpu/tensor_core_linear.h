@@ -1,0 +1,75 @@
+// ds41 gpu: TensorCoreLinear — the prefill linears (many rows) on the tensor cores through cuBLAS,
+// with the oracle's numerics kept (docs/gpu_kernels.md "Prefill on tensor cores"):
+//   - the weight is decoded exactly to bfloat16 into a scratch buffer (FP8 32x32 tiles, FP4 rows
+//     and BF16 values are all exact in bfloat16; never a resident dequantized copy: the scratch
+//     holds one dense weight, or one batch of routed experts, at a time);
+//   - x is split into three bfloat16 parts (hi + lo + lo2 = x to fp32 precision,
+//     backends/cuda/tc_prep_kernels.h) stacked as 3n rows, ONE BF16 GEMM with fp32 accumulation
+//     multiplies them, and the three partial products are summed back;
+//   so the result differs from the CPU op only in the order of fp32 additions (the GEMV path's
+//   1e-5 parity bound holds; tests/parity/cuda/tensor_core_linear_parity_test.cpp).
+// Used by GpuForward for calls with >= min_rows rows (prefill chunks); decode keeps the GEMV
+// kernels (bandwidth-bound, no split needed). The routed-expert path reads the per-expert row
+// counts back to the host (one synchronisation per call): prefill steps are not graph-captured.
+//
+// Thread model: one per engine stream (not thread-safe). Buffers are allocated once at creation.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/device_weight.h"
+#include "core/status.h"
+#include "gpu/device_buffer.h"
+
+namespace ds41::gpu {
+
+struct TensorCoreLimits {
+  int64_t min_rows = 128;   // calls with fewer rows are refused (accepts() false): GEMV / tiles
+  int64_t max_rows = 2048;  // rows of one dense call (a forward's tokens)
+  int64_t max_in = 0, max_out = 0;     // widths of the dense weights that may run here
+  int64_t max_expert_rows = 0;         // rows of one expert call (tokens x experts per token)
+  int64_t expert_out = 0, expert_in = 0;  // the routed experts' widths (w1/w3: I x H, w2: H x I)
+  int64_t n_experts = 0;
+  int64_t weight_scratch_bytes = int64_t{1} << 30;  // bf16 weight scratch (>= the largest dense weight)
+};
+
+class TensorCoreLinear {
+ public:
+  static Result<std::unique_ptr<TensorCoreLinear>> create(const TensorCoreLimits& lim, cudaStream_t stream);
+  ~TensorCoreLinear();
+  TensorCoreLinear(const TensorCoreLinear&) = delete;
+  TensorCoreLinear& operator=(const TensorCoreLinear&) = delete;
+
+  // Whether this path takes w for n rows (a decodable format, n in [min_rows, max_rows], widths
+  // within the buffers, aligned payload).
+  bool accepts(const cuda::DeviceWeight& w, int64_t n) const;
+  // y[n, out] = x[n, in] . W^T (as cuda::run_linear).
+  Status linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y);
+  // MODEL_SPEC 3.4.8 grouped projection (as cuda::run_grouped_linear).
+  bool accepts_grouped(const cuda::DeviceWeight& w, int64_t groups, int64_t n) const;
+  Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y);
+  // Routed experts (as cuda::run_expert_linear): host copies of the expert weights (for the
+  // formats and pointers), the same weights as a DEVICE array, device offsets [E + 1].
+  bool accepts_experts(const std::vector<cuda::DeviceWeight>& w, int64_t out_dim, int64_t in_dim,
+                       int64_t m_max) const;
+  Status expert_linear(const std::vector<cuda::DeviceWeight>& w, const cuda::DeviceWeight* d_w, int64_t out_dim,
+                       int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y);
+
+ private:
+  TensorCoreLinear() = default;
+  Status dequant(const cuda::DeviceWeight& w, const __nv_bfloat16** wb);
+  Status gemm(const __nv_bfloat16* w, int64_t out, int64_t in, const __nv_bfloat16* x3, int64_t rows3, float* y3);
+
+  TensorCoreLimits lim_;
+  cudaStream_t stream_ = nullptr;
+  void* handle_ = nullptr;  // cublasHandle_t
+  DeviceBuffer x3_, y3_, wscratch_, blas_ws_, ids_;
+  PinnedBuffer offsets_host_, ids_host_;
+};
+
+}  // namespace ds41::gpu
