@@ -69,6 +69,10 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
                                                                  "tensor-core linears: expert offsets"));
   DS41_ASSIGN_OR_RETURN(t->ids_host_, PinnedBuffer::allocate(static_cast<size_t>(E) * sizeof(int32_t),
                                                              "tensor-core linears: expert ids"));
+  DS41_ASSIGN_OR_RETURN(t->ptrs_, DeviceBuffer::allocate(static_cast<size_t>(3 * E) * sizeof(void*),
+                                                         "tensor-core linears: grouped GEMM pointers"));
+  DS41_ASSIGN_OR_RETURN(t->ptrs_host_, PinnedBuffer::allocate(static_cast<size_t>(3 * E) * sizeof(void*),
+                                                              "tensor-core linears: grouped GEMM pointers"));
   cublasHandle_t h = nullptr;
   DS41_RETURN_IF_ERROR(blas_status(cublasCreate(&h), "create"));
   t->handle_ = h;
@@ -229,13 +233,51 @@ Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w,
     const int64_t cnt = std::min(batch, used - b0);
     DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_bf16(d_w, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim, wb,
                                                         stream_));
-    for (int64_t j = 0; j < cnt; ++j) {
-      const int64_t e = ids[b0 + j], rows = off[e + 1] - off[e];
-      DS41_RETURN_IF_ERROR(gemm(wb + j * per, out_dim, in_dim, x3 + 3 * off[e] * in_dim, 3 * rows,
-                                y3 + 3 * off[e] * out_dim));
-    }
+    DS41_RETURN_IF_ERROR(expert_gemms(off, ids, b0, cnt, out_dim, in_dim));
   }
   return cuda::run_sum3(y3, m, out_dim, offsets, E, y, stream_);
+}
+
+Status TensorCoreLinear::expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out,
+                                      int64_t in) {
+  const __nv_bfloat16* wb = wscratch_.as<__nv_bfloat16>();
+  const __nv_bfloat16* x3 = x3_.as<__nv_bfloat16>();
+  float* y3 = y3_.as<float>();
+  const int64_t per = out * in;
+  if (grouped_ok_ && cnt > 1) {
+    // One group per expert (its own row count), group size 1. The pointer arrays of this batch go
+    // to slots [3 * b0, 3 * (b0 + cnt)) so batches of one call never overwrite each other's
+    // (the next call starts with a synchronisation).
+    const void** hp = static_cast<const void**>(ptrs_host_.data()) + 3 * b0;
+    std::vector<int> m(cnt, static_cast<int>(out)), n(cnt), k(cnt, static_cast<int>(in)), ld_w(cnt, static_cast<int>(in)),
+        ld_x(cnt, static_cast<int>(in)), ld_y(cnt, static_cast<int>(out)), sizes(cnt, 1);
+    std::vector<cublasOperation_t> ta(cnt, CUBLAS_OP_T), tb(cnt, CUBLAS_OP_N);
+    std::vector<float> alpha(cnt, 1.0f), beta(cnt, 0.0f);
+    for (int64_t j = 0; j < cnt; ++j) {
+      const int64_t e = ids[b0 + j];
+      n[j] = static_cast<int>(3 * (off[e + 1] - off[e]));
+      hp[j] = wb + j * per;
+      hp[cnt + j] = x3 + 3 * off[e] * in;
+      hp[2 * cnt + j] = y3 + 3 * off[e] * out;
+    }
+    void** dp = static_cast<void**>(ptrs_.data()) + 3 * b0;
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(
+        cudaMemcpyAsync(dp, hp, static_cast<size_t>(3 * cnt) * sizeof(void*), cudaMemcpyHostToDevice, stream_),
+        "upload grouped GEMM pointers"));
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        H(handle_), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), dp, CUDA_R_16BF, ld_w.data(),
+        dp + cnt, CUDA_R_16BF, ld_x.data(), beta.data(), dp + 2 * cnt, CUDA_R_32F, ld_y.data(),
+        static_cast<int>(cnt), sizes.data(), CUBLAS_COMPUTE_32F);
+    if (st == CUBLAS_STATUS_SUCCESS) return ok_status();
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+      return blas_status(st, "GemmGroupedBatchedEx");
+    grouped_ok_ = false;  // this cuBLAS does not take these types: one GEMM per expert from now on
+  }
+  for (int64_t j = 0; j < cnt; ++j) {
+    const int64_t e = ids[b0 + j], rows = off[e + 1] - off[e];
+    DS41_RETURN_IF_ERROR(gemm(wb + j * per, out, in, x3 + 3 * off[e] * in, 3 * rows, y3 + 3 * off[e] * out));
+  }
+  return ok_status();
 }
 
 }  // namespace ds41::gpu

@@ -64,12 +64,18 @@ class TensorCoreLinear {
   TensorCoreLinear() = default;
   Status dequant(const cuda::DeviceWeight& w, const __nv_bfloat16** wb);
   Status gemm(const __nv_bfloat16* w, int64_t out, int64_t in, const __nv_bfloat16* x3, int64_t rows3, float* y3);
+  // The GEMMs of one batch of experts (ids[b0 .. b0 + cnt), weights decoded at wscratch): one
+  // grouped cuBLAS call when the library takes it, else one GEMM per expert.
+  Status expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out, int64_t in);
 
   TensorCoreLimits lim_;
   cudaStream_t stream_ = nullptr;
   void* handle_ = nullptr;  // cublasHandle_t
   DeviceBuffer x3_, y3_, wscratch_, blas_ws_, ids_;
   PinnedBuffer offsets_host_, ids_host_;
+  DeviceBuffer ptrs_;    // grouped GEMM: device arrays of A / B / C pointers, 3 x n_experts
+  PinnedBuffer ptrs_host_;
+  bool grouped_ok_ = true;  // cleared when cuBLAS refuses the grouped call (then per-expert GEMMs)
 };
 
 }  // namespace ds41::gpu
