@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(kThreads)
   // The last split takes whatever is left, so entries past splits * chunk (a row longer than
   // max_entries_per_row claimed) are never dropped.
   const int64_t e1 = sp == splits - 1 ? k1 : min(k1, e0 + chunk);
-  float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;  // used when splits > 1
   if (e1 <= e0) {  // a split past the row's end (only sp > 0: chunk >= 1): empty state
+    float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
     if (tid < nh) {
       ml[2 * tid] = -INFINITY;
       ml[2 * tid + 1] = 0.0f;
@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   float* pa = part_acc + ((r * splits + sp) * n_heads + h0) * d;
   for (int64_t i = tid; i < nh * d; i += kThreads) pa[i] = acc_s[(i / d) * kMaxDim + i % d];
+  float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
   if (tid < nh) {
     ml[2 * tid] = tid == 0 ? big_m[0] : big_m[kSplitHeads - 1];
     ml[2 * tid + 1] = tid == 0 ? big_l[0] : big_l[kSplitHeads - 1];

@@ -9,8 +9,9 @@
 //   partials over the splits in fp64 (fixed order: deterministic run to run), inv = 1 / sqrt(ss / F +
 //   eps) with the reference's roundings, m_j = inv * dot_j (the reference rounds flat = f * inv per
 //   element first: a ~1 ulp difference per product, far below the summation-order one), and the
-//   small tail (sigmoids, softmax, Sinkhorn) in thread 0 with exactly the reference's float32 / float64
-//   steps, so pre, post and comb differ from the reference only through m's rounding.
+//   small tail with exactly the reference's float32 / float64 steps (sigmoids: one thread each of
+//   warp 1; softmax and Sinkhorn: thread 0, unrolled for C = 4), so pre, post and comb differ from
+//   the reference only through m's rounding.
 // collapse / expand / init: one thread per (row, channel), the reference's float32 order (exact).
 #include <cstdint>
 #include <string>
@@ -35,37 +36,67 @@ __device__ __forceinline__ float sigmoid_ref(float x) {
   return static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(x))));
 }
 
-// Thread 0: pre / post / comb from m (MODEL_SPEC 3.3), the reference's operations in its order.
-// comb: shared scratch of C*C floats, copied to a.comb at the end.
-__device__ void hc_tail(const HcMapDeviceArgs& a, const float* m, float* L, float* comb, int64_t r) {
-  const int64_t C = a.c;
-  float* pre = a.pre + r * C;
-  float* post = a.post + r * C;
-  for (int64_t c = 0; c < C; ++c) {
-    pre[c] = sigmoid_ref(m[c] * a.scale[0] + a.base[c]) + a.hc_eps;
-    post[c] = 2.0f * sigmoid_ref(m[C + c] * a.scale[1] + a.base[C + c]);
-  }
-  for (int64_t j = 0; j < C * C; ++j) L[j] = m[2 * C + j] * a.scale[2] + a.base[2 * C + j];
-  for (int64_t j = 0; j < C; ++j) {  // row-wise softmax (over k) + eps
+// pre / post / comb from m (MODEL_SPEC 3.3), the reference's operations in its order. kC: the
+// stream count when known at compile time (4, the released model: the loops unroll and comb stays
+// in registers), else 0 (a.c at run time). hc_pre_post: one value per thread (t < 2C);
+// hc_comb: one thread (the softmax and the Sinkhorn iterations are sequential).
+template <int kC>
+__device__ void hc_pre_post(const HcMapDeviceArgs& a, const float* m, int64_t r, int t) {
+  const int C = kC > 0 ? kC : static_cast<int>(a.c);
+  if (t < C)
+    a.pre[r * C + t] = sigmoid_ref(m[t] * a.scale[0] + a.base[t]) + a.hc_eps;
+  else if (t < 2 * C)
+    a.post[r * C + t - C] = 2.0f * sigmoid_ref(m[t] * a.scale[1] + a.base[t]);
+}
+
+template <int kC>
+__device__ void hc_comb(const HcMapDeviceArgs& a, const float* m, int64_t r) {
+  constexpr int kN = kC > 0 ? kC : static_cast<int>(kMaxC);
+  const int C = kC > 0 ? kC : static_cast<int>(a.c);
+  float L[kN * kN], comb[kN * kN];
+#pragma unroll
+  for (int j = 0; j < kN * kN; ++j)
+    if (j < C * C) L[j] = m[2 * C + j] * a.scale[2] + a.base[2 * C + j];
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {  // row-wise softmax (over k) + eps
+    if (j >= C) break;
     float mx = L[j * C];
-    for (int64_t k = 1; k < C; ++k) mx = mx < L[j * C + k] ? L[j * C + k] : mx;
+#pragma unroll
+    for (int k = 1; k < kN; ++k)
+      if (k < C) mx = mx < L[j * C + k] ? L[j * C + k] : mx;
     double s = 0;
-    for (int64_t k = 0; k < C; ++k) s += exp(static_cast<double>(L[j * C + k] - mx));
-    for (int64_t k = 0; k < C; ++k)
-      comb[j * C + k] = static_cast<float>(exp(static_cast<double>(L[j * C + k] - mx)) / s) + a.hc_eps;
+#pragma unroll
+    for (int k = 0; k < kN; ++k)
+      if (k < C) s += exp(static_cast<double>(L[j * C + k] - mx));
+#pragma unroll
+    for (int k = 0; k < kN; ++k)
+      if (k < C)
+        comb[j * C + k] = static_cast<float>(exp(static_cast<double>(L[j * C + k] - mx)) / s) + a.hc_eps;
   }
   auto col_norm = [&] {
-    for (int64_t k = 0; k < C; ++k) {
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+      if (k >= C) break;
       float s = 0;
-      for (int64_t j = 0; j < C; ++j) s += comb[j * C + k];
-      for (int64_t j = 0; j < C; ++j) comb[j * C + k] /= (s + a.hc_eps);
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+        if (j < C) s += comb[j * C + k];
+#pragma unroll
+      for (int j = 0; j < kN; ++j)
+        if (j < C) comb[j * C + k] /= (s + a.hc_eps);
     }
   };
   auto row_norm = [&] {
-    for (int64_t j = 0; j < C; ++j) {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      if (j >= C) break;
       float s = 0;
-      for (int64_t k = 0; k < C; ++k) s += comb[j * C + k];
-      for (int64_t k = 0; k < C; ++k) comb[j * C + k] /= (s + a.hc_eps);
+#pragma unroll
+      for (int k = 0; k < kN; ++k)
+        if (k < C) s += comb[j * C + k];
+#pragma unroll
+      for (int k = 0; k < kN; ++k)
+        if (k < C) comb[j * C + k] /= (s + a.hc_eps);
     }
   };
   col_norm();
@@ -73,7 +104,9 @@ __device__ void hc_tail(const HcMapDeviceArgs& a, const float* m, float* L, floa
     row_norm();
     col_norm();
   }
-  for (int64_t j = 0; j < C * C; ++j) a.comb[r * C * C + j] = comb[j];
+#pragma unroll
+  for (int j = 0; j < kN * kN; ++j)
+    if (j < C * C) a.comb[r * C * C + j] = comb[j];
 }
 
 // Split-K pass. Block b = g * splits + s serves rows [g * kRows, g * kRows + kRows) and the column
@@ -157,12 +190,11 @@ __global__ void __launch_bounds__(kThreads)
 // One block per row: the M + 1 partial sums over the splits in fp64, each by one warp (lanes over
 // the splits, then the fixed shuffle tree: the same order on every run), then the normalisation
 // inv = 1 / sqrt(ss / F + eps) with the reference's roundings, m = inv * dot, and the tail.
+template <int kC>
 __global__ void __launch_bounds__(kThreads)
     hc_map_finish_kernel(HcMapDeviceArgs a, int64_t splits, const double* __restrict__ part) {
   __shared__ double tot[kMaxC * kMaxC + 2 * kMaxC + 1];
   __shared__ float m[(2 + kMaxC) * kMaxC];
-  __shared__ float L[kMaxC * kMaxC];
-  __shared__ float cb[kMaxC * kMaxC];
   const int64_t r = blockIdx.x, C = a.c, F = a.c * a.h, M = (2 + C) * C;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const double* p = part + r * splits * (M + 1);
@@ -173,11 +205,16 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) tot[j] = s;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  const float inv = static_cast<float>(
-      1.0 / sqrt(static_cast<double>(static_cast<float>(tot[M] / static_cast<double>(F)) + a.norm_eps)));
-  for (int64_t j = 0; j < M; ++j) m[j] = static_cast<float>(tot[j] * static_cast<double>(inv));
-  hc_tail(a, m, L, cb, r);
+  if (threadIdx.x < M) {
+    const float inv = static_cast<float>(
+        1.0 / sqrt(static_cast<double>(static_cast<float>(tot[M] / static_cast<double>(F)) + a.norm_eps)));
+    m[threadIdx.x] = static_cast<float>(tot[threadIdx.x] * static_cast<double>(inv));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    hc_comb<kC>(a, m, r);
+  else if (warp == 1)  // another warp: runs beside the Sinkhorn thread
+    hc_pre_post<kC>(a, m, r, lane);
 }
 
 // The split of the columns: enough blocks for ~2 per SM (kTargetBlocks) at small n, whole tiles
@@ -282,7 +319,10 @@ Status run_hc_map(const HcMapDeviceArgs& a, cudaStream_t stream) {
       hc_map_partial_kernel<10, false><<<blocks, kThreads, 0, stream>>>(a, sp.splits, sp.steps, part);
   }
   DS41_RETURN_IF_ERROR(last_launch_status("hc_map_partial"));
-  hc_map_finish_kernel<<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a, sp.splits, part);
+  if (a.c == 4)
+    hc_map_finish_kernel<4><<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a, sp.splits, part);
+  else
+    hc_map_finish_kernel<0><<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a, sp.splits, part);
   return last_launch_status("hc_map_finish");
 }
 
