@@ -16,6 +16,7 @@
 #define __host__
 #define __shared__ static
 #include <cuda_runtime_api.h>
+#include <vector_functions.h>  // make_float4 & co. (host-callable)
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #include <ucontext.h>
@@ -178,6 +179,10 @@ inline float __uint_as_float(unsigned u) {
   return f;
 }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }  // one rounding, as CUDA
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+template <class T> T __ldg(const T* p) { return *p; }
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyintf(x)); }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }

@@ -93,6 +93,8 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   a.out = ws_.o;
   a.max_entries_per_row = max_entries;
+  a.workspace = ws_.scratch;
+  a.workspace_bytes = ws_.scratch_bytes;
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
   // Undo the query rotation on the output (7.9), then the grouped output projection (3.4.8).
   DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.o, n, nh, hd, pos_, inv.ptr, inv.size, true, s));

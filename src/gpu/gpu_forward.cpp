@@ -200,6 +200,8 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
     a.pre = pre;
     a.post = post;
     a.comb = comb;
+    a.workspace = ws_.scratch;
+    a.workspace_bytes = ws_.scratch_bytes;
     return cuda::run_hc_map(a, stream_);
   };
   // Attention site: collapse with the previous site's pre (MODEL_SPEC 3.3, the lag).

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <string>
 
+#include "backends/cuda/attention_kernels.h"
+#include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/topk_kernels.h"
 
@@ -74,7 +76,8 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
                     ? cuda::candidate_pool_workspace_bytes(N, std::max<int64_t>(TS, 1),
                                                            c.candidate_block_size, c.candidate_topk_blocks)
                     : size_t{0},
-                cuda::moe_bucket_workspace_bytes(N, k, E), size_t{1}});
+                cuda::moe_bucket_workspace_bytes(N, k, E), cuda::hc_map_workspace_bytes(N, C, H),
+                cuda::sparse_attention_workspace_bytes(N, nh, hd, W + K), size_t{1}});
   auto carve = [&](Carver& cv) {
     cv.take(w.streams, N * C * H);
     for (float** p : {&w.pi, &w.pre_a, &w.post_a, &w.pre_f, &w.post_f}) cv.take(*p, N * C);

@@ -64,7 +64,8 @@ struct GpuWorkspace {
   float *erows = nullptr, *ez = nullptr, *gates = nullptr;
   // Head (3.6).
   float *hs = nullptr, *hp = nullptr, *h = nullptr, *logits = nullptr;
-  // Kernel scratch (top-k, candidate pool, MoE bucketing): the largest need.
+  // Kernel scratch (top-k, candidate pool, MoE bucketing, hc_map split-K partials, sparse
+  // attention split states): the largest need; dead after each call (one stream, calls in order).
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   // Step metadata: pinned host arena and its device twin.

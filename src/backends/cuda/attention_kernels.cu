@@ -14,7 +14,9 @@
 // Float accumulation (the CPU uses double): the output is a convex combination of <= 640 entries, so
 // the float sums add a relative error of at most ~640 * 2^-24 ~ 4e-5 of max|v| (typically ~1e-6);
 // the parity test's tolerance (tests/parity/cuda/attention_parity_test.cpp) says so.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "backends/cuda/attention_kernels.h"
@@ -141,34 +143,60 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Decode-shaped calls (few rows): the tiled kernel would give each row only n_heads / kHeads CTAs
-// walking its entries tile after tile. Here a CTA serves (row, kSplitHeads heads) and its 8 warps
-// split the row's entries (warp w takes entries w, w + 8, ...), each warp with its own online softmax
+// walking its entries tile after tile. Here a CTA serves (row, kSplitHeads heads, split sp): the
+// row's entries [k0 + sp * chunk, k0 + (sp + 1) * chunk) (all of them when splits == 1). Its 8 warps
+// split those entries (warp w takes entries w, w + 8, ...), each warp with its own online softmax
 // (lanes hold channels lane + 32 j), no barrier until the end, where the warps' states are merged
-// in warp order: M = max m_w, L = sum_w l_w exp(m_w - M), o = sum_w exp(m_w - M) acc_w / L. The sink
-// seeds warp 0 only (m = sink, l = 1); the other warps start empty (m = -inf, l = 0).
+// in warp order: M = max m_w, L = sum_w l_w exp(m_w - M), acc = sum_w exp(m_w - M) acc_w. The sink
+// seeds warp 0 of split 0 only (m = sink, l = 1); the other warps start empty (m = -inf, l = 0).
+// splits == 1: out = acc / L. splits > 1 (flash-decoding, at 1..4 rows the (row, head group) CTAs
+// alone would leave most SMs idle): (M, L, acc) go to the workspace and sparse_attention_combine_kernel
+// merges the splits in split order (deterministic). A split past the row's end writes M = -inf, L = 0
+// and no acc (the combine skips it); a row without entries is left to the combine (zeros).
 constexpr int kSplitHeads = 2;  // the output loop below picks big_l[0] / big_l[1]
 static_assert(kSplitHeads == 2);
 constexpr int kLaneDims = kMaxDim / 32;  // channels per lane
 constexpr int64_t kSplitMaxRows = 16;    // rows up to which run_sparse_attention takes this kernel
+constexpr int64_t kTargetCtas = 264;     // ~2 CTAs per SM on a 132-SM H200
+constexpr int64_t kMinSplitEntries = 32; // entries per split at least (4 per warp)
+constexpr int kCombineThreads = 128;
 
 __global__ void __launch_bounds__(kThreads)
     sparse_attention_split_kernel(int64_t n_heads, int64_t d, const float* __restrict__ q,
                                   const int64_t* __restrict__ kv_offsets,
                                   const int32_t* __restrict__ kv_index, const float* __restrict__ kv,
-                                  const float* __restrict__ sink, float scale, float* __restrict__ out) {
+                                  const float* __restrict__ sink, float scale, float* __restrict__ out,
+                                  int64_t splits, int64_t chunk, float* __restrict__ part_acc,
+                                  float* __restrict__ part_ml) {
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ float acc_s[kSplitHeads * kMaxDim];
   const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
-  const int64_t r = blockIdx.x / groups;
+  // Block order (row, split, head group): the head groups of one split, which read the same
+  // entries, run side by side (L2 reuse).
+  const int64_t rs = blockIdx.x / groups, r = rs / splits, sp = rs % splits;
   const int64_t h0 = (blockIdx.x % groups) * kSplitHeads;
   const int nh = static_cast<int>(min(static_cast<int64_t>(kSplitHeads), n_heads - h0));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t k0 = kv_offsets[r], k1 = kv_offsets[r + 1];
-  float* o = out + (r * n_heads + h0) * d;
-  if (k1 <= k0) {  // a row without entries yields 0 (uniform over the CTA)
+  if (splits == 1 && k1 <= k0) {  // a row without entries yields 0 (uniform over the CTA)
+    float* o = out + (r * n_heads + h0) * d;
     for (int64_t i = tid; i < nh * d; i += kThreads) o[i] = 0.0f;
     return;
   }
+  if (k1 <= k0) return;  // split: the combine writes the zeros
+  const int64_t e0 = splits == 1 ? k0 : k0 + sp * chunk;
+  // The last split takes whatever is left, so entries past splits * chunk (a row longer than
+  // max_entries_per_row claimed) are never dropped.
+  const int64_t e1 = sp == splits - 1 ? k1 : min(k1, e0 + chunk);
+  if (e1 <= e0) {  // a split past the row's end (only sp > 0: chunk >= 1): empty state
+    float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
+    if (tid < nh) {
+      ml[2 * tid] = -INFINITY;
+      ml[2 * tid + 1] = 0.0f;
+    }
+    return;
+  }
+  const bool seed = warp == 0 && sp == 0;
   float qr[kSplitHeads][kLaneDims], acc[kSplitHeads][kLaneDims], m[kSplitHeads], l[kSplitHeads];
 #pragma unroll
   for (int h = 0; h < kSplitHeads; ++h) {
@@ -179,8 +207,8 @@ __global__ void __launch_bounds__(kThreads)
       qr[h][j] = (h < nh && c < d) ? qh[c] : 0.0f;
       acc[h][j] = 0.0f;
     }
-    m[h] = warp == 0 && h < nh ? sink[h0 + h] : -INFINITY;
-    l[h] = warp == 0 ? 1.0f : 0.0f;
+    m[h] = seed && h < nh ? sink[h0 + h] : -INFINITY;
+    l[h] = seed ? 1.0f : 0.0f;
   }
   // Software pipeline: the next entry's row (and the index after it) load while this one computes.
   float v[kLaneDims], vn[kLaneDims];
@@ -192,13 +220,13 @@ __global__ void __launch_bounds__(kThreads)
       dst[j] = c < d ? vp[c] : 0.0f;
     }
   };
-  int64_t e = k0 + warp;
-  if (e < k1) load_row(v, kv_index[e]);
-  int32_t idx_next = e + kWarps < k1 ? kv_index[e + kWarps] : 0;
-  for (; e < k1; e += kWarps) {
-    if (e + kWarps < k1) {
+  int64_t e = e0 + warp;
+  if (e < e1) load_row(v, kv_index[e]);
+  int32_t idx_next = e + kWarps < e1 ? kv_index[e + kWarps] : 0;
+  for (; e < e1; e += kWarps) {
+    if (e + kWarps < e1) {
       load_row(vn, idx_next);
-      idx_next = e + 2 * kWarps < k1 ? kv_index[e + 2 * kWarps] : 0;
+      idx_next = e + 2 * kWarps < e1 ? kv_index[e + 2 * kWarps] : 0;
     }
 #pragma unroll
     for (int h = 0; h < kSplitHeads; ++h) {
@@ -247,13 +275,81 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  for (int64_t i = tid; i < nh * d; i += kThreads) {
-    const int64_t h = i / d, c = i % d;
-    o[i] = acc_s[h * kMaxDim + c] / (h == 0 ? big_l[0] : big_l[kSplitHeads - 1]);
+  if (splits == 1) {
+    float* o = out + (r * n_heads + h0) * d;
+    for (int64_t i = tid; i < nh * d; i += kThreads) {
+      const int64_t h = i / d, c = i % d;
+      o[i] = acc_s[h * kMaxDim + c] / (h == 0 ? big_l[0] : big_l[kSplitHeads - 1]);
+    }
+    return;
+  }
+  float* pa = part_acc + ((r * splits + sp) * n_heads + h0) * d;
+  for (int64_t i = tid; i < nh * d; i += kThreads) pa[i] = acc_s[(i / d) * kMaxDim + i % d];
+  float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
+  if (tid < nh) {
+    ml[2 * tid] = tid == 0 ? big_m[0] : big_m[kSplitHeads - 1];
+    ml[2 * tid + 1] = tid == 0 ? big_l[0] : big_l[kSplitHeads - 1];
   }
 }
 
+// One CTA per (row, head): M = max_s m_s, L = sum_s l_s exp(m_s - M), out = sum_s exp(m_s - M)
+// acc_s / L, splits in order, those with m_s = -inf skipped (a split past the row's end); a row
+// without entries yields 0.
+__global__ void __launch_bounds__(kCombineThreads)
+    sparse_attention_combine_kernel(int64_t n_heads, int64_t d, const int64_t* __restrict__ kv_offsets,
+                                    int64_t splits, const float* __restrict__ part_acc,
+                                    const float* __restrict__ part_ml, float* __restrict__ out) {
+  const int64_t r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+  float* o = out + (r * n_heads + h) * d;
+  if (kv_offsets[r + 1] <= kv_offsets[r]) {
+    for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) o[c] = 0.0f;
+    return;
+  }
+  const float* ml = part_ml + (r * splits * n_heads + h) * 2;  // split sp at + sp * n_heads * 2
+  float big_m = -INFINITY;
+  for (int64_t sp = 0; sp < splits; ++sp) big_m = fmaxf(big_m, ml[sp * n_heads * 2]);
+  float big_l = 0.0f;
+  for (int64_t sp = 0; sp < splits; ++sp) {
+    const float m = ml[sp * n_heads * 2];
+    if (m != -INFINITY) big_l += ml[sp * n_heads * 2 + 1] * expf(m - big_m);
+  }
+  const float* pa = part_acc + (r * splits * n_heads + h) * d;  // split sp at + sp * n_heads * d
+  for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) {
+    float a = 0.0f;
+    for (int64_t sp = 0; sp < splits; ++sp) {
+      const float m = ml[sp * n_heads * 2];
+      if (m != -INFINITY) a += pa[sp * n_heads * d + c] * expf(m - big_m);
+    }
+    o[c] = a / big_l;
+  }
+}
+
+// Splits per row of the decode kernel: enough CTAs for ~2 per SM, at least kMinSplitEntries entries
+// per split; 1 (no workspace) from kTargetCtas / 2 (row, head group) CTAs on.
+int64_t decode_splits(int64_t n, int64_t n_heads, int64_t max_entries) {
+  const int64_t ctas = n * ((n_heads + kSplitHeads - 1) / kSplitHeads);
+  const int64_t by_ctas = kTargetCtas / ctas;
+  const int64_t by_entries = (max_entries + kMinSplitEntries - 1) / kMinSplitEntries;
+  return std::max<int64_t>(1, std::min(by_ctas, by_entries));
+}
+
+size_t split_bytes(int64_t n, int64_t n_heads, int64_t head_dim, int64_t splits) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(n * splits * n_heads * (head_dim + 2)) * sizeof(float);
+}
+
 }  // namespace
+
+size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head_dim,
+                                        int64_t max_entries_per_row) {
+  if (n <= 0 || n_heads <= 0 || head_dim <= 0 || head_dim > kMaxDim || max_entries_per_row <= 0) return 0;
+  // The need of every call with n' <= n rows (rows * splits is not monotone in n); splits grow with
+  // max_entries_per_row, so the bound also serves every shorter call.
+  size_t need = 0;
+  for (int64_t m = 1; m <= std::min(n, kSplitMaxRows); ++m)
+    need = std::max(need, split_bytes(m, n_heads, head_dim, decode_splits(m, n_heads, max_entries_per_row)));
+  return need;
+}
 
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.n < 0) return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " is negative");
@@ -268,13 +364,29 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.n == 0) return ok_status();
   if (!a.q || !a.kv_offsets || !a.sink || !a.out || (a.max_entries_per_row > 0 && (!a.kv_index || !a.kv)))
     return invalid_argument("sparse_attention: null q, kv_offsets, kv_index, kv, sink or out");
-  if (a.n <= kSplitMaxRows) {  // decode-shaped: more CTAs per row, entries split over warps
+  if (a.n <= kSplitMaxRows) {  // decode-shaped: more CTAs per row, entries split over warps (and CTAs)
     const int64_t split_groups = (a.n_heads + kSplitHeads - 1) / kSplitHeads;
-    if (a.n * split_groups > 0x7fffffff)
+    if (a.n * split_groups > 0x7fffffff)  // the grid: n * splits * groups <= max(n * groups, kTargetCtas)
       return invalid_argument("sparse_attention: n_heads " + std::to_string(a.n_heads) + " too large");
-    sparse_attention_split_kernel<<<static_cast<unsigned>(a.n * split_groups), kThreads, 0, stream>>>(
-        a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
-    return last_launch_status("sparse_attention_split");
+    const int64_t splits = decode_splits(a.n, a.n_heads, a.max_entries_per_row);
+    const size_t need = split_bytes(a.n, a.n_heads, a.head_dim, splits);
+    if (need > 0 && (!a.workspace || a.workspace_bytes < need))
+      return invalid_argument("sparse_attention: workspace of " + std::to_string(a.workspace_bytes) +
+                              " bytes, " + std::to_string(need) +
+                              " needed (sparse_attention_workspace_bytes)");
+    if (reinterpret_cast<uintptr_t>(a.workspace) % alignof(float) != 0)
+      return invalid_argument("sparse_attention: workspace not 4-byte aligned");
+    const int64_t chunk = (a.max_entries_per_row + splits - 1) / splits;
+    float* part_acc = splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
+    float* part_ml = splits > 1 ? part_acc + a.n * splits * a.n_heads * a.head_dim : nullptr;
+    sparse_attention_split_kernel<<<static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream>>>(
+        a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
+        std::max<int64_t>(chunk, 1), part_acc, part_ml);
+    DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
+    if (splits == 1) return ok_status();
+    sparse_attention_combine_kernel<<<static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream>>>(
+        a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out);
+    return last_launch_status("sparse_attention_combine");
   }
   const int64_t groups = (a.n_heads + kHeads - 1) / kHeads;
   if (a.n * groups > 0x7fffffff)

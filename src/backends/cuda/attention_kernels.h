@@ -24,7 +24,16 @@ struct SparseAttentionArgs {
   float scale = 1.0f;
   float* out = nullptr;             // [n, n_heads, head_dim]
   int64_t max_entries_per_row = 0;  // host: an upper bound of kv_offsets[r+1] - kv_offsets[r]
+  // Device scratch of at least sparse_attention_workspace_bytes(n, n_heads, head_dim,
+  // max_entries_per_row) bytes, 4-byte aligned: the per-split softmax states of the decode path (rows
+  // split over several CTAs when few rows leave SMs idle). May be null where that size is 0.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
+// Workspace run_sparse_attention needs for any call with up to n rows and up to max_entries_per_row
+// entries per row (so it can be sized once from the step limits); 0 when no such call splits.
+size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head_dim,
+                                        int64_t max_entries_per_row);
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
 
 }  // namespace ds41::cuda

@@ -37,7 +37,7 @@ Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int
 // entries win_index[win_offsets[r] .. win_offsets[r + 1]) followed, when sel is not null, by
 // comp_base + r * k + j for each j (ascending) with sel[r * k + j] >= 0 (the rows where the
 // selected compressed entries were decoded). kv_offsets: [n + 1], kv_index: room for
-// win_offsets[n] + n * k entries. One block; v1 (the speed issue fuses this into attention).
+// win_offsets[n] + n * k entries. One block (a scan over rows), a warp per row for the counts and the lists.
 Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
                               int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
                               cudaStream_t stream);

@@ -24,7 +24,14 @@ struct HcMapDeviceArgs {
   float* pre = nullptr;   // [n, c]
   float* post = nullptr;  // [n, c]
   float* comb = nullptr;  // [n, c, c]
+  // Device scratch of at least hc_map_workspace_bytes(n, c, h) bytes, 8-byte aligned (the split-K
+  // partial sums); contents need no initialisation and are dead after the call.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
+// Workspace run_hc_map needs for up to n rows (grows with n: sized once for the largest step, it
+// serves every smaller one). 0 for shapes the launcher rejects.
+size_t hc_map_workspace_bytes(int64_t n, int64_t c, int64_t h);
 Status run_hc_map(const HcMapDeviceArgs& a, cudaStream_t stream);
 Status run_hc_collapse(const float* streams, const float* weights, int64_t n, int64_t c, int64_t h,
                        float* out, cudaStream_t stream);

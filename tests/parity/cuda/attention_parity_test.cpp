@@ -29,12 +29,13 @@ int pool_threads() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rows <= 16 take the decode kernel (entries split over warps), more rows the tiled kernel
-// (attention_kernels.cu): the table covers both at the released width and with odd shapes.
+// Rows <= 16 take the decode kernel (entries split over warps, and at 1..4 rows of 64 heads over
+// several CTAs with a combine: flash-decoding), more rows the tiled kernel (attention_kernels.cu):
+// the tables cover both at the released width and with odd shapes.
 struct AttnCase {
   const char* name;
   int64_t n, heads, dim, kv_rows;
-  int64_t min_entries, max_entries;  // per row, uniform; row 0 always has none, row 1 exactly one
+  int64_t min_entries, max_entries;  // per row, uniform; with n >= 3 row 0 has none, row 1 exactly one
   float q_scale, sink_scale;
 };
 const AttnCase kAttnCases[] = {
@@ -45,83 +46,113 @@ const AttnCase kAttnCases[] = {
     {"odd heads/dim", 20, 5, 100, 500, 0, 300, 1.0f, 1.0f},
     {"odd heads/dim decode", 4, 5, 100, 500, 0, 300, 1.0f, 1.0f},
     {"small dim", 33, 3, 32, 200, 0, 40, 1.0f, 1.0f},
+    {"released decode n=1", 1, 64, 512, 4096, 640, 640, 1.0f, 1.0f},  // 8 splits of 80 entries
+    {"released decode n=2", 2, 64, 512, 4096, 600, 640, 1.0f, 1.0f},  // 4 splits
+    {"released decode n=3", 3, 64, 512, 4096, 500, 641, 1.0f, 1.0f},  // 2 splits, odd length
 };
+// Small shapes of the split decode path (cheap enough for the host emulator): many splits per row,
+// lists not divisible by the split, splits past a row's end, rows without entries, the sink.
+const AttnCase kAttnSplitCases[] = {
+    {"split n=1", 1, 3, 100, 300, 77, 77, 1.0f, 1.0f},           // 3 splits of 26, 26, 25
+    {"split n=2", 2, 5, 64, 300, 33, 161, 1.0f, 1.0f},           // 6 splits
+    {"split n=3 empty rows", 3, 5, 100, 500, 0, 300, 1.0f, 1.0f},  // row 0: 0 entries, row 1: 1
+    {"split sink dominates", 2, 8, 64, 200, 1, 90, 0.2f, 8.0f},
+    {"split peaky", 1, 4, 32, 100, 200, 200, 6.0f, 1.0f},
+    {"split n=16 few heads", 16, 3, 32, 200, 0, 70, 1.0f, 1.0f},  // 2 splits (32 CTAs)
+};
+
+void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu) {
+  std::mt19937 rng(static_cast<uint32_t>(c.n * 131 + c.heads * 7 + c.dim));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t H = c.heads, D = c.dim;
+  std::vector<float> q(c.n * H * D), kv(c.kv_rows * D), sink(H);
+  for (float& v : q) v = nd(rng) * c.q_scale;
+  for (float& v : kv) v = nd(rng);
+  for (float& v : sink) v = nd(rng) * c.sink_scale;
+  quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()) / 32 * 32);  // window-grid values (D % 32
+                                                                               // may leave a raw tail)
+  std::vector<int64_t> offs(c.n + 1, 0);
+  std::vector<int32_t> index;
+  int64_t max_e = 0;
+  for (int64_t r = 0; r < c.n; ++r) {
+    int64_t e = c.min_entries + static_cast<int64_t>(rng() % (c.max_entries - c.min_entries + 1));
+    if (c.n >= 3 && r == 0) e = 0;
+    if (c.n >= 3 && r == 1) e = 1;
+    for (int64_t j = 0; j < e; ++j) index.push_back(static_cast<int32_t>(rng() % c.kv_rows));
+    offs[r + 1] = static_cast<int64_t>(index.size());
+    max_e = std::max(max_e, e);
+  }
+  std::vector<const float*> ptrs(index.size());
+  for (size_t j = 0; j < index.size(); ++j) ptrs[j] = &kv[static_cast<int64_t>(index[j]) * D];
+  std::vector<float> want(c.n * H * D);
+  ops::AttentionArgs ca;
+  ca.n = c.n;
+  ca.n_heads = H;
+  ca.head_dim = D;
+  ca.q = q.data();
+  ca.kv_offsets = offs.data();
+  ca.kv = ptrs.data();
+  ca.sink = sink.data();
+  ca.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  ca.out = want.data();
+  cpu.attention(ca);
+
+  if (index.empty()) index.push_back(0);
+  auto dq = upload(q);
+  auto dkv = upload(kv);
+  auto dsink = upload(sink);
+  auto doffs = upload(offs);
+  auto dindex = upload(index);
+  DevBuf<float> dout(want.size());
+  ASSERT_TRUE(dq->p && dkv->p && dsink->p && doffs->p && dindex->p && dout.p);
+  SparseAttentionArgs ga;
+  ga.n = c.n;
+  ga.n_heads = H;
+  ga.head_dim = D;
+  ga.q = dq->p;
+  ga.kv_offsets = doffs->p;
+  ga.kv_index = dindex->p;
+  ga.kv = dkv->p;
+  ga.sink = dsink->p;
+  ga.scale = ca.scale;
+  ga.out = dout.p;
+  ga.max_entries_per_row = max_e;
+  // Sized as the engine does: for the largest step (more rows, longer lists) than this call.
+  ga.workspace_bytes = sparse_attention_workspace_bytes(c.n + 64, H, D, max_e + 100);
+  ASSERT_GE(ga.workspace_bytes, sparse_attention_workspace_bytes(c.n, H, D, max_e));
+  DevBuf<uint8_t> dws(std::max<size_t>(ga.workspace_bytes, 1));
+  ga.workspace = dws.p;
+  KC_OK(run_sparse_attention(ga, nullptr));
+  auto got = from_dev(dout.p, want.size());
+  KC_OK(run_sparse_attention(ga, nullptr));
+  EXPECT_EQ(bit_mismatches(from_dev(dout.p, want.size()), got), 0)
+      << c.name << ": sparse attention must be bit-identical run to run";
+  // Row 0 has no entries: exact zeros.
+  bool zeros = true;
+  for (int64_t i = 0; i < H * D && c.n >= 3; ++i) zeros = zeros && bits(got[i]) == 0u;
+  EXPECT_TRUE(zeros) << c.name << ": a row without entries must yield +0";
+  const double err = rel_err(got, want, max_abs(kv));
+  const double tol = 1e-4;
+  report("sparse_attention",
+         std::string(c.name) + " n=" + std::to_string(c.n) + " " + std::to_string(H) + "x" +
+             std::to_string(D) + " <=" + std::to_string(max_e) + " entries",
+         err, tol,
+         "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
+  EXPECT_LE(err, tol) << c.name;
+}
 
 TEST(AttentionParity, SparseAttention) {
   KC_SKIP_WITHOUT_GPU();
   ThreadPool pool(pool_threads());
   backends::cpu::CpuBackend cpu(&pool);
-  for (const AttnCase& c : kAttnCases) {
-    std::mt19937 rng(static_cast<uint32_t>(c.n * 131 + c.heads * 7 + c.dim));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int64_t H = c.heads, D = c.dim;
-    std::vector<float> q(c.n * H * D), kv(c.kv_rows * D), sink(H);
-    for (float& v : q) v = nd(rng) * c.q_scale;
-    for (float& v : kv) v = nd(rng);
-    for (float& v : sink) v = nd(rng) * c.sink_scale;
-    quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()) / 32 * 32);  // window-grid values (D % 32
-                                                                                 // may leave a raw tail)
-    std::vector<int64_t> offs(c.n + 1, 0);
-    std::vector<int32_t> index;
-    int64_t max_e = 0;
-    for (int64_t r = 0; r < c.n; ++r) {
-      int64_t e = c.min_entries + static_cast<int64_t>(rng() % (c.max_entries - c.min_entries + 1));
-      if (r == 0) e = 0;
-      if (r == 1) e = 1;
-      for (int64_t j = 0; j < e; ++j) index.push_back(static_cast<int32_t>(rng() % c.kv_rows));
-      offs[r + 1] = static_cast<int64_t>(index.size());
-      max_e = std::max(max_e, e);
-    }
-    std::vector<const float*> ptrs(index.size());
-    for (size_t j = 0; j < index.size(); ++j) ptrs[j] = &kv[static_cast<int64_t>(index[j]) * D];
-    std::vector<float> want(c.n * H * D);
-    ops::AttentionArgs ca;
-    ca.n = c.n;
-    ca.n_heads = H;
-    ca.head_dim = D;
-    ca.q = q.data();
-    ca.kv_offsets = offs.data();
-    ca.kv = ptrs.data();
-    ca.sink = sink.data();
-    ca.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-    ca.out = want.data();
-    cpu.attention(ca);
+  for (const AttnCase& c : kAttnCases) check_sparse_attention(c, cpu);
+}
 
-    if (index.empty()) index.push_back(0);
-    auto dq = upload(q);
-    auto dkv = upload(kv);
-    auto dsink = upload(sink);
-    auto doffs = upload(offs);
-    auto dindex = upload(index);
-    DevBuf<float> dout(want.size());
-    ASSERT_TRUE(dq->p && dkv->p && dsink->p && doffs->p && dindex->p && dout.p);
-    SparseAttentionArgs ga;
-    ga.n = c.n;
-    ga.n_heads = H;
-    ga.head_dim = D;
-    ga.q = dq->p;
-    ga.kv_offsets = doffs->p;
-    ga.kv_index = dindex->p;
-    ga.kv = dkv->p;
-    ga.sink = dsink->p;
-    ga.scale = ca.scale;
-    ga.out = dout.p;
-    ga.max_entries_per_row = max_e;
-    KC_OK(run_sparse_attention(ga, nullptr));
-    auto got = from_dev(dout.p, want.size());
-    // Row 0 has no entries: exact zeros.
-    bool zeros = true;
-    for (int64_t i = 0; i < H * D; ++i) zeros = zeros && bits(got[i]) == 0u;
-    EXPECT_TRUE(zeros) << c.name << ": a row without entries must yield +0";
-    const double err = rel_err(got, want, max_abs(kv));
-    const double tol = 1e-4;
-    report("sparse_attention",
-           std::string(c.name) + " n=" + std::to_string(c.n) + " " + std::to_string(H) + "x" +
-               std::to_string(D) + " <=" + std::to_string(max_e) + " entries",
-           err, tol,
-           "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
-    EXPECT_LE(err, tol) << c.name;
-  }
+TEST(AttentionParity, SparseAttentionSplitDecode) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  for (const AttnCase& c : kAttnSplitCases) check_sparse_attention(c, cpu);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,6 +290,25 @@ TEST(AttentionParity, LaunchersRejectBadShapes) {
   a.head_dim = 512;
   a.n = 0;
   EXPECT_TRUE(run_sparse_attention(a, nullptr).ok());
+  // A decode call that splits its rows needs the workspace (checked on the host, before any
+  // pointer is read).
+  float dummy[4] = {};
+  int64_t offs[2] = {0, 640};
+  int32_t idx[1] = {0};
+  a.n = 1;
+  a.n_heads = 64;
+  a.max_entries_per_row = 640;
+  a.q = a.kv = a.sink = dummy;
+  a.out = dummy;
+  a.kv_offsets = offs;
+  a.kv_index = idx;
+  EXPECT_GT(sparse_attention_workspace_bytes(1, 64, 512, 640), 0u);
+  EXPECT_FALSE(run_sparse_attention(a, nullptr).ok());
+  a.workspace = dummy;
+  a.workspace_bytes = sparse_attention_workspace_bytes(1, 64, 512, 640) - 4;
+  EXPECT_FALSE(run_sparse_attention(a, nullptr).ok());
+  EXPECT_EQ(sparse_attention_workspace_bytes(17, 64, 512, 640),
+            sparse_attention_workspace_bytes(16, 64, 512, 640));  // more rows: the tiled kernel
   IndexerDeviceArgs i;
   i.n = 1;
   i.n_heads = 128;

@@ -112,6 +112,9 @@ TEST(GxStepKernels, SparseIndexLists) {
   std::mt19937 g(11);
   for (auto [n, k, W, with_sel] : {std::tuple<int64_t, int64_t, int64_t, bool>{1, 8, 8, true},
                                    {0, 8, 8, true},
+                                   {1, 512, 128, true},  // released decode: 128 window + 512 selected
+                                   {3, 37, 5, true},     // k not a multiple of the warp
+                                   {40, 3, 2, true},
                                    {300, 0, 128, false},
                                    {2500, 64, 32, true},
                                    {1024, 512, 128, true}}) {
@@ -124,6 +127,8 @@ TEST(GxStepKernels, SparseIndexLists) {
     }
     std::vector<int32_t> sel(n * k);
     for (auto& v : sel) v = g() % 4 == 0 ? -1 : static_cast<int32_t>(g() % 1000);
+    for (int64_t r = 5; r < n; r += 7)  // rows without any selection
+      for (int64_t j = 0; j < k; ++j) sel[r * k + j] = -1;
     const int64_t comp_base = n + 77;
     std::vector<int64_t> want_off{0};
     std::vector<int32_t> want_idx;

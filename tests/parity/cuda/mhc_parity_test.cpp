@@ -1,6 +1,8 @@
 // Parity of the CUDA mHC kernels (backends/cuda/mhc_kernels.h, MODEL_SPEC 3.1 / 3.3) with the CPU
-// reference: the site map with 20 Sinkhorn iterations at the released C = 4, h = 5120 (decode and
-// prefill row counts), small and C = 2 / 6 shapes; collapse and expand (exact); the stream init.
+// reference: the site map with 20 Sinkhorn iterations at the released C = 4, h = 5120 (decode rows
+// 1, 2, 8, 17, 64 and prefill rows: the split-K geometry changes with n), C*h not a multiple of 4 or
+// of the 128-column tile, small and C = 2 / 6 / 8 shapes, bit-identical reruns; collapse and expand
+// (exact); the stream init.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -19,8 +21,10 @@ TEST(MhcParity, HcMap) {
   struct C {
     int64_t n, c, h, iters;
   };
-  const std::vector<C> cases = {{1, 4, 5120, 20}, {8, 4, 5120, 20}, {300, 4, 5120, 20}, {5, 4, 192, 20},
-                                {7, 2, 64, 3},    {4, 6, 100, 5},   {3, 3, 33, 20}};
+  const std::vector<C> cases = {{1, 4, 5120, 20},  {2, 4, 5120, 20}, {8, 4, 5120, 20},  {17, 4, 5120, 20},
+                                {64, 4, 5120, 20}, {300, 4, 5120, 20}, {5, 4, 192, 20}, {7, 2, 64, 3},
+                                {4, 6, 100, 5},    {3, 3, 33, 20},    {1, 3, 1001, 20}, {2, 4, 1283, 20},
+                                {9, 8, 260, 20},   {1, 8, 5120, 20}};
   CpuBackend cpu(&ref_pool());
   uint64_t seed = 100;
   for (const C& c : cases) {
@@ -58,8 +62,19 @@ TEST(MhcParity, HcMap) {
     d.pre = dpre.p;
     d.post = dpost.p;
     d.comb = dcomb.p;
+    // Sized for a larger step than this one, as the engine does (the bound grows with n).
+    d.workspace_bytes = hc_map_workspace_bytes(c.n + 100, c.c, c.h);
+    ASSERT_GE(d.workspace_bytes, hc_map_workspace_bytes(c.n, c.c, c.h));
+    Dev<uint8_t> dws(d.workspace_bytes);
+    d.workspace = dws.p;
     Status s = run_hc_map(d, nullptr);
     ASSERT_TRUE(s.ok()) << s.message();
+    const auto pre1 = dpre.get(), post1 = dpost.get(), comb1 = dcomb.get();
+    ASSERT_TRUE(run_hc_map(d, nullptr).ok());
+    EXPECT_EQ(count_bit_diffs(dpre.get(), pre1) + count_bit_diffs(dpost.get(), post1) +
+                  count_bit_diffs(dcomb.get(), comb1),
+              0)
+        << "hc_map must be bit-identical run to run";
     const std::string shape = dims({c.n, c.c, c.h}) + " it=" + std::to_string(c.iters);
     const char* why =
         "m: the CPU fp32 lanes of C*h/8 terms carry ~1e-6 rel. error, carried through "
@@ -68,6 +83,24 @@ TEST(MhcParity, HcMap) {
     report("hc_map post", shape, rel_to_max(dpost.get(), post), 1e-4, why);
     report("hc_map comb", shape, rel_to_max(dcomb.get(), comb), 1e-4, why);
   }
+}
+
+TEST(MhcParity, HcMapRejectsMissingWorkspace) {
+  HcMapDeviceArgs d;  // checked on the host before any pointer is read: no device needed
+  d.n = 1;
+  d.c = 4;
+  d.h = 5120;
+  d.sinkhorn_iters = 20;
+  float dummy[64] = {};
+  d.streams = d.fn = d.scale = d.base = dummy;
+  d.pre = d.post = d.comb = dummy;
+  EXPECT_FALSE(run_hc_map(d, nullptr).ok());
+  d.workspace = dummy;
+  d.workspace_bytes = hc_map_workspace_bytes(1, 4, 5120) - 8;
+  EXPECT_FALSE(run_hc_map(d, nullptr).ok());
+  EXPECT_GT(hc_map_workspace_bytes(1, 4, 5120), 0u);
+  EXPECT_LE(hc_map_workspace_bytes(1, 4, 5120), hc_map_workspace_bytes(2048, 4, 5120));
+  EXPECT_EQ(hc_map_workspace_bytes(1, 9, 5120), 0u);
 }
 
 TEST(MhcParity, HcCollapseExpandInit) {
