@@ -11,7 +11,8 @@
 //     the used experts at the mean rows per expert.
 // Weights are rotated over copies (>= 256 MB touched per cycle) so every launch streams from HBM as
 // in a forward pass, not from the 60 MB L2. Times are means over back-to-back eager launches (CUDA
-// events; no graph). Prints one JSON object with --json (tools/bench_header.h), else a table.
+// events; no graph). Prints one JSON object with --json (tools/bench_header.h), else indented;
+// progress on stderr.
 // cuBLASLt is linked only into this binary, and only when the build has CUDA (DS41_BENCH_CUDA).
 #include <algorithm>
 #include <cmath>
@@ -28,6 +29,7 @@
 #include "bench_header.h"
 #include "cli_registry.h"
 #include "core/status.h"
+#include "load_progress.h"
 #include "quant/weight_format.h"
 
 #if DS41_BENCH_CUDA
@@ -601,30 +603,27 @@ Status run_bench(const KernelsBenchArgs& a) {
   cfg["rotate_bytes"] = kRotateBytes;
   nlohmann::ordered_json out = bench_header<nlohmann::ordered_json>("kernels", dev, cfg);
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
-  for (const Shape& sh : shapes()) {
-    if (!a.only.empty() && std::find(a.only.begin(), a.only.end(), sh.name) == a.only.end()) continue;
+  std::vector<Shape> todo;
+  for (const Shape& sh : shapes())
+    if (a.only.empty() || std::find(a.only.begin(), a.only.end(), sh.name) != a.only.end())
+      todo.push_back(sh);
+  // Progress on stderr between measurements (plain lines off a terminal, nothing with -q).
+  const uint64_t total = todo.size() * a.ns.size();
+  uint64_t done = 0;
+  LoadProgress progress(stderr, LoadProgress::mode_for_stderr(), "ds41 bench kernels", "shapes");
+  progress.update(0, total);
+  for (const Shape& sh : todo) {
     for (int64_t n : a.ns) {
       Result<Row> r = sh.kind == Kind::kExperts ? bench_experts(c, sh, n) : bench_dense(c, sh, n);
       if (!r.ok())
         return Status(r.status().code(),
                       std::string(sh.name) + " n=" + std::to_string(n) + ": " + r.status().message());
-      nlohmann::ordered_json j = to_json(*r, c.copy_gbs);
-      if (!a.json) {
-        char line[256];
-        std::snprintf(
-            line, sizeof line,
-            "%-11s %-12s n=%-5lld ours %9.1f us  %6.0f GB/s  roof x%5.2f  %7.1f TF  blas bf16 %9.1f fp8 "
-            "%9.1f  speed_vs_blas %5.2f  check %.1e\n",
-            sh.name, r->format.c_str(), static_cast<long long>(n), r->ours_us, j["ours_gbs"].get<double>(),
-            j["roofline_ratio"].get<double>(), j["ours_tflops"].get<double>(), r->blas_bf16_us,
-            r->blas_fp8_us, j["speed_vs_blas"].get<double>(), r->check_rel);
-        std::cout << line << std::flush;
-      }
-      results.push_back(std::move(j));
+      results.push_back(to_json(*r, c.copy_gbs));
+      progress.update(++done, total);
     }
   }
   out["results"] = std::move(results);
-  if (a.json) std::cout << out.dump() << "\n";
+  std::cout << (a.json ? out.dump() : out.dump(2)) << "\n";
   cublasLtDestroy(c.lt);
   cudaStreamDestroy(c.stream);
   return ok_status();
