@@ -195,6 +195,48 @@ struct StreamShape {
   static constexpr int U = NB <= 2 ? 4 : (D::kV == 32 && NB == 8 ? 1 : 2);
 };
 
+// Stages the float4 groups [0, pg) of NB x rows (x: column 0 of the pass, row b at b * ldx; rows
+// >= nb as zeros) into xs4 (row b at b * row_stride float4s, group i of chunk i / G at xs_slot).
+// Loads are issued 4 (float4) or 8 (floats) per thread before their stores: a few L2 round trips
+// per pass, not one per element. ldx % 4 == 0 on the streaming path (16-byte rows).
+template <int G, int V, int kRowStride>
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int total, int pg,
+                                        float4* xs4) {
+  const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;  // block-uniform
+  if (vec) {
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * kThreads) {
+      float4 t[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + j * kThreads, b = i / pg, gi = i - b * pg;
+        t[j] = (i < total && b < nb) ? __ldg(reinterpret_cast<const float4*>(x + b * ldx) + gi)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + j * kThreads, b = i / pg, gi = i - b * pg;
+        if (i < total) xs4[b * kRowStride + dev::xs_slot<G>(gi / G, gi % G)] = t[j];
+      }
+    }
+  } else {
+    const int totalf = total * 4, pk = pg * 4;
+    for (int i0 = threadIdx.x; i0 < totalf; i0 += 8 * kThreads) {
+      float t[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = i0 + j * kThreads, b = i / pk, k = i - b * pk;
+        t[j] = (i < totalf && b < nb) ? x[b * ldx + k] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = i0 + j * kThreads, b = i / pk, k = i - b * pk;
+        if (i < totalf)
+          reinterpret_cast<float*>(xs4)[4 * (b * kRowStride + dev::xs_slot<G>(k / V, (k % V) >> 2)) + (k & 3)] = t[j];
+      }
+    }
+  }
+}
+
 // Float4 offset of chunk cu's x (x row 0; row b at + b * kPassChunks * G floats4) is applied per
 // group by xs_slot; the steps of one chunk: x read once per step for the R rows.
 template <class D, int NB, int R, int t>
@@ -278,14 +320,7 @@ __device__ __forceinline__ void stream_rows(const WView& w, int64_t w_row, int r
     };
     issue(c);
     __syncthreads();  // the previous pass's readers are done
-    const int pk = pc * V;
-    for (int b = 0; b < NB; ++b) {
-      float* xb = reinterpret_cast<float*>(xs4 + b * (kPassChunks * G));
-      for (int i = threadIdx.x; i < pk; i += blockDim.x) {
-        const int cl = i / V, j = i % V;
-        xb[4 * dev::xs_slot<G>(cl, j >> 2) + (j & 3)] = b < nb ? x[b * ldx + p0 * V + i] : 0.0f;
-      }
-    }
+    stage_x<G, V, kPassChunks * G>(x + p0 * V, ldx, nb, NB * pc * G, pc * G, xs4);
     __syncthreads();
     for (;;) {
 #pragma unroll
@@ -349,7 +384,7 @@ __global__ void __launch_bounds__(kThreads)
 // Streaming GEMV (rows 16-byte aligned): grid.x = row blocks x x-row blocks (x-row block fastest:
 // the blocks that share W rows run together, so W comes from HBM once), grid.z = group.
 template <class D, int NB>
-__global__ void __launch_bounds__(kThreads, NB <= 2 ? 3 : 2)
+__global__ void __launch_bounds__(kThreads, 2)
     stream_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
                   float* __restrict__ y, int64_t ldy, int ks_log2, int nblk) {
   __shared__ __align__(16) float4 xs4[kStreamFloats / 4];

@@ -290,6 +290,20 @@ TEST(LinearParity, SmallStreaming) {
       report("linear small", std::string(fmt_name(f)) + " 3x256 e8m0=" + std::to_string(e), rel_to_max(dy.get(), want),
              kLinearTol, kLinearWhy);
     }
+  for (int64_t n : {1, 3, 8}) {  // x not 16-byte aligned: the per-float staging of x
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight hw = make_weight(WeightFormat::kFp8Tiles, 37, 592, ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    auto x = rand_floats(static_cast<size_t>(n * 592 + 1), ++seed);
+    std::vector<float> want(static_cast<size_t>(n * 37));
+    cpu.linear(ref, x.data() + 1, n, want.data());
+    Dev<float> dx(x), dy(want.size());
+    Status s = run_linear(dw.dw, dx.p + 1, n, dy.p, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message();
+    report("linear small", "fp8 37x592 x+4B n=" + std::to_string(n), rel_to_max(dy.get(), want), kLinearTol,
+           kLinearWhy);
+  }
   {  // grouped: 4 groups of 24 rows, K 512 (FP8), n 1 / 3 / 8
     backends::cpu::CpuBackend cpu(&ref_pool());
     HostWeight hw = make_weight(WeightFormat::kFp8Tiles, 96, 512, ++seed);
