@@ -76,15 +76,15 @@ template <class T> T exch(T v, int src) {
   return out;
 }
 // Runs one CTA of n threads to completion.
-inline void run_block(unsigned n, unsigned bx, unsigned grid, size_t smem, std::function<void()> body) {
+inline void run_block(unsigned n, uint3 bx, dim3 grid, size_t smem, std::function<void()> body) {
   blk.f.assign(n, Fiber{});
   while (blk.stacks.size() < n) blk.stacks.push_back(std::make_unique<char[]>(kStack));
   blk.buf.assign((n + 31) / 32 * 32, 0);
   blk.smem.assign(smem + 64, 0xCD);
   blk.body = std::move(body);
-  blockIdx = uint3{bx, 0, 0};
+  blockIdx = bx;
   blockDim = dim3(n);
-  gridDim = dim3(grid);
+  gridDim = grid;
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = blk.f[t];
     getcontext(&f.ctx);
@@ -125,7 +125,8 @@ inline void run_block(unsigned n, unsigned bx, unsigned grid, size_t smem, std::
       released = true;
     }
     if (!released) {
-      std::fprintf(stderr, "simt_emu: deadlock in block %u (divergent barrier or warp intrinsic)\n", bx);
+      std::fprintf(stderr, "simt_emu: deadlock in block (%u, %u, %u) (divergent barrier or warp intrinsic)\n", bx.x,
+                   bx.y, bx.z);
       std::abort();
     }
   }
@@ -182,20 +183,25 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }  // one rounding, as CUDA
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+// The read-only cache path: a plain load on the host.
 template <class T> T __ldg(const T* p) { return *p; }
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyintf(x)); }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 namespace emu {
+// Grids of up to three dimensions (blockIdx.x fastest, like the hardware's usual order).
 struct Launch {
-  unsigned grid, block;
+  dim3 grid;
+  unsigned block;
   size_t smem;
-  Launch(unsigned g, unsigned b, size_t s = 0, cudaStream_t = nullptr) : grid(g), block(b), smem(s) {}
-  Launch(unsigned g, int b, size_t s = 0, cudaStream_t = nullptr) : grid(g), block(static_cast<unsigned>(b)), smem(s) {}
+  Launch(dim3 g, unsigned b, size_t s = 0, cudaStream_t = nullptr) : grid(g), block(b), smem(s) {}
+  Launch(dim3 g, int b, size_t s = 0, cudaStream_t = nullptr) : grid(g), block(static_cast<unsigned>(b)), smem(s) {}
   template <class K, class... A>
   void run(K k, A... a) {
-    for (unsigned bx = 0; bx < grid; ++bx) run_block(block, bx, grid, smem, [&] { k(a...); });
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+      for (unsigned by = 0; by < grid.y; ++by)
+        for (unsigned bx = 0; bx < grid.x; ++bx) run_block(block, uint3{bx, by, bz}, grid, smem, [&] { k(a...); });
   }
 };
 }  // namespace emu

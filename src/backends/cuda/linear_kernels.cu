@@ -3,8 +3,10 @@
 // (MODEL_SPEC 2.1, 3.4.8, 3.5). Float32 products and sums (explicit fmaf: the host reference
 // rounds each product, so results differ from it by summation order and fused rounding only).
 //
-// GEMV path (n <= kGemvMaxN, decode; or too few tiles for one wave): 256 threads = 8 warps, one output row
-// per warp; the block
+// Streaming GEMV path (n <= kGemvMaxN, decode; or too few tiles for one wave; rows of W 16-byte
+// aligned): see stream_rows below (16-byte chunks, R x U chunks per lane in flight, warps split
+// along K when there are few rows). The same shapes with unaligned or ragged rows take the V = 4/8 /
+// scalar GEMV: 256 threads = 8 warps, one output row per warp; the block
 //   stages 8192 / NB columns of up to NB rows of x in shared memory and every warp streams its
 //   weight row through it (V weights per lane per step), then reduces its lanes with shuffles.
 //   grid = (ceil(out / 8), ceil(n / NB), groups).
@@ -15,10 +17,12 @@
 // (NB or 64 rows); every block scans the offsets once (shared memory) and loops over units.
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/linear_decode.cuh"
 #include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/linear_wide_decode.cuh"
 #include "backends/cuda/row_reduce.cuh"
 
 namespace ds41::cuda {
@@ -171,6 +175,196 @@ __device__ __forceinline__ void tile_rows(const WView& w, int64_t w_row0, int ro
 }
 
 // ---------------------------------------------------------------------------------------------
+// Streaming GEMV body (decode: rows of W 16-byte aligned, linear_wide_decode.cuh). The 8 warps of
+// the block form KS (1/2/4/8, along K) x 8/KS row groups of R W rows each. A lane owns whole
+// 16-byte chunks of its warp's rows (chunk c of the pass: lane c % 32 of warp-along-K (c / 32) %
+// KS) and issues U chunks of each of its R rows (R x U x 16 bytes, plus their scale bytes) before
+// decoding any, so every warp keeps R x U x 512 bytes in flight. x is staged in shared memory per
+// pass of kStreamFloats / NB columns (one pass at NB = 1 for K <= 9216), swizzled per chunk
+// (xs_slot). Sums: per lane fmaf over its chunks in order, a shuffle tree per warp, then the KS
+// partial sums of a row in warp order (shared memory): fixed order, no atomics.
+constexpr int kStreamFloats = 9216;  // staged x per pass (36 KB of shared memory)
+constexpr int kStreamRed = kGemvWarps * 4 * 8;  // KS partials: 8 warps x R (<= 4) x NB (<= 8)
+
+// Dense launches: W rows per warp and chunks per row in flight per lane (expert launches: 4 x 2 for
+// every format, the host does not know it). x is read from shared memory 4 NB / R (FP8), 8 NB / R
+// (FP4) times per weight byte: R grows with NB.
+template <class D, int NB>
+struct StreamShape {
+  static constexpr int R = NB <= 2 ? 2 : 4;
+  static constexpr int U = NB <= 2 ? 4 : (D::kV == 32 && NB == 8 ? 1 : 2);
+};
+
+// Stages the float4 groups [0, pg) of NB x rows (x: column 0 of the pass, row b at b * ldx; rows
+// >= nb as zeros) into xs4 (row b at b * row_stride float4s, group i of chunk i / G at xs_slot).
+// Loads are issued 4 (float4) or 8 (floats) per thread before their stores: a few L2 round trips
+// per pass, not one per element. ldx % 4 == 0 on the streaming path (16-byte rows).
+template <int G, int V, int kRowStride>
+__device__ __forceinline__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int total, int pg,
+                                        float4* xs4) {
+  const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;  // block-uniform
+  if (vec) {
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * kThreads) {
+      float4 t[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + j * kThreads, b = i / pg, gi = i - b * pg;
+        t[j] = (i < total && b < nb) ? __ldg(reinterpret_cast<const float4*>(x + b * ldx) + gi)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + j * kThreads, b = i / pg, gi = i - b * pg;
+        if (i < total) xs4[b * kRowStride + dev::xs_slot<G>(gi / G, gi % G)] = t[j];
+      }
+    }
+  } else {
+    const int totalf = total * 4, pk = pg * 4;
+    for (int i0 = threadIdx.x; i0 < totalf; i0 += 8 * kThreads) {
+      float t[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = i0 + j * kThreads, b = i / pk, k = i - b * pk;
+        t[j] = (i < totalf && b < nb) ? x[b * ldx + k] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = i0 + j * kThreads, b = i / pk, k = i - b * pk;
+        if (i < totalf)
+          reinterpret_cast<float*>(xs4)[4 * (b * kRowStride + dev::xs_slot<G>(k / V, (k % V) >> 2)) + (k & 3)] = t[j];
+      }
+    }
+  }
+}
+
+// Float4 offset of chunk cu's x (x row 0; row b at + b * kPassChunks * G floats4) is applied per
+// group by xs_slot; the steps of one chunk: x read once per step for the R rows.
+template <class D, int NB, int R, int t>
+__device__ __forceinline__ void stream_step(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int cu,
+                                            const float4* xs4, float (&acc)[R][NB]) {
+  constexpr int G = D::kV / 4, F = D::kStep / 4;  // float4 groups per chunk / per step
+  constexpr int kPassChunks = kStreamFloats / NB / D::kV;
+  float4 xv[NB][F];
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int f = 0; f < F; ++f) xv[b][f] = xs4[b * (kPassChunks * G) + dev::xs_slot<G>(cu, t * F + f)];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;  // warp-uniform
+    float v[D::kStep];
+    D::template step<t>(q[r], sc[r], v);
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        acc[r][b] = __fmaf_rn(v[4 * f], xv[b][f].x, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 1], xv[b][f].y, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 2], xv[b][f].z, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 3], xv[b][f].w, acc[r][b]);
+      }
+  }
+}
+
+template <class D, int NB, int R, int... t>
+__device__ __forceinline__ void stream_steps(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int cu,
+                                             const float4* xs4, float (&acc)[R][NB],
+                                             std::integer_sequence<int, t...>) {
+  (stream_step<D, NB, R, t>(q, sc, rows, cu, xs4, acc), ...);
+}
+
+template <class D, int NB, int R, int U>
+__device__ __forceinline__ void stream_rows(const WView& w, int64_t w_row, int rows, const float* x, int64_t ldx,
+                                            int nb, float* y_col, int64_t ldy, int ks_log2, float4* xs4,
+                                            float* red) {
+  constexpr int V = D::kV, G = V / 4;
+  constexpr int kPassChunks = kStreamFloats / NB / V;  // chunks of x staged per pass
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ks = 1 << ks_log2, wk = warp & (ks - 1);
+  const int64_t row_bytes = w.in * D::kBytesNum / D::kBytesDen;
+  const int64_t nch = w.in / V;  // chunks per row
+  const uint8_t* wrow[R];
+  const uint8_t* srow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    wrow[r] = w.data + (w_row + (r < rows ? r : 0)) * row_bytes;
+    srow[r] = D::scale_row(w, w_row + (r < rows ? r : 0));
+  }
+  float acc[R][NB];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+  uint4 q[U][R];
+  uint32_t sb[U][R];
+  const int step = 32 * ks;  // chunk stride of a lane
+  for (int64_t p0 = 0; p0 < nch; p0 += kPassChunks) {
+    const int pc = static_cast<int>(min(static_cast<int64_t>(kPassChunks), nch - p0));  // chunks this pass
+    // The first batch of this pass is in flight while x is staged.
+    int c = wk * 32 + lane;  // chunk within the pass
+    auto issue = [&](int cb) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int cu = cb + u * step;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r < rows && cu < pc) {
+            q[u][r] = dev::ld_stream16(wrow[r] + (p0 + cu) * 16);
+            sb[u][r] = D::scale_byte(srow[r], p0 + cu);
+          } else {
+            q[u][r] = make_uint4(0u, 0u, 0u, 0u);  // not decoded
+            sb[u][r] = 127u;
+          }
+        }
+      }
+    };
+    issue(c);
+    __syncthreads();  // the previous pass's readers are done
+    stage_x<G, V, kPassChunks * G>(x + p0 * V, ldx, nb, NB * pc * G, pc * G, xs4);
+    __syncthreads();
+    for (;;) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int cu = c + u * step;
+        if (cu < pc) {
+          uint32_t sc[R];
+#pragma unroll
+          for (int r = 0; r < R; ++r) sc[r] = D::scale(sb[u][r]);
+          stream_steps<D, NB, R>(q[u], sc, rows, cu, xs4, acc, std::make_integer_sequence<int, V / D::kStep>{});
+        }
+      }
+      c += U * step;
+      if (c - lane >= pc) break;  // warp-uniform
+      issue(c);
+    }
+  }
+  // Warp tree per (row, x row); with KS > 1 the KS partials of a row are then added in warp order
+  // by the row group's first warp (lane t: row t / NB, x row t % NB; R * NB <= 32).
+  const int rg = warp >> ks_log2, groups = kGemvWarps >> ks_log2;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float s = dev::warp_sum(acc[r][b]);
+      if (lane == 0) {
+        if (ks == 1) {
+          if (r < rows && b < nb) y_col[b * ldy + r] = s;
+        } else {
+          red[((wk * groups + rg) * R + r) * NB + b] = s;
+        }
+      }
+    }
+  if (ks == 1) return;  // block-uniform
+  __syncthreads();
+  if (wk == 0 && lane < R * NB) {
+    const int r = lane / NB, b = lane % NB;
+    float s = red[(rg * R + r) * NB + b];
+    for (int k = 1; k < ks; ++k) s += red[((k * groups + rg) * R + r) * NB + b];
+    if (r < rows && b < nb) y_col[b * ldy + r] = s;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Dense / grouped kernels: blockIdx.z = group g uses W rows [g * out_rows, (g + 1) * out_rows),
 // x columns [g * in, (g + 1) * in) and y columns [g * out_rows, (g + 1) * out_rows).
 template <class D, int NB, int R>
@@ -185,6 +379,26 @@ __global__ void __launch_bounds__(kThreads)
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   gemv_rows<D, NB, R>(w, g * out_rows + o_local, rows, x + r0 * ldx + g * w.in, ldx, nb,
                       y + r0 * ldy + g * out_rows + o_local, ldy, xs);
+}
+
+// Streaming GEMV (rows 16-byte aligned): grid.x = row blocks x x-row blocks (x-row block fastest:
+// the blocks that share W rows run together, so W comes from HBM once), grid.z = group.
+template <class D, int NB>
+__global__ void __launch_bounds__(kThreads, 2)
+    stream_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
+                  float* __restrict__ y, int64_t ldy, int ks_log2, int nblk) {
+  __shared__ __align__(16) float4 xs4[kStreamFloats / 4];
+  __shared__ float red[kStreamRed];
+  constexpr int R = StreamShape<D, NB>::R, U = StreamShape<D, NB>::U;
+  const int64_t g = blockIdx.z;
+  const int64_t rb = blockIdx.x / nblk, yb = blockIdx.x % nblk;
+  const int rg = (threadIdx.x >> 5) >> ks_log2, groups = kGemvWarps >> ks_log2;
+  const int64_t o_local = (rb * groups + rg) * R;
+  const int rows = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(R), out_rows - o_local)));
+  const int64_t r0 = yb * NB;
+  const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
+  stream_rows<D, NB, R, U>(w, g * out_rows + o_local, rows, x + r0 * ldx + g * w.in, ldx, nb,
+                           y + r0 * ldy + g * out_rows + o_local, ldy, ks_log2, xs4, red);
 }
 
 template <class D>
@@ -249,16 +463,34 @@ __device__ __forceinline__ int64_t unit_expert(const int* unit_start, int64_t n_
   return lo;
 }
 
-// The format is read per expert on the device (the host never reads the weight array); a unit of
-// an expert whose format is not a linear format is skipped. Vector decoders only (run_expert_linear
-// checks the widths; the payloads must be aligned as linear_decode.cuh says).
-template <int NB, int R>
-__global__ void __launch_bounds__(kThreads)
-    expert_gemv_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
-                       int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
-                       float* __restrict__ y) {
-  __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
+// Expert GEMV (units of NB rows of one expert, every block scans the offsets once): the streaming
+// body, R W rows per warp for every format (the grid is sized on the host, which does not read the
+// formats); an expert whose rows are not 16-byte aligned (payload address or row width) runs the
+// V = 4/8 body (gemv_rows) on the same rows, x staged in the same buffer.
+template <int NB>
+constexpr int kExpertR = 2;  // W rows per warp
+template <int NB>
+constexpr int kExpertU = NB == 1 ? 4 : 1;  // chunks per row in flight per lane
+
+__device__ __forceinline__ bool rows_16b(const DeviceWeight& dw, int64_t in_dim) {
+  const int64_t row_bytes = dw.format == WeightFormat::kF32    ? in_dim * 4
+                            : dw.format == WeightFormat::kBF16 ? in_dim * 2
+                            : dw.format == WeightFormat::kFp4Rows ? in_dim / 2
+                                                                  : in_dim;
+  return (reinterpret_cast<uintptr_t>(dw.data) & 15u) == 0 && row_bytes % 16 == 0;
+}
+
+template <int NB>
+__global__ void __launch_bounds__(kThreads, 2)
+    expert_stream_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
+                         int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
+                         float* __restrict__ y) {
+  static_assert(NB * kGemvChunk<NB> <= kStreamFloats, "the V = 4/8 body's x fits the staging buffer");
+  __shared__ __align__(16) float4 xs4[kStreamFloats / 4];
+  __shared__ float red[kStreamRed];
   __shared__ int unit_start[kMaxExperts + 1];
+  auto& xs = *reinterpret_cast<float(*)[NB][kGemvChunk<NB>]>(xs4);
+  constexpr int R = kExpertR<NB>, U = kExpertU<NB>;
   const int total = expert_units(offsets, n_experts, NB, unit_start);
   const int64_t o = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
   const int rows = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(R), out_dim - o)));
@@ -266,23 +498,42 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t e = unit_expert(unit_start, n_experts, u);
     const int64_t r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
     const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
-    const WView w{weights[e].data, weights[e].scale, in_dim};
+    const DeviceWeight dw = weights[e];
+    const WView w{dw.data, dw.scale, in_dim};
     const float* xr = x + r0 * in_dim;
     float* yr = y + r0 * out_dim + o;
-    switch (weights[e].format) {
-      case WeightFormat::kFp4Rows:
-        gemv_rows<dev::DecFp4, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
-        break;
-      case WeightFormat::kFp8Tiles:
-        gemv_rows<dev::DecFp8, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
-        break;
-      case WeightFormat::kBF16:
-        gemv_rows<dev::DecBF16, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
-        break;
-      case WeightFormat::kF32:
-        gemv_rows<dev::DecF32, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
-        break;
-      default: break;
+    if (rows_16b(dw, in_dim)) {
+      switch (dw.format) {
+        case WeightFormat::kFp4Rows:
+          stream_rows<dev::WideFp4, NB, R, U>(w, o, rows, xr, in_dim, nb, yr, out_dim, 0, xs4, red);
+          break;
+        case WeightFormat::kFp8Tiles:
+          stream_rows<dev::WideFp8, NB, R, U>(w, o, rows, xr, in_dim, nb, yr, out_dim, 0, xs4, red);
+          break;
+        case WeightFormat::kBF16:
+          stream_rows<dev::WideBF16, NB, R, U>(w, o, rows, xr, in_dim, nb, yr, out_dim, 0, xs4, red);
+          break;
+        case WeightFormat::kF32:
+          stream_rows<dev::WideF32, NB, R, U>(w, o, rows, xr, in_dim, nb, yr, out_dim, 0, xs4, red);
+          break;
+        default: break;
+      }
+    } else {
+      switch (dw.format) {
+        case WeightFormat::kFp4Rows:
+          gemv_rows<dev::DecFp4, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+          break;
+        case WeightFormat::kFp8Tiles:
+          gemv_rows<dev::DecFp8, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+          break;
+        case WeightFormat::kBF16:
+          gemv_rows<dev::DecBF16, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+          break;
+        case WeightFormat::kF32:
+          gemv_rows<dev::DecF32, NB, R>(w, o, rows, xr, in_dim, nb, yr, out_dim, xs);
+          break;
+        default: break;
+      }
     }
   }
 }
@@ -372,10 +623,58 @@ bool use_gemv(int64_t out_rows, int64_t groups, int64_t n) {
   return tiles < kMinTiles && n <= int64_t{8} * 65535;
 }
 
-template <class D>
-void launch_dense(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
-                  float* y, int64_t ldy, cudaStream_t stream) {
+// Rows of W 16 bytes wide and aligned: the streaming GEMV applies.
+bool rows_16b_host(WeightFormat f, int64_t in, const void* data) {
+  const int64_t row_bytes = f == WeightFormat::kF32        ? in * 4
+                            : f == WeightFormat::kBF16     ? in * 2
+                            : f == WeightFormat::kFp4Rows  ? (in % 2 == 0 ? in / 2 : 1)
+                            : f == WeightFormat::kFp8Tiles ? in
+                                                           : 1;
+  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && row_bytes % 16 == 0;
+}
+
+// Warps along K of a streaming launch (log2): the fewest that give two blocks per SM (132 SMs),
+// as long as every warp keeps at least 32 chunks of its rows (one per lane).
+template <class W, int NB>
+int stream_ks_log2(int64_t out_rows, int64_t groups, int64_t nblk, int64_t in) {
+  constexpr int R = StreamShape<W, NB>::R;
+  const int64_t nch = in / W::kV;
+  int l = 0;
+  while (l < 3) {
+    const int64_t rows_per_block = (kGemvWarps >> l) * R;
+    if ((out_rows + rows_per_block - 1) / rows_per_block * nblk * groups >= 2 * 132) break;
+    if (nch < int64_t{32} << (l + 1)) break;
+    ++l;
+  }
+  return l;
+}
+
+template <class W, int NB>
+void launch_stream(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
+                   float* y, int64_t ldy, cudaStream_t stream) {
+  const int64_t nblk = (n + NB - 1) / NB;
+  const int l = stream_ks_log2<W, NB>(out_rows, groups, nblk, w.in);
+  const int64_t rows_per_block = (kGemvWarps >> l) * StreamShape<W, NB>::R;
+  const dim3 grid(static_cast<unsigned>((out_rows + rows_per_block - 1) / rows_per_block * nblk), 1,
+                  static_cast<unsigned>(groups));
+  stream_kernel<W, NB><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy, l, static_cast<int>(nblk));
+}
+
+template <class D, class W>
+void launch_dense(const WView& w, bool wide, int64_t out_rows, int64_t groups, const float* x, int64_t ldx,
+                  int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (use_gemv(out_rows, groups, n)) {
+    if (wide) {
+      if (n == 1)
+        launch_stream<W, 1>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      else if (n == 2)
+        launch_stream<W, 2>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      else if (n <= 4)
+        launch_stream<W, 4>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      else
+        launch_stream<W, 8>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
+      return;
+    }
     const int nbt = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
     if (nbt == 1 && rows_per_warp(out_rows, groups) == 4) {
       const dim3 grid(ceil_u(out_rows, kGemvWarps * 4), 1, static_cast<unsigned>(groups));
@@ -422,21 +721,22 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
   const WView w{dw.data, dw.scale, dw.in_dim};
   const int64_t out_rows = dw.out_dim / groups, ldx = groups * dw.in_dim, ldy = dw.out_dim;
   const bool vec = vector_ok(dw.format, dw.in_dim, dw.data);
+  const bool wide = vec && rows_16b_host(dw.format, dw.in_dim, dw.data);
   switch (dw.format) {
     case WeightFormat::kF32:
-      vec ? launch_dense<dev::DecF32>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+      vec ? launch_dense<dev::DecF32, dev::WideF32>(w, wide, out_rows, groups, x, ldx, n, y, ldy, stream)
           : launch_dense_scalar<dev::ScalarF32>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
       break;
     case WeightFormat::kBF16:
-      vec ? launch_dense<dev::DecBF16>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+      vec ? launch_dense<dev::DecBF16, dev::WideBF16>(w, wide, out_rows, groups, x, ldx, n, y, ldy, stream)
           : launch_dense_scalar<dev::ScalarBF16>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
       break;
     case WeightFormat::kFp8Tiles:
-      vec ? launch_dense<dev::DecFp8>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+      vec ? launch_dense<dev::DecFp8, dev::WideFp8>(w, wide, out_rows, groups, x, ldx, n, y, ldy, stream)
           : launch_dense_scalar<dev::ScalarFp8>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
       break;
     case WeightFormat::kFp4Rows:
-      vec ? launch_dense<dev::DecFp4>(w, out_rows, groups, x, ldx, n, y, ldy, stream)
+      vec ? launch_dense<dev::DecFp4, dev::WideFp4>(w, wide, out_rows, groups, x, ldx, n, y, ldy, stream)
           : launch_dense_scalar<dev::ScalarFp4>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
       break;
     default: break;
@@ -455,19 +755,13 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
   }
   const bool one = m_max <= n_experts;  // about one row per used expert (decode)
   const int64_t upper = one ? m_max : (m_max + 7) / 8 + n_experts;
-  const int R = one ? rows_per_warp(out_dim, m_max) : 1;
-  const unsigned gx = ceil_u(out_dim, kGemvWarps * R);
+  const unsigned gx = ceil_u(out_dim, kGemvWarps * (one ? kExpertR<1> : kExpertR<8>));
   const int64_t want = std::max<int64_t>(1, (4096 + gx - 1) / gx);  // ~30 blocks per SM in all
   const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>({upper, want, 65535})));
-  if (one && R == 4)
-    expert_gemv_kernel<1, 4>
-        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
-  else if (one)
-    expert_gemv_kernel<1, 1>
-        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+  if (one)
+    expert_stream_kernel<1><<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
   else
-    expert_gemv_kernel<8, 1>
-        <<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    expert_stream_kernel<8><<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
 }
 
 }  // namespace

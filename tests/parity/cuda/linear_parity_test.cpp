@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -59,11 +61,11 @@ TEST(LinearParity, Linear) {
   const std::vector<LinearCase> cases = {
       {"wq_a", WeightFormat::kFp8Tiles, 1280, 5120, {1, 4, 8, 64, 300}},
       {"wq_b", WeightFormat::kFp8Tiles, 32768, 1280, {1, 8, 64, 300}},
-      {"wo_b", WeightFormat::kFp8Tiles, 5120, 8192, {1, 300}},
+      {"wo_b", WeightFormat::kFp8Tiles, 5120, 8192, {1, 8, 300}},
       {"expert w1 (dense)", WeightFormat::kFp4Rows, 2304, 5120, {1, 8, 64, 300}},
-      {"expert w2 (dense)", WeightFormat::kFp4Rows, 5120, 2304, {1, 300}},
+      {"expert w2 (dense)", WeightFormat::kFp4Rows, 5120, 2304, {1, 8, 300}},
       {"head", WeightFormat::kBF16, 129280, 5120, {1, 8, 64}},
-      {"gate", WeightFormat::kBF16, 384, 5120, {1, 3, 300}},
+      {"gate", WeightFormat::kBF16, 384, 5120, {1, 3, 8, 300}},
       {"f32", WeightFormat::kF32, 512, 128, {1, 2, 5, 100}},
       {"fp8 ragged tiles", WeightFormat::kFp8Tiles, 77, 102, {1, 5, 70}},
       {"bf16 odd width", WeightFormat::kBF16, 33, 130, {1, 70}},
@@ -171,7 +173,7 @@ TEST(LinearParity, ExpertLinear) {
   };
   const std::vector<ExpertCase> cases = {
       {"w1/w3 384 experts", WeightFormat::kFp4Rows, 384, 2304, 5120, {1, 8, 300}, 6, 0},
-      {"w2 384 experts", WeightFormat::kFp4Rows, 384, 5120, 2304, {1, 300}, 6, 5},
+      {"w2 384 experts", WeightFormat::kFp4Rows, 384, 5120, 2304, {1, 8, 300}, 6, 5},
       {"8 experts (tiled)", WeightFormat::kFp4Rows, 8, 2304, 5120, {300}, 2, 0},
       {"fp8 16 experts", WeightFormat::kFp8Tiles, 16, 96, 512, {1, 40, 400}, 3, 7},
       {"bf16 16 experts", WeightFormat::kBF16, 16, 100, 256, {2, 400}, 2, 0},
@@ -220,6 +222,154 @@ TEST(LinearParity, ExpertLinear) {
       report("expert_linear",
              std::string(c.what) + " " + fmt_name(c.format) + " " + dims({c.out, c.in}) +
                  " n=" + std::to_string(n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(m),
+             rel_to_max(got, want), kLinearTol, kLinearWhy);
+    }
+  }
+}
+
+// Small shapes for every decoder on the streaming GEMV (rows 16-byte aligned) and its fallbacks:
+// x rows n in {1, 2, 3, 5, 8, 13, 64} (every NB, partial x-row blocks), chunk counts that leave
+// lanes / batches partly empty (K tails), warps split along K (few rows, long K: KS 2..8), ragged
+// last row groups, grouped launches and experts with empty experts, one row each (decode) or
+// several. Small enough for the host SIMT emulator (scripts/cuda-host-emu/run.sh).
+TEST(LinearParity, SmallStreaming) {
+  DS41_SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> ns = {1, 2, 3, 5, 8, 13, 64};
+  const std::vector<LinearCase> cases = {
+      {"fp8 K tail", WeightFormat::kFp8Tiles, 37, 592, ns},      // 37 chunks per row
+      {"fp8 split K", WeightFormat::kFp8Tiles, 40, 4096, {1, 5}},  // KS = 8
+      {"fp4 K tail", WeightFormat::kFp4Rows, 21, 1184, ns},
+      {"fp4 split K", WeightFormat::kFp4Rows, 9, 4096, {1, 3}},
+      {"bf16 K tail", WeightFormat::kBF16, 19, 328, ns},
+      {"bf16 split K", WeightFormat::kBF16, 6, 2048, {1, 8}},
+      {"f32 K tail", WeightFormat::kF32, 11, 164, ns},
+      {"f32 split K", WeightFormat::kF32, 5, 1024, {2}},
+      {"fp8 not 16-byte rows", WeightFormat::kFp8Tiles, 9, 36, {1, 5}},
+      {"fp4 payload +4B", WeightFormat::kFp4Rows, 9, 64, {1, 5}, 4},
+  };
+  uint64_t seed = 4000;
+  for (const LinearCase& c : cases) {
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw, c.misalign);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    for (int64_t n : c.ns) {
+      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      std::vector<float> want(static_cast<size_t>(n * c.out));
+      cpu.linear(ref, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      Status s = run_linear(dw.dw, dx.p, n, dy.p, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      auto got = dy.get();
+      report("linear small",
+             std::string(c.what) + " " + fmt_name(c.format) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n),
+             rel_to_max(got, want), kLinearTol, kLinearWhy);
+      auto again = dy.get();
+      Status s2 = run_linear(dw.dw, dx.p, n, dy.p, nullptr);
+      ASSERT_TRUE(s2.ok()) << s2.message();
+      again = dy.get();
+      EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0) << c.what << " not deterministic";
+    }
+  }
+  // Every E8M0 range of the decoders (FP4: 2^14 * scale a float up to 240, the f16 pre-multiply
+  // above; the subnormal scale 0): one scale for the whole matrix, x scaled by its inverse.
+  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles})
+    for (int e : {0, 1, 2, 100, 127, 200, 240, 241, 250, 254}) {
+      backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+      HostWeight hw = make_weight(f, 3, 256, ++seed);
+      std::fill(hw.scale.begin(), hw.scale.end(), static_cast<uint8_t>(e));
+      DevWeight dw(hw);
+      const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+      auto x = rand_floats(256, ++seed);
+      for (float& v : x) v = std::ldexp(v, 127 - e);
+      std::vector<float> want(3);
+      cpu.linear(ref, x.data(), 1, want.data());
+      Dev<float> dx(x), dy(want.size());
+      Status s = run_linear(dw.dw, dx.p, 1, dy.p, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      report("linear small", std::string(fmt_name(f)) + " 3x256 e8m0=" + std::to_string(e), rel_to_max(dy.get(), want),
+             kLinearTol, kLinearWhy);
+    }
+  for (int64_t n : {1, 3, 8}) {  // x not 16-byte aligned: the per-float staging of x
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight hw = make_weight(WeightFormat::kFp8Tiles, 37, 592, ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    auto x = rand_floats(static_cast<size_t>(n * 592 + 1), ++seed);
+    std::vector<float> want(static_cast<size_t>(n * 37));
+    cpu.linear(ref, x.data() + 1, n, want.data());
+    Dev<float> dx(x), dy(want.size());
+    Status s = run_linear(dw.dw, dx.p + 1, n, dy.p, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message();
+    report("linear small", "fp8 37x592 x+4B n=" + std::to_string(n), rel_to_max(dy.get(), want), kLinearTol,
+           kLinearWhy);
+  }
+  {  // grouped: 4 groups of 24 rows, K 512 (FP8), n 1 / 3 / 8
+    backends::cpu::CpuBackend cpu(&ref_pool());
+    HostWeight hw = make_weight(WeightFormat::kFp8Tiles, 96, 512, ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    for (int64_t n : {1, 3, 8}) {
+      auto x = rand_floats(static_cast<size_t>(n * 4 * 512), ++seed);
+      std::vector<float> want(static_cast<size_t>(n * 96));
+      cpu.grouped_linear(ref, 4, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      Status s = run_grouped_linear(dw.dw, 4, dx.p, n, dy.p, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      report("grouped_linear small", "fp8 g=4 96x512 n=" + std::to_string(n), rel_to_max(dy.get(), want), kLinearTol,
+             kLinearWhy);
+    }
+  }
+  // Experts: 12 experts (every third mostly empty), one row each or up to 5; FP4 / FP8 / BF16 / F32,
+  // plus BF16 rows of 24 bytes (the V = 4 body inside the streaming expert kernel).
+  struct SmallExpert {
+    WeightFormat format;
+    int64_t out, in;
+  };
+  for (const SmallExpert& c : {SmallExpert{WeightFormat::kFp4Rows, 40, 320}, SmallExpert{WeightFormat::kFp8Tiles, 24, 272},
+                               SmallExpert{WeightFormat::kBF16, 20, 136}, SmallExpert{WeightFormat::kF32, 18, 68},
+                               SmallExpert{WeightFormat::kBF16, 17, 12}}) {
+    const int64_t E = 12;
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(c.format, c.out, c.in));
+    const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(c.format, c.out, c.in));
+    std::vector<HostWeight> hws;
+    std::vector<uint8_t> data, scale;
+    for (int64_t e = 0; e < E; ++e) {
+      hws.push_back(make_weight(c.format, c.out, c.in, ++seed));
+      data.insert(data.end(), hws.back().data.begin(), hws.back().data.end());
+      scale.insert(scale.end(), hws.back().scale.begin(), hws.back().scale.end());
+    }
+    Dev<uint8_t> ddata(data), dscale(std::max<size_t>(scale.size(), 1));
+    if (!scale.empty()) dscale.put(scale);
+    std::vector<DeviceWeight> dws(E);
+    std::vector<ops::WeightRef> refs(E);
+    for (int64_t e = 0; e < E; ++e) {
+      dws[e] = DeviceWeight{c.format, c.out, c.in, ddata.p + e * pb, sb ? dscale.p + e * sb : nullptr};
+      refs[e] = host_ref(hws[e], hws[e].data.data(), sb ? hws[e].scale.data() : nullptr);
+    }
+    Dev<DeviceWeight> dweights(dws);
+    for (int64_t n : {1, 2, 5}) {  // tokens, k = 3: m = 3n rows (n = 5: 15 > E, units of 8 rows)
+      const auto off = routed_offsets(n, 3, E, ++seed, 3);
+      const int64_t m = off[E], m_max = m + 2;
+      auto x = rand_floats(static_cast<size_t>(m_max * c.in), ++seed);
+      std::vector<float> want(static_cast<size_t>(m * c.out));
+      for (int64_t e = 0; e < E; ++e)
+        if (off[e + 1] > off[e])
+          cpu.linear(refs[e], x.data() + off[e] * c.in, off[e + 1] - off[e], want.data() + off[e] * c.out);
+      Dev<int64_t> doff(off);
+      Dev<float> dx(x), dy(static_cast<size_t>(m_max * c.out));
+      cudaMemset(dy.p, 0xff, dy.n * sizeof(float));
+      Status s = run_expert_linear(dweights.p, E, c.out, c.in, doff.p, dx.p, m_max, dy.p, nullptr);
+      ASSERT_TRUE(s.ok()) << s.message();
+      auto got = dy.get();
+      size_t touched = 0;
+      for (size_t i = static_cast<size_t>(m * c.out); i < got.size(); ++i) touched += bits_of(got[i]) != 0xffffffffu;
+      EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
+      got.resize(want.size());
+      report("expert_linear small",
+             std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
+                 " m=" + std::to_string(m),
              rel_to_max(got, want), kLinearTol, kLinearWhy);
     }
   }
