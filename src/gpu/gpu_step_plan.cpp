@@ -153,7 +153,10 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
   };
   std::vector<std::vector<int64_t>> floor_sets;
   win_list_of_layer_.assign(nl, 0);
-  for (int64_t l = 0; l < nl; ++l) {
+  bool any_floor = false;
+  for (const PlanSeq& ps : seqs_)
+    for (int64_t l = 0; l < nl && !any_floor; ++l) any_floor = eff_floor(ps, l) != 0;
+  for (int64_t l = 0; l < nl && any_floor; ++l) {
     std::vector<int64_t> key(seqs_.size());
     for (size_t s = 0; s < seqs_.size(); ++s) key[s] = eff_floor(seqs_[s], l);
     auto it = std::find(floor_sets.begin(), floor_sets.end(), key);

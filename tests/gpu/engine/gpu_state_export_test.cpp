@@ -127,7 +127,7 @@ TEST_P(GpuStateExport, GpuToGpuContinuesBitIdentically) {
     Status st = gpu_->import_state(*b, spans(blocks), snap, kB);
     ASSERT_TRUE(st.ok()) << st.message();
     EXPECT_EQ(*gpu_->sequence_position(*b), n);
-    EXPECT_EQ(*gpu_->sequence_bytes(*b), *gpu_->sequence_bytes(*a));
+    EXPECT_EQ(*gpu_->sequence_bytes(*b), *gpu_->sequence_bytes(a));
     EXPECT_EQ(gpu_->pool().pages().used_pages(),
               used + gpu::KvBlockPool::pages_for_tokens(dev_->kv_layout(), n, gpu_->pool().geometry().entries_per_page));
     // The import re-exports the same bytes.
