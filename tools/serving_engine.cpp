@@ -185,16 +185,17 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
   DS41_ASSIGN_OR_RETURN(lc.vision_cache_bytes, parse_bytes(a.vision_cache, "--vision-cache"));
-  // The prefix cache and decoder-replay prefill need the engine's state export / replay entry
-  // points, which only the CPU engine implements so far (the GPU engine answers unimplemented).
+  // The prefix cache needs the engine's state export / import and replay_window (both engines);
+  // decoder-replay prefill (MODEL_SPEC 4.4) only the CPU engine has.
   const bool cpu = se->engine.cpu_model != nullptr;
   if (!cpu && a.prefill_mode == "decoder-replay")
     return unimplemented(
-        "--prefill-mode decoder-replay needs --device cpu (the GPU engine has no replay yet)");
+        "--prefill-mode decoder-replay needs --device cpu (the GPU engine has no decoder replay, "
+        "MODEL_SPEC 4.4); use --prefill-mode exact");
   lc.decoder_replay_prefill = a.prefill_mode == "decoder-replay";
-  if (!a.no_prefix_cache && cpu) {
-    DS41_ASSIGN_OR_RETURN(std::string identity,
-                          engine::model_identity(a.model_dir, se->engine.cpu_model->kv_layout()));
+  if (!a.no_prefix_cache) {
+    DS41_ASSIGN_OR_RETURN(model::KvLayout layout, model::make_kv_layout(se->engine.config, se->engine.schedule));
+    DS41_ASSIGN_OR_RETURN(std::string identity, engine::model_identity(a.model_dir, layout));
     DS41_ASSIGN_OR_RETURN(engine::PrefixCacheConfig pcc, prefix_cache_config(a, identity));
     se->cache_registry = std::make_unique<kvcache::MetricsRegistry>();
     DS41_ASSIGN_OR_RETURN(se->cache,
@@ -204,8 +205,6 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
       std::fprintf(stderr, "%s: prefix cache on (SWA pool %s, persistent tier %s, --swa-miss %s)\n",
                    who.c_str(), a.kv_redis.empty() ? "dram" : a.kv_redis.c_str(),
                    a.kv_dir.empty() ? "off" : a.kv_dir.c_str(), a.swa_miss.c_str());
-  } else if (!a.no_prefix_cache && !a.quiet) {
-    std::fprintf(stderr, "%s: prefix cache off (the GPU engine does not export state yet)\n", who.c_str());
   }
   if (a.speculative == "dspark") {       // auto: off on the CPU engine (EngineArgs::speculative)
     DS41_RETURN_IF_ERROR(se->engine.engine->enable_speculative().with_context("--speculative dspark"));

@@ -83,33 +83,84 @@ int64_t kv_block_payload_bytes(const model::KvLayout& layout, int64_t block_toke
   return b;
 }
 
+StateView view_of(const model::SequenceState& st0) {
+  // The accessors the forward pass uses are non-const; nothing through the view writes.
+  model::SequenceState& st = const_cast<model::SequenceState&>(st0);
+  const model::KvLayout& L = st.layout();
+  StateView v;
+  v.layout = &st.layout();
+  v.position = st.position();
+  v.last_published_source = st.last_published_source;
+  v.engram = st.engram_state();
+  v.window_floors.resize(L.n_layers);
+  v.rings.resize(L.n_layers);
+  for (int64_t l = 0; l < L.n_layers; ++l) {
+    v.window_floors[l] = st.window_floor(l);
+    v.rings[l] = L.window > 0 ? st.window_row(l, 0) : nullptr;
+  }
+  for (const model::KvSourceLayout& sl : L.sources) {
+    const model::KvSourceState& s = *st.source(sl.layer);
+    SourceStateView sv;
+    sv.count = s.count;
+    sv.first = 0;
+    sv.rows = s.count;
+    sv.kv = s.kv_rows.data();
+    sv.key = s.key_rows.data();
+    if (sl.ratio > 1) {
+      sv.pend_filled = s.pend_filled.data();
+      sv.pend_a = s.pend_a.data();
+      sv.pend_b = s.pend_b.data();
+    }
+    v.sources.push_back(sv);
+  }
+  return v;
+}
+
+namespace {
+
+// Rows [first, first + n) of a source view (checked: an engine must have copied them).
+const uint8_t* kv_rows(const SourceStateView& s, const model::KvSourceLayout& sl, int64_t first, int64_t n) {
+  DS41_CHECK(first >= s.first && first + n <= s.first + s.rows, "state view lacks the KV rows asked for");
+  return s.kv + (first - s.first) * sl.kv_row_bytes;
+}
+const uint8_t* key_rows(const SourceStateView& s, const model::KvSourceLayout& sl, int64_t first, int64_t n) {
+  DS41_CHECK(first >= s.first && first + n <= s.first + s.rows, "state view lacks the key rows asked for");
+  return s.key + (first - s.first) * sl.key_row_bytes;
+}
+
+}  // namespace
+
 // Global-KV block: for each KV source in layer order, its B / ratio compressed rows (Q_kv packed,
 // MODEL_SPEC 5.2) then its B / ratio indexer key rows (Q_idx packed).
-Result<std::vector<uint8_t>> encode_kv_block(const model::SequenceState& st, int64_t index, int64_t B) {
-  DS41_RETURN_IF_ERROR(check_block_tokens(st.layout(), B));
-  if (index < 0 || (index + 1) * B > st.position())
+Result<std::vector<uint8_t>> encode_kv_block(const StateView& v, int64_t index, int64_t B) {
+  const model::KvLayout& L = *v.layout;
+  DS41_RETURN_IF_ERROR(check_block_tokens(L, B));
+  if (index < 0 || (index + 1) * B > v.position)
     return out_of_range("global-KV block " + std::to_string(index) + " (tokens up to " +
                         std::to_string((index + 1) * B) + ") is past the sequence's position " +
-                        std::to_string(st.position()));
+                        std::to_string(v.position));
   std::vector<uint8_t> out;
-  out.reserve(static_cast<size_t>(kv_block_payload_bytes(st.layout(), B)));
+  out.reserve(static_cast<size_t>(kv_block_payload_bytes(L, B)));
   Writer w(&out);
-  for (const model::KvSourceLayout& sl : st.layout().sources) {
-    const model::KvSourceState& s = *st.source(sl.layer);
+  for (size_t j = 0; j < L.sources.size(); ++j) {
+    const model::KvSourceLayout& sl = L.sources[j];
+    const SourceStateView& s = v.sources[j];
     const int64_t n = B / sl.ratio, first = index * n;
     DS41_CHECK(first + n <= s.count, "KV source has fewer entries than its position implies");
-    w.bytes(s.kv_row(first), static_cast<size_t>(n * sl.kv_row_bytes));
-    w.bytes(s.key_row(first), static_cast<size_t>(n * sl.key_row_bytes));
+    w.bytes(kv_rows(s, sl, first, n), static_cast<size_t>(n * sl.kv_row_bytes));
+    w.bytes(key_rows(s, sl, first, n), static_cast<size_t>(n * sl.key_row_bytes));
   }
   return out;
 }
 
-Result<std::vector<uint8_t>> encode_swa_snapshot(const model::SequenceState& st0, int64_t B, uint32_t flags) {
-  DS41_RETURN_IF_ERROR(check_block_tokens(st0.layout(), B));
-  // The accessors the forward pass uses are non-const; nothing below writes.
-  model::SequenceState& st = const_cast<model::SequenceState&>(st0);
-  const model::KvLayout& L = st.layout();
-  const int64_t pos = st.position(), full = pos / B;
+Result<std::vector<uint8_t>> encode_kv_block(const model::SequenceState& st, int64_t index, int64_t B) {
+  return encode_kv_block(view_of(st), index, B);
+}
+
+Result<std::vector<uint8_t>> encode_swa_snapshot(const StateView& v, int64_t B, uint32_t flags) {
+  const model::KvLayout& L = *v.layout;
+  DS41_RETURN_IF_ERROR(check_block_tokens(L, B));
+  const int64_t pos = v.position, full = pos / B;
   std::vector<uint8_t> out;
   Writer w(&out);
   w.put<uint32_t>(kSnapshotVersion);
@@ -121,38 +172,44 @@ Result<std::vector<uint8_t>> encode_swa_snapshot(const model::SequenceState& st0
   w.put<uint32_t>(static_cast<uint32_t>(L.window_row_bytes));
   w.put<uint32_t>(static_cast<uint32_t>(L.sources.size()));
   w.put<uint32_t>(static_cast<uint32_t>(kEngramSlots));
-  w.put<int64_t>(st.last_published_source);
-  const engram::EngramHashState& eg = st.engram_state();
-  w.put<int64_t>(eg.length);
-  for (int i = 0; i < kEngramSlots; ++i) w.put<int32_t>(eg.recent[i]);
-  for (int64_t l = 0; l < L.n_layers; ++l) w.put<int64_t>(st.window_floor(l));
-  for (const model::KvSourceLayout& sl : L.sources) {
-    const model::KvSourceState& s = *st.source(sl.layer);
+  w.put<int64_t>(v.last_published_source);
+  w.put<int64_t>(v.engram.length);
+  for (int i = 0; i < kEngramSlots; ++i) w.put<int32_t>(v.engram.recent[i]);
+  for (int64_t l = 0; l < L.n_layers; ++l) w.put<int64_t>(v.window_floors[l]);
+  for (size_t j = 0; j < L.sources.size(); ++j) {
+    const model::KvSourceLayout& sl = L.sources[j];
     w.put<uint32_t>(static_cast<uint32_t>(sl.layer));
     w.put<uint32_t>(static_cast<uint32_t>(sl.ratio));
     w.put<uint32_t>(static_cast<uint32_t>(sl.kv_dim));
     w.put<uint32_t>(static_cast<uint32_t>(sl.kv_row_bytes));
     w.put<uint32_t>(static_cast<uint32_t>(sl.key_row_bytes));
-    w.put<uint32_t>(static_cast<uint32_t>(s.count - full * (B / sl.ratio)));
+    w.put<uint32_t>(static_cast<uint32_t>(v.sources[j].count - full * (B / sl.ratio)));
   }
   // Window rings in position order (engine-neutral; a ring's slot is position % window).
   const int64_t r0 = std::max<int64_t>(0, pos - L.window);
   for (int64_t l = 0; l < L.n_layers; ++l)
-    for (int64_t p = r0; p < pos; ++p) w.bytes(st.window_row(l, p), static_cast<size_t>(L.window_row_bytes));
-  for (const model::KvSourceLayout& sl : L.sources) {
-    const model::KvSourceState& s = *st.source(sl.layer);
+    for (int64_t p = r0; p < pos; ++p)
+      w.bytes(v.rings[l] + (p % L.window) * L.window_row_bytes, static_cast<size_t>(L.window_row_bytes));
+  for (size_t j = 0; j < L.sources.size(); ++j) {
+    const model::KvSourceLayout& sl = L.sources[j];
+    const SourceStateView& s = v.sources[j];
     const int64_t first = full * (B / sl.ratio), tail = s.count - first;
     if (tail > 0) {
-      w.bytes(s.kv_row(first), static_cast<size_t>(tail * sl.kv_row_bytes));
-      w.bytes(s.key_row(first), static_cast<size_t>(tail * sl.key_row_bytes));
+      w.bytes(kv_rows(s, sl, first, tail), static_cast<size_t>(tail * sl.kv_row_bytes));
+      w.bytes(key_rows(s, sl, first, tail), static_cast<size_t>(tail * sl.key_row_bytes));
     }
     if (sl.ratio > 1) {
-      w.bytes(s.pend_filled.data(), s.pend_filled.size());
-      w.bytes(s.pend_a.data(), s.pend_a.size() * sizeof(float));
-      w.bytes(s.pend_b.data(), s.pend_b.size() * sizeof(float));
+      const size_t g = static_cast<size_t>(sl.ratio * sl.kv_dim);
+      w.bytes(s.pend_filled, static_cast<size_t>(sl.ratio));
+      w.bytes(s.pend_a, g * sizeof(float));
+      w.bytes(s.pend_b, g * sizeof(float));
     }
   }
   return out;
+}
+
+Result<std::vector<uint8_t>> encode_swa_snapshot(const model::SequenceState& st, int64_t B, uint32_t flags) {
+  return encode_swa_snapshot(view_of(st), B, flags);
 }
 
 Result<SwaSnapshotInfo> peek_swa_snapshot(std::span<const uint8_t> payload) {
@@ -166,13 +223,13 @@ Result<SwaSnapshotInfo> peek_swa_snapshot(std::span<const uint8_t> payload) {
   return SwaSnapshotInfo{flags, static_cast<int64_t>(pos), static_cast<int64_t>(bt)};
 }
 
-Status decode_state(model::SequenceState& st, std::span<const std::span<const uint8_t>> blocks,
-                    std::span<const uint8_t> snapshot, int64_t B) {
-  const model::KvLayout& L = st.layout();
+Result<ParsedState> parse_state(const model::KvLayout& L, int64_t position,
+                                std::span<const std::span<const uint8_t>> blocks,
+                                std::span<const uint8_t> snapshot, int64_t B) {
   DS41_RETURN_IF_ERROR(check_block_tokens(L, B));
-  if (st.position() != 0)
+  if (position != 0)
     return failed_precondition("state import needs a fresh sequence (it is at position " +
-                               std::to_string(st.position()) + ")");
+                               std::to_string(position) + ")");
   const int64_t n = static_cast<int64_t>(blocks.size());
   const int64_t want = kv_block_payload_bytes(L, B);
   for (int64_t i = 0; i < n; ++i)
@@ -180,16 +237,17 @@ Status decode_state(model::SequenceState& st, std::span<const std::span<const ui
       return data_loss("global-KV block " + std::to_string(i) + " has " + std::to_string(blocks[i].size()) +
                        " payload bytes; this model's layout needs " + std::to_string(want));
 
-  // Parse and check the whole snapshot before touching the state.
-  struct SourceTail {
-    int64_t tail = 0;
-    const uint8_t *kv = nullptr, *key = nullptr, *filled = nullptr, *pa = nullptr, *pb = nullptr;
-  };
-  std::vector<SourceTail> tails(L.sources.size());
-  std::vector<int64_t> floors;
-  std::vector<const uint8_t*> rings;
-  int64_t pos = n * B, last_pub = -1, eg_len = 0;
-  std::array<int32_t, kEngramSlots> eg_recent{};
+  ParsedState ps;
+  ps.block_tokens = B;
+  ps.blocks = blocks;
+  ps.position = n * B;
+  ps.sources.resize(L.sources.size());
+  ps.window_floors.assign(static_cast<size_t>(L.n_layers), 0);
+  int64_t off = 0;
+  for (size_t i = 0; i < L.sources.size(); ++i) {
+    ps.sources[i].block_offset = off;
+    off += (B / L.sources[i].ratio) * L.sources[i].entry_bytes();
+  }
   if (!snapshot.empty()) {
     Reader r(snapshot);
     uint32_t version = 0, flags = 0, bt = 0, nl = 0, win = 0, wrb = 0, ns = 0, es = 0;
@@ -209,16 +267,16 @@ Status decode_state(model::SequenceState& st, std::span<const std::span<const ui
     if (wrb != L.window_row_bytes) return mismatch("window_row_bytes", wrb, L.window_row_bytes);
     if (ns != L.sources.size()) return mismatch("n_sources", ns, static_cast<int64_t>(L.sources.size()));
     if (es != kEngramSlots) return mismatch("engram_slots", es, kEngramSlots);
-    pos = static_cast<int64_t>(p);
+    const int64_t pos = static_cast<int64_t>(p);
     if (pos / B != n)
       return invalid_argument("SWA snapshot at position " + std::to_string(pos) + " needs " +
                               std::to_string(pos / B) + " full blocks, got " + std::to_string(n));
-    if (!r.get(&last_pub) || !r.get(&eg_len)) return truncated("the Engram state");
+    ps.position = pos;
+    if (!r.get(&ps.last_published_source) || !r.get(&ps.engram.length)) return truncated("the Engram state");
     for (int i = 0; i < kEngramSlots; ++i)
-      if (!r.get(&eg_recent[i])) return truncated("the Engram look-back");
-    floors.resize(L.n_layers);
+      if (!r.get(&ps.engram.recent[i])) return truncated("the Engram look-back");
     for (int64_t l = 0; l < L.n_layers; ++l)
-      if (!r.get(&floors[l])) return truncated("the window floors");
+      if (!r.get(&ps.window_floors[l])) return truncated("the window floors");
     for (size_t i = 0; i < L.sources.size(); ++i) {
       const model::KvSourceLayout& sl = L.sources[i];
       uint32_t layer = 0, ratio = 0, kd = 0, kvb = 0, keyb = 0, tail = 0;
@@ -231,75 +289,83 @@ Status decode_state(model::SequenceState& st, std::span<const std::span<const ui
                                 ") does not match this model's layout");
       const int64_t expect = pos / sl.ratio - n * (B / sl.ratio);
       if (tail != expect) return mismatch("tail_entries", tail, expect);
-      tails[i].tail = tail;
+      ps.sources[i].tail = tail;
     }
     const int64_t rows = std::min(pos, L.window);
-    rings.resize(L.n_layers);
+    ps.rings.resize(L.n_layers);
     for (int64_t l = 0; l < L.n_layers; ++l)
-      if (!(rings[l] = r.take(static_cast<size_t>(rows * L.window_row_bytes))))
+      if (!(ps.rings[l] = r.take(static_cast<size_t>(rows * L.window_row_bytes))))
         return truncated("the window rings");
     for (size_t i = 0; i < L.sources.size(); ++i) {
       const model::KvSourceLayout& sl = L.sources[i];
-      SourceTail& t = tails[i];
-      if (!(t.kv = r.take(static_cast<size_t>(t.tail * sl.kv_row_bytes))) ||
-          !(t.key = r.take(static_cast<size_t>(t.tail * sl.key_row_bytes))))
+      ParsedSource& t = ps.sources[i];
+      if (!(t.tail_kv = r.take(static_cast<size_t>(t.tail * sl.kv_row_bytes))) ||
+          !(t.tail_key = r.take(static_cast<size_t>(t.tail * sl.key_row_bytes))))
         return truncated("the partial block rows");
       if (sl.ratio > 1) {
         const size_t g = static_cast<size_t>(sl.ratio * sl.kv_dim) * sizeof(float);
-        if (!(t.filled = r.take(static_cast<size_t>(sl.ratio))) || !(t.pa = r.take(g)) || !(t.pb = r.take(g)))
+        if (!(t.pend_filled = r.take(static_cast<size_t>(sl.ratio))) || !(t.pend_a = r.take(g)) ||
+            !(t.pend_b = r.take(g)))
           return truncated("the pending groups");
       }
     }
     if (r.left() != 0)
       return data_loss("SWA snapshot payload has " + std::to_string(r.left()) + " trailing bytes");
+    ps.has_snapshot = true;
   }
+  for (size_t i = 0; i < L.sources.size(); ++i)
+    ps.sources[i].count = n * (B / L.sources[i].ratio) + ps.sources[i].tail;
+  return ps;
+}
 
-  // Everything checked: write the state.
+void apply_state(model::SequenceState& st, const ParsedState& ps) {
+  const model::KvLayout& L = st.layout();
+  const int64_t n = ps.n_blocks(), B = ps.block_tokens;
   for (size_t i = 0; i < L.sources.size(); ++i) {
     const model::KvSourceLayout& sl = L.sources[i];
+    const ParsedSource& t = ps.sources[i];
     model::KvSourceState& s = *st.source(sl.layer);
-    const int64_t per = B / sl.ratio, count = n * per + tails[i].tail;
-    s.kv_rows.resize(static_cast<size_t>(count * sl.kv_row_bytes));
-    s.key_rows.resize(static_cast<size_t>(count * sl.key_row_bytes));
-    int64_t off = 0;
-    for (const model::KvSourceLayout& prev : L.sources) {
-      if (prev.layer == sl.layer) break;
-      off += (B / prev.ratio) * prev.entry_bytes();
-    }
+    const int64_t per = B / sl.ratio;
+    s.kv_rows.resize(static_cast<size_t>(t.count * sl.kv_row_bytes));
+    s.key_rows.resize(static_cast<size_t>(t.count * sl.key_row_bytes));
     for (int64_t b = 0; b < n; ++b) {
-      const uint8_t* src = blocks[b].data() + off;
+      const uint8_t* src = ps.blocks[b].data() + t.block_offset;
       std::memcpy(s.kv_rows.data() + b * per * sl.kv_row_bytes, src,
                   static_cast<size_t>(per * sl.kv_row_bytes));
       std::memcpy(s.key_rows.data() + b * per * sl.key_row_bytes, src + per * sl.kv_row_bytes,
                   static_cast<size_t>(per * sl.key_row_bytes));
     }
-    if (tails[i].tail > 0) {
-      std::memcpy(s.kv_rows.data() + n * per * sl.kv_row_bytes, tails[i].kv,
-                  static_cast<size_t>(tails[i].tail * sl.kv_row_bytes));
-      std::memcpy(s.key_rows.data() + n * per * sl.key_row_bytes, tails[i].key,
-                  static_cast<size_t>(tails[i].tail * sl.key_row_bytes));
+    if (t.tail > 0) {
+      std::memcpy(s.kv_rows.data() + n * per * sl.kv_row_bytes, t.tail_kv,
+                  static_cast<size_t>(t.tail * sl.kv_row_bytes));
+      std::memcpy(s.key_rows.data() + n * per * sl.key_row_bytes, t.tail_key,
+                  static_cast<size_t>(t.tail * sl.key_row_bytes));
     }
-    s.count = count;
-    if (sl.ratio > 1 && tails[i].filled) {
-      std::memcpy(s.pend_filled.data(), tails[i].filled, s.pend_filled.size());
-      std::memcpy(s.pend_a.data(), tails[i].pa, s.pend_a.size() * sizeof(float));
-      std::memcpy(s.pend_b.data(), tails[i].pb, s.pend_b.size() * sizeof(float));
+    s.count = t.count;
+    if (sl.ratio > 1 && t.pend_filled) {
+      std::memcpy(s.pend_filled.data(), t.pend_filled, s.pend_filled.size());
+      std::memcpy(s.pend_a.data(), t.pend_a, s.pend_a.size() * sizeof(float));
+      std::memcpy(s.pend_b.data(), t.pend_b, s.pend_b.size() * sizeof(float));
     }
   }
-  if (!snapshot.empty()) {
-    const int64_t r0 = std::max<int64_t>(0, pos - L.window);
+  if (ps.has_snapshot) {
+    const int64_t pos = ps.position, r0 = std::max<int64_t>(0, pos - L.window);
     for (int64_t l = 0; l < L.n_layers; ++l) {
-      st.set_window_floor(l, floors[l]);
+      st.set_window_floor(l, ps.window_floors[l]);
       for (int64_t p = r0; p < pos; ++p)
-        std::memcpy(st.window_row(l, p), rings[l] + (p - r0) * L.window_row_bytes,
+        std::memcpy(st.window_row(l, p), ps.rings[l] + (p - r0) * L.window_row_bytes,
                     static_cast<size_t>(L.window_row_bytes));
     }
-    st.last_published_source = last_pub;
-    engram::EngramHashState& eg = st.engram_state();
-    eg.length = eg_len;
-    for (int i = 0; i < kEngramSlots; ++i) eg.recent[i] = eg_recent[i];
+    st.last_published_source = ps.last_published_source;
+    st.engram_state() = ps.engram;
   }
-  st.set_position(pos);
+  st.set_position(ps.position);
+}
+
+Status decode_state(model::SequenceState& st, std::span<const std::span<const uint8_t>> blocks,
+                    std::span<const uint8_t> snapshot, int64_t B) {
+  DS41_ASSIGN_OR_RETURN(ParsedState ps, parse_state(st.layout(), st.position(), blocks, snapshot, B));
+  apply_state(st, ps);
   return ok_status();
 }
 

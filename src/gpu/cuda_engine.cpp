@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "backends/cuda/cuda_status.h"
+#include "engine/state_codec.h"
 
 namespace ds41::gpu {
 
@@ -24,6 +25,9 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
   e->info_.vocab_size = c.vocab_size;
   e->info_.max_context = lim.max_context;
   e->info_.eos_token_id = static_cast<int32_t>(c.eos_token_id);
+  // replay_window (as model::Model::encoder_replay): the last window by id, the Engram look-back.
+  e->info_.replay_lookback =
+      c.sliding_window + (model->hasher() ? std::max<int64_t>(0, c.engram_max_ngram_size - 1) : 0);
   const model::KvLayout& layout = model->kv_layout();
   if (opt.entries_per_page <= 0) return invalid_argument("CUDA engine: entries_per_page must be > 0");
   int64_t page_bytes = 0;
@@ -58,6 +62,7 @@ Result<engine::SeqId> CudaEngine::create_sequence() {
     s->sources.push_back(std::move(m));
   }
   if (model_->hasher()) s->engram = model_->hasher()->new_state();
+  s->window_floor.assign(static_cast<size_t>(model_->config().num_hidden_layers), 0);
   const engine::SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
   return id;
@@ -249,6 +254,220 @@ Status CudaEngine::step(std::span<const engine::StepItem> items, engine::StepOut
                 V * sizeof(float));
   }
   return ok_status();
+}
+
+// ---- State export / import (engine.h; payloads of engine/state_codec.h) ----
+
+engine::StateView CudaEngine::meta_view(const GpuSequence& s) const {
+  const model::KvLayout& L = model_->kv_layout();
+  engine::StateView v;
+  v.layout = &L;
+  v.position = s.position;
+  v.last_published_source = s.last_published_source;
+  v.engram = s.engram;
+  v.window_floors = s.window_floor;
+  v.window_floors.resize(static_cast<size_t>(L.n_layers), 0);
+  for (size_t j = 0; j < L.sources.size(); ++j) {
+    engine::SourceStateView sv;
+    sv.count = s.sources[j].count;
+    v.sources.push_back(sv);
+  }
+  return v;
+}
+
+Status CudaEngine::view_rows(const GpuSequence& s, std::span<const int64_t> first, std::span<const int64_t> rows,
+                             bool bounded, HostRows* h, engine::StateView* v) const {
+  const model::KvLayout& L = model_->kv_layout();
+  *v = meta_view(s);
+  const size_t ns = L.sources.size();
+  h->kv.resize(ns);
+  h->key.resize(ns);
+  h->pend_a.resize(ns);
+  h->pend_b.resize(ns);
+  for (size_t j = 0; j < ns; ++j) {
+    const model::KvSourceLayout& sl = L.sources[j];
+    engine::SourceStateView& sv = v->sources[j];
+    h->kv[j].resize(static_cast<size_t>(rows[j] * sl.kv_row_bytes));
+    h->key[j].resize(static_cast<size_t>(rows[j] * sl.key_row_bytes));
+    if (rows[j] > 0)
+      DS41_RETURN_IF_ERROR(
+          pool_.download_entries(s.sources[j].pages, first[j], rows[j], h->kv[j].data(), h->key[j].data(), stream_));
+    sv.first = first[j];
+    sv.rows = rows[j];
+    sv.kv = h->kv[j].data();
+    sv.key = h->key[j].data();
+    if (bounded && sl.ratio > 1) {
+      h->pend_a[j].resize(static_cast<size_t>(sl.ratio * sl.kv_dim));
+      h->pend_b[j].resize(static_cast<size_t>(sl.ratio * sl.kv_dim));
+      DS41_RETURN_IF_ERROR(slots_.download_pending(s.slot, slots_.pending_index(static_cast<int64_t>(j)), sl.ratio,
+                                                   h->pend_a[j].data(), h->pend_b[j].data(), stream_));
+      sv.pend_filled = s.sources[j].pend_filled.data();
+      sv.pend_a = h->pend_a[j].data();
+      sv.pend_b = h->pend_b[j].data();
+    }
+  }
+  if (bounded) {
+    h->rings.resize(static_cast<size_t>(slots_.ring_slot_bytes()));
+    DS41_RETURN_IF_ERROR(slots_.download_rings(s.slot, h->rings.data(), stream_));
+    v->rings.resize(static_cast<size_t>(L.n_layers));
+    for (int64_t l = 0; l < L.n_layers; ++l) v->rings[l] = h->rings.data() + l * L.window * L.window_row_bytes;
+  }
+  return cuda::cuda_status(cudaStreamSynchronize(stream_), "state export");
+}
+
+Result<std::vector<uint8_t>> CudaEngine::export_kv_block(engine::SeqId seq, int64_t index, int64_t B) const {
+  DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
+  const model::KvLayout& L = model_->kv_layout();
+  // Argument errors come from the codec itself (the same messages as the CPU engine), before any
+  // row is read.
+  if (!engine::check_block_tokens(L, B).ok() || index < 0 || (index + 1) * B > s->position)
+    return engine::encode_kv_block(meta_view(*s), index, B);
+  std::vector<int64_t> first, rows;
+  for (const model::KvSourceLayout& sl : L.sources) {
+    first.push_back(index * (B / sl.ratio));
+    rows.push_back(B / sl.ratio);
+  }
+  HostRows h;
+  engine::StateView v;
+  DS41_RETURN_IF_ERROR(view_rows(*s, first, rows, false, &h, &v).with_context("export of a global-KV block"));
+  return engine::encode_kv_block(v, index, B);
+}
+
+Result<std::vector<uint8_t>> CudaEngine::export_swa_snapshot(engine::SeqId seq, int64_t B, bool approximate) const {
+  DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
+  const model::KvLayout& L = model_->kv_layout();
+  DS41_RETURN_IF_ERROR(engine::check_block_tokens(L, B));
+  const int64_t full = s->position / B;
+  std::vector<int64_t> first, rows;
+  for (size_t j = 0; j < L.sources.size(); ++j) {
+    first.push_back(full * (B / L.sources[j].ratio));
+    rows.push_back(std::max<int64_t>(0, s->sources[j].count - first.back()));
+  }
+  HostRows h;
+  engine::StateView v;
+  DS41_RETURN_IF_ERROR(view_rows(*s, first, rows, true, &h, &v).with_context("export of an SWA snapshot"));
+  return engine::encode_swa_snapshot(v, B, approximate ? engine::kSwaFlagApproximate : 0u);
+}
+
+Status CudaEngine::import_state(engine::SeqId seq, std::span<const std::span<const uint8_t>> blocks,
+                                std::span<const uint8_t> snapshot, int64_t B) {
+  DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
+  const int64_t end = static_cast<int64_t>(blocks.size()) * B;
+  if (end > info_.max_context)
+    return out_of_range("state import of " + std::to_string(end) + " tokens exceeds the context of " +
+                        std::to_string(info_.max_context));
+  const model::KvLayout& L = model_->kv_layout();
+  DS41_ASSIGN_OR_RETURN(engine::ParsedState ps, engine::parse_state(L, s->position, blocks, snapshot, B));
+  if (ps.position > info_.max_context)
+    return out_of_range("state import at position " + std::to_string(ps.position) + " exceeds the context of " +
+                        std::to_string(info_.max_context));
+  // Pages for every entry, all taken before any upload (none is taken when they do not all fit).
+  const int64_t E = pool_.geometry().entries_per_page;
+  int64_t need = 0;
+  for (const engine::ParsedSource& src : ps.sources) need += (src.count + E - 1) / E;
+  if (need > pool_.pages().free_pages())
+    return resource_exhausted("CUDA engine: the state import needs " + std::to_string(need) + " KV pages, " +
+                              std::to_string(pool_.pages().free_pages()) + " are free");
+  std::vector<GpuSourceMirror> next = s->sources;
+  std::vector<int32_t> taken;
+  for (size_t j = 0; j < L.sources.size(); ++j) {
+    GpuSourceMirror& m = next[j];
+    while (static_cast<int64_t>(m.pages.size()) * E < ps.sources[j].count) {
+      auto page = pool_.pages().allocate();
+      if (!page.ok()) {  // not reached: the free count was checked
+        for (int32_t p : taken) pool_.pages().release(p);
+        return page.status();
+      }
+      taken.push_back(*page);
+      m.pages.push_back(*page);
+    }
+    m.count = ps.sources[j].count;
+  }
+  Status st = ok_status();
+  std::vector<uint8_t> rings;
+  for (size_t j = 0; j < L.sources.size() && st.ok(); ++j) {
+    const model::KvSourceLayout& sl = L.sources[j];
+    const engine::ParsedSource& src = ps.sources[j];
+    const int64_t per = B / sl.ratio;
+    for (int64_t b = 0; b < ps.n_blocks() && st.ok(); ++b) {
+      const uint8_t* p = ps.blocks[b].data() + src.block_offset;
+      st = pool_.upload_entries(next[j].pages, b * per, per, p, p + per * sl.kv_row_bytes, stream_);
+    }
+    if (st.ok() && src.tail > 0)
+      st = pool_.upload_entries(next[j].pages, ps.n_blocks() * per, src.tail, src.tail_kv, src.tail_key, stream_);
+    if (st.ok() && sl.ratio > 1 && src.pend_filled) {
+      st = slots_.upload_pending(s->slot, slots_.pending_index(static_cast<int64_t>(j)), sl.ratio, src.pend_a,
+                                 src.pend_b, stream_);
+      next[j].pend_filled.assign(src.pend_filled, src.pend_filled + sl.ratio);
+    }
+  }
+  if (st.ok() && ps.has_snapshot) {
+    // The rings as the slot holds them: position p at row p % window of each layer.
+    const int64_t W = L.window, rb = L.window_row_bytes, r0 = std::max<int64_t>(0, ps.position - W);
+    rings.assign(static_cast<size_t>(slots_.ring_slot_bytes()), 0);
+    for (int64_t l = 0; l < L.n_layers; ++l)
+      for (int64_t p = r0; p < ps.position; ++p)
+        std::memcpy(rings.data() + (l * W + p % W) * rb, ps.rings[l] + (p - r0) * rb, static_cast<size_t>(rb));
+    st = slots_.upload_rings(s->slot, rings.data(), stream_);
+  }
+  // Host payloads (pageable) must stay alive until the copies finish: wait here in every case.
+  Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "state import");
+  if (st.ok()) st = sync;
+  if (!st.ok()) {
+    for (int32_t p : taken) pool_.pages().release(p);
+    return st.with_context("state import");
+  }
+  s->sources = std::move(next);
+  s->position = ps.position;
+  if (ps.has_snapshot) {
+    s->engram = ps.engram;
+    s->last_published_source = ps.last_published_source;
+    s->window_floor = ps.window_floors;
+  }
+  return ok_status();
+}
+
+Status CudaEngine::replay_window(engine::SeqId seq, std::span<const int32_t> prefix_tokens) {
+  DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
+  // MODEL_SPEC 4.5, as model::Model::encoder_replay (the same checks and messages).
+  const int64_t H = static_cast<int64_t>(prefix_tokens.size());
+  if (H == 0) return invalid_argument("encoder replay: empty prefix");
+  if (s->position != H)
+    return failed_precondition("encoder replay: the state holds " + std::to_string(s->position) +
+                               " positions but the prefix has " + std::to_string(H) + " tokens");
+  const int64_t b = std::max<int64_t>(0, H - model_->config().sliding_window);
+  const GpuSequence saved = *s;
+  // Forget what a prefix cache would not persist: window rings (floored at b), pending groups, and
+  // rebuild the Engram look-back from the tokens before the replay start.
+  s->window_floor.assign(static_cast<size_t>(model_->config().num_hidden_layers), b);
+  for (GpuSourceMirror& m : s->sources) std::fill(m.pend_filled.begin(), m.pend_filled.end(), 0);
+  if (const engram::EngramHasher* hasher = model_->hasher()) {
+    engram::EngramHashState hs = hasher->new_state();
+    Status st = hasher->append(hs, prefix_tokens.subspan(0, static_cast<size_t>(b)), {}, {});
+    if (!st.ok()) {
+      *s = saved;
+      return st;
+    }
+    s->engram = hs;
+  }
+  s->position = b;
+  // The replayed rows re-emit no compressed entry (those below the sequence's count are kept) and
+  // take no new page; their window rows and the last partial group land in the slot.
+  engine::StepItem it{seq, prefix_tokens.subspan(static_cast<size_t>(b)), false};
+  std::vector<model::SequenceOutput> out;
+  Status st = forward(std::span<const engine::StepItem>(&it, 1), model::LogitsRows::kNone, false, &out);
+  if (!st.ok()) {
+    *s = saved;
+    return st.with_context("encoder replay");
+  }
+  return ok_status();
+}
+
+Status CudaEngine::prefill_decoder_replay(engine::SeqId seq, std::span<const int32_t>) {
+  DS41_RETURN_IF_ERROR(find(seq).status());
+  return unimplemented(
+      "decoder replay prefill (MODEL_SPEC 4.4) is not implemented on the GPU engine (it needs the forward to "
+      "drop rows after the last KV source); prefill exactly or use the CPU engine");
 }
 
 }  // namespace ds41::gpu

@@ -5,6 +5,14 @@
 // row-independent and chunked prefill is exact, MODEL_SPEC 4.2-4.3). fork_sequence shares the
 // full pages (refcounted) and copies the partial last page and the bounded state.
 //
+// State export / import (the prefix cache, engine.h) writes and reads the payloads of
+// engine/state_codec.h with the CPU engine's code: export copies only the rows a payload needs
+// from the pages / slot to the host (a block's B / ratio entries per source; for a snapshot the
+// slot's rings, the partial block's entries and the pending groups) and encodes a StateView of
+// them; import parses and checks everything first, then takes pages and uploads. replay_window is
+// MODEL_SPEC 4.5 with the per-layer window floors of GpuSequence; decoder replay (4.4) is not
+// implemented on the GPU.
+//
 // Thread model: driven by one thread (Engine contract). The DeviceModel must outlive the engine.
 #pragma once
 
@@ -15,6 +23,7 @@
 #include <unordered_map>
 
 #include "engine/engine.h"
+#include "engine/state_view.h"
 #include "gpu/device_model.h"
 #include "gpu/gpu_forward.h"
 #include "gpu/kv_block_pool.h"
@@ -45,6 +54,15 @@ class CudaEngine final : public engine::Engine {
   int64_t live_sequences() const override { return static_cast<int64_t>(seqs_.size()); }
   Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override;
 
+  Result<std::vector<uint8_t>> export_kv_block(engine::SeqId seq, int64_t index,
+                                               int64_t block_tokens) const override;
+  Result<std::vector<uint8_t>> export_swa_snapshot(engine::SeqId seq, int64_t block_tokens,
+                                                   bool approximate) const override;
+  Status import_state(engine::SeqId seq, std::span<const std::span<const uint8_t>> blocks,
+                      std::span<const uint8_t> snapshot, int64_t block_tokens) override;
+  Status replay_window(engine::SeqId seq, std::span<const int32_t> prefix_tokens) override;
+  Status prefill_decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens) override;
+
   // Tests and tools: one step with the reference's logits-row choice and records, outputs per item
   // (positions + logits rows, selections when record). Same validation and splitting as step().
   // layer_ms (benchmarks): per-layer milliseconds of the last forward of the step (gpu_forward.h).
@@ -59,6 +77,16 @@ class CudaEngine final : public engine::Engine {
   Result<GpuSequence*> find(engine::SeqId seq) const;
   Status validate(std::span<const engine::StepItem> items) const;
   void release(GpuSequence& s);
+  // Host copies behind a StateView of `s` (export): per source the entries [first[j], first[j] +
+  // rows[j]); with `bounded` also the rings and pending groups.
+  struct HostRows {
+    std::vector<uint8_t> rings;
+    std::vector<std::vector<uint8_t>> kv, key;
+    std::vector<std::vector<float>> pend_a, pend_b;
+  };
+  engine::StateView meta_view(const GpuSequence& s) const;
+  Status view_rows(const GpuSequence& s, std::span<const int64_t> first, std::span<const int64_t> rows,
+                   bool bounded, HostRows* h, engine::StateView* v) const;
 
   const DeviceModel* model_ = nullptr;
   engine::EngineInfo info_;

@@ -185,6 +185,8 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   const int64_t H = c_->hidden_size, C = c_->hc_mult, n = n_;
   const float eps = static_cast<float>(c_->rms_norm_eps);
   if (c_->is_engram_layer(l)) DS41_RETURN_IF_ERROR(engram_stage(l));
+  win_offsets_ = win_offsets_list_[win_list_of_layer_[l]];  // this layer's window floors (step plan)
+  win_index_ = win_index_list_[win_list_of_layer_[l]];
   auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {
     cuda::HcMapDeviceArgs a;
     a.n = n;

@@ -145,8 +145,11 @@ class GpuForward {
   const int32_t* ids_ = nullptr;
   const int64_t* pos_ = nullptr;
   const int32_t* row_seq_ = nullptr;
-  const int64_t* win_offsets_ = nullptr;
+  const int64_t* win_offsets_ = nullptr;  // the current layer's window entry lists (run_layer sets them)
   const int32_t* win_index_ = nullptr;
+  std::vector<const int64_t*> win_offsets_list_;  // one per distinct set of window floors
+  std::vector<const int32_t*> win_index_list_;
+  std::vector<int32_t> win_list_of_layer_;  // [n_layers]
   int64_t ring_rows_ = 0;
   const int64_t* ring_read_ = nullptr;      // [ring_rows_] byte offsets in a layer's rings
   const int64_t* ring_write_ = nullptr;     // [n] byte offsets or -1

@@ -141,27 +141,68 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
       engram_ids_[li] = put(v);
     }
   }
-  // Window entry lists (MODEL_SPEC 3.4.7) and ring traffic, the same for every layer.
-  std::vector<int64_t> win_off(n + 1, 0), ring_read, ring_write(n, -1);
-  std::vector<int32_t> win_index;
-  win_index.reserve(n * W);
-  ring_rows_ = 0;
-  for (const PlanSeq& ps : seqs_) {
-    const int32_t slot = ps.seq->slot;
-    const int64_t P = ps.start_pos, lo = std::max<int64_t>(P - W + 1, 0), rb = ring_rows_;
-    const int64_t end_pos = P + (ps.end - ps.begin);
-    for (int64_t t = lo; t < P; ++t) ring_read.push_back(slots_->ring_row_offset(slot, t));
-    ring_rows_ += P - lo;
-    for (int64_t r = ps.begin; r < ps.end; ++r) {
-      const int64_t pr = pos_host_[r];
-      for (int64_t t = std::max<int64_t>(pr - W + 1, 0); t <= pr; ++t)
-        win_index.push_back(static_cast<int32_t>(t >= P ? ps.begin + t - P : n + rb + (t - lo)));
-      win_off[r + 1] = static_cast<int64_t>(win_index.size());
-      if (pr >= end_pos - W) ring_write[r] = slots_->ring_row_offset(slot, pr);
-    }
+  // Window entry lists (MODEL_SPEC 3.4.7) and ring traffic. A window floor (MODEL_SPEC 4.4 / 4.5,
+  // GpuSequence::window_floor) drops ring positions below it; it cuts something only while it is
+  // above the first row's window start, so normally every layer shares one list (one per distinct
+  // set of effective floors otherwise). Ring reads start at the lowest floor over the layers.
+  const int64_t nl = c_->num_hidden_layers;
+  auto eff_floor = [&](const PlanSeq& ps, int64_t l) -> int64_t {
+    const std::vector<int64_t>& f = ps.seq->window_floor;
+    if (f.empty()) return 0;
+    return f[l] > std::max<int64_t>(ps.start_pos - W + 1, 0) ? f[l] : 0;
+  };
+  std::vector<std::vector<int64_t>> floor_sets;
+  win_list_of_layer_.assign(nl, 0);
+  bool any_floor = false;
+  for (const PlanSeq& ps : seqs_)
+    for (int64_t l = 0; l < nl && !any_floor; ++l) any_floor = eff_floor(ps, l) != 0;
+  for (int64_t l = 0; l < nl && any_floor; ++l) {
+    std::vector<int64_t> key(seqs_.size());
+    for (size_t s = 0; s < seqs_.size(); ++s) key[s] = eff_floor(seqs_[s], l);
+    auto it = std::find(floor_sets.begin(), floor_sets.end(), key);
+    win_list_of_layer_[l] = static_cast<int32_t>(it - floor_sets.begin());
+    if (it == floor_sets.end()) floor_sets.push_back(std::move(key));
   }
-  win_offsets_ = put(win_off);
-  win_index_ = put(win_index);
+  if (floor_sets.empty()) floor_sets.emplace_back(seqs_.size(), 0);
+  std::vector<int64_t> ring_lo(seqs_.size()), ring_begin(seqs_.size());
+  std::vector<int64_t> ring_read, ring_write(n, -1);
+  ring_rows_ = 0;
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    const PlanSeq& ps = seqs_[s];
+    const int32_t slot = ps.seq->slot;
+    const int64_t P = ps.start_pos, end_pos = P + (ps.end - ps.begin);
+    int64_t lowest = floor_sets[0][s];
+    for (const auto& fs : floor_sets) lowest = std::min(lowest, fs[s]);
+    const int64_t lo = std::max<int64_t>({P - W + 1, 0, lowest});
+    ring_lo[s] = lo;
+    ring_begin[s] = ring_rows_;
+    for (int64_t t = lo; t < P; ++t) ring_read.push_back(slots_->ring_row_offset(slot, t));
+    ring_rows_ += std::max<int64_t>(0, P - lo);
+    for (int64_t r = ps.begin; r < ps.end; ++r)
+      if (pos_host_[r] >= end_pos - W) ring_write[r] = slots_->ring_row_offset(slot, pos_host_[r]);
+  }
+  win_offsets_list_.clear();
+  win_index_list_.clear();
+  for (const auto& fs : floor_sets) {
+    std::vector<int64_t> win_off(n + 1, 0);
+    std::vector<int32_t> win_index;
+    win_index.reserve(n * W);
+    for (size_t s = 0; s < seqs_.size(); ++s) {
+      const PlanSeq& ps = seqs_[s];
+      const int64_t P = ps.start_pos;
+      for (int64_t r = ps.begin; r < ps.end; ++r) {
+        const int64_t pr = pos_host_[r];
+        for (int64_t t = std::max<int64_t>({pr - W + 1, 0, fs[s]}); t <= pr; ++t)
+          win_index.push_back(
+              static_cast<int32_t>(t >= P ? ps.begin + t - P : n + ring_begin[s] + (t - ring_lo[s])));
+        win_off[r + 1] = static_cast<int64_t>(win_index.size());
+      }
+    }
+    win_offsets_list_.push_back(put(win_off));
+    win_index_list_.push_back(put(win_index));
+  }
+  win_offsets_ = win_offsets_list_[0];
+  win_index_ = win_index_list_[0];
   ring_read_ = put(ring_read);
   ring_write_ = put(ring_write);
   // Compressor emit schedule and page tables per KV source (MODEL_SPEC 3.4.4).

@@ -1,8 +1,10 @@
 // ds41 gpu: KvBlockPool (kv_block_pool.h).
 #include "gpu/kv_block_pool.h"
 
+#include <algorithm>
 #include <string>
 
+#include "backends/cuda/cuda_status.h"
 #include "core/check.h"
 
 namespace ds41::gpu {
@@ -69,6 +71,55 @@ int64_t KvBlockPool::kv_row_offset(const std::vector<int32_t>& pages, int64_t k)
 int64_t KvBlockPool::key_row_offset(const std::vector<int32_t>& pages, int64_t k) const {
   return pages[k / geo_.entries_per_page] * geo_.page_bytes() + geo_.key_offset_in_page() +
          (k % geo_.entries_per_page) * geo_.key_row_bytes;
+}
+
+namespace {
+
+// Calls f(k, run) for the runs of entries [first, first + n) that lie in one page each.
+template <class F>
+Status for_page_runs(int64_t E, int64_t first, int64_t n, F f) {
+  for (int64_t k = first; k < first + n;) {
+    const int64_t run = std::min(E - k % E, first + n - k);
+    DS41_RETURN_IF_ERROR(f(k, run));
+    k += run;
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status KvBlockPool::download_entries(const std::vector<int32_t>& pages, int64_t first, int64_t n, uint8_t* kv,
+                                     uint8_t* key, cudaStream_t stream) const {
+  DS41_CHECK(first >= 0 && first + n <= static_cast<int64_t>(pages.size()) * geo_.entries_per_page,
+             "KV entries beyond the sequence's pages");
+  return for_page_runs(geo_.entries_per_page, first, n, [&](int64_t k, int64_t run) {
+    const int64_t o = k - first;
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(
+        cudaMemcpyAsync(kv + o * geo_.kv_row_bytes, base() + kv_row_offset(pages, k),
+                        static_cast<size_t>(run * geo_.kv_row_bytes), cudaMemcpyDeviceToHost, stream),
+        "download KV rows"));
+    return cuda::cuda_status(
+        cudaMemcpyAsync(key + o * geo_.key_row_bytes, base() + key_row_offset(pages, k),
+                        static_cast<size_t>(run * geo_.key_row_bytes), cudaMemcpyDeviceToHost, stream),
+        "download index key rows");
+  });
+}
+
+Status KvBlockPool::upload_entries(const std::vector<int32_t>& pages, int64_t first, int64_t n, const uint8_t* kv,
+                                   const uint8_t* key, cudaStream_t stream) const {
+  DS41_CHECK(first >= 0 && first + n <= static_cast<int64_t>(pages.size()) * geo_.entries_per_page,
+             "KV entries beyond the sequence's pages");
+  return for_page_runs(geo_.entries_per_page, first, n, [&](int64_t k, int64_t run) {
+    const int64_t o = k - first;
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(
+        cudaMemcpyAsync(base() + kv_row_offset(pages, k), kv + o * geo_.kv_row_bytes,
+                        static_cast<size_t>(run * geo_.kv_row_bytes), cudaMemcpyHostToDevice, stream),
+        "upload KV rows"));
+    return cuda::cuda_status(
+        cudaMemcpyAsync(base() + key_row_offset(pages, k), key + o * geo_.key_row_bytes,
+                        static_cast<size_t>(run * geo_.key_row_bytes), cudaMemcpyHostToDevice, stream),
+        "upload index key rows");
+  });
 }
 
 double KvBlockPool::bytes_per_token(const model::KvLayout& layout, const KvPageGeometry& geo) {

@@ -10,6 +10,8 @@
 // PageAllocator is the host bookkeeping alone (testable without a device).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -63,6 +65,13 @@ class KvBlockPool {
   // Byte offsets (from base()) of entry k of a source whose pages are `pages`.
   int64_t kv_row_offset(const std::vector<int32_t>& pages, int64_t k) const;
   int64_t key_row_offset(const std::vector<int32_t>& pages, int64_t k) const;
+  // Host transfers of entries [first, first + n) of a source whose pages are `pages` (state export
+  // / import): Q_kv rows to / from kv (n x kv_row_bytes), Q_idx rows to / from key, one copy per
+  // page run, on `stream` (the caller synchronises).
+  Status download_entries(const std::vector<int32_t>& pages, int64_t first, int64_t n, uint8_t* kv,
+                          uint8_t* key, cudaStream_t stream) const;
+  Status upload_entries(const std::vector<int32_t>& pages, int64_t first, int64_t n, const uint8_t* kv,
+                        const uint8_t* key, cudaStream_t stream) const;
   // Device bytes of the pool; bytes of the pages in use.
   int64_t capacity_bytes() const { return alloc_.total_pages() * geo_.page_bytes(); }
   int64_t used_bytes() const { return alloc_.used_pages() * geo_.page_bytes(); }

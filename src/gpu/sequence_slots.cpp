@@ -72,4 +72,46 @@ Status SequenceSlots::copy(int32_t src, int32_t dst, cudaStream_t stream) const 
   return ok_status();
 }
 
+Status SequenceSlots::download_rings(int32_t slot, uint8_t* host, cudaStream_t stream) const {
+  const size_t w = static_cast<size_t>(window_ * row_bytes_);
+  if (n_layers_ == 0 || w == 0) return ok_status();
+  return cuda::cuda_status(cudaMemcpy2DAsync(host, w, rings_.as<uint8_t>() + slot * w,
+                                             static_cast<size_t>(layer_stride_), w, static_cast<size_t>(n_layers_),
+                                             cudaMemcpyDeviceToHost, stream),
+                           "download window rings");
+}
+
+Status SequenceSlots::upload_rings(int32_t slot, const uint8_t* host, cudaStream_t stream) const {
+  const size_t w = static_cast<size_t>(window_ * row_bytes_);
+  if (n_layers_ == 0 || w == 0) return ok_status();
+  return cuda::cuda_status(cudaMemcpy2DAsync(rings_.as<uint8_t>() + slot * w, static_cast<size_t>(layer_stride_),
+                                             host, w, w, static_cast<size_t>(n_layers_), cudaMemcpyHostToDevice,
+                                             stream),
+                           "upload window rings");
+}
+
+Status SequenceSlots::download_pending(int32_t slot, int64_t j, int64_t rows, float* a, float* b,
+                                       cudaStream_t stream) const {
+  DS41_CHECK(j >= 0 && j < n_pending_ && rows <= r_max_, "pending group out of range");
+  const size_t bytes = static_cast<size_t>(rows * kv_dim_) * sizeof(float);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(a, pending_base() + pending_row(slot, j, 0, 0) * kv_dim_,
+                                                         bytes, cudaMemcpyDeviceToHost, stream),
+                                         "download a pending group"));
+  return cuda::cuda_status(cudaMemcpyAsync(b, pending_base() + pending_row(slot, j, 1, 0) * kv_dim_, bytes,
+                                           cudaMemcpyDeviceToHost, stream),
+                           "download a pending group");
+}
+
+Status SequenceSlots::upload_pending(int32_t slot, int64_t j, int64_t rows, const void* a, const void* b,
+                                     cudaStream_t stream) const {
+  DS41_CHECK(j >= 0 && j < n_pending_ && rows <= r_max_, "pending group out of range");
+  const size_t bytes = static_cast<size_t>(rows * kv_dim_) * sizeof(float);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(pending_base() + pending_row(slot, j, 0, 0) * kv_dim_, a,
+                                                         bytes, cudaMemcpyHostToDevice, stream),
+                                         "upload a pending group"));
+  return cuda::cuda_status(cudaMemcpyAsync(pending_base() + pending_row(slot, j, 1, 0) * kv_dim_, b, bytes,
+                                           cudaMemcpyHostToDevice, stream),
+                           "upload a pending group");
+}
+
 }  // namespace ds41::gpu

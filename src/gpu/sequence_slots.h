@@ -5,7 +5,10 @@
 // [layer][slot][window][row] so one list of row offsets serves every layer of a step (base pointer
 // per layer). GpuSequence is the host mirror the step plan is built from: position, the page list
 // and entry count of each KV source, which pending rows are filled, the Engram look-back (the
-// hasher runs on the host) — all derived from positions alone. Nothing is allocated after creation.
+// hasher runs on the host), the per-layer window floors (MODEL_SPEC 4.4 / 4.5: the lowest position
+// a layer's window may read; raised by a bounded replay) — all derived from positions alone.
+// Nothing is allocated after creation. The host transfers (state export / import, cuda_engine.h)
+// run on the caller's stream; the caller synchronises.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,6 +35,7 @@ struct GpuSequence {
   std::vector<GpuSourceMirror> sources;  // one per KvLayout source, in layout order
   engram::EngramHashState engram;
   int64_t last_published_source = -1;
+  std::vector<int64_t> window_floor;  // per layer (empty: all 0), as SequenceState::window_floor
 };
 
 class SequenceSlots {
@@ -59,6 +63,17 @@ class SequenceSlots {
   }
   // Index among the ratio > 1 sources of layout source s (-1 for ratio 1).
   int64_t pending_index(int64_t s) const { return pending_of_source_[s]; }
+  // Host transfers of one slot's state (export / import): the rings of every layer as
+  // [n_layers][window][row] (position p at row p % window), and rows 0..rows-1 of the a and b parts
+  // of pending source j (rows x kv_dim floats each).
+  Status download_rings(int32_t slot, uint8_t* host, cudaStream_t stream) const;
+  Status upload_rings(int32_t slot, const uint8_t* host, cudaStream_t stream) const;
+  Status download_pending(int32_t slot, int64_t j, int64_t rows, float* a, float* b, cudaStream_t stream) const;
+  Status upload_pending(int32_t slot, int64_t j, int64_t rows, const void* a, const void* b,
+                        cudaStream_t stream) const;
+  int64_t ring_slot_bytes() const { return n_layers_ * window_ * row_bytes_; }
+  int64_t kv_dim() const { return kv_dim_; }
+
   // Bytes of one slot (rings + pending groups), as SequenceState::bounded_bytes() counts them
   // without the host-side Engram look-back.
   int64_t slot_bytes() const { return n_layers_ * window_ * row_bytes_ + pending_slot_floats_ * 4; }
