@@ -128,10 +128,14 @@ TEST_P(GpuCpuParity, OneShotAndChunkedPrefill) {
   EXPECT_EQ(count_selection_diffs(w2.record, got[0].record, c, "short"), 0);
   // Every layer agrees on the short prefix (router weights are a continuous function of each
   // layer's FFN input: a composition bug in any layer shows here long before the logits).
+  // Within 1e-4 (weights ~0.3): float noise grows over 16 layers of the random `small` model; the
+  // split-K hc_map applies the RMS factor to the finished dot rather than to each element as the
+  // reference does (~1 ulp per product), measured on the H200 up to 2.8e-5 at layers 12-14 (1e-5
+  // held with the per-element form). A composition bug moves them by far more.
   for (const auto& [l, wv] : w2.record.router_weights) {
     const auto& gv = got[0].record.router_weights.at(l);
     ASSERT_EQ(wv.size(), gv.size());
-    for (size_t i = 0; i < wv.size(); ++i) EXPECT_NEAR(wv[i], gv[i], 1e-5) << "layer " << l << " entry " << i;
+    for (size_t i = 0; i < wv.size(); ++i) EXPECT_NEAR(wv[i], gv[i], 1e-4) << "layer " << l << " entry " << i;
   }
 }
 
