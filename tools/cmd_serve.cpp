@@ -28,7 +28,7 @@ struct ServeArgs {
   int port = 8000, max_connections = 256;
   int64_t max_body_bytes = 8 << 20, max_prompt_tokens = 0, max_tokens_limit = 0;
   double shutdown_timeout_s = 30;
-  int read_timeout_s = 30, write_timeout_s = 30;
+  int read_timeout_s = 30, write_timeout_s = 30, keep_alive_timeout_s = 5;
   bool allow_image_urls = false;  // image_url parts: http:// fetched only with this flag
   std::string max_image_bytes = "20MiB";
   int64_t max_image_pixels = 40000000;
@@ -39,6 +39,8 @@ Status run_serve(const ServeArgs& a) {
   if (a.port < 0 || a.port > 65535) return invalid_argument("--port must be in 0..65535");
   if (a.max_body_bytes <= 0 || a.max_connections <= 0 || a.shutdown_timeout_s < 0)
     return invalid_argument("--max-body-bytes and --max-connections must be > 0, --shutdown-timeout >= 0");
+  if (a.keep_alive_timeout_s < 1 || a.keep_alive_timeout_s > 3600)
+    return invalid_argument("--keep-alive-timeout must be in 1..3600 seconds");
 
   // SIGTERM/SIGINT are taken by sigwait below: block them before any thread starts.
   sigset_t sigs;
@@ -70,6 +72,7 @@ Status run_serve(const ServeArgs& a) {
   hc.max_connections = a.max_connections;
   hc.read_timeout_s = a.read_timeout_s;
   hc.write_timeout_s = a.write_timeout_s;
+  hc.keep_alive_timeout_s = a.keep_alive_timeout_s;
 
   server::HttpServer http(hc, &service);
   DS41_RETURN_IF_ERROR(http.start());
@@ -149,6 +152,8 @@ void setup_serve(CLI::App& parent, int& exit_code) {
                   "Open connections served at once, else 503 (default 256)");
   cmd->add_option("--read-timeout", a->read_timeout_s, "Seconds a silent client is kept (default 30)");
   cmd->add_option("--write-timeout", a->write_timeout_s, "Seconds a non-reading client is kept (default 30)");
+  cmd->add_option("--keep-alive-timeout", a->keep_alive_timeout_s,
+                  "Seconds an idle keep-alive connection is kept open (default 5; each holds a connection slot)");
   cmd->add_option("--shutdown-timeout", a->shutdown_timeout_s, "Seconds to drain on SIGTERM (default 30)");
   cmd->add_option("--threads", a->engine.threads, "CPU threads (default 2)");
   cmd->add_flag(

@@ -61,5 +61,14 @@ TEST(CliUx, VerboseAndQuietAfterTheSubCommand) {
   }
 }
 
+TEST(CliUx, ServeKeepAliveTimeoutOutOfRangeIsAUsageError) {
+  // Checked before the model loads (the folder does not exist): exit 2 naming the flag.
+  for (const std::string v : {"0", "3601"}) {
+    RunResult r = run_ds41("serve --model /nonexistent/ds41-model --keep-alive-timeout " + v);
+    EXPECT_EQ(r.exit_code, 2) << v << "\n" << dump(r);
+    EXPECT_TRUE(has(r.err, "--keep-alive-timeout must be in 1..3600")) << v << "\n" << dump(r);
+  }
+}
+
 }  // namespace
 }  // namespace ds41::testing_cli

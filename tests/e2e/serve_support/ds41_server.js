@@ -32,8 +32,14 @@ function makeTinyModel(ds41, sharedDir, seed = 1, preset = 'tiny') {
 
 // Starts `ds41 serve --model MODEL --port PORT ...extra` and resolves when the ready line is out.
 // Resolves to { proc, port, url, stderr(), stop(signal), exited }.
+// The tests call `ds41 generate` synchronously (execFileSync), which blocks Node's event loop for
+// seconds: the client's keep-alive timer cannot fire meanwhile, so it may reuse a pooled
+// connection that the server closed after its idle timeout (default 5 s) and the next POST fails
+// with "other side closed" (seen in CI under load). The servers of the tests keep idle
+// connections for 300 s unless the test passes its own --keep-alive-timeout.
 function startServer(ds41, model, extra = [], { port = 0, readyTimeoutMs = 60000 } = {}) {
-  const proc = spawn(ds41, ['serve', '--model', model, '--port', String(port), ...extra],
+  const keep = extra.includes('--keep-alive-timeout') ? [] : ['--keep-alive-timeout', '300'];
+  const proc = spawn(ds41, ['serve', '--model', model, '--port', String(port), ...keep, ...extra],
     { stdio: ['ignore', 'pipe', 'pipe'] });
   live.add(proc);
   proc.on('exit', () => live.delete(proc));
