@@ -9,7 +9,8 @@
 //
 // A read stops at the first block it cannot serve (absent, evicted, corrupt and deleted, I/O
 // error): the blocks after it are of no use to a prefix restore. That is a shorter result, never an
-// error of the request. Queue bounded by reads (one per request); a full queue refuses at once
+// error of the request. Queue bounded by reads (at most one per request; the prefix cache shares a
+// read between the requests that need its blocks, prefix_cache.h); a full queue refuses at once
 // (the caller restores without the persistent tier). cancel() drops a queued read, or the result of
 // a running one, so an aborted request leaves nothing behind.
 //

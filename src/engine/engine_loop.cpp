@@ -163,7 +163,7 @@ struct EngineLoop::Impl {
   // `running`, no tokens planned) while the prefix cache reads its blocks found only in the
   // persistent tier off this thread; unpark_ready() restores it when the read is back.
   void restore_or_park(Req& r);
-  static bool parked(const Req& r) { return r.cache.wait_boundary > 0 || r.cache.read_ticket != 0; }
+  static bool parked(const Req& r) { return r.cache.wait_boundary > 0 || r.cache.reading(); }
   // The prefix cache for this request (none for a request with an image without a content hash),
   // and the key input of its first n tokens (ids + image spans: prefix_cache.h "Prompts with
   // images").
@@ -361,7 +361,7 @@ void EngineLoop::Impl::run() {
     if (!waiting.empty() || !running.empty()) step_once();
     publish_stats();
     reads_parked =
-        std::any_of(running.begin(), running.end(), [](const auto& r) { return r->cache.read_ticket != 0; });
+        std::any_of(running.begin(), running.end(), [](const auto& r) { return r->cache.reading(); });
   }
   publish_stats();
   if (cfg.prefix_cache) cfg.prefix_cache->set_bring_up_listener({});
@@ -398,15 +398,17 @@ void EngineLoop::Impl::restore_or_park(Req& r) {
 void EngineLoop::Impl::unpark_ready() {
   PrefixCache* pc = cfg.prefix_cache;
   if (!pc) return;
-  // Async reads that are back: their blocks go to the DRAM tier, then the normal restore.
-  for (BlockRead& rd : pc->take_bring_ups()) {
-    auto it = std::find_if(running.begin(), running.end(),
-                           [&](const auto& r) { return r->cache.read_ticket == rd.ticket; });
-    if (it == running.end()) continue;  // cancelled meanwhile (cancel() normally drops it first)
-    Req& r = **it;
-    pc->accept_bring_up(std::move(rd), r.cache);
-    restore(r);
-    if (r.seq < 0) finish(r, FinishReason::kError, "could not recreate the sequence after a failed restore");
+  // Async reads that are back: their blocks are in the DRAM tier; each goes to every request
+  // waiting for it (a read may be shared), and a request with all its reads back restores.
+  std::vector<Req*> ready;
+  for (const BlockRead& rd : pc->take_bring_ups())
+    for (auto& r : running)
+      if (r->cache.reading() && pc->accept_bring_up(rd, r->cache)) ready.push_back(r.get());
+  for (auto& rp : running) {  // in admission order
+    Req* r = rp.get();
+    if (std::find(ready.begin(), ready.end(), r) == ready.end()) continue;
+    restore(*r);
+    if (r->seq < 0) finish(*r, FinishReason::kError, "could not recreate the sequence after a failed restore");
   }
   for (auto& r : running) {
     if (r->cache.wait_boundary == 0) continue;

@@ -21,8 +21,9 @@
 // everything but the token whose logits it needs) and at the end of the output. A preempted
 // sequence keeps its blocks pinned and its snapshot, and resumes by an exact restore. Blocks
 // found only in the persistent tier are read off the loop thread (PrefixCache::start_bring_up):
-// the request is parked (in `running`, no tokens planned) until the read is back, drained at the
-// start of a step; a loop with nothing else to do sleeps until a read, a submit or stop wakes it.
+// the request is parked (in `running`, no tokens planned) until its reads are back (a read may be
+// shared by the requests needing the same blocks), drained at the start of a step; a loop with
+// nothing else to do sleeps until a read, a submit or stop wakes it.
 #pragma once
 
 #include <chrono>

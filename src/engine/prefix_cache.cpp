@@ -119,6 +119,12 @@ PrefixCache::PrefixCache(const PrefixCacheConfig& c, Clock& clock, kvcache::Metr
       async_wait_us_(
           m.counter("ds41_prefix_cache_async_wait_microseconds_total",
                     "Time requests spent parked on an async bring-up, summed over the finished ones")),
+      async_joined_(m.counter("ds41_prefix_cache_async_reads_joined_total",
+                              "Async bring-ups that waited for a read another request had started instead "
+                              "of reading those blocks again")),
+      async_wait_s_(m.histogram("ds41_prefix_cache_async_wait_seconds",
+                                "Time a request spent parked on an async bring-up (finished ones)",
+                                kvcache::latency_bounds_seconds())),
       g_engine_bytes_(m.gauge("ds41_prefix_cache_bytes", "Block payload bytes held", {{"tier", "engine"}})),
       g_engine_blocks_(m.gauge("ds41_prefix_cache_blocks", "Blocks held", {{"tier", "engine"}})),
       g_dram_bytes_(m.gauge("ds41_prefix_cache_bytes", "Block payload bytes held", {{"tier", "dram"}})),
@@ -301,9 +307,10 @@ bool PrefixCache::bring_up(const Found& f, int64_t n, CacheSession& s, std::vect
     const BlockKey& k = f.keys[i];
     BlockBytes b = engine_tier_.get(k);
     int tier = 0;
-    if (!b) {  // read from the persistent tier for this admission (usage says disk)
-      auto st = s.staged.find(k);
-      if (st != s.staged.end()) b = st->second;
+    // Read from the persistent tier for this admission (usage says disk), also when a request
+    // that shared the read restored first and the block is in the engine tier by now.
+    if (auto st = s.staged.find(k); st != s.staged.end()) {
+      if (!b) b = st->second;
       tier = 2;
     }
     if (!b) {
@@ -544,46 +551,92 @@ bool PrefixCache::start_bring_up(const Engine& engine, const CacheKeyInput& in, 
     s.disk_via_reader = false;
     return false;
   }
-  Result<uint64_t> ticket = reader_->submit(std::move(keys));
-  if (!ticket.ok()) {
-    async_rejected_.inc();
-    return false;
+  // Blocks another request's read brings up already: wait for that read (once per read). The
+  // rest: one read of our own, in parallel with the shared ones.
+  const int64_t parked_ns = clock_.now_mono_ns();  // before a reader can start on it
+  std::vector<uint64_t> tickets;
+  std::vector<BlockKey> own;
+  for (const BlockKey& k : keys) {
+    auto r = reading_.find(k);
+    if (r == reading_.end())
+      own.push_back(k);
+    else if (std::find(tickets.begin(), tickets.end(), r->second) == tickets.end())
+      tickets.push_back(r->second);
   }
-  s.read_ticket = *ticket;
-  s.read_started_ns = clock_.now_mono_ns();
+  const bool joined = !tickets.empty();
+  if (!own.empty()) {
+    Result<uint64_t> ticket = reader_->submit(own);
+    if (ticket.ok()) {
+      for (const BlockKey& k : own) reading_[k] = *ticket;
+      reads_[*ticket] = SharedRead{std::move(own), 0};
+      tickets.push_back(*ticket);
+    } else {
+      async_rejected_.inc();  // the blocks of the shared reads only, if any
+    }
+  }
+  if (tickets.empty()) return false;
+  for (uint64_t t : tickets) ++reads_[t].waiters;
+  if (joined) async_joined_.inc();
+  s.read_tickets = std::move(tickets);
+  s.read_started_ns = parked_ns;
   async_started_.inc();
   return true;
 }
 
-std::vector<BlockRead> PrefixCache::take_bring_ups() {
-  return reader_ ? reader_->take_completed() : std::vector<BlockRead>{};
+void PrefixCache::forget_read(uint64_t ticket) {
+  auto r = reads_.find(ticket);
+  if (r == reads_.end()) return;
+  for (const BlockKey& k : r->second.keys) {
+    auto it = reading_.find(k);
+    if (it != reading_.end() && it->second == ticket) reading_.erase(it);
+  }
+  reads_.erase(r);
 }
 
-void PrefixCache::accept_bring_up(BlockRead read, CacheSession& s) {
-  if (read.ticket == 0 || read.ticket != s.read_ticket) return;
-  s.read_ticket = 0;
-  async_wait_us_.inc(
-      static_cast<uint64_t>(std::max<int64_t>(0, clock_.now_mono_ns() - s.read_started_ns) / 1000));
-  async_blocks_.inc(read.blocks.size());
-  async_bytes_.inc(read.bytes);
-  if (!read.status.ok()) {
-    async_short_.inc();
-    log_debug("prefix_cache", "async bring-up of request " + std::to_string(s.request_id) +
-                                  " came back short: " + read.status.message());
+std::vector<BlockRead> PrefixCache::take_bring_ups() {
+  if (!reader_) return {};
+  std::vector<BlockRead> reads = reader_->take_completed();
+  for (const BlockRead& read : reads) {
+    forget_read(read.ticket);  // from now on these blocks are in memory (or not to be had)
+    async_blocks_.inc(read.blocks.size());
+    async_bytes_.inc(read.bytes);
+    if (!read.status.ok()) {
+      async_short_.inc();
+      log_debug("prefix_cache", "async read " + std::to_string(read.ticket) +
+                                    " came back short: " + read.status.message());
+    }
+    // Into the DRAM tier once: requests with this prefix admitted later find it in memory.
+    if (config_.dram_tier_bytes > 0)
+      for (size_t i = 0; i < read.blocks.size(); ++i) dram_tier_.put(read.keys[i], read.blocks[i]);
   }
-  for (size_t i = 0; i < read.blocks.size(); ++i) {
-    // Also into the DRAM tier: other requests with this prefix find it in memory from now on.
-    if (config_.dram_tier_bytes > 0) dram_tier_.put(read.keys[i], read.blocks[i]);
-    s.staged[read.keys[i]] = std::move(read.blocks[i]);
-  }
-  update_gauges();
+  if (!reads.empty()) update_gauges();
+  return reads;
+}
+
+bool PrefixCache::accept_bring_up(const BlockRead& read, CacheSession& s) {
+  auto it = std::find(s.read_tickets.begin(), s.read_tickets.end(), read.ticket);
+  if (read.ticket == 0 || it == s.read_tickets.end()) return false;
+  s.read_tickets.erase(it);
+  // Staged for this session even when the DRAM tier cannot keep them (its restore needs them).
+  for (size_t i = 0; i < read.blocks.size(); ++i) s.staged[read.keys[i]] = read.blocks[i];
+  if (!s.read_tickets.empty()) return false;
+  const int64_t waited_ns = std::max<int64_t>(0, clock_.now_mono_ns() - s.read_started_ns);
+  async_wait_us_.inc(static_cast<uint64_t>(waited_ns / 1000));
+  async_wait_s_.observe(static_cast<double>(waited_ns) * 1e-9);
+  return true;
 }
 
 void PrefixCache::cancel_bring_up(CacheSession& s) {
-  if (s.read_ticket != 0) {
-    if (reader_) reader_->cancel(s.read_ticket);
+  if (s.reading()) {
+    for (uint64_t t : s.read_tickets) {
+      auto r = reads_.find(t);
+      if (r == reads_.end()) continue;  // taken already
+      if (--r->second.waiters > 0) continue;  // others still wait for it: it goes on
+      if (reader_) reader_->cancel(t);
+      forget_read(t);
+    }
     async_cancelled_.inc();
-    s.read_ticket = 0;
+    s.read_tickets.clear();
   }
   s.staged.clear();
   s.disk_via_reader = false;

@@ -35,6 +35,15 @@
 // them in memory. A block the read could not serve (absent, corrupt, I/O error) only shortens the
 // restore; restore() after start_bring_up() never reads the disk itself.
 //
+// Reads in flight are shared by block key: a request whose blocks are already being read for
+// another request (two requests with the same disk-only prefix admitted together) waits for that
+// read instead of reading them again, and reads only the blocks nobody reads yet, in parallel (a
+// longer prompt: its own read of the rest). A request parks until every read it waits for is
+// back; each read's blocks go into the DRAM tier once and are staged for every waiter, whose
+// usage reports them as from disk. A read lives while someone waits for it: an aborted or
+// preempted waiter leaves it to the others, and only the last one cancels it. A failed or short
+// shared read is a shorter restore for every waiter (the walk stops at the first block missing).
+//
 // SWA snapshots (state_codec.h payloads in the kvcache block format) live in an SwaPool (DRAM TTL
 // pool by default, Redis with --kv-redis) for --kv-swa-ttl. A snapshot at any prefix length L is
 // keyed by the chain hash of the first L tokens; to find unaligned ones, a small "marker" entry
@@ -128,11 +137,13 @@ struct CacheSession {
   int64_t wait_boundary = 0;             // parked: waiting for a producer to reach this many tokens
   int64_t wait_producer = -1;
   int64_t inflight_blocks = 0;  // prompt blocks this request registered as in flight
-  // Async bring-up: the read in flight (0: none; the request is parked while set), when it
-  // started (clock ns), and the blocks it read, staged for this admission's restore(). While
-  // disk_via_reader a restore takes persistent-tier blocks from `staged` only.
-  uint64_t read_ticket = 0;
+  // Async bring-up: the reads this admission waits for (its own and ones it shares with other
+  // requests; the request is parked while any is left), when it parked (clock ns), and the blocks
+  // read, staged for this admission's restore(). While disk_via_reader a restore takes
+  // persistent-tier blocks from `staged` only.
+  std::vector<uint64_t> read_tickets;
   int64_t read_started_ns = 0;
+  bool reading() const { return !read_tickets.empty(); }
   bool disk_via_reader = false;
   std::unordered_map<kvcache::BlockKey, BlockBytes, kvcache::BlockKeyHash> staged;
 };
@@ -173,17 +184,20 @@ class PrefixCache {
 
   // Async bring-up (the file comment). Call at admission (and when a parked waiter is released)
   // before restore(): when the blocks a restore would use now include some found only in the
-  // persistent tier, queues their read, sets s.read_ticket and returns true: park the request
-  // until take_bring_ups() returns the read and accept_bring_up() staged it, then restore().
-  // False: restore() now (nothing to read, no persistent tier, a preempted session's own state,
-  // or the read queue is full: that restore skips the persistent tier).
+  // persistent tier, queues the read of those nobody reads yet, joins the reads in flight of the
+  // others, sets s.read_tickets and returns true: park the request until accept_bring_up() says
+  // every read is back, then restore(). False: restore() now (nothing to read, no persistent
+  // tier, a preempted session's own state, or the read queue is full and no read to join: that
+  // restore skips the persistent tier).
   bool start_bring_up(const Engine& engine, const CacheKeyInput& in, int64_t limit, CacheSession& s);
-  // Finished reads not yet taken (loop thread, at the start of a step).
+  // Finished reads not yet taken (loop thread, at the start of a step); their blocks are in the
+  // DRAM tier. Hand each to every session waiting for it (accept_bring_up).
   std::vector<BlockRead> take_bring_ups();
-  // Hands a finished read to its session: blocks into the DRAM tier and staged for its restore();
-  // clears s.read_ticket; metrics.
-  void accept_bring_up(BlockRead read, CacheSession& s);
-  // Drops the session's read in flight (abort, preemption) and whatever it staged.
+  // Stages a finished read's blocks for `s` if it waits for that read; true when that was the
+  // last read it waited for (restore() now; the time parked goes to the metrics).
+  bool accept_bring_up(const BlockRead& read, CacheSession& s);
+  // Stops waiting for the session's reads (abort, preemption): a read nobody else waits for is
+  // cancelled; drops whatever the session staged.
   void cancel_bring_up(CacheSession& s);
   // Called on a reader thread after each finished read (wakes an idle loop); {} clears it and
   // waits for a call in progress.
@@ -256,12 +270,23 @@ class PrefixCache {
   std::unordered_map<int64_t, std::vector<kvcache::BlockKey>> inflight_by_;
   std::map<int64_t, std::vector<int64_t>> wanted_;  // producer -> boundaries
 
+  // Async reads in flight (submitted, not yet taken): ticket -> its keys and how many sessions
+  // wait for it; block key -> the ticket reading it.
+  struct SharedRead {
+    std::vector<kvcache::BlockKey> keys;
+    int64_t waiters = 0;
+  };
+  std::unordered_map<uint64_t, SharedRead> reads_;
+  std::unordered_map<kvcache::BlockKey, uint64_t, kvcache::BlockKeyHash> reading_;
+  void forget_read(uint64_t ticket);  // drops reads_[ticket] and its reading_ entries
+
   kvcache::Counter &lookups_, &hit_requests_, &tok_engine_, &tok_dram_, &tok_disk_, &tok_snapshot_;
   kvcache::Counter &swa_restored_, &swa_replayed_, &swa_recomputed_, &swa_put_, &swa_put_err_, &swa_bad_;
   kvcache::Counter &blocks_published_, &disk_writes_dropped_, &shared_waits_, &restore_failures_;
   kvcache::Counter &evict_engine_, &evict_dram_;
   kvcache::Counter &async_started_, &async_cancelled_, &async_short_, &async_rejected_, &async_blocks_,
-      &async_bytes_, &async_wait_us_;
+      &async_bytes_, &async_wait_us_, &async_joined_;
+  kvcache::Histogram& async_wait_s_;
   kvcache::Gauge &g_engine_bytes_, &g_engine_blocks_, &g_dram_bytes_, &g_dram_blocks_, &g_pinned_;
 };
 

@@ -1,7 +1,10 @@
 // ds41 kvcache: MetricsRegistry implementation (registration under a mutex, values atomic).
 #include "kvcache/metrics.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <sstream>
 
 #include "core/check.h"
 
@@ -47,7 +50,40 @@ std::string escape_help(const std::string& v) {
   return out;
 }
 
+// A bound or a sum as Prometheus reads it (as the server's histograms print them).
+std::string num(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  std::ostringstream os;
+  os.precision(10);
+  os << v;
+  return os.str();
+}
+
 }  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {
+  DS41_CHECK(std::is_sorted(bounds_.begin(), bounds_.end()), "histogram bounds must be ascending");
+}
+
+void Histogram::observe(double v) {
+  const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(v, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t Histogram::cumulative(size_t i) const {
+  uint64_t c = 0;
+  for (size_t j = 0; j <= std::min(i, bounds_.size()); ++j) c += counts_[j].load(std::memory_order_relaxed);
+  return c;
+}
+
+const std::vector<double>& latency_bounds_seconds() {
+  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                        1,     2.5,   5,    10,    30,   60,  120};
+  return b;
+}
 
 std::string MetricsRegistry::render_labels(const MetricLabels& labels) {
   if (labels.empty()) return "";
@@ -87,6 +123,25 @@ Gauge& MetricsRegistry::gauge(const std::string& name, const std::string& help, 
   return gauges_.back();
 }
 
+Histogram& MetricsRegistry::histogram(const std::string& name, const std::string& help,
+                                      const std::vector<double>& bounds, const MetricLabels& labels) {
+  DS41_CHECK(valid_metric_name(name), "invalid metric name");
+  for (const auto& l : labels) DS41_CHECK(l.first != "le", "a histogram's label may not be named le");
+  std::string key = render_labels(labels);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = families_.try_emplace(name, Family{Kind::kHistogram, help, {}});
+  DS41_CHECK(it->second.kind == Kind::kHistogram, "metric registered as histogram and another kind");
+  auto s = it->second.series.find(key);
+  if (s != it->second.series.end()) {
+    DS41_CHECK(histograms_[s->second].bounds() == bounds, "histogram registered again with other bounds");
+    return histograms_[s->second];
+  }
+  histograms_.emplace_back(bounds);
+  histogram_labels_.push_back(labels);
+  it->second.series.emplace(key, histograms_.size() - 1);
+  return histograms_.back();
+}
+
 uint64_t MetricsRegistry::counter_value(const std::string& name, const MetricLabels& labels) const {
   std::string key = render_labels(labels);
   std::lock_guard<std::mutex> lock(mu_);
@@ -110,8 +165,20 @@ std::string MetricsRegistry::prometheus_text() const {
   std::string out;
   for (const auto& [name, fam] : families_) {
     out += "# HELP " + name + " " + escape_help(fam.help) + "\n";
-    out += "# TYPE " + name + (fam.kind == Kind::kCounter ? " counter\n" : " gauge\n");
+    out += "# TYPE " + name +
+           (fam.kind == Kind::kCounter ? " counter\n" : fam.kind == Kind::kGauge ? " gauge\n" : " histogram\n");
     for (const auto& [labels, idx] : fam.series) {
+      if (fam.kind == Kind::kHistogram) {
+        const Histogram& h = histograms_[idx];
+        for (size_t i = 0; i <= h.bounds().size(); ++i) {
+          MetricLabels l = histogram_labels_[idx];
+          l.emplace_back("le", i < h.bounds().size() ? num(h.bounds()[i]) : "+Inf");
+          out += name + "_bucket" + render_labels(l) + " " + std::to_string(h.cumulative(i)) + "\n";
+        }
+        out += name + "_sum" + labels + " " + num(h.sum()) + "\n";
+        out += name + "_count" + labels + " " + std::to_string(h.count()) + "\n";
+        continue;
+      }
       std::string v = fam.kind == Kind::kCounter ? std::to_string(counters_[idx].value())
                                                  : std::to_string(gauges_[idx].value());
       out += name + labels + " " + v + "\n";

@@ -16,8 +16,7 @@ std::string num(double v) {
   return os.str();
 }
 
-const std::vector<double> kLatencyBounds = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                            1,     2.5,   5,    10,    30,   60,  120};
+const std::vector<double>& kLatencyBounds = kvcache::latency_bounds_seconds();  // shared with the cache's
 const std::vector<double> kCountBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 
 }  // namespace

@@ -5,14 +5,18 @@
 // loop thread, and an idle loop sleeps instead of spinning); released, A's output is
 // token-identical to a cold run with its cached tokens reported by tier. A failed or corrupt read
 // is a shorter restore (an exact answer); a request aborted while parked, and a loop stopped with
-// a read in flight, release everything without waiting for the disk. Named EngineLoop* for the CI
-// TSan job (scripts/test.sh).
+// a read in flight, release everything without waiting for the disk. Two requests that need the
+// same disk-only blocks share one read (an abort of one leaves the read to the other; a failed
+// shared read is a shorter restore for both); the time parked is a histogram (FakeClock). Named
+// EngineLoop* for the CI TSan job (scripts/test.sh).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <functional>
 #include <future>
 #include <random>
+#include <thread>
 
 #include "engine/cpu_engine.h"
 #include "engine/engine_loop.h"
@@ -92,10 +96,11 @@ class EngineLoopDiskBringUp : public ::testing::Test {
     c.disk.sync = false;
     return c;
   }
-  void make_cache(const PrefixCacheConfig& c) {
+  // `clock`: the cache's (and its persistent tier's) clock; null: the system clock.
+  void make_cache(const PrefixCacheConfig& c, Clock* clock = nullptr) {
     pc_.reset();
     metrics_ = std::make_unique<kvcache::MetricsRegistry>();
-    auto pc = PrefixCache::create(c, SystemClock::instance(), *metrics_, &faults_);
+    auto pc = PrefixCache::create(c, clock ? *clock : SystemClock::instance(), *metrics_, &faults_);
     ASSERT_TRUE(pc.ok()) << pc.status().message();
     pc_ = std::move(*pc);
   }
@@ -123,7 +128,7 @@ class EngineLoopDiskBringUp : public ::testing::Test {
   }
   // Runs `r` once through the cache: its blocks are written to the persistent tier (and its
   // snapshots to the SWA pool).
-  void warm(GenerationRequest r) {
+  void warm(GenerationRequest r, size_t disk_blocks = 2) {
     EngineLoop loop(eng_.get(), loop_config());
     auto s = loop.submit(std::move(r));
     ASSERT_TRUE(s.ok());
@@ -131,11 +136,43 @@ class EngineLoopDiskBringUp : public ::testing::Test {
     ASSERT_TRUE(collect(**s, 60s).done);
     loop.stop(1000ms);
     ASSERT_TRUE(pc_->drain_writes(10000));
-    ASSERT_EQ(pc_->disk()->block_count(), 2u);
+    ASSERT_EQ(pc_->disk()->block_count(), disk_blocks);
     ASSERT_EQ(pc_->dram_tier().blocks() + pc_->engine_tier().blocks(), 0u);
   }
   uint64_t counter(const std::string& name, const kvcache::MetricLabels& l = {}) {
     return metrics_->counter_value(name, l);
+  }
+  // The value of the exposition line that starts with `series` ("name{labels}" as rendered), or -1
+  // when there is none.
+  double exposed(const std::string& series) {
+    const std::string text = metrics_->prometheus_text();
+    for (size_t at = 0; (at = text.find(series + " ", at)) != std::string::npos; ++at)
+      if (at == 0 || text[at - 1] == '\n') return std::stod(text.substr(at + series.size() + 1));
+    return -1;
+  }
+  // Submits `reqs` before the loop starts (they are admitted in its first step) and holds the
+  // persistent tier's reads until release_after() returned; the outcomes in submission order.
+  std::vector<Outcome> together(std::vector<GenerationRequest> reqs, const std::function<void(
+                                                                         std::vector<RequestStream*>&)>& held) {
+    gate_.hold();
+    EngineLoop loop(eng_.get(), loop_config());
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    std::vector<RequestStream*> raw;
+    for (auto& r : reqs) {
+      auto s = loop.submit(std::move(r));
+      EXPECT_TRUE(s.ok());
+      if (!s.ok()) return {};
+      raw.push_back(s->get());
+      streams.push_back(std::move(*s));
+    }
+    EXPECT_TRUE(loop.start().ok());
+    EXPECT_TRUE(gate_.wait_held(1, 10s)) << "no block read started";
+    held(raw);
+    gate_.release();
+    std::vector<Outcome> out;
+    for (auto& s : streams) out.push_back(collect(*s, 60s));
+    loop.stop(1000ms);
+    return out;
   }
 
   static ds41::testing::TestModel* tm_;
@@ -307,6 +344,143 @@ TEST_F(EngineLoopDiskBringUp, StopWithAReadInFlightDoesNotWaitForTheDisk) {
   EXPECT_EQ(pc_->engine_tier().pinned_blocks(), 0u);
   EXPECT_EQ(counter("ds41_prefix_cache_async_bring_ups_cancelled_total"), 2u);
   pc_.reset();
+}
+
+TEST_F(EngineLoopDiskBringUp, SameDiskOnlyPrefixAdmittedTogetherIsReadOnce) {
+  make_cache(config());
+  const auto p = random_prompt(300, 26);
+  const auto cold_p = cold(greedy(p, 5));
+  warm(greedy(p, 5));
+  const uint64_t hits0 = counter("ds41_kv_disk_hits_total");
+  bool second_reader = true;
+  const auto out = together({greedy(p, 5), greedy(p, 5)}, [&](std::vector<RequestStream*>&) {
+    // Two reader threads: a duplicate read of the same blocks would wait at the gate too.
+    second_reader = gate_.wait_held(2, 500ms);
+  });
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_FALSE(second_reader) << "the second request started its own read of the same blocks";
+  for (const Outcome& o : out) {
+    ASSERT_TRUE(o.done);
+    EXPECT_EQ(o.tokens, cold_p);
+    EXPECT_EQ(o.last.cached_tokens, 299);
+    EXPECT_EQ(o.last.cache.disk_tokens, 256);  // both waited for the persistent tier's read
+    EXPECT_EQ(o.last.cache.snapshot_tokens, 43);
+  }
+  EXPECT_EQ(counter("ds41_kv_disk_hits_total") - hits0, 2u) << "the two blocks were read more than once";
+  EXPECT_EQ(counter("ds41_prefix_cache_async_bring_ups_total"), 2u);  // both parked
+  EXPECT_EQ(counter("ds41_prefix_cache_async_reads_joined_total"), 1u);
+  EXPECT_EQ(counter("ds41_prefix_cache_async_read_blocks_total"), 2u);
+  EXPECT_EQ(counter("ds41_prefix_cache_cached_tokens_total", {{"tier", "disk"}}), 512u);
+  EXPECT_EQ(pc_->engine_tier().pinned_blocks(), 0u);
+  EXPECT_EQ(pc_->bring_ups_outstanding(), 0u);
+}
+
+TEST_F(EngineLoopDiskBringUp, LongerPromptWaitsForTheSharedBlocksAndReadsOnlyTheRest) {
+  make_cache(config());
+  const auto pa = random_prompt(300, 27);
+  auto pb = pa;
+  const auto tail = random_prompt(300, 28);
+  pb.insert(pb.end(), tail.begin(), tail.end());  // 600 tokens: blocks 0-1 shared, 2-3 its own
+  const auto cold_a = cold(greedy(pa, 4));
+  const auto cold_b = cold(greedy(pb, 4));
+  warm(greedy(pa, 4), 2);
+  warm(greedy(pb, 4), 4);
+  const uint64_t hits0 = counter("ds41_kv_disk_hits_total");
+  const auto out = together({greedy(pa, 4), greedy(pb, 4)}, [](std::vector<RequestStream*>&) {});
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_TRUE(out[0].done);
+  ASSERT_TRUE(out[1].done);
+  EXPECT_EQ(out[0].tokens, cold_a);
+  EXPECT_EQ(out[1].tokens, cold_b);
+  EXPECT_EQ(out[0].last.cache.disk_tokens, 256);
+  EXPECT_EQ(out[0].last.cached_tokens, 299);
+  EXPECT_EQ(out[1].last.cache.disk_tokens, 512);
+  EXPECT_EQ(out[1].last.cached_tokens, 599);
+  EXPECT_EQ(counter("ds41_kv_disk_hits_total") - hits0, 4u) << "a shared block was read twice";
+  EXPECT_EQ(counter("ds41_prefix_cache_async_reads_joined_total"), 1u);
+  EXPECT_EQ(pc_->engine_tier().pinned_blocks(), 0u);
+  EXPECT_EQ(pc_->bring_ups_outstanding(), 0u);
+}
+
+TEST_F(EngineLoopDiskBringUp, AbortOfTheFirstLeavesTheSharedReadToTheSecond) {
+  make_cache(config());
+  const auto p = random_prompt(300, 29);
+  const auto cold_p = cold(greedy(p, 4));
+  warm(greedy(p, 4));
+  const uint64_t hits0 = counter("ds41_kv_disk_hits_total");
+  Outcome aborted;
+  bool reread = true;
+  const auto out = together({greedy(p, 4), greedy(p, 4)}, [&](std::vector<RequestStream*>& s) {
+    s[0]->cancel();
+    aborted = collect(*s[0], 10s);  // while the read is still held
+    reread = gate_.wait_held(2, 500ms);
+  });
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_TRUE(aborted.done);
+  EXPECT_EQ(aborted.last.finish, FinishReason::kAbort);
+  EXPECT_TRUE(aborted.tokens.empty());
+  EXPECT_FALSE(reread) << "the waiter read the blocks again";
+  ASSERT_TRUE(out[1].done);
+  EXPECT_EQ(out[1].tokens, cold_p);
+  EXPECT_EQ(out[1].last.cached_tokens, 299);
+  EXPECT_EQ(out[1].last.cache.disk_tokens, 256);
+  EXPECT_EQ(counter("ds41_kv_disk_hits_total") - hits0, 2u);
+  EXPECT_EQ(counter("ds41_prefix_cache_async_bring_ups_cancelled_total"), 1u);
+  EXPECT_EQ(pc_->engine_tier().pinned_blocks(), 0u);
+  EXPECT_EQ(eng_->live_sequences(), 0);
+  EXPECT_EQ(pc_->bring_ups_outstanding(), 0u);
+}
+
+TEST_F(EngineLoopDiskBringUp, AFailedSharedReadIsAShorterRestoreForBoth) {
+  make_cache(config());
+  const auto p = random_prompt(300, 30);
+  const auto cold_p = cold(greedy(p, 4));
+  warm(greedy(p, 4));
+  faults_.inject(kvcache::FaultKind::kCorruptRead, 0, -1);  // through the gate, then corrupt
+  const auto out = together({greedy(p, 4), greedy(p, 4)}, [](std::vector<RequestStream*>&) {});
+  faults_.clear();
+  ASSERT_EQ(out.size(), 2u);
+  for (const Outcome& o : out) {
+    ASSERT_TRUE(o.done);
+    EXPECT_EQ(o.tokens, cold_p);
+    EXPECT_EQ(o.last.cached_tokens, 0);
+    EXPECT_EQ(o.last.cache.disk_tokens, 0);
+  }
+  EXPECT_EQ(counter("ds41_prefix_cache_async_read_failures_total"), 1u) << "the blocks were read twice";
+  EXPECT_EQ(counter("ds41_kv_disk_checksum_failures_total"), 1u);
+  EXPECT_EQ(pc_->engine_tier().pinned_blocks(), 0u);
+  EXPECT_EQ(pc_->bring_ups_outstanding(), 0u);
+}
+
+TEST_F(EngineLoopDiskBringUp, TimeParkedIsAHistogramOnTheInjectedClock) {
+  FakeClock clock;
+  make_cache(config(), &clock);
+  const auto p = random_prompt(300, 31);
+  warm(greedy(p, 3));
+  // Two requests parked 0.3 s on one read, then one parked 3 s (time moves only while held, and
+  // once every request parked: it counts as parked after its start time was taken).
+  auto parked_then = [&](uint64_t parked, double seconds) {
+    return [&, parked, seconds](std::vector<RequestStream*>&) {
+      for (int i = 0; i < 10000 && counter("ds41_prefix_cache_async_bring_ups_total") < parked; ++i)
+        std::this_thread::sleep_for(1ms);
+      ASSERT_EQ(counter("ds41_prefix_cache_async_bring_ups_total"), parked);
+      clock.advance_s(seconds);
+    };
+  };
+  auto out = together({greedy(p, 3), greedy(p, 3)}, parked_then(2, 0.3));
+  ASSERT_EQ(out.size(), 2u);
+  out = together({greedy(p, 3)}, parked_then(3, 3));
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].done);
+  const std::string h = "ds41_prefix_cache_async_wait_seconds";
+  EXPECT_EQ(exposed(h + "_bucket{le=\"0.25\"}"), 0);
+  EXPECT_EQ(exposed(h + "_bucket{le=\"0.5\"}"), 2);
+  EXPECT_EQ(exposed(h + "_bucket{le=\"2.5\"}"), 2);
+  EXPECT_EQ(exposed(h + "_bucket{le=\"5\"}"), 3);
+  EXPECT_EQ(exposed(h + "_bucket{le=\"+Inf\"}"), 3);
+  EXPECT_EQ(exposed(h + "_count"), 3);
+  EXPECT_NEAR(exposed(h + "_sum"), 3.6, 1e-9);
+  EXPECT_NE(metrics_->prometheus_text().find("# TYPE " + h + " histogram\n"), std::string::npos);
 }
 
 }  // namespace

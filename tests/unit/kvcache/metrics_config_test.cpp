@@ -1,4 +1,4 @@
-// Tests for kvcache/metrics (Prometheus text) and kvcache/store_config (defaults, validation,
+// Tests for kvcache/metrics (Prometheus text, histograms) and kvcache/store_config (defaults, validation,
 // flag parsers).
 #include <gtest/gtest.h>
 
@@ -27,6 +27,26 @@ TEST(Metrics, PrometheusTextExposition) {
             "# TYPE ds41_x_total counter\n"
             "ds41_x_total{tier=\"disk\"} 3\n"
             "ds41_x_total{tier=\"dram\"} 1\n");
+}
+
+TEST(Metrics, HistogramBucketsAreInclusiveCumulativeAndRendered) {
+  MetricsRegistry m;
+  Histogram& h = m.histogram("ds41_wait_seconds", "Waits", {0.1, 1}, {{"tier", "disk"}});
+  EXPECT_EQ(&h, &m.histogram("ds41_wait_seconds", "Waits", {0.1, 1}, {{"tier", "disk"}}));
+  for (double v : {0.05, 0.1, 0.5, 1.0, 7.0}) h.observe(v);  // a bound belongs to its own bucket
+  EXPECT_EQ(h.cumulative(0), 2u);
+  EXPECT_EQ(h.cumulative(1), 4u);
+  EXPECT_EQ(h.cumulative(2), 5u);
+  EXPECT_EQ(h.count(), 5u);
+  EXPECT_DOUBLE_EQ(h.sum(), 8.65);
+  EXPECT_EQ(m.prometheus_text(),
+            "# HELP ds41_wait_seconds Waits\n"
+            "# TYPE ds41_wait_seconds histogram\n"
+            "ds41_wait_seconds_bucket{tier=\"disk\",le=\"0.1\"} 2\n"
+            "ds41_wait_seconds_bucket{tier=\"disk\",le=\"1\"} 4\n"
+            "ds41_wait_seconds_bucket{tier=\"disk\",le=\"+Inf\"} 5\n"
+            "ds41_wait_seconds_sum{tier=\"disk\"} 8.65\n"
+            "ds41_wait_seconds_count{tier=\"disk\"} 5\n");
 }
 
 TEST(StoreConfig, DefaultsFollowTheServingDesign) {
