@@ -50,8 +50,9 @@ std::string escape_help(const std::string& v) {
   return out;
 }
 
-// A bound or a sum as Prometheus reads it (as the server's histograms print them).
-std::string num(double v) {
+}  // namespace
+
+std::string prometheus_number(double v) {
   if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   std::ostringstream os;
   os.precision(10);
@@ -59,7 +60,14 @@ std::string num(double v) {
   return os.str();
 }
 
-}  // namespace
+void render_histogram(const Histogram& h, const std::string& name, const std::string& help, std::string* out) {
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  for (size_t i = 0; i <= h.bounds().size(); ++i) {
+    const std::string le = i < h.bounds().size() ? prometheus_number(h.bounds()[i]) : "+Inf";
+    *out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(h.cumulative(i)) + "\n";
+  }
+  *out += name + "_sum " + prometheus_number(h.sum()) + "\n" + name + "_count " + std::to_string(h.count()) + "\n";
+}
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {
@@ -172,10 +180,10 @@ std::string MetricsRegistry::prometheus_text() const {
         const Histogram& h = histograms_[idx];
         for (size_t i = 0; i <= h.bounds().size(); ++i) {
           MetricLabels l = histogram_labels_[idx];
-          l.emplace_back("le", i < h.bounds().size() ? num(h.bounds()[i]) : "+Inf");
+          l.emplace_back("le", i < h.bounds().size() ? prometheus_number(h.bounds()[i]) : "+Inf");
           out += name + "_bucket" + render_labels(l) + " " + std::to_string(h.cumulative(i)) + "\n";
         }
-        out += name + "_sum" + labels + " " + num(h.sum()) + "\n";
+        out += name + "_sum" + labels + " " + prometheus_number(h.sum()) + "\n";
         out += name + "_count" + labels + " " + std::to_string(h.count()) + "\n";
         continue;
       }

@@ -64,6 +64,11 @@ class Histogram {
 
 // Upper bounds in seconds for latencies (the server's histograms use the same).
 const std::vector<double>& latency_bounds_seconds();
+// A bound or a sum as Prometheus reads it (+Inf / -Inf, else 10 significant digits).
+std::string prometheus_number(double v);
+// Appends "# HELP", "# TYPE" and the _bucket / _sum / _count lines of one unlabelled histogram
+// (the server's own series; the registry renders its labelled ones the same way).
+void render_histogram(const Histogram& h, const std::string& name, const std::string& help, std::string* out);
 
 class MetricsRegistry {
  public:

@@ -1,47 +1,15 @@
 // ds41 server: Prometheus metrics (see metrics.h).
 #include "server/metrics.h"
 
-#include <cmath>
 #include <cstdio>
-#include <sstream>
 
 namespace ds41::server {
 namespace {
-
-std::string num(double v) {
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  std::ostringstream os;
-  os.precision(10);
-  os << v;
-  return os.str();
-}
 
 const std::vector<double>& kLatencyBounds = kvcache::latency_bounds_seconds();  // shared with the cache's
 const std::vector<double> kCountBounds = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
 
 }  // namespace
-
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-
-void Histogram::observe(double v) {
-  size_t i = 0;
-  while (i < bounds_.size() && v > bounds_[i]) ++i;
-  ++counts_[i];
-  sum_ += v;
-  ++count_;
-}
-
-void Histogram::render(const std::string& name, const std::string& help, std::string* out) const {
-  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
-  uint64_t cum = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    cum += counts_[i];
-    const std::string le = i < bounds_.size() ? num(bounds_[i]) : "+Inf";
-    *out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cum) + "\n";
-  }
-  *out += name + "_sum " + num(sum_) + "\n" + name + "_count " + std::to_string(count_) + "\n";
-}
 
 ServerMetrics::ServerMetrics()
     : ttft_(kLatencyBounds),
@@ -134,12 +102,16 @@ std::string ServerMetrics::render(const engine::LoopStats& st) const {
          "# TYPE ds41_spec_decode_mean_accepted_length gauge\nds41_spec_decode_mean_accepted_length " +
          std::string(buf) + "\n";
   }
-  step_seqs_.render("ds41_step_batch_size", "Sequences per engine step.", &o);
-  step_tokens_.render("ds41_step_tokens", "Tokens per engine step (prefill chunks + decodes).", &o);
-  step_seconds_.render("ds41_step_seconds", "Engine step duration.", &o);
-  ttft_.render("ds41_time_to_first_token_seconds", "Time from request arrival to the first token.", &o);
-  itl_.render("ds41_inter_token_latency_seconds", "Time between consecutive tokens of a request.", &o);
-  e2e_.render("ds41_e2e_request_latency_seconds", "Time from request arrival to its last token.", &o);
+  kvcache::render_histogram(step_seqs_, "ds41_step_batch_size", "Sequences per engine step.", &o);
+  kvcache::render_histogram(step_tokens_, "ds41_step_tokens", "Tokens per engine step (prefill chunks + decodes).",
+                            &o);
+  kvcache::render_histogram(step_seconds_, "ds41_step_seconds", "Engine step duration.", &o);
+  kvcache::render_histogram(ttft_, "ds41_time_to_first_token_seconds",
+                            "Time from request arrival to the first token.", &o);
+  kvcache::render_histogram(itl_, "ds41_inter_token_latency_seconds",
+                            "Time between consecutive tokens of a request.", &o);
+  kvcache::render_histogram(e2e_, "ds41_e2e_request_latency_seconds",
+                            "Time from request arrival to its last token.", &o);
   if (cache_) o += cache_->prometheus_text();
   return o;
 }

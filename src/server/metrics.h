@@ -14,20 +14,6 @@
 
 namespace ds41::server {
 
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds);
-  void observe(double v);
-  // Appends "# TYPE" and the _bucket/_sum/_count lines.
-  void render(const std::string& name, const std::string& help, std::string* out) const;
-
- private:
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;  // per bound, plus +Inf (not cumulative)
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
-
 class ServerMetrics {
  public:
   ServerMetrics();
@@ -47,7 +33,8 @@ class ServerMetrics {
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;  // (route, status) -> count
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0;
-  Histogram ttft_, itl_, e2e_, step_seqs_, step_tokens_, step_seconds_;
+  // Latencies and step sizes (kvcache::Histogram: the one histogram type of the code base).
+  kvcache::Histogram ttft_, itl_, e2e_, step_seqs_, step_tokens_, step_seconds_;
   const kvcache::MetricsRegistry* cache_ = nullptr;
 };
 
