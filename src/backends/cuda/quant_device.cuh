@@ -13,6 +13,13 @@ namespace ds41::cuda::dev {
 
 __device__ __forceinline__ float nan_f32() { return __uint_as_float(0x7fc00000u); }
 
+// The 16 bytes of a uint4 load, little-endian, one per entry (payload bytes in memory order).
+__device__ __forceinline__ void unpack16(uint4 raw, uint32_t (&b)[16]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 16; ++k) b[k] = (words[k / 4] >> (8 * (k % 4))) & 0xffu;
+}
+
 // E4M3 FN byte -> float (0x7f/0xff NaN). Subnormals m * 2^-9, normals (1 + m/8) * 2^(e-7).
 __device__ __forceinline__ float e4m3_decode(uint32_t b) {
   uint32_t e = (b >> 3) & 15u, m = b & 7u;

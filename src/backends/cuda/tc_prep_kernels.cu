@@ -68,12 +68,6 @@ __global__ void sum3_kernel(const float* __restrict__ y3, int64_t rows, int64_t 
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = a0[c] + (a1[c] + a2[c]);
 }
 
-__device__ __forceinline__ void unpack16b(uint4 q, uint32_t* b) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int k = 0; k < 16; ++k) b[k] = (w[k / 4] >> (8 * (k % 4))) & 0xffu;
-}
-
 __device__ __forceinline__ void store32_bf16(__nv_bfloat16* dst, const float* v) {
   // 32 values = 4 x 16 bytes (dst 16-byte aligned: in_dim % 32 == 0 and the buffer is aligned).
 #pragma unroll
@@ -101,7 +95,7 @@ __global__ void experts_dequant_kernel(const DeviceWeight* __restrict__ weights,
     const float s = dev::e8m0_decode(w.scale[o * nb + blk]);
     const uint4* p = reinterpret_cast<const uint4*>(w.data + o * (in_dim / 2) + blk * 16);
     uint32_t b[16];
-    unpack16b(__ldg(p), b);
+    dev::unpack16(__ldg(p), b);
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       v[2 * k] = dev::e2m1_decode(b[k] & 15u) * s;  // low nibble = even element (MODEL_SPEC 7.17)
@@ -111,11 +105,11 @@ __global__ void experts_dequant_kernel(const DeviceWeight* __restrict__ weights,
     const int64_t tiles_in = (in_dim + kTile - 1) / kTile;
     const float s = dev::e8m0_decode(w.scale[(o / kTile) * tiles_in + blk]);
     const uint4* p = reinterpret_cast<const uint4*>(w.data + o * in_dim + blk * 32);
-    uint32_t b[32];
-    unpack16b(__ldg(p), b);
-    unpack16b(__ldg(p + 1), b + 16);
+    uint32_t b[2][16];
+    dev::unpack16(__ldg(p), b[0]);
+    dev::unpack16(__ldg(p + 1), b[1]);
 #pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = dev::e4m3_decode(b[k]) * s;
+    for (int k = 0; k < 32; ++k) v[k] = dev::e4m3_decode(b[k / 16][k % 16]) * s;
   } else if (w.format == quant::WeightFormat::kBF16) {
     const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(w.data) + o * in_dim + blk * 32;
 #pragma unroll

@@ -49,12 +49,6 @@ __device__ __forceinline__ void store16<__nv_bfloat16>(__nv_bfloat16* dst, const
   }
 }
 
-__device__ __forceinline__ void unpack16(uint4 raw, uint32_t (&b)[16]) {
-  uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int k = 0; k < 16; ++k) b[k] = (words[k / 4] >> (8 * (k % 4))) & 0xffu;
-}
-
 // FP8 tiles, 16 bytes per thread (in_dim % 16 == 0, so a group never straddles a tile).
 template <typename T>
 __global__ void fp8_tiles_vec_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
@@ -67,7 +61,7 @@ __global__ void fp8_tiles_vec_kernel(const uint8_t* __restrict__ w, const uint8_
   const int64_t tiles_in = (in_dim + kTile - 1) / kTile;
   const float s = dev::e8m0_decode(scale[(o / kTile) * tiles_in + col / kTile]);
   uint32_t b[16];
-  unpack16(__ldg(reinterpret_cast<const uint4*>(w + o * in_dim + col)), b);
+  dev::unpack16(__ldg(reinterpret_cast<const uint4*>(w + o * in_dim + col)), b);
   float v[16];
 #pragma unroll
   for (int k = 0; k < 16; ++k) v[k] = dev::e4m3_decode(b[k]) * s;
@@ -96,7 +90,7 @@ __global__ void fp4_rows_kernel(const uint8_t* __restrict__ packed, const uint8_
   const int64_t r = idx / nb, blk = idx % nb, o = row_begin + r;
   const float s = dev::e8m0_decode(scale[o * nb + blk]);
   uint32_t b[16];
-  unpack16(__ldg(reinterpret_cast<const uint4*>(packed + o * (in_dim / 2) + blk * 16)), b);
+  dev::unpack16(__ldg(reinterpret_cast<const uint4*>(packed + o * (in_dim / 2) + blk * 16)), b);
   float v[32];
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
@@ -125,7 +119,7 @@ __global__ void engram_rows_kernel(const uint8_t* __restrict__ table, const uint
   } else {
     const float s = dev::e8m0_decode(scale[id * (dim / 32) + col / 32]);
     uint32_t b[16];
-    unpack16(__ldg(reinterpret_cast<const uint4*>(table + id * dim + col)), b);
+    dev::unpack16(__ldg(reinterpret_cast<const uint4*>(table + id * dim + col)), b);
 #pragma unroll
     for (int k = 0; k < 16; ++k) v[k] = dev::e4m3_decode(b[k]) * s;
   }

@@ -25,21 +25,12 @@ namespace {
 
 using cuda::DeviceWeight;
 using cuda::parity::Dev;
+using cuda::parity::DevWeight;
 using cuda::parity::HostWeight;
 using quant::WeightFormat;
 
 constexpr double kTol = 2e-5;
 const char* kWhy = "exact bf16 products (x in 3 parts), 3K fp32 sums in the tensor core's order";
-
-struct DevW {
-  std::unique_ptr<Dev<uint8_t>> data, scale;
-  DeviceWeight dw;
-  explicit DevW(const HostWeight& w) {
-    data = std::make_unique<Dev<uint8_t>>(w.data);
-    if (!w.scale.empty()) scale = std::make_unique<Dev<uint8_t>>(w.scale);
-    dw = DeviceWeight{w.format, w.out, w.in, data->p, scale ? scale->p : nullptr};
-  }
-};
 
 TensorCoreLimits limits() {
   TensorCoreLimits l;
@@ -84,7 +75,7 @@ TEST(TensorCoreLinear, DenseMatchesTheCpuOp) {
   for (const Case& c : cases) {
     backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool(), backends::cpu::CpuBackendOptions{false});
     HostWeight hw = cuda::parity::make_weight(c.f, c.out, c.in, ++seed);
-    DevW dw(hw);
+    DevWeight dw(hw);
     const ops::WeightRef ref = cuda::parity::host_ref(hw, hw.data.data(), hw.scale.data());
     for (int64_t n : c.ns) {
       ASSERT_TRUE(tc->accepts(dw.dw, n)) << c.what << " n=" << n;
@@ -113,7 +104,7 @@ TEST(TensorCoreLinear, GroupedMatchesTheCpuOp) {
   backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool());
   const int64_t G = 8, out = 8192, in = 1024, n = 300;
   HostWeight hw = cuda::parity::make_weight(WeightFormat::kFp8Tiles, out, in, 71);
-  DevW dw(hw);
+  DevWeight dw(hw);
   const ops::WeightRef ref = cuda::parity::host_ref(hw, hw.data.data(), hw.scale.data());
   auto x = cuda::parity::rand_floats(static_cast<size_t>(n * G * in), 72);
   std::vector<float> want(static_cast<size_t>(n * out));
@@ -163,11 +154,11 @@ TEST(TensorCoreLinear, ExpertsMatchTheCpuOp) {
   for (const Case& c : cases) {
     backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool(), backends::cpu::CpuBackendOptions{false});
     std::vector<HostWeight> hws;
-    std::vector<std::unique_ptr<DevW>> dws;
+    std::vector<std::unique_ptr<DevWeight>> dws;
     std::vector<DeviceWeight> host_list;
     for (int64_t e = 0; e < c.E; ++e) {
       hws.push_back(cuda::parity::make_weight(c.f, c.out, c.in, ++seed));
-      dws.push_back(std::make_unique<DevW>(hws.back()));
+      dws.push_back(std::make_unique<DevWeight>(hws.back()));
       host_list.push_back(dws.back()->dw);
     }
     Dev<DeviceWeight> d_list(host_list);

@@ -11,12 +11,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device_weight.h"
 #include "core/thread_pool.h"
 #include "ops/weight_ref.h"
 #include "quant/weight_format.h"
@@ -228,6 +230,22 @@ inline HostWeight make_weight(quant::WeightFormat f, int64_t out, int64_t in, ui
   }
   return w;
 }
+
+// The weight on the device, its payload at byte offset `misalign` (to reach the scalar paths).
+struct DevWeight {
+  std::unique_ptr<Dev<uint8_t>> data, scale;
+  DeviceWeight dw;
+  DevWeight(const HostWeight& w, int misalign = 0) {
+    data = std::make_unique<Dev<uint8_t>>(w.data.size() + 16);
+    cudaMemcpy(data->p + misalign, w.data.data(), w.data.size(), cudaMemcpyHostToDevice);
+    if (!w.scale.empty()) scale = std::make_unique<Dev<uint8_t>>(w.scale);
+    dw.format = w.format;
+    dw.out_dim = w.out;
+    dw.in_dim = w.in;
+    dw.data = data->p + misalign;
+    dw.scale = scale ? scale->p : nullptr;
+  }
+};
 
 inline ops::WeightRef host_ref(const HostWeight& w, const uint8_t* data, const uint8_t* scale) {
   ops::WeightRef r;

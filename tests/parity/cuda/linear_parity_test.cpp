@@ -30,22 +30,6 @@ using quant::WeightFormat;
 constexpr double kLinearTol = 1e-5;
 const char* kLinearWhy = "fp32 sums of identical products in another order (K<=8192)";
 
-// The weight on the device, its payload at byte offset `misalign` (to reach the scalar paths).
-struct DevWeight {
-  std::unique_ptr<Dev<uint8_t>> data, scale;
-  DeviceWeight dw;
-  DevWeight(const HostWeight& w, int misalign = 0) {
-    data = std::make_unique<Dev<uint8_t>>(w.data.size() + 16);
-    cudaMemcpy(data->p + misalign, w.data.data(), w.data.size(), cudaMemcpyHostToDevice);
-    if (!w.scale.empty()) scale = std::make_unique<Dev<uint8_t>>(w.scale);
-    dw.format = w.format;
-    dw.out_dim = w.out;
-    dw.in_dim = w.in;
-    dw.data = data->p + misalign;
-    dw.scale = scale ? scale->p : nullptr;
-  }
-};
-
 const char* fmt_name(WeightFormat f) { return quant::weight_format_name(f); }
 
 struct LinearCase {
