@@ -5,6 +5,6 @@
 import re, sys
 src, dst = sys.argv[1], sys.argv[2]
 s = open(src).read()
-s = s.replace('extern __shared__ float smem[];', 'float* smem = emu::dyn_smem<float>();')
+s = re.sub(r'extern __shared__ (?:__align__\(\d+\) )?float smem\[\];', 'float* smem = emu::dyn_smem<float>();', s)
 s = re.sub(r'([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.+?)>>>\s*\(', lambda m: 'emu::Launch(%s).run(%s, ' % (m.group(2), m.group(1)), s, flags=re.S)
 open(dst, 'w').write(s)

@@ -401,6 +401,221 @@ __global__ void __launch_bounds__(kThreads, 2)
                            y + r0 * ldy + g * out_rows + o_local, ldy, ks_log2, xs4, red);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Persistent streaming GEMV (decode: n <= 8 rows of x per block, rows of W 16-byte aligned, the
+// block's rows of x fit its dynamic shared memory). A block stages its rows of x ONCE (swizzled
+// float4 groups, xs_slot) and its warps then loop over row groups of R W rows (warp w of block b
+// takes row groups w + 8 b, w + 8 b + 8 gridDim.x, ...: whole rows, no split along K). A lane owns
+// chunks c = 32 i + lane of the rows (16 bytes each); a batch is U chunks of each of the R rows,
+// and the loads of the warp's NEXT batch (the next chunks of the row group, or the first of its
+// next row group) are issued before the current batch is decoded (two register buffers), so every
+// warp keeps R x U x 512 bytes in flight across row boundaries and a block stages x once for many
+// rows (the one-block-per-16-rows launch staged x per 16 rows and let its loads drain at each
+// block's end). Sums: per lane fmaf over its chunks in increasing order, then a shuffle tree:
+// fixed order, deterministic.
+constexpr int kPersistMaxSmem = 200 * 1024;  // dynamic shared memory of a block, at most
+
+template <int NB>
+struct PersistShape {  // W rows per warp (R) and chunks per row per batch (U); NB = 1 picks R at launch
+  static constexpr int R = NB <= 2 ? 2 : (NB == 4 ? 2 : 4);
+  static constexpr int U = NB <= 2 ? 4 : (NB == 4 ? 2 : 1);
+};
+
+// Stages rows [0, nb) of x (row b at x + b * ldx, nch * G float4 groups each; rows nb..NB-1 as
+// zeros) into xs4 (row b at b * nch * G float4s, group q of chunk c at xs_slot<G>(c, q)). Four
+// loads per thread in flight before their stores.
+template <int G, int NB>
+__device__ __forceinline__ void persist_stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t nch,
+                                                float4* xs4) {
+  const int64_t row4 = nch * G, total = NB * row4;
+  const bool vec = (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (ldx & 3) == 0;  // block-uniform
+  const int64_t stride = blockDim.x;
+  for (int64_t i0 = threadIdx.x; i0 < total; i0 += 4 * stride) {
+    float4 t[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = i0 + j * stride;
+      const int b = static_cast<int>(i / row4);
+      const int64_t gi = i - b * row4;
+      t[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < total && b < nb) {
+        if (vec) {
+          t[j] = __ldg(reinterpret_cast<const float4*>(x + b * ldx) + gi);
+        } else {
+          const float* p = x + b * ldx + 4 * gi;
+          t[j] = make_float4(p[0], p[1], p[2], p[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = i0 + j * stride;
+      if (i < total) {
+        const int b = static_cast<int>(i / row4);
+        const int64_t gi = i - b * row4;
+        xs4[b * row4 + dev::xs_slot<G>(static_cast<int>(gi / G), static_cast<int>(gi % G))] = t[j];
+      }
+    }
+  }
+}
+
+// The loads of one batch: chunks c0 + 32 u + lane (u < U) of W rows w_row .. w_row + rows - 1.
+template <class D, int R, int U>
+__device__ __forceinline__ void persist_load(const WView& w, int64_t row_bytes, int64_t w_row, int rows,
+                                             int64_t nch, int64_t c0, uint4 (&q)[U][R], uint32_t (&s)[U][R]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t o = w_row + (r < rows ? r : 0);
+    const uint8_t* wr = w.data + o * row_bytes;
+    const uint8_t* sr = D::scale_row(w, o);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + u * 32 + lane;
+      if (r < rows && c < nch) {
+        q[u][r] = dev::ld_stream16(wr + c * 16);
+        s[u][r] = D::scale_byte(sr, c);
+      } else {
+        q[u][r] = make_uint4(0u, 0u, 0u, 0u);
+        s[u][r] = 127u;
+      }
+    }
+  }
+}
+
+template <class D, int NB, int R, int t>
+__device__ __forceinline__ void persist_step(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int c,
+                                             const float4* xs4, int64_t row4, float (&acc)[R][NB]) {
+  constexpr int G = D::kV / 4, F = D::kStep / 4;
+  float4 xv[NB][F];
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int f = 0; f < F; ++f) xv[b][f] = xs4[b * row4 + dev::xs_slot<G>(c, t * F + f)];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;  // warp-uniform
+    float v[D::kStep];
+    D::template step<t>(q[r], sc[r], v);
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        acc[r][b] = __fmaf_rn(v[4 * f], xv[b][f].x, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 1], xv[b][f].y, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 2], xv[b][f].z, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 3], xv[b][f].w, acc[r][b]);
+      }
+  }
+}
+
+template <class D, int NB, int R, int... t>
+__device__ __forceinline__ void persist_steps(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int c,
+                                              const float4* xs4, int64_t row4, float (&acc)[R][NB],
+                                              std::integer_sequence<int, t...>) {
+  (persist_step<D, NB, R, t>(q, sc, rows, c, xs4, row4, acc), ...);
+}
+
+template <class D, int NB, int R, int U>
+__device__ __forceinline__ void persist_compute(const uint4 (&q)[U][R], const uint32_t (&s)[U][R], int rows,
+                                                int64_t nch, int64_t c0, const float4* xs4, int64_t row4,
+                                                float (&acc)[R][NB]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t c = c0 + u * 32 + lane;
+    if (c < nch) {
+      uint32_t sc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) sc[r] = D::scale(s[u][r]);
+      persist_steps<D, NB, R>(q[u], sc, rows, static_cast<int>(c), xs4, row4, acc,
+                              std::make_integer_sequence<int, D::kV / D::kStep>{});
+    }
+  }
+}
+
+// Row group rg done: the warp's sums to y_col[b * ldy + rg * R + r]; the accumulators restart.
+template <int NB, int R>
+__device__ __forceinline__ void persist_flush(float (&acc)[R][NB], int64_t rg, int rows, int nb, float* y_col,
+                                              int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const float s = dev::warp_sum(acc[r][b]);
+      if (lane == 0 && r < rows && b < nb) y_col[b * ldy + rg * R + r] = s;
+      acc[r][b] = 0.0f;
+    }
+}
+
+// One block's share of W rows [w_row0, w_row0 + out_rows) against its nb (<= NB) rows of x; row
+// groups rg_first, rg_first + rg_step, ... for this warp. Every thread of the block calls it (two
+// barriers: the previous caller's readers of xs4, then the staging).
+template <class D, int NB, int R, int U>
+__device__ __forceinline__ void persist_run(const WView& w, int64_t out_rows, int64_t w_row0, const float* x,
+                                            int64_t ldx, int nb, float* y_col, int64_t ldy, int64_t rg_first,
+                                            int64_t rg_step, float4* xs4) {
+  constexpr int G = D::kV / 4;
+  const int64_t nch = w.in / D::kV, row4 = nch * G;
+  const int64_t row_bytes = w.in * D::kBytesNum / D::kBytesDen;
+  const int64_t nrg = (out_rows + R - 1) / R, bpr = (nch + 32 * U - 1) / (32 * U);
+  auto rows_of = [&](int64_t g) { return static_cast<int>(min(static_cast<int64_t>(R), out_rows - g * R)); };
+  uint4 qa[U][R], qb[U][R];
+  uint32_t sa[U][R], sb[U][R];
+  float acc[R][NB];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+  int64_t rg = rg_first, j = 0;
+  // The first batch is in flight while x is staged.
+  if (rg < nrg) persist_load<D, R, U>(w, row_bytes, w_row0 + rg * R, rows_of(rg), nch, 0, qa, sa);
+  __syncthreads();
+  persist_stage_x<G, NB>(x, ldx, nb, nch, xs4);
+  __syncthreads();
+  if (rg >= nrg) return;
+  for (;;) {
+    int64_t rg1 = rg, j1 = j + 1;
+    if (j1 == bpr) {
+      j1 = 0;
+      rg1 += rg_step;
+    }
+    const bool more1 = rg1 < nrg;
+    if (more1) persist_load<D, R, U>(w, row_bytes, w_row0 + rg1 * R, rows_of(rg1), nch, j1 * 32 * U, qb, sb);
+    persist_compute<D, NB, R, U>(qa, sa, rows_of(rg), nch, j * 32 * U, xs4, row4, acc);
+    if (j == bpr - 1) persist_flush<NB, R>(acc, rg, rows_of(rg), nb, y_col, ldy);
+    if (!more1) break;
+    int64_t rg2 = rg1, j2 = j1 + 1;
+    if (j2 == bpr) {
+      j2 = 0;
+      rg2 += rg_step;
+    }
+    const bool more2 = rg2 < nrg;
+    if (more2) persist_load<D, R, U>(w, row_bytes, w_row0 + rg2 * R, rows_of(rg2), nch, j2 * 32 * U, qa, sa);
+    persist_compute<D, NB, R, U>(qb, sb, rows_of(rg1), nch, j1 * 32 * U, xs4, row4, acc);
+    if (j1 == bpr - 1) persist_flush<NB, R>(acc, rg1, rows_of(rg1), nb, y_col, ldy);
+    if (!more2) break;
+    rg = rg2;
+    j = j2;
+  }
+}
+
+// Dense / grouped: grid = (row-group slots, x-row blocks of NB, groups).
+template <class D, int NB, int R, int U>
+__global__ void __launch_bounds__(kThreads, 2)
+    persist_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
+                   float* __restrict__ y, int64_t ldy) {
+  extern __shared__ __align__(16) float smem[];
+  float4* xs4 = reinterpret_cast<float4*>(smem);
+  const int64_t g = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * NB;
+  const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
+  const int64_t rg_first = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  persist_run<D, NB, R, U>(w, out_rows, g * out_rows, x + r0 * ldx + g * w.in, ldx, nb,
+                           y + r0 * ldy + g * out_rows, ldy, rg_first,
+                           static_cast<int64_t>(gridDim.x) * kGemvWarps, xs4);
+}
+
 template <class D>
 __global__ void __launch_bounds__(kThreads)
     tile_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
@@ -538,6 +753,73 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// Expert GEMV, persistent (decode: about one row of x per used expert): units of NB rows of one
+// expert (expert_units); block (bx, by) takes units by, by + gridDim.y, ... and, per unit, the row
+// groups bx * 8 + warp, + 8 gridDim.x, ... of that expert's W through persist_run (x of the unit
+// staged once per block). An expert whose rows are not 16-byte aligned runs the V = 4/8 body
+// (gemv_rows) over the same row groups, every warp the same number of times (it stages x behind
+// barriers).
+template <int NB, int R, int U>
+__global__ void __launch_bounds__(kThreads, 2)
+    persist_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
+                          int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
+                          float* __restrict__ y) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ int unit_start[kMaxExperts + 1];
+  float4* xs4 = reinterpret_cast<float4*>(smem);
+  auto& xs = *reinterpret_cast<float(*)[NB][kGemvChunk<NB>]>(smem);
+  const int total = expert_units(offsets, n_experts, NB, unit_start);
+  const int64_t rg_first = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+  const int64_t rg_step = static_cast<int64_t>(gridDim.x) * kGemvWarps;
+  for (int u = blockIdx.y; u < total; u += gridDim.y) {
+    const int64_t e = unit_expert(unit_start, n_experts, u);
+    const int64_t r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
+    const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
+    const DeviceWeight dw = weights[e];
+    const WView w{dw.data, dw.scale, in_dim};
+    const float* xr = x + r0 * in_dim;
+    float* yr = y + r0 * out_dim;
+    if (rows_16b(dw, in_dim)) {
+      switch (dw.format) {
+        case WeightFormat::kFp4Rows:
+          persist_run<dev::WideFp4, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          break;
+        case WeightFormat::kFp8Tiles:
+          persist_run<dev::WideFp8, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          break;
+        case WeightFormat::kBF16:
+          persist_run<dev::WideBF16, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          break;
+        case WeightFormat::kF32:
+          persist_run<dev::WideF32, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          break;
+        default: break;
+      }
+    } else {
+      const int64_t nrg = (out_dim + R - 1) / R, iters = (nrg + rg_step - 1) / rg_step;
+      for (int64_t i = 0; i < iters; ++i) {
+        const int64_t o = (rg_first + i * rg_step) * R;
+        const int rows = static_cast<int>(max(int64_t{0}, min(static_cast<int64_t>(R), out_dim - o)));
+        switch (dw.format) {
+          case WeightFormat::kFp4Rows:
+            gemv_rows<dev::DecFp4, NB, R>(w, o, rows, xr, in_dim, nb, yr + o, out_dim, xs);
+            break;
+          case WeightFormat::kFp8Tiles:
+            gemv_rows<dev::DecFp8, NB, R>(w, o, rows, xr, in_dim, nb, yr + o, out_dim, xs);
+            break;
+          case WeightFormat::kBF16:
+            gemv_rows<dev::DecBF16, NB, R>(w, o, rows, xr, in_dim, nb, yr + o, out_dim, xs);
+            break;
+          case WeightFormat::kF32:
+            gemv_rows<dev::DecF32, NB, R>(w, o, rows, xr, in_dim, nb, yr + o, out_dim, xs);
+            break;
+          default: break;
+        }
+      }
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     expert_tile_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
                        int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
@@ -660,11 +942,83 @@ void launch_stream(const WView& w, int64_t out_rows, int64_t groups, const float
   stream_kernel<W, NB><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy, l, static_cast<int>(nblk));
 }
 
+// The device's SM count (the current device at first use; 132 if the query fails).
+int sm_count() {
+  static const int n = [] {
+    int d = 0, c = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
+        c <= 0)
+      return 132;
+    return c;
+  }();
+  return n;
+}
+
+// Lets kernel K use up to kPersistMaxSmem bytes of dynamic shared memory (once per kernel).
+template <auto K>
+void allow_persist_smem() {
+  static const bool done = [] {
+    cudaFuncSetAttribute(reinterpret_cast<const void*>(K), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kPersistMaxSmem);
+    return true;
+  }();
+  (void)done;
+}
+
+// Blocks of a persistent launch: two per SM when their shared memory allows (launch bounds give
+// every thread up to 128 registers at two blocks), as many row-group slots as fill them.
+int g_persist_slot_cap = 0;  // set_persist_slot_cap_for_tests
+
+int64_t persist_slots(int64_t nrg, int64_t other_blocks, size_t smem) {
+  const int64_t per_sm = smem * 2 + 16 * 1024 <= 227 * 1024 ? 2 : 1;
+  const int64_t target = sm_count() * per_sm;
+  int64_t want = (target + other_blocks - 1) / other_blocks;
+  if (g_persist_slot_cap > 0) want = std::min<int64_t>(want, g_persist_slot_cap);
+  return std::max<int64_t>(1, std::min<int64_t>((nrg + kGemvWarps - 1) / kGemvWarps, want));
+}
+
+template <class W, int NB, int R>
+void launch_persist(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
+                    float* y, int64_t ldy, size_t smem, cudaStream_t stream) {
+  constexpr int U = PersistShape<NB>::U;
+  allow_persist_smem<persist_kernel<W, NB, R, U>>();
+  const int64_t nblk = (n + NB - 1) / NB, nrg = (out_rows + R - 1) / R;
+  const dim3 grid(static_cast<unsigned>(persist_slots(nrg, nblk * groups, smem)), static_cast<unsigned>(nblk),
+                  static_cast<unsigned>(groups));
+  persist_kernel<W, NB, R, U><<<grid, kThreads, smem, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+}
+
+// The persistent GEMV for n <= 8 when its x rows fit the shared memory; false: not taken.
+template <class W>
+bool try_persist(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
+                 float* y, int64_t ldy, cudaStream_t stream) {
+  if (n > 8 || w.in % W::kV != 0) return false;
+  const int nb = n == 1 ? 1 : (n == 2 ? 2 : (n <= 4 ? 4 : 8));
+  if (W::kV == 32 && nb > 1) return false;  // FP4 (dense use: tests) spills at NB >= 2: the split-K launch
+  const size_t smem = static_cast<size_t>(nb) * static_cast<size_t>(w.in) * sizeof(float);
+  if (smem > static_cast<size_t>(kPersistMaxSmem)) return false;
+  if (nb == 1) {
+    // Two W rows per warp only when there are enough rows to keep every warp of the launch busy.
+    if (out_rows >= int64_t{4} * sm_count() * 2 * kGemvWarps)
+      launch_persist<W, 1, PersistShape<1>::R>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+    else
+      launch_persist<W, 1, 1>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+  } else if (nb == 2) {
+    launch_persist<W, 2, PersistShape<2>::R>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+  } else if (nb == 4) {
+    launch_persist<W, 4, PersistShape<4>::R>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+  } else {
+    launch_persist<W, 8, PersistShape<8>::R>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+  }
+  return true;
+}
+
 template <class D, class W>
 void launch_dense(const WView& w, bool wide, int64_t out_rows, int64_t groups, const float* x, int64_t ldx,
                   int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (use_gemv(out_rows, groups, n)) {
     if (wide) {
+      if (try_persist<W>(w, out_rows, groups, x, ldx, n, y, ldy, stream)) return;
       if (n == 1)
         launch_stream<W, 1>(w, out_rows, groups, x, ldx, n, y, ldy, stream);
       else if (n == 2)
@@ -754,6 +1108,15 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
     return;
   }
   const bool one = m_max <= n_experts;  // about one row per used expert (decode)
+  const size_t psmem = std::max<size_t>(static_cast<size_t>(in_dim) * sizeof(float), sizeof(float) * kGemvChunk<1>);
+  if (one && psmem <= static_cast<size_t>(kPersistMaxSmem)) {
+    constexpr int R = 1, U = 4;  // R = 2 spills at 128 registers (four formats in one kernel)
+    allow_persist_smem<persist_expert_kernel<1, R, U>>();
+    const int64_t gy = std::min<int64_t>(m_max, 65535), nrg = (out_dim + R - 1) / R;
+    const dim3 grid(static_cast<unsigned>(persist_slots(nrg, gy, psmem)), static_cast<unsigned>(gy));
+    persist_expert_kernel<1, R, U><<<grid, kThreads, psmem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    return;
+  }
   const int64_t upper = one ? m_max : (m_max + 7) / 8 + n_experts;
   const unsigned gx = ceil_u(out_dim, kGemvWarps * (one ? kExpertR<1> : kExpertR<8>));
   const int64_t want = std::max<int64_t>(1, (4096 + gx - 1) / gx);  // ~30 blocks per SM in all
@@ -765,6 +1128,8 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
 }
 
 }  // namespace
+
+void set_persist_slot_cap_for_tests(int cap) { g_persist_slot_cap = cap > 0 ? cap : 0; }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
   return dense("linear", w, 1, x, n, y, stream);

@@ -30,4 +30,8 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
                          cudaStream_t stream);
 
+// Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches (0: the
+// device's fill), so small shapes exercise warps that loop over many row groups. Not thread-safe.
+void set_persist_slot_cap_for_tests(int cap);
+
 }  // namespace ds41::cuda

@@ -360,6 +360,92 @@ TEST(LinearParity, SmallStreaming) {
 }
 
 // Invalid shapes come back as invalid_argument before any launch: no device needed.
+// The persistent GEMV (n <= 8, x staged once per block) with its row-group slots capped at 1 and 3
+// blocks: every warp loops over many row groups, batches of a row (bpr > 1, K tails) and the
+// switch to the next row group's loads while the current one is decoded; ragged last row groups
+// (R = 2 / 4); grouped launches; experts with several row groups per warp. Small enough for the host
+// SIMT emulator.
+TEST(LinearParity, PersistentLoops) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_persist_slot_cap_for_tests(0); }
+  } reset;
+  const std::vector<LinearCase> cases = {
+      {"fp8 2 batches/row", WeightFormat::kFp8Tiles, 203, 4096, {1, 2, 4, 7}},  // 256 chunks per row
+      {"fp8 K tail", WeightFormat::kFp8Tiles, 131, 592, {1, 3, 8}},
+      {"bf16 K tail", WeightFormat::kBF16, 70, 1032, {1, 2, 6}},  // 129 chunks
+      {"f32", WeightFormat::kF32, 45, 516, {1, 5}},
+      {"fp4", WeightFormat::kFp4Rows, 77, 4160, {1}},  // 130 chunks: 2 batches, a 2-chunk tail
+  };
+  uint64_t seed = 9000;
+  for (int cap : {1, 3}) {
+    set_persist_slot_cap_for_tests(cap);
+    for (const LinearCase& c : cases) {
+      backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+      HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+      DevWeight dw(hw);
+      const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+      for (int64_t n : c.ns) {
+        auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+        std::vector<float> want(static_cast<size_t>(n * c.out));
+        cpu.linear(ref, x.data(), n, want.data());
+        Dev<float> dx(x), dy(want.size());
+        ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr).ok());
+        auto got = dy.get();
+        report("linear persistent",
+               std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
+                   " slots<=" + std::to_string(cap),
+               rel_to_max(got, want), kLinearTol, kLinearWhy);
+        ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr).ok());
+        auto again = dy.get();
+        EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0) << c.what << " not deterministic";
+      }
+    }
+    {  // grouped: 3 groups of 50 rows, K 1024
+      backends::cpu::CpuBackend cpu(&ref_pool());
+      HostWeight hw = make_weight(WeightFormat::kFp8Tiles, 150, 1024, ++seed);
+      DevWeight dw(hw);
+      const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+      for (int64_t n : {1, 4}) {
+        auto x = rand_floats(static_cast<size_t>(n * 3 * 1024), ++seed);
+        std::vector<float> want(static_cast<size_t>(n * 150));
+        cpu.grouped_linear(ref, 3, x.data(), n, want.data());
+        Dev<float> dx(x), dy(want.size());
+        ASSERT_TRUE(run_grouped_linear(dw.dw, 3, dx.p, n, dy.p, nullptr).ok());
+        report("grouped_linear persistent",
+               "fp8 g=3 150x1024 n=" + std::to_string(n) + " slots<=" + std::to_string(cap),
+               rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
+      }
+    }
+    {  // experts: 6 of 10 used, one row each, 90 rows of K 2048 (FP4: 64 chunks)
+      const int64_t E = 10, out = 90, in = 2048;
+      backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+      HostWeight all = make_weight(WeightFormat::kFp4Rows, E * out, in, ++seed);
+      const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(WeightFormat::kFp4Rows, out, in));
+      const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(WeightFormat::kFp4Rows, out, in));
+      Dev<uint8_t> ddata(all.data), dscale(all.scale);
+      std::vector<DeviceWeight> dws(E);
+      std::vector<ops::WeightRef> refs(E);
+      HostWeight one{WeightFormat::kFp4Rows, out, in, {}, {}};
+      for (int64_t e = 0; e < E; ++e) {
+        dws[e] = DeviceWeight{WeightFormat::kFp4Rows, out, in, ddata.p + e * pb, dscale.p + e * sb};
+        refs[e] = host_ref(one, all.data.data() + e * pb, all.scale.data() + e * sb);
+      }
+      Dev<DeviceWeight> dweights(dws);
+      const std::vector<int64_t> off = {0, 1, 1, 2, 3, 3, 4, 5, 5, 6, 6};
+      auto x = rand_floats(static_cast<size_t>(6 * in), ++seed);
+      std::vector<float> want(static_cast<size_t>(6 * out));
+      for (int64_t e = 0; e < E; ++e)
+        if (off[e + 1] > off[e]) cpu.linear(refs[e], x.data() + off[e] * in, 1, want.data() + off[e] * out);
+      Dev<int64_t> doff(off);
+      Dev<float> dx(x), dy(want.size());
+      ASSERT_TRUE(run_expert_linear(dweights.p, E, out, in, doff.p, dx.p, 6, dy.p, nullptr).ok());
+      report("expert_linear persistent", "fp4 10 experts 90x2048 m=6 slots<=" + std::to_string(cap),
+             rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
+    }
+  }
+}
+
 TEST(LinearParity, LinearArgumentErrors) {
   DeviceWeight w{WeightFormat::kFp4Rows, 16, 48, reinterpret_cast<const uint8_t*>(16),
                  reinterpret_cast<const uint8_t*>(16)};
