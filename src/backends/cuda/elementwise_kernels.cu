@@ -4,6 +4,7 @@
 // (RMSNorm's sum of squares, RoPE's cos/sin, SiLU's exp), so results are bit-identical except
 // where the order of a float64 sum or a libm-vs-CUDA last-ulp difference in float64 changes a
 // float32 rounding (docs/gpu_kernels.md).
+#include <algorithm>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -44,6 +45,35 @@ __global__ void __launch_bounds__(kThreads)
   const float inv = static_cast<float>(1.0 / sqrt(static_cast<double>(mean + eps)));
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     yr[i] = __fmul_rn(xr[i], inv) * (weight ? weight[i] : 1.0f);
+}
+
+// The same row norm for rows of up to kRegThreads * kRegPer floats (decode: few rows): the row's
+// values are loaded once, all at once (kRegPer per thread, in flight together; blockDim.x * kRegPer
+// >= dim), kept in registers
+// for the scaling pass; same float64 sum of squares (another order) and the same float32 steps.
+constexpr int kRegThreads = 1024, kRegPer = 8;
+__global__ void __launch_bounds__(kRegThreads)
+    rms_norm_reg_kernel(const float* x, int64_t dim, const float* __restrict__ weight, float eps, float* y) {
+  __shared__ double scratch[32];
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  float v[kRegPer];
+#pragma unroll
+  for (int j = 0; j < kRegPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    v[j] = i < dim ? xr[i] : 0.0f;
+  }
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < kRegPer; ++j) ss += static_cast<double>(v[j]) * static_cast<double>(v[j]);
+  ss = dev::block_sum(ss, scratch);
+  const float mean = static_cast<float>(ss / static_cast<double>(dim));
+  const float inv = static_cast<float>(1.0 / sqrt(static_cast<double>(mean + eps)));
+#pragma unroll
+  for (int j = 0; j < kRegPer; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (i < dim) yr[i] = __fmul_rn(v[j], inv) * (weight ? weight[i] : 1.0f);
+  }
 }
 
 // One block per row: cos/sin of the row's angles in shared memory, then every head's pairs.
@@ -167,7 +197,12 @@ Status run_rms_norm(const float* x, int64_t n, int64_t dim, const float* weight,
   if (n < 0 || n > 0x7fffffff) return bad("rms_norm", "n " + std::to_string(n) + " out of range");
   if (dim <= 0) return bad("rms_norm", "dim " + std::to_string(dim) + " must be positive");
   if (n == 0) return ok_status();
-  rms_norm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, dim, weight, eps, y);
+  if (n < 128 && dim <= int64_t{kRegThreads} * kRegPer) {  // decode: a row's loads all in flight
+    const int threads = static_cast<int>(std::min<int64_t>(kRegThreads, (dim + kRegPer - 1) / kRegPer + 31) / 32 * 32);
+    rms_norm_reg_kernel<<<static_cast<unsigned>(n), std::max(threads, 32), 0, stream>>>(x, dim, weight, eps, y);
+  } else {
+    rms_norm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, dim, weight, eps, y);
+  }
   return last_launch_status("rms_norm");
 }
 

@@ -109,6 +109,46 @@ __device__ void hc_comb(const HcMapDeviceArgs& a, const float* m, int64_t r) {
     if (j < C * C) a.comb[r * C * C + j] = comb[j];
 }
 
+// hc_comb for C = 4 on the 16 lanes 0..15 of one warp, lane 4 j + k owning comb[j][k]: every
+// sum is gathered by shuffles and added in the reference's order (softmax: over k in fp64; column
+// sums over j, row sums over k, from 0 in fp32), every element divided by its own lane, so the
+// values are bit-identical to hc_comb<4> (one thread: ~20 us of serial fp32 divisions at the
+// released 20 Sinkhorn steps) in a sixteenth of the serial divisions.
+__device__ void hc_comb4_lanes(const HcMapDeviceArgs& a, const float* m, int64_t r, int lane) {
+  constexpr unsigned kMask = 0xffffu;
+  const int j = lane >> 2, k = lane & 3;
+  const float L = m[8 + lane] * a.scale[2] + a.base[8 + lane];
+  float mx = __shfl_sync(kMask, L, 4 * j);
+#pragma unroll
+  for (int kk = 1; kk < 4; ++kk) {
+    const float v = __shfl_sync(kMask, L, 4 * j + kk);
+    mx = mx < v ? v : mx;
+  }
+  const double e = exp(static_cast<double>(L - mx));
+  double s = 0;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) s += __shfl_sync(kMask, e, 4 * j + kk);
+  float c = static_cast<float>(e / s) + a.hc_eps;
+  auto col_norm = [&] {
+    float t = 0;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) t += __shfl_sync(kMask, c, 4 * jj + k);
+    c /= (t + a.hc_eps);
+  };
+  auto row_norm = [&] {
+    float t = 0;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) t += __shfl_sync(kMask, c, 4 * j + kk);
+    c /= (t + a.hc_eps);
+  };
+  col_norm();
+  for (int64_t it = 0; it + 1 < a.sinkhorn_iters; ++it) {
+    row_norm();
+    col_norm();
+  }
+  a.comb[r * 16 + lane] = c;
+}
+
 // Split-K pass. Block b = g * splits + s serves rows [g * kRows, g * kRows + kRows) and the column
 // tiles [s * steps, (s + 1) * steps) of kTileCols columns each (lane l: columns 4 l .. 4 l + 3 of a
 // tile, one float4 when kVec). Warp w owns the fn rows j = w + kWarps * jj; the fn values of a tile
@@ -211,10 +251,16 @@ __global__ void __launch_bounds__(kThreads)
     m[threadIdx.x] = static_cast<float>(tot[threadIdx.x] * static_cast<double>(inv));
   }
   __syncthreads();
-  if (threadIdx.x == 0)
+  if (kC == 4) {
+    if (warp == 0 && lane < 16)
+      hc_comb4_lanes(a, m, r, lane);
+    else if (warp == 1)  // another warp: runs beside the Sinkhorn lanes
+      hc_pre_post<kC>(a, m, r, lane);
+  } else if (threadIdx.x == 0) {
     hc_comb<kC>(a, m, r);
-  else if (warp == 1)  // another warp: runs beside the Sinkhorn thread
+  } else if (warp == 1) {  // another warp: runs beside the Sinkhorn thread
     hc_pre_post<kC>(a, m, r, lane);
+  }
 }
 
 // The split of the columns: enough blocks for ~2 per SM (kTargetBlocks) at small n, whole tiles

@@ -48,7 +48,9 @@ TEST(DenseParity, RmsNorm) {
   };
   const std::vector<C> cases = {{1, 5120, true, false, 1e-20f, 1.0f},  {300, 5120, true, true, 1e-20f, 30.0f},
                                 {8, 1280, true, false, 1e-20f, 1e-3f}, {300, 512, false, false, 1e-6f, 1.0f},
-                                {64, 128, true, true, 1e-20f, 1e4f},   {3, 100, true, false, 1e-6f, 1e-20f}};
+                                {64, 128, true, true, 1e-20f, 1e4f},   {3, 100, true, false, 1e-6f, 1e-20f},
+                                // the register path's largest row, and one past it (the strided path)
+                                {2, 8192, true, true, 1e-20f, 1.0f},   {2, 8200, true, false, 1e-20f, 1.0f}};
   CpuBackend cpu(nullptr);
   uint64_t seed = 20;
   for (const C& c : cases) {
