@@ -120,6 +120,7 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
   gpu::DeviceLoadOptions o;
   DS41_ASSIGN_OR_RETURN(o.format, load_format_of(f));
   o.seed = f.seed;
+  o.preset = r.preset;
   o.tokenizer_dir = r.tokenizer_dir;
   o.engram_host_pinned = f.engram_host_pinned;
   LoadProgress progress(stderr, LoadProgress::mode_for(stderr, r.quiet), r.who + ": weights (cuda)");
