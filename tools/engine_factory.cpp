@@ -157,6 +157,12 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
     }
     return all;
   };
+  h.decoder_replay_all = [raw](engine::SeqId seq,
+                               std::span<const int32_t> tokens) -> Result<model::SequenceOutput> {
+    model::SequenceOutput out;
+    DS41_RETURN_IF_ERROR(raw->decoder_replay(seq, tokens, model::LogitsRows::kAll, &out));
+    return out;
+  };
   h.engine = std::make_unique<OwningEngine>(model, std::move(ce));
   return h;
 }

@@ -75,6 +75,10 @@ struct EngineHandle {
   std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens,
                                               int64_t chunk, bool record)>
       forward_all;
+  // MODEL_SPEC 4.4 decoder replay of a fresh `seq` with the kept rows' logits (`ds41 score --replay
+  // decoder`); set for the GPU engine.
+  std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens)>
+      decoder_replay_all;
 };
 
 // Loads the model for the device and builds its engine (load progress on stderr unless quiet).

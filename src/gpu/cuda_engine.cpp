@@ -477,7 +477,8 @@ Status CudaEngine::replay_window(engine::SeqId seq, std::span<const int32_t> pre
 //   (b) the windows of layers > cut floored at first_kept (they never read a position below it,
 //       so the ring rows (a) did not write for them are never read; the floors stay for the
 //       decode steps that follow, as the CPU's);
-//   (c) rows [first_kept, L) through every layer, no logits.
+//   (c) rows [first_kept, L) through every layer (the logits rows asked for: none for the
+//       Engine entry point).
 // (c)'s rows see in layers 0..cut exactly what the one-shot pass gives them (their window rows
 // below first_kept are in the rings (a) wrote; the compressors' pending groups, the candidate
 // source's pool over all L entries and the Reindex / Reuse selections are computed for these
@@ -487,6 +488,13 @@ Status CudaEngine::replay_window(engine::SeqId seq, std::span<const int32_t> pre
 // taken by committed rounds are released and the host mirror restored (the slot's device rows
 // are beyond the fresh position, never read).
 Status CudaEngine::prefill_decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens) {
+  model::SequenceOutput out;
+  return decoder_replay(seq, tokens, model::LogitsRows::kNone, &out);
+}
+
+Status CudaEngine::decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens, model::LogitsRows rows,
+                                  model::SequenceOutput* result) {
+  *result = model::SequenceOutput{};
   DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
   // The CPU engine's checks and messages, in its order (CpuEngine, then Model).
   if (tokens.empty()) return invalid_argument("decoder replay: no tokens");
@@ -518,8 +526,7 @@ Status CudaEngine::prefill_decoder_replay(engine::SeqId seq, std::span<const int
     for (int64_t l = 0; l < nl; ++l) s->window_floor[l] = dp.floor_after(l, s->window_floor[l]);
     // (c)
     const engine::StepItem tail{seq, tokens.subspan(static_cast<size_t>(dp.first_kept)), false};
-    st = forward_rounds(std::span<const engine::StepItem>(&tail, 1), model::LogitsRows::kNone,
-                        GpuForwardOptions{}, &out);
+    st = forward_rounds(std::span<const engine::StepItem>(&tail, 1), rows, GpuForwardOptions{}, &out);
   }
   if (!st.ok()) {
     for (size_t j = 0; j < s->sources.size(); ++j)  // rounds only append pages
@@ -528,6 +535,7 @@ Status CudaEngine::prefill_decoder_replay(engine::SeqId seq, std::span<const int
     *s = saved;
     return st.with_context("decoder replay");
   }
+  *result = std::move(out[0]);
   return ok_status();
 }
 

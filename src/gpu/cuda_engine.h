@@ -70,6 +70,10 @@ class CudaEngine final : public engine::Engine {
   // layer_ms (benchmarks): per-layer milliseconds of the last forward of the step (gpu_forward.h).
   Status forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
                  std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms = nullptr);
+  // prefill_decoder_replay with the kept rows' logits (`ds41 score --replay decoder`): rows kAll /
+  // kLast of the last min(window, tokens) positions, as model::Model::prefill_decoder_replay.
+  Status decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens, model::LogitsRows rows,
+                        model::SequenceOutput* out);
 
   const KvBlockPool& pool() const { return pool_; }
   const GpuForward& executor() const { return *fwd_; }

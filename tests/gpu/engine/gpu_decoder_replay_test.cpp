@@ -17,6 +17,8 @@
 //     on its first rows (golden: 8 of 12; both engines start from states that differ by the float
 //     noise of a ~300-row prefill, see the parity test). The small model (random weights) flips
 //     within a few rows from such noise (gpu_test_util.h flip_free_rows): its rows are printed.
+//   - The kept rows' logits (CudaEngine::decoder_replay, `score --replay decoder`): the CPU's
+//     positions, e_r printed.
 //   - A prompt no longer than the window: the replay is the exact prefill (bit-identical state).
 //   - Errors as the CPU engine's (empty prompt, vocabulary, context, non-fresh sequence); an Engram
 //     layer after the cut refused with the CPU's message; a failure after the first pass committed
@@ -155,6 +157,37 @@ TEST_P(GpuDecoderReplay, MatchesTheCpuEngine) {
   std::cout << GetParam().name
             << " GPU one-forward vs GPU chunked continuation agree within tol on the first "
             << flip_free_rows(got[0], got[1], V_, kTolGpuLogits) << " of " << rows << " rows\n";
+}
+
+// CudaEngine::decoder_replay with the kept rows' logits (`ds41 score --device cuda --replay
+// decoder`) against Model::prefill_decoder_replay's: the same positions; the rows' e_r printed
+// (they are prompt rows ~300 deep, past the GPU's own flip point in the parity test: the replay's
+// correctness is held bit for bit by the other tests of this file).
+TEST_P(GpuDecoderReplay, KeptRowsLogits) {
+  auto t = tokens(len_, 67);
+  auto st = cpu_model_.model->new_sequence();
+  model::ForwardOptions o;
+  o.logits = model::LogitsRows::kAll;
+  auto want = cpu_model_.model->prefill_decoder_replay(*st, t, o);
+  ASSERT_TRUE(want.ok()) << want.status().message();
+  for (gpu::CudaEngine* e : {one_.get(), chunked_.get()}) {
+    auto g = e->create_sequence();
+    ASSERT_TRUE(g.ok());
+    model::SequenceOutput got;
+    Status s = e->decoder_replay(*g, t, model::LogitsRows::kAll, &got);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(got.positions, want->positions);
+    ASSERT_EQ(got.logits.size(), want->logits.size());
+    ASSERT_EQ(static_cast<int64_t>(got.positions.size()), plan_.keep);
+    EXPECT_EQ(got.positions.front(), plan_.first_kept);
+    std::cout << GetParam().name << (e == one_.get() ? " one forward" : " 48-token forwards")
+              << ": kept rows vs CPU e_r:";
+    for (int64_t r = 0; r < plan_.keep; ++r)
+      std::cout << " " << row_error(&want->logits[r * V_], &got.logits[r * V_], V_);
+    std::cout << "\n";
+    EXPECT_EQ(*e->sequence_position(*g), len_);
+    ASSERT_TRUE(e->free_sequence(*g).ok());
+  }
 }
 
 TEST_P(GpuDecoderReplay, LayersUpToTheCutEqualASplitExactPrefillBitForBit) {
