@@ -12,9 +12,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "golden/golden_arrays.h"
+#include "model/checkpoint_maker.h"
 #include "model/forward_pass.h"
 #include "model/presets.h"
 
@@ -83,17 +85,19 @@ TEST(DecoderReplayPlan, RefusesAnEngramLayerAfterTheCutAndNoKvSource) {
   EXPECT_EQ(none.status().message(), "decoder replay: the model has no KV source");
 }
 
+// BOS then random ids of the tiny vocabulary.
+std::vector<int32_t> prompt(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(3, 2047);
+  std::vector<int32_t> v{0};
+  while (static_cast<int64_t>(v.size()) < n) v.push_back(d(rng));
+  return v;
+}
+
 class DecoderReplayDecomposition : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { tm_ = new TestModel(load_golden_model(2)); }
   static void TearDownTestSuite() { delete tm_; }
-  static std::vector<int32_t> prompt(int64_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> d(3, 2047);
-    std::vector<int32_t> v{0};
-    while (static_cast<int64_t>(v.size()) < n) v.push_back(d(rng));
-    return v;
-  }
   // (a): layers 0..last only over `tokens` (no head), as GpuForwardOptions::last_layer.
   static void run_through(model::SequenceState& st, std::span<const int32_t> tokens, int64_t last) {
     model::ForwardOptions o;
@@ -129,6 +133,34 @@ class DecoderReplayDecomposition : public ::testing::Test {
   static TestModel* tm_;
 };
 TestModel* DecoderReplayDecomposition::tm_ = nullptr;
+
+// The config the GPU test GpuDecoderReplayRefusal.EngramLayerAfterTheCut uses (the tiny preset
+// with Engram at layer 5 > cut 4) is a valid checkpoint: it loads, prefills exactly, and the
+// reference refuses its decoder replay with the plan's message.
+TEST(DecoderReplayRefusal, EngramLayerAfterTheCutLoadsAndIsRefused) {
+  auto c = model::preset_config("tiny");
+  ASSERT_TRUE(c.ok());
+  c->engram_layer_ids = {1, 5};  // the table sizes depend on the number of Engram layers only
+  ASSERT_TRUE(model::validate_model_config(*c).ok());
+  const std::string dir = std::string(DS41_BINARY_DIR) + "/tests/unit/model/tiny-engram-after-cut";
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    model::MakeCheckpointOptions mo;
+    mo.seed = 43;
+    auto made = model::make_checkpoint(dir, *c, mo);
+    ASSERT_TRUE(made.ok()) << made.status().message();
+  }
+  TestModel tm = load_golden_model(2, dir);
+  ASSERT_TRUE(tm.model);
+  auto ids = prompt(40, 3);
+  auto st = tm.model->new_sequence();
+  auto r = tm.model->prefill_decoder_replay(*st, ids, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "decoder replay: Engram layer 5 lies after the cut at layer 4 (MODEL_SPEC 4.4)");
+  EXPECT_EQ(st->position(), 0);
+  EXPECT_TRUE(tm.model->prefill(*st, ids, 0, {}).ok());
+}
 
 TEST_F(DecoderReplayDecomposition, EqualsTheOneShotReplayBitForBit) {
   ASSERT_TRUE(tm_->model);
