@@ -37,15 +37,20 @@ inline Result<std::string> bench_model_dir(const BenchModelSource& s) {
   return dir;
 }
 
+// The tokenizer folder for the model in `dir` ("" = a preset generated on the device): --tokenizer,
+// else the model's own (empty: the loaders look in the model folder), else the default one.
+inline Result<std::string> bench_tokenizer_dir(const BenchModelSource& s, const std::string& dir) {
+  if (!s.tokenizer_dir.empty()) return s.tokenizer_dir;
+  if (!dir.empty() && std::filesystem::exists(dir + "/tokenizer.json")) return std::string();
+  return default_tokenizer_dir();
+}
+
 // bench_model_dir (stored in *dir_out when given), then the CPU reference model with `threads`
 // workers.
 inline Result<LoadedModel> load_bench_model(const BenchModelSource& s, std::string* dir_out = nullptr) {
   DS41_ASSIGN_OR_RETURN(std::string dir, bench_model_dir(s));
   if (dir_out) *dir_out = dir;
-  std::string tok_dir = s.tokenizer_dir;
-  if (tok_dir.empty() && !std::filesystem::exists(dir + "/tokenizer.json")) {
-    DS41_ASSIGN_OR_RETURN(tok_dir, default_tokenizer_dir());
-  }
+  DS41_ASSIGN_OR_RETURN(const std::string tok_dir, bench_tokenizer_dir(s, dir));
   return load_cpu_model(dir, tok_dir, s.threads);
 }
 

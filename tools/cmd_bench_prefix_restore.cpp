@@ -1,14 +1,20 @@
 // ds41 bench prefix-restore: restoring a long prefix from the persistent tier vs recomputing it
-// (issue 13), same run, CPU engine. A prompt of --tokens random ids is prefilled through the
-// engine (the recompute: all but the last token, then the last token for its logits); its
-// global-KV blocks go to a fresh --kv-dir (fsync on) through the prefix cache and its SWA snapshot
-// at the last-but-one position into the DRAM pool. Then the same request is served by restore:
+// (issue 13), same run, on the CPU engine (default) or the GPU engine (--device cuda, loaded as
+// `serve --device cuda` loads it: tools/engine_factory.h; --load-format dummy --preset
+// v41-flash-slice generates released-width weights on the device). A prompt of --tokens random
+// ids is prefilled through the engine (the recompute: all but the last token in --chunk-token
+// steps, then the last token for its logits); its global-KV blocks go to a fresh --kv-dir (fsync
+// on) through the prefix cache and its SWA snapshot at the last-but-one position into the DRAM
+// pool. Then the same request is served by restore:
 //   exact:  blocks read from disk (engine and DRAM tiers off) + the SWA snapshot, then the last
-//           token; its logits are checked bit for bit against the recompute's;
+//           token; its logits are checked bit for bit against the recompute's (both engines are
+//           deterministic and continue an imported state exactly);
 //   replay: blocks from disk, no snapshot (a new SWA pool) -> Encoder SWA Bounded Replay of the
-//           last window (MODEL_SPEC 4.5), then the last token.
+//           last window (MODEL_SPEC 4.5), then the rest.
 // Medians over --repeats; ratios recompute / restore. The page cache holds the blocks (written a
-// moment before) unless --drop-caches (needs root) drops it before each restore.
+// moment before) unless --drop-caches (needs root) drops it before each restore. On cuda the
+// engine's context is --tokens (--tokens 131072 is the issue's 128K target), its forward takes
+// --chunk rows, and its KV pool holds two sequences of --tokens.
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,8 +31,10 @@
 #include "cli_registry.h"
 #include "engine/cpu_engine.h"
 #include "engine/prefix_cache.h"
+#include "engine_factory.h"
 #include "forward_cli_util.h"
 #include "model/checkpoint_maker.h"
+#include "model/kv_layout.h"
 #include "model/presets.h"
 
 namespace ds41::cli {
@@ -37,7 +45,71 @@ struct PrefixRestoreArgs {
   int64_t tokens = 2048, chunk = 2048;
   int threads = 2, repeats = 3;
   bool json = false, drop_caches = false;
+  DeviceFlags device;  // --device (default cpu here), --load-format, --seed, --engram-host-pinned
 };
+
+// The engine the benchmark measures, with what it needs kept alive.
+struct BenchEngine {
+  LoadedModel cpu_model;                   // --device cpu: the reference model
+  std::unique_ptr<engine::CpuEngine> cpu;  // over cpu_model
+  EngineHandle gpu;                        // --device cuda (engine_factory.h)
+  engine::Engine* engine = nullptr;
+  model::ModelConfig config;
+  int64_t global_bytes_per_token = 0;
+  std::string model;              // for the report
+  std::string dir;                // the checkpoint folder ("" for a device preset)
+  nlohmann::ordered_json device;  // the report's device fields
+};
+
+Result<BenchEngine> load_engine(const PrefixRestoreArgs& a) {
+  BenchEngine b;
+  DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
+  const BenchModelSource src{a.model_dir, a.preset, a.work_dir, a.tokenizer_dir, a.threads};
+  if (device == "cpu") {
+    std::string dir;
+    DS41_ASSIGN_OR_RETURN(b.cpu_model, load_bench_model(src, &dir));
+    b.cpu = std::make_unique<engine::CpuEngine>(b.cpu_model.model.get(), "bench");
+    b.engine = b.cpu.get();
+    b.config = b.cpu_model.model->config();
+    b.global_bytes_per_token = b.cpu_model.model->kv_layout().global_bytes_per_token();
+    b.model = a.model_dir.empty() ? "preset:" + a.preset : dir;
+    b.dir = dir;
+    b.device = {{"backend", "cpu-reference"}};
+    return b;
+  }
+  // The GPU engine: --model DIR; or with --load-format dummy a preset generated on the device; or
+  // (auto / safetensors) the preset's checkpoint generated under --work-dir as on the CPU.
+  DS41_ASSIGN_OR_RETURN(const gpu::LoadFormat fmt, engine_load_format(a.device));
+  std::string dir = a.model_dir;
+  if (dir.empty() && fmt != gpu::LoadFormat::kDummy) {
+    DS41_ASSIGN_OR_RETURN(dir, bench_model_dir(src));
+  }
+  EngineRequest req;
+  req.model_dir = dir;
+  req.preset = a.model_dir.empty() ? a.preset : "";
+  DS41_ASSIGN_OR_RETURN(req.tokenizer_dir, bench_tokenizer_dir(src, dir));
+  req.model_name = "bench";
+  req.who = "ds41 bench prefix-restore";
+  req.max_context = a.tokens;
+  req.max_batch_tokens = a.chunk;
+  req.max_sequences = 2;
+  req.quiet = a.json;
+  // Pages for two sequences of --tokens (the recompute's and the restore's), whatever the page
+  // rounding: the global bytes per token of the widest config (890 B) x 3 x tokens, >= 256 MiB.
+  req.kv_bytes = std::max<int64_t>(int64_t{256} << 20, 3 * 890 * a.tokens);
+  DS41_ASSIGN_OR_RETURN(b.gpu, make_engine(a.device, req));
+  b.engine = b.gpu.engine.get();
+  b.config = b.gpu.config;
+  DS41_ASSIGN_OR_RETURN(const model::KvLayout layout, model::make_kv_layout(b.gpu.config, b.gpu.schedule));
+  b.global_bytes_per_token = layout.global_bytes_per_token();
+  b.model = a.model_dir.empty() ? "preset:" + a.preset : dir;
+  b.dir = dir.empty() ? b.model : dir;
+  b.device = {{"backend", "cuda-engine"},
+              {"gpu", b.engine->info().device},
+              {"load_format", a.device.load_format},
+              {"max_step_tokens", a.chunk}};
+  return b;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -54,13 +126,12 @@ bool drop_page_cache() {
 Status run_prefix_restore(const PrefixRestoreArgs& a) {
   if (a.tokens < 130 || a.repeats < 1 || a.threads < 1 || a.chunk < 1)
     return invalid_argument("--tokens must be >= 130, --repeats, --threads and --chunk >= 1");
-  if (a.model_dir.empty() && a.preset == "v41-flash")
-    return invalid_argument("--preset v41-flash: use --model DIR (510 GB of weights)");
-  std::string dir;
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
-                        load_bench_model({a.model_dir, a.preset, a.work_dir, a.tokenizer_dir, a.threads}, &dir));
-  const model::ModelConfig& c = lm.model->config();
-  engine::CpuEngine eng(lm.model.get(), "bench");
+  if (a.model_dir.empty() && a.preset == "v41-flash" && a.device.load_format != "dummy")
+    return invalid_argument("--preset v41-flash: use --model DIR (510 GB of weights) or --load-format dummy");
+  DS41_ASSIGN_OR_RETURN(BenchEngine be, load_engine(a));
+  const model::ModelConfig& c = be.config;
+  engine::Engine& eng = *be.engine;
+  const bool on_gpu = be.cpu == nullptr;
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int32_t> d(3,
                                            static_cast<int32_t>(std::min<int64_t>(c.vocab_size, 100000) - 1));
@@ -80,16 +151,19 @@ Status run_prefix_restore(const PrefixRestoreArgs& a) {
     }
     return out.logits;
   };
-  {  // warm-up (dequantized weights)
+  {  // warm-up: dequantized weights (CPU); a full chunk and a decode step on the GPU, so library
+     // initialisation (tensor-core linears, GEMV) stays out of the timed region
     DS41_ASSIGN_OR_RETURN(engine::SeqId w, eng.create_sequence());
-    DS41_RETURN_IF_ERROR(prefill(w, 0, 2).status());
+    const int64_t n = on_gpu ? std::min(a.chunk, N - 2) : 2;
+    DS41_RETURN_IF_ERROR(prefill(w, 0, n).status());
+    if (on_gpu) DS41_RETURN_IF_ERROR(prefill(w, n, n + 1).status());
     DS41_RETURN_IF_ERROR(eng.free_sequence(w));
   }
   const std::string kv_dir = a.dir + "/ds41-bench-prefix-restore." + std::to_string(getpid());
   std::filesystem::remove_all(kv_dir);
   kvcache::MetricsRegistry metrics;
   engine::PrefixCacheConfig pcfg;
-  pcfg.model_identity = "bench-prefix-restore " + dir;
+  pcfg.model_identity = "bench-prefix-restore " + be.dir;
   pcfg.engine_tier_bytes = 0;  // blocks must come up from the persistent tier
   pcfg.dram_tier_bytes = 0;
   pcfg.disk.dir = kv_dir;
@@ -147,15 +221,18 @@ Status run_prefix_restore(const PrefixRestoreArgs& a) {
   std::filesystem::remove_all(kv_dir);
   const double rec = median(t_rec), ex = median(t_exact), rp = median(t_replay);
   nlohmann::ordered_json j =
-      bench_header("prefix-restore", {{"backend", "cpu-reference"}},
-                   {{"model", a.model_dir.empty() ? "preset:" + a.preset : dir},
+      bench_header("prefix-restore", be.device,
+                   {{"model", be.model},
+                    {"device", on_gpu ? "cuda" : "cpu"},
+                    {"layers", c.num_hidden_layers},
+                    {"hidden", c.hidden_size},
                     {"threads", a.threads},
                     {"tokens", N},
                     {"chunk", a.chunk},
                     {"repeats", a.repeats},
                     {"window", c.sliding_window},
                     {"page_cache", dropped ? "dropped before each restore" : "warm (blocks just written)"}});
-  j["global_kv_bytes_per_token"] = lm.model->kv_layout().global_bytes_per_token();
+  j["global_kv_bytes_per_token"] = be.global_bytes_per_token;
   j["recompute_s"] = rec;
   j["restore_exact_s"] = ex;
   j["restore_exact_tokens"] = restored_exact;
@@ -172,19 +249,25 @@ Status run_prefix_restore(const PrefixRestoreArgs& a) {
 void setup_prefix_restore(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<PrefixRestoreArgs>();
   CLI::App* cmd = parent.add_subcommand(
-      "prefix-restore", "Restore a long prefix from the persistent KV tier vs recompute it (CPU engine)");
-  cmd->add_option("--preset", a->preset, "tiny or small (default small; generated under --work-dir)");
+      "prefix-restore",
+      "Restore a long prefix from the persistent KV tier vs recompute it (CPU or GPU engine)");
+  cmd->add_option("--preset", a->preset,
+                  "tiny or small (default small; generated under --work-dir); with --device cuda "
+                  "--load-format dummy any preset, e.g. v41-flash-slice (weights generated on the device)");
   cmd->add_option("--model", a->model_dir, "Use this model directory instead of a preset");
   cmd->add_option("--tokenizer", a->tokenizer_dir, "Tokenizer folder (default: the model's or ../shared)");
   cmd->add_option("--work-dir", a->work_dir,
                   "Where preset checkpoints are generated (default /tmp/ds41-bench)");
   cmd->add_option("--dir", a->dir, "The persistent tier is a fresh directory inside this one (default /tmp)");
   cmd->add_option("--tokens", a->tokens, "Prompt tokens (default 2048)");
-  cmd->add_option("--chunk", a->chunk, "Prefill chunk tokens (default 2048)");
+  cmd->add_option("--chunk", a->chunk, "Prefill chunk tokens (default 2048; cuda: the forward's rows)");
   cmd->add_option("--repeats", a->repeats, "Repeats; medians reported (default 3)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
   cmd->add_flag("--drop-caches", a->drop_caches, "Drop the page cache before each restore (root)");
   cmd->add_flag("--json", a->json, "One-line JSON");
+  a->device.device = "cpu";
+  add_engine_device_flags(cmd, &a->device);
+  cmd->get_option("--device")->description("cpu (default) | cuda (the GPU engine)");
   cmd->callback([a, &exit_code] {
     Status s = run_prefix_restore(*a);
     if (!s.ok()) {

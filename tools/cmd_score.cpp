@@ -216,12 +216,15 @@ void write_records(model::SafetensorsWriter* w, const std::string& name, int64_t
 }
 
 // `--device cuda` (or any engine): exact prefill of each prompt with every row's logits, then the
-// decode steps, through the engine (engine_factory.h). The approximate paths and --dump are the
-// CPU reference's.
+// decode steps, through the engine (engine_factory.h); --replay decoder (MODEL_SPEC 4.4, the kept
+// rows' logits, the rest NaN) and encoder:H (4.5: the exact rows before H, Engine::replay_window,
+// the rows from H) as the CPU path computes them. --dump and --stale-index-keys are the CPU
+// reference's.
 Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
-                        const std::pair<std::string, std::vector<int32_t>>& dec) {
-  if (!a.replay.empty() || !a.dump_dir.empty() || a.stale_keys)
-    return invalid_argument("--replay, --dump and --stale-index-keys need --device cpu (the CPU reference)");
+                        const std::pair<std::string, std::vector<int32_t>>& dec, bool replay_decoder,
+                        int64_t replay_h) {
+  if (!a.dump_dir.empty() || a.stale_keys)
+    return invalid_argument("--dump and --stale-index-keys need --device cpu (the CPU reference)");
   int64_t longest = 1;
   for (const Prompt& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
   EngineRequest req;
@@ -237,6 +240,8 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
   DS41_ASSIGN_OR_RETURN(req.memory_limit, parse_memory_limit(a.memory_limit));
   DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(a.device, req));
   if (!eh.forward_all) return unimplemented("ds41 score: this engine returns no all-row logits");
+  if (replay_decoder && !eh.decoder_replay_all)
+    return unimplemented("ds41 score: this engine returns no decoder-replay logits");
   engine::Engine& eng = *eh.engine;
   const model::ModelConfig& c = eh.config;
   const int64_t V = c.vocab_size;
@@ -246,13 +251,29 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
   for (const Prompt& p : prompts) {
     const int64_t S = static_cast<int64_t>(p.ids.size());
     DS41_ASSIGN_OR_RETURN(engine::SeqId seq, eng.create_sequence());
-    DS41_ASSIGN_OR_RETURN(model::SequenceOutput out, eh.forward_all(seq, p.ids, a.chunk, a.debug));
+    model::SequenceOutput out;
+    if (replay_decoder) {
+      DS41_ASSIGN_OR_RETURN(out, eh.decoder_replay_all(seq, p.ids));
+    } else if (replay_h > 0) {
+      if (replay_h >= S)
+        return invalid_argument("--replay encoder:" + std::to_string(replay_h) +
+                                " needs H < the length of prompt '" + p.name + "' (" + std::to_string(S) +
+                                ")");
+      const std::span<const int32_t> ids(p.ids);
+      DS41_ASSIGN_OR_RETURN(out, eh.forward_all(seq, ids.first(replay_h), a.chunk, a.debug));
+      DS41_RETURN_IF_ERROR(eng.replay_window(seq, ids.first(replay_h)));
+      DS41_ASSIGN_OR_RETURN(model::SequenceOutput rest,
+                            eh.forward_all(seq, ids.subspan(replay_h), a.chunk, a.debug));
+      out.append(std::move(rest));
+    } else {
+      DS41_ASSIGN_OR_RETURN(out, eh.forward_all(seq, p.ids, a.chunk, a.debug));
+    }
     std::vector<float> logits(S * V, std::numeric_limits<float>::quiet_NaN());
     for (size_t i = 0; i < out.positions.size(); ++i)
       std::copy(out.logits.begin() + i * V, out.logits.begin() + (i + 1) * V,
                 logits.begin() + out.positions[i] * V);
     w.add_f32(p.name + ".logits", {S, V}, logits.data());
-    if (a.debug)  // a fresh prefill of S tokens leaves S / ratio entries in a KV source
+    if (a.debug && !replay_decoder)  // a fresh prefill of S tokens leaves S / ratio entries in a KV source
       write_records(&w, p.name, S, c, out.record,
                     [&](int64_t l) { return S / eh.schedule.layers[eh.schedule.layers[l].kv_owner].ratio; });
     if (p.name == dec.first)
@@ -442,7 +463,7 @@ Status run_score(const ScoreArgs& a) {
     return invalid_argument("--replay must be 'decoder' or 'encoder:H', got '" + a.replay + "'");
   }
   DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
-  if (device != "cpu") return run_score_engine(a, prompts, dec);
+  if (device != "cpu") return run_score_engine(a, prompts, dec, replay_decoder, replay_h);
   DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
   DS41_ASSIGN_OR_RETURN(LoadedModel lm,
                         load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));

@@ -120,6 +120,7 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
   gpu::DeviceLoadOptions o;
   DS41_ASSIGN_OR_RETURN(o.format, load_format_of(f));
   o.seed = f.seed;
+  o.preset = r.preset;
   o.tokenizer_dir = r.tokenizer_dir;
   o.engram_host_pinned = f.engram_host_pinned;
   LoadProgress progress(stderr, LoadProgress::mode_for(stderr, r.quiet), r.who + ": weights (cuda)");
@@ -155,6 +156,12 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
       all.append(std::move(out[0]));
     }
     return all;
+  };
+  h.decoder_replay_all = [raw](engine::SeqId seq,
+                               std::span<const int32_t> tokens) -> Result<model::SequenceOutput> {
+    model::SequenceOutput out;
+    DS41_RETURN_IF_ERROR(raw->decoder_replay(seq, tokens, model::LogitsRows::kAll, &out));
+    return out;
   };
   h.engine = std::make_unique<OwningEngine>(model, std::move(ce));
   return h;

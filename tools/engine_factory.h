@@ -52,6 +52,7 @@ std::string device_name(const DeviceFlags& f);
 
 struct EngineRequest {
   std::string model_dir, tokenizer_dir, model_name, who = "ds41";
+  std::string preset;                   // GPU, --load-format dummy without a config.json in model_dir
   int threads = 2;                      // CPU engine
   int64_t context_tokens = 4096;        // CPU memory check before loading
   uint64_t memory_limit = 0;            // CPU memory check: --memory-limit (0: MemAvailable)
@@ -74,6 +75,10 @@ struct EngineHandle {
   std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens,
                                               int64_t chunk, bool record)>
       forward_all;
+  // MODEL_SPEC 4.4 decoder replay of a fresh `seq` with the kept rows' logits (`ds41 score --replay
+  // decoder`); set for the GPU engine.
+  std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens)>
+      decoder_replay_all;
 };
 
 // Loads the model for the device and builds its engine (load progress on stderr unless quiet).

@@ -185,13 +185,8 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
   DS41_ASSIGN_OR_RETURN(lc.vision_cache_bytes, parse_bytes(a.vision_cache, "--vision-cache"));
-  // The prefix cache needs the engine's state export / import and replay_window (both engines);
-  // decoder-replay prefill (MODEL_SPEC 4.4) only the CPU engine has.
-  const bool cpu = se->engine.cpu_model != nullptr;
-  if (!cpu && a.prefill_mode == "decoder-replay")
-    return unimplemented(
-        "--prefill-mode decoder-replay needs --device cpu (the GPU engine has no decoder replay, "
-        "MODEL_SPEC 4.4); use --prefill-mode exact");
+  // The prefix cache needs the engine's state export / import and replay_window, decoder-replay
+  // prefill (MODEL_SPEC 4.4) Engine::prefill_decoder_replay: both engines have them.
   lc.decoder_replay_prefill = a.prefill_mode == "decoder-replay";
   if (!a.no_prefix_cache) {
     DS41_ASSIGN_OR_RETURN(model::KvLayout layout, model::make_kv_layout(se->engine.config, se->engine.schedule));

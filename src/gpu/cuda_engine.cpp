@@ -7,6 +7,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "engine/state_codec.h"
+#include "model/decoder_replay_plan.h"
 
 namespace ds41::gpu {
 
@@ -181,15 +182,20 @@ Status CudaEngine::validate(std::span<const engine::StepItem> items) const {
 
 Status CudaEngine::forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
                            std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms) {
+  GpuForwardOptions fo;
+  fo.record = record;
+  fo.layer_ms = layer_ms;
+  return forward_rounds(items, rows, fo, out);
+}
+
+Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
+                                  const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out) {
   out->assign(items.size(), model::SequenceOutput{});
   if (items.empty()) return ok_status();
   DS41_RETURN_IF_ERROR(validate(items));
   const GpuLimits& lim = fwd_->limits();
   // Rounds: each takes the next chunk of every unfinished item, within the forward's limits.
   std::vector<size_t> done(items.size(), 0);
-  GpuForwardOptions fo;
-  fo.record = record;
-  fo.layer_ms = layer_ms;
   for (;;) {
     std::vector<GpuSeqInput> batch;
     std::vector<size_t> which;
@@ -463,11 +469,74 @@ Status CudaEngine::replay_window(engine::SeqId seq, std::span<const int32_t> pre
   return ok_status();
 }
 
-Status CudaEngine::prefill_decoder_replay(engine::SeqId seq, std::span<const int32_t>) {
-  DS41_RETURN_IF_ERROR(find(seq).status());
-  return unimplemented(
-      "decoder replay prefill (MODEL_SPEC 4.4) is not implemented on the GPU engine (it needs the forward to "
-      "drop rows after the last KV source); prefill exactly or use the CPU engine");
+// MODEL_SPEC 4.4 with the CPU reference's semantics (model::Model::prefill_decoder_replay: one
+// forward over every row, ForwardPass::keep_tail_rows after the cut), as two exact forwards:
+//   (a) rows [0, first_kept) through layers 0..cut only (GpuForwardOptions::last_layer), in chunks
+//       of max_step_tokens (chunked prefill is exact: absolute-position visibility, the pending
+//       group and the Engram look-back carried across, MODEL_SPEC 3.4.5 / 4.2);
+//   (b) the windows of layers > cut floored at first_kept (they never read a position below it,
+//       so the ring rows (a) did not write for them are never read; the floors stay for the
+//       decode steps that follow, as the CPU's);
+//   (c) rows [first_kept, L) through every layer (the logits rows asked for: none for the
+//       Engine entry point).
+// (c)'s rows see in layers 0..cut exactly what the one-shot pass gives them (their window rows
+// below first_kept are in the rings (a) wrote; the compressors' pending groups, the candidate
+// source's pool over all L entries and the Reindex / Reuse selections are computed for these
+// rows over the complete caches), and in layers > cut only keys >= first_kept, as keep_tail_rows
+// leaves them. Layers 0..cut run (c)'s rows once more than the one-shot pass needs to; their
+// outputs for those rows are the same computation. An error leaves the sequence fresh: pages
+// taken by committed rounds are released and the host mirror restored (the slot's device rows
+// are beyond the fresh position, never read).
+Status CudaEngine::prefill_decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens) {
+  model::SequenceOutput out;
+  return decoder_replay(seq, tokens, model::LogitsRows::kNone, &out);
+}
+
+Status CudaEngine::decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens, model::LogitsRows rows,
+                                  model::SequenceOutput* result) {
+  *result = model::SequenceOutput{};
+  DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
+  // The CPU engine's checks and messages, in its order (CpuEngine, then Model).
+  if (tokens.empty()) return invalid_argument("decoder replay: no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= info_.vocab_size)
+      return invalid_argument("decoder replay: token id " + std::to_string(t) + " outside the vocabulary");
+  const int64_t L = static_cast<int64_t>(tokens.size());
+  if (L > info_.max_context)
+    return out_of_range("decoder replay: " + std::to_string(L) + " tokens exceed the context");
+  DS41_ASSIGN_OR_RETURN(const model::DecoderReplayPlan dp,
+                        model::plan_decoder_replay(model_->config(), model_->schedule(), L));
+  if (s->position != 0) return failed_precondition("decoder replay: needs a fresh sequence state");
+  // Pages for the whole prompt before any row runs (resource_exhausted leaves it fresh).
+  const engine::StepItem all{seq, tokens, false};
+  DS41_RETURN_IF_ERROR(validate(std::span<const engine::StepItem>(&all, 1)).with_context("decoder replay"));
+
+  const GpuSequence saved = *s;
+  std::vector<model::SequenceOutput> out;
+  Status st = ok_status();
+  if (dp.first_kept > 0) {  // (a)
+    GpuForwardOptions fo;
+    fo.last_layer = dp.cut;
+    const engine::StepItem head{seq, tokens.first(static_cast<size_t>(dp.first_kept)), false};
+    st = forward_rounds(std::span<const engine::StepItem>(&head, 1), model::LogitsRows::kNone, fo, &out);
+  }
+  if (st.ok()) {  // (b)
+    const int64_t nl = model_->config().num_hidden_layers;
+    s->window_floor.resize(static_cast<size_t>(nl), 0);
+    for (int64_t l = 0; l < nl; ++l) s->window_floor[l] = dp.floor_after(l, s->window_floor[l]);
+    // (c)
+    const engine::StepItem tail{seq, tokens.subspan(static_cast<size_t>(dp.first_kept)), false};
+    st = forward_rounds(std::span<const engine::StepItem>(&tail, 1), rows, GpuForwardOptions{}, &out);
+  }
+  if (!st.ok()) {
+    for (size_t j = 0; j < s->sources.size(); ++j)  // rounds only append pages
+      for (size_t i = saved.sources[j].pages.size(); i < s->sources[j].pages.size(); ++i)
+        pool_.pages().release(s->sources[j].pages[i]);
+    *s = saved;
+    return st.with_context("decoder replay");
+  }
+  *result = std::move(out[0]);
+  return ok_status();
 }
 
 }  // namespace ds41::gpu

@@ -10,8 +10,10 @@
 // from the pages / slot to the host (a block's B / ratio entries per source; for a snapshot the
 // slot's rings, the partial block's entries and the pending groups) and encodes a StateView of
 // them; import parses and checks everything first, then takes pages and uploads. replay_window is
-// MODEL_SPEC 4.5 with the per-layer window floors of GpuSequence; decoder replay (4.4) is not
-// implemented on the GPU.
+// MODEL_SPEC 4.5 with the per-layer window floors of GpuSequence; prefill_decoder_replay is 4.4
+// with the CPU reference's semantics: a forward of the rows before the last window that stops at
+// the last KV source (GpuForwardOptions::last_layer), the later layers' floors raised, then a full
+// forward of the last window.
 //
 // Thread model: driven by one thread (Engine contract). The DeviceModel must outlive the engine.
 #pragma once
@@ -68,6 +70,10 @@ class CudaEngine final : public engine::Engine {
   // layer_ms (benchmarks): per-layer milliseconds of the last forward of the step (gpu_forward.h).
   Status forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
                  std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms = nullptr);
+  // prefill_decoder_replay with the kept rows' logits (`ds41 score --replay decoder`): rows kAll /
+  // kLast of the last min(window, tokens) positions, as model::Model::prefill_decoder_replay.
+  Status decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens, model::LogitsRows rows,
+                        model::SequenceOutput* out);
 
   const KvBlockPool& pool() const { return pool_; }
   const GpuForward& executor() const { return *fwd_; }
@@ -76,6 +82,9 @@ class CudaEngine final : public engine::Engine {
   CudaEngine() = default;
   Result<GpuSequence*> find(engine::SeqId seq) const;
   Status validate(std::span<const engine::StepItem> items) const;
+  // forward() with the executor's options: items split into rounds within the forward's limits.
+  Status forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
+                        const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out);
   void release(GpuSequence& s);
   // Host copies behind a StateView of `s` (export): per source the entries [first[j], first[j] +
   // rows[j]); with `bounded` also the rings and pending groups.

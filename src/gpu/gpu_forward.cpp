@@ -101,7 +101,7 @@ GpuForward::~GpuForward() {
 Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out) {
   out->clear();
-  DS41_RETURN_IF_ERROR(validate(batch));
+  DS41_RETURN_IF_ERROR(validate(batch, opt));
   if (batch.empty()) return ok_status();
   Status st = plan(batch);
   if (!st.ok()) {
@@ -172,8 +172,9 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
   pre_f_ = ws_.pre_f;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi_, stream_));
   for (int64_t l = 0; l < c_->num_hidden_layers; ++l) {
-    if (opt.layer_ms)
+    if (opt.layer_ms)  // every event is recorded: layers after opt.last_layer time as 0 ms
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventRecord(events_[l], stream_), "timing event"));
+    if (opt.last_layer >= 0 && l > opt.last_layer) continue;
     DS41_RETURN_IF_ERROR(run_layer(l, opt, out).with_context("layer " + std::to_string(l)));
   }
   return ok_status();

@@ -46,6 +46,15 @@ struct GpuForwardOptions {
   // Benchmarks: milliseconds of each layer (and the head, last), from CUDA events recorded between
   // layers on the stream (no extra synchronisation; read after the step's final one).
   std::vector<float>* layer_ms = nullptr;
+  // Run layers 0..last_layer only, and no head (-1: every layer): the first pass of MODEL_SPEC 4.4
+  // decoder replay (cuda_engine.h), over the prompt rows the layers after the cut do not need.
+  // Refused unless every input asks for no logits and no KV source lies after last_layer (its
+  // entries and pending group would fall behind the committed position). The commit is the usual
+  // one (positions, counts, pages, pending flags, Engram look-back over every row): the skipped
+  // layers hold no per-position state except their window rows, which this step does not write —
+  // the caller floors those layers' windows above these positions (GpuSequence::window_floor)
+  // before they run again.
+  int64_t last_layer = -1;
 };
 
 class GpuForward {
@@ -96,7 +105,7 @@ class GpuForward {
   };
 
   GpuForward() = default;
-  Status validate(std::span<const GpuSeqInput> batch) const;
+  Status validate(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt) const;
   Status plan(std::span<const GpuSeqInput> batch);
   void rollback_pages();
   Status run_layers(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);

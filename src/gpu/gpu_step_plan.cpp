@@ -26,8 +26,22 @@ const T* GpuForward::put(const std::vector<T>& v) {
   return d;
 }
 
-Status GpuForward::validate(std::span<const GpuSeqInput> batch) const {
+Status GpuForward::validate(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt) const {
   const int64_t V = c_->vocab_size;
+  if (opt.last_layer >= 0) {  // a partial forward (gpu_forward.h, MODEL_SPEC 4.4)
+    if (opt.last_layer >= c_->num_hidden_layers)
+      return invalid_argument("GPU forward: last_layer " + std::to_string(opt.last_layer) + " of a " +
+                              std::to_string(c_->num_hidden_layers) + "-layer model");
+    for (const model::KvSourceLayout& sl : m_->kv_layout().sources)
+      if (sl.layer > opt.last_layer)
+        return invalid_argument("GPU forward: last_layer " + std::to_string(opt.last_layer) +
+                                " would skip the KV source at layer " + std::to_string(sl.layer));
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (batch[i].logits != model::LogitsRows::kNone)
+        return invalid_argument("GPU forward: sequence " + std::to_string(i) +
+                                " asks for logits from a forward that stops at layer " +
+                                std::to_string(opt.last_layer));
+  }
   if (static_cast<int64_t>(batch.size()) > lim_.max_step_seqs)
     return invalid_argument("GPU forward: " + std::to_string(batch.size()) +
                             " sequences in one step, the engine takes " + std::to_string(lim_.max_step_seqs) +

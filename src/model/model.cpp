@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "engram/compressed_vocab.h"
 #include "engram/hash_constants.h"
+#include "model/decoder_replay_plan.h"
 #include "model/forward_pass.h"
 #include "model/model_setup.h"
 #include "quant/fake_quant.h"
@@ -162,12 +163,10 @@ Result<SequenceOutput> Model::decode_step(SequenceState& st, int32_t token, cons
 
 Result<SequenceOutput> Model::prefill_decoder_replay(SequenceState& st, std::span<const int32_t> tokens,
                                                      const ForwardOptions& opt) {
-  if (sched_.kv_sources.empty()) return failed_precondition("decoder replay: the model has no KV source");
-  const int64_t cut = sched_.kv_sources.back();
-  for (int64_t l : cfg_.engram_layer_ids)
-    if (l > cut)
-      return failed_precondition("decoder replay: Engram layer " + std::to_string(l) +
-                                 " lies after the cut at layer " + std::to_string(cut) + " (MODEL_SPEC 4.4)");
+  // The cut, the kept rows and the refusals are shared with the GPU engine (decoder_replay_plan.h).
+  DS41_ASSIGN_OR_RETURN(const DecoderReplayPlan dp,
+                        plan_decoder_replay(cfg_, sched_, static_cast<int64_t>(tokens.size())));
+  const int64_t cut = dp.cut;
   if (st.position() != 0) return failed_precondition("decoder replay: needs a fresh sequence state");
   ForwardOptions o = opt;
   o.record = false;
@@ -175,7 +174,7 @@ Result<SequenceOutput> Model::prefill_decoder_replay(SequenceState& st, std::spa
   SequenceInput in{&st, tokens, {}};
   DS41_RETURN_IF_ERROR(fp.setup(std::span<const SequenceInput>(&in, 1)));
   for (int64_t l = 0; l <= cut; ++l) fp.run_layer(l);
-  fp.keep_tail_rows(cfg_.sliding_window, cut);
+  fp.keep_tail_rows(dp.keep, cut);
   for (int64_t l = cut + 1; l < cfg_.num_hidden_layers; ++l) fp.run_layer(l);
   std::vector<SequenceOutput> out;
   fp.finish(&out);

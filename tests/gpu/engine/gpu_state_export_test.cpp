@@ -21,7 +21,6 @@
 
 #include "engine/cpu_engine.h"
 #include "engine/state_codec.h"
-#include "engram/engram_config.h"
 #include "gpu/engine/gpu_test_util.h"
 
 namespace ds41::testing {
@@ -69,16 +68,7 @@ class GpuStateExport : public ::testing::TestWithParam<Case> {
   }
   // Decode steps of `t` one token at a time; the logits rows [t.size(), V].
   std::vector<float> decode(engine::Engine& e, engine::SeqId s, std::span<const int32_t> t) {
-    std::vector<float> out;
-    for (size_t i = 0; i < t.size(); ++i) {
-      engine::StepItem it{s, t.subspan(i, 1), true};
-      engine::StepOutput so;
-      Status st = e.step(std::span<const engine::StepItem>(&it, 1), &so);
-      EXPECT_TRUE(st.ok()) << st.message();
-      if (!st.ok()) return out;
-      out.insert(out.end(), so.logits.begin(), so.logits.begin() + V_);
-    }
-    return out;
+    return decode_rows(e, s, t, V_);
   }
   void export_state(const engine::Engine& e, engine::SeqId s, Blocks* blocks, std::vector<uint8_t>* snap) {
     const int64_t pos = *e.sequence_position(s);
@@ -281,8 +271,7 @@ TEST_P(GpuStateExport, ReplayWindowMatchesTheCpu) {
   auto gs = gpu_->export_swa_snapshot(*g, kB, true);
   ASSERT_TRUE(cs.ok() && gs.ok());
   const model::KvLayout& L = dev_->kv_layout();
-  const size_t fixed = 4 + 4 + 8 + 4 * 6 + 8 + 8 + 4 * engram::EngramConfig::kMaxNgram + 8 * L.n_layers +
-                       4 * 6 * L.sources.size();
+  const size_t fixed = swa_snapshot_fixed_bytes(L);
   ASSERT_GE(cs->size(), fixed);
   ASSERT_EQ(cs->size(), gs->size());
   EXPECT_TRUE(std::equal(cs->begin(), cs->begin() + fixed, gs->begin()))
@@ -299,7 +288,6 @@ TEST_P(GpuStateExport, ReplayWindowMatchesTheCpu) {
   // top-k flip at row 15: 0.13), a fake-quant flip like the parity test's (golden README
   // "Discontinuities"), not a state difference.
   expect_continuation_close(want, got, std::string(GetParam().name) + " replay_window", 12);
-  EXPECT_EQ(gpu_->prefill_decoder_replay(*g, prompt).code(), StatusCode::kUnimplemented);
 }
 
 TEST_P(GpuStateExport, BadPayloadsGiveTheCpuErrorsAndLeaveTheSequenceFresh) {

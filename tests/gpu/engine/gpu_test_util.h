@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_status.h"
+#include "engram/engram_config.h"
 #include "golden/golden_arrays.h"
 #include "gpu/cuda_engine.h"
 #include "gpu/device_model.h"
@@ -152,6 +153,29 @@ inline int64_t count_selection_diffs(const model::ForwardRecord& want, const mod
   cmp(want.router_experts, got.router_experts, c.num_experts_per_tok);
   std::cout << what << ": selections " << rows << " rows, " << diff << " differ\n";
   return diff;
+}
+
+// Decode steps of `t` through Engine::step, one token each; the logits rows [t.size(), V] (stops
+// at the first error, reported as a test failure).
+inline std::vector<float> decode_rows(engine::Engine& e, engine::SeqId s, std::span<const int32_t> t,
+                                      int64_t V) {
+  std::vector<float> out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    engine::StepItem it{s, t.subspan(i, 1), true};
+    engine::StepOutput so;
+    Status st = e.step(std::span<const engine::StepItem>(&it, 1), &so);
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (!st.ok()) return out;
+    out.insert(out.end(), so.logits.begin(), so.logits.begin() + V);
+  }
+  return out;
+}
+
+// Bytes of an SWA snapshot payload before its rows (docs/formats/kv_block.md: header, Engram
+// look-back, per-layer window floors, source table): position, floors and counts in one compare.
+inline size_t swa_snapshot_fixed_bytes(const model::KvLayout& L) {
+  return 4 + 4 + 8 + 4 * 6 + 8 + 8 + 4 * engram::EngramConfig::kMaxNgram + 8 * L.n_layers +
+         4 * 6 * L.sources.size();
 }
 
 inline std::vector<int32_t> seeded_tokens(int64_t n, int64_t vocab, uint64_t seed) {
