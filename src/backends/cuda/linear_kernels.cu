@@ -417,8 +417,8 @@ constexpr int kPersistMaxSmem = 200 * 1024;  // dynamic shared memory of a block
 
 template <int NB>
 struct PersistShape {  // W rows per warp (R) and chunks per row per batch (U); NB = 1 picks R at launch
-  static constexpr int R = 2;  // (x reads from shared memory per weight: NB / R)
-  static constexpr int U = NB == 1 ? 4 : (NB == 8 ? 1 : 2);  // R * U * NB partial sums stay in registers
+  static constexpr int R = NB <= 2 ? 2 : (NB == 4 ? 2 : 4);
+  static constexpr int U = NB <= 2 ? 4 : (NB == 4 ? 2 : 1);
 };
 
 // Stages rows [0, nb) of x (row b at x + b * ldx, nch * G float4 groups each; rows nb..NB-1 as
@@ -483,91 +483,54 @@ __device__ __forceinline__ void persist_load(const WView& w, int64_t row_bytes, 
   }
 }
 
-// Step t of the batch's chunks (u < U), interleaved over the chunks: each chunk has its own
-// partial sums p[u] (independent fmaf chains: U-fold instruction-level parallelism), of the raw
-// (unscaled) weights; persist_compute scales each chunk's partial once.
-template <class D, int NB, int R, int U, int t>
-__device__ __forceinline__ void persist_step(const uint4 (&q)[U][R], const uint32_t (&sc)[U][R],
-                                             const bool (&direct)[U][R], int rows, int64_t c0, int64_t nch,
-                                             const float4* xs4, int64_t row4, float (&p)[U][R][NB]) {
+template <class D, int NB, int R, int t>
+__device__ __forceinline__ void persist_step(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int c,
+                                             const float4* xs4, int64_t row4, float (&acc)[R][NB]) {
   constexpr int G = D::kV / 4, F = D::kStep / 4;
-  const int lane = threadIdx.x & 31;
+  float4 xv[NB][F];
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int64_t c = c0 + u * 32 + lane;
-    if (c >= nch) break;  // chunks past the row end: the later u are past it too
-    float4 xv[NB][F];
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int f = 0; f < F; ++f) xv[b][f] = xs4[b * row4 + dev::xs_slot<G>(c, t * F + f)];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;  // warp-uniform
+    float v[D::kStep];
+    D::template step<t>(q[r], sc[r], v);
 #pragma unroll
     for (int b = 0; b < NB; ++b)
 #pragma unroll
-      for (int f = 0; f < F; ++f) xv[b][f] = xs4[b * row4 + dev::xs_slot<G>(static_cast<int>(c), t * F + f)];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r >= rows) break;  // warp-uniform
-      float v[D::kStep];
-      D::template raw<t>(q[u][r], sc[u][r], v);
-      if (D::kScaled && !direct[u][r]) {  // an extreme scale: the scaled values (exactly step's)
-        const float m = D::mult(sc[u][r]);
-#pragma unroll
-        for (int i = 0; i < D::kStep; ++i) v[i] = v[i] * m;
+      for (int f = 0; f < F; ++f) {
+        acc[r][b] = __fmaf_rn(v[4 * f], xv[b][f].x, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 1], xv[b][f].y, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 2], xv[b][f].z, acc[r][b]);
+        acc[r][b] = __fmaf_rn(v[4 * f + 3], xv[b][f].w, acc[r][b]);
       }
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int f = 0; f < F; ++f) {
-          p[u][r][b] = __fmaf_rn(v[4 * f], xv[b][f].x, p[u][r][b]);
-          p[u][r][b] = __fmaf_rn(v[4 * f + 1], xv[b][f].y, p[u][r][b]);
-          p[u][r][b] = __fmaf_rn(v[4 * f + 2], xv[b][f].z, p[u][r][b]);
-          p[u][r][b] = __fmaf_rn(v[4 * f + 3], xv[b][f].w, p[u][r][b]);
-        }
-    }
   }
 }
 
-template <class D, int NB, int R, int U, int... t>
-__device__ __forceinline__ void persist_steps(const uint4 (&q)[U][R], const uint32_t (&sc)[U][R],
-                                              const bool (&direct)[U][R], int rows, int64_t c0, int64_t nch,
-                                              const float4* xs4, int64_t row4, float (&p)[U][R][NB],
+template <class D, int NB, int R, int... t>
+__device__ __forceinline__ void persist_steps(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int c,
+                                              const float4* xs4, int64_t row4, float (&acc)[R][NB],
                                               std::integer_sequence<int, t...>) {
-  (persist_step<D, NB, R, U, t>(q, sc, direct, rows, c0, nch, xs4, row4, p), ...);
+  (persist_step<D, NB, R, t>(q, sc, rows, c, xs4, row4, acc), ...);
 }
 
-// A batch: per chunk the raw partial sums, then acc += partial * the chunk's scale (exact
-// power-of-two product, one rounding), chunks in increasing order: a fixed order. Only scales in
-// [2^-32, 2^32] are applied per chunk ("direct"): with an extreme one the raw products could
-// overflow or underflow where the scaled ones do not, so those chunks sum the scaled values.
 template <class D, int NB, int R, int U>
 __device__ __forceinline__ void persist_compute(const uint4 (&q)[U][R], const uint32_t (&s)[U][R], int rows,
                                                 int64_t nch, int64_t c0, const float4* xs4, int64_t row4,
                                                 float (&acc)[R][NB]) {
   const int lane = threadIdx.x & 31;
-  uint32_t sc[U][R];
-  bool direct[U][R];
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      sc[u][r] = D::scale(s[u][r]);
-      const uint32_t e = (__float_as_uint(D::mult(sc[u][r])) >> 23) & 0xffu;
-      direct[u][r] = D::kScaled && e >= 95u && e <= 159u;
-    }
-  float p[U][R][NB];
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < NB; ++b) p[u][r][b] = 0.0f;
-  persist_steps<D, NB, R, U>(q, sc, direct, rows, c0, nch, xs4, row4, p,
-                             std::make_integer_sequence<int, D::kV / D::kStep>{});
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (c0 + u * 32 + lane >= nch) break;
+    const int64_t c = c0 + u * 32 + lane;
+    if (c < nch) {
+      uint32_t sc[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-        acc[r][b] = direct[u][r] ? __fmaf_rn(p[u][r][b], D::mult(sc[u][r]), acc[r][b]) : __fadd_rn(p[u][r][b], acc[r][b]);
+      for (int r = 0; r < R; ++r) sc[r] = D::scale(s[u][r]);
+      persist_steps<D, NB, R>(q[u], sc, rows, static_cast<int>(c), xs4, row4, acc,
+                              std::make_integer_sequence<int, D::kV / D::kStep>{});
+    }
   }
 }
 
@@ -1017,8 +980,7 @@ int64_t persist_slots(int64_t nrg, int64_t other_blocks, size_t smem) {
 template <class W, int NB, int R>
 void launch_persist(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                     float* y, int64_t ldy, size_t smem, cudaStream_t stream) {
-  // One W row per warp: twice the chunks per batch, as many bytes in flight as two rows.
-  constexpr int U = NB == 1 && R == 1 ? 8 : PersistShape<NB>::U;
+  constexpr int U = PersistShape<NB>::U;
   allow_persist_smem<persist_kernel<W, NB, R, U>>();
   const int64_t nblk = (n + NB - 1) / NB, nrg = (out_rows + R - 1) / R;
   const dim3 grid(static_cast<unsigned>(persist_slots(nrg, nblk * groups, smem)), static_cast<unsigned>(nblk),
@@ -1147,8 +1109,10 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
   }
   const bool one = m_max <= n_experts;  // about one row per used expert (decode)
   const size_t psmem = std::max<size_t>(static_cast<size_t>(in_dim) * sizeof(float), sizeof(float) * kGemvChunk<1>);
-  if (one && m_max <= 16 && psmem <= static_cast<size_t>(kPersistMaxSmem)) {  // (batch <= 2: measured)
-    constexpr int R = 1, U = 5;  // R = 2 or U = 8 spill at 128 registers (four formats in one kernel); 5 x 32 chunks = an FP4 row of 5120
+  // The persistent kernel up to 16 rows (batch <= 2 of top-6): measured on the H200, batch 8 (48
+  // units, 6 blocks per unit) ran 386 us for w1 where the one-block-per-16-rows launch ran 300 us.
+  if (one && m_max <= 16 && psmem <= static_cast<size_t>(kPersistMaxSmem)) {
+    constexpr int R = 1, U = 4;  // R = 2 spills at 128 registers (four formats in one kernel)
     allow_persist_smem<persist_expert_kernel<1, R, U>>();
     const int64_t gy = std::min<int64_t>(m_max, 65535), nrg = (out_dim + R - 1) / R;
     const dim3 grid(static_cast<unsigned>(persist_slots(nrg, gy, psmem)), static_cast<unsigned>(gy));

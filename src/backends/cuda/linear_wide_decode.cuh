@@ -79,10 +79,6 @@ struct WideF32 {
   __device__ __forceinline__ static const uint8_t* scale_row(const WView& w, int64_t) { return w.data; }
   __device__ __forceinline__ static uint32_t scale_byte(const uint8_t*, int64_t) { return 0; }
   __device__ __forceinline__ static uint32_t scale(uint32_t) { return 0; }
-  static constexpr bool kScaled = false;
-  __device__ __forceinline__ static float mult(uint32_t) { return 1.0f; }
-  template <int t>
-  __device__ __forceinline__ static void raw(const uint4& q, uint32_t s, float (&v)[kStep]) { step<t>(q, s, v); }
   template <int t>
   __device__ __forceinline__ static void step(const uint4& q, uint32_t, float (&v)[kStep]) {
     v[0] = __uint_as_float(q.x);
@@ -102,10 +98,6 @@ struct WideBF16 {
   __device__ __forceinline__ static const uint8_t* scale_row(const WView& w, int64_t) { return w.data; }
   __device__ __forceinline__ static uint32_t scale_byte(const uint8_t*, int64_t) { return 0; }
   __device__ __forceinline__ static uint32_t scale(uint32_t) { return 0; }
-  static constexpr bool kScaled = false;
-  __device__ __forceinline__ static float mult(uint32_t) { return 1.0f; }
-  template <int t>
-  __device__ __forceinline__ static void raw(const uint4& q, uint32_t s, float (&v)[kStep]) { step<t>(q, s, v); }
   template <int t>
   __device__ __forceinline__ static void step(const uint4& q, uint32_t, float (&v)[kStep]) {
     const uint32_t a = word_of(q, 2 * t), b = word_of(q, 2 * t + 1);
@@ -126,23 +118,6 @@ struct WideFp8 {
   __device__ __forceinline__ static uint32_t scale_byte(const uint8_t* srow, int64_t c) { return __ldg(srow + (c >> 1)); }
   // The scale as float bits (the host's E8M0 value).
   __device__ __forceinline__ static uint32_t scale(uint32_t sb) { return __float_as_uint(e8m0_decode(sb)); }
-  // raw: the E4M3 values themselves (exact); mult: the tile scale. raw * mult is step's value
-  // exactly (a power-of-two product), so a chunk's sum of raw * x times mult equals the sum of
-  // step * x computed in the same order, barring fp32 overflow / underflow.
-  static constexpr bool kScaled = true;
-  __device__ __forceinline__ static float mult(uint32_t sbits) { return __uint_as_float(sbits); }
-  template <int t>
-  __device__ __forceinline__ static void raw(const uint4& q, uint32_t, float (&v)[kStep]) {
-    const uint32_t w = word_of(q, t);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw r =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((w >> (16 * h)) & 0xffffu), __NV_E4M3);
-      const float2 f = __half22float2(__half2(r));
-      v[2 * h] = f.x;
-      v[2 * h + 1] = f.y;
-    }
-  }
   template <int t>
   __device__ __forceinline__ static void step(const uint4& q, uint32_t sbits, float (&v)[kStep]) {
     const float s = __uint_as_float(sbits);
@@ -179,23 +154,6 @@ struct WideFp4 {
   __device__ __forceinline__ static uint32_t scale(uint32_t sb) {
     if (sb == 255u) return __float_as_uint(nan_f32());
     return sb <= 240u ? (sb + 14u) << 23 : (sb << 23) | 1u;  // bit 0: the f16 pre-multiply (stripped)
-  }
-  // raw: the f16 values (E2M1 value * 2^-14, or the value itself after the f16 pre-multiply);
-  // mult: the multiplier of scale(). raw * mult is step's value exactly (a power of two).
-  static constexpr bool kScaled = true;
-  __device__ __forceinline__ static float mult(uint32_t mbits) { return __uint_as_float(mbits & ~1u); }
-  template <int t>
-  __device__ __forceinline__ static void raw(const uint4& q, uint32_t mbits, float (&v)[kStep]) {
-    const uint32_t w = word_of(q, t);
-    const bool pre = (mbits & 1u) != 0u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint32_t p = i == 0 ? pair<0>(w) : (i == 1 ? pair<1>(w) : (i == 2 ? pair<2>(w) : pair<3>(w)));
-      if (pre) p = f16x2_times_2p14(p);
-      const float2 f = half2_bits_to_float2(p);
-      v[i] = f.x;
-      v[i + 4] = f.y;
-    }
   }
   template <int t>
   __device__ __forceinline__ static void step(const uint4& q, uint32_t mbits, float (&v)[kStep]) {
