@@ -54,7 +54,13 @@ std::vector<StoredBlock> KvStore::restore(std::span<const BlockKey> keys, Thread
   std::vector<std::optional<StoredBlock>> got(keys.size());
   std::atomic<int64_t> next{0};        // next block to read
   std::atomic<int64_t> prefetched{0};  // blocks [0, prefetched) have had their read-ahead issued
-  std::atomic<int64_t> first_miss{n};  // blocks past a miss are useless to the caller
+  // Blocks past a miss are useless to the caller. A block the tier does not hold (its index, or a
+  // stat for blocks another server wrote) ends the chain before any read, so no lane reads past a
+  // known hole however the lanes are scheduled; a read that still fails (corrupt, or removed
+  // meanwhile) ends it where it fails.
+  int64_t held = 0;
+  while (held < n && disk_->contains(keys[held])) ++held;
+  std::atomic<int64_t> first_miss{held};
   auto lane = [&] {
     for (int64_t i; (i = next.fetch_add(1)) < n && i < first_miss.load();) {
       const int64_t want = std::min(n, std::min(first_miss.load(), i + 1 + window));
