@@ -82,7 +82,7 @@ async function main() {
       await page.$eval("#max-tokens", (el, v) => { el.value = v; }, String(maxTokens));
       await page.type("#input", text);
       await page.click("#send");
-      await page.waitForFunction(() => document.body.dataset.state === "streaming", { timeout: 5000 });
+      await page.waitForFunction(() => document.body.dataset.state === "streaming", { timeout: 30000 });  // generous: a loaded 2-core CI machine
     };
     const idle = (ms) => page.waitForFunction(() => document.body.dataset.state === "idle", { timeout: ms });
 
@@ -117,7 +117,7 @@ async function main() {
     }, { timeout: 60000 });
     if ((await runningSequences(url)) < 1) fail("the long generation is not running on the server");
     await page.click("#stop");
-    await idle(5000);
+    await idle(15000);
     const stopped = await lastAssistant();
     if (!/^stopped/.test(stopped.meta)) fail("meta after stop: '" + stopped.meta + "'");
     await sleep(1500);
