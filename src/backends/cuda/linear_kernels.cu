@@ -16,6 +16,8 @@
 // Expert launches (rows of x grouped by expert through offsets) cut each expert's rows into units
 // (NB or 64 rows); every block scans the offsets once (shared memory) and loops over units.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -601,19 +603,157 @@ __device__ __forceinline__ void persist_run(const WView& w, int64_t out_rows, in
   }
 }
 
+// The same work with a shared-memory ring instead of register buffers: each warp owns S stages of
+// R x U x 32 16-byte chunk slots (a lane only ever reads the slots it filled itself, so no barrier
+// between lanes), filled by cp.async (16 bytes, bypassing L1) S - 1 batches ahead of the one being
+// decoded; the scale bytes ride along in registers (one small array per stage). A warp thus keeps
+// S - 1 batches in flight while it decodes, and no loaded weight holds a register before its decode.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#else  // the host SIMT emulator: a plain copy
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#endif
+
+template <int R, int U, int S>
+constexpr int kRingChunksPerWarp = S * R * U * 32;  // 16-byte slots
+
+// Task k of the warp: row group rg_first + (k / bpr) * rg_step, batch k % bpr (chunks from
+// (k % bpr) * 32 U), into ring stage k % S. Every task commits one cp.async group (an empty one past
+// the warp's last task), so "groups 0 .. k complete" is wait_group(S - 1) after task k + S - 1 is
+// issued.
+template <class D, int R, int U, int S, int st>
+__device__ __forceinline__ void ring_issue(const WView& w, int64_t row_bytes, int64_t w_row0, int64_t out_rows,
+                                           int64_t nch, int64_t bpr, int64_t ntask, int64_t rg_first,
+                                           int64_t rg_step, int64_t k, uint4* ring, uint32_t (&sb)[S][U][R]) {
+  const int lane = threadIdx.x & 31;
+  if (k < ntask) {
+    const int64_t rg = rg_first + (k / bpr) * rg_step, c0 = (k % bpr) * 32 * U;
+    const int rows = static_cast<int>(min(static_cast<int64_t>(R), out_rows - rg * R));
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t o = w_row0 + rg * R + (r < rows ? r : 0);
+      const uint8_t* wr = w.data + o * row_bytes;
+      const uint8_t* sr = D::scale_row(w, o);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = c0 + u * 32 + lane;
+        if (r < rows && c < nch) {
+          cp_async16(ring + ((st * R + r) * U + u) * 32 + lane, wr + c * 16);
+          sb[st][u][r] = D::scale_byte(sr, c);
+        } else {
+          sb[st][u][r] = 127u;
+        }
+      }
+    }
+  }
+  cp_async_commit();
+}
+
+template <class D, int NB, int R, int U, int S, int st>
+__device__ __forceinline__ void ring_task(const WView& w, int64_t row_bytes, int64_t w_row0, int64_t out_rows,
+                                          int64_t nch, int64_t row4, int64_t bpr, int64_t ntask, int64_t rg_first,
+                                          int64_t rg_step, int64_t k, uint4* ring, uint32_t (&sb)[S][U][R],
+                                          const float4* xs4, int nb, float* y_col, int64_t ldy, float (&acc)[R][NB]) {
+  const int lane = threadIdx.x & 31;
+  // The stage task k - 1 used (its slots were read by this lane before: program order).
+  ring_issue<D, R, U, S, (st + S - 1) % S>(w, row_bytes, w_row0, out_rows, nch, bpr, ntask, rg_first, rg_step,
+                                           k + S - 1, ring, sb);
+  cp_async_wait<S - 1>();
+  const int64_t rg = rg_first + (k / bpr) * rg_step, j = k % bpr;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(R), out_rows - rg * R));
+  uint4 q[U][R];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int r = 0; r < R; ++r) q[u][r] = ring[((st * R + r) * U + u) * 32 + lane];
+  persist_compute<D, NB, R, U>(q, sb[st], rows, nch, j * 32 * U, xs4, row4, acc);
+  if (j == bpr - 1) persist_flush<NB, R>(acc, rg, rows, nb, y_col, ldy);
+}
+
+template <class D, int NB, int R, int U, int S, int... st>
+__device__ __forceinline__ void ring_prologue(const WView& w, int64_t row_bytes, int64_t w_row0, int64_t out_rows,
+                                              int64_t nch, int64_t bpr, int64_t ntask, int64_t rg_first,
+                                              int64_t rg_step, uint4* ring, uint32_t (&sb)[S][U][R],
+                                              std::integer_sequence<int, st...>) {
+  (ring_issue<D, R, U, S, st>(w, row_bytes, w_row0, out_rows, nch, bpr, ntask, rg_first, rg_step, st, ring, sb),
+   ...);
+}
+
+template <class D, int NB, int R, int U, int S, int... st>
+__device__ __forceinline__ void ring_round(const WView& w, int64_t row_bytes, int64_t w_row0, int64_t out_rows,
+                                           int64_t nch, int64_t row4, int64_t bpr, int64_t ntask, int64_t rg_first,
+                                           int64_t rg_step, int64_t k0, uint4* ring, uint32_t (&sb)[S][U][R],
+                                           const float4* xs4, int nb, float* y_col, int64_t ldy,
+                                           float (&acc)[R][NB], std::integer_sequence<int, st...>) {
+  // Tasks k0 .. k0 + S - 1 (stage = position in the round); stops at the warp's last task.
+  (void)((k0 + st < ntask
+              ? (ring_task<D, NB, R, U, S, st>(w, row_bytes, w_row0, out_rows, nch, row4, bpr, ntask, rg_first,
+                                               rg_step, k0 + st, ring, sb, xs4, nb, y_col, ldy, acc),
+                 true)
+              : false) &&
+         ...);
+}
+
+template <class D, int NB, int R, int U, int S>
+__device__ __forceinline__ void persist_run_ring(const WView& w, int64_t out_rows, int64_t w_row0, const float* x,
+                                                 int64_t ldx, int nb, float* y_col, int64_t ldy, int64_t rg_first,
+                                                 int64_t rg_step, float4* xs4, uint4* ring) {
+  constexpr int G = D::kV / 4;
+  const int64_t nch = w.in / D::kV, row4 = nch * G;
+  const int64_t row_bytes = w.in * D::kBytesNum / D::kBytesDen;
+  const int64_t nrg = (out_rows + R - 1) / R, bpr = (nch + 32 * U - 1) / (32 * U);
+  const int64_t ntask = rg_first < nrg ? ((nrg - 1 - rg_first) / rg_step + 1) * bpr : 0;
+  uint32_t sb[S][U][R];
+  float acc[R][NB];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int b = 0; b < NB; ++b) acc[r][b] = 0.0f;
+  // Tasks 0 .. S - 2 are in flight while x is staged.
+  ring_prologue<D, NB, R, U, S>(w, row_bytes, w_row0, out_rows, nch, bpr, ntask, rg_first, rg_step, ring, sb,
+                                std::make_integer_sequence<int, S - 1>{});
+  __syncthreads();
+  persist_stage_x<G, NB>(x, ldx, nb, nch, xs4);
+  __syncthreads();
+  for (int64_t k0 = 0; k0 < ntask; k0 += S)
+    ring_round<D, NB, R, U, S>(w, row_bytes, w_row0, out_rows, nch, row4, bpr, ntask, rg_first, rg_step, k0, ring,
+                               sb, xs4, nb, y_col, ldy, acc, std::make_integer_sequence<int, S>{});
+  cp_async_wait<0>();  // no copy into the block's shared memory outlives the call
+}
+
 // Dense / grouped: grid = (row-group slots, x-row blocks of NB, groups).
-template <class D, int NB, int R, int U>
+// S = 0: register double buffer (persist_run); S >= 2: the shared-memory ring (persist_run_ring),
+// its slots after the x rows (x_floats, a multiple of 4).
+template <class D, int NB, int R, int U, int S>
 __global__ void __launch_bounds__(kThreads, 2)
     persist_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
-                   float* __restrict__ y, int64_t ldy) {
+                   float* __restrict__ y, int64_t ldy, int64_t x_floats) {
   extern __shared__ __align__(16) float smem[];
   float4* xs4 = reinterpret_cast<float4*>(smem);
   const int64_t g = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const int64_t rg_first = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  persist_run<D, NB, R, U>(w, out_rows, g * out_rows, x + r0 * ldx + g * w.in, ldx, nb,
-                           y + r0 * ldy + g * out_rows, ldy, rg_first,
-                           static_cast<int64_t>(gridDim.x) * kGemvWarps, xs4);
+  if constexpr (S == 0) {
+    persist_run<D, NB, R, U>(w, out_rows, g * out_rows, x + r0 * ldx + g * w.in, ldx, nb,
+                             y + r0 * ldy + g * out_rows, ldy, rg_first,
+                             static_cast<int64_t>(gridDim.x) * kGemvWarps, xs4);
+  } else {
+    uint4* ring = reinterpret_cast<uint4*>(smem + x_floats) + (threadIdx.x >> 5) * kRingChunksPerWarp<R, U, S>;
+    persist_run_ring<D, NB, R, U, S>(w, out_rows, g * out_rows, x + r0 * ldx + g * w.in, ldx, nb,
+                                     y + r0 * ldy + g * out_rows, ldy, rg_first,
+                                     static_cast<int64_t>(gridDim.x) * kGemvWarps, xs4, ring);
+  }
 }
 
 template <class D>
@@ -759,11 +899,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 // staged once per block). An expert whose rows are not 16-byte aligned runs the V = 4/8 body
 // (gemv_rows) over the same row groups, every warp the same number of times (it stages x behind
 // barriers).
-template <int NB, int R, int U>
+template <int NB, int R, int U, int S>
 __global__ void __launch_bounds__(kThreads, 2)
     persist_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
                           int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
-                          float* __restrict__ y) {
+                          float* __restrict__ y, int64_t x_floats) {
   extern __shared__ __align__(16) float smem[];
   __shared__ int unit_start[kMaxExperts + 1];
   float4* xs4 = reinterpret_cast<float4*>(smem);
@@ -771,6 +911,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int total = expert_units(offsets, n_experts, NB, unit_start);
   const int64_t rg_first = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   const int64_t rg_step = static_cast<int64_t>(gridDim.x) * kGemvWarps;
+  uint4* ring = reinterpret_cast<uint4*>(smem + x_floats) +
+                (threadIdx.x >> 5) * kRingChunksPerWarp<R, U, (S > 0 ? S : 1)>;
+  (void)ring;
   for (int u = blockIdx.y; u < total; u += gridDim.y) {
     const int64_t e = unit_expert(unit_start, n_experts, u);
     const int64_t r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
@@ -782,16 +925,32 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (rows_16b(dw, in_dim)) {
       switch (dw.format) {
         case WeightFormat::kFp4Rows:
-          persist_run<dev::WideFp4, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          if constexpr (S == 0)
+            persist_run<dev::WideFp4, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          else
+            persist_run_ring<dev::WideFp4, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
+                                                     xs4, ring);
           break;
         case WeightFormat::kFp8Tiles:
-          persist_run<dev::WideFp8, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          if constexpr (S == 0)
+            persist_run<dev::WideFp8, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          else
+            persist_run_ring<dev::WideFp8, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
+                                                     xs4, ring);
           break;
         case WeightFormat::kBF16:
-          persist_run<dev::WideBF16, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          if constexpr (S == 0)
+            persist_run<dev::WideBF16, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          else
+            persist_run_ring<dev::WideBF16, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
+                                                     xs4, ring);
           break;
         case WeightFormat::kF32:
-          persist_run<dev::WideF32, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          if constexpr (S == 0)
+            persist_run<dev::WideF32, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
+          else
+            persist_run_ring<dev::WideF32, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
+                                                     xs4, ring);
           break;
         default: break;
       }
@@ -968,6 +1127,17 @@ void allow_persist_smem() {
 // Blocks of a persistent launch: two per SM when their shared memory allows (launch bounds give
 // every thread up to 128 registers at two blocks), as many row-group slots as fill them.
 int g_persist_slot_cap = 0;  // set_persist_slot_cap_for_tests
+int g_persist_ring = -1;      // set_persist_ring_for_tests; -1: DS41_GEMV_PIPELINE (regs | ring, default ring)
+constexpr int kRingStages = 4;
+
+bool persist_ring() {
+  if (g_persist_ring >= 0) return g_persist_ring != 0;
+  static const bool ring = [] {
+    const char* e = std::getenv("DS41_GEMV_PIPELINE");
+    return !(e && std::string(e) == "regs");
+  }();
+  return ring;
+}
 
 int64_t persist_slots(int64_t nrg, int64_t other_blocks, size_t smem) {
   const int64_t per_sm = smem * 2 + 16 * 1024 <= 227 * 1024 ? 2 : 1;
@@ -977,15 +1147,32 @@ int64_t persist_slots(int64_t nrg, int64_t other_blocks, size_t smem) {
   return std::max<int64_t>(1, std::min<int64_t>((nrg + kGemvWarps - 1) / kGemvWarps, want));
 }
 
+template <class W, int NB, int R, int S>
+void launch_persist_s(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
+                      float* y, int64_t ldy, size_t smem, cudaStream_t stream) {
+  constexpr int U = PersistShape<NB>::U;
+  allow_persist_smem<persist_kernel<W, NB, R, U, S>>();
+  const int64_t x_floats = static_cast<int64_t>(smem / sizeof(float) + 3) / 4 * 4;
+  if (S > 0) smem = x_floats * sizeof(float) + size_t{16} * kGemvWarps * kRingChunksPerWarp<R, U, (S > 0 ? S : 1)>;
+  const int64_t nblk = (n + NB - 1) / NB, nrg = (out_rows + R - 1) / R;
+  const dim3 grid(static_cast<unsigned>(persist_slots(nrg, nblk * groups, smem)), static_cast<unsigned>(nblk),
+                  static_cast<unsigned>(groups));
+  persist_kernel<W, NB, R, U, S><<<grid, kThreads, smem, stream>>>(w, out_rows, x, ldx, n, y, ldy, x_floats);
+}
+
+// The ring at NB <= 2 when x and the ring fit kPersistMaxSmem, else the register double buffer.
 template <class W, int NB, int R>
 void launch_persist(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                     float* y, int64_t ldy, size_t smem, cudaStream_t stream) {
   constexpr int U = PersistShape<NB>::U;
-  allow_persist_smem<persist_kernel<W, NB, R, U>>();
-  const int64_t nblk = (n + NB - 1) / NB, nrg = (out_rows + R - 1) / R;
-  const dim3 grid(static_cast<unsigned>(persist_slots(nrg, nblk * groups, smem)), static_cast<unsigned>(nblk),
-                  static_cast<unsigned>(groups));
-  persist_kernel<W, NB, R, U><<<grid, kThreads, smem, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+  const size_t ring_bytes = size_t{16} * kGemvWarps * kRingChunksPerWarp<R, U, kRingStages>;
+  if constexpr (NB <= 2) {
+    if (persist_ring() && smem + 16 + ring_bytes <= static_cast<size_t>(kPersistMaxSmem)) {
+      launch_persist_s<W, NB, R, kRingStages>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+      return;
+    }
+  }
+  launch_persist_s<W, NB, R, 0>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
 }
 
 // The persistent GEMV for n <= 8 when its x rows fit the shared memory; false: not taken.
@@ -1113,10 +1300,20 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
   // units, 6 blocks per unit) ran 386 us for w1 where the one-block-per-16-rows launch ran 300 us.
   if (one && m_max <= 16 && psmem <= static_cast<size_t>(kPersistMaxSmem)) {
     constexpr int R = 1, U = 4;  // R = 2 spills at 128 registers (four formats in one kernel)
-    allow_persist_smem<persist_expert_kernel<1, R, U>>();
     const int64_t gy = std::min<int64_t>(m_max, 65535), nrg = (out_dim + R - 1) / R;
+    const int64_t x_floats = static_cast<int64_t>(psmem / sizeof(float));
+    const size_t rsmem = psmem + size_t{16} * kGemvWarps * kRingChunksPerWarp<R, U, kRingStages>;
+    if (persist_ring() && rsmem <= static_cast<size_t>(kPersistMaxSmem)) {
+      allow_persist_smem<persist_expert_kernel<1, R, U, kRingStages>>();
+      const dim3 grid(static_cast<unsigned>(persist_slots(nrg, gy, rsmem)), static_cast<unsigned>(gy));
+      persist_expert_kernel<1, R, U, kRingStages>
+          <<<grid, kThreads, rsmem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y, x_floats);
+      return;
+    }
+    allow_persist_smem<persist_expert_kernel<1, R, U, 0>>();
     const dim3 grid(static_cast<unsigned>(persist_slots(nrg, gy, psmem)), static_cast<unsigned>(gy));
-    persist_expert_kernel<1, R, U><<<grid, kThreads, psmem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    persist_expert_kernel<1, R, U, 0><<<grid, kThreads, psmem, stream>>>(weights, n_experts, out_dim, in_dim, offsets,
+                                                                         x, y, x_floats);
     return;
   }
   const int64_t upper = one ? m_max : (m_max + 7) / 8 + n_experts;
@@ -1132,6 +1329,7 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
 }  // namespace
 
 void set_persist_slot_cap_for_tests(int cap) { g_persist_slot_cap = cap > 0 ? cap : 0; }
+void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
   return dense("linear", w, 1, x, n, y, stream);

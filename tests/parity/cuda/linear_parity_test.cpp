@@ -368,7 +368,10 @@ TEST(LinearParity, SmallStreaming) {
 TEST(LinearParity, PersistentLoops) {
   DS41_SKIP_WITHOUT_GPU();
   struct Reset {
-    ~Reset() { set_persist_slot_cap_for_tests(0); }
+    ~Reset() {
+      set_persist_slot_cap_for_tests(0);
+      set_persist_ring_for_tests(-1);
+    }
   } reset;
   const std::vector<LinearCase> cases = {
       {"fp8 2 batches/row", WeightFormat::kFp8Tiles, 203, 4096, {1, 2, 4, 7}},  // 256 chunks per row
@@ -378,7 +381,10 @@ TEST(LinearParity, PersistentLoops) {
       {"fp4", WeightFormat::kFp4Rows, 77, 4160, {1}},  // 130 chunks: 2 batches, a 2-chunk tail
   };
   uint64_t seed = 9000;
-  for (int cap : {1, 3}) {
+  // Both pipelines: the register double buffer (ring 0) and the cp.async shared-memory ring (1).
+  for (int mode : {0, 2, 3}) {
+    const int cap = mode == 0 ? 1 : mode - 1;  // (regs, 1 slot), (ring, 1 slot), (ring, 2 slots)
+    set_persist_ring_for_tests(mode == 0 ? 0 : 1);
     set_persist_slot_cap_for_tests(cap);
     for (const LinearCase& c : cases) {
       backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
@@ -394,7 +400,7 @@ TEST(LinearParity, PersistentLoops) {
         auto got = dy.get();
         report("linear persistent",
                std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
-                   " slots<=" + std::to_string(cap),
+                   " slots<=" + std::to_string(cap) + (mode ? " ring" : " regs"),
                rel_to_max(got, want), kLinearTol, kLinearWhy);
         ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr).ok());
         auto again = dy.get();
@@ -413,7 +419,7 @@ TEST(LinearParity, PersistentLoops) {
         Dev<float> dx(x), dy(want.size());
         ASSERT_TRUE(run_grouped_linear(dw.dw, 3, dx.p, n, dy.p, nullptr).ok());
         report("grouped_linear persistent",
-               "fp8 g=3 150x1024 n=" + std::to_string(n) + " slots<=" + std::to_string(cap),
+               "fp8 g=3 150x1024 n=" + std::to_string(n) + " slots<=" + std::to_string(cap) + (mode ? " ring" : " regs"),
                rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
       }
     }
@@ -440,7 +446,7 @@ TEST(LinearParity, PersistentLoops) {
       Dev<int64_t> doff(off);
       Dev<float> dx(x), dy(want.size());
       ASSERT_TRUE(run_expert_linear(dweights.p, E, out, in, doff.p, dx.p, 6, dy.p, nullptr).ok());
-      report("expert_linear persistent", "fp4 10 experts 90x2048 m=6 slots<=" + std::to_string(cap),
+      report("expert_linear persistent", "fp4 10 experts 90x2048 m=6 slots<=" + std::to_string(cap) + (mode ? " ring" : " regs"),
              rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
     }
   }
