@@ -245,7 +245,7 @@ void write_prompt_layout(model::SafetensorsWriter* w, const Prompt& p, const mod
 }
 
 Result<std::vector<image::PreparedImage>> prepare_listed_images(const model::ModelConfig& c,
-                                                               const std::vector<std::string>& paths) {
+                                                                const std::vector<std::string>& paths) {
   std::vector<image::PreparedImage> prepared;
   for (const std::string& path : paths) {
     DS41_ASSIGN_OR_RETURN(auto d, image::decode_image_file(path, image::ImageLimits{}));
@@ -300,7 +300,8 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
   std::vector<std::vector<float>> spans;
   if (!image_paths.empty()) {
     if (!c.has_vision || !eng.info().has_vision)
-      return failed_precondition("the input lists images, but the model has no vision tower (no vision_config)");
+      return failed_precondition(
+          "the input lists images, but the model has no vision tower (no vision_config)");
     DS41_ASSIGN_OR_RETURN(std::vector<image::PreparedImage> prepared, prepare_listed_images(c, image_paths));
     std::vector<const image::PreparedImage*> ptrs;
     for (const image::PreparedImage& p : prepared) ptrs.push_back(&p);
@@ -319,7 +320,8 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
     if (!p.images.empty()) {
       std::vector<std::vector<float>> sp;
       for (int64_t k : p.images) sp.push_back(spans[static_cast<size_t>(k)]);
-      auto placed = model::place_image_spans(p.ids, static_cast<int32_t>(c.image_token_id), sp, c.hidden_size);
+      auto placed =
+          model::place_image_spans(p.ids, static_cast<int32_t>(c.image_token_id), sp, c.hidden_size);
       if (!placed.ok()) return placed.status().with_context("prompt '" + p.name + "'");
       pi = std::move(placed).value();
       if (a.debug) write_prompt_layout(&w, p, pi);

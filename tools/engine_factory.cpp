@@ -120,6 +120,7 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
   gpu::DeviceLoadOptions o;
   DS41_ASSIGN_OR_RETURN(o.format, load_format_of(f));
   o.seed = f.seed;
+  o.preset = r.preset;
   o.tokenizer_dir = r.tokenizer_dir;
   o.engram_host_pinned = f.engram_host_pinned;
   LoadProgress progress(stderr, LoadProgress::mode_for(stderr, r.quiet), r.who + ": weights (cuda)");
@@ -153,8 +154,9 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
     if ((!image_span.empty() && image_span.size() != tokens.size()) ||
         (!span_embeds.empty() && span_embeds.size() != flagged_all * H))
       return invalid_argument("image spans: " + std::to_string(image_span.size()) + " flags for " +
-                              std::to_string(tokens.size()) + " tokens, " + std::to_string(span_embeds.size()) +
-                              " span values for " + std::to_string(flagged_all) + " flagged positions");
+                              std::to_string(tokens.size()) + " tokens, " +
+                              std::to_string(span_embeds.size()) + " span values for " +
+                              std::to_string(flagged_all) + " flagged positions");
     const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : tokens.size();
     size_t rows_done = 0;
     for (size_t b = 0; b < tokens.size(); b += step) {

@@ -52,6 +52,7 @@ std::string device_name(const DeviceFlags& f);
 
 struct EngineRequest {
   std::string model_dir, tokenizer_dir, model_name, who = "ds41";
+  std::string preset;                   // GPU with --load-format dummy and no model_dir: a preset's config
   int threads = 2;                      // CPU engine
   int64_t context_tokens = 4096;        // CPU memory check before loading
   uint64_t memory_limit = 0;            // CPU memory check: --memory-limit (0: MemAvailable)

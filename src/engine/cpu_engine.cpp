@@ -84,11 +84,12 @@ Result<std::vector<std::vector<float>>> CpuEngine::encode_images(
     std::span<const image::PreparedImage* const> images) {
   const model::VisionTower* tower = model_->vision_tower();
   if (!tower) return failed_precondition("this model has no vision tower (no vision_config in config.json)");
-  DS41_ASSIGN_OR_RETURN(
-      auto enc, model::encode_prepared_images(
-                    model_->config(),
-                    [tower](std::span<const model::VisionImageInput> in, bool keep) { return tower->encode(in, keep); },
-                    model::image_span_markers(*model_->vision_weights()), images));
+  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_prepared_images(
+                                      model_->config(),
+                                      [tower](std::span<const model::VisionImageInput> in, bool keep) {
+                                        return tower->encode(in, keep);
+                                      },
+                                      model::image_span_markers(*model_->vision_weights()), images));
   std::vector<std::vector<float>> out;
   for (auto& e : enc) out.push_back(std::move(e.span_embeds));
   return out;

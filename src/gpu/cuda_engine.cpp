@@ -48,6 +48,7 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
 CudaEngine::~CudaEngine() {
   seqs_.clear();
   fwd_.reset();
+  vision_.reset();  // its cuBLAS handle is bound to the stream
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -285,15 +286,17 @@ Status CudaEngine::step(std::span<const engine::StepItem> items, engine::StepOut
 Result<std::vector<std::vector<float>>> CudaEngine::encode_images(
     std::span<const image::PreparedImage* const> images) {
   if (!vision_)
-    return failed_precondition(model_->config().has_vision
-                                   ? "the GPU engine was created without its vision tower (CudaEngineOptions::vision)"
-                                   : "this model has no vision tower (no vision_config in config.json)");
+    return failed_precondition(
+        model_->config().has_vision
+            ? "the GPU engine was created without its vision tower (CudaEngineOptions::vision)"
+            : "this model has no vision tower (no vision_config in config.json)");
   GpuVisionTower* tower = vision_.get();
-  DS41_ASSIGN_OR_RETURN(
-      auto enc, model::encode_prepared_images(
-                    model_->config(),
-                    [tower](std::span<const model::VisionImageInput> in, bool keep) { return tower->encode(in, keep); },
-                    tower->markers(), images));
+  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_prepared_images(
+                                      model_->config(),
+                                      [tower](std::span<const model::VisionImageInput> in, bool keep) {
+                                        return tower->encode(in, keep);
+                                      },
+                                      tower->markers(), images));
   std::vector<std::vector<float>> out;
   for (auto& e : enc) out.push_back(std::move(e.span_embeds));
   return out;

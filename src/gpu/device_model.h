@@ -1,10 +1,11 @@
 // ds41 gpu: DeviceModel — the V4.1 text model's weights on one GPU, in their checkpoint formats
 // (FP8 32x32 tiles, FP4 expert rows, BF16, FP8 Engram rows; MODEL_SPEC 2.1; never a dequantized
-// copy), and with vision_config the vision tower's BF16 weights (MODEL_SPEC 2.5), with the config, layer schedule, KV layout and Engram hasher the executor needs.
-// Loaded from a safetensors folder (the whole tensor contract validated first, pinned staging
-// buffers, shards read in parallel, disk reads overlapped with host-to-device copies, progress), or
-// generated on the device (`--load-format dummy`: seeded, deterministic, scaled like
-// make-checkpoint's recipe) for any preset or config.json, the full released layout included.
+// copy), and with vision_config the vision tower's BF16 weights (MODEL_SPEC 2.5), with the config, layer
+// schedule, KV layout and Engram hasher the executor needs. Loaded from a safetensors folder (the whole
+// tensor contract validated first, pinned staging buffers, shards read in parallel, disk reads overlapped
+// with host-to-device copies, progress), or generated on the device (`--load-format dummy`: seeded,
+// deterministic, scaled like make-checkpoint's recipe) for any preset or config.json, the full released
+// layout included.
 #pragma once
 
 #include <cstdint>

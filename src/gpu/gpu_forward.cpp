@@ -174,9 +174,9 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
   if (span_rows_ > 0) {
     int64_t at = 0;
     for (std::span<const float> src : span_src_) {
-      DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(ws_.y + at, src.data(), src.size_bytes(),
-                                                             cudaMemcpyHostToDevice, stream_),
-                                             "upload of the image-span rows"));
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(
+          cudaMemcpyAsync(ws_.y + at, src.data(), src.size_bytes(), cudaMemcpyHostToDevice, stream_),
+          "upload of the image-span rows"));
       at += static_cast<int64_t>(src.size());
     }
     if (at != span_rows_ * H) return internal_error("image-span rows do not match the flagged positions");

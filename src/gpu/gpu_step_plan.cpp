@@ -47,8 +47,8 @@ Status GpuForward::validate(std::span<const GpuSeqInput> batch) const {
     for (size_t j = 0; j < i; ++j)
       if (batch[j].seq == in.seq) return invalid_argument(who + ": state used twice in one batch");
     if (!in.image_span.empty() && in.image_span.size() != in.tokens.size())
-      return invalid_argument(who + ": image_span has " + std::to_string(in.image_span.size()) + " flags for " +
-                              std::to_string(in.tokens.size()) + " tokens");
+      return invalid_argument(who + ": image_span has " + std::to_string(in.image_span.size()) +
+                              " flags for " + std::to_string(in.tokens.size()) + " tokens");
     if (!in.span_embeds.empty()) {
       int64_t flagged = 0;
       for (uint8_t f : in.image_span) flagged += f != 0;

@@ -11,8 +11,8 @@
 
 namespace ds41::gpu {
 
-Status GpuVisionTower::align(std::span<const model::VisionImageInput> images, const std::vector<int64_t>& segs,
-                             model::VisionImageOutput* out) {
+Status GpuVisionTower::align(std::span<const model::VisionImageInput> images,
+                             const std::vector<int64_t>& segs, model::VisionImageOutput* out) {
   const int64_t D = c_->vision_hidden_size, k = c_->vision_downsample_ratio, H = c_->hidden_size;
   const DeviceVisionWeights& w = *w_;
   std::vector<int64_t> first{0};  // first window row of each image
@@ -23,7 +23,9 @@ Status GpuVisionTower::align(std::span<const model::VisionImageInput> images, co
     first.push_back(first.back() + o.n_llm_h * o.n_llm_w);
   }
   const int64_t m = first.back();
-  if (m > M_) return internal_error("aligner windows " + std::to_string(m) + " over the workspace's " + std::to_string(M_));
+  if (m > M_)
+    return internal_error("aligner windows " + std::to_string(m) + " over the workspace's " +
+                          std::to_string(M_));
   for (size_t i = 0; i < images.size(); ++i)
     DS41_RETURN_IF_ERROR(cuda::run_space_to_depth(x_ + segs[i] * D, images[i].grid_h, images[i].grid_w, D, k,
                                                   win_ + first[i] * D * k * k, stream_));
@@ -35,9 +37,10 @@ Status GpuVisionTower::align(std::span<const model::VisionImageInput> images, co
   for (size_t i = 0; i < images.size(); ++i) {
     std::vector<float>& dst = out[i].aligner_out;
     dst.resize(static_cast<size_t>((first[i + 1] - first[i]) * H));
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(dst.data(), a2_ + first[i] * H, dst.size() * sizeof(float),
-                                                           cudaMemcpyDeviceToHost, stream_),
-                                           "download of aligner_out"));
+    DS41_RETURN_IF_ERROR(
+        cuda::cuda_status(cudaMemcpyAsync(dst.data(), a2_ + first[i] * H, dst.size() * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream_),
+                          "download of aligner_out"));
   }
   return ok_status();
 }

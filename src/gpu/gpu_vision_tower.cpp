@@ -32,13 +32,15 @@ cuda::DeviceWeight row_slice(const cuda::DeviceWeight& w, int64_t first, int64_t
 
 }  // namespace
 
-Result<std::unique_ptr<GpuVisionTower>> GpuVisionTower::create(const DeviceModel& m, const GpuVisionLimits& lim,
+Result<std::unique_ptr<GpuVisionTower>> GpuVisionTower::create(const DeviceModel& m,
+                                                               const GpuVisionLimits& lim,
                                                                cudaStream_t stream) {
   const model::ModelConfig& c = m.config();
   if (!c.has_vision || !m.weights().vision)
     return failed_precondition("this model has no vision tower (no vision_config in config.json)");
   const int64_t D = c.vision_hidden_size, heads = c.vision_num_heads, I = c.vision_intermediate_size;
-  const int64_t H = c.hidden_size, k = c.vision_downsample_ratio, P = 3 * c.vision_patch_size * c.vision_patch_size;
+  const int64_t H = c.hidden_size, k = c.vision_downsample_ratio,
+                P = 3 * c.vision_patch_size * c.vision_patch_size;
   if (heads <= 0 || D % heads != 0 || (D / heads) % 4 != 0 || D / heads > 128)
     return unimplemented("GPU vision tower: hidden " + std::to_string(D) + " over " + std::to_string(heads) +
                          " heads (the attention and RoPE kernels take a head width that is a multiple of 4, "
@@ -129,8 +131,8 @@ Result<std::vector<model::VisionImageOutput>> GpuVisionTower::encode(
                               std::to_string(images[b].grid_h * images[b].grid_w) +
                               " patches exceed the GPU vision tower's batch of " + std::to_string(R_) +
                               " (GpuVisionLimits::max_patches)");
-    DS41_RETURN_IF_ERROR(run_batch(images.subspan(b, e - b), keep_vit_out, out.data() + b)
-                             .with_context("GPU vision tower"));
+    DS41_RETURN_IF_ERROR(
+        run_batch(images.subspan(b, e - b), keep_vit_out, out.data() + b).with_context("GPU vision tower"));
     b = e;
   }
   return out;
@@ -145,7 +147,8 @@ Status GpuVisionTower::run_batch(std::span<const model::VisionImageInput> images
   for (size_t i = 0; i + 1 < segs.size(); ++i) max_seg = std::max(max_seg, segs[i + 1] - segs[i]);
   std::vector<float> patches(static_cast<size_t>(n * P));
   for (size_t i = 0; i < images.size(); ++i)
-    std::copy(images[i].patches, images[i].patches + (segs[i + 1] - segs[i]) * P, patches.begin() + segs[i] * P);
+    std::copy(images[i].patches, images[i].patches + (segs[i + 1] - segs[i]) * P,
+              patches.begin() + segs[i] * P);
   std::vector<int32_t> rows, cols;
   model::vision_patch_coords(images, &rows, &cols);
   // Pageable host sources: each copy returns once its bytes are staged (CUDA's pageable semantics).

@@ -65,9 +65,9 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
   const size_t wmin = static_cast<size_t>(std::max(lim.max_in * lim.max_out, lim.expert_in * lim.expert_out)) *
                       sizeof(__nv_bfloat16);
   if (lim.decode_weights) {
-    DS41_ASSIGN_OR_RETURN(t->wscratch_,
-                          DeviceBuffer::allocate(std::max(wmin, static_cast<size_t>(lim.weight_scratch_bytes)),
-                                                 "tensor-core linears: bf16 weight scratch"));
+    DS41_ASSIGN_OR_RETURN(
+        t->wscratch_, DeviceBuffer::allocate(std::max(wmin, static_cast<size_t>(lim.weight_scratch_bytes)),
+                                             "tensor-core linears: bf16 weight scratch"));
   }
   DS41_ASSIGN_OR_RETURN(t->blas_ws_, DeviceBuffer::allocate(size_t{32} << 20, "cuBLAS workspace"));
   const int64_t E = std::max<int64_t>(lim.n_experts, 1);

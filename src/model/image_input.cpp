@@ -36,7 +36,8 @@ Result<std::vector<EncodedImage>> encode_prepared_images(const ModelConfig& c, c
     in.push_back({patches[i].data(), images[i]->plan.box_h / ps, images[i]->plan.box_w / ps});
   }
   DS41_ASSIGN_OR_RETURN(auto outs, tower(in, keep));
-  if (outs.size() != images.size()) return internal_error("the vision tower returned another number of images");
+  if (outs.size() != images.size())
+    return internal_error("the vision tower returned another number of images");
   std::vector<EncodedImage> r(images.size());
   for (size_t i = 0; i < images.size(); ++i) {
     r[i].plan = images[i]->plan;

@@ -7,7 +7,9 @@ namespace ds41::model {
 
 int64_t image_span_length(int64_t n_llm_h, int64_t n_llm_w) { return n_llm_h * (n_llm_w + 1) + 2; }
 
-ImageSpanMarkers image_span_markers(const VisionWeights& w) { return {w.image_start, w.image_end, w.image_newline}; }
+ImageSpanMarkers image_span_markers(const VisionWeights& w) {
+  return {w.image_start, w.image_end, w.image_newline};
+}
 
 std::vector<float> image_span_embeddings(const ImageSpanMarkers& m, std::span<const float> aligner_out,
                                          int64_t n_llm_h, int64_t n_llm_w, int64_t H) {

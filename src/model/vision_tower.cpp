@@ -109,7 +109,8 @@ Result<std::vector<VisionImageOutput>> VisionTower::encode(std::span<const Visio
   const int64_t n = segs.back();
   std::vector<float> patches(n * pdim);
   for (size_t i = 0; i < images.size(); ++i)
-    std::copy(images[i].patches, images[i].patches + (segs[i + 1] - segs[i]) * pdim, patches.begin() + segs[i] * pdim);
+    std::copy(images[i].patches, images[i].patches + (segs[i + 1] - segs[i]) * pdim,
+              patches.begin() + segs[i] * pdim);
   std::vector<int32_t> rows, cols;
   vision_patch_coords(images, &rows, &cols);
   std::vector<float> x(n * D);

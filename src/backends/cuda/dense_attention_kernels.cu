@@ -20,9 +20,9 @@ constexpr int kT = 32;  // key rows per shared-memory tile
 
 template <int HD>
 __global__ void __launch_bounds__(kQ)
-    dense_attention_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                           int64_t ld, const int64_t* __restrict__ seg, int64_t heads, int64_t hd, float scale,
-                           float* __restrict__ out) {
+    dense_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                           const float* __restrict__ v, int64_t ld, const int64_t* __restrict__ seg,
+                           int64_t heads, int64_t hd, float scale, float* __restrict__ out) {
   constexpr int V4 = HD / 4;
   __shared__ float4 ks[kT][V4];
   __shared__ float4 vs[kT][V4];
@@ -119,7 +119,8 @@ Status run_dense_attention(const DenseAttentionDeviceArgs& a, cudaStream_t strea
   const std::string fn = "dense_attention: ";
   if (a.n < 0 || a.n_heads <= 0 || a.n_heads > 65535 || a.head_dim <= 0 || a.head_dim > 128)
     return invalid_argument(fn + "n " + std::to_string(a.n) + ", heads " + std::to_string(a.n_heads) +
-                            ", head_dim " + std::to_string(a.head_dim) + " (want heads <= 65535, head_dim <= 128)");
+                            ", head_dim " + std::to_string(a.head_dim) +
+                            " (want heads <= 65535, head_dim <= 128)");
   if (a.n_segs < 0 || a.n_segs > 65535 || a.max_seg_rows < 0)
     return invalid_argument(fn + std::to_string(a.n_segs) + " segments (at most 65535), max_seg_rows " +
                             std::to_string(a.max_seg_rows));
@@ -130,16 +131,17 @@ Status run_dense_attention(const DenseAttentionDeviceArgs& a, cudaStream_t strea
   if (a.n == 0 || a.n_segs == 0 || a.max_seg_rows == 0) return ok_status();
   const int64_t tiles = (a.max_seg_rows + kQ - 1) / kQ;
   if (tiles > 0x7fffffff) return invalid_argument(fn + "max_seg_rows out of range");
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.n_segs));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_heads),
+                  static_cast<unsigned>(a.n_segs));
   if (a.head_dim <= 32)
-    dense_attention_kernel<32><<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim,
-                                                       a.scale, a.out);
+    dense_attention_kernel<32>
+        <<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
   else if (a.head_dim <= 64)
-    dense_attention_kernel<64><<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim,
-                                                       a.scale, a.out);
+    dense_attention_kernel<64>
+        <<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
   else
-    dense_attention_kernel<128><<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads,
-                                                        a.head_dim, a.scale, a.out);
+    dense_attention_kernel<128>
+        <<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
   return last_launch_status("dense_attention");
 }
 

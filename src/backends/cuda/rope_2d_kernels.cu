@@ -45,13 +45,15 @@ Status run_rope_2d(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t
                    const int32_t* col, const float* inv_freq, cudaStream_t stream) {
   if (n < 0 || n > 0x7fffffff) return invalid_argument("rope_2d: n " + std::to_string(n) + " out of range");
   if (heads <= 0 || head_dim <= 0 || head_dim % 4 != 0 || head_dim / 2 > kMaxHalf)
-    return invalid_argument("rope_2d: heads " + std::to_string(heads) + ", head_dim " + std::to_string(head_dim) +
+    return invalid_argument("rope_2d: heads " + std::to_string(heads) + ", head_dim " +
+                            std::to_string(head_dim) +
                             " (want head_dim % 4 == 0 and head_dim <= " + std::to_string(2 * kMaxHalf) + ")");
   if (ld < heads * head_dim)
     return invalid_argument("rope_2d: row stride " + std::to_string(ld) + " < heads * head_dim " +
                             std::to_string(heads * head_dim));
   if (n == 0) return ok_status();
-  rope_2d_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, heads, head_dim, ld, row, col, inv_freq);
+  rope_2d_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, heads, head_dim, ld, row, col,
+                                                                    inv_freq);
   return last_launch_status("rope_2d");
 }
 

@@ -28,7 +28,8 @@ __global__ void gelu_erf_kernel(float* x, int64_t count) {
 }  // namespace
 
 Status run_add_bias(float* y, int64_t n, int64_t dim, const float* bias, cudaStream_t stream) {
-  if (n < 0 || dim <= 0) return invalid_argument("add_bias: n " + std::to_string(n) + " / dim " + std::to_string(dim));
+  if (n < 0 || dim <= 0)
+    return invalid_argument("add_bias: n " + std::to_string(n) + " / dim " + std::to_string(dim));
   if (!bias) return invalid_argument("add_bias: no bias");
   if (n == 0) return ok_status();
   const int64_t total = n * dim;

@@ -16,8 +16,8 @@ const std::string kShared = DS41_SHARED_DIR;
 const std::string kVision = kShared + "/golden/v41-tiny-vision-public";
 
 std::string gen(const std::string& device, bool images) {
-  std::string a = "generate --model " + kVision + " --tokenizer " + kShared + "/tokenizer-v41 --prompt 'ab a!'" +
-                  " --max-tokens 6 --json --seed 1 --device " + device;
+  std::string a = "generate --model " + kVision + " --tokenizer " + kShared +
+                  "/tokenizer-v41 --prompt 'ab a!'" + " --max-tokens 6 --json --seed 1 --device " + device;
   if (images) a += " --image " + kVision + "/images/image2.png --image " + kVision + "/images/image0.png";
   return a;
 }

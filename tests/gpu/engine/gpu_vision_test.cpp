@@ -145,8 +145,8 @@ TEST(GpuVision, TowerBatchesAreSplitExactlyAndOversizedImagesRefused) {
   // One image alone: the same rows as in the batch (attention stays inside each image).
   auto one = big->vision_tower()->encode(std::span<const model::VisionImageInput>(&im.in[3], 1), false);
   ASSERT_TRUE(one.ok()) << one.status().message();
-  check("image3 alone vs in the batch", max_row_error((*all)[3].aligner_out, (*one)[0].aligner_out, c.hidden_size),
-        kTolTowerVsCpu);
+  check("image3 alone vs in the batch",
+        max_row_error((*all)[3].aligner_out, (*one)[0].aligner_out, c.hidden_size), kTolTowerVsCpu);
   // 200 patches per batch: image 3 (3 x 87 = 261) cannot run.
   o.vision_limits.max_patches = 200;
   auto tiny = gpu::CudaEngine::create(dev.get(), o);
@@ -215,11 +215,10 @@ TEST(GpuVision, PromptsWithImagesMatchTheGoldensAndTheCpuEngine) {
     int64_t differ = 0, rows = 0;
     for (const auto& [l, ex] : out[0].record.router_experts) {
       auto ge = g.get<int32_t>(pre + "layer" + std::to_string(l) + ".router_experts");
-      for (int64_t r = 0; r < S; ++r, ++rows)
-        differ += id_set(&ex[r * k], k) != id_set(&ge.v[r * k], k);
+      for (int64_t r = 0; r < S; ++r, ++rows) differ += id_set(&ex[r * k], k) != id_set(&ge.v[r * k], k);
     }
-    std::printf("gpu %srouter_experts: %lld rows, %lld differ (tol 0)\n", pre.c_str(), static_cast<long long>(rows),
-                static_cast<long long>(differ));
+    std::printf("gpu %srouter_experts: %lld rows, %lld differ (tol 0)\n", pre.c_str(),
+                static_cast<long long>(rows), static_cast<long long>(differ));
     EXPECT_GT(rows, 0);
     EXPECT_EQ(differ, 0);
     // Engram hash ids at text positions (spans are DEAD: HF hashes all-pad n-grams there, unused).
@@ -235,13 +234,16 @@ TEST(GpuVision, PromptsWithImagesMatchTheGoldensAndTheCpuEngine) {
     auto ie = g.get<float>(pre + "inputs_embeds");
     std::vector<float> gold_rows;
     for (int64_t r = 0; r < S; ++r)
-      if (p.image_span[r]) gold_rows.insert(gold_rows.end(), ie.v.begin() + r * H, ie.v.begin() + (r + 1) * H);
+      if (p.image_span[r])
+        gold_rows.insert(gold_rows.end(), ie.v.begin() + r * H, ie.v.begin() + (r + 1) * H);
     auto seq2 = eng->create_sequence();
     ASSERT_TRUE(seq2.ok());
     engine::StepItem it2{*seq2, p.tokens, true, p.image_span, gold_rows};
     std::vector<model::SequenceOutput> out2;
-    ASSERT_TRUE(eng->forward(std::span<const engine::StepItem>(&it2, 1), model::LogitsRows::kAll, false, &out2).ok());
-    check("gpu " + pre + "logits (golden span rows) vs golden", max_row_error(gl.v, out2[0].logits, V), kTolLogits);
+    ASSERT_TRUE(
+        eng->forward(std::span<const engine::StepItem>(&it2, 1), model::LogitsRows::kAll, false, &out2).ok());
+    check("gpu " + pre + "logits (golden span rows) vs golden", max_row_error(gl.v, out2[0].logits, V),
+          kTolLogits);
     // (c) Against the CPU engine on the same tokens and span rows: the last row (step()).
     auto cs = ceng.create_sequence();
     ASSERT_TRUE(cs.ok());
@@ -265,7 +267,8 @@ TEST(GpuVision, PromptsWithImagesMatchTheGoldensAndTheCpuEngine) {
         ASSERT_TRUE(ceng.step(std::span<const engine::StepItem>(&cd, 1), &so).ok());
         want_cpu.insert(want_cpu.end(), so.logits.begin(), so.logits.end());
       }
-      check("gpu decode.logits vs golden", max_row_error(g.get<float>("decode.logits").v, got, V), kTolLogits);
+      check("gpu decode.logits vs golden", max_row_error(g.get<float>("decode.logits").v, got, V),
+            kTolLogits);
       check("gpu decode.logits vs cpu engine", max_row_error(want_cpu, got, V), kTolGpuLogits);
     }
   }

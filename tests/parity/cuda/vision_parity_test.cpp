@@ -75,8 +75,9 @@ TEST(VisionParity, GeluErf) {
     cpu.gelu_erf(want.data(), count);
     Dev<float> dx(x);
     ASSERT_TRUE(run_gelu_erf(dx.p, count, nullptr).ok());
-    report("gelu_erf", dims({count}) + " U(-8,8)", rel_to_max(dx.get(), want), 2.4e-7,
-           "float64 erf (CUDA vs libm <= 2 ulp) rounded to fp32: a flip moves one value by 1 ulp of <= the max");
+    report(
+        "gelu_erf", dims({count}) + " U(-8,8)", rel_to_max(dx.get(), want), 2.4e-7,
+        "float64 erf (CUDA vs libm <= 2 ulp) rounded to fp32: a flip moves one value by 1 ulp of <= the max");
   }
 }
 
@@ -87,8 +88,11 @@ TEST(VisionParity, Rope2d) {
     int64_t gh, gw, heads, head_dim;
     bool fused;  // rotate q and k inside [q | k | v] rows (ld = 3 * heads * head_dim), v untouched
   };
-  const std::vector<C> cases = {{39, 39, 16, 64, false}, {96, 96, 16, 64, true}, {6, 7, 2, 64, true},
-                                {45, 3, 2, 32, false},   {3, 87, 3, 8, false}};
+  const std::vector<C> cases = {{39, 39, 16, 64, false},
+                                {96, 96, 16, 64, true},
+                                {6, 7, 2, 64, true},
+                                {45, 3, 2, 32, false},
+                                {3, 87, 3, 8, false}};
   uint64_t seed = 120;
   for (const C& c : cases) {
     std::vector<int32_t> row, col;
@@ -103,15 +107,15 @@ TEST(VisionParity, Rope2d) {
       std::copy(x.begin() + r * ld, x.begin() + r * ld + rot, part.begin() + r * rot);
     cpu.rope_2d(part.data(), n, rot / c.head_dim, c.head_dim, row.data(), col.data(), inv.data());
     std::vector<float> want = x;
-    for (int64_t r = 0; r < n; ++r) std::copy(part.begin() + r * rot, part.begin() + (r + 1) * rot, want.begin() + r * ld);
+    for (int64_t r = 0; r < n; ++r)
+      std::copy(part.begin() + r * rot, part.begin() + (r + 1) * rot, want.begin() + r * ld);
     Dev<float> dx(x), dinv(inv);
     Dev<int32_t> drow(row), dcol(col);
-    ASSERT_TRUE(
-        run_rope_2d(dx.p, n, rot / c.head_dim, c.head_dim, ld, drow.p, dcol.p, dinv.p, nullptr).ok());
-    report("rope_2d",
-           dims({c.gh, c.gw, c.heads, c.head_dim}) + (c.fused ? " fused qkv (v untouched)" : ""),
-           rel_to_max(dx.get(), want), 1e-6,
-           "cos/sin in fp64 (CUDA vs libm <= 2 ulp) rounded to fp32: a rare flip moves the result by <= 4 ulp");
+    ASSERT_TRUE(run_rope_2d(dx.p, n, rot / c.head_dim, c.head_dim, ld, drow.p, dcol.p, dinv.p, nullptr).ok());
+    report(
+        "rope_2d", dims({c.gh, c.gw, c.heads, c.head_dim}) + (c.fused ? " fused qkv (v untouched)" : ""),
+        rel_to_max(dx.get(), want), 1e-6,
+        "cos/sin in fp64 (CUDA vs libm <= 2 ulp) rounded to fp32: a rare flip moves the result by <= 4 ulp");
   }
 }
 
@@ -126,10 +130,10 @@ TEST(VisionParity, DenseAttention) {
   };
   const std::vector<C> cases = {
       {{42, 135, 1, 64, 65, 700}, 2, 64, true, 3.0f},  // the golden set's grids, fused qkv rows
-      {{1521, 1000}, 16, 64, false, 3.0f},              // a 544x544 image and another
-      {{33, 96, 2}, 2, 32, false, 6.0f},                // head 32 (preset tiny-vision), very peaky
-      {{100, 31}, 3, 100, true, 1.0f},                  // head 100 (padded to the 128 kernel)
-      {{300}, 4, 8, false, 0.05f}};                     // nearly uniform weights
+      {{1521, 1000}, 16, 64, false, 3.0f},             // a 544x544 image and another
+      {{33, 96, 2}, 2, 32, false, 6.0f},               // head 32 (preset tiny-vision), very peaky
+      {{100, 31}, 3, 100, true, 1.0f},                 // head 100 (padded to the 128 kernel)
+      {{300}, 4, 8, false, 0.05f}};                    // nearly uniform weights
   uint64_t seed = 140;
   for (const C& c : cases) {
     std::vector<int64_t> off{0};
@@ -188,8 +192,8 @@ TEST(VisionParity, DenseAttention) {
     std::string segs;
     for (int64_t s : c.segs) segs += (segs.empty() ? "" : ",") + std::to_string(s);
     report("dense_attention",
-           "segs " + segs + " " + dims({c.heads, c.head_dim}) + (c.fused ? " fused" : "") +
-               " amp " + std::to_string(c.amp),
+           "segs " + segs + " " + dims({c.heads, c.head_dim}) + (c.fused ? " fused" : "") + " amp " +
+               std::to_string(c.amp),
            rel_to_max(dout.get(), want), 5e-5,
            "fp32 online softmax and sum of p.v (largely cancelling terms) vs fp64 sums: ~sqrt(keys) ulps of "
            "sum|p.v| / |out|; emulator 1.2e-5 at 1521 keys");
@@ -202,7 +206,7 @@ TEST(VisionParity, SpaceToDepth) {
   struct C {
     int64_t gh, gw, c, k;
   };
-  const std::vector<C> cases = {{6, 7, 128, 3}, {45, 3, 128, 3}, {3, 87, 128, 3},
+  const std::vector<C> cases = {{6, 7, 128, 3},    {45, 3, 128, 3}, {3, 87, 128, 3},
                                 {96, 96, 1024, 3}, {8, 15, 128, 3}, {5, 5, 3, 2}};
   uint64_t seed = 160;
   for (const C& c : cases) {
