@@ -2,7 +2,8 @@
 # ds41 scripts/gpu-check.sh: one call on a GPU host that verifies and measures the GPU engine —
 # builds the GPU targets against the offline bundle (scripts/build-offline.sh), runs the kernel
 # parity table, the device-model and engine tests (label gpu), then the benchmarks at the released
-# widths (dummy weights, 8-layer slice) and an ncu profile of the timed decode steps. Logs and
+# widths (dummy weights, 8-layer slice; the vision tower on the slice with the released vision
+# config) and an ncu profile of the timed decode steps. Logs and
 # JSON go to OUT_DIR (default $OUT when set, else ./gpu-check-out); the summary is printed.
 #   scripts/gpu-check.sh [BUNDLE_DIR]    (default ./deps-bundle; see scripts/bundle-deps.sh)
 # Environment: DS41_GPU_CHECK_BENCH=0 skips the benchmarks, DS41_GPU_CHECK_NCU=0 the profile.
@@ -41,6 +42,12 @@ if [ "${DS41_GPU_CHECK_BENCH:-1}" != 0 ]; then
   timeout 300 build/tools/ds41 bench decode "${a[@]}" --batch 1,8 --context 4096 > "$out/decode.json" 2> "$out/decode.err"
   timeout 300 build/tools/ds41 bench prefill "${a[@]}" --context 8192 > "$out/prefill.json" 2> "$out/prefill.err"
   timeout 120 build/tools/ds41 bench kernels --device cuda --n 1 8 --no-blas --json > "$out/kernels.json" 2> "$out/kernels.err"
+  # The vision tower at the released widths (MODEL_SPEC 1.4) on the slice, a 544 x 544 and a 1280 x 960 image.
+  for wh in "544 544" "1280 960"; do
+    set -- $wh
+    timeout 300 build/tools/ds41 bench vision "${a[@]/v41-flash-slice/v41-flash-slice-vision}" --work-dir "$out" \
+      --width "$1" --height "$2" --json >> "$out/vision.json" 2>> "$out/vision.err"
+  done
   python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -50,6 +57,11 @@ try:
         print(f"decode batch {r['batch']} context {r['context']}: {r['step_ms_median']:.3f} ms, roofline ratio {kinds}")
     for r in json.load(open(out + '/prefill.json'))['runs']:
         print(f"prefill context {r['context']}: {r['tokens_per_s']:.0f} tok/s")
+    for line in open(out + '/vision.json'):
+        v = json.loads(line)
+        print(f"vision {v['config']['image_wh']} ({v['plan']['patches']} patches): tower "
+              f"{1e3 / v['tower_images_per_s']:.1f} ms/image, prefill of {v['prompt_tokens']} tokens "
+              f"{1e3 * v['prefill_s']:.1f} ms, image share of TTFT {v['ttft_image_share_miss']:.2f}")
 except Exception as e:  # a failed bench leaves no JSON: its .err file says why
     print('bench summary unavailable:', e)
 PY

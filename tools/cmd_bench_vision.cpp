@@ -1,26 +1,32 @@
 // ds41 bench vision (issue 16): images per second through preprocessing (plan, Pillow-exact
-// bicubic, pad, patches) and through the tower (ViT + aligner + span rows) on the CPU reference,
-// the share of a request's time to first token spent on the image (tower vs the prefill of a
-// prompt holding the image's span), and a vision-feature cache hit against a miss, in one run.
-// The model is --model DIR (any checkpoint with vision_config) or a preset generated with dummy
-// weights under --work-dir (default tiny-vision; `small` has a 256-wide 2-block tower). The
-// released widths (1024 x 32 blocks) are a GPU measurement: on the CPU reference use small sizes.
+// bicubic, pad, patches) and through the engine's tower (ViT + aligner + span rows:
+// Engine::encode_images, what a request's image costs the serving path), the share of a request's
+// time to first token spent on the image (tower vs the prefill of a prompt holding the image's
+// span), and a vision-feature cache hit against a miss, in one run. Runs on the engine of
+// --device (engine_factory.h, as generate / serve): the CPU reference, or the GPU engine
+// (GpuVisionTower on the device; its first encode and prefill are untimed warm-ups).
+// The model is --model DIR (any checkpoint with vision_config) or a preset: generated with
+// make-checkpoint's recipe under --work-dir (default tiny-vision; `small` has a 256-wide 2-block
+// tower), or with --device cuda --load-format dummy generated on the device (e.g.
+// --preset v41-flash-slice-vision: the released tower widths, MODEL_SPEC 1.4, on one GPU).
 // Prints one JSON object with --json (tools/bench_header.h), else indented.
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
 
 #include "bench_header.h"
-#include "bench_model.h"
 #include "cli_registry.h"
 #include "core/clock.h"
 #include "engine/vision_feature_cache.h"
-#include "forward_cli_util.h"
+#include "engine_factory.h"
 #include "image/preprocess.h"
 #include "model/checkpoint_maker.h"
 #include "model/image_input.h"
 #include "model/presets.h"
 #include "model/vision_span.h"
+#include "resource_paths.h"
 
 namespace ds41::cli {
 namespace {
@@ -30,6 +36,7 @@ struct VisionBenchArgs {
   int64_t width = 640, height = 480, repeats = 3, text_tokens = 64;
   int threads = 2;
   bool json = false;
+  DeviceFlags device;  // --device, --load-format, --seed (engine_factory.h)
 };
 
 image::RgbImage synthetic_image(int64_t w, int64_t h) {
@@ -46,67 +53,129 @@ image::RgbImage synthetic_image(int64_t w, int64_t h) {
   return im;
 }
 
-Status run_bench(const VisionBenchArgs& a) {
-  if (a.model_dir.empty()) {
-    DS41_ASSIGN_OR_RETURN(model::ModelConfig pc, model::preset_config(a.preset));
-    if (!pc.has_vision) return invalid_argument("--preset " + a.preset + " has no vision tower");
+// The preset's folder --work-dir/vision-PRESET: the preset with its vocabulary widened to
+// hold image_token_id (the tiny presets keep the released id 129264 over a 2048-id vocabulary, so
+// their spans could not run), as a make-checkpoint model (seed 1), or only its config.json when
+// the GPU engine generates the weights (--load-format dummy).
+Result<std::string> vision_preset_dir(const VisionBenchArgs& a, bool config_only) {
+  DS41_ASSIGN_OR_RETURN(model::ModelConfig c, model::preset_config(a.preset));
+  if (!c.has_vision) return invalid_argument("--preset " + a.preset + " has no vision tower");
+  c.vocab_size = std::max(c.vocab_size, c.image_token_id + 1);
+  const std::string dir = a.work_dir + "/vision-" + a.preset;
+  if (std::filesystem::exists(dir + "/config.json")) return dir;
+  if (config_only) {
+    std::filesystem::create_directories(dir);
+    std::ofstream f(dir + "/config.json");
+    f << model::model_config_to_json(c);
+    if (!f) return internal_error(dir + "/config.json: write failed");
+    return dir;
   }
-  std::string dir;
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
-                        load_bench_model({a.model_dir, a.preset, a.work_dir, a.tokenizer_dir, a.threads}, &dir));
-  model::Model& m = *lm.model;
-  const model::ModelConfig& c = m.config();
-  if (!m.vision_tower()) return failed_precondition(dir + ": the model has no vision_config");
+  model::MakeCheckpointOptions mo;
+  mo.seed = 1;
+  DS41_ASSIGN_OR_RETURN(auto made, model::make_checkpoint(dir, c, mo));
+  (void)made;
+  return dir;
+}
+
+Status run_bench(const VisionBenchArgs& a) {
+  DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
+  DS41_ASSIGN_OR_RETURN(const gpu::LoadFormat fmt, engine_load_format(a.device));
+  const bool generated = a.model_dir.empty() && fmt == gpu::LoadFormat::kDummy;  // weights on the device
+  std::string dir = a.model_dir;
+  if (dir.empty()) {
+    DS41_ASSIGN_OR_RETURN(dir, vision_preset_dir(a, generated));
+  }
+  std::string tok_dir = a.tokenizer_dir;
+  if (tok_dir.empty() && !std::filesystem::exists(dir + "/tokenizer.json")) {
+    DS41_ASSIGN_OR_RETURN(tok_dir, default_tokenizer_dir());
+  }
+  DS41_ASSIGN_OR_RETURN(const model::ModelConfig c, model::load_model_config(dir));
+  if (!c.has_vision) return failed_precondition(dir + ": the model has no vision_config");
+  if (c.image_token_id < 0 || c.image_token_id >= c.vocab_size)
+    return failed_precondition(dir + ": image_token_id " + std::to_string(c.image_token_id) +
+                               " is outside the vocabulary of " + std::to_string(c.vocab_size));
   SystemClock clock;
   const image::RgbImage src = synthetic_image(a.width, a.height);
-  // Preprocessing.
+  // Preprocessing (host; the same on both engines).
   image::PreparedImage prepared;
   int64_t t0 = clock.now_mono_ns();
   for (int64_t i = 0; i < a.repeats; ++i) {
     DS41_ASSIGN_OR_RETURN(prepared, image::prepare_image(src, model::vision_plan_config(c)));
   }
   const double pre_s = (clock.now_mono_ns() - t0) * 1e-9 / static_cast<double>(a.repeats);
-  // Tower (cache miss path).
-  std::vector<model::EncodedImage> enc;
+  // The TTFT prompt: text + the image's span + text.
+  const int64_t n_img = prepared.plan.n_tokens;
+  std::vector<int32_t> ids;
+  ids.push_back(static_cast<int32_t>(c.bos_token_id));
+  for (int64_t i = 0; i < a.text_tokens / 2; ++i)
+    ids.push_back(static_cast<int32_t>((100 + i) % c.vocab_size));
+  ids.insert(ids.end(), static_cast<size_t>(n_img), static_cast<int32_t>(c.image_token_id));
+  for (int64_t i = 0; i < a.text_tokens / 2; ++i)
+    ids.push_back(static_cast<int32_t>((300 + i) % c.vocab_size));
+  const int64_t P = static_cast<int64_t>(ids.size());
+  EngineRequest req;
+  req.model_dir = dir;
+  req.tokenizer_dir = tok_dir;
+  req.model_name = "bench";
+  req.who = "ds41 bench vision";
+  req.threads = a.threads;
+  req.context_tokens = P + 16;
+  if (device == "cuda") req.max_context = P + 16;  // sizes the GPU workspace
+  req.max_batch_tokens = std::max<int64_t>(2048, P);
+  req.max_sequences = 2;
+  req.kv_bytes = int64_t{1} << 30;
+  req.quiet = a.json || device == "cpu";  // the CPU model is small here; the GPU load shows progress
+  DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(a.device, req));
+  engine::Engine& eng = *eh.engine;
+  if (!eng.info().has_vision) return failed_precondition("the " + device + " engine has no vision tower");
+  const std::vector<const image::PreparedImage*> one{&prepared};
+  const bool warm_up = device != "cpu";
+  // Tower (cache-miss path): span rows through the engine.
+  std::vector<std::vector<float>> spans;
+  if (warm_up) {
+    DS41_ASSIGN_OR_RETURN(spans, eng.encode_images(one));
+  }
   t0 = clock.now_mono_ns();
   for (int64_t i = 0; i < a.repeats; ++i) {
-    DS41_ASSIGN_OR_RETURN(enc, model::encode_images(m, std::span<const image::PreparedImage>(&prepared, 1)));
+    DS41_ASSIGN_OR_RETURN(spans, eng.encode_images(one));
   }
   const double tower_s = (clock.now_mono_ns() - t0) * 1e-9 / static_cast<double>(a.repeats);
   // Cache hit: the lookup that replaces preprocessing + tower for a resent image.
   engine::VisionFeatureCache cache(int64_t{256} << 20);
-  cache.insert("k", std::make_shared<const std::vector<float>>(enc[0].span_embeds));
+  cache.insert("k", std::make_shared<const std::vector<float>>(spans[0]));
   t0 = clock.now_mono_ns();
   int64_t found = 0;
   for (int i = 0; i < 1000; ++i) found += cache.find("k") != nullptr;
   const double hit_s = (clock.now_mono_ns() - t0) * 1e-9 / 1000.0;
-  // Time to first token of a request holding the image: prefill of text + span + text.
-  const int64_t n_img = prepared.plan.n_tokens;
-  std::vector<int32_t> ids;
-  ids.push_back(static_cast<int32_t>(c.bos_token_id));
-  for (int64_t i = 0; i < a.text_tokens / 2; ++i) ids.push_back(static_cast<int32_t>(100 + i));
-  ids.insert(ids.end(), static_cast<size_t>(n_img), static_cast<int32_t>(c.image_token_id));
-  for (int64_t i = 0; i < a.text_tokens / 2; ++i) ids.push_back(static_cast<int32_t>(300 + i));
-  std::vector<std::vector<float>> spans{enc[0].span_embeds};
+  // Time to first token of a request holding the image: one prefill step of text + span + text.
   DS41_ASSIGN_OR_RETURN(auto placed, model::place_image_spans(ids, static_cast<int32_t>(c.image_token_id),
                                                               spans, c.hidden_size));
-  auto st = m.new_sequence();
-  model::SequenceInput in{st.get(), placed.tokens, placed.image_span, placed.span_embeds};
-  std::vector<model::SequenceOutput> out;
-  t0 = clock.now_mono_ns();
-  DS41_RETURN_IF_ERROR(
-      m.forward(std::span<const model::SequenceInput>(&in, 1), model::ForwardOptions{}, &out));
-  const double prefill_s = (clock.now_mono_ns() - t0) * 1e-9;
+  auto prefill = [&]() -> Result<double> {
+    DS41_ASSIGN_OR_RETURN(engine::SeqId seq, eng.create_sequence());
+    engine::StepItem it{seq, placed.tokens, true, placed.image_span, placed.span_embeds};
+    engine::StepOutput out;
+    const int64_t b = clock.now_mono_ns();
+    Status st = eng.step(std::span<const engine::StepItem>(&it, 1), &out);
+    const double s = (clock.now_mono_ns() - b) * 1e-9;
+    DS41_RETURN_IF_ERROR(eng.free_sequence(seq));
+    DS41_RETURN_IF_ERROR(st);
+    return s;
+  };
+  if (warm_up) DS41_RETURN_IF_ERROR(prefill().status());
+  DS41_ASSIGN_OR_RETURN(const double prefill_s, prefill());
   const double miss_ttft = pre_s + tower_s + prefill_s, hit_ttft = hit_s + prefill_s;
 
-  nlohmann::ordered_json j = bench_header("vision", {{"backend", "cpu-reference"}},
-                                          {{"model", a.model_dir.empty() ? "preset:" + a.preset : dir},
-                                           {"vision_hidden", c.vision_hidden_size},
-                                           {"vision_layers", c.vision_num_layers},
-                                           {"max_image_tokens", c.vision_max_image_tokens},
-                                           {"image_wh", {a.width, a.height}},
-                                           {"repeats", a.repeats},
-                                           {"threads", a.threads}});
+  const std::string backend = eng.info().device == "cpu" ? "cpu-reference" : eng.info().device;
+  nlohmann::ordered_json j =
+      bench_header("vision", {{"backend", backend}},
+                   {{"model", a.model_dir.empty() ? "preset:" + a.preset + " (" + dir + ")" : dir},
+                    {"load_format", generated ? "dummy" : "safetensors"},
+                    {"vision_hidden", c.vision_hidden_size},
+                    {"vision_layers", c.vision_num_layers},
+                    {"max_image_tokens", c.vision_max_image_tokens},
+                    {"image_wh", {a.width, a.height}},
+                    {"repeats", a.repeats},
+                    {"threads", a.threads}});
   j["plan"] = {
       {"box_hw", {prepared.plan.box_h, prepared.plan.box_w}},
       {"patches", (prepared.plan.box_h / c.vision_patch_size) * (prepared.plan.box_w / c.vision_patch_size)},
@@ -115,7 +184,7 @@ Status run_bench(const VisionBenchArgs& a) {
   j["tower_images_per_s"] = 1.0 / tower_s;
   j["end_to_end_images_per_s"] = 1.0 / (pre_s + tower_s);
   j["prefill_s"] = prefill_s;
-  j["prompt_tokens"] = static_cast<int64_t>(ids.size());
+  j["prompt_tokens"] = P;
   j["ttft_image_share_miss"] = (pre_s + tower_s) / miss_ttft;
   j["ttft_s_cache_miss"] = miss_ttft;
   j["ttft_s_cache_hit"] = hit_ttft;
@@ -133,7 +202,10 @@ void setup_bench(CLI::App& parent, int& exit_code) {
       "Images/s through preprocessing and the tower, TTFT share of an image, feature-cache hit vs miss");
   cmd->add_option("--model", a->model_dir,
                   "Model directory with vision_config (default: --preset generated)");
-  cmd->add_option("--preset", a->preset, "Preset with a vision tower, dummy weights (default tiny-vision)");
+  cmd->add_option(
+      "--preset", a->preset,
+      "Preset with a vision tower (default tiny-vision; v41-flash-slice-vision: the released tower "
+      "widths, with --device cuda --load-format dummy)");
   cmd->add_option("--tokenizer", a->tokenizer_dir,
                   "Folder with tokenizer.json (default: the shared V4.1 one)");
   cmd->add_option("--work-dir", a->work_dir, "Where the preset is generated (default /tmp/ds41-bench)");
@@ -143,6 +215,7 @@ void setup_bench(CLI::App& parent, int& exit_code) {
   cmd->add_option("--text-tokens", a->text_tokens,
                   "Text tokens around the image in the TTFT prompt (default 64)");
   cmd->add_option("--threads", a->threads, "CPU threads (default 2)");
+  add_engine_device_flags(cmd, &a->device);
   cmd->add_flag("--json", a->json, "One-line JSON");
   cmd->callback([a, &exit_code] {
     if (a->width < 1 || a->height < 1 || a->repeats < 1 || a->threads < 1 || a->text_tokens < 0) {

@@ -218,14 +218,14 @@ Status read_generate_inputs(GenerateArgs& a) {
   return ok_status();
 }
 
-// --image: decodes the files, runs the tower once over all of them, and replaces the k-th
-// placeholder of `ids` (the tokenizer's <｜deepseek_image｜>) by the k-th image's span.
-Result<model::ImagePromptInput> expand_image_placeholders(const model::Model& m,
+// --image: decodes the files, runs the engine's tower once over all of them (the CPU reference's
+// or the GPU engine's, Engine::encode_images), and replaces the k-th placeholder of `ids` (the
+// tokenizer's <｜deepseek_image｜>) by the k-th image's span.
+Result<model::ImagePromptInput> expand_image_placeholders(engine::Engine& eng, const model::ModelConfig& c,
                                                           const std::vector<std::string>& files,
                                                           int32_t placeholder,
                                                           const std::vector<int32_t>& ids) {
-  const model::ModelConfig& c = m.config();
-  if (!m.vision_tower())
+  if (!c.has_vision || !eng.info().has_vision)
     return failed_precondition("--image: this model has no vision tower (no vision_config)");
   std::vector<image::PreparedImage> prepared;
   for (const std::string& f : files) {
@@ -234,9 +234,10 @@ Result<model::ImagePromptInput> expand_image_placeholders(const model::Model& m,
     if (!p.ok()) return p.status().with_context(f);
     prepared.push_back(std::move(p).value());
   }
-  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_images(m, prepared));
+  std::vector<const image::PreparedImage*> ptrs;
+  for (const image::PreparedImage& p : prepared) ptrs.push_back(&p);
+  DS41_ASSIGN_OR_RETURN(std::vector<std::vector<float>> spans, eng.encode_images(ptrs));
   std::vector<int32_t> with_runs;
-  std::vector<std::vector<float>> spans;
   size_t k = 0;
   for (int32_t t : ids) {
     if (t != placeholder) {
@@ -245,13 +246,12 @@ Result<model::ImagePromptInput> expand_image_placeholders(const model::Model& m,
       with_runs.push_back(t);
       continue;
     }
-    if (k >= enc.size()) return invalid_argument("more image placeholders than --image files");
-    with_runs.insert(with_runs.end(), static_cast<size_t>(enc[k].plan.n_tokens),
+    if (k >= prepared.size()) return invalid_argument("more image placeholders than --image files");
+    with_runs.insert(with_runs.end(), static_cast<size_t>(prepared[k].plan.n_tokens),
                      static_cast<int32_t>(c.image_token_id));
-    spans.push_back(enc[k].span_embeds);
     ++k;
   }
-  if (k != enc.size()) return invalid_argument("fewer image placeholders than --image files");
+  if (k != prepared.size()) return invalid_argument("fewer image placeholders than --image files");
   return model::place_image_spans(with_runs, static_cast<int32_t>(c.image_token_id), spans, c.hidden_size);
 }
 
@@ -334,10 +334,8 @@ Status run_generate(const GenerateArgs& a) {
   std::vector<uint8_t> span_flags;
   std::vector<float> span_embeds;
   if (!a.images.empty()) {
-    if (eh.cpu_model == nullptr)
-      return unimplemented("--image needs --device cpu: the GPU engine has no vision tower yet (issue 16)");
     const int32_t ph = tok->token_to_id(text::kImageToken).value_or(static_cast<int32_t>(cfg.image_token_id));
-    DS41_ASSIGN_OR_RETURN(auto expanded, expand_image_placeholders(*eh.cpu_model, a.images, ph, ids));
+    DS41_ASSIGN_OR_RETURN(auto expanded, expand_image_placeholders(eng, cfg, a.images, ph, ids));
     ids = std::move(expanded.tokens);
     span_flags = std::move(expanded.image_span);
     span_embeds = std::move(expanded.span_embeds);

@@ -110,7 +110,9 @@ void setup(CLI::App& parent, int& exit_code) {
   auto args = std::make_shared<MakeArgs>();
   CLI::App* sub =
       parent.add_subcommand("make-checkpoint", "Write a preset checkpoint (random weights or sparse layout)");
-  sub->add_option("--preset", args->preset, "tiny | small | v41-flash | v41-flash-slice")->required();
+  sub->add_option("--preset", args->preset,
+                  "tiny | tiny-vision | small | v41-flash | v41-flash-slice | v41-flash-slice-vision")
+      ->required();
   sub->add_option("--seed", args->seed, "Random seed (weights depend only on seed and tensor name)");
   sub->add_option("--out", args->out, "Output directory (must not hold a checkpoint yet)")->required();
   sub->add_flag("--layout-only", args->layout_only, "Real headers, sparse all-zero data (holes)");

@@ -16,7 +16,9 @@
 // image_token_id in input_ids, in order. The tower runs once over all listed images. With --debug
 // the output also holds image{k}.plan / grid_thw / resized_u8 / pixel_values / vit_out /
 // aligner_out / span_embeds and per prompt input_ids / image_mask / span_starts / images /
-// inputs_embeds / layer{l}.engram_delta_rms.
+// inputs_embeds / layer{l}.engram_delta_rms. With --device cuda the GPU engine's tower and text
+// model run the same input (the debug image arrays then stop at plan / grid_thw / resized_u8 /
+// span_embeds: the engine interface returns span rows only).
 // IN.json {"dspark": {"input_ids": [...], "prompt_len": P, "anchors": [L, ...], "walk_steps": N}}
 // runs the DSpark checks instead (engine/dspark_score.h; golden README "DSpark set").
 #include <unistd.h>
@@ -215,16 +217,70 @@ void write_records(model::SafetensorsWriter* w, const std::string& name, int64_t
   }
 }
 
+// --debug arrays of one prepared image under the golden names: plan, grid_thw, resized_u8.
+void write_image_plan(model::SafetensorsWriter* w, size_t k, const image::PreparedImage& im, int64_t ps) {
+  const image::ImagePlan& pl = im.plan;
+  const std::string pre = "image" + std::to_string(k) + ".";
+  const std::vector<int32_t> plan = {int32_t(pl.orig_w),   int32_t(pl.orig_h),  int32_t(pl.up_w),
+                                     int32_t(pl.up_h),     int32_t(pl.box_h),   int32_t(pl.box_w),
+                                     int32_t(pl.fit_h),    int32_t(pl.fit_w),   int32_t(pl.pad_top),
+                                     int32_t(pl.pad_left), int32_t(pl.n_llm_h), int32_t(pl.n_llm_w),
+                                     int32_t(pl.n_tokens)};
+  const std::vector<int32_t> grid = {1, int32_t(pl.box_h / ps), int32_t(pl.box_w / ps)};
+  w->add_i32(pre + "plan", {13}, plan.data());
+  w->add_i32(pre + "grid_thw", {3}, grid.data());
+  w->add_u8(pre + "resized_u8", {pl.box_h, pl.box_w, 3}, im.resized.rgb.data());
+}
+
+// --debug arrays of a prompt's span layout: input_ids, image_mask, span_starts, images.
+void write_prompt_layout(model::SafetensorsWriter* w, const Prompt& p, const model::ImagePromptInput& pi) {
+  const std::string pre = p.name + ".";
+  const int64_t S = static_cast<int64_t>(pi.tokens.size());
+  std::vector<int32_t> starts(pi.span_starts.begin(), pi.span_starts.end());
+  std::vector<int32_t> imgs(p.images.begin(), p.images.end());
+  w->add_i32(pre + "input_ids", {S}, pi.tokens.data());
+  w->add_u8(pre + "image_mask", {S}, pi.image_span.data());
+  w->add_i32(pre + "span_starts", {static_cast<int64_t>(starts.size())}, starts.data());
+  w->add_i32(pre + "images", {static_cast<int64_t>(imgs.size())}, imgs.data());
+}
+
+Result<std::vector<image::PreparedImage>> prepare_listed_images(const model::ModelConfig& c,
+                                                                const std::vector<std::string>& paths) {
+  std::vector<image::PreparedImage> prepared;
+  for (const std::string& path : paths) {
+    DS41_ASSIGN_OR_RETURN(auto d, image::decode_image_file(path, image::ImageLimits{}));
+    auto p = image::prepare_image(d.rgb, model::vision_plan_config(c));
+    if (!p.ok()) return p.status().with_context(path);
+    prepared.push_back(std::move(p).value());
+  }
+  return prepared;
+}
+
+// A text prompt must not hold the image token (it needs an image).
+Status check_text_prompt(const Prompt& p, const model::ModelConfig& c) {
+  for (int32_t t : p.ids)
+    if (t == c.image_token_id)
+      return invalid_argument("prompt '" + p.name + "' holds image token " + std::to_string(t) +
+                              " but lists no images");
+  return ok_status();
+}
+
 // `--device cuda` (or any engine): exact prefill of each prompt with every row's logits, then the
 // decode steps, through the engine (engine_factory.h); --replay decoder (MODEL_SPEC 4.4, the kept
 // rows' logits, the rest NaN) and encoder:H (4.5: the exact rows before H, Engine::replay_window,
-// the rows from H) as the CPU path computes them. --dump and --stale-index-keys are the CPU
-// reference's.
+// the rows from H) as the CPU path computes them. Images go through Engine::encode_images (one
+// tower batch) and the prompts' spans through the engine's steps; with --debug the image arrays
+// the engine interface gives (plan, grid_thw, resized_u8, span_embeds, the prompts' span layout)
+// are written too, not the tower's internals (vit_out, aligner_out) nor inputs_embeds /
+// engram_delta_rms. --dump and --stale-index-keys are the CPU reference's, and so is --replay with
+// images.
 Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
                         const std::pair<std::string, std::vector<int32_t>>& dec, bool replay_decoder,
-                        int64_t replay_h) {
+                        int64_t replay_h, const std::vector<std::string>& image_paths) {
   if (!a.dump_dir.empty() || a.stale_keys)
     return invalid_argument("--dump and --stale-index-keys need --device cpu (the CPU reference)");
+  if ((replay_decoder || replay_h > 0) && !image_paths.empty())
+    return invalid_argument("--replay with images needs --device cpu (the CPU reference)");
   int64_t longest = 1;
   for (const Prompt& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
   EngineRequest req;
@@ -247,9 +303,38 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
   const int64_t V = c.vocab_size;
   model::SafetensorsWriter w;
   w.set_metadata("producer", "ds41 score (" + eng.info().device + ")");
+  // Images (MODEL_SPEC 3.11): span rows of every listed image, one tower batch.
+  std::vector<std::vector<float>> spans;
+  if (!image_paths.empty()) {
+    if (!c.has_vision || !eng.info().has_vision)
+      return failed_precondition(
+          "the input lists images, but the model has no vision tower (no vision_config)");
+    DS41_ASSIGN_OR_RETURN(std::vector<image::PreparedImage> prepared, prepare_listed_images(c, image_paths));
+    std::vector<const image::PreparedImage*> ptrs;
+    for (const image::PreparedImage& p : prepared) ptrs.push_back(&p);
+    DS41_ASSIGN_OR_RETURN(spans, eng.encode_images(ptrs));
+    if (a.debug)
+      for (size_t k = 0; k < prepared.size(); ++k) {
+        write_image_plan(&w, k, prepared[k], c.vision_patch_size);
+        w.add_f32("image" + std::to_string(k) + ".span_embeds", {prepared[k].plan.n_tokens, c.hidden_size},
+                  spans[k].data());
+      }
+  }
   engine::SeqId keep = -1;
   for (const Prompt& p : prompts) {
     const int64_t S = static_cast<int64_t>(p.ids.size());
+    model::ImagePromptInput pi;
+    if (!p.images.empty()) {
+      std::vector<std::vector<float>> sp;
+      for (int64_t k : p.images) sp.push_back(spans[static_cast<size_t>(k)]);
+      auto placed =
+          model::place_image_spans(p.ids, static_cast<int32_t>(c.image_token_id), sp, c.hidden_size);
+      if (!placed.ok()) return placed.status().with_context("prompt '" + p.name + "'");
+      pi = std::move(placed).value();
+      if (a.debug) write_prompt_layout(&w, p, pi);
+    } else if (c.has_vision) {
+      DS41_RETURN_IF_ERROR(check_text_prompt(p, c));
+    }
     DS41_ASSIGN_OR_RETURN(engine::SeqId seq, eng.create_sequence());
     model::SequenceOutput out;
     if (replay_decoder) {
@@ -260,13 +345,13 @@ Status run_score_engine(const ScoreArgs& a, const std::vector<Prompt>& prompts,
                                 " needs H < the length of prompt '" + p.name + "' (" + std::to_string(S) +
                                 ")");
       const std::span<const int32_t> ids(p.ids);
-      DS41_ASSIGN_OR_RETURN(out, eh.forward_all(seq, ids.first(replay_h), a.chunk, a.debug));
+      DS41_ASSIGN_OR_RETURN(out, eh.forward_all(seq, ids.first(replay_h), a.chunk, a.debug, {}, {}));
       DS41_RETURN_IF_ERROR(eng.replay_window(seq, ids.first(replay_h)));
       DS41_ASSIGN_OR_RETURN(model::SequenceOutput rest,
-                            eh.forward_all(seq, ids.subspan(replay_h), a.chunk, a.debug));
+                            eh.forward_all(seq, ids.subspan(replay_h), a.chunk, a.debug, {}, {}));
       out.append(std::move(rest));
     } else {
-      DS41_ASSIGN_OR_RETURN(out, eh.forward_all(seq, p.ids, a.chunk, a.debug));
+      DS41_ASSIGN_OR_RETURN(out, eh.forward_all(seq, p.ids, a.chunk, a.debug, pi.image_span, pi.span_embeds));
     }
     std::vector<float> logits(S * V, std::numeric_limits<float>::quiet_NaN());
     for (size_t i = 0; i < out.positions.size(); ++i)
@@ -308,29 +393,15 @@ Result<std::vector<model::EncodedImage>> encode_listed_images(const model::Model
   if (!m.vision_tower())
     return failed_precondition(
         "the input lists images, but the model has no vision tower (no vision_config)");
-  std::vector<image::PreparedImage> prepared;
-  for (const std::string& path : paths) {
-    DS41_ASSIGN_OR_RETURN(auto d, image::decode_image_file(path, image::ImageLimits{}));
-    auto p = image::prepare_image(d.rgb, model::vision_plan_config(c));
-    if (!p.ok()) return p.status().with_context(path);
-    prepared.push_back(std::move(p).value());
-  }
+  DS41_ASSIGN_OR_RETURN(std::vector<image::PreparedImage> prepared, prepare_listed_images(c, paths));
   DS41_ASSIGN_OR_RETURN(auto enc, model::encode_images(m, prepared, debug));
   if (debug) {
     const int64_t ps = c.vision_patch_size, D = c.vision_hidden_size, H = c.hidden_size;
     for (size_t k = 0; k < enc.size(); ++k) {
       const image::ImagePlan& pl = enc[k].plan;
       const std::string pre = "image" + std::to_string(k) + ".";
-      const std::vector<int32_t> plan = {int32_t(pl.orig_w),   int32_t(pl.orig_h),  int32_t(pl.up_w),
-                                         int32_t(pl.up_h),     int32_t(pl.box_h),   int32_t(pl.box_w),
-                                         int32_t(pl.fit_h),    int32_t(pl.fit_w),   int32_t(pl.pad_top),
-                                         int32_t(pl.pad_left), int32_t(pl.n_llm_h), int32_t(pl.n_llm_w),
-                                         int32_t(pl.n_tokens)};
-      const std::vector<int32_t> grid = {1, int32_t(pl.box_h / ps), int32_t(pl.box_w / ps)};
       const int64_t np = (pl.box_h / ps) * (pl.box_w / ps);
-      w->add_i32(pre + "plan", {13}, plan.data());
-      w->add_i32(pre + "grid_thw", {3}, grid.data());
-      w->add_u8(pre + "resized_u8", {pl.box_h, pl.box_w, 3}, prepared[k].resized.rgb.data());
+      write_image_plan(w, k, prepared[k], ps);
       w->add_f32(pre + "pixel_values", {np, 3 * ps * ps}, enc[k].pixel_values.data());
       w->add_f32(pre + "vit_out", {np, D}, enc[k].vit_out.data());
       w->add_f32(pre + "aligner_out", {pl.n_llm_h * pl.n_llm_w, H}, enc[k].aligner_out.data());
@@ -370,12 +441,7 @@ Result<model::SequenceOutput> prefill_with_images(model::Model& m, model::Sequen
   }
   if (w) {
     const std::string pre = p.name + ".";
-    std::vector<int32_t> starts(pi.span_starts.begin(), pi.span_starts.end());
-    std::vector<int32_t> imgs(p.images.begin(), p.images.end());
-    w->add_i32(pre + "input_ids", {S}, pi.tokens.data());
-    w->add_u8(pre + "image_mask", {S}, pi.image_span.data());
-    w->add_i32(pre + "span_starts", {static_cast<int64_t>(starts.size())}, starts.data());
-    w->add_i32(pre + "images", {static_cast<int64_t>(imgs.size())}, imgs.data());
+    write_prompt_layout(w, p, pi);
     std::vector<float> emb(S * H);
     m.backend().embed_bf16(m.weights().embed, c.vocab_size, H, pi.tokens.data(), S, emb.data());
     const float* src = pi.span_embeds.data();
@@ -463,7 +529,7 @@ Status run_score(const ScoreArgs& a) {
     return invalid_argument("--replay must be 'decoder' or 'encoder:H', got '" + a.replay + "'");
   }
   DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
-  if (device != "cpu") return run_score_engine(a, prompts, dec, replay_decoder, replay_h);
+  if (device != "cpu") return run_score_engine(a, prompts, dec, replay_decoder, replay_h, input.image_paths);
   DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
   DS41_ASSIGN_OR_RETURN(LoadedModel lm,
                         load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
@@ -519,11 +585,7 @@ Status run_score(const ScoreArgs& a) {
       out.append(std::move(rest));
     } else {
       // A text prompt: image tokens are refused (they need an image).
-      if (vision || c.has_vision)
-        for (int32_t t : p.ids)
-          if (t == c.image_token_id)
-            return invalid_argument("prompt '" + p.name + "' holds image token " + std::to_string(t) +
-                                    " but lists no images");
+      if (vision || c.has_vision) DS41_RETURN_IF_ERROR(check_text_prompt(p, c));
       DS41_ASSIGN_OR_RETURN(out, m.prefill(*st, p.ids, a.chunk, opt));
     }
     for (size_t i = 0; i < out.positions.size(); ++i)

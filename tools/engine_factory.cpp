@@ -144,12 +144,31 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
   h.config = model->config();
   h.schedule = model->schedule();
   gpu::CudaEngine* raw = ce.get();
-  h.forward_all = [raw](engine::SeqId seq, std::span<const int32_t> tokens, int64_t chunk,
-                        bool record) -> Result<model::SequenceOutput> {
+  const size_t H = static_cast<size_t>(model->config().hidden_size);
+  h.forward_all = [raw, H](engine::SeqId seq, std::span<const int32_t> tokens, int64_t chunk, bool record,
+                           std::span<const uint8_t> image_span,
+                           std::span<const float> span_embeds) -> Result<model::SequenceOutput> {
     model::SequenceOutput all;
+    size_t flagged_all = 0;
+    for (uint8_t f : image_span) flagged_all += f != 0;
+    if ((!image_span.empty() && image_span.size() != tokens.size()) ||
+        (!span_embeds.empty() && span_embeds.size() != flagged_all * H))
+      return invalid_argument("image spans: " + std::to_string(image_span.size()) + " flags for " +
+                              std::to_string(tokens.size()) + " tokens, " +
+                              std::to_string(span_embeds.size()) + " span values for " +
+                              std::to_string(flagged_all) + " flagged positions");
     const size_t step = chunk > 0 ? static_cast<size_t>(chunk) : tokens.size();
+    size_t rows_done = 0;
     for (size_t b = 0; b < tokens.size(); b += step) {
-      engine::StepItem it{seq, tokens.subspan(b, std::min(step, tokens.size() - b)), true};
+      const size_t n = std::min(step, tokens.size() - b);
+      engine::StepItem it{seq, tokens.subspan(b, n), true};
+      if (!image_span.empty()) {  // this chunk's flags and the rows of its flagged positions
+        it.image_span = image_span.subspan(b, n);
+        size_t flagged = 0;
+        for (uint8_t f : it.image_span) flagged += f != 0;
+        if (!span_embeds.empty()) it.span_embeds = span_embeds.subspan(rows_done * H, flagged * H);
+        rows_done += flagged;
+      }
       std::vector<model::SequenceOutput> out;
       DS41_RETURN_IF_ERROR(
           raw->forward(std::span<const engine::StepItem>(&it, 1), model::LogitsRows::kAll, record, &out));

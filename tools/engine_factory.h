@@ -69,11 +69,14 @@ struct EngineHandle {
   model::ModelConfig config;
   model::LayerSchedule schedule;
   ThreadPool* cpu_pool = nullptr;  // the CPU engine's thread pool (idle between forwards); null for the GPU
-  const model::Model* cpu_model = nullptr;  // the CPU engine's model (its vision tower); null for the GPU
+  const model::Model* cpu_model = nullptr;  // the CPU engine's model; null for the GPU
   // Every row's logits (and records) of `tokens` continuing `seq`, in chunks (0 = as large as
-  // the engine takes): `ds41 score`. Set for the GPU engine (the CPU path of score uses the model).
+  // the engine takes), with optional image spans (flags per token + the flagged positions' rows,
+  // as engine::StepItem; each chunk carries its slice): `ds41 score`. Set for the GPU engine (the
+  // CPU path of score uses the model).
   std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens,
-                                              int64_t chunk, bool record)>
+                                              int64_t chunk, bool record, std::span<const uint8_t> image_span,
+                                              std::span<const float> span_embeds)>
       forward_all;
   // MODEL_SPEC 4.4 decoder replay of a fresh `seq` with the kept rows' logits (`ds41 score --replay
   // decoder`); set for the GPU engine.

@@ -132,8 +132,8 @@ class CpuServingEngine final : public ServingEngine {
     server::VisionModelInfo v;
     const model::ModelConfig& c = engine.config;
     const auto placeholder = tok->token_to_id(text::kImageToken);
-    // Images need the vision tower: the CPU engine has it, the GPU engine not yet (issue 16).
-    if (!c.has_vision || !placeholder || engine.cpu_model == nullptr) return v;
+    // Images need the engine's vision tower (both engines have one for a model with vision_config).
+    if (!c.has_vision || !placeholder || !engine.engine->info().has_vision) return v;
     v.enabled = true;
     v.plan = model::vision_plan_config(c);
     v.image_token_id = static_cast<int32_t>(c.image_token_id);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ds41 scripts/cuda-host-emu/run.sh: builds the attention / indexer / selection / KV-row / mHC / index-list /
-# linear parity tests (tests/parity/cuda/{kv_rows,attention,selection,mhc,gx_step,linear}_parity_test.cpp)
+# linear / vision parity tests (tests/parity/cuda/{kv_rows,attention,selection,mhc,gx_step,linear,vision}_parity_test.cpp)
 # against the kernels of
 # src/backends/cuda run by the host SIMT emulator (simt_emu.h), and runs them with an optional gtest
 # filter. Needs a configured ./build with ds41_backend_cpu built (ninja -C build ds41_backend_cpu),
@@ -9,7 +9,8 @@
 # attention table about an hour (filter it out: --gtest_filter=-AttentionParity.SparseAttention; the small
 # split-decode table AttentionParity.SparseAttentionSplitDecode takes seconds), the mHC map table minutes.
 # The linear tables at the released widths are far too large for it: run the small-shape table only
-# (--gtest_filter='LinearParity.Small*:LinearParity.*Errors').
+# (--gtest_filter='LinearParity.Small*:LinearParity.*Errors'). The vision table (VisionParity.*) takes
+# about ten minutes (the image-sized attention and RoPE cases).
 #   scripts/cuda-host-emu/run.sh ['--gtest_filter=KvRows*:*Reject*']
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,12 +20,12 @@ mkdir -p "$out"
 emu=$root/scripts/cuda-host-emu
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
 fl=(-std=c++20 -O1 -ffp-contract=off -w -I"$root/src" -I"$root/tests" -I"$cuda_inc")
-kernels=(kv_rows attention indexer topk compressor mhc gx_step linear)
+kernels=(kv_rows attention indexer topk compressor mhc gx_step linear rope_2d dense_attention space_to_depth vision_pointwise)
 for k in "${kernels[@]}"; do
   python3 "$emu/rewrite_launches.py" "$root/src/backends/cuda/${k}_kernels.cu" "$out/${k}_kernels_emu.cpp"
   g++ "${fl[@]}" -include "$emu/simt_emu.h" -c "$out/${k}_kernels_emu.cpp" -o "$out/${k}_kernels_emu.o" &
 done
-for t in kv_rows attention selection mhc gx_step linear; do
+for t in kv_rows attention selection mhc gx_step linear vision; do
   g++ "${fl[@]}" -c "$root/tests/parity/cuda/${t}_parity_test.cpp" -o "$out/${t}_parity_test.o" &
 done
 g++ "${fl[@]}" -c "$emu/runtime_stubs.cpp" -o "$out/runtime_stubs.o"

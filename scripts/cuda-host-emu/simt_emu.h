@@ -182,6 +182,7 @@ inline float __uint_as_float(unsigned u) {
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }  // one rounding, as CUDA
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 // The read-only cache path: a plain load on the host.
 template <class T> T __ldg(const T* p) { return *p; }

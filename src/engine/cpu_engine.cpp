@@ -23,6 +23,7 @@ CpuEngine::CpuEngine(model::Model* model, std::string model_name, int64_t max_co
       model->config().sliding_window +
       (model->hasher() ? std::max<int64_t>(0, model->config().engram_max_ngram_size - 1) : 0);
   bounded_bytes_ = model->new_sequence()->bounded_bytes();
+  info_.has_vision = model->vision_tower() != nullptr;
 }
 
 Result<model::SequenceState*> CpuEngine::find(SeqId seq) const {
@@ -81,10 +82,14 @@ int64_t CpuEngine::bytes_for_tokens(int64_t tokens) const {
 
 Result<std::vector<std::vector<float>>> CpuEngine::encode_images(
     std::span<const image::PreparedImage* const> images) {
-  std::vector<image::PreparedImage> copies;  // encode_images takes a contiguous span
-  copies.reserve(images.size());
-  for (const image::PreparedImage* p : images) copies.push_back(*p);
-  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_images(*model_, copies));
+  const model::VisionTower* tower = model_->vision_tower();
+  if (!tower) return failed_precondition("this model has no vision tower (no vision_config in config.json)");
+  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_prepared_images(
+                                      model_->config(),
+                                      [tower](std::span<const model::VisionImageInput> in, bool keep) {
+                                        return tower->encode(in, keep);
+                                      },
+                                      model::image_span_markers(*model_->vision_weights()), images));
   std::vector<std::vector<float>> out;
   for (auto& e : enc) out.push_back(std::move(e.span_embeds));
   return out;

@@ -39,6 +39,8 @@ struct EngineInfo {
   // window + the Engram look-back); 0: unknown (a caller assumes the whole prefix). The prefix
   // cache never replays over an image span (token ids cannot rebuild its positions).
   int64_t replay_lookback = 0;
+  // The engine has a vision tower: encode_images computes span rows (MODEL_SPEC 3.11).
+  bool has_vision = false;
 };
 
 struct StepItem {

@@ -8,6 +8,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "engine/state_codec.h"
 #include "model/decoder_replay_plan.h"
+#include "model/image_input.h"
 
 namespace ds41::gpu {
 
@@ -37,6 +38,10 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
   DS41_ASSIGN_OR_RETURN(e->pool_, KvBlockPool::create(layout, pages, opt.entries_per_page));
   DS41_ASSIGN_OR_RETURN(e->slots_, SequenceSlots::create(layout, opt.max_sequences));
   DS41_ASSIGN_OR_RETURN(e->fwd_, GpuForward::create(*model, lim, &e->pool_, &e->slots_, e->stream_));
+  if (opt.vision && c.has_vision) {
+    DS41_ASSIGN_OR_RETURN(e->vision_, GpuVisionTower::create(*model, opt.vision_limits, e->stream_));
+    e->info_.has_vision = true;
+  }
   e->bounded_bytes_ = e->slots_.slot_bytes() + static_cast<int64_t>(sizeof(engram::EngramHashState));
   return e;
 }
@@ -44,6 +49,7 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
 CudaEngine::~CudaEngine() {
   seqs_.clear();
   fwd_.reset();
+  vision_.reset();  // its cuBLAS handle is bound to the stream
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -164,6 +170,17 @@ Status CudaEngine::validate(std::span<const engine::StepItem> items) const {
         return invalid_argument(what + ": token " + std::to_string(t) + " has id " +
                                 std::to_string(it.tokens[t]) + ", outside the vocabulary [0, " +
                                 std::to_string(V) + ")");
+    if (!it.image_span.empty() && it.image_span.size() != it.tokens.size())
+      return invalid_argument(what + ": image_span has " + std::to_string(it.image_span.size()) +
+                              " flags for " + std::to_string(it.tokens.size()) + " tokens");
+    if (!it.span_embeds.empty()) {
+      int64_t flagged = 0;
+      for (uint8_t f : it.image_span) flagged += f != 0;
+      if (static_cast<int64_t>(it.span_embeds.size()) != flagged * model_->config().hidden_size)
+        return invalid_argument(what + ": span_embeds has " + std::to_string(it.span_embeds.size()) +
+                                " values for " + std::to_string(flagged) + " image-span positions of width " +
+                                std::to_string(model_->config().hidden_size));
+    }
     const int64_t pos = (*st)->position, end = pos + static_cast<int64_t>(it.tokens.size());
     if (end > info_.max_context)
       return out_of_range(what + ": position " + std::to_string(end) + " exceeds the context of " +
@@ -194,8 +211,10 @@ Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model
   if (items.empty()) return ok_status();
   DS41_RETURN_IF_ERROR(validate(items));
   const GpuLimits& lim = fwd_->limits();
-  // Rounds: each takes the next chunk of every unfinished item, within the forward's limits.
-  std::vector<size_t> done(items.size(), 0);
+  // Rounds: each takes the next chunk of every unfinished item, within the forward's limits; a
+  // chunk carries its image flags and the span rows of its flagged positions.
+  std::vector<size_t> done(items.size(), 0), rows_done(items.size(), 0);
+  const size_t H = static_cast<size_t>(model_->config().hidden_size);
   for (;;) {
     std::vector<GpuSeqInput> batch;
     std::vector<size_t> which;
@@ -218,6 +237,13 @@ Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model
       in.seq = *find(items[i].seq);
       in.tokens = items[i].tokens.subspan(done[i], static_cast<size_t>(take));
       in.logits = lr;
+      if (!items[i].image_span.empty()) {
+        in.image_span = items[i].image_span.subspan(done[i], static_cast<size_t>(take));
+        size_t flagged = 0;
+        for (uint8_t f : in.image_span) flagged += f != 0;
+        if (!items[i].span_embeds.empty())
+          in.span_embeds = items[i].span_embeds.subspan(rows_done[i] * H, flagged * H);
+      }
       logit_rows +=
           in.logits == model::LogitsRows::kAll ? take : (in.logits == model::LogitsRows::kLast ? 1 : 0);
       tokens += take;
@@ -230,6 +256,7 @@ Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model
     for (size_t b = 0; b < batch.size(); ++b) {
       const size_t i = which[b];
       done[i] += batch[b].tokens.size();
+      for (uint8_t f : batch[b].image_span) rows_done[i] += f != 0;
       (*out)[i].append(std::move(res[b]));
     }
   }
@@ -260,6 +287,25 @@ Status CudaEngine::step(std::span<const engine::StepItem> items, engine::StepOut
                 V * sizeof(float));
   }
   return ok_status();
+}
+
+Result<std::vector<std::vector<float>>> CudaEngine::encode_images(
+    std::span<const image::PreparedImage* const> images) {
+  if (!vision_)
+    return failed_precondition(
+        model_->config().has_vision
+            ? "the GPU engine was created without its vision tower (CudaEngineOptions::vision)"
+            : "this model has no vision tower (no vision_config in config.json)");
+  GpuVisionTower* tower = vision_.get();
+  DS41_ASSIGN_OR_RETURN(auto enc, model::encode_prepared_images(
+                                      model_->config(),
+                                      [tower](std::span<const model::VisionImageInput> in, bool keep) {
+                                        return tower->encode(in, keep);
+                                      },
+                                      tower->markers(), images));
+  std::vector<std::vector<float>> out;
+  for (auto& e : enc) out.push_back(std::move(e.span_embeds));
+  return out;
 }
 
 // ---- State export / import (engine.h; payloads of engine/state_codec.h) ----

@@ -15,6 +15,9 @@
 // the last KV source (GpuForwardOptions::last_layer), the later layers' floors raised, then a full
 // forward of the last window.
 //
+// Images (MODEL_SPEC 3.11): encode_images runs GpuVisionTower on the engine's stream; step items
+// carry image spans exactly as for the CPU engine (flags + span rows, sliced with their chunk).
+//
 // Thread model: driven by one thread (Engine contract). The DeviceModel must outlive the engine.
 #pragma once
 
@@ -28,6 +31,7 @@
 #include "engine/state_view.h"
 #include "gpu/device_model.h"
 #include "gpu/gpu_forward.h"
+#include "gpu/gpu_vision_tower.h"
 #include "gpu/kv_block_pool.h"
 #include "gpu/sequence_slots.h"
 
@@ -39,6 +43,11 @@ struct CudaEngineOptions {
   int64_t max_sequences = 64;           // live sequences (slots)
   int64_t kv_bytes = int64_t{8} << 30;  // device bytes of the KV block pool
   int64_t entries_per_page = 64;        // compressed entries per page
+  // The vision tower (models with vision_config): created with the engine (its workspace holds one
+  // batch of `vision_limits.max_patches` patches, by default one image of the config's maximum);
+  // false: no tower (encode_images refuses; steps still take image spans with given rows).
+  bool vision = true;
+  GpuVisionLimits vision_limits;
 };
 
 class CudaEngine final : public engine::Engine {
@@ -55,6 +64,9 @@ class CudaEngine final : public engine::Engine {
   int64_t bytes_for_tokens(int64_t tokens) const override;
   int64_t live_sequences() const override { return static_cast<int64_t>(seqs_.size()); }
   Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override;
+  // Span rows per image (MODEL_SPEC 3.11) from the GPU tower, one batch (model::encode_prepared_images).
+  Result<std::vector<std::vector<float>>> encode_images(
+      std::span<const image::PreparedImage* const> images) override;
 
   Result<std::vector<uint8_t>> export_kv_block(engine::SeqId seq, int64_t index,
                                                int64_t block_tokens) const override;
@@ -77,6 +89,9 @@ class CudaEngine final : public engine::Engine {
 
   const KvBlockPool& pool() const { return pool_; }
   const GpuForward& executor() const { return *fwd_; }
+  // The vision tower (null without vision_config or with CudaEngineOptions::vision false); tests
+  // and benchmarks run it directly (vit_out, timing).
+  GpuVisionTower* vision_tower() { return vision_.get(); }
 
  private:
   CudaEngine() = default;
@@ -103,6 +118,7 @@ class CudaEngine final : public engine::Engine {
   KvBlockPool pool_;
   SequenceSlots slots_;
   std::unique_ptr<GpuForward> fwd_;
+  std::unique_ptr<GpuVisionTower> vision_;
   int64_t bounded_bytes_ = 0;
   std::unordered_map<engine::SeqId, std::unique_ptr<GpuSequence>> seqs_;
   engine::SeqId next_id_ = 1;

@@ -22,6 +22,7 @@
 #include "model/model_setup.h"
 #include "model/model_weights.h"
 #include "model/presets.h"
+#include "model/vision_weights.h"
 
 namespace ds41::gpu {
 namespace {
@@ -176,15 +177,19 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
   // The weights' host view (safetensors: the whole contract validated, every mismatch reported).
   std::unique_ptr<model::Checkpoint> ck;
   std::unique_ptr<model::ModelWeights> mw;
+  std::unique_ptr<model::VisionWeights> vw;
   model::TensorContract contract;
   if (fmt == LoadFormat::kSafetensors) {
     DS41_ASSIGN_OR_RETURN(ck, model::Checkpoint::open(dir));
     DS41_ASSIGN_OR_RETURN(mw, model::bind_model_weights(*ck, c, I.sched));
+    if (c.has_vision) {
+      DS41_ASSIGN_OR_RETURN(vw, model::bind_vision_weights(*ck, c));
+    }
   } else {
     DS41_ASSIGN_OR_RETURN(contract, model::derive_tensor_contract(c, I.sched));
   }
   DS41_ASSIGN_OR_RETURN(I.hasher, model::make_engram_hasher(c, dir, opt.tokenizer_dir));
-  std::vector<WeightItem> items = list_device_weights(c, I.sched, I.w, mw.get());
+  std::vector<WeightItem> items = list_device_weights(c, I.sched, I.w, mw.get(), vw.get());
   if (fmt == LoadFormat::kDummy) DS41_RETURN_IF_ERROR(apply_contract_formats(contract, items));
 
   // Memory check before any allocation.

@@ -1,10 +1,11 @@
 // ds41 gpu: DeviceModel — the V4.1 text model's weights on one GPU, in their checkpoint formats
 // (FP8 32x32 tiles, FP4 expert rows, BF16, FP8 Engram rows; MODEL_SPEC 2.1; never a dequantized
-// copy), with the config, layer schedule, KV layout and Engram hasher the executor needs.
-// Loaded from a safetensors folder (the whole tensor contract validated first, pinned staging
-// buffers, shards read in parallel, disk reads overlapped with host-to-device copies, progress), or
-// generated on the device (`--load-format dummy`: seeded, deterministic, scaled like
-// make-checkpoint's recipe) for any preset or config.json, the full released layout included.
+// copy), and with vision_config the vision tower's BF16 weights (MODEL_SPEC 2.5), with the config, layer
+// schedule, KV layout and Engram hasher the executor needs. Loaded from a safetensors folder (the whole
+// tensor contract validated first, pinned staging buffers, shards read in parallel, disk reads overlapped
+// with host-to-device copies, progress), or generated on the device (`--load-format dummy`: seeded,
+// deterministic, scaled like make-checkpoint's recipe) for any preset or config.json, the full released
+// layout included.
 #pragma once
 
 #include <cstdint>
@@ -54,11 +55,30 @@ struct DeviceLayer {
   DeviceHcSite hc_attn, hc_ffn;
   std::optional<DeviceEngram> engram;
 };
+// The vision tower, the aligner and the image markers (MODEL_SPEC 2.2, 2.5; only with
+// vision_config): BF16 linears in the checkpoint's fused layouts (the GPU tower runs the fused qkv
+// as one GEMM and takes row slices of mlp.w1), biases, norms and markers as float32 vectors.
+struct DeviceVisionBlock {
+  DeviceVec norm1, norm2, bqkv, bo;  // bqkv [3 D]: q | k | v
+  cuda::DeviceWeight wqkv;           // [3 D, D]: q | k | v rows, each head-major
+  cuda::DeviceWeight wo;             // [D, D]
+  cuda::DeviceWeight w1;             // [2 I, D]: gate rows, then up rows
+  cuda::DeviceWeight w2;             // [D, I]
+};
+struct DeviceVisionWeights {
+  cuda::DeviceWeight patch_embed;  // [D, 3 * patch^2]
+  DeviceVec patch_bias, norm;
+  std::vector<DeviceVisionBlock> blocks;
+  cuda::DeviceWeight aligner_w1, aligner_w2;  // [hidden, D * k^2], [hidden, hidden]
+  DeviceVec aligner_b1, aligner_b2;
+  DeviceVec image_start, image_end, image_newline;  // [hidden] each
+};
 struct DeviceModelWeights {
   const uint8_t* embed = nullptr;  // BF16 [vocab, hidden]
   DeviceVec norm;
   cuda::DeviceWeight head;
   std::vector<DeviceLayer> layers;
+  std::optional<DeviceVisionWeights> vision;  // set when the config has vision_config
 };
 
 class DeviceModel {

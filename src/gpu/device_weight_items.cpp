@@ -1,6 +1,8 @@
 // ds41 gpu: the device weight list (device_weight_items.h), mirroring model::bind_model_weights.
 #include "gpu/device_weight_items.h"
 
+#include <algorithm>
+
 namespace ds41::gpu {
 
 uint64_t WeightItem::data_bytes() const {
@@ -61,10 +63,53 @@ class Lister {
   std::vector<WeightItem>* out_;
 };
 
+// MODEL_SPEC 2.2 image markers, 2.5 vision tower + aligner, in the names of model::bind_vision_weights.
+// The fused matrices come from the bound view's slices: the first slice starts at the tensor's
+// bytes (row_slice keeps the base), the fused bias is VisionBlockWeights::bqkv.
+void list_vision_weights(const model::ModelConfig& c, DeviceModelWeights& dw, const model::VisionWeights* vw,
+                         Lister& b) {
+  const int64_t D = c.vision_hidden_size, I = c.vision_intermediate_size, H = c.hidden_size;
+  const int64_t ps = c.vision_patch_size, k = c.vision_downsample_ratio;
+  dw.vision.emplace();
+  DeviceVisionWeights& v = *dw.vision;
+  v.blocks.assign(static_cast<size_t>(std::max<int64_t>(c.vision_num_layers, 0)), DeviceVisionBlock{});
+  auto fused = [](const ops::WeightRef& first_slice) {  // the whole tensor behind its first row slice
+    ops::WeightRef r = first_slice;
+    r.scale = nullptr;
+    return r;
+  };
+  b.vec("image_start", 1, H, &v.image_start, vw ? &vw->image_start : nullptr);
+  b.vec("image_end", 1, H, &v.image_end, vw ? &vw->image_end : nullptr);
+  b.vec("image_newline", 1, H, &v.image_newline, vw ? &vw->image_newline : nullptr);
+  b.linear("vision.patch_embed.proj", D, 3 * ps * ps, &v.patch_embed, vw ? &vw->patch_embed : nullptr);
+  b.vec("vision.patch_embed.proj.bias", 1, D, &v.patch_bias, vw ? &vw->patch_bias : nullptr);
+  b.vec("vision.norm.weight", 1, D, &v.norm, vw ? &vw->norm : nullptr);
+  for (size_t i = 0; i < v.blocks.size(); ++i) {
+    const std::string p = "vision.blocks." + std::to_string(i) + ".";
+    const model::VisionBlockWeights* bw = vw ? &vw->blocks[i] : nullptr;
+    DeviceVisionBlock& d = v.blocks[i];
+    const ops::WeightRef qkv = bw ? fused(bw->wq) : ops::WeightRef{};
+    const ops::WeightRef w1 = bw ? fused(bw->w_gate) : ops::WeightRef{};
+    b.linear(p + "attn.wqkv", 3 * D, D, &d.wqkv, bw ? &qkv : nullptr);
+    b.vec(p + "attn.wqkv.bias", 1, 3 * D, &d.bqkv, bw ? &bw->bqkv : nullptr);
+    b.linear(p + "attn.wo", D, D, &d.wo, bw ? &bw->wo : nullptr);
+    b.vec(p + "attn.wo.bias", 1, D, &d.bo, bw ? &bw->bo : nullptr);
+    b.linear(p + "mlp.w1", 2 * I, D, &d.w1, bw ? &w1 : nullptr);
+    b.linear(p + "mlp.w2", D, I, &d.w2, bw ? &bw->w2 : nullptr);
+    b.vec(p + "norm1.weight", 1, D, &d.norm1, bw ? &bw->norm1 : nullptr);
+    b.vec(p + "norm2.weight", 1, D, &d.norm2, bw ? &bw->norm2 : nullptr);
+  }
+  b.linear("aligner.w1", H, D * k * k, &v.aligner_w1, vw ? &vw->aligner_w1 : nullptr);
+  b.vec("aligner.w1.bias", 1, H, &v.aligner_b1, vw ? &vw->aligner_b1 : nullptr);
+  b.linear("aligner.w2", H, H, &v.aligner_w2, vw ? &vw->aligner_w2 : nullptr);
+  b.vec("aligner.w2.bias", 1, H, &v.aligner_b2, vw ? &vw->aligner_b2 : nullptr);
+}
+
 }  // namespace
 
 std::vector<WeightItem> list_device_weights(const model::ModelConfig& c, const model::LayerSchedule& s,
-                                            DeviceModelWeights& dw, const model::ModelWeights* mw) {
+                                            DeviceModelWeights& dw, const model::ModelWeights* mw,
+                                            const model::VisionWeights* vw) {
   std::vector<WeightItem> items;
   Lister b(&items);
   const int64_t H = c.hidden_size, V = c.vocab_size, C = c.hc_mult, nh = c.num_attention_heads,
@@ -171,6 +216,7 @@ std::vector<WeightItem> list_device_weights(const model::ModelConfig& c, const m
       items.push_back(std::move(o));
     }
   }
+  if (c.has_vision) list_vision_weights(c, dw, vw, b);
   return items;
 }
 

@@ -1,4 +1,4 @@
-// ds41 gpu: the list of every device-resident weight of a model (MODEL_SPEC 2.2-2.3), in the
+// ds41 gpu: the list of every device-resident weight of a model (MODEL_SPEC 2.2-2.3, 2.5), in the
 // order and with the names of model::bind_model_weights, each with the field of
 // DeviceModelWeights that receives its device pointer. Both loaders walk this one list: the
 // safetensors loader (host sources from the bound model::ModelWeights view) and the dummy
@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/model_weights.h"
+#include "model/vision_weights.h"
 
 namespace ds41::gpu {
 
@@ -45,10 +46,13 @@ struct WeightItem {
   uint64_t scale_bytes() const;  // device bytes of the scales (0 when none)
 };
 
-// Sizes dw.layers (and each layer's experts) for the config, then lists every weight. With mw the
-// linear formats and the host sources come from the bound checkpoint view; without it (dummy)
-// linears have format kNone and the caller sets the tensor contract's format.
+// Sizes dw.layers (and each layer's experts) for the config, then lists every weight; with
+// vision_config also dw.vision's (the fused wqkv / mlp.w1 matrices and the fused qkv bias as the
+// checkpoint stores them). With mw (and vw for the vision tensors) the linear formats and the host
+// sources come from the bound checkpoint views; without them (dummy) linears have format kNone and
+// the caller sets the tensor contract's format.
 std::vector<WeightItem> list_device_weights(const model::ModelConfig& c, const model::LayerSchedule& s,
-                                            DeviceModelWeights& dw, const model::ModelWeights* mw);
+                                            DeviceModelWeights& dw, const model::ModelWeights* mw,
+                                            const model::VisionWeights* vw = nullptr);
 
 }  // namespace ds41::gpu

@@ -18,7 +18,8 @@ Status GpuForward::engram_stage(int64_t l) {
   DS41_RETURN_IF_ERROR(cuda::run_engram_gather(eng->table, eng->table_scale, eng->rows, ed, engram_ids_[li],
                                                n, cols, ws_.erows, stream_));
   DS41_RETURN_IF_ERROR(linear(eng->wkv, ws_.erows, n, ws_.ez));
-  return cuda::run_engram_update(ws_.streams, ws_.ez, eng->omega.ptr, nullptr, n, C, H,
+  // Image-span rows are DEAD (MODEL_SPEC 3.2.4): their gates are 0, the streams stay unchanged.
+  return cuda::run_engram_update(ws_.streams, ws_.ez, eng->omega.ptr, vl_, n, C, H,
                                  static_cast<float>(c_->rms_norm_eps), ws_.gates, stream_);
 }
 

@@ -1,5 +1,5 @@
-// ds41 gpu: GpuForward rows, embeddings, the per-layer schedule with the mHC lag (MODEL_SPEC 3.1,
-// 3.3, 3.6) and the head — the device twin of src/model/forward_pass.cpp.
+// ds41 gpu: GpuForward rows, embeddings (image-span rows included, 3.11), the per-layer schedule
+// with the mHC lag (MODEL_SPEC 3.1, 3.3, 3.6) and the head — the device twin of src/model/forward_pass.cpp.
 #include "gpu/gpu_forward.h"
 
 #include <algorithm>
@@ -168,6 +168,20 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
   const int64_t n = n_, H = c_->hidden_size, C = c_->hc_mult;
   // MODEL_SPEC 3.1: embed, copy into every stream, pi = one-hot(0).
   DS41_RETURN_IF_ERROR(cuda::run_embed_bf16(m_->weights().embed, c_->vocab_size, H, ids_, n, ws_.x, stream_));
+  // MODEL_SPEC 3.11: image-span rows replace the token embeddings of their positions. The rows go
+  // to ws_.y (free until the first attention) in row order, then to their rows of ws_.x. The host
+  // sources are pageable: each copy returns once its bytes are staged.
+  if (span_rows_ > 0) {
+    int64_t at = 0;
+    for (std::span<const float> src : span_src_) {
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(
+          cudaMemcpyAsync(ws_.y + at, src.data(), src.size_bytes(), cudaMemcpyHostToDevice, stream_),
+          "upload of the image-span rows"));
+      at += static_cast<int64_t>(src.size());
+    }
+    if (at != span_rows_ * H) return internal_error("image-span rows do not match the flagged positions");
+    DS41_RETURN_IF_ERROR(cuda::run_scatter_rows(ws_.y, span_dst_, span_rows_, H, ws_.x, stream_));
+  }
   pi_ = ws_.pi;
   pre_f_ = ws_.pre_f;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi_, stream_));

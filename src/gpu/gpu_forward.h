@@ -13,7 +13,9 @@
 // visibility, Engram hash ids) written into a pinned arena -> ONE upload -> every layer's kernels
 // on one stream, no host round trip (unless options.record) -> logits rows copied back -> commit
 // of the host mirrors (positions, counts, pending flags, Engram look-back). No allocation: all
-// buffers come from GpuWorkspace.
+// buffers come from GpuWorkspace. Image spans (MODEL_SPEC 3.11) as the reference: the span rows
+// replace the embeddings of the flagged rows, flagged rows select experts with gate.bias_vl
+// (3.5) and are DEAD for Engram (3.2.3-3.2.4: no update, n-grams do not cross them).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,6 +39,10 @@ struct GpuSeqInput {
   GpuSequence* seq = nullptr;
   std::span<const int32_t> tokens;
   model::LogitsRows logits = model::LogitsRows::kLast;
+  // Image spans, as model::SequenceInput (MODEL_SPEC 3.11): one flag per token (router bias_vl,
+  // Engram DEAD), and the rows replacing the flagged tokens' embeddings (empty: they keep theirs).
+  std::span<const uint8_t> image_span = {};
+  std::span<const float> span_embeds = {};
 };
 
 struct GpuForwardOptions {
@@ -153,6 +159,13 @@ class GpuForward {
   bool meta_overflow_ = false;
   const int32_t* ids_ = nullptr;
   const int64_t* pos_ = nullptr;
+  // Image spans of the step: per-row flags (null when no row is flagged: the router and Engram
+  // kernels then skip them), and the span rows to upload (host sources in row order) with the
+  // rows they replace.
+  const uint8_t* vl_ = nullptr;
+  std::vector<std::span<const float>> span_src_;
+  const int64_t* span_dst_ = nullptr;
+  int64_t span_rows_ = 0;
   const int32_t* row_seq_ = nullptr;
   const int64_t* win_offsets_ = nullptr;  // the current layer's window entry lists (run_layer sets them)
   const int32_t* win_index_ = nullptr;

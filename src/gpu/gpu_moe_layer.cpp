@@ -1,7 +1,7 @@
 // ds41 gpu: the MoE sublayer on the device (MODEL_SPEC 3.5) — the twin of src/model/moe_layer.cpp:
-// sqrt-softplus router (bias for selection only), stable bucketing of the (row, slot) pairs by
-// expert, one grouped launch per expert matrix over the sorted rows (w1, w3), SwiGLU with the two
-// clamps and the routing weight applied before w2, w2, the combine in ascending expert order
+// sqrt-softplus router (bias for selection only; gate.bias_vl on image-span rows), stable bucketing of the
+// (row, slot) pairs by expert, one grouped launch per expert matrix over the sorted rows (w1, w3), SwiGLU
+// with the two clamps and the routing weight applied before w2, w2, the combine in ascending expert order
 // (the reference's order of additions), then the shared expert added.
 #include <string>
 
@@ -22,8 +22,8 @@ Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOpti
   cudaStream_t s = stream_;
   DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
   DS41_RETURN_IF_ERROR(cuda::run_router(
-      ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, nullptr,
-      k, static_cast<float>(c_->gate_temp), static_cast<float>(c_->routed_scaling_factor), ws_.experts,
+      ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, vl_, k,
+      static_cast<float>(c_->gate_temp), static_cast<float>(c_->routed_scaling_factor), ws_.experts,
       ws_.route_w, s));
   DS41_RETURN_IF_ERROR(cuda::run_moe_bucket(ws_.experts, ws_.route_w, n, k, E, ws_.offsets, ws_.perm_rows,
                                             ws_.perm_weight, ws_.slot_pos, ws_.scratch, s));

@@ -2,8 +2,9 @@
 // host loops between ops, derived on the host from positions alone and uploaded once: rows and
 // positions, the window entry lists (MODEL_SPEC 3.4.7: positions max(0, p - W + 1) .. p, this
 // call's rows or the ring), the compressor's emit schedule with the pending group across calls
-// (3.4.4), pages for the new entries and the batch's page tables, index visibility (3.4.6) and the
-// Engram hash ids (3.2.4; the hasher runs on the host).
+// (3.4.4), pages for the new entries and the batch's page tables, index visibility (3.4.6), the
+// Engram hash ids (3.2.4; the hasher runs on the host, image-span positions DEAD) and the image-span
+// rows (3.11).
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -59,6 +60,17 @@ Status GpuForward::validate(std::span<const GpuSeqInput> batch, const GpuForward
                                 std::to_string(V) + ")");
     for (size_t j = 0; j < i; ++j)
       if (batch[j].seq == in.seq) return invalid_argument(who + ": state used twice in one batch");
+    if (!in.image_span.empty() && in.image_span.size() != in.tokens.size())
+      return invalid_argument(who + ": image_span has " + std::to_string(in.image_span.size()) +
+                              " flags for " + std::to_string(in.tokens.size()) + " tokens");
+    if (!in.span_embeds.empty()) {
+      int64_t flagged = 0;
+      for (uint8_t f : in.image_span) flagged += f != 0;
+      if (static_cast<int64_t>(in.span_embeds.size()) != flagged * c_->hidden_size)
+        return invalid_argument(who + ": span_embeds has " + std::to_string(in.span_embeds.size()) +
+                                " values for " + std::to_string(flagged) + " image-span positions of width " +
+                                std::to_string(c_->hidden_size));
+    }
     const int64_t end_pos = in.seq->position + static_cast<int64_t>(in.tokens.size());
     if (end_pos > c_->max_position_embeddings)
       return out_of_range(who + ": position " + std::to_string(end_pos) +
@@ -125,6 +137,27 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
   ids_ = put(ids);
   pos_ = put(pos_host_);
   row_seq_ = put(row_seq);
+  // Image spans (MODEL_SPEC 3.11): per-row flags, and the rows whose embedding the span rows replace.
+  {
+    std::vector<uint8_t> vl(n, 0);
+    std::vector<int64_t> dst;
+    bool any = false;
+    span_src_.clear();
+    for (size_t s = 0; s < seqs_.size(); ++s) {
+      const GpuSeqInput& in = batch[s];
+      if (in.image_span.empty()) continue;
+      for (int64_t r = seqs_[s].begin; r < seqs_[s].end; ++r)
+        if (in.image_span[r - seqs_[s].begin]) {
+          vl[r] = 1;
+          any = true;
+          if (!in.span_embeds.empty()) dst.push_back(r);
+        }
+      if (!in.span_embeds.empty()) span_src_.push_back(in.span_embeds);
+    }
+    vl_ = any ? put(vl) : nullptr;
+    span_rows_ = static_cast<int64_t>(dst.size());
+    span_dst_ = span_rows_ > 0 ? put(dst) : nullptr;
+  }
   // Engram hash ids (MODEL_SPEC 3.2.4), the only host computation that can fail on input.
   const engram::EngramHasher* hasher = m_->hasher();
   const int64_t nel = static_cast<int64_t>(c_->engram_layer_ids.size());
@@ -135,7 +168,7 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
     for (size_t s = 0; s < seqs_.size(); ++s) {
       PlanSeq& ps = seqs_[s];
       Status st = hasher->append(
-          ps.next_engram, batch[s].tokens, {},
+          ps.next_engram, batch[s].tokens, batch[s].image_span,
           std::span<int32_t>(hash_ids_.data() + ps.begin * per_tok, (ps.end - ps.begin) * per_tok));
       if (!st.ok()) return st.with_context("sequence " + std::to_string(s) + ": engram hashing");
     }

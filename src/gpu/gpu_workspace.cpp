@@ -149,7 +149,7 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
   const int64_t n_layers = c.num_hidden_layers;
   const int64_t pages_per_seq = lim.max_context / 16 + 4;
   w.meta_bytes = static_cast<size_t>(
-      N * (4 + 8 + 4 + 8 + 8 + 4 * W +
+      N * (4 + 8 + 4 + 8 + 8 + 4 * W + 1 + 8 +  // ... image-span flags and rows
            8 * std::max<int64_t>(1, static_cast<int64_t>(c.engram_layer_ids.size())) *
                std::max<int64_t>(cols, 1)) +
       S * W * 8 + L * 8 +

@@ -28,6 +28,12 @@ bool decodable(WeightFormat f) {
   return f == WeightFormat::kFp8Tiles || f == WeightFormat::kFp4Rows || f == WeightFormat::kBF16;
 }
 
+// BF16 weights are read in place (no decode into the scratch).
+bool fits_scratch(const cuda::DeviceWeight& w, size_t scratch_bytes) {
+  return w.format == WeightFormat::kBF16 ||
+         static_cast<size_t>(w.out_dim * w.in_dim) * sizeof(__nv_bfloat16) <= scratch_bytes;
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Rows of one dense chunk that fit the stacked buffers for these widths.
@@ -58,9 +64,11 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
                                                        "tensor-core linears: partial products"));
   const size_t wmin = static_cast<size_t>(std::max(lim.max_in * lim.max_out, lim.expert_in * lim.expert_out)) *
                       sizeof(__nv_bfloat16);
-  DS41_ASSIGN_OR_RETURN(t->wscratch_,
-                        DeviceBuffer::allocate(std::max(wmin, static_cast<size_t>(lim.weight_scratch_bytes)),
-                                               "tensor-core linears: bf16 weight scratch"));
+  if (lim.decode_weights) {
+    DS41_ASSIGN_OR_RETURN(
+        t->wscratch_, DeviceBuffer::allocate(std::max(wmin, static_cast<size_t>(lim.weight_scratch_bytes)),
+                                             "tensor-core linears: bf16 weight scratch"));
+  }
   DS41_ASSIGN_OR_RETURN(t->blas_ws_, DeviceBuffer::allocate(size_t{32} << 20, "cuBLAS workspace"));
   const int64_t E = std::max<int64_t>(lim.n_experts, 1);
   DS41_ASSIGN_OR_RETURN(t->ids_, DeviceBuffer::allocate(static_cast<size_t>(E) * sizeof(int32_t),
@@ -93,7 +101,7 @@ TensorCoreLinear::~TensorCoreLinear() {
 bool TensorCoreLinear::accepts(const cuda::DeviceWeight& w, int64_t n) const {
   if (!decodable(w.format) || n < lim_.min_rows) return false;
   if (w.out_dim > lim_.max_out || w.in_dim > lim_.max_in) return false;
-  if (static_cast<size_t>(w.out_dim * w.in_dim) * sizeof(__nv_bfloat16) > wscratch_.size()) return false;
+  if (!fits_scratch(w, wscratch_.size())) return false;
   if (w.format == WeightFormat::kFp4Rows && w.in_dim % 32 != 0) return false;
   return rows_fitting(x3_.size(), y3_.size(), w.in_dim, w.out_dim) >= 1;
 }
@@ -102,7 +110,7 @@ bool TensorCoreLinear::accepts_grouped(const cuda::DeviceWeight& w, int64_t grou
   if (groups < 1 || w.out_dim % groups != 0) return false;
   if (!decodable(w.format) || n < lim_.min_rows) return false;
   const int64_t in_total = w.in_dim * groups;  // x row width
-  if (static_cast<size_t>(w.out_dim * w.in_dim) * sizeof(__nv_bfloat16) > wscratch_.size()) return false;
+  if (!fits_scratch(w, wscratch_.size())) return false;
   return rows_fitting(x3_.size(), y3_.size(), in_total, w.out_dim) >= 1;
 }
 

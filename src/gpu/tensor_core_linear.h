@@ -36,6 +36,9 @@ struct TensorCoreLimits {
   int64_t expert_out = 0, expert_in = 0;  // the routed experts' widths (w1/w3: I x H, w2: H x I)
   int64_t n_experts = 0;
   int64_t weight_scratch_bytes = int64_t{1} << 30;  // bf16 weight scratch (>= the largest dense weight)
+  // false: BF16 weights only (the vision tower): no decode scratch is allocated, and FP8 / FP4
+  // weights are not accepted.
+  bool decode_weights = true;
 };
 
 class TensorCoreLinear {

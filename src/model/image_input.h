@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include "image/image_types.h"
 #include "image/preprocess.h"
 #include "model/model.h"
+#include "model/vision_span.h"
+#include "model/vision_tower.h"
 
 namespace ds41::model {
 
@@ -33,5 +36,15 @@ struct EncodedImage {
 // Runs the tower once over all images (one batch). Requires a model with vision_config.
 Result<std::vector<EncodedImage>> encode_images(const Model& m, std::span<const image::PreparedImage> images,
                                                 bool keep_intermediates = false);
+
+// The engine-independent half of encode_images, shared with the GPU engine: the patches of each
+// image, one call of `tower` (a VisionTower::encode or its device twin) over all of them, the
+// check that the tower's token grid is the plan's, and the span rows from `markers`.
+using VisionTowerFn = std::function<Result<std::vector<VisionImageOutput>>(
+    std::span<const VisionImageInput> images, bool keep_vit_out)>;
+Result<std::vector<EncodedImage>> encode_prepared_images(const ModelConfig& c, const VisionTowerFn& tower,
+                                                         const ImageSpanMarkers& markers,
+                                                         std::span<const image::PreparedImage* const> images,
+                                                         bool keep_intermediates = false);
 
 }  // namespace ds41::model

@@ -203,6 +203,23 @@ ModelConfig v41_flash_slice() {
   return c;
 }
 
+// The slice with the released vision tower (MODEL_SPEC 1.4: 32 blocks of 1024, 16 heads of 64,
+// SwiGLU 2816, patch 14, downsample 3, up to 1024 span positions per image): `ds41 bench vision
+// --device cuda --load-format dummy` measures the released tower widths and its aligner into the
+// released hidden size on one GPU (~1 GB of BF16 vision weights on top of the slice).
+ModelConfig v41_flash_slice_vision() {
+  const ModelConfig full = v41_flash();
+  ModelConfig c = v41_flash_slice();
+  c.has_vision = true;
+  c.vision_hidden_size = full.vision_hidden_size;
+  c.vision_intermediate_size = full.vision_intermediate_size;
+  c.vision_num_layers = full.vision_num_layers;
+  c.vision_num_heads = full.vision_num_heads;
+  c.vision_patch_size = full.vision_patch_size;
+  c.vision_downsample_ratio = full.vision_downsample_ratio;
+  return c;
+}
+
 }  // namespace
 
 bool is_prime_i64(int64_t n) {
@@ -250,7 +267,7 @@ ModelConfig tiny_vision() {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "tiny-vision", "small", "v41-flash", "v41-flash-slice"};
+  return {"tiny", "tiny-vision", "small", "v41-flash", "v41-flash-slice", "v41-flash-slice-vision"};
 }
 
 Result<ModelConfig> preset_config(std::string_view name) {
@@ -259,13 +276,16 @@ Result<ModelConfig> preset_config(std::string_view name) {
   if (name == "small") return small();
   if (name == "v41-flash") return v41_flash();
   if (name == "v41-flash-slice") return v41_flash_slice();
-  return invalid_argument("unknown preset '" + std::string(name) +
-                          "' (known: tiny, tiny-vision, small, v41-flash, v41-flash-slice)");
+  if (name == "v41-flash-slice-vision") return v41_flash_slice_vision();
+  return invalid_argument(
+      "unknown preset '" + std::string(name) +
+      "' (known: tiny, tiny-vision, small, v41-flash, v41-flash-slice, v41-flash-slice-vision)");
 }
 
 int preset_default_shards(std::string_view name) {
   if (name == "v41-flash") return 48;
-  if (name == "v41-flash-slice") return 8;  // ~8 GB per shard, read in parallel by the GPU loader
+  // ~8 GB per shard, read in parallel by the GPU loader
+  if (name == "v41-flash-slice" || name == "v41-flash-slice-vision") return 8;
   return 1;
 }
 

@@ -23,6 +23,8 @@
 //              schedule order; Engram on layers 1 and 2 with tables of ~4.8M rows; no DSpark, no
 //              vision. Sized for one H200 with >= 1M tokens of global KV (`--load-format dummy`
 //              generates it on the device; tests/unit/model/slice_preset_test.cpp pins its numbers).
+//   v41-flash-slice-vision  the slice plus the released vision tower (MODEL_SPEC 1.4: 32 blocks of
+//              1024, ~1 GB BF16): `ds41 bench vision --device cuda --load-format dummy`.
 // Engram table rows (engram_num_embeddings) are always computed from the prime search of
 // MODEL_SPEC 3.2.2, never typed in.
 #pragma once

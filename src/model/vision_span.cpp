@@ -7,17 +7,26 @@ namespace ds41::model {
 
 int64_t image_span_length(int64_t n_llm_h, int64_t n_llm_w) { return n_llm_h * (n_llm_w + 1) + 2; }
 
-std::vector<float> image_span_embeddings(const VisionWeights& w, std::span<const float> aligner_out,
+ImageSpanMarkers image_span_markers(const VisionWeights& w) {
+  return {w.image_start, w.image_end, w.image_newline};
+}
+
+std::vector<float> image_span_embeddings(const ImageSpanMarkers& m, std::span<const float> aligner_out,
                                          int64_t n_llm_h, int64_t n_llm_w, int64_t H) {
   std::vector<float> out;
   out.reserve(image_span_length(n_llm_h, n_llm_w) * H);
-  out.insert(out.end(), w.image_start.begin(), w.image_start.end());
+  out.insert(out.end(), m.start.begin(), m.start.end());
   for (int64_t r = 0; r < n_llm_h; ++r) {
     out.insert(out.end(), aligner_out.begin() + r * n_llm_w * H, aligner_out.begin() + (r + 1) * n_llm_w * H);
-    out.insert(out.end(), w.image_newline.begin(), w.image_newline.end());
+    out.insert(out.end(), m.newline.begin(), m.newline.end());
   }
-  out.insert(out.end(), w.image_end.begin(), w.image_end.end());
+  out.insert(out.end(), m.end.begin(), m.end.end());
   return out;
+}
+
+std::vector<float> image_span_embeddings(const VisionWeights& w, std::span<const float> aligner_out,
+                                         int64_t n_llm_h, int64_t n_llm_w, int64_t H) {
+  return image_span_embeddings(image_span_markers(w), aligner_out, n_llm_h, n_llm_w, H);
 }
 
 Result<ImagePromptInput> place_image_spans(std::span<const int32_t> tokens, int32_t image_token_id,

@@ -16,7 +16,15 @@ namespace ds41::model {
 
 int64_t image_span_length(int64_t n_llm_h, int64_t n_llm_w);
 
+// The three delimiter rows of a span ([hidden] each; MODEL_SPEC 2.2).
+struct ImageSpanMarkers {
+  std::span<const float> start, end, newline;
+};
+ImageSpanMarkers image_span_markers(const VisionWeights& w);
+
 // [image_span_length, hidden] rows for one image from its aligner rows [n_llm_h * n_llm_w, hidden].
+std::vector<float> image_span_embeddings(const ImageSpanMarkers& m, std::span<const float> aligner_out,
+                                         int64_t n_llm_h, int64_t n_llm_w, int64_t hidden);
 std::vector<float> image_span_embeddings(const VisionWeights& w, std::span<const float> aligner_out,
                                          int64_t n_llm_h, int64_t n_llm_w, int64_t hidden);
 

@@ -7,24 +7,57 @@
 #include <string>
 
 namespace ds41::model {
-namespace {
-constexpr float kVisionNormEps = 1e-6f;  // MODEL_SPEC 3.11
-}  // namespace
 
-VisionTower::VisionTower(const ModelConfig& c, const VisionWeights& w, ops::Backend& be)
-    : c_(c), w_(w), be_(be) {
-  // f_i = theta^(-2i / (head_dim/2)), i < head_dim/4: one set per axis (MODEL_SPEC 3.11).
+std::vector<float> vision_rope_inv_freq(const ModelConfig& c) {
   const int64_t hd = c.vision_hidden_size / c.vision_num_heads, half = hd / 2;
-  inv_freq_.resize(hd / 4);
+  std::vector<float> f(hd / 4);
   for (int64_t i = 0; i < hd / 4; ++i)
-    inv_freq_[i] = static_cast<float>(1.0 / std::pow(c.vision_rope_theta, static_cast<double>(2 * i) / half));
+    f[i] = static_cast<float>(1.0 / std::pow(c.vision_rope_theta, static_cast<double>(2 * i) / half));
+  return f;
 }
 
-int64_t VisionTower::max_patches_per_image() const {
+int64_t vision_max_patches_per_image(const ModelConfig& c) {
   // The plan keeps n_h * (n_w + 1) + 2 <= max_image_tokens, so n_h * n_w < max_image_tokens;
   // each token is downsample^2 patches.
-  return c_.vision_max_image_tokens * c_.vision_downsample_ratio * c_.vision_downsample_ratio;
+  return c.vision_max_image_tokens * c.vision_downsample_ratio * c.vision_downsample_ratio;
 }
+
+Status validate_vision_images(const ModelConfig& c, std::span<const VisionImageInput> images) {
+  for (size_t i = 0; i < images.size(); ++i) {
+    const VisionImageInput& im = images[i];
+    const int64_t np = im.grid_h * im.grid_w;
+    if (im.grid_h <= 0 || im.grid_w <= 0 || !im.patches)
+      return invalid_argument("image " + std::to_string(i) + ": empty patch grid");
+    if (np > vision_max_patches_per_image(c))
+      return invalid_argument("image " + std::to_string(i) + ": " + std::to_string(np) +
+                              " patches, over the config's bound of " +
+                              std::to_string(vision_max_patches_per_image(c)));
+  }
+  return ok_status();
+}
+
+std::vector<int64_t> vision_patch_offsets(std::span<const VisionImageInput> images) {
+  std::vector<int64_t> segs{0};
+  for (const VisionImageInput& im : images) segs.push_back(segs.back() + im.grid_h * im.grid_w);
+  return segs;
+}
+
+void vision_patch_coords(std::span<const VisionImageInput> images, std::vector<int32_t>* rows,
+                         std::vector<int32_t>* cols) {
+  rows->clear();
+  cols->clear();
+  for (const VisionImageInput& im : images)
+    for (int64_t r = 0; r < im.grid_h; ++r)
+      for (int64_t col = 0; col < im.grid_w; ++col) {
+        rows->push_back(static_cast<int32_t>(r));
+        cols->push_back(static_cast<int32_t>(col));
+      }
+}
+
+VisionTower::VisionTower(const ModelConfig& c, const VisionWeights& w, ops::Backend& be)
+    : c_(c), w_(w), be_(be), inv_freq_(vision_rope_inv_freq(c)) {}
+
+int64_t VisionTower::max_patches_per_image() const { return vision_max_patches_per_image(c_); }
 
 void VisionTower::block(const VisionBlockWeights& bw, float* x, int64_t n, const std::vector<int32_t>& rows,
                         const std::vector<int32_t>& cols, const std::vector<int64_t>& segs) const {
@@ -71,30 +104,15 @@ Result<std::vector<VisionImageOutput>> VisionTower::encode(std::span<const Visio
   const int64_t D = c_.vision_hidden_size, ps = c_.vision_patch_size, pdim = 3 * ps * ps;
   std::vector<VisionImageOutput> out(images.size());
   if (images.empty()) return out;
-  std::vector<int64_t> segs{0};
-  for (size_t i = 0; i < images.size(); ++i) {
-    const VisionImageInput& im = images[i];
-    const int64_t np = im.grid_h * im.grid_w;
-    if (im.grid_h <= 0 || im.grid_w <= 0 || !im.patches)
-      return invalid_argument("image " + std::to_string(i) + ": empty patch grid");
-    if (np > max_patches_per_image())
-      return invalid_argument("image " + std::to_string(i) + ": " + std::to_string(np) +
-                              " patches, over the config's bound of " +
-                              std::to_string(max_patches_per_image()));
-    segs.push_back(segs.back() + np);
-  }
+  DS41_RETURN_IF_ERROR(validate_vision_images(c_, images));
+  const std::vector<int64_t> segs = vision_patch_offsets(images);
   const int64_t n = segs.back();
   std::vector<float> patches(n * pdim);
-  std::vector<int32_t> rows(n), cols(n);
-  for (size_t i = 0; i < images.size(); ++i) {
-    const VisionImageInput& im = images[i];
-    std::copy(im.patches, im.patches + (segs[i + 1] - segs[i]) * pdim, patches.begin() + segs[i] * pdim);
-    for (int64_t r = 0; r < im.grid_h; ++r)
-      for (int64_t col = 0; col < im.grid_w; ++col) {
-        rows[segs[i] + r * im.grid_w + col] = static_cast<int32_t>(r);
-        cols[segs[i] + r * im.grid_w + col] = static_cast<int32_t>(col);
-      }
-  }
+  for (size_t i = 0; i < images.size(); ++i)
+    std::copy(images[i].patches, images[i].patches + (segs[i + 1] - segs[i]) * pdim,
+              patches.begin() + segs[i] * pdim);
+  std::vector<int32_t> rows, cols;
+  vision_patch_coords(images, &rows, &cols);
   std::vector<float> x(n * D);
   be_.linear(w_.patch_embed, patches.data(), n, x.data());
   be_.add_bias(x.data(), n, D, w_.patch_bias.data());

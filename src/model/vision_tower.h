@@ -28,6 +28,20 @@ struct VisionImageOutput {
   std::vector<float> aligner_out;  // [n_llm_h * n_llm_w, hidden] in reading order
 };
 
+// Shared by the CPU tower and the GPU engine's twin (src/gpu/gpu_vision_tower.h):
+inline constexpr float kVisionNormEps = 1e-6f;  // every ViT RMSNorm (MODEL_SPEC 3.11)
+// The 2D RoPE frequencies f_i = theta^(-2i / (head_dim/2)), i < head_dim/4 (one set per axis).
+std::vector<float> vision_rope_inv_freq(const ModelConfig& c);
+// Upper bound on the patches of one image the config's preprocessing can produce.
+int64_t vision_max_patches_per_image(const ModelConfig& c);
+// The input checks of VisionTower::encode: a non-empty grid with patches, at most the bound above.
+Status validate_vision_images(const ModelConfig& c, std::span<const VisionImageInput> images);
+// Row offsets of each image's patches in one batch: [images + 1], starting at 0.
+std::vector<int64_t> vision_patch_offsets(std::span<const VisionImageInput> images);
+// Every patch's (row, col) on its image's grid, in batch order (the 2D RoPE positions).
+void vision_patch_coords(std::span<const VisionImageInput> images, std::vector<int32_t>* rows,
+                         std::vector<int32_t>* cols);
+
 class VisionTower {
  public:
   // w and be must outlive the tower.

@@ -52,6 +52,7 @@ Result<std::unique_ptr<VisionWeights>> bind_vision_weights(const Checkpoint& ck,
     bw.bq = vec_slice(bqkv, 0, D);
     bw.bk = vec_slice(bqkv, D, D);
     bw.bv = vec_slice(bqkv, 2 * D, D);
+    bw.bqkv = bqkv;
     bw.wo = b.linear(p + "attn.wo", D, D);
     bw.bo = b.vec(p + "attn.wo.bias", D, DType::kBF16);
     const ops::WeightRef w1 = b.linear(p + "mlp.w1", 2 * I, D);

@@ -20,6 +20,7 @@ namespace ds41::model {
 struct VisionBlockWeights {
   ops::WeightRef wq, wk, wv, wo;  // [D, D] each (slices of attn.wqkv; attn.wo)
   std::vector<float> bq, bk, bv, bo, norm1, norm2;
+  std::vector<float> bqkv;  // [3 D] the fused bias as stored (q | k | v; the GPU tower's fused projection)
   ops::WeightRef w_gate, w_up, w2;  // [I, D], [I, D] (slices of mlp.w1), [D, I]
 };
 

@@ -3,20 +3,29 @@
 # prompts) and the set's own checker, make_goldens.py compare, on the output: every array it
 # knows must pass (plans and resized_u8 exact, tower rows <= 1e-4, logits <= 5e-3, routing sets,
 # Engram delta 0 on spans, hash ids at text positions).
-#   score_compare.sh DS41_BINARY SHARED_DIR
+# With DEVICE cuda the GPU engine runs it (its tower through Engine::encode_images, so the output
+# holds span_embeds but not vit_out / aligner_out / pixel_values / inputs_embeds / engram_delta_rms);
+# exit 77 (ctest: skipped) when this ds41 has no CUDA or no GPU is visible.
+#   score_compare.sh DS41_BINARY SHARED_DIR [DEVICE]
 set -euo pipefail
 ds41=$1
 shared=$2
+device=${3:-cpu}
 set_dir=$shared/golden/v41-tiny-vision-public
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"$ds41" score --model "$set_dir" --tokenizer "$shared/tokenizer-v41" --input "$set_dir/manifest.json" \
-  --out "$out/vision.safetensors" --debug
+if ! "$ds41" score --model "$set_dir" --tokenizer "$shared/tokenizer-v41" --input "$set_dir/manifest.json" \
+  --out "$out/vision.safetensors" --debug --device "$device" 2> "$out/err.txt"; then
+  cat "$out/err.txt" >&2
+  if grep -q -e 'no CUDA device found' -e 'built without CUDA' "$out/err.txt"; then exit 77; fi
+  exit 1
+fi
+cat "$out/err.txt" >&2
 # Debian's python3 carries NumPy (python3-numpy in .ci/packages.txt); a pyenv shim first on PATH may not.
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 "$py" "$shared/golden/tools/make_goldens.py" compare "$set_dir" "$out/vision.safetensors" | tee "$out/compare.txt"
 grep -q '^OVERALL PASS' "$out/compare.txt"
 n=$(grep -c 'PASS$' "$out/compare.txt" || true)
-echo "vision golden compare: $n arrays PASS"
+echo "vision golden compare ($device): $n arrays PASS"
 [ "$n" -ge 60 ]

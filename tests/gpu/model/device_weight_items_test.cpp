@@ -1,8 +1,9 @@
 // gpu::list_device_weights (the device weight list both loaders fill) against the tensor contract
 // (MODEL_SPEC 2), on the host (runs without a GPU): every item is a contract tensor with the
-// contract's format, every contract tensor of the text model is an item, and the checkpoint-format
-// bytes the device holds equal the contract's payload less the small vectors (stored as float32 on
-// the device) — for tiny, the slice and the full released layout.
+// contract's format, every contract tensor of the text model and of the vision tower (MODEL_SPEC
+// 2.5) is an item, and the checkpoint-format bytes the device holds equal the contract's payload
+// less the small vectors (stored as float32 on the device) — for tiny, tiny-vision, the slice and
+// the full released layout.
 #include "gpu/device_weight_items.h"
 
 #include <gtest/gtest.h>
@@ -15,8 +16,8 @@
 namespace ds41::gpu {
 namespace {
 
-TEST(DeviceWeightItems, CoverTheTextModelsContract) {
-  for (const char* preset : {"tiny", "v41-flash-slice", "v41-flash"}) {
+TEST(DeviceWeightItems, CoverTheTextModelsAndVisionTowersContract) {
+  for (const char* preset : {"tiny", "tiny-vision", "v41-flash-slice", "v41-flash"}) {
     SCOPED_TRACE(preset);
     auto c = model::preset_config(preset);
     ASSERT_TRUE(c.ok());
@@ -61,7 +62,12 @@ TEST(DeviceWeightItems, CoverTheTextModelsContract) {
     for (const model::ExpectedTensor& t : k->tensors) {
       const bool text = t.name.rfind("layers.", 0) == 0 || t.name == "embed.weight" ||
                         t.name == "head.weight" || t.name == "norm.weight";
-      if (!text) continue;  // DSpark stages (mtp.*) and the vision tower are not the text model's
+      const bool vision = t.name.rfind("vision.", 0) == 0 || t.name.rfind("aligner.", 0) == 0 ||
+                          t.name.rfind("image_", 0) == 0;
+      if (!text && !vision) continue;  // DSpark stages (mtp.*) are not on the device
+      if (vision) {
+        EXPECT_TRUE(c->has_vision) << t.name;
+      }
       EXPECT_TRUE(covered.count(t.name)) << t.name << " has no device item";
       text_payload += t.nbytes();
       if (t.shape.size() == 1 || t.name.find("hc_") != std::string::npos ||
