@@ -34,7 +34,7 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
 // device's fill), so small shapes exercise warps that loop over many row groups. Not thread-safe.
 void set_persist_slot_cap_for_tests(int cap);
 // Tests: the persistent GEMV's pipeline: 0 the register double buffer, 1 the shared-memory ring
-// (cp.async, 4 stages per warp), -1 as DS41_GEMV_PIPELINE says (regs | ring; default ring).
+// (cp.async, 4 stages per warp), -1 as DS41_GEMV_PIPELINE says (regs | ring; default regs).
 void set_persist_ring_for_tests(int mode);
 
 }  // namespace ds41::cuda

@@ -6,6 +6,8 @@
 // a two-sequence batch, and bad span input. Every comparison prints its error and tolerance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <set>
 
 #include "engine/cpu_engine.h"
@@ -210,7 +212,27 @@ TEST(GpuVision, PromptsWithImagesMatchTheGoldensAndTheCpuEngine) {
     ASSERT_TRUE(st.ok()) << st.message();
     ASSERT_EQ(static_cast<int64_t>(out[0].logits.size()), S * V);
     auto gl = g.get<float>(pre + "logits");
-    check("gpu " + pre + "logits vs golden", max_row_error(gl.v, out[0].logits, V), kTolLogits);
+    // The CPU reference on the same tokens and the GPU tower's span rows, every row: the GPU text
+    // model is held to it strictly; against the goldens the GPU is held to the golden tolerance or,
+    // where the span rows' ~5e-6 difference from the goldens' own (the tower rows above) moves a
+    // fake-quant midpoint of the tiny model, to what the CPU reference gets from the same rows
+    // (measured on the H200: prompt1 6.2e-3 with the GPU tower's rows, 5.6e-6 with the goldens').
+    std::vector<float> cpu_all;
+    {
+      auto cst = cpu.model->new_sequence();
+      model::SequenceInput cin{cst.get(), p.tokens, p.image_span, p.span_embeds};
+      model::ForwardOptions cfo;
+      cfo.logits = model::LogitsRows::kAll;
+      std::vector<model::SequenceOutput> cout_;
+      ASSERT_TRUE(cpu.model->forward(std::span<const model::SequenceInput>(&cin, 1), cfo, &cout_).ok());
+      cpu_all = std::move(cout_[0].logits);
+    }
+    check("gpu " + pre + "logits vs cpu reference (same span rows)", max_row_error(cpu_all, out[0].logits, V),
+          kTolGpuLogits);
+    const double cpu_vs_golden = max_row_error(gl.v, cpu_all, V);
+    std::printf("cpu reference %slogits (GPU tower's span rows) vs golden max e_r %.3g\n", pre.c_str(), cpu_vs_golden);
+    check("gpu " + pre + "logits vs golden", max_row_error(gl.v, out[0].logits, V),
+          std::max(kTolLogits, cpu_vs_golden + kTolGpuLogits));
     // Routing: spans select with bias_vl (golden README: it changes 28-100% of span selections).
     int64_t differ = 0, rows = 0;
     for (const auto& [l, ex] : out[0].record.router_experts) {
