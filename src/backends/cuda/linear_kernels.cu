@@ -732,6 +732,17 @@ __device__ __forceinline__ void persist_run_ring(const WView& w, int64_t out_row
   cp_async_wait<0>();  // no copy into the block's shared memory outlives the call
 }
 
+// The persistent body of pipeline S (0: the register double buffer; >= 2: the ring in `ring`).
+template <class D, int NB, int R, int U, int S>
+__device__ __forceinline__ void persist_body(const WView& w, int64_t out_rows, int64_t w_row0, const float* x,
+                                             int64_t ldx, int nb, float* y_col, int64_t ldy, int64_t rg_first,
+                                             int64_t rg_step, float4* xs4, uint4* ring) {
+  if constexpr (S == 0)
+    persist_run<D, NB, R, U>(w, out_rows, w_row0, x, ldx, nb, y_col, ldy, rg_first, rg_step, xs4);
+  else
+    persist_run_ring<D, NB, R, U, S>(w, out_rows, w_row0, x, ldx, nb, y_col, ldy, rg_first, rg_step, xs4, ring);
+}
+
 // Dense / grouped: grid = (row-group slots, x-row blocks of NB, groups).
 // S = 0: register double buffer (persist_run); S >= 2: the shared-memory ring (persist_run_ring),
 // its slots after the x rows (x_floats, a multiple of 4).
@@ -744,16 +755,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t g = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const int64_t rg_first = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
-  if constexpr (S == 0) {
-    persist_run<D, NB, R, U>(w, out_rows, g * out_rows, x + r0 * ldx + g * w.in, ldx, nb,
-                             y + r0 * ldy + g * out_rows, ldy, rg_first,
-                             static_cast<int64_t>(gridDim.x) * kGemvWarps, xs4);
-  } else {
-    uint4* ring = reinterpret_cast<uint4*>(smem + x_floats) + (threadIdx.x >> 5) * kRingChunksPerWarp<R, U, S>;
-    persist_run_ring<D, NB, R, U, S>(w, out_rows, g * out_rows, x + r0 * ldx + g * w.in, ldx, nb,
-                                     y + r0 * ldy + g * out_rows, ldy, rg_first,
-                                     static_cast<int64_t>(gridDim.x) * kGemvWarps, xs4, ring);
-  }
+  uint4* ring = reinterpret_cast<uint4*>(smem + x_floats) +
+                (threadIdx.x >> 5) * kRingChunksPerWarp<R, U, (S > 0 ? S : 1)>;
+  persist_body<D, NB, R, U, S>(w, out_rows, g * out_rows, x + r0 * ldx + g * w.in, ldx, nb,
+                               y + r0 * ldy + g * out_rows, ldy, rg_first,
+                               static_cast<int64_t>(gridDim.x) * kGemvWarps, xs4, ring);
 }
 
 template <class D>
@@ -913,7 +919,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t rg_step = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   uint4* ring = reinterpret_cast<uint4*>(smem + x_floats) +
                 (threadIdx.x >> 5) * kRingChunksPerWarp<R, U, (S > 0 ? S : 1)>;
-  (void)ring;
   for (int u = blockIdx.y; u < total; u += gridDim.y) {
     const int64_t e = unit_expert(unit_start, n_experts, u);
     const int64_t r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
@@ -925,32 +930,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (rows_16b(dw, in_dim)) {
       switch (dw.format) {
         case WeightFormat::kFp4Rows:
-          if constexpr (S == 0)
-            persist_run<dev::WideFp4, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
-          else
-            persist_run_ring<dev::WideFp4, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
-                                                     xs4, ring);
+          persist_body<dev::WideFp4, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4,
+                                                 ring);
           break;
         case WeightFormat::kFp8Tiles:
-          if constexpr (S == 0)
-            persist_run<dev::WideFp8, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
-          else
-            persist_run_ring<dev::WideFp8, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
-                                                     xs4, ring);
+          persist_body<dev::WideFp8, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4,
+                                                 ring);
           break;
         case WeightFormat::kBF16:
-          if constexpr (S == 0)
-            persist_run<dev::WideBF16, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
-          else
-            persist_run_ring<dev::WideBF16, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
-                                                     xs4, ring);
+          persist_body<dev::WideBF16, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4,
+                                                 ring);
           break;
         case WeightFormat::kF32:
-          if constexpr (S == 0)
-            persist_run<dev::WideF32, NB, R, U>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4);
-          else
-            persist_run_ring<dev::WideF32, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step,
-                                                     xs4, ring);
+          persist_body<dev::WideF32, NB, R, U, S>(w, out_dim, 0, xr, in_dim, nb, yr, out_dim, rg_first, rg_step, xs4,
+                                                 ring);
           break;
         default: break;
       }
