@@ -31,6 +31,7 @@
 #include <memory>
 #include <vector>
 using std::isnan;
+using std::isfinite;
 
 inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
@@ -167,12 +168,22 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   *p = old + v;
   return old;
 }
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, 4);
   return u;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
 }
 inline float __uint_as_float(unsigned u) {
   float f;
@@ -184,8 +195,11 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
-// The read-only cache path: a plain load on the host.
+// The read-only cache path and the streaming load: plain loads on the host.
 template <class T> T __ldg(const T* p) { return *p; }
+template <class T> T __ldcs(const T* p) { return *p; }
+inline float cospif(float x) { return static_cast<float>(std::cos(M_PI * static_cast<double>(x))); }
+inline float sinpif(float x) { return static_cast<float>(std::sin(M_PI * static_cast<double>(x))); }
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyintf(x)); }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }

@@ -7,8 +7,9 @@
 // the H200 up to 7.6e-6 for K <= 5120 and 1.07e-5 at K = 8192 (wo_b, n = 2048: the max over 10M
 // outputs). A split into two parts (16 bits,
 // the cheaper scheme) failed this bound on the H200 (2.2e-5, branch i11-kb2), which is why the
-// third part exists. Also: refused shapes and rows fall back (accepts() false), and the result is
-// bit-identical run to run. Label gpu: skips without a device.
+// third part exists. Also: refused shapes and rows fall back (accepts() false), the result is
+// bit-identical run to run, and the BF16-only mode of the vision tower. Label gpu: skips without a
+// device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -189,6 +190,59 @@ TEST(TensorCoreLinear, ExpertsMatchTheCpuOp) {
                              " m=" + std::to_string(m),
                          cuda::parity::rel_to_max(got, want), kTol, kWhy);
   }
+}
+
+// decode_weights = false (the vision tower, issue 16): BF16 weights read in place with no decode
+// scratch, from one row up, the released tower's shapes (patch embedding K = 588: an unaligned
+// leading dimension; the fused qkv; mlp.w1's up half, a row slice 2816 rows into the tensor;
+// aligner.w1 K = 9216) and small row chunks (max_rows 64 < n); FP8 / FP4 refused.
+TEST(TensorCoreLinear, Bf16OnlyWithoutScratchMatchesTheCpuOp) {
+  DS41_SKIP_WITHOUT_GPU();
+  TensorCoreLimits l;
+  l.min_rows = 1;
+  l.max_rows = 64;
+  l.max_in = 9216;
+  l.max_out = 5120;
+  l.decode_weights = false;
+  l.weight_scratch_bytes = 0;
+  auto r = TensorCoreLinear::create(l, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  TensorCoreLinear& tc = **r;
+  struct Case {
+    const char* what;
+    int64_t out, in, first_row;  // first_row: a row slice starting there
+    std::vector<int64_t> ns;
+  };
+  const std::vector<Case> cases = {{"patch_embed", 1024, 588, 0, {1, 42, 300}},
+                                   {"wqkv", 3072, 1024, 0, {135}},
+                                   {"mlp.w1 up half", 2816, 1024, 2816, {261}},
+                                   {"aligner.w1", 5120, 9216, 0, {29}}};
+  uint64_t seed = 9100;
+  for (const Case& c : cases) {
+    backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight hw = cuda::parity::make_weight(WeightFormat::kBF16, c.first_row + c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    DeviceWeight slice = dw.dw;
+    slice.out_dim = c.out;
+    slice.data += c.first_row * c.in * 2;
+    ops::WeightRef ref = cuda::parity::host_ref(hw, hw.data.data() + c.first_row * c.in * 2, nullptr);
+    ref.out_dim = c.out;
+    for (int64_t n : c.ns) {
+      ASSERT_TRUE(tc.accepts(slice, n)) << c.what << " n=" << n;
+      auto x = cuda::parity::rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      std::vector<float> want(static_cast<size_t>(n * c.out));
+      cpu.linear(ref, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      Status s = tc.linear(slice, dx.p, n, dy.p);
+      ASSERT_TRUE(s.ok()) << s.message();
+      cuda::parity::report("tc linear bf16-only",
+                           std::string(c.what) + " " + cuda::parity::dims({c.out, c.in}) + " n=" + std::to_string(n),
+                           cuda::parity::rel_to_max(dy.get(), want), kTol, kWhy);
+    }
+  }
+  uint8_t* fake = reinterpret_cast<uint8_t*>(256);
+  EXPECT_FALSE(tc.accepts(DeviceWeight{WeightFormat::kFp8Tiles, 64, 64, fake, fake}, 8));  // needs the scratch
+  EXPECT_FALSE(tc.accepts(DeviceWeight{WeightFormat::kFp4Rows, 64, 64, fake, fake}, 8));
 }
 
 TEST(TensorCoreLinear, RefusesWhatItCannotRun) {
