@@ -239,18 +239,18 @@ __device__ __forceinline__ void stage_x(const float* __restrict__ x, int64_t ldx
   }
 }
 
-// Float4 offset of chunk cu's x (x row 0; row b at + b * kPassChunks * G floats4) is applied per
-// group by xs_slot; the steps of one chunk: x read once per step for the R rows.
+// Float4 offset of chunk cu's x (x row 0; row b at + b * row4 float4s: kPassChunks * G for the
+// split-K launch, the whole row for the persistent one) is applied per group by xs_slot; the steps
+// of one chunk: x read once per step for the R rows.
 template <class D, int NB, int R, int t>
 __device__ __forceinline__ void stream_step(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int cu,
-                                            const float4* xs4, float (&acc)[R][NB]) {
+                                            const float4* xs4, int64_t row4, float (&acc)[R][NB]) {
   constexpr int G = D::kV / 4, F = D::kStep / 4;  // float4 groups per chunk / per step
-  constexpr int kPassChunks = kStreamFloats / NB / D::kV;
   float4 xv[NB][F];
 #pragma unroll
   for (int b = 0; b < NB; ++b)
 #pragma unroll
-    for (int f = 0; f < F; ++f) xv[b][f] = xs4[b * (kPassChunks * G) + dev::xs_slot<G>(cu, t * F + f)];
+    for (int f = 0; f < F; ++f) xv[b][f] = xs4[b * row4 + dev::xs_slot<G>(cu, t * F + f)];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (r >= rows) break;  // warp-uniform
@@ -270,9 +270,9 @@ __device__ __forceinline__ void stream_step(const uint4 (&q)[R], const uint32_t 
 
 template <class D, int NB, int R, int... t>
 __device__ __forceinline__ void stream_steps(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int cu,
-                                             const float4* xs4, float (&acc)[R][NB],
+                                             const float4* xs4, int64_t row4, float (&acc)[R][NB],
                                              std::integer_sequence<int, t...>) {
-  (stream_step<D, NB, R, t>(q, sc, rows, cu, xs4, acc), ...);
+  (stream_step<D, NB, R, t>(q, sc, rows, cu, xs4, row4, acc), ...);
 }
 
 template <class D, int NB, int R, int U>
@@ -332,7 +332,8 @@ __device__ __forceinline__ void stream_rows(const WView& w, int64_t w_row, int r
           uint32_t sc[R];
 #pragma unroll
           for (int r = 0; r < R; ++r) sc[r] = D::scale(sb[u][r]);
-          stream_steps<D, NB, R>(q[u], sc, rows, cu, xs4, acc, std::make_integer_sequence<int, V / D::kStep>{});
+          stream_steps<D, NB, R>(q[u], sc, rows, cu, xs4, kPassChunks * G, acc,
+                                 std::make_integer_sequence<int, V / D::kStep>{});
         }
       }
       c += U * step;
@@ -485,39 +486,6 @@ __device__ __forceinline__ void persist_load(const WView& w, int64_t row_bytes, 
   }
 }
 
-template <class D, int NB, int R, int t>
-__device__ __forceinline__ void persist_step(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int c,
-                                             const float4* xs4, int64_t row4, float (&acc)[R][NB]) {
-  constexpr int G = D::kV / 4, F = D::kStep / 4;
-  float4 xv[NB][F];
-#pragma unroll
-  for (int b = 0; b < NB; ++b)
-#pragma unroll
-    for (int f = 0; f < F; ++f) xv[b][f] = xs4[b * row4 + dev::xs_slot<G>(c, t * F + f)];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (r >= rows) break;  // warp-uniform
-    float v[D::kStep];
-    D::template step<t>(q[r], sc[r], v);
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int f = 0; f < F; ++f) {
-        acc[r][b] = __fmaf_rn(v[4 * f], xv[b][f].x, acc[r][b]);
-        acc[r][b] = __fmaf_rn(v[4 * f + 1], xv[b][f].y, acc[r][b]);
-        acc[r][b] = __fmaf_rn(v[4 * f + 2], xv[b][f].z, acc[r][b]);
-        acc[r][b] = __fmaf_rn(v[4 * f + 3], xv[b][f].w, acc[r][b]);
-      }
-  }
-}
-
-template <class D, int NB, int R, int... t>
-__device__ __forceinline__ void persist_steps(const uint4 (&q)[R], const uint32_t (&sc)[R], int rows, int c,
-                                              const float4* xs4, int64_t row4, float (&acc)[R][NB],
-                                              std::integer_sequence<int, t...>) {
-  (persist_step<D, NB, R, t>(q, sc, rows, c, xs4, row4, acc), ...);
-}
-
 template <class D, int NB, int R, int U>
 __device__ __forceinline__ void persist_compute(const uint4 (&q)[U][R], const uint32_t (&s)[U][R], int rows,
                                                 int64_t nch, int64_t c0, const float4* xs4, int64_t row4,
@@ -530,7 +498,7 @@ __device__ __forceinline__ void persist_compute(const uint4 (&q)[U][R], const ui
       uint32_t sc[R];
 #pragma unroll
       for (int r = 0; r < R; ++r) sc[r] = D::scale(s[u][r]);
-      persist_steps<D, NB, R>(q[u], sc, rows, static_cast<int>(c), xs4, row4, acc,
+      stream_steps<D, NB, R>(q[u], sc, rows, static_cast<int>(c), xs4, row4, acc,
                               std::make_integer_sequence<int, D::kV / D::kStep>{});
     }
   }
