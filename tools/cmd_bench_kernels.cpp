@@ -515,7 +515,7 @@ Result<Row> bench_experts(Ctx& c, const Shape& sh, int64_t n) {
   auto ours = [&](int64_t i) {
     return cuda::run_expert_linear(dw.as<DeviceWeight>(), E, sh.out, sh.in,
                                    doff.as<int64_t>() + (i % routings) * (E + 1), x.as<float>(), rows,
-                                   y.as<float>(), c.stream);
+                                   y.as<float>(), c.stream, f);
   };
   DS41_ASSIGN_OR_RETURN(r.ours_us, time_us(ours, c.args->min_time_ms, c.stream));
   if (c.args->no_blas) return r;

@@ -90,7 +90,8 @@ Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda:
     if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max))
       return tc_->expert_linear(expert_scratch_, d_w, out_dim, in_dim, ws_.offsets, x, m_max, y);
   }
-  return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_);
+  const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
+  return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_, format);
 }
 
 GpuForward::~GpuForward() {

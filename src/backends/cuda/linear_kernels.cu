@@ -24,6 +24,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/linear_decode.cuh"
 #include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/tc_gemv_kernels.h"
 #include "backends/cuda/linear_wide_decode.cuh"
 #include "backends/cuda/row_reduce.cuh"
 
@@ -1225,6 +1226,8 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
   const WView w{dw.data, dw.scale, dw.in_dim};
   const int64_t out_rows = dw.out_dim / groups, ldx = groups * dw.in_dim, ldy = dw.out_dim;
+  // Decode (n <= 2) over FP8 / FP4: the tensor-core GEMV (tc_gemv_kernels.h) when it takes the shape.
+  if (tcg::try_dense(dw, out_rows, groups, x, ldx, n, y, ldy, stream)) return last_launch_status(fn);
   const bool vec = vector_ok(dw.format, dw.in_dim, dw.data);
   const bool wide = vec && rows_16b_host(dw.format, dw.in_dim, dw.data);
   switch (dw.format) {
@@ -1250,7 +1253,10 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
 }
 
 void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
-                   const int64_t* offsets, const float* x, int64_t m_max, float* y, cudaStream_t stream) {
+                   const int64_t* offsets, const float* x, int64_t m_max, float* y, cudaStream_t stream,
+                   WeightFormat format) {
+  // Decode over FP8 / FP4 experts of a known format: the tensor-core GEMV (tc_gemv_kernels.h).
+  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream)) return;
   if (m_max >= 16 * n_experts) {  // many rows per expert: tiles
     const unsigned gx = ceil_u(out_dim, kTileN);
     const int64_t upper = (m_max + kTileM - 1) / kTileM + n_experts;
@@ -1294,6 +1300,7 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
 
 void set_persist_slot_cap_for_tests(int cap) { g_persist_slot_cap = cap > 0 ? cap : 0; }
 void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
+void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
   return dense("linear", w, 1, x, n, y, stream);
@@ -1306,7 +1313,7 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, WeightFormat format) {
   const char* fn = "expert_linear";
   if (n_experts <= 0 || n_experts > kMaxExperts)
     return invalid_argument(std::string(fn) + ": n_experts " + std::to_string(n_experts) + " outside [1, " +
@@ -1322,7 +1329,7 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
   if (!weights || !offsets) return invalid_argument(std::string(fn) + ": weights or offsets is null");
   if (m_max == 0) return ok_status();
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
-  launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream);
+  launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format);
   return last_launch_status(fn);
 }
 

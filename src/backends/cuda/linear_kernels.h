@@ -26,9 +26,11 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 // Kernel limits (linear_kernels.cu, docs/gpu_kernels.md): n_experts <= 2048; the format is read
 // per expert on the device, so only the vector decoders run: in_dim % 4 == 0 (FP4: % 32) and
 // payloads aligned (FP8 / FP4 4 bytes, BF16 8, F32 16); rows >= offsets[n_experts] are not written.
+// format: the experts' common format when the caller knows it (kNone: unknown); an FP8 / FP4 format
+// lets decode-sized calls (m_max <= 16) take the tensor-core GEMV (tc_gemv_kernels.h).
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                         cudaStream_t stream);
+                         cudaStream_t stream, quant::WeightFormat format = quant::WeightFormat::kNone);
 
 // Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches (0: the
 // device's fill), so small shapes exercise warps that loop over many row groups. Not thread-safe.
@@ -36,5 +38,8 @@ void set_persist_slot_cap_for_tests(int cap);
 // Tests: the persistent GEMV's pipeline: 0 the register double buffer, 1 the shared-memory ring
 // (cp.async, 4 stages per warp), -1 as DS41_GEMV_PIPELINE says (regs | ring; default regs).
 void set_persist_ring_for_tests(int mode);
+// Tests: the tensor-core GEMV of decode (tc_gemv_kernels.h): 0 off, 1 on, -1 as DS41_TC_GEMV says
+// (default on; DS41_TC_GEMV=0 turns it off).
+void set_tc_gemv_for_tests(int mode);
 
 }  // namespace ds41::cuda

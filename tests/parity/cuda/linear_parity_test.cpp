@@ -452,6 +452,109 @@ TEST(LinearParity, PersistentLoops) {
   }
 }
 
+// The tensor-core GEMV of decode (tc_gemv_kernels.h): n = 1, 2 over FP8 tiles and FP4 rows, forced
+// on and off on the same inputs (both against the CPU op): ragged last row groups (out % 16 != 0),
+// K splits across warps (few rows, long K) and none (many rows), grouped launches (out % 16 == 0),
+// rows of x with magnitudes far from 1 and mixed within a row (the per-row power of two and the
+// three f16 parts), experts with one or two rows (units of 2), empty experts and m_max above the
+// routed rows. Small enough for the host SIMT emulator.
+TEST(LinearParity, TensorCoreGemv) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_tc_gemv_for_tests(-1); }
+  } reset;
+  struct Case {
+    const char* what;
+    WeightFormat format;
+    int64_t out, in;
+    float xscale;
+    bool mixed;  // every 7th element of x times 2^20
+  };
+  const std::vector<Case> cases = {
+      {"fp8 ragged, split K", WeightFormat::kFp8Tiles, 77, 2048, 1.0f, false},
+      {"fp8 many rows", WeightFormat::kFp8Tiles, 1040, 256, 1.0f, false},
+      {"fp8 x ~1e30", WeightFormat::kFp8Tiles, 48, 512, 1e30f, false},
+      {"fp8 x ~1e-30, mixed", WeightFormat::kFp8Tiles, 40, 1024, 1e-30f, true},
+      {"fp4 ragged, split K", WeightFormat::kFp4Rows, 45, 4096, 1.0f, false},
+      {"fp4 mixed", WeightFormat::kFp4Rows, 300, 512, 3.0f, true},
+  };
+  uint64_t seed = 12000;
+  for (const Case& c : cases) {
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    for (int64_t n : {1, 2}) {
+      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed, c.xscale);
+      if (c.mixed)
+        for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1048576.0f;
+      std::vector<float> want(static_cast<size_t>(n * c.out));
+      cpu.linear(ref, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      for (int mode : {1, 0}) {
+        set_tc_gemv_for_tests(mode);
+        ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr).ok());
+        report("linear tc-gemv", std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
+                                     (mode ? " tensor cores" : " cuda cores"),
+               rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
+      }
+    }
+  }
+  {  // grouped: 4 groups of 32 rows (FP8), K 512
+    backends::cpu::CpuBackend cpu(&ref_pool());
+    HostWeight hw = make_weight(WeightFormat::kFp8Tiles, 128, 512, ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    for (int64_t n : {1, 2}) {
+      auto x = rand_floats(static_cast<size_t>(n * 4 * 512), ++seed);
+      std::vector<float> want(static_cast<size_t>(n * 128));
+      cpu.grouped_linear(ref, 4, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      set_tc_gemv_for_tests(1);
+      ASSERT_TRUE(run_grouped_linear(dw.dw, 4, dx.p, n, dy.p, nullptr).ok());
+      report("grouped_linear tc-gemv", "fp8 g=4 128x512 n=" + std::to_string(n), rel_to_max(dy.get(), want),
+             kLinearTol, kLinearWhy);
+    }
+  }
+  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles}) {
+    // 9 experts, 5 used: rows 2, 1, 0, 0, 3 (two units), 1, 0, 0, 2; m_max 11 (2 past the rows).
+    const int64_t E = 9, out = 80, in = 1024;
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight all = make_weight(f, E * out, in, ++seed);
+    const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(f, out, in));
+    const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(f, out, in));
+    if (f == WeightFormat::kFp8Tiles) all.scale = rand_e8m0(sb * E, ++seed, 118, 124);
+    Dev<uint8_t> ddata(all.data), dscale(all.scale);
+    std::vector<DeviceWeight> dws(E);
+    std::vector<ops::WeightRef> refs(E);
+    HostWeight one{f, out, in, {}, {}};
+    for (int64_t e = 0; e < E; ++e) {
+      dws[e] = DeviceWeight{f, out, in, ddata.p + e * pb, dscale.p + e * sb};
+      refs[e] = host_ref(one, all.data.data() + e * pb, all.scale.data() + e * sb);
+    }
+    Dev<DeviceWeight> dweights(dws);
+    const std::vector<int64_t> off = {0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
+    const int64_t m = off[E], m_max = m + 2;
+    auto x = rand_floats(static_cast<size_t>(m_max * in), ++seed);
+    std::vector<float> want(static_cast<size_t>(m * out));
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        cpu.linear(refs[e], x.data() + off[e] * in, off[e + 1] - off[e], want.data() + off[e] * out);
+    Dev<int64_t> doff(off);
+    Dev<float> dx(x), dy(static_cast<size_t>(m_max * out));
+    set_tc_gemv_for_tests(1);
+    cudaMemset(dy.p, 0xff, dy.n * sizeof(float));
+    ASSERT_TRUE(run_expert_linear(dweights.p, E, out, in, doff.p, dx.p, m_max, dy.p, nullptr, f).ok());
+    auto got = dy.get();
+    size_t touched = 0;
+    for (size_t i = static_cast<size_t>(m * out); i < got.size(); ++i) touched += bits_of(got[i]) != 0xffffffffu;
+    EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
+    got.resize(want.size());
+    report("expert_linear tc-gemv", std::string(fmt_name(f)) + " 9 experts 80x1024 m=9 units of <= 2",
+           rel_to_max(got, want), kLinearTol, kLinearWhy);
+  }
+}
+
 TEST(LinearParity, LinearArgumentErrors) {
   DeviceWeight w{WeightFormat::kFp4Rows, 16, 48, reinterpret_cast<const uint8_t*>(16),
                  reinterpret_cast<const uint8_t*>(16)};

@@ -1,0 +1,490 @@
+// ds41 backends/cuda: the tensor-core GEMV of decode (tc_gemv_kernels.h). Why: the CUDA-core GEMV
+// spends ~11 instructions per weight (f16 -> f32 conversion, the scale multiply, the FMA, the
+// addressing: ncu, docs/gpu_kernels.md) and so streams 1.3-1.8 TB/s; here a weight costs about one
+// instruction (its share of a conversion to f16 and of an mma.sync), so the kernel can stream HBM.
+//
+// The product, exact to the oracle's float arithmetic up to summation order (MODEL_SPEC 2.1):
+// - x (one or two rows) is scaled by a power of two per row (its largest |x| into [2^14, 2^15)) and
+//   split into three f16 parts, hi = f16(x'), lo = f16(x' - hi), lo2 = f16(x' - hi - lo) (both
+//   differences exact in fp32): 33 significant bits, so x' itself wherever it is an f16 normal
+//   (|x| > 2^-29 max|x|; below that the parts lose bits of terms ~2^-40 of the output scale). The
+//   parts are the columns of the mma's B operand (3 per row of x, 6 of its 8 columns).
+// - W is decoded to f16 exactly: E4M3 by the hardware E4M3x2 -> f16x2 conversion; E2M1 by bit moves
+//   (linear_wide_decode.cuh WideFp4::pair: the value times 2^-14, subnormal 0.5 included).
+// - mma.sync m16n8k16 (f16 x f16, fp32 accumulation) multiplies one 32-wide K tile (two mmas);
+//   every product of an f16 weight and an f16 part is exact in fp32. The tile's sum is scaled by
+//   its E8M0 scale (FP8: the 32x32 tile's; FP4: each row's, times 2^14) into the fp32 accumulator:
+//   one fmaf per output and tile. At the end the parts are added, hi + (lo + lo2), and the row's
+//   power of two undone.
+// So only the order of the fp32 additions differs from the CPU op (the parity rows' 1e-5 of max|y|).
+//
+// Fragments: a warp owns 16 rows of W (one mma's M; they share one FP8 tile row, 16 | 32) and a
+// range of K tiles. Lane (r = lane / 4, g = lane % 4) loads bytes [8g, 8g + 8) (FP8) or [4g, 4g + 4)
+// (FP4) of the tile in rows r and r + 8, i.e. the 8 weights at K offsets 8g .. 8g + 7 of the tile,
+// and decodes them in place into its A registers: the mma's K order is a permutation of the tile's
+// (kofs below), and x is staged in shared memory in that same order, per (tile, mma, column, lane
+// group) one 8-byte B fragment, so a lane reads its B operand with one conflict-free 8-byte load.
+// The weights are streamed with 8 / 4-byte loads (four lanes read a row's 32 / 16 contiguous bytes
+// of a tile), U tiles in flight per warp.
+//
+// Launch: 256 threads = 8 warps; KS warps split one row group's tiles (KS in {1, 2, 4, 8}, the fewest
+// that fill the device), 8 / KS row groups per block and iteration, blocks persistent over the row
+// groups (grid-stride). The KS partial sums are added in a fixed order through shared memory
+// (deterministic). Dense: grid = (row-group slots, x-row pairs, groups); experts: grid = (slots,
+// units), a unit being <= 2 rows of x routed to one expert (found by a scan of the offsets).
+#include "backends/cuda/tc_gemv_kernels.h"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/linear_wide_decode.cuh"
+#include "backends/cuda/quant_device.cuh"
+
+namespace ds41::cuda::tcg {
+namespace {
+
+using quant::WeightFormat;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kNB = 2;                  // rows of x per block
+constexpr int kMaxJ = 3 * kNB;          // B columns in use (3 parts per row of x)
+constexpr int kMaxSmem = 200 * 1024;    // staged x of a block, at most
+constexpr int kMaxExperts = 2048;       // unit scan in shared memory
+
+// ---------------------------------------------------------------------------------------------
+// mma.sync m16n8k16, f16 inputs, f32 accumulation: d += A (16 x 16) . B (16 x 8). Fragments (PTX
+// ISA, "mma.m16n8k16"): a[0] = rows r, k (2g, 2g+1); a[1] = rows r + 8, same k; a[2] = rows r,
+// k (8+2g, 9+2g); a[3] = rows r + 8, same; b0 = k (2g, 2g+1), b1 = k (8+2g, 9+2g), column r;
+// d[0..1] = row r, columns (2g, 2g+1); d[2..3] = row r + 8. Without a device (the host SIMT emulator)
+// the same arithmetic through warp shuffles.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, g = lane & 3;
+  auto h = [](uint32_t v, int i) {
+    __half_raw raw;
+    raw.x = static_cast<unsigned short>(i ? v >> 16 : v & 0xffffu);
+    return __half2float(__half(raw));
+  };
+  float sum[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int gs = 0; gs < 4; ++gs) {
+    uint32_t ar[4], bc[2][2];
+    for (int i = 0; i < 4; ++i) ar[i] = __shfl_sync(0xffffffffu, a[i], 4 * r + gs);
+    for (int c = 0; c < 2; ++c) {
+      bc[c][0] = __shfl_sync(0xffffffffu, b0, 4 * (2 * g + c) + gs);
+      bc[c][1] = __shfl_sync(0xffffffffu, b1, 4 * (2 * g + c) + gs);
+    }
+    for (int c = 0; c < 2; ++c)
+      for (int i = 0; i < 2; ++i) {  // k = 2gs + i and 8 + 2gs + i
+        sum[c] += h(ar[0], i) * h(bc[c][0], i) + h(ar[2], i) * h(bc[c][1], i);
+        sum[2 + c] += h(ar[1], i) * h(bc[c][0], i) + h(ar[3], i) * h(bc[c][1], i);
+      }
+  }
+  for (int i = 0; i < 4; ++i) d[i] += sum[i];
+#endif
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+template <class T>
+__device__ __forceinline__ T ld_nc(const void* p) {
+  return __ldg(reinterpret_cast<const T*>(p));
+}
+
+// The formats. Per tile and lane: Q the loaded words of rows r and r + 8, S its scale bytes.
+// kofs(m, s): K offset in the tile (past 8g) of B slot s (0..3) of mma m: slots 0, 1 = b0's two
+// halves, 2, 3 = b1's.
+struct Fp8 {
+  static constexpr int kU = 4;  // tiles in flight per warp (8 regs each)
+  struct Q {
+    uint2 a, b;
+  };
+  using S = uint32_t;  // the tile's scale byte (one 32 x 32 tile for the warp's 16 rows)
+  __device__ static int kofs(int m, int s) { return 4 * m + s; }
+  __device__ static Q load(const uint8_t* ra, const uint8_t* rb, int64_t t) {
+    return Q{ld_nc<uint2>(ra + 32 * t), ld_nc<uint2>(rb + 32 * t)};
+  }
+  __device__ static void frag(const Q& q, int m, uint32_t (&a)[4]) {
+    const uint32_t wa = m ? q.a.y : q.a.x, wb = m ? q.b.y : q.b.x;
+    a[0] = e4m3x2_to_f16x2(wa);
+    a[1] = e4m3x2_to_f16x2(wb);
+    a[2] = e4m3x2_to_f16x2(wa >> 16);
+    a[3] = e4m3x2_to_f16x2(wb >> 16);
+  }
+};
+
+struct Fp4 {
+  static constexpr int kU = 8;
+  struct Q {
+    uint32_t a, b;
+  };
+  __device__ static int kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
+  __device__ static Q load(const uint8_t* ra, const uint8_t* rb, int64_t t) {
+    return Q{ld_nc<uint32_t>(ra + 16 * t), ld_nc<uint32_t>(rb + 16 * t)};
+  }
+  template <int i>
+  __device__ static uint32_t pair(uint32_t w) {
+    return dev::WideFp4::pair<i>(w);
+  }
+  __device__ static void frag(const Q& q, int m, uint32_t (&a)[4]) {
+    if (m == 0) {
+      a[0] = pair<0>(q.a);
+      a[1] = pair<0>(q.b);
+      a[2] = pair<1>(q.a);
+      a[3] = pair<1>(q.b);
+    } else {
+      a[0] = pair<2>(q.a);
+      a[1] = pair<2>(q.b);
+      a[2] = pair<3>(q.a);
+      a[3] = pair<3>(q.b);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Staging: rows b < nb of x (K = in) into xs as [tile][mma][column j = 3b + part][lane group] of
+// 4 f16 (one B fragment); scale[b] = 2^e_b undoes the row's power of two.
+template <class D>
+__device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t in, uint2* xs, float* red,
+                        float* scale) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int b = 0; b < nb; ++b) {
+    float m = 0.f;
+    for (int64_t k = tid; k < in; k += kThreads) m = fmaxf(m, fabsf(x[b * ldx + k]));
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp * kNB + b] = m;
+  }
+  __syncthreads();
+  __shared__ int e_s[kNB];
+  if (tid < nb) {
+    float m = 0.f;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * kNB + tid]);
+    // ilogb(m) - 14: max |x'| in [2^14, 2^15) (f16 max 65504); 0 for zero, inf or NaN (propagated).
+    const int e = (m > 0.f && isfinite(m)) ? ilogbf(m) - 14 : 0;
+    e_s[tid] = e;
+    scale[tid] = scalbnf(1.0f, e);
+  }
+  __syncthreads();
+  const int J = 3 * nb;
+  const int64_t tiles = in / 32, combos = static_cast<int64_t>(nb) * tiles * 8;  // (b, tile, mma, g)
+  for (int64_t c = tid; c < combos; c += kThreads) {
+    const int b = static_cast<int>(c / (tiles * 8));
+    const int64_t rem = c - static_cast<int64_t>(b) * tiles * 8;
+    const int64_t t = rem >> 3;
+    const int m = static_cast<int>((rem >> 2) & 1), g = static_cast<int>(rem & 3);
+    const int e = e_s[b];
+    unsigned short h[3][4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const float v = scalbnf(x[b * ldx + 32 * t + 8 * g + D::kofs(m, s)], -e);
+      const __half p0 = __float2half_rn(v);
+      const float r1 = v - __half2float(p0);
+      const __half p1 = __float2half_rn(r1);
+      const __half p2 = __float2half_rn(r1 - __half2float(p1));
+      h[0][s] = __half_raw(p0).x;
+      h[1][s] = __half_raw(p1).x;
+      h[2][s] = __half_raw(p2).x;
+    }
+#pragma unroll
+    for (int p = 0; p < 3; ++p)
+      xs[((t * 2 + m) * J + 3 * b + p) * 4 + g] =
+          make_uint2(h[p][0] | (static_cast<uint32_t>(h[p][1]) << 16), h[p][2] | (static_cast<uint32_t>(h[p][3]) << 16));
+  }
+  __syncthreads();
+}
+
+// One warp: W rows [o0, o0 + 16) (rows >= out_rows clamped for the loads; their sums unused), tiles
+// [t0, t1), the staged x; acc = the mma's D fragment summed over the tiles (scales applied).
+template <class D, bool kFp8>
+__device__ __forceinline__ void warp_rows(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc,
+                                          int64_t in, int64_t o0, int64_t out_rows, int64_t t0, int64_t t1,
+                                          const uint2* xs, int J, float (&acc)[4]) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+  const int64_t oa = min(o0 + r, out_rows - 1), ob = min(o0 + r + 8, out_rows - 1);
+  const int64_t tiles = in / 32;
+  const uint8_t *ra, *rb, *sa, *sb;
+  if constexpr (kFp8) {
+    ra = data + oa * in + 8 * g;
+    rb = data + ob * in + 8 * g;
+    sa = sc + (o0 >> 5) * ((in + 31) >> 5);  // the 16 rows share one row of tiles
+    sb = sa;
+  } else {
+    ra = data + oa * (in / 2) + 4 * g;
+    rb = data + ob * (in / 2) + 4 * g;
+    sa = sc + oa * tiles;
+    sb = sc + ob * tiles;
+  }
+  const bool col = r < J;
+  const int64_t n = t1 - t0;
+  constexpr int U = D::kU;
+  typename D::Q q[U];
+  uint32_t s0[U], s1[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (u < n) {
+      q[u] = D::load(ra, rb, t0 + u);
+      s0[u] = __ldg(sa + t0 + u);
+      s1[u] = kFp8 ? 0u : __ldg(sb + t0 + u);
+    }
+  for (int64_t i = 0; i < n; i += U) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = i + u;
+      if (k < n) {
+        const typename D::Q cur = q[u];
+        const uint32_t c0 = s0[u], c1 = s1[u];
+        if (k + U < n) {
+          q[u] = D::load(ra, rb, t0 + k + U);
+          s0[u] = __ldg(sa + t0 + k + U);
+          if (!kFp8) s1[u] = __ldg(sb + t0 + k + U);
+        }
+        const int64_t t = t0 + k;
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          uint32_t a[4];
+          D::frag(cur, m, a);
+          const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
+          mma_f16(d, a, bv.x, bv.y);
+        }
+        if constexpr (kFp8) {
+          const float s = dev::e8m0_decode(c0);
+#pragma unroll
+          for (int i2 = 0; i2 < 4; ++i2) acc[i2] = __fmaf_rn(s, d[i2], acc[i2]);
+        } else {
+          // E2M1 decoded as value * 2^-14: the tile's sum times 2^14 (exact), then the row's scale.
+          const float sa_f = dev::e8m0_decode(c0), sb_f = dev::e8m0_decode(c1);
+          acc[0] = __fmaf_rn(__fmul_rn(d[0], 16384.f), sa_f, acc[0]);
+          acc[1] = __fmaf_rn(__fmul_rn(d[1], 16384.f), sa_f, acc[1]);
+          acc[2] = __fmaf_rn(__fmul_rn(d[2], 16384.f), sb_f, acc[2]);
+          acc[3] = __fmaf_rn(__fmul_rn(d[3], 16384.f), sb_f, acc[3]);
+        }
+      }
+    }
+  }
+}
+
+// The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
+// partial D fragments meet in red_d, and nb x 16 x RPB outputs are written.
+template <class D, bool kFp8>
+__device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
+                           int ks_log2, const uint2* xs, int nb, const float* xscale, float* __restrict__ y,
+                           int64_t ldy, float* red_d) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int KS = 1 << ks_log2, RPB = kWarps >> ks_log2;
+  const int kp = warp & (KS - 1), rgl = warp >> ks_log2;
+  const int64_t tiles = in / 32, n_rg = (out_rows + 15) / 16, n_rgb = (n_rg + RPB - 1) / RPB;
+  const int64_t t0 = tiles * kp / KS, t1 = tiles * (kp + 1) / KS;
+  const int J = 3 * nb;
+  // The W rows of this launch start at global row w_row0 (a group's first row): FP8 scale rows are
+  // global (w_row0 % 16 == 0 is required by the host), payload rows too.
+  for (int64_t rgb = blockIdx.x; rgb < n_rgb; rgb += gridDim.x) {
+    const int64_t rg = rgb * RPB + rgl;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (rg < n_rg) {
+      const int64_t o0 = rg * 16;
+      warp_rows<D, kFp8>(data, sc, in, w_row0 + o0, w_row0 + out_rows, t0, t1, xs, J, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red_d[(warp * 32 + lane) * 4 + i] = acc[i];
+    __syncthreads();
+    for (int q = tid; q < RPB * 16 * nb; q += kThreads) {
+      const int rl = q / (16 * nb), rem = q - rl * 16 * nb, b = rem >> 4, row = rem & 15;
+      const int64_t o = (rgb * RPB + rl) * 16 + row;
+      if (rl + rgb * RPB < n_rg && o < out_rows) {
+        float part[3];
+#pragma unroll
+        for (int p = 0; p < 3; ++p) {
+          const int j = 3 * b + p, ln = 4 * (row & 7) + (j >> 1), i = (row >= 8 ? 2 : 0) + (j & 1);
+          float s = 0.f;
+          for (int k = 0; k < KS; ++k) s += red_d[(((rl << ks_log2) + k) * 32 + ln) * 4 + i];
+          part[p] = s;
+        }
+        y[b * ldy + o] = (part[0] + (part[1] + part[2])) * xscale[b];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <class D, bool kFp8>
+__global__ void __launch_bounds__(kThreads, 3)
+    tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
+                    const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
+                    int ks_log2) {
+  extern __shared__ __align__(16) float smem[];
+  uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
+  __shared__ float red[kWarps * kNB];
+  __shared__ float xscale[kNB];
+  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * kMaxJ);
+  const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * kNB;
+  const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), n - r0));
+  stage_x<D>(x + r0 * ldx + grp * in, ldx, nb, in, smem_u2, red, xscale);
+  block_rows<D, kFp8>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, xscale,
+                      y + r0 * ldy + grp * out_rows, ldy, red_d);
+}
+
+// Experts: unit u = (expert, <= kNB of its rows); unit_start[e] = units before expert e.
+template <class D, bool kFp8>
+__global__ void __launch_bounds__(kThreads, 3)
+    tc_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim, int64_t in,
+                     const int64_t* __restrict__ offsets, const float* __restrict__ x, float* __restrict__ y,
+                     int ks_log2) {
+  extern __shared__ __align__(16) float smem[];
+  uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
+  __shared__ float red[kWarps * kNB];
+  __shared__ float xscale[kNB];
+  __shared__ int unit_start[kMaxExperts + 1];
+  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * kMaxJ);
+  const int tid = threadIdx.x;
+  if (tid < 32) {  // exclusive scan of ceil(rows_e / kNB) by warp 0
+    const int64_t per = (n_experts + 31) / 32, eb = min(n_experts, tid * per), ee = min(n_experts, eb + per);
+    int s = 0;
+    for (int64_t e = eb; e < ee; ++e) s += static_cast<int>((offsets[e + 1] - offsets[e] + kNB - 1) / kNB);
+    int incl = s;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (tid >= o) incl += v;
+    }
+    int run = incl - s;
+    for (int64_t e = eb; e < ee; ++e) {
+      unit_start[e] = run;
+      run += static_cast<int>((offsets[e + 1] - offsets[e] + kNB - 1) / kNB);
+    }
+    if (tid == 31) unit_start[n_experts] = incl;
+  }
+  __syncthreads();
+  const int u = static_cast<int>(blockIdx.y);
+  if (u >= unit_start[n_experts]) return;  // block-uniform
+  int64_t lo = 0, hi = n_experts - 1;      // the expert e with unit_start[e] <= u < unit_start[e + 1]
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (unit_start[mid] <= u) lo = mid; else hi = mid - 1;
+  }
+  const int64_t e = lo, r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * kNB;
+  const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), offsets[e + 1] - r0));
+  const DeviceWeight dw = weights[e];
+  stage_x<D>(x + r0 * in, in, nb, in, smem_u2, red, xscale);
+  block_rows<D, kFp8>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, xscale, y + r0 * out_dim, out_dim,
+                      red_d);
+}
+
+// ---------------------------------------------------------------------------------------------
+int g_mode = -1;
+
+int sm_count() {
+  static const int n = [] {
+    int d = 0, c = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
+        c <= 0)
+      return 132;
+    return c;
+  }();
+  return n;
+}
+
+size_t smem_bytes(int64_t in) {
+  return static_cast<size_t>(in / 32) * 8 * kMaxJ * sizeof(uint2) + sizeof(float) * 4 * kThreads;
+}
+
+template <auto K>
+void allow_smem() {
+  static const bool done = [] {
+    cudaFuncSetAttribute(reinterpret_cast<const void*>(K), cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
+    return true;
+  }();
+  (void)done;
+}
+
+// KS (log2): the fewest warps per row group that give ~3 blocks' warps per SM, while every warp
+// keeps >= 2 U tiles. Blocks: as many as fill the SMs (persistent), at most one per row-group batch.
+struct Shape {
+  int ks_log2;
+  unsigned slots;
+};
+Shape shape(int64_t out_rows, int64_t other, int64_t in, int U, size_t smem) {
+  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(3, (227 * 1024) / static_cast<int64_t>(smem + 1024)));
+  const int64_t target_blocks = sm_count() * per_sm, target_warps = target_blocks * kWarps;
+  const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
+  int l = 0;
+  while (l < 3 && n_rg * other * (int64_t{1} << l) < target_warps && tiles >> (l + 1) >= 2 * U) ++l;
+  const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb;
+  const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(n_rgb, (target_blocks + other - 1) / other));
+  return Shape{l, static_cast<unsigned>(slots)};
+}
+
+}  // namespace
+
+bool enabled() {
+  if (g_mode >= 0) return g_mode != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TC_GEMV");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+void set_enabled_for_tests(int mode) { g_mode = mode < 0 ? -1 : (mode ? 1 : 0); }
+
+bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
+               float* y, int64_t ldy, cudaStream_t stream) {
+  if (!enabled() || n < 1 || n > kNB || w.in_dim % 32 != 0 || groups > 65535) return false;
+  const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows;
+  if (!fp8 && !fp4) return false;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(w.data);
+  if (p % (fp8 ? 8 : 4) != 0 || w.scale == nullptr) return false;
+  if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
+  const size_t smem = smem_bytes(w.in_dim);
+  if (smem > static_cast<size_t>(kMaxSmem)) return false;
+  const int U = fp8 ? Fp8::kU : Fp4::kU;
+  const Shape s = shape(out_rows, groups, w.in_dim, U, smem);
+  const dim3 grid(s.slots, 1, static_cast<unsigned>(groups));
+  if (fp8) {
+    allow_smem<tc_dense_kernel<Fp8, true>>();
+    tc_dense_kernel<Fp8, true><<<grid, kThreads, smem, stream>>>(w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
+                                                                 ldy, s.ks_log2);
+  } else {
+    allow_smem<tc_dense_kernel<Fp4, false>>();
+    tc_dense_kernel<Fp4, false><<<grid, kThreads, smem, stream>>>(w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
+                                                                  ldy, s.ks_log2);
+  }
+  return true;
+}
+
+bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
+                 int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
+                 cudaStream_t stream) {
+  if (!enabled() || m_max < 1 || m_max > 16 || in_dim % 32 != 0 || n_experts > kMaxExperts) return false;
+  const bool fp8 = format == WeightFormat::kFp8Tiles, fp4 = format == WeightFormat::kFp4Rows;
+  if (!fp8 && !fp4) return false;
+  const size_t smem = smem_bytes(in_dim);
+  if (smem > static_cast<size_t>(kMaxSmem)) return false;
+  const int U = fp8 ? Fp8::kU : Fp4::kU;
+  const Shape s = shape(out_dim, m_max, in_dim, U, smem);  // units <= rows <= m_max
+  const dim3 grid(s.slots, static_cast<unsigned>(m_max));
+  if (fp8) {
+    allow_smem<tc_expert_kernel<Fp8, true>>();
+    tc_expert_kernel<Fp8, true><<<grid, kThreads, smem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y,
+                                                                  s.ks_log2);
+  } else {
+    allow_smem<tc_expert_kernel<Fp4, false>>();
+    tc_expert_kernel<Fp4, false><<<grid, kThreads, smem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y,
+                                                                   s.ks_log2);
+  }
+  return true;
+}
+
+}  // namespace ds41::cuda::tcg

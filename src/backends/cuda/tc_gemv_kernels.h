@@ -1,0 +1,35 @@
+// ds41 backends/cuda: the tensor-core GEMV of decode (tc_gemv_kernels.cu) — y = x . W^T for one or
+// two rows of x over FP8 32x32-tile and FP4-row weights (MODEL_SPEC 2.1), the weights decoded in
+// registers straight into mma.sync f16 fragments. Internal to linear_kernels.cu, which sends the
+// shapes these accept here and everything else to its CUDA-core kernels; the numerics and the
+// measurements are in docs/gpu_kernels.md ("Decode GEMV on the tensor cores").
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backends/cuda/device_weight.h"
+
+namespace ds41::cuda::tcg {
+
+// Whether the kernels are used (tests: set_tc_gemv_for_tests in linear_kernels.h; default on,
+// DS41_TC_GEMV=0 turns them off).
+bool enabled();
+void set_enabled_for_tests(int mode);  // -1: the environment, 0: off, 1: on
+
+// Dense / grouped linear (groups column blocks of x, out_rows rows of W each), n rows of x (row
+// stride ldx, y row stride ldy). Launches and returns true when the shape is one these kernels
+// take (format FP8 tiles / FP4 rows, n <= 2, in % 32 == 0, aligned rows, x staging within the
+// shared memory); false: nothing launched.
+bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
+               float* y, int64_t ldy, cudaStream_t stream);
+
+// Routed experts (the contract of run_expert_linear) with the experts' common format given by the
+// host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 16
+// (decode); false: nothing launched.
+bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
+                 int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
+                 cudaStream_t stream);
+
+}  // namespace ds41::cuda::tcg
