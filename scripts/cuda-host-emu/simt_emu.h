@@ -159,6 +159,8 @@ inline unsigned warp_gather_mask(uint64_t mine, bool (*pred)(uint64_t, uint64_t)
 inline unsigned __ballot_sync(unsigned, int p) {
   return warp_gather_mask(p ? 1 : 0, [](uint64_t other, uint64_t) { return other != 0; });
 }
+inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0u; }
+inline int __all_sync(unsigned m, int p) { return __ballot_sync(m, !p) == 0u; }
 inline unsigned __match_any_sync(unsigned, int v) {
   return warp_gather_mask(static_cast<uint64_t>(static_cast<int64_t>(v)),
                           [](uint64_t other, uint64_t mine) { return other == mine; });

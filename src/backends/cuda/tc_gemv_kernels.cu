@@ -12,10 +12,10 @@
 // - W is decoded to f16 exactly: E4M3 by the hardware E4M3x2 -> f16x2 conversion; E2M1 by bit moves
 //   (linear_wide_decode.cuh WideFp4::pair: the value times 2^-14, subnormal 0.5 included).
 // - mma.sync m16n8k16 (f16 x f16, fp32 accumulation) multiplies one 32-wide K tile (two mmas);
-//   every product of an f16 weight and an f16 part is exact in fp32. The tile's sum is scaled by
-//   its E8M0 scale (FP8: the 32x32 tile's; FP4: each row's, times 2^14) into the fp32 accumulator:
-//   one fmaf per output and tile. At the end the parts are added, hi + (lo + lo2), and the row's
-//   power of two undone.
+//   every product of an f16 weight and an f16 part is exact in fp32. The tile's sum is multiplied by
+//   ONE exact power of two, its E8M0 scale (FP8: the 32x32 tile's; FP4: each row's) times 2^e (its
+//   x row's power of two; times 2^14 for FP4), into the fp32 accumulator: one fmaf per output and
+//   tile, no overflow where y is finite. At the end the parts are added, hi + (lo + lo2).
 // So only the order of the fp32 additions differs from the CPU op (the parity rows' 1e-5 of max|y|).
 //
 // Fragments: a warp owns 16 rows of W (one mma's M; they share one FP8 tile row, 16 | 32) and a
@@ -104,7 +104,7 @@ __device__ __forceinline__ T ld_nc(const void* p) {
   return __ldg(reinterpret_cast<const T*>(p));
 }
 
-// The formats. Per tile and lane: Q the loaded words of rows r and r + 8, S its scale bytes.
+// The formats. Per tile and lane: Q the loaded words of rows r and r + 8.
 // kofs(m, s): K offset in the tile (past 8g) of B slot s (0..3) of mma m: slots 0, 1 = b0's two
 // halves, 2, 3 = b1's.
 struct Fp8 {
@@ -112,10 +112,18 @@ struct Fp8 {
   struct Q {
     uint2 a, b;
   };
-  using S = uint32_t;  // the tile's scale byte (one 32 x 32 tile for the warp's 16 rows)
-  __device__ static int kofs(int m, int s) { return 4 * m + s; }
+  static constexpr int kExp = 0;
+  __host__ __device__ static constexpr int kofs(int m, int s) { return 4 * m + s; }
   __device__ static Q load(const uint8_t* ra, const uint8_t* rb, int64_t t) {
     return Q{ld_nc<uint2>(ra + 32 * t), ld_nc<uint2>(rb + 32 * t)};
+  }
+  // max |E4M3| = 448 < 2^9: fl(w * 2^(sb-127)) can overflow from sb = 247 on (255: NaN, no overflow).
+  __device__ static bool overflow_scale(uint32_t sb) { return sb >= 247u && sb != 255u; }
+  // Weight idx (0..7) of the lane's row r (row 0) or r + 8 (1), as the host dequantizes it.
+  __device__ static float dequant(const Q& q, int row, int idx, uint32_t sb) {
+    const uint2 w = row ? q.b : q.a;
+    const uint32_t byte = ((idx < 4 ? w.x : w.y) >> (8 * (idx & 3))) & 0xffu;
+    return __fmul_rn(dev::e4m3_decode(byte), dev::e8m0_decode(sb));
   }
   __device__ static void frag(const Q& q, int m, uint32_t (&a)[4]) {
     const uint32_t wa = m ? q.a.y : q.a.x, wb = m ? q.b.y : q.b.x;
@@ -127,13 +135,20 @@ struct Fp8 {
 };
 
 struct Fp4 {
-  static constexpr int kU = 8;
+  static constexpr int kU = 6;
   struct Q {
     uint32_t a, b;
   };
-  __device__ static int kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
+  static constexpr int kExp = 14;  // E2M1 decoded as value * 2^-14
+  __host__ __device__ static constexpr int kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
   __device__ static Q load(const uint8_t* ra, const uint8_t* rb, int64_t t) {
     return Q{ld_nc<uint32_t>(ra + 16 * t), ld_nc<uint32_t>(rb + 16 * t)};
+  }
+  // max |E2M1| = 6 < 2^3: fl(w * 2^(sb-127)) can overflow from sb = 253 on.
+  __device__ static bool overflow_scale(uint32_t sb) { return sb >= 253u && sb != 255u; }
+  __device__ static float dequant(const Q& q, int row, int idx, uint32_t sb) {
+    const uint32_t code = ((row ? q.b : q.a) >> (4 * idx)) & 0xfu;
+    return __fmul_rn(dev::e2m1_decode(code), dev::e8m0_decode(sb));
   }
   template <int i>
   __device__ static uint32_t pair(uint32_t w) {
@@ -155,149 +170,260 @@ struct Fp4 {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Staging: rows b < nb of x (K = in) into xs as [tile][mma][column j = 3b + part][lane group] of
-// 4 f16 (one B fragment); scale[b] = 2^e_b undoes the row's power of two.
+// Staging: rows b < nb of x (K = in; rows 16-byte aligned) into xs as [tile][mma][column j = 3b +
+// part][lane group] of 4 f16 (one B fragment). x' = x * 2^-e_b, e_b = ilogb(max |x_b|) - 14 (0 for a
+// row with inf / NaN), written to ex[b]: a tile's sum is multiplied by 2^(e_b + kExp) times its
+// E8M0 scale as ONE power of two (kExp = 14 for FP4's value * 2^-14 decoding), so the accumulator
+// holds y itself (no intermediate overflow or underflow where y and the oracle's products are
+// normal). Two passes over x with float4 loads, several in flight per thread: the row maxima, then
+// the parts.
 template <class D>
 __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t in, uint2* xs, float* red,
-                        float* scale) {
+                        int* ex) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int b = 0; b < nb; ++b) {
-    float m = 0.f;
-    for (int64_t k = tid; k < in; k += kThreads) m = fmaxf(m, fabsf(x[b * ldx + k]));
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) red[warp * kNB + b] = m;
+  const int64_t q4 = in / 4, total4 = nb * q4;
+  float m0 = 0.f, m1 = 0.f;
+  for (int64_t i0 = tid; i0 < total4; i0 += 4 * kThreads) {
+    float4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = i0 + j * kThreads;
+      const int64_t b = i >= q4 ? 1 : 0;
+      v[j] = i < total4 ? __ldg(reinterpret_cast<const float4*>(x + b * ldx) + (i - b * q4)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float a = fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+      if (i0 + j * kThreads >= q4) m1 = fmaxf(m1, a); else m0 = fmaxf(m0, a);
+    }
+  }
+  for (int o = 16; o; o >>= 1) {
+    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+  }
+  if (lane == 0) {
+    red[warp * kNB] = m0;
+    red[warp * kNB + 1] = m1;
   }
   __syncthreads();
-  __shared__ int e_s[kNB];
+  __shared__ float inv_s[kNB][2];
   if (tid < nb) {
     float m = 0.f;
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * kNB + tid]);
-    // ilogb(m) - 14: max |x'| in [2^14, 2^15) (f16 max 65504); 0 for zero, inf or NaN (propagated).
-    const int e = (m > 0.f && isfinite(m)) ? ilogbf(m) - 14 : 0;
-    e_s[tid] = e;
-    scale[tid] = scalbnf(1.0f, e);
+    // e = ilogb(max |x|) - 14 (subnormal maxima included); 0 for zero, inf or NaN (propagated).
+    const int e = (m > 0.f && isfinite(m)) ? ilogbf(m) - 14 : 0;  // in [-163, 113]
+    ex[tid] = e;
+    // x * 2^-e as one or two exact power-of-two products (2^-e up to 2^163).
+    const int a = min(-e, 127), b = -e - a;
+    inv_s[tid][0] = __uint_as_float(static_cast<uint32_t>(127 + a) << 23);
+    inv_s[tid][1] = __uint_as_float(static_cast<uint32_t>(127 + b) << 23);
   }
   __syncthreads();
   const int J = 3 * nb;
-  const int64_t tiles = in / 32, combos = static_cast<int64_t>(nb) * tiles * 8;  // (b, tile, mma, g)
-  for (int64_t c = tid; c < combos; c += kThreads) {
-    const int b = static_cast<int>(c / (tiles * 8));
-    const int64_t rem = c - static_cast<int64_t>(b) * tiles * 8;
-    const int64_t t = rem >> 3;
-    const int m = static_cast<int>((rem >> 2) & 1), g = static_cast<int>(rem & 3);
-    const int e = e_s[b];
-    unsigned short h[3][4];
+  const int64_t q8 = in / 8, units = nb * q8;  // (b, tile, lane group): 8 floats each
+  for (int64_t i0 = tid; i0 < units; i0 += 2 * kThreads) {
+    float4 v[2][2];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const float v = scalbnf(x[b * ldx + 32 * t + 8 * g + D::kofs(m, s)], -e);
-      const __half p0 = __float2half_rn(v);
-      const float r1 = v - __half2float(p0);
-      const __half p1 = __float2half_rn(r1);
-      const __half p2 = __float2half_rn(r1 - __half2float(p1));
-      h[0][s] = __half_raw(p0).x;
-      h[1][s] = __half_raw(p1).x;
-      h[2][s] = __half_raw(p2).x;
+    for (int j = 0; j < 2; ++j) {
+      const int64_t i = i0 + j * kThreads;
+      const int64_t b = i >= q8 ? 1 : 0;
+      const float4* p = reinterpret_cast<const float4*>(x + b * ldx) + 2 * (i - b * q8);
+      v[j][0] = i < units ? __ldg(p) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[j][1] = i < units ? __ldg(p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
-    for (int p = 0; p < 3; ++p)
-      xs[((t * 2 + m) * J + 3 * b + p) * 4 + g] =
-          make_uint2(h[p][0] | (static_cast<uint32_t>(h[p][1]) << 16), h[p][2] | (static_cast<uint32_t>(h[p][3]) << 16));
+    for (int j = 0; j < 2; ++j) {
+      const int64_t i = i0 + j * kThreads;
+      if (i >= units) break;
+      const int b = i >= q8 ? 1 : 0;
+      const int64_t u = i - b * q8, t = u >> 2;
+      const int g = static_cast<int>(u & 3);
+      const float i0f = inv_s[b][0], i1f = inv_s[b][1];
+      const float f[8] = {v[j][0].x * i0f * i1f, v[j][0].y * i0f * i1f, v[j][0].z * i0f * i1f, v[j][0].w * i0f * i1f,
+                          v[j][1].x * i0f * i1f, v[j][1].y * i0f * i1f, v[j][1].z * i0f * i1f, v[j][1].w * i0f * i1f};
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        uint32_t h[3][4];
+#pragma unroll
+        for (int sl = 0; sl < 4; ++sl) {
+          const float val = f[D::kofs(m, sl)];
+          const __half p0 = __float2half_rn(val);
+          const float r1 = val - __half2float(p0);
+          const __half p1 = __float2half_rn(r1);
+          const __half p2 = __float2half_rn(r1 - __half2float(p1));
+          h[0][sl] = __half_raw(p0).x;
+          h[1][sl] = __half_raw(p1).x;
+          h[2][sl] = __half_raw(p2).x;
+        }
+#pragma unroll
+        for (int pt = 0; pt < 3; ++pt)
+          xs[((t * 2 + m) * J + 3 * b + pt) * 4 + g] = make_uint2(h[pt][0] | (h[pt][1] << 16), h[pt][2] | (h[pt][3] << 16));
+      }
+    }
   }
   __syncthreads();
 }
 
-// One warp: W rows [o0, o0 + 16) (rows >= out_rows clamped for the loads; their sums unused), tiles
-// [t0, t1), the staged x; acc = the mma's D fragment summed over the tiles (scales applied).
+// acc + v * 2^(sb - 127 + e) (sb an E8M0 byte: 255 is NaN): one fmaf by the exact power of two when
+// it is a normal float, else (extreme scales) two exact steps.
+__device__ __forceinline__ float pow2_fma(float v, uint32_t sb, int e, float acc) {
+  const int biased = static_cast<int>(sb) + e;
+  if (sb != 255u && biased >= 1 && biased <= 254) return __fmaf_rn(v, __uint_as_float(static_cast<uint32_t>(biased) << 23), acc);
+  if (sb == 255u) return __fmaf_rn(v, dev::nan_f32(), acc);
+  const int p = biased - 127, h = p / 2;  // |h|, |p - h| <= 127 + 82
+  return __fmaf_rn(scalbnf(v, h), scalbnf(1.0f, p - h), acc);
+}
+
+// One warp's task: W rows [o0, o0 + 16) (rows >= the end clamped for the loads; their sums unused)
+// over tiles [t0, t1). prologue() issues the first U tiles' loads (before the block stages x, so
+// the weights' latency overlaps the staging); run() streams the rest and accumulates
+// acc = sum over tiles of (the mma's D fragment) * 2^(tile scale + its x row's e + kExp).
 template <class D, bool kFp8>
-__device__ __forceinline__ void warp_rows(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc,
-                                          int64_t in, int64_t o0, int64_t out_rows, int64_t t0, int64_t t1,
-                                          const uint2* xs, int J, float (&acc)[4]) {
-  const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
-  const int64_t oa = min(o0 + r, out_rows - 1), ob = min(o0 + r + 8, out_rows - 1);
-  const int64_t tiles = in / 32;
+struct WarpTask {
+  static constexpr int U = D::kU;
   const uint8_t *ra, *rb, *sa, *sb;
-  if constexpr (kFp8) {
-    ra = data + oa * in + 8 * g;
-    rb = data + ob * in + 8 * g;
-    sa = sc + (o0 >> 5) * ((in + 31) >> 5);  // the 16 rows share one row of tiles
-    sb = sa;
-  } else {
-    ra = data + oa * (in / 2) + 4 * g;
-    rb = data + ob * (in / 2) + 4 * g;
-    sa = sc + oa * tiles;
-    sb = sc + ob * tiles;
-  }
-  const bool col = r < J;
-  const int64_t n = t1 - t0;
-  constexpr int U = D::kU;
+  int64_t t0, n;
   typename D::Q q[U];
   uint32_t s0[U], s1[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (u < n) {
-      q[u] = D::load(ra, rb, t0 + u);
-      s0[u] = __ldg(sa + t0 + u);
-      s1[u] = kFp8 ? 0u : __ldg(sb + t0 + u);
+
+  __device__ __forceinline__ void prologue(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc,
+                                           int64_t in, int64_t o0, int64_t row_end, int64_t t_begin,
+                                           int64_t t_end) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+    const int64_t oa = min(o0 + r, row_end - 1), ob = min(o0 + r + 8, row_end - 1);
+    const int64_t tiles = in / 32;
+    if constexpr (kFp8) {
+      ra = data + oa * in + 8 * g;
+      rb = data + ob * in + 8 * g;
+      sa = sc + (o0 >> 5) * ((in + 31) >> 5);  // the 16 rows share one row of tiles
+      sb = sa;
+    } else {
+      ra = data + oa * (in / 2) + 4 * g;
+      rb = data + ob * (in / 2) + 4 * g;
+      sa = sc + oa * tiles;
+      sb = sc + ob * tiles;
     }
-  for (int64_t i = 0; i < n; i += U) {
+    t0 = t_begin;
+    n = t_end - t_begin;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t k = i + u;
-      if (k < n) {
-        const typename D::Q cur = q[u];
-        const uint32_t c0 = s0[u], c1 = s1[u];
-        if (k + U < n) {
-          q[u] = D::load(ra, rb, t0 + k + U);
-          s0[u] = __ldg(sa + t0 + k + U);
-          if (!kFp8) s1[u] = __ldg(sb + t0 + k + U);
+    for (int u = 0; u < U; ++u)
+      if (u < n) {
+        q[u] = D::load(ra, rb, t0 + u);
+        s0[u] = __ldg(sa + t0 + u);
+        s1[u] = kFp8 ? 0u : __ldg(sb + t0 + u);
+      }
+  }
+
+  // The tile in the oracle's arithmetic: each weight dequantized as the host does (one float product
+  // with its scale, inf on overflow), times x (its parts added back, times 2^e), summed over the
+  // lane's 8 K positions and the 4 lanes of a row; the sums go to the hi-part column of each x row.
+  __device__ __forceinline__ void exact_tile(const typename D::Q& cur, uint32_t sra, uint32_t srb, const uint2* xs, int J,
+                                          int64_t t, const int* ex, float (&acc)[4]) {
+    const int lane = threadIdx.x & 31, g = lane & 3, nb = J / 3;
+    float tot[2][kNB] = {{0.f, 0.f}, {0.f, 0.f}};
+    for (int m = 0; m < 2; ++m)
+      for (int sl = 0; sl < 4; ++sl) {
+        const int idx = D::kofs(m, sl);
+        const float wa = D::dequant(cur, 0, idx, sra), wb = D::dequant(cur, 1, idx, srb);
+        for (int b = 0; b < nb; ++b) {
+          float part[3];
+          for (int p = 0; p < 3; ++p) {
+            const uint2 v = xs[((t * 2 + m) * J + 3 * b + p) * 4 + g];
+            const uint32_t h = (sl < 2 ? v.x : v.y) >> (16 * (sl & 1));
+            __half_raw raw;
+            raw.x = static_cast<unsigned short>(h & 0xffffu);
+            part[p] = __half2float(__half(raw));
+          }
+          const float xv = scalbnf((part[0] + part[1]) + part[2], ex[b]);
+          tot[0][b] = __fadd_rn(tot[0][b], __fmul_rn(wa, xv));
+          tot[1][b] = __fadd_rn(tot[1][b], __fmul_rn(wb, xv));
         }
-        const int64_t t = t0 + k;
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
+      }
+    for (int o = 1; o < 4; o <<= 1)
+      for (int b = 0; b < kNB; ++b) {
+        tot[0][b] += __shfl_xor_sync(0xffffffffu, tot[0][b], o);
+        tot[1][b] += __shfl_xor_sync(0xffffffffu, tot[1][b], o);
+      }
+    for (int b = 0; b < nb; ++b) {
+      const int j = 3 * b;
+      if (g == (j >> 1)) {
+        acc[j & 1] += tot[0][b];
+        acc[2 + (j & 1)] += tot[1][b];
+      }
+    }
+  }
+
+  __device__ __forceinline__ void run(const uint2* xs, int J, const int* ex, float (&acc)[4]) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+    const bool col = r < J;
+    // The power of two of the x rows of D columns 2g and 2g + 1 (3 parts per row), plus kExp.
+    const int e0 = ex[min(2 * g / 3, kNB - 1)] + D::kExp, e1 = ex[min((2 * g + 1) / 3, kNB - 1)] + D::kExp;
+    for (int64_t i = 0; i < n; i += U) {
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          uint32_t a[4];
-          D::frag(cur, m, a);
-          const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
-          mma_f16(d, a, bv.x, bv.y);
-        }
-        if constexpr (kFp8) {
-          const float s = dev::e8m0_decode(c0);
+      for (int u = 0; u < U; ++u) {
+        const int64_t k = i + u;
+        if (k < n) {
+          const typename D::Q cur = q[u];
+          const uint32_t sc0 = s0[u], sc1 = s1[u];
+          if (k + U < n) {
+            q[u] = D::load(ra, rb, t0 + k + U);
+            s0[u] = __ldg(sa + t0 + k + U);
+            if (!kFp8) s1[u] = __ldg(sb + t0 + k + U);
+          }
+          const int64_t t = t0 + k;
+          // A scale so large that a dequantized weight can overflow (the oracle's fl(w * s) is then
+          // inf): the tile through the oracle's arithmetic instead (rare; warp-uniform branch).
+          if (__any_sync(0xffffffffu, D::overflow_scale(sc0) || (!kFp8 && D::overflow_scale(sc1)))) {
+            exact_tile(cur, sc0, kFp8 ? sc0 : sc1, xs, J, t, ex, acc);
+            continue;
+          }
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-          for (int i2 = 0; i2 < 4; ++i2) acc[i2] = __fmaf_rn(s, d[i2], acc[i2]);
-        } else {
-          // E2M1 decoded as value * 2^-14: the tile's sum times 2^14 (exact), then the row's scale.
-          const float sa_f = dev::e8m0_decode(c0), sb_f = dev::e8m0_decode(c1);
-          acc[0] = __fmaf_rn(__fmul_rn(d[0], 16384.f), sa_f, acc[0]);
-          acc[1] = __fmaf_rn(__fmul_rn(d[1], 16384.f), sa_f, acc[1]);
-          acc[2] = __fmaf_rn(__fmul_rn(d[2], 16384.f), sb_f, acc[2]);
-          acc[3] = __fmaf_rn(__fmul_rn(d[3], 16384.f), sb_f, acc[3]);
+          for (int m = 0; m < 2; ++m) {
+            uint32_t a[4];
+            D::frag(cur, m, a);
+            const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
+            mma_f16(d, a, bv.x, bv.y);
+          }
+          // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale;
+          // FP4: rows r and r + 8 each their own).
+          const uint32_t sr8 = kFp8 ? sc0 : sc1;
+          acc[0] = pow2_fma(d[0], sc0, e0, acc[0]);
+          acc[1] = pow2_fma(d[1], sc0, e1, acc[1]);
+          acc[2] = pow2_fma(d[2], sr8, e0, acc[2]);
+          acc[3] = pow2_fma(d[3], sr8, e1, acc[3]);
         }
       }
     }
   }
-}
+};
 
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
-// partial D fragments meet in red_d, and nb x 16 x RPB outputs are written.
-template <class D, bool kFp8>
+// partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
+// weight loads are issued before stage() (the block's x staging).
+template <class D, bool kFp8, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
-                           int ks_log2, const uint2* xs, int nb, const float* xscale, float* __restrict__ y,
-                           int64_t ldy, float* red_d) {
+                           int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
+                           int64_t ldy, float* red_d, Stage stage) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int KS = 1 << ks_log2, RPB = kWarps >> ks_log2;
   const int kp = warp & (KS - 1), rgl = warp >> ks_log2;
   const int64_t tiles = in / 32, n_rg = (out_rows + 15) / 16, n_rgb = (n_rg + RPB - 1) / RPB;
   const int64_t t0 = tiles * kp / KS, t1 = tiles * (kp + 1) / KS;
   const int J = 3 * nb;
+  bool staged = false;
   // The W rows of this launch start at global row w_row0 (a group's first row): FP8 scale rows are
   // global (w_row0 % 16 == 0 is required by the host), payload rows too.
   for (int64_t rgb = blockIdx.x; rgb < n_rgb; rgb += gridDim.x) {
     const int64_t rg = rgb * RPB + rgl;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (rg < n_rg) {
-      const int64_t o0 = rg * 16;
-      warp_rows<D, kFp8>(data, sc, in, w_row0 + o0, w_row0 + out_rows, t0, t1, xs, J, acc);
+    WarpTask<D, kFp8> task;
+    if (rg < n_rg) task.prologue(data, sc, in, w_row0 + rg * 16, w_row0 + out_rows, t0, t1);
+    if (!staged) {
+      stage();
+      staged = true;
     }
+    if (rg < n_rg) task.run(xs, J, ex, acc);
 #pragma unroll
     for (int i = 0; i < 4; ++i) red_d[(warp * 32 + lane) * 4 + i] = acc[i];
     __syncthreads();
@@ -309,11 +435,11 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
 #pragma unroll
         for (int p = 0; p < 3; ++p) {
           const int j = 3 * b + p, ln = 4 * (row & 7) + (j >> 1), i = (row >= 8 ? 2 : 0) + (j & 1);
-          float s = 0.f;
-          for (int k = 0; k < KS; ++k) s += red_d[(((rl << ks_log2) + k) * 32 + ln) * 4 + i];
-          part[p] = s;
+          float sum = 0.f;
+          for (int k = 0; k < KS; ++k) sum += red_d[(((rl << ks_log2) + k) * 32 + ln) * 4 + i];
+          part[p] = sum;
         }
-        y[b * ldy + o] = (part[0] + (part[1] + part[2])) * xscale[b];
+        y[b * ldy + o] = part[0] + (part[1] + part[2]);
       }
     }
     __syncthreads();
@@ -328,13 +454,14 @@ __global__ void __launch_bounds__(kThreads, 3)
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * kNB];
-  __shared__ float xscale[kNB];
+  __shared__ int ex[kNB];
   float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * kMaxJ);
   const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * kNB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), n - r0));
-  stage_x<D>(x + r0 * ldx + grp * in, ldx, nb, in, smem_u2, red, xscale);
-  block_rows<D, kFp8>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, xscale,
-                      y + r0 * ldy + grp * out_rows, ldy, red_d);
+  const float* xb = x + r0 * ldx + grp * in;
+  block_rows<D, kFp8>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
+                      y + r0 * ldy + grp * out_rows, ldy, red_d,
+                      [&] { stage_x<D>(xb, ldx, nb, in, smem_u2, red, ex); });
 }
 
 // Experts: unit u = (expert, <= kNB of its rows); unit_start[e] = units before expert e.
@@ -346,7 +473,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * kNB];
-  __shared__ float xscale[kNB];
+  __shared__ int ex[kNB];
   __shared__ int unit_start[kMaxExperts + 1];
   float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * kMaxJ);
   const int tid = threadIdx.x;
@@ -377,9 +504,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int64_t e = lo, r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * kNB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), offsets[e + 1] - r0));
   const DeviceWeight dw = weights[e];
-  stage_x<D>(x + r0 * in, in, nb, in, smem_u2, red, xscale);
-  block_rows<D, kFp8>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, xscale, y + r0 * out_dim, out_dim,
-                      red_d);
+  const float* xb = x + r0 * in;
+  block_rows<D, kFp8>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
+                      red_d, [&] { stage_x<D>(xb, in, nb, in, smem_u2, red, ex); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,6 +569,7 @@ void set_enabled_for_tests(int mode) { g_mode = mode < 0 ? -1 : (mode ? 1 : 0); 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream) {
   if (!enabled() || n < 1 || n > kNB || w.in_dim % 32 != 0 || groups > 65535) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0) return false;  // float4 staging
   const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows;
   if (!fp8 && !fp4) return false;
   const uintptr_t p = reinterpret_cast<uintptr_t>(w.data);
@@ -468,6 +596,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream) {
   if (!enabled() || m_max < 1 || m_max > 16 || in_dim % 32 != 0 || n_experts > kMaxExperts) return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;  // float4 staging
   const bool fp8 = format == WeightFormat::kFp8Tiles, fp4 = format == WeightFormat::kFp4Rows;
   if (!fp8 && !fp4) return false;
   const size_t smem = smem_bytes(in_dim);
