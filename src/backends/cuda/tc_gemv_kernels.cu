@@ -264,14 +264,15 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
   __syncthreads();
 }
 
-// acc + v * 2^(sb - 127 + e) (sb an E8M0 byte: 255 is NaN): one fmaf by the exact power of two when
-// it is a normal float, else (extreme scales) two exact steps.
-__device__ __forceinline__ float pow2_fma(float v, uint32_t sb, int e, float acc) {
+// The multiplier 2^(sb - 127 + e) of a tile's sum (sb an E8M0 byte) when it is a normal float and
+// no weight of the tile can overflow when dequantized (sb below the format's overflow_scale): then
+// fast() is true and mult() exact. Otherwise (NaN scale, extreme scales) the tile takes exact_tile.
+__device__ __forceinline__ bool pow2_normal(uint32_t sb, int e) {
   const int biased = static_cast<int>(sb) + e;
-  if (sb != 255u && biased >= 1 && biased <= 254) return __fmaf_rn(v, __uint_as_float(static_cast<uint32_t>(biased) << 23), acc);
-  if (sb == 255u) return __fmaf_rn(v, dev::nan_f32(), acc);
-  const int p = biased - 127, h = p / 2;  // |h|, |p - h| <= 127 + 82
-  return __fmaf_rn(scalbnf(v, h), scalbnf(1.0f, p - h), acc);
+  return biased >= 1 && biased <= 254;
+}
+__device__ __forceinline__ float pow2_mult(uint32_t sb, int e) {
+  return __uint_as_float(static_cast<uint32_t>(static_cast<int>(sb) + e) << 23);
 }
 
 // One warp's task: W rows [o0, o0 + 16) (rows >= the end clamped for the loads; their sums unused)
@@ -317,16 +318,21 @@ struct WarpTask {
   // The tile in the oracle's arithmetic: each weight dequantized as the host does (one float product
   // with its scale, inf on overflow), times x (its parts added back, times 2^e), summed over the
   // lane's 8 K positions and the 4 lanes of a row; the sums go to the hi-part column of each x row.
-  __device__ __forceinline__ void exact_tile(const typename D::Q& cur, uint32_t sra, uint32_t srb, const uint2* xs, int J,
-                                          int64_t t, const int* ex, float (&acc)[4]) {
+  __device__ __forceinline__ static float4 exact_tile(typename D::Q cur, uint32_t sra, uint32_t srb, const uint2* xs,
+                                                   int J, int64_t t, const int* ex) {
     const int lane = threadIdx.x & 31, g = lane & 3, nb = J / 3;
     float tot[2][kNB] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
     for (int m = 0; m < 2; ++m)
+#pragma unroll
       for (int sl = 0; sl < 4; ++sl) {
         const int idx = D::kofs(m, sl);
         const float wa = D::dequant(cur, 0, idx, sra), wb = D::dequant(cur, 1, idx, srb);
-        for (int b = 0; b < nb; ++b) {
+#pragma unroll
+        for (int b = 0; b < kNB; ++b) {
+          if (b >= nb) break;
           float part[3];
+#pragma unroll
           for (int p = 0; p < 3; ++p) {
             const uint2 v = xs[((t * 2 + m) * J + 3 * b + p) * 4 + g];
             const uint32_t h = (sl < 2 ? v.x : v.y) >> (16 * (sl & 1));
@@ -339,17 +345,62 @@ struct WarpTask {
           tot[1][b] = __fadd_rn(tot[1][b], __fmul_rn(wb, xv));
         }
       }
+#pragma unroll
     for (int o = 1; o < 4; o <<= 1)
+#pragma unroll
       for (int b = 0; b < kNB; ++b) {
         tot[0][b] += __shfl_xor_sync(0xffffffffu, tot[0][b], o);
         tot[1][b] += __shfl_xor_sync(0xffffffffu, tot[1][b], o);
       }
-    for (int b = 0; b < nb; ++b) {
-      const int j = 3 * b;
-      if (g == (j >> 1)) {
-        acc[j & 1] += tot[0][b];
-        acc[2 + (j & 1)] += tot[1][b];
+    float add[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int b = 0; b < kNB; ++b) {
+      const int j = 3 * b;  // the hi column of x row b: lane group j / 2, D entry j % 2 (+2 for row r + 8)
+      if (b < nb && g == (j >> 1)) {
+        add[j & 1] += tot[0][b];
+        add[2 + (j & 1)] += tot[1][b];
       }
+    }
+    return make_float4(add[0], add[1], add[2], add[3]);
+  }
+
+  // Tile t0 + k from registers q[u] (u = k % U), the loads of tile k + U (clamped to the last tile:
+  // a harmless reload, no branch) issued before it is multiplied.
+  __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, bool col, int e0, int e1,
+                                       const int* ex, float (&acc)[4]) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+    const typename D::Q cur = q[u];
+    const uint32_t sc0 = s0[u], sc1 = kFp8 ? s0[u] : s1[u];
+    const int64_t nx = t0 + min(k + U, n - 1);
+    q[u] = D::load(ra, rb, nx);
+    s0[u] = __ldg(sa + nx);
+    if (!kFp8) s1[u] = __ldg(sb + nx);
+    const int64_t t = t0 + k;
+    const bool fast = !D::overflow_scale(sc0) && !D::overflow_scale(sc1) && sc0 != 255u && sc1 != 255u &&
+                      pow2_normal(sc0, e0) && pow2_normal(sc0, e1) && pow2_normal(sc1, e0) && pow2_normal(sc1, e1);
+    if (__all_sync(0xffffffffu, fast)) {
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        uint32_t a[4];
+        D::frag(cur, m, a);
+        const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
+        mma_f16(d, a, bv.x, bv.y);
+      }
+      // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4: rows
+      // r and r + 8 each their own).
+      acc[0] = __fmaf_rn(d[0], pow2_mult(sc0, e0), acc[0]);
+      acc[1] = __fmaf_rn(d[1], pow2_mult(sc0, e1), acc[1]);
+      acc[2] = __fmaf_rn(d[2], pow2_mult(sc1, e0), acc[2]);
+      acc[3] = __fmaf_rn(d[3], pow2_mult(sc1, e1), acc[3]);
+    } else {
+      // A scale that can overflow a dequantized weight (the oracle's fl(w * s) is then inf), a NaN
+      // scale, or a multiplier outside the normal floats: the oracle's arithmetic (rare).
+      const float4 add = exact_tile(cur, sc0, sc1, xs, J, t, ex);
+      acc[0] += add.x;
+      acc[1] += add.y;
+      acc[2] += add.z;
+      acc[3] += add.w;
     }
   }
 
@@ -358,43 +409,14 @@ struct WarpTask {
     const bool col = r < J;
     // The power of two of the x rows of D columns 2g and 2g + 1 (3 parts per row), plus kExp.
     const int e0 = ex[min(2 * g / 3, kNB - 1)] + D::kExp, e1 = ex[min((2 * g + 1) / 3, kNB - 1)] + D::kExp;
-    for (int64_t i = 0; i < n; i += U) {
+    const int64_t full = n - n % U;
+    for (int64_t i = 0; i < full; i += U) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t k = i + u;
-        if (k < n) {
-          const typename D::Q cur = q[u];
-          const uint32_t sc0 = s0[u], sc1 = s1[u];
-          if (k + U < n) {
-            q[u] = D::load(ra, rb, t0 + k + U);
-            s0[u] = __ldg(sa + t0 + k + U);
-            if (!kFp8) s1[u] = __ldg(sb + t0 + k + U);
-          }
-          const int64_t t = t0 + k;
-          // A scale so large that a dequantized weight can overflow (the oracle's fl(w * s) is then
-          // inf): the tile through the oracle's arithmetic instead (rare; warp-uniform branch).
-          if (__any_sync(0xffffffffu, D::overflow_scale(sc0) || (!kFp8 && D::overflow_scale(sc1)))) {
-            exact_tile(cur, sc0, kFp8 ? sc0 : sc1, xs, J, t, ex, acc);
-            continue;
-          }
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            uint32_t a[4];
-            D::frag(cur, m, a);
-            const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
-            mma_f16(d, a, bv.x, bv.y);
-          }
-          // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale;
-          // FP4: rows r and r + 8 each their own).
-          const uint32_t sr8 = kFp8 ? sc0 : sc1;
-          acc[0] = pow2_fma(d[0], sc0, e0, acc[0]);
-          acc[1] = pow2_fma(d[1], sc0, e1, acc[1]);
-          acc[2] = pow2_fma(d[2], sr8, e0, acc[2]);
-          acc[3] = pow2_fma(d[3], sr8, e1, acc[3]);
-        }
-      }
+      for (int u = 0; u < U; ++u) tile(u, i + u, xs, J, col, e0, e1, ex, acc);
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (full + u < n) tile(u, full + u, xs, J, col, e0, e1, ex, acc);
   }
 };
 
@@ -447,7 +469,7 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
 }
 
 template <class D, bool kFp8>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, 2)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2) {
@@ -466,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 // Experts: unit u = (expert, <= kNB of its rows); unit_start[e] = units before expert e.
 template <class D, bool kFp8>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads, 2)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim, int64_t in,
                      const int64_t* __restrict__ offsets, const float* __restrict__ x, float* __restrict__ y,
                      int ks_log2) {
@@ -536,14 +558,14 @@ void allow_smem() {
   (void)done;
 }
 
-// KS (log2): the fewest warps per row group that give ~3 blocks' warps per SM, while every warp
+// KS (log2): the fewest warps per row group that give ~2 blocks' warps per SM, while every warp
 // keeps >= 2 U tiles. Blocks: as many as fill the SMs (persistent), at most one per row-group batch.
 struct Shape {
   int ks_log2;
   unsigned slots;
 };
 Shape shape(int64_t out_rows, int64_t other, int64_t in, int U, size_t smem) {
-  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(3, (227 * 1024) / static_cast<int64_t>(smem + 1024)));
+  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(2, (227 * 1024) / static_cast<int64_t>(smem + 1024)));
   const int64_t target_blocks = sm_count() * per_sm, target_warps = target_blocks * kWarps;
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   int l = 0;
