@@ -24,7 +24,10 @@
 // nothing with the forward but the read-only weights, and its kernels, copies and waits go to the
 // encoder stream only, so the two overlap on the device and give the serial path's bits
 // (GpuVision.EncodeConcurrentWithStepsIsBitIdenticalToSerial). encode_images calls are serialized
-// by a mutex. The DeviceModel must outlive the engine.
+// by a mutex. A CUDA graph capture on the engine stream must therefore use
+// cudaStreamCaptureModeThreadLocal (or relaxed): in the global mode the encoder thread's pageable
+// copies and stream waits would be refused while the capture is open. The DeviceModel must outlive
+// the engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
