@@ -64,7 +64,8 @@ ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
 if [ "$short_tsan" = 1 ]; then
   # The short TSan job CI keeps (the full TSan run is `--sanitize tsan`): the thread pool's
   # concurrent callers, the kvcache async writer and the engine loop (parallel sampling, streams
-  # read by server threads, the prefix cache's block reads off the loop thread: BlockPrefetcher),
+  # read by server threads, the prefix cache's block reads off the loop thread: BlockPrefetcher,
+  # image encoding off the loop thread: ImageEncoder, CpuEngine::encode_images during step()),
   # the places shared by many threads.
   configure_san build-tsan-ci tsan
   # ds41 itself too: this tree is configured without CUDA, so it checks that the binary still
@@ -72,5 +73,5 @@ if [ "$short_tsan" = 1 ]; then
   ninja -C build-tsan-ci ds41_core_tests ds41_kvcache_tests ds41_engine_tests ds41
   build-tsan-ci/tests/unit/core/ds41_core_tests --gtest_filter='ThreadPool.*'
   build-tsan-ci/tests/unit/kvcache/ds41_kvcache_tests --gtest_filter='AsyncWriter*:KvStore*'
-  build-tsan-ci/tests/unit/engine/ds41_engine_tests --gtest_filter='EngineLoop*:BlockPrefetcher*'
+  build-tsan-ci/tests/unit/engine/ds41_engine_tests --gtest_filter='EngineLoop*:BlockPrefetcher*:ImageEncoder*:CpuEngineConcurrency*'
 fi

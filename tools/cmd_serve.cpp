@@ -164,6 +164,10 @@ void setup_serve(CLI::App& parent, int& exit_code) {
                   "Largest decoded image in pixels (default 40000000)");
   cmd->add_option("--vision-cache", a->engine.vision_cache,
                   "Host memory for the vision-feature cache (default 256MiB; 0 = off)");
+  cmd->add_option("--image-encoder-jobs", a->engine.image_encoder_jobs,
+                  "Images of cache misses are encoded off the engine loop, concurrently with decode: at most "
+                  "this many encoder jobs queued or running (default 8; 0 = encode on the loop thread, "
+                  "stalling every request)");
   // Prefix cache (issue 13; README "Prefix cache").
   cmd->add_flag("--no-prefix-cache", a->engine.no_prefix_cache, "Serve without the prefix cache");
   cmd->add_option("--kv-dir", a->engine.kv_dir,

@@ -185,6 +185,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   lc.max_queue = a.max_queue;
   lc.sample_pool = se->engine.cpu_pool;  // the CPU engine's pool is idle between its forwards (null: GPU)
   DS41_ASSIGN_OR_RETURN(lc.vision_cache_bytes, parse_bytes(a.vision_cache, "--vision-cache"));
+  lc.image_encoder_jobs = a.image_encoder_jobs;
   // The prefix cache needs the engine's state export / import and replay_window, decoder-replay
   // prefill (MODEL_SPEC 4.4) Engine::prefill_decoder_replay: both engines have them.
   lc.decoder_replay_prefill = a.prefill_mode == "decoder-replay";

@@ -28,6 +28,7 @@ struct EngineArgs {
   std::string memory_limit;             // --memory-limit (empty: MemAvailable)
   bool quiet = false;                   // no load progress
   std::string vision_cache = "256MiB";  // --vision-cache: image feature cache (0 = off)
+  int64_t image_encoder_jobs = 8;         // --image-encoder-jobs: encoder queue bound (0 = on the loop thread)
   // Prefix cache (issue 13; README "Prefix cache"): on unless no_prefix_cache.
   bool no_prefix_cache = false;
   std::string kv_dir;                      // persistent tier; empty: none

@@ -9,7 +9,7 @@
 // Float arithmetic is the host's (IEEE, -ffp-contract=off, like --fmad=false), libm's expf/exp
 // instead of CUDA's, and the pre-sm_89 paths of quant_device.cuh. Not emulated: memory-model races
 // between warps without a barrier, the read-only cache, resource limits (registers, shared memory
-// size), performance.
+// size), performance. Launches from several host threads are serialized (one kernel at a time).
 #pragma once
 #define __global__
 #define __device__
@@ -29,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 using std::isnan;
 using std::isfinite;
@@ -207,6 +208,11 @@ inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
 
 namespace emu {
+// One for every kernel (a static inside run() would be one per instantiation).
+inline std::recursive_mutex& launch_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
 // Grids of up to three dimensions (blockIdx.x fastest, like the hardware's usual order).
 struct Launch {
   dim3 grid;
@@ -216,6 +222,9 @@ struct Launch {
   Launch(dim3 g, int b, size_t s = 0, cudaStream_t = nullptr) : grid(g), block(static_cast<unsigned>(b)), smem(s) {}
   template <class K, class... A>
   void run(K k, A... a) {
+    // Launches from several host threads (the vision encoder thread next to the engine loop's)
+    // run one at a time: the CTA state above is global.
+    std::lock_guard<std::recursive_mutex> lk(launch_mutex());
     for (unsigned bz = 0; bz < grid.z; ++bz)
       for (unsigned by = 0; by < grid.y; ++by)
         for (unsigned bx = 0; bx < grid.x; ++bx) run_block(block, uint3{bx, by, bz}, grid, smem, [&] { k(a...); });

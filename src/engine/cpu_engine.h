@@ -6,8 +6,12 @@
 // State export / import (the prefix cache) encodes the SequenceState with state_codec.h; the two
 // bounded replays are model::Model's entry points (MODEL_SPEC 4.4, 4.5).
 //
-// Thread model: driven by one thread (Engine contract). The model (and its backend) must outlive
-// the engine.
+// Thread model: driven by one thread (Engine contract), except encode_images, which may run on one
+// other thread concurrently with the rest: the tower (model::VisionTower::encode, const) reads only
+// the vision weights and goes through the backend, whose weight cache is locked and whose
+// ThreadPool takes concurrent parallel_for callers; nothing of seqs_ or the draft state is touched
+// (CpuEngineConcurrency.EncodeWhileStepping runs it under ThreadSanitizer). The model (and its
+// backend) must outlive the engine.
 #pragma once
 
 #include <memory>

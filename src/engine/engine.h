@@ -14,7 +14,17 @@
 // written by one restores in another. These are virtual with an unimplemented() default: an engine
 // that has not implemented them yet serves without a prefix cache.
 //
-// Thread model: an Engine is driven by one thread (the engine loop); it is not thread-safe.
+// Thread model: an Engine is driven by one thread (the engine loop); it is not thread-safe, with one
+// exception. encode_images may run on ONE other thread (the loop's ImageEncoder worker,
+// engine/image_encoder.h) concurrently with any other call of the driving thread (step,
+// speculative_step, the sequence calls, export / import, the replays); encode_images calls never
+// overlap each other (the worker runs one at a time; the GPU engine also serializes them). So an
+// implementation keeps its tower off everything those calls mutate: the CPU engine's tower reads the
+// immutable weights and computes through the backend, whose weight cache is locked and whose
+// ThreadPool takes concurrent callers; the GPU engine's tower has its own CUDA stream, cuBLAS handle
+// and workspace and reads only the model's weights. Any other pair of calls from two threads is a
+// data race. An engine that cannot meet this contract must be driven with
+// LoopConfig::image_encoder_jobs = 0 (encode_images then runs on the loop thread).
 #pragma once
 
 #include <cstdint>
@@ -96,7 +106,8 @@ class Engine {
   // sequence, bad token id, context overflow, backend failure) leave every sequence unchanged.
   virtual Status step(std::span<const StepItem> items, StepOutput* out) = 0;
   // Image span embeddings [span length, hidden] per image, one tower batch (MODEL_SPEC 3.11).
-  // Engines without a vision tower refuse.
+  // Engines without a vision tower refuse. May run concurrently with the other calls (thread model
+  // above); the result does not depend on what runs meanwhile.
   virtual Result<std::vector<std::vector<float>>> encode_images(
       std::span<const image::PreparedImage* const> images) {
     return unimplemented("this engine has no vision tower");

@@ -85,6 +85,11 @@ struct Req {
   std::vector<float> span_embeds;
   std::vector<int64_t> rows_before;  // [prompt + 1]
   bool images_ready = false;
+  // Per image its span rows once found in the feature cache or encoded (sized at the first look).
+  std::vector<SpanEmbeds> image_rows;
+  std::shared_ptr<EncodeTicket> encoding;  // the encoder's job for the cache misses, in flight
+  std::vector<size_t> encoding_index;      // the images of that job
+  bool encode_blocked = false;             // the encoder was full: submit again at the next step
   // Prefix cache.
   std::vector<kvcache::ImageSpanKey> image_keys;  // the images' key spans (cache_key_input.h)
   bool cacheable = true;                          // false: an image has no content hash
@@ -138,6 +143,7 @@ struct EngineLoop::Impl {
   std::deque<std::unique_ptr<Req>> incoming;
   bool started = false, stopping = false;
   bool bring_up_ready = false;  // the prefix cache finished an async read (its listener sets this)
+  bool encode_ready = false;    // the image encoder ended a job (its listener sets this)
   int64_t deadline_ns = 0;
   LoopStats stats;
   std::mt19937_64 seed_source;
@@ -151,10 +157,22 @@ struct EngineLoop::Impl {
   std::vector<std::unique_ptr<Req>> running;  // admission order
   std::vector<float> scratch;
   VisionFeatureCache vision_cache{cfg.vision_cache_bytes};
+  // Null with image_encoder_jobs 0 (encode on this thread). Its worker starts on the first job.
+  std::unique_ptr<ImageEncoder> encoder;
 
   void run();
-  // Span rows of r's images: feature cache, else one Engine::encode_images batch of the misses.
-  Status ensure_images(Req& r);
+  // Span rows of r's images (sets images_ready once all are there): the feature cache, else the
+  // misses go to the encoder as one job (r is parked until poll_encodes() takes it back) or, without
+  // an encoder, to Engine::encode_images on this thread. Errors end the request.
+  Status start_images(Req& r);
+  // Rows of the images `which` of r from one encode (into the feature cache).
+  Status store_rows(Req& r, const std::vector<size_t>& which, std::vector<std::vector<float>> enc);
+  // span_embeds / rows_before from image_rows; sets images_ready.
+  Status assemble_images(Req& r);
+  // Start of a step: requests whose encoder job ended take its rows (or end with its error);
+  // running requests that found the encoder full submit again.
+  void poll_encodes();
+  static bool encode_parked(const Req& r) { return r.encoding != nullptr || r.encode_blocked; }
   void step_once();
   // Prefix cache: restore at admission (recreates the sequence if a failed restore left it
   // partly filled); unparks requests whose producer reached the shared boundary or is gone.
@@ -163,7 +181,9 @@ struct EngineLoop::Impl {
   // `running`, no tokens planned) while the prefix cache reads its blocks found only in the
   // persistent tier off this thread; unpark_ready() restores it when the read is back.
   void restore_or_park(Req& r);
-  static bool parked(const Req& r) { return r.cache.wait_boundary > 0 || r.cache.reading(); }
+  static bool parked(const Req& r) {
+    return r.cache.wait_boundary > 0 || r.cache.reading() || encode_parked(r);
+  }
   // The prefix cache for this request (none for a request with an image without a content hash),
   // and the key input of its first n tokens (ids + image spans: prefix_cache.h "Prompts with
   // images").
@@ -205,6 +225,11 @@ void EngineLoop::Impl::finish(Req& r, FinishReason why, const std::string& error
     (void)engine->free_sequence(r.seq);  // a sequence the loop created; freeing cannot fail
     r.seq = -1;
   }
+  if (r.encoding) {  // the encoder skips the job, or drops its rows; it keeps the images alive
+    r.encoding->cancel();
+    r.encoding.reset();
+  }
+  r.encode_blocked = false;
   TokenEvent ev;
   ev.token = token;
   ev.logprob = lp;
@@ -254,48 +279,107 @@ void EngineLoop::Impl::abort_all(const std::string& why) {
   for (auto& r : rest) finish(*r, FinishReason::kAbort, why);
 }
 
-Status EngineLoop::Impl::ensure_images(Req& r) {
-  if (r.images_ready || r.req.images.empty()) return ok_status();
+Status EngineLoop::Impl::start_images(Req& r) {
+  if (r.images_ready || r.encoding || r.req.images.empty()) return ok_status();
   const auto& imgs = r.req.images;
-  std::vector<SpanEmbeds> rows(imgs.size());
-  std::vector<const image::PreparedImage*> todo;
-  std::vector<size_t> todo_index;
+  if (r.image_rows.size() != imgs.size()) {  // the first look: the feature cache
+    r.image_rows.assign(imgs.size(), nullptr);
+    for (size_t i = 0; i < imgs.size(); ++i)
+      if (cfg.vision_cache_bytes > 0 && !imgs[i].cache_key.empty())
+        r.image_rows[i] = vision_cache.find(imgs[i].cache_key);
+  }
+  std::vector<size_t> todo;
+  std::vector<std::shared_ptr<const image::PreparedImage>> prepared;
   for (size_t i = 0; i < imgs.size(); ++i) {
-    if (cfg.vision_cache_bytes > 0 && !imgs[i].cache_key.empty())
-      rows[i] = vision_cache.find(imgs[i].cache_key);
-    if (!rows[i]) {
-      if (!imgs[i].prepared)
-        return failed_precondition("image " + std::to_string(i) +
-                                   " is neither in the vision-feature cache nor given");
-      todo.push_back(imgs[i].prepared.get());
-      todo_index.push_back(i);
-    }
+    if (r.image_rows[i]) continue;
+    if (!imgs[i].prepared)
+      return failed_precondition("image " + std::to_string(i) + " is neither in the vision-feature cache nor given");
+    todo.push_back(i);
+    prepared.push_back(imgs[i].prepared);
   }
-  if (!todo.empty()) {
-    DS41_ASSIGN_OR_RETURN(auto enc, engine->encode_images(todo));
-    for (size_t j = 0; j < todo.size(); ++j) {
-      auto v = std::make_shared<const std::vector<float>>(std::move(enc[j]));
-      const size_t i = todo_index[j];
-      if (cfg.vision_cache_bytes > 0 && !imgs[i].cache_key.empty()) vision_cache.insert(imgs[i].cache_key, v);
-      rows[i] = std::move(v);
-    }
+  if (todo.empty()) return assemble_images(r);
+  if (!encoder) {  // on this thread: every other request waits for the tower
+    std::vector<const image::PreparedImage*> ptrs;
+    for (const auto& p : prepared) ptrs.push_back(p.get());
+    DS41_ASSIGN_OR_RETURN(auto enc, engine->encode_images(ptrs));
+    DS41_RETURN_IF_ERROR(store_rows(r, todo, std::move(enc)));
+    return assemble_images(r);
   }
+  auto t = encoder->submit(std::move(prepared));
+  if (!t.ok()) {
+    if (t.status().code() != StatusCode::kResourceExhausted) return t.status();
+    r.encode_blocked = true;  // parked; poll_encodes() submits again
+    return ok_status();
+  }
+  r.encode_blocked = false;
+  r.encoding = std::move(t).value();
+  r.encoding_index = std::move(todo);
+  return ok_status();
+}
+
+Status EngineLoop::Impl::store_rows(Req& r, const std::vector<size_t>& which,
+                                    std::vector<std::vector<float>> enc) {
+  if (enc.size() != which.size())
+    return internal_error("the engine encoded " + std::to_string(enc.size()) + " of " +
+                          std::to_string(which.size()) + " images");
+  const auto& imgs = r.req.images;
+  for (size_t j = 0; j < which.size(); ++j) {
+    auto v = std::make_shared<const std::vector<float>>(std::move(enc[j]));
+    const size_t i = which[j];
+    if (cfg.vision_cache_bytes > 0 && !imgs[i].cache_key.empty()) vision_cache.insert(imgs[i].cache_key, v);
+    r.image_rows[i] = std::move(v);
+  }
+  std::lock_guard<std::mutex> lk(mu);
+  stats.images_encoded += static_cast<int64_t>(which.size());
+  return ok_status();
+}
+
+Status EngineLoop::Impl::assemble_images(Req& r) {
+  const auto& imgs = r.req.images;
   const int64_t P = static_cast<int64_t>(r.req.prompt.size());
   int64_t image_tokens = 0;
+  r.span_embeds.clear();
   for (size_t i = 0; i < imgs.size(); ++i) {
     const int64_t want = imgs[i].span_length;
-    if (want <= 0 || rows[i]->size() % static_cast<size_t>(want) != 0)
+    if (!r.image_rows[i] || want <= 0 || r.image_rows[i]->size() % static_cast<size_t>(want) != 0)
       return internal_error("image " + std::to_string(i) + ": span rows do not match its span length");
-    r.span_embeds.insert(r.span_embeds.end(), rows[i]->begin(), rows[i]->end());
+    r.span_embeds.insert(r.span_embeds.end(), r.image_rows[i]->begin(), r.image_rows[i]->end());
     image_tokens += want;
   }
+  r.image_rows.clear();  // span_embeds holds them now
   r.rows_before.assign(P + 1, 0);
   for (int64_t t = 0; t < P; ++t) r.rows_before[t + 1] = r.rows_before[t] + r.span_flags[t];
   r.images_ready = true;
   std::lock_guard<std::mutex> lk(mu);
-  stats.images_encoded += static_cast<int64_t>(todo.size());
   stats.image_tokens += image_tokens;
   return ok_status();
+}
+
+void EngineLoop::Impl::poll_encodes() {
+  if (!encoder) return;
+  auto poll = [&](auto& q, bool resubmit) {
+    for (auto it = q.begin(); it != q.end();) {
+      Req& r = **it;
+      Status st = ok_status();
+      if (r.encoding && r.encoding->done()) {
+        std::shared_ptr<EncodeTicket> t = std::move(r.encoding);
+        r.encoding.reset();
+        auto enc = t->take();
+        st = enc.ok() ? store_rows(r, r.encoding_index, std::move(enc).value()) : enc.status();
+        if (st.ok()) st = assemble_images(r);
+      } else if (resubmit && r.encode_blocked) {
+        st = start_images(r);
+      }
+      if (!st.ok()) {
+        finish(r, FinishReason::kError, "image encoding failed: " + st.message());
+        it = q.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  poll(running, true);
+  poll(waiting, false);  // preempted while encoding: the rows wait for the readmission
 }
 
 void EngineLoop::Impl::publish_stats() {
@@ -309,6 +393,13 @@ void EngineLoop::Impl::publish_stats() {
   stats.waiting = static_cast<int64_t>(waiting.size());
   stats.kv_used_bytes = used;
   stats.kv_capacity_bytes = cfg.kv_memory_bytes;
+  if (encoder) {
+    const ImageEncoderStats es = encoder->stats();
+    stats.image_encoder_queued = es.queued;
+    stats.image_encoder_running = es.running;
+    stats.image_encoder_rejected = es.rejected;
+    stats.image_encoder_busy_seconds = static_cast<double>(es.busy_ns) * 1e-9;
+  }
   const VisionCacheStats vc = vision_cache.stats();
   stats.vision_cache_hits = vc.hits;
   stats.vision_cache_misses = vc.misses;
@@ -326,8 +417,18 @@ void EngineLoop::Impl::run() {
       cv.notify_all();
     });
   }
+  if (encoder) {
+    encoder->set_listener([this] {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        encode_ready = true;
+      }
+      cv.notify_all();
+    });
+  }
   int64_t steps_seen = 0;
-  bool reads_parked = false;  // a running request waits for an async read of its cached blocks
+  // A running request waits for an async read of its cached blocks, or for its images.
+  bool reads_parked = false;
   for (;;) {
     bool stop_now = false, drained = false;
     {
@@ -339,10 +440,12 @@ void EngineLoop::Impl::run() {
         // a request arrives, instead of spinning. Bounded, to notice cancelled streams (they do
         // not wake the loop) and, when stopping, the drain deadline on the injectable clock.
         cv.wait_for(lk, stopping ? std::chrono::milliseconds(5) : std::chrono::milliseconds(20), [&] {
-          return !incoming.empty() || bring_up_ready || (stopping && clock->now_mono_ns() >= deadline_ns);
+          return !incoming.empty() || bring_up_ready || encode_ready ||
+                 (stopping && clock->now_mono_ns() >= deadline_ns);
         });
       }
       bring_up_ready = false;
+      encode_ready = false;
       steps_seen = stats.steps;
       while (!incoming.empty()) {
         waiting.push_back(std::move(incoming.front()));
@@ -360,8 +463,8 @@ void EngineLoop::Impl::run() {
     drop_cancelled();
     if (!waiting.empty() || !running.empty()) step_once();
     publish_stats();
-    reads_parked =
-        std::any_of(running.begin(), running.end(), [](const auto& r) { return r->cache.reading(); });
+    reads_parked = std::any_of(running.begin(), running.end(),
+                               [](const auto& r) { return r->cache.reading() || encode_parked(*r); });
   }
   publish_stats();
   if (cfg.prefix_cache) cfg.prefix_cache->set_bring_up_listener({});
@@ -429,6 +532,7 @@ void EngineLoop::Impl::unpark_ready() {
 
 void EngineLoop::Impl::step_once() {
   unpark_ready();
+  poll_encodes();
   std::vector<WaitingEntry> w;
   w.reserve(waiting.size());
   for (const auto& r : waiting) w.push_back({r->id, static_cast<int64_t>(r->tokens.size())});
@@ -518,11 +622,12 @@ void EngineLoop::Impl::step_once() {
     // restore may have covered every image: then the tower does not run).
     if (!r->req.images.empty() &&
         r->computed < r->req.images.back().span_start + r->req.images.back().span_length) {
-      if (Status is = ensure_images(*r); !is.ok()) {
+      if (Status is = start_images(*r); !is.ok()) {
         finish(*r, FinishReason::kError, "image encoding failed: " + is.message());
         std::erase_if(running, [&](const auto& q) { return q.get() == r; });
         continue;
       }
+      if (!r->images_ready) continue;  // parked from the next step on: its job is in the encoder
     }
     if (cfg.decoder_replay_prefill && r->req.images.empty() && r->computed == 0 && size >= 2 &&
         r->generated == 0 && !r->cache.approximate && r->prefill_target == size) {
@@ -760,7 +865,10 @@ void EngineLoop::Impl::step_once() {
 }
 
 EngineLoop::EngineLoop(Engine* engine, LoopConfig cfg, Clock* clock)
-    : impl_(std::make_unique<Impl>(this, engine, cfg, clock)) {}
+    : impl_(std::make_unique<Impl>(this, engine, cfg, clock)) {
+  if (cfg.image_encoder_jobs > 0)
+    impl_->encoder = std::make_unique<ImageEncoder>(engine, cfg.image_encoder_jobs, clock);
+}
 
 EngineLoop::~EngineLoop() { stop(std::chrono::milliseconds(0)); }
 
@@ -768,6 +876,9 @@ Status EngineLoop::start() {
   DS41_RETURN_IF_ERROR(validate(impl_->sc));
   if (impl_->cfg.max_queue < 1)
     return invalid_argument("max_queue must be >= 1 (got " + std::to_string(impl_->cfg.max_queue) + ")");
+  if (impl_->cfg.image_encoder_jobs < 0)
+    return invalid_argument("image_encoder_jobs must be >= 0 (got " +
+                            std::to_string(impl_->cfg.image_encoder_jobs) + ")");
   std::lock_guard<std::mutex> lk(impl_->mu);
   if (impl_->started) return failed_precondition("the engine loop was already started");
   if (impl_->stopping) return failed_precondition("the engine loop was stopped");
@@ -855,6 +966,8 @@ void EngineLoop::stop(std::chrono::milliseconds drain_timeout) {
   } else {
     m.abort_all("the engine loop stopped before the request ran");  // never started
   }
+  // After the loop thread: every request ended (their jobs cancelled); waits for a job in progress.
+  if (m.encoder) m.encoder->stop();
 }
 
 LoopStats EngineLoop::stats() const {

@@ -24,6 +24,14 @@
 // the request is parked (in `running`, no tokens planned) until its reads are back (a read may be
 // shared by the requests needing the same blocks), drained at the start of a step; a loop with
 // nothing else to do sleeps until a read, a submit or stop wakes it.
+//
+// Images (MODEL_SPEC 3.11): a request's span rows come from the vision-feature cache or, for the
+// misses, from the ImageEncoder worker (LoopConfig::image_encoder_jobs), which runs
+// Engine::encode_images concurrently with this loop's step() calls (engine.h "Thread model"). The
+// request is parked like one waiting for a read until its job is back (the encoder wakes a
+// sleeping loop); an encode error ends only that request ("image encoding failed: ..."); a
+// cancelled or aborted request cancels its job (a queued job is skipped, a running one's rows are
+// dropped). stop() stops the encoder after the loop thread.
 #pragma once
 
 #include <chrono>
@@ -39,6 +47,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
+#include "engine/image_encoder.h"
 #include "engine/request.h"
 #include "engine/vision_feature_cache.h"
 
@@ -61,6 +70,13 @@ struct LoopConfig {
   ThreadPool* sample_pool = nullptr;
   // Host memory for the vision-feature cache (image span embeddings by image hash; 0 = off).
   int64_t vision_cache_bytes = int64_t{256} << 20;
+  // Image encoding off the loop thread (image_encoder.h): the images of a request that miss the
+  // feature cache go to the encoder worker, the request stays parked (no tokens planned) while the
+  // loop steps the others, and its prefill starts once its span rows are back. At most this many
+  // encoder jobs queued or running; a request finding the encoder full stays parked and submits
+  // again at the next step (backpressure). 0: Engine::encode_images on the loop thread right
+  // before the request's first prefill chunk (every other request waits for the tower).
+  int64_t image_encoder_jobs = 8;
   // Prefix cache (issue 13; not owned, must outlive the loop): null serves without one.
   PrefixCache* prefix_cache = nullptr;
   // MODEL_SPEC 4.4 decoder SWA bounded replay for cold prompts (--prefill-mode decoder-replay):
@@ -103,6 +119,10 @@ struct LoopStats {
   // Images (MODEL_SPEC 3.11): encoded by the tower, and the feature cache's counters.
   int64_t images_encoded = 0, image_tokens = 0;
   int64_t vision_cache_hits = 0, vision_cache_misses = 0, vision_cache_entries = 0, vision_cache_bytes = 0;
+  // The image encoder: jobs queued / running now, seconds spent encoding, submits refused because
+  // it was full (the request waited a step).
+  int64_t image_encoder_queued = 0, image_encoder_running = 0, image_encoder_rejected = 0;
+  double image_encoder_busy_seconds = 0;
   int64_t prefill_tokens_computed = 0;  // prompt positions run through the model (not restored)
   int64_t cached_tokens = 0;            // prompt positions restored from the prefix cache
   // Speculative steps: spec_accepted[a] = steps that accepted a candidates (a = 0..block).

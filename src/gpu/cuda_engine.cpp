@@ -39,7 +39,9 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
   DS41_ASSIGN_OR_RETURN(e->slots_, SequenceSlots::create(layout, opt.max_sequences));
   DS41_ASSIGN_OR_RETURN(e->fwd_, GpuForward::create(*model, lim, &e->pool_, &e->slots_, e->stream_));
   if (opt.vision && c.has_vision) {
-    DS41_ASSIGN_OR_RETURN(e->vision_, GpuVisionTower::create(*model, opt.vision_limits, e->stream_));
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&e->vision_stream_, cudaStreamNonBlocking),
+                                           "create the vision encoder stream"));
+    DS41_ASSIGN_OR_RETURN(e->vision_, GpuVisionTower::create(*model, opt.vision_limits, e->vision_stream_));
     e->info_.has_vision = true;
   }
   e->bounded_bytes_ = e->slots_.slot_bytes() + static_cast<int64_t>(sizeof(engram::EngramHashState));
@@ -49,7 +51,8 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
 CudaEngine::~CudaEngine() {
   seqs_.clear();
   fwd_.reset();
-  vision_.reset();  // its cuBLAS handle is bound to the stream
+  vision_.reset();  // its cuBLAS handle is bound to its stream
+  if (vision_stream_) cudaStreamDestroy(vision_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -296,6 +299,10 @@ Result<std::vector<std::vector<float>>> CudaEngine::encode_images(
         model_->config().has_vision
             ? "the GPU engine was created without its vision tower (CudaEngineOptions::vision)"
             : "this model has no vision tower (no vision_config in config.json)");
+  // The caller may be the loop's encoder thread: the tower's device is current on it, and it runs
+  // alone on its stream (Engine contract: encode_images concurrently with step()).
+  std::lock_guard<std::mutex> lk(encode_mu_);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaSetDevice(model_->device()), "select the model's device"));
   GpuVisionTower* tower = vision_.get();
   DS41_ASSIGN_OR_RETURN(auto enc, model::encode_prepared_images(
                                       model_->config(),

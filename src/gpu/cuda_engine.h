@@ -15,15 +15,25 @@
 // the last KV source (GpuForwardOptions::last_layer), the later layers' floors raised, then a full
 // forward of the last window.
 //
-// Images (MODEL_SPEC 3.11): encode_images runs GpuVisionTower on the engine's stream; step items
-// carry image spans exactly as for the CPU engine (flags + span rows, sliced with their chunk).
+// Images (MODEL_SPEC 3.11): encode_images runs GpuVisionTower on the engine's encoder stream (its
+// own non-blocking stream, cuBLAS handle and workspace); step items carry image spans exactly as for
+// the CPU engine (flags + span rows, sliced with their chunk).
 //
-// Thread model: driven by one thread (Engine contract). The DeviceModel must outlive the engine.
+// Thread model: driven by one thread (Engine contract), except encode_images, which may run on one
+// other thread (the engine loop's ImageEncoder) concurrently with every other call: the tower shares
+// nothing with the forward but the read-only weights, and its kernels, copies and waits go to the
+// encoder stream only, so the two overlap on the device and give the serial path's bits
+// (GpuVision.EncodeConcurrentWithStepsIsBitIdenticalToSerial). encode_images calls are serialized
+// by a mutex. A CUDA graph capture on the engine stream must therefore use
+// cudaStreamCaptureModeThreadLocal (or relaxed): in the global mode the encoder thread's pageable
+// copies and stream waits would be refused while the capture is open. The DeviceModel must outlive
+// the engine.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -115,6 +125,8 @@ class CudaEngine final : public engine::Engine {
   const DeviceModel* model_ = nullptr;
   engine::EngineInfo info_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t vision_stream_ = nullptr;  // the tower's (encode_images may run concurrently with step)
+  std::mutex encode_mu_;                  // one encode_images at a time
   KvBlockPool pool_;
   SequenceSlots slots_;
   std::unique_ptr<GpuForward> fwd_;

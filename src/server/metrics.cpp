@@ -78,6 +78,19 @@ std::string ServerMetrics::render(const engine::LoopStats& st) const {
   gauge("ds41_vision_cache_entries", "Images held by the vision-feature cache.", "gauge",
         st.vision_cache_entries);
   gauge("ds41_vision_cache_bytes", "Bytes held by the vision-feature cache.", "gauge", st.vision_cache_bytes);
+  // The image encoder (engine/image_encoder.h): images of cache misses encoded off the loop thread.
+  gauge("ds41_image_encoder_queue_depth", "Image encoder jobs queued or running (one per request with misses).",
+        "gauge", st.image_encoder_queued + st.image_encoder_running);
+  gauge("ds41_image_encoder_rejected_total",
+        "Image encoder submits refused because it was full (the request waited a step).", "counter",
+        st.image_encoder_rejected);
+  {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.6f", st.image_encoder_busy_seconds);
+    o += "# HELP ds41_image_encoder_busy_seconds_total Seconds the image encoder spent in the vision tower.\n"
+         "# TYPE ds41_image_encoder_busy_seconds_total counter\nds41_image_encoder_busy_seconds_total " +
+         std::string(buf) + "\n";
+  }
   gauge("ds41_prefill_tokens_computed_total",
         "Prompt positions run through the model (not restored from the cache).", "counter",
         st.prefill_tokens_computed);

@@ -69,6 +69,9 @@ test('a data-URL image gets an answer; usage counts its span positions', async (
   assert.equal(m.ds41_vision_cache_misses_total, 1);
   assert.equal(m.ds41_vision_cache_hits_total, 0);
   assert.equal(m.ds41_image_tokens_total, 17);
+  // Encoded off the loop thread by the image encoder (engine/image_encoder.h), which is idle again.
+  assert.equal(m.ds41_image_encoder_queue_depth, 0);
+  assert.ok(m.ds41_image_encoder_busy_seconds_total > 0, 'the encoder ran the tower');
 });
 
 test('the same request again is restored from the prefix cache: the tower does not run', async () => {

@@ -7,6 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
 
 #include <set>
 
@@ -407,6 +411,83 @@ TEST(GpuVision, BadSpanInputLeavesTheSequenceUnchanged) {
   EXPECT_FALSE(te->info().has_vision);
   std::vector<const image::PreparedImage*> none;
   EXPECT_EQ(te->encode_images(none).status().code(), StatusCode::kFailedPrecondition);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// Issue 16, encoder/prefill overlap: encode_images on a second thread (as the engine loop's
+// ImageEncoder calls it) runs the tower on the engine's encoder stream while step() runs prefills
+// with image spans and decodes on the engine stream. The span rows and every logits row are
+// bit-identical to the serial path (the two streams share only the read-only weights).
+TEST(GpuVision, EncodeConcurrentWithStepsIsBitIdenticalToSerial) {
+  DS41_SKIP_WITHOUT_GPU();
+  auto dev = load_device_model(vision_dir());
+  ASSERT_TRUE(dev);
+  const model::ModelConfig& c = dev->config();
+  auto eng = make_engine(*dev, 64);
+  ASSERT_TRUE(eng);
+  GoldenFile g(vision_dir() + "/goldens.safetensors");
+  Images im = load_images(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto serial = eng->encode_images(ptrs(im));
+  const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(serial.ok()) << serial.status().message();
+  const model::ImagePromptInput p0 = place(g, 0, c, *serial), p1 = place(g, 1, c, *serial);
+  auto dids = g.get<int32_t>("decode.input_ids");
+  // Two sequences: both image prompts in one step, then the golden decode ids, one token each.
+  auto run_steps = [&]() {
+    std::vector<float> all;
+    auto a = eng->create_sequence(), b = eng->create_sequence();
+    EXPECT_TRUE(a.ok() && b.ok());
+    if (!a.ok() || !b.ok()) return all;
+    engine::StepOutput so;
+    std::vector<engine::StepItem> items{{*a, p0.tokens, true, p0.image_span, p0.span_embeds},
+                                        {*b, p1.tokens, true, p1.image_span, p1.span_embeds}};
+    Status st = eng->step(items, &so);
+    EXPECT_TRUE(st.ok()) << st.message();
+    all.insert(all.end(), so.logits.begin(), so.logits.end());
+    for (int64_t t = 0; t < dids.rows(); ++t) {
+      std::vector<engine::StepItem> dec{{*a, std::span<const int32_t>(&dids.v[t], 1), true},
+                                        {*b, std::span<const int32_t>(&dids.v[t], 1), true}};
+      st = eng->step(dec, &so);
+      EXPECT_TRUE(st.ok()) << st.message();
+      all.insert(all.end(), so.logits.begin(), so.logits.end());
+    }
+    EXPECT_TRUE(eng->free_sequence(*a).ok());
+    EXPECT_TRUE(eng->free_sequence(*b).ok());
+    return all;
+  };
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::vector<float> serial_logits = run_steps();
+  const double steps_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+  ASSERT_FALSE(serial_logits.empty());
+  // The encoder thread encodes at least 3 times and until this thread has stepped 3 rounds, so the
+  // rounds overlap encodes.
+  std::atomic<int> rounds{0};
+  std::atomic<bool> encoding_done{false};
+  std::vector<Result<std::vector<std::vector<float>>>> concurrent;
+  const auto t2 = std::chrono::steady_clock::now();
+  std::thread encoder([&] {
+    while (concurrent.size() < 3 || rounds.load() < 3) concurrent.push_back(eng->encode_images(ptrs(im)));
+    encoding_done.store(true);
+  });
+  while (!encoding_done.load() || rounds.load() < 3) {
+    EXPECT_TRUE(same_bits(run_steps(), serial_logits)) << "step round " << rounds.load();
+    ++rounds;
+  }
+  encoder.join();
+  const double both_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t2).count();
+  ASSERT_GE(concurrent.size(), 3u);
+  for (size_t r = 0; r < concurrent.size(); ++r) {
+    ASSERT_TRUE(concurrent[r].ok()) << concurrent[r].status().message();
+    ASSERT_EQ(concurrent[r]->size(), serial->size());
+    for (size_t k = 0; k < serial->size(); ++k)
+      EXPECT_TRUE(same_bits((*concurrent[r])[k], (*serial)[k])) << "encode " << r << " image " << k;
+  }
+  std::printf("serial: encode %.2f ms, step round %.2f ms; concurrently: %d step rounds and %zu encodes in %.2f ms\n",
+              encode_ms, steps_ms, rounds.load(), concurrent.size(), both_ms);
 }
 
 }  // namespace
