@@ -36,6 +36,9 @@ struct GpuSequence {
   engram::EngramHashState engram;
   int64_t last_published_source = -1;
   std::vector<int64_t> window_floor;  // per layer (empty: all 0), as SequenceState::window_floor
+  // DSpark draft rings (MODEL_SPEC 3.10.3; GpuForward::enable_dspark): rows exist for the committed
+  // positions max(draft_first, draft_next - window) .. draft_next - 1 (as model::DsparkState).
+  int64_t draft_next = 0, draft_first = 0;
 };
 
 class SequenceSlots {
@@ -72,6 +75,10 @@ class SequenceSlots {
   Status upload_pending(int32_t slot, int64_t j, int64_t rows, const void* a, const void* b,
                         cudaStream_t stream) const;
   int64_t ring_slot_bytes() const { return n_layers_ * window_ * row_bytes_; }
+  int64_t ring_layer_stride() const { return layer_stride_; }
+  int64_t window() const { return window_; }
+  int64_t row_bytes() const { return row_bytes_; }
+  int64_t n_layers() const { return n_layers_; }
   int64_t kv_dim() const { return kv_dim_; }
 
   // Bytes of one slot (rings + pending groups), as SequenceState::bounded_bytes() counts them
