@@ -742,8 +742,10 @@ Status CudaEngine::speculative_group(std::span<const engine::SpecStepItem> items
       acc = engine::accept_greedy(cand, T, V);
     } else {
       std::vector<double> dp(l[i] * V), tp((l[i] + 1) * V);
-      const auto& p = draft_p[draft_of[i] >= 0 ? draft_of[i] : 0];
-      for (int64_t k = 0; k < l[i]; ++k) std::copy(p[k].begin(), p[k].end(), dp.begin() + k * V);
+      for (int64_t k = 0; k < l[i]; ++k) {
+        const std::vector<double>& p = draft_p[static_cast<size_t>(draft_of[i])][static_cast<size_t>(k)];
+        std::copy(p.begin(), p.end(), dp.begin() + k * V);
+      }
       for (int64_t k = 0; k <= l[i]; ++k) {
         const std::vector<double> q = engine::tempered_probs(T.subspan(k * V, V), items[i].temperature);
         std::copy(q.begin(), q.end(), tp.begin() + k * V);
