@@ -62,6 +62,12 @@ Result<GpuSequence*> CudaEngine::find(engine::SeqId seq) const {
 
 Result<engine::SeqId> CudaEngine::create_sequence() {
   DS41_ASSIGN_OR_RETURN(int32_t slot, slots_.allocate());
+  Status cl = slots_.clear_pending(slot, stream_);
+  if (cl.ok()) cl = cuda::cuda_status(cudaStreamSynchronize(stream_), "create sequence");
+  if (!cl.ok()) {
+    slots_.release(slot);
+    return cl;
+  }
   auto s = std::make_unique<GpuSequence>();
   s->slot = slot;
   for (const model::KvSourceLayout& src : model_->kv_layout().sources) {

@@ -26,6 +26,7 @@
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
+#include "backends/cuda/topk_kernels.h"
 #include "gpu/gpu_forward.h"
 
 namespace ds41::gpu {
@@ -83,6 +84,7 @@ Status GpuForward::enable_dspark() {
       {reinterpret_cast<void**>(&d.hz), Sd * (H + R) * f4},
       {reinterpret_cast<void**>(&d.gamma), B * Sd * f4},
       {reinterpret_cast<void**>(&d.prev), Sd * sizeof(int32_t)},
+      {reinterpret_cast<void**>(&d.cand), B * Sd * sizeof(int32_t)},
       {reinterpret_cast<void**>(&d.ring_save), static_cast<size_t>(S * nl * d.J * rb)},
       {reinterpret_cast<void**>(&d.pend_save), std::max<int64_t>(1, d.jrows * 2 * n_pend) * hd * f4},
       {reinterpret_cast<void**>(&d.jca), std::max<int64_t>(1, n_pend * d.jrows) * hd * f4},
@@ -344,9 +346,13 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
     o.confidence_logits.resize(B);
     o.confidence.resize(B);
   }
+  // Greedy on the device: c_k = top-1 of z_k (the house tie order: lowest index on ties, as the
+  // reference's argmax), no host round trip until the end. A chooser (sampling) gets z_k on the host.
   const size_t f4 = sizeof(float);
+  const bool device_argmax = !opt.choose && cuda::topk_workspace_bytes(nb, V, 1) <= ws_.scratch_bytes;
   for (int64_t k = 0; k < B; ++k) {
-    DS41_RETURN_IF_ERROR(cuda::run_embed_bf16(w.markov_embed.data, V, R, ds_.prev, nb, ds_.me, st));
+    const int32_t* prev = k == 0 ? ds_.prev : ds_.cand + (k - 1) * nb;
+    DS41_RETURN_IF_ERROR(cuda::run_embed_bf16(w.markov_embed.data, V, R, prev, nb, ds_.me, st));
     DS41_RETURN_IF_ERROR(linear(w.markov_head, ds_.me, nb, ds_.mz));
     DS41_RETURN_IF_ERROR(cuda::run_gather_rows(ds_.U, d_rows_k[k], nb, V, ds_.zk, st));
     DS41_RETURN_IF_ERROR(cuda::run_add_inplace(ds_.zk, ds_.mz, nb * V, st));
@@ -357,6 +363,10 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
         cudaMemcpy2DAsync(ds_.hz + H, (H + R) * f4, ds_.me, R * f4, R * f4, nb, cudaMemcpyDeviceToDevice, st),
         "confidence input"));
     DS41_RETURN_IF_ERROR(linear(w.confidence_proj, ds_.hz, nb, ds_.gamma + k * nb));
+    if (device_argmax) {
+      DS41_RETURN_IF_ERROR(cuda::run_topk_rows(ds_.zk, nb, V, 1, ds_.cand + k * nb, ws_.scratch, st));
+      continue;
+    }
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
         cudaMemcpyAsync(ds_.zk_host, ds_.zk, nb * V * f4, cudaMemcpyDeviceToHost, st), "copy draft logits"));
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(st), "draft step"));
@@ -370,14 +380,18 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
         for (int64_t v = 1; v < V; ++v)
           if (z[v] > z[ck]) ck = static_cast<int32_t>(v);
       }
-      (*out)[b].candidates[k] = ck;
       ds_.prev_host[b] = ck;
     }
-    if (k + 1 < B)
-      DS41_RETURN_IF_ERROR(cuda::cuda_status(
-          cudaMemcpyAsync(ds_.prev, ds_.prev_host, nb * sizeof(int32_t), cudaMemcpyHostToDevice, st),
-          "upload draft tokens"));
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(
+        cudaMemcpyAsync(ds_.cand + k * nb, ds_.prev_host, nb * sizeof(int32_t), cudaMemcpyHostToDevice, st),
+        "upload draft tokens"));
+    // The pinned prev_host is rewritten at the next position: wait for this upload.
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(st), "draft step"));
   }
+  std::vector<int32_t> cand(B * nb);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(cand.data(), ds_.cand, cand.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st),
+      "copy candidates"));
   std::vector<float> gamma(B * nb);
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
       cudaMemcpyAsync(gamma.data(), ds_.gamma, gamma.size() * f4, cudaMemcpyDeviceToHost, st), "copy confidences"));
@@ -385,6 +399,7 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t k = 0; k < B; ++k) {
       const float g = gamma[k * nb + b];
+      (*out)[b].candidates[k] = cand[k * nb + b];
       (*out)[b].confidence_logits[k] = g;
       (*out)[b].confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(g))));
     }

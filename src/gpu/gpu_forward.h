@@ -274,7 +274,7 @@ class GpuForward {
     int64_t stage_stride = 0;
     float *U = nullptr, *h = nullptr, *hn = nullptr, *me = nullptr, *mz = nullptr, *zk = nullptr, *hz = nullptr,
           *gamma = nullptr;
-    int32_t* prev = nullptr;
+    int32_t *prev = nullptr, *cand = nullptr;  // anchors [seqs]; candidates [B, seqs]
     float* zk_host = nullptr;   // pinned [seqs, V]
     int32_t* prev_host = nullptr;  // pinned [seqs]
     // Journal: ring rows [seqs][layer][J][row], pending rows [seqs * J * 2 * n_pend][kv_dim],

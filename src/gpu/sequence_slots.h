@@ -48,6 +48,10 @@ class SequenceSlots {
 
   Result<int32_t> allocate();  // resource_exhausted when every slot is live
   void release(int32_t slot);
+  // Zeroes the slot's pending groups (a new sequence): a ratio-R group's slot R - 1 is never written
+  // by a one-token decode, and SWA snapshots carry the whole group, so its bytes must not depend
+  // on what the slot held before (the CPU reference starts from zeros too).
+  Status clear_pending(int32_t slot, cudaStream_t stream) const;
   // Copies the whole bounded state of slot src into dst (fork), on `stream`.
   Status copy(int32_t src, int32_t dst, cudaStream_t stream) const;
   int64_t max_slots() const { return max_slots_; }
