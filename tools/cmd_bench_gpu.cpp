@@ -26,6 +26,7 @@
 #include <cuda_profiler_api.h>
 
 #include "backends/cuda/cuda_status.h"
+#include "engine/speculative.h"
 #include "gpu/cuda_engine.h"
 #include "gpu/device_buffer.h"
 #endif
@@ -36,6 +37,7 @@ namespace {
 struct GpuBenchArgs {
   std::string model_dir, preset, tokenizer_dir, load_format = "dummy", batches = "1", contexts = "4096";
   std::string device = "cuda";
+  std::string speculative = "off";  // decode: off | dspark
   int64_t steps = 8, chunk = 2048;
   uint64_t seed = 1;
   bool engram_host_pinned = false;
@@ -161,18 +163,27 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
   DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::DeviceModel> m, load_model(a));
   const model::ModelConfig& c = m->config();
   DS41_ASSIGN_OR_RETURN(double bw, copy_bandwidth());
+  if (a.speculative != "off" && a.speculative != "dspark")
+    return invalid_argument("--speculative must be off or dspark, got '" + a.speculative + "'");
+  const bool spec = decode && a.speculative == "dspark";
+  if (spec && c.num_nextn_predict_layers <= 0)
+    return failed_precondition("--speculative dspark: the model has no DSpark stages (num_nextn_predict_layers 0)");
+  const int64_t Bd = spec ? c.dspark_block_size : 0;
   const int64_t max_b = decode ? *std::max_element(batches.begin(), batches.end()) : 1;
-  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + a.steps + 1;
+  // Speculative steps after the plain ones advance each sequence by up to Bd + 1 positions.
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + a.steps + 1 + a.steps * (Bd + 1);
   gpu::CudaEngineOptions eo;
   eo.model_name = "bench";
-  eo.limits.max_step_tokens = std::max(a.chunk, max_b);
+  eo.limits.max_step_tokens = std::max(a.chunk, max_b * (Bd + 1));
   eo.limits.max_step_seqs = max_b;
+  if (spec) eo.limits.max_logit_rows = max_b * (Bd + 1);
   eo.limits.max_context = max_ctx;
   eo.max_sequences = max_b;
   eo.kv_bytes = static_cast<int64_t>(m->kv_layout().global_bytes_per_token() *
                                      static_cast<double>(max_ctx * max_b) * 1.1) +
                 (int64_t{64} << 20);
   DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaEngine> eng, gpu::CudaEngine::create(m.get(), eo));
+  if (spec) DS41_RETURN_IF_ERROR(eng->enable_speculative().with_context("--speculative dspark"));
   nlohmann::ordered_json j = bench_header(
       decode ? "decode" : "prefill",
       nlohmann::ordered_json{{"gpu", eng->info().device}, {"copy_bandwidth_gbs", bw / 1e9}},
@@ -278,6 +289,57 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           kinds[k] = {
               {"ms", ms}, {"bytes", kind_bytes[k]}, {"roofline_ratio", ms * 1e-3 / (kind_bytes[k] / bw)}};
         r["per_kind"] = kinds;
+        if (spec) {
+          // DSpark (issue 17 "Benchmark"), same run: a draft step alone (batch 1: the first
+          // sequence's anchor, no state change) and full speculative steps (draft + one
+          // verification of B + 1 rows per sequence + rollback + context rows) for every sequence.
+          std::vector<double> draft_ms, spec_ms;
+          engine::AcceptanceStats stats;
+          std::vector<int32_t> anchor(static_cast<size_t>(B));
+          for (int64_t s = 0; s < B; ++s) anchor[s] = toks[ctx + a.steps];
+          for (int64_t t = 0; t < a.steps; ++t) {
+            const auto d0 = std::chrono::steady_clock::now();
+            DS41_RETURN_IF_ERROR(eng->draft(seqs[0], anchor[0], false).status());
+            draft_ms.push_back(
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - d0).count());
+            std::vector<engine::SpecStepItem> items(static_cast<size_t>(B));
+            for (int64_t s = 0; s < B; ++s) {
+              items[s].seq = seqs[s];
+              items[s].anchor = anchor[s];
+            }
+            std::vector<engine::SpecStepResult> res;
+            const auto s0 = std::chrono::steady_clock::now();
+            DS41_RETURN_IF_ERROR(eng->speculative_step(items, &res));
+            spec_ms.push_back(
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+            for (int64_t s = 0; s < B; ++s) {
+              stats.add(res[s].accepted, Bd);
+              anchor[s] = res[s].tokens.back();
+            }
+          }
+          std::sort(draft_ms.begin(), draft_ms.end());
+          std::sort(spec_ms.begin(), spec_ms.end());
+          const double plain = r["step_ms_median"].get<double>();
+          const double dm = draft_ms[draft_ms.size() / 2], sm = spec_ms[spec_ms.size() / 2];
+          nlohmann::ordered_json proj = nlohmann::ordered_json::object();
+          for (int64_t acc = 0; acc <= Bd; ++acc)  // tokens/s per sequence if every step accepted `acc`
+            proj[std::to_string(acc)] = static_cast<double>(acc + 1) / (sm * 1e-3);
+          r["speculative"] = {{"method", "dspark"},
+                              {"block", Bd},
+                              {"steps", stats.steps},
+                              {"tokens_per_step", stats.tokens_per_step()},
+                              {"mean_accepted", stats.mean_accepted()},
+                              {"accepted_histogram", stats.counts},
+                              {"plain_step_ms_median", plain},
+                              {"draft_ms_median_batch1", dm},
+                              {"spec_step_ms_median", sm},
+                              {"verify_ms_estimate", sm - dm},
+                              {"draft_vs_plain", dm / plain},
+                              {"spec_step_vs_plain", sm / plain},
+                              {"plain_tokens_per_s_per_seq", 1e3 / plain},
+                              {"measured_tokens_per_s_per_seq", stats.tokens_per_step() / (sm * 1e-3)},
+                              {"projected_tokens_per_s_per_seq", proj}};
+        }
       }
       runs.push_back(r);
       for (engine::SeqId s : seqs) DS41_RETURN_IF_ERROR(eng->free_sequence(s));
@@ -314,6 +376,9 @@ void setup_decode(CLI::App& parent, int& exit_code) {
   setup_common(cmd, a.get());
   cmd->add_option("--batch", a->batches, "Batch sizes, comma-separated (default 1)");
   cmd->add_option("--steps", a->steps, "Decode steps timed (default 8)");
+  cmd->add_option("--speculative", a->speculative,
+                  "off | dspark: also time DSpark draft and speculative steps in the same run (tokens "
+                  "per step, mean accepted length, acceptance histogram, time per step vs plain decode)");
   cmd->callback([a, &exit_code] {
     Status s = run_gpu_bench(*a, true);
     if (!s.ok()) {

@@ -190,8 +190,9 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   cmd->add_option("--kv-swa-memory", a->engine.kv_swa_memory,
                   "Cap of the in-process SWA snapshot pool (default: 10% of host memory)");
   cmd->add_option("--speculative", a->engine.speculative,
-                  "DSpark speculative decoding for greedy requests: dspark | off | auto (default auto = off "
-                  "on the CPU engine, where a speculative step costs more than it saves)");
+                  "DSpark speculative decoding for greedy requests: dspark | off | auto (default auto = on "
+                  "for --device cuda when the checkpoint has draft stages, off on the CPU engine, where a "
+                  "speculative step costs more than it saves)");
   cmd->add_flag("-q,--quiet", a->engine.quiet, "No load progress (the ready line is still printed)");
   cmd->callback([a, &exit_code] {
     Status s = run_serve(*a);

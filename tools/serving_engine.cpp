@@ -202,10 +202,21 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
                    who.c_str(), a.kv_redis.empty() ? "dram" : a.kv_redis.c_str(),
                    a.kv_dir.empty() ? "off" : a.kv_dir.c_str(), a.swa_miss.c_str());
   }
-  if (a.speculative == "dspark") {       // auto: off on the CPU engine (EngineArgs::speculative)
-    DS41_RETURN_IF_ERROR(se->engine.engine->enable_speculative().with_context("--speculative dspark"));
-    lc.speculative = true;
-    if (!a.quiet) std::fprintf(stderr, "%s: DSpark speculative decoding on (greedy requests)\n", who.c_str());
+  // auto (issue 17): on for the GPU engine when the checkpoint has draft stages (a verification of
+  // B + 1 rows costs about one memory-bound decode step there), off on the CPU engine (where a
+  // speculative step costs more than it saves; docs/dspark.md).
+  const bool gpu = se->engine.engine->info().device.rfind("cuda", 0) == 0;
+  const bool spec_auto = a.speculative == "auto" && gpu && se->engine.config.num_nextn_predict_layers > 0;
+  if (a.speculative == "dspark" || spec_auto) {
+    Status st = se->engine.engine->enable_speculative();
+    if (!st.ok() && a.speculative == "dspark") return st.with_context("--speculative dspark");
+    if (st.ok()) {
+      lc.speculative = true;
+      if (!a.quiet) std::fprintf(stderr, "%s: DSpark speculative decoding on (greedy requests)\n", who.c_str());
+    } else if (!a.quiet) {
+      std::fprintf(stderr, "%s: DSpark speculative decoding off (--speculative auto): %s\n", who.c_str(),
+                   st.message().c_str());
+    }
   }
   se->loop = std::make_unique<engine::EngineLoop>(se->engine.engine.get(), lc);
   if (on_step) se->loop->on_step = std::move(on_step);

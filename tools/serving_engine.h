@@ -43,8 +43,8 @@ struct EngineArgs {
   std::string kv_swa_memory;             // DRAM SWA pool cap; empty: 10 % of host memory
   // --speculative dspark|off|auto: greedy requests decode speculatively (MODEL_SPEC 3.10; their
   // outputs are unchanged). auto = off on the CPU engine (it computes every verified row, so a
-  // speculative step is slower there); meant to be on for the GPU engine where the checkpoint has
-  // draft stages.
+  // speculative step is slower there), on for the GPU engine where the checkpoint has draft stages
+  // (falls back to off, with a message, if the engine's limits cannot hold a verification).
   std::string speculative = "auto";
 };
 

@@ -42,6 +42,13 @@ cudaError_t cudaMemset(void* d, int v, size_t n) {
 }
 cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { return cudaMemset(d, v, n); }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+// The persistent GEMV (linear_kernels.cu) sizes its grid from the SM count and raises the
+// dynamic shared memory limit; the emulator has no such limits (as runtime_stubs.cpp).
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+  *v = a == cudaDevAttrMultiProcessorCount ? 132 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
 cudaError_t cudaGetDevice(int* d) {
   *d = 0;
   return cudaSuccess;

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "backends/cuda/cuda_status.h"
+#include "engine/speculative.h"
 #include "engine/state_codec.h"
 #include "model/decoder_replay_plan.h"
 #include "model/image_input.h"
@@ -64,6 +65,12 @@ Result<GpuSequence*> CudaEngine::find(engine::SeqId seq) const {
 
 Result<engine::SeqId> CudaEngine::create_sequence() {
   DS41_ASSIGN_OR_RETURN(int32_t slot, slots_.allocate());
+  Status cl = slots_.clear_pending(slot, stream_);
+  if (cl.ok()) cl = cuda::cuda_status(cudaStreamSynchronize(stream_), "create sequence");
+  if (!cl.ok()) {
+    slots_.release(slot);
+    return cl;
+  }
   auto s = std::make_unique<GpuSequence>();
   s->slot = slot;
   for (const model::KvSourceLayout& src : model_->kv_layout().sources) {
@@ -116,6 +123,7 @@ Result<engine::SeqId> CudaEngine::fork_sequence(engine::SeqId src) {
       m.pages[i] = *page;
     }
   }
+  if (st.ok()) st = fwd_->copy_draft_rings(from->slot, slot);
   if (st.ok()) st = cuda::cuda_status(cudaStreamSynchronize(stream_), "fork sequence");
   if (!st.ok()) {
     for (int32_t p : taken) pool_.pages().release(p);
@@ -124,6 +132,7 @@ Result<engine::SeqId> CudaEngine::fork_sequence(engine::SeqId src) {
   }
   const engine::SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
+  if (auto it = spec_rng_.find(src); it != spec_rng_.end()) spec_rng_.emplace(id, it->second);
   return id;
 }
 
@@ -132,6 +141,7 @@ Status CudaEngine::free_sequence(engine::SeqId seq) {
   if (it == seqs_.end()) return not_found("sequence " + std::to_string(seq) + " does not exist");
   release(*it->second);
   seqs_.erase(it);
+  spec_rng_.erase(seq);
   return ok_status();
 }
 
@@ -255,7 +265,19 @@ Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model
     }
     if (batch.empty()) break;
     std::vector<model::SequenceOutput> res;
+    std::vector<int64_t> first(batch.size());
+    for (size_t b = 0; b < batch.size(); ++b) first[b] = batch[b].seq->position;
     DS41_RETURN_IF_ERROR(fwd_->run(batch, fo, &res));
+    if (fwd_->dspark_enabled() && fo.last_layer < 0) {  // MODEL_SPEC 3.10.3: every row is committed
+      std::vector<GpuContextRows> cr;
+      int64_t row = 0;
+      for (size_t b = 0; b < batch.size(); ++b) {
+        const int64_t nb = static_cast<int64_t>(batch[b].tokens.size());
+        cr.push_back(GpuContextRows{batch[b].seq, row, first[b], nb});
+        row += nb;
+      }
+      DS41_RETURN_IF_ERROR(fwd_->dspark_commit(cr).with_context("DSpark context rows"));
+    }
     for (size_t b = 0; b < batch.size(); ++b) {
       const size_t i = which[b];
       done[i] += batch[b].tokens.size();
@@ -483,6 +505,7 @@ Status CudaEngine::import_state(engine::SeqId seq, std::span<const std::span<con
     s->last_published_source = ps.last_published_source;
     s->window_floor = ps.window_floors;
   }
+  s->draft_next = s->draft_first = s->position;  // no draft rows travel with the state
   return ok_status();
 }
 
@@ -590,6 +613,185 @@ Status CudaEngine::decoder_replay(engine::SeqId seq, std::span<const int32_t> to
   }
   *result = std::move(out[0]);
   return ok_status();
+}
+
+// ---- DSpark speculative decoding (MODEL_SPEC 3.10.7-3.10.9) ----
+
+Status CudaEngine::enable_speculative() {
+  if (spec_) return ok_status();
+  if (!seqs_.empty())
+    return failed_precondition("speculative decoding must be enabled before any sequence exists");
+  const int64_t B = model_->config().dspark_block_size;
+  const GpuLimits& lim = fwd_->limits();
+  if (model_->weights().dspark && (lim.max_logit_rows < B + 1 || lim.max_step_tokens < B + 1))
+    return failed_precondition("speculative decoding needs max_logit_rows and max_step_tokens >= " +
+                               std::to_string(B + 1) + " (the block + the anchor)");
+  DS41_RETURN_IF_ERROR(fwd_->enable_dspark());
+  spec_ = true;
+  // Admission counts the draft rings too (as CpuEngine).
+  bounded_bytes_ += static_cast<int64_t>(model_->weights().dspark->stages.size()) * model_->config().sliding_window *
+                    model_->kv_layout().window_row_bytes;
+  return ok_status();
+}
+
+int64_t CudaEngine::speculative_block() const { return spec_ ? model_->config().dspark_block_size : 0; }
+
+namespace {
+
+int32_t argmax_lowest(std::span<const float> z) {
+  int32_t best = 0;
+  for (int64_t i = 1; i < static_cast<int64_t>(z.size()); ++i)
+    if (z[i] > z[best]) best = static_cast<int32_t>(i);
+  return best;
+}
+
+}  // namespace
+
+Status CudaEngine::speculative_step(std::span<const engine::SpecStepItem> items,
+                                    std::vector<engine::SpecStepResult>* out) {
+  if (!spec_) return failed_precondition("speculative decoding is off (CudaEngine::enable_speculative)");
+  out->assign(items.size(), engine::SpecStepResult{});
+  const int64_t B = model_->config().dspark_block_size;
+  std::unordered_set<engine::SeqId> seen;
+  std::vector<engine::StepItem> as_steps(items.size());
+  std::vector<std::vector<int32_t>> probe(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const engine::SpecStepItem& it = items[i];
+    const std::string what = "speculative item " + std::to_string(i) + " (sequence " + std::to_string(it.seq) + ")";
+    DS41_ASSIGN_OR_RETURN(GpuSequence * st, find(it.seq));
+    if (!seen.insert(it.seq).second) return invalid_argument(what + ": sequence appears twice in one step");
+    if (it.anchor < 0 || it.anchor >= info_.vocab_size)
+      return invalid_argument(what + ": anchor token " + std::to_string(it.anchor) + " outside the vocabulary");
+    if (it.verify_len > B) return invalid_argument(what + ": verify_len above the block size");
+    if (st->position + B + 1 > info_.max_context)
+      return out_of_range(what + ": a speculative step would pass the context of " +
+                          std::to_string(info_.max_context) + " tokens");
+    probe[i].assign(static_cast<size_t>(B + 1), it.anchor);
+    as_steps[i] = engine::StepItem{it.seq, probe[i], true};
+  }
+  DS41_RETURN_IF_ERROR(validate(as_steps));  // pages for a full verification of every item
+  // Groups within one forward's limits (every item may verify B + 1 rows).
+  const GpuLimits& lim = fwd_->limits();
+  const int64_t per_group =
+      std::max<int64_t>(1, std::min({lim.max_step_seqs, lim.max_logit_rows / (B + 1), lim.max_step_tokens / (B + 1),
+                                     std::max<int64_t>(1, lim.max_step_tokens / B)}));
+  for (size_t g = 0; g < items.size(); g += static_cast<size_t>(per_group)) {
+    const size_t n = std::min(items.size() - g, static_cast<size_t>(per_group));
+    DS41_RETURN_IF_ERROR(speculative_group(items.subspan(g, n), std::span(*out).subspan(g, n)));
+  }
+  return ok_status();
+}
+
+Status CudaEngine::speculative_group(std::span<const engine::SpecStepItem> items,
+                                     std::span<engine::SpecStepResult> out) {
+  const int64_t B = model_->config().dspark_block_size, V = info_.vocab_size;
+  const size_t ni = items.size();
+  std::vector<GpuSequence*> seq(ni);
+  std::vector<std::mt19937_64*> rng(ni, nullptr);
+  for (size_t i = 0; i < ni; ++i) {
+    seq[i] = *find(items[i].seq);
+    if (items[i].temperature > 0) rng[i] = &spec_rng_.try_emplace(items[i].seq, items[i].seed).first->second;
+  }
+  // 1. The drafts (3.10.4-3.10.6) of the items that verify candidates, in one batch.
+  std::vector<int64_t> l(ni), draft_of(ni, -1);
+  std::vector<GpuDraftInput> din;
+  for (size_t i = 0; i < ni; ++i) {
+    l[i] = items[i].verify_len < 0 ? B : items[i].verify_len;
+    if (l[i] > 0) {
+      draft_of[i] = static_cast<int64_t>(din.size());
+      din.push_back(GpuDraftInput{seq[i], items[i].anchor});
+    }
+  }
+  std::vector<std::vector<std::vector<double>>> draft_p(din.size());
+  std::vector<size_t> item_of(din.size());
+  for (size_t i = 0; i < ni; ++i)
+    if (draft_of[i] >= 0) item_of[draft_of[i]] = i;
+  std::vector<model::DraftOutput> d;
+  if (!din.empty()) {
+    GpuDraftOptions dopt;
+    bool any_sampled = false;
+    for (size_t i = 0; i < ni; ++i) any_sampled = any_sampled || (draft_of[i] >= 0 && items[i].temperature > 0);
+    if (any_sampled)
+      dopt.choose = [&](int64_t b, int64_t, std::span<const float> z) -> int32_t {
+        const size_t i = item_of[b];
+        if (items[i].temperature <= 0) return argmax_lowest(z);
+        draft_p[b].push_back(engine::tempered_probs(z, items[i].temperature));
+        return engine::draw_from(draft_p[b].back(), *rng[i]);
+      };
+    DS41_RETURN_IF_ERROR(fwd_->draft(din, dopt, &d).with_context("DSpark draft"));
+  }
+  // 2. Verify lengths (3.10.9 single-sequence threshold).
+  std::vector<std::vector<int32_t>> vt(ni);
+  std::vector<GpuSeqInput> batch(ni);
+  for (size_t i = 0; i < ni; ++i) {
+    if (draft_of[i] >= 0 && items[i].confidence_threshold >= 0)
+      l[i] = std::min(l[i], engine::verify_length(d[draft_of[i]].confidence, items[i].confidence_threshold));
+    vt[i].push_back(items[i].anchor);
+    if (draft_of[i] >= 0) {
+      const auto& c = d[draft_of[i]].candidates;
+      vt[i].insert(vt[i].end(), c.begin(), c.begin() + l[i]);
+    }
+    out[i].verified = l[i];
+    batch[i].seq = seq[i];
+    batch[i].tokens = vt[i];
+    batch[i].logits = model::LogitsRows::kAll;
+  }
+  // 3. ONE journaled target forward over [x_L, c_0 .. c_{l-1}] of every item (3.10.7).
+  GpuSpecJournal journal;
+  GpuForwardOptions fo;
+  fo.journal = &journal;
+  std::vector<model::SequenceOutput> res;
+  DS41_RETURN_IF_ERROR(fwd_->run(batch, fo, &res).with_context("DSpark verification"));
+  // 4. Acceptance on the host (engine/speculative.h).
+  std::vector<int64_t> keep(ni);
+  std::vector<std::span<const int32_t>> toks(ni);
+  std::vector<GpuContextRows> cr(ni);
+  for (size_t i = 0; i < ni; ++i) {
+    const std::span<const float> T(res[i].logits);
+    if (static_cast<int64_t>(T.size()) != (l[i] + 1) * V) return internal_error("verification returned too few logits rows");
+    std::span<const int32_t> cand(vt[i].data() + 1, static_cast<size_t>(l[i]));
+    engine::Acceptance acc;
+    if (items[i].temperature <= 0) {
+      acc = engine::accept_greedy(cand, T, V);
+    } else {
+      std::vector<double> dp(l[i] * V), tp((l[i] + 1) * V);
+      for (int64_t k = 0; k < l[i]; ++k) {
+        const std::vector<double>& p = draft_p[static_cast<size_t>(draft_of[i])][static_cast<size_t>(k)];
+        std::copy(p.begin(), p.end(), dp.begin() + k * V);
+      }
+      for (int64_t k = 0; k <= l[i]; ++k) {
+        const std::vector<double> q = engine::tempered_probs(T.subspan(k * V, V), items[i].temperature);
+        std::copy(q.begin(), q.end(), tp.begin() + k * V);
+      }
+      acc = engine::accept_sampled(cand, dp, tp, V, *rng[i]);
+    }
+    out[i].accepted = acc.accepted;
+    out[i].tokens.assign(cand.begin(), cand.begin() + acc.accepted);
+    out[i].tokens.push_back(acc.bonus);
+    keep[i] = acc.accepted + 1;
+    toks[i] = vt[i];
+    cr[i] = GpuContextRows{seq[i], journal.seqs[i].row_begin, journal.seqs[i].before.position, keep[i]};
+  }
+  // 5. Roll back the rejected rows (3.10.8), 6. the context rows of L..L+a (3.10.3).
+  DS41_RETURN_IF_ERROR(fwd_->rollback_spec(journal, keep, toks).with_context("DSpark rollback"));
+  return fwd_->dspark_commit(cr).with_context("DSpark context rows");
+}
+
+Result<model::DraftOutput> CudaEngine::draft(engine::SeqId seq, int32_t anchor, bool record) {
+  if (!spec_) return failed_precondition("speculative decoding is off (CudaEngine::enable_speculative)");
+  DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
+  GpuDraftInput in{s, anchor};
+  GpuDraftOptions o;
+  o.record = record;
+  std::vector<model::DraftOutput> d;
+  DS41_RETURN_IF_ERROR(fwd_->draft(std::span<const GpuDraftInput>(&in, 1), o, &d));
+  return std::move(d[0]);
+}
+
+Status CudaEngine::draft_window_rows(engine::SeqId seq, int64_t stage, int64_t first, int64_t n,
+                                     std::vector<uint8_t>* out) {
+  DS41_ASSIGN_OR_RETURN(GpuSequence * s, find(seq));
+  return fwd_->download_draft_rows(*s, stage, first, n, out);
 }
 
 }  // namespace ds41::gpu

@@ -34,6 +34,7 @@
 
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <unordered_map>
 
@@ -87,6 +88,25 @@ class CudaEngine final : public engine::Engine {
   Status replay_window(engine::SeqId seq, std::span<const int32_t> prefix_tokens) override;
   Status prefill_decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens) override;
 
+  // DSpark speculative decoding (MODEL_SPEC 3.10; docs/dspark.md "GPU engine"): as CpuEngine.
+  // enable_speculative allocates the draft rings / buffers (before any sequence exists) and needs
+  // max_logit_rows and max_step_tokens >= block + 1; then every forward captures the context
+  // features and commits the draft rows of its positions. speculative_step runs, per group of items
+  // that fits the limits, ONE batched draft, ONE journaled verification forward over [anchor,
+  // c_0 .. c_{l-1}] of every item, the acceptance rules of engine/speculative.h on the host, the
+  // device rollback of the rejected rows (GpuForward::rollback_spec) and the context rows of the
+  // committed positions.
+  Status enable_speculative() override;
+  int64_t speculative_block() const override;
+  Status speculative_step(std::span<const engine::SpecStepItem> items,
+                          std::vector<engine::SpecStepResult>* out) override;
+  // Tests: the draft for an anchor at the sequence's position (no state changes), with record
+  // (base logits, hidden); the packed draft window rows of stage s for positions [first, first + n).
+  Result<model::DraftOutput> draft(engine::SeqId seq, int32_t anchor, bool record);
+  Status draft_window_rows(engine::SeqId seq, int64_t stage, int64_t first, int64_t n, std::vector<uint8_t>* out);
+  // Tests: the last forward's captured features of rows [row_begin, row_begin + n).
+  Status last_features(int64_t row_begin, int64_t n, std::vector<float>* out) { return fwd_->download_features(row_begin, n, out); }
+
   // Tests and tools: one step with the reference's logits-row choice and records, outputs per item
   // (positions + logits rows, selections when record). Same validation and splitting as step().
   // layer_ms (benchmarks): per-layer milliseconds of the last forward of the step (gpu_forward.h).
@@ -111,6 +131,7 @@ class CudaEngine final : public engine::Engine {
   Status forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
                         const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out);
   void release(GpuSequence& s);
+  Status speculative_group(std::span<const engine::SpecStepItem> items, std::span<engine::SpecStepResult> out);
   // Host copies behind a StateView of `s` (export): per source the entries [first[j], first[j] +
   // rows[j]); with `bounded` also the rings and pending groups.
   struct HostRows {
@@ -134,6 +155,8 @@ class CudaEngine final : public engine::Engine {
   int64_t bounded_bytes_ = 0;
   std::unordered_map<engine::SeqId, std::unique_ptr<GpuSequence>> seqs_;
   engine::SeqId next_id_ = 1;
+  bool spec_ = false;
+  std::unordered_map<engine::SeqId, std::mt19937_64> spec_rng_;  // T > 0 speculative steps
 };
 
 }  // namespace ds41::gpu

@@ -16,6 +16,7 @@
 #include "gpu/device_weight_items.h"
 #include "gpu/device_weight_upload.h"
 #include "gpu/dummy_weights.h"
+#include "model/dspark_weights.h"
 #include "model/loader/safetensors.h"
 #include "model/loader/tensor_contract.h"
 #include "model/model.h"
@@ -63,8 +64,9 @@ struct Plan {
   uint64_t linear_bytes = 0, engram_bytes = 0, embed_bytes = 0, small_bytes = 0;
 };
 
-Plan make_plan(const std::vector<WeightItem>& items, const model::ModelConfig& c, size_t n_layers,
-               bool engram_pinned) {
+// n_experts: per block with experts (the layers, then the DSpark stages) its expert count.
+Plan make_plan(const std::vector<WeightItem>& items, const std::vector<int64_t>& n_experts,
+               const model::ModelConfig& c, bool engram_pinned) {
   Plan p;
   p.at.resize(items.size());
   uint64_t off = 0;
@@ -75,10 +77,9 @@ Plan make_plan(const std::vector<WeightItem>& items, const model::ModelConfig& c
       off = align_up(off + it.data_bytes());
     }
   }
-  const uint64_t structs_bytes = 3 * static_cast<uint64_t>(c.n_routed_experts) * sizeof(cuda::DeviceWeight);
-  for (size_t l = 0; l < n_layers; ++l) {
+  for (int64_t ne : n_experts) {
     p.structs.push_back(off);
-    off = align_up(off + structs_bytes);
+    off = align_up(off + 3 * static_cast<uint64_t>(ne) * sizeof(cuda::DeviceWeight));
   }
   const uint64_t rope_bytes = static_cast<uint64_t>(c.qk_rope_head_dim / 2) * sizeof(float);
   p.rope_main = off;
@@ -178,6 +179,7 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
   std::unique_ptr<model::Checkpoint> ck;
   std::unique_ptr<model::ModelWeights> mw;
   std::unique_ptr<model::VisionWeights> vw;
+  std::unique_ptr<model::DsparkWeights> dsw;
   model::TensorContract contract;
   if (fmt == LoadFormat::kSafetensors) {
     DS41_ASSIGN_OR_RETURN(ck, model::Checkpoint::open(dir));
@@ -185,15 +187,24 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
     if (c.has_vision) {
       DS41_ASSIGN_OR_RETURN(vw, model::bind_vision_weights(*ck, c));
     }
+    if (c.num_nextn_predict_layers > 0) {
+      DS41_ASSIGN_OR_RETURN(dsw, model::bind_dspark_weights(*ck, c));
+    }
   } else {
     DS41_ASSIGN_OR_RETURN(contract, model::derive_tensor_contract(c, I.sched));
   }
   DS41_ASSIGN_OR_RETURN(I.hasher, model::make_engram_hasher(c, dir, opt.tokenizer_dir));
-  std::vector<WeightItem> items = list_device_weights(c, I.sched, I.w, mw.get(), vw.get());
+  std::vector<WeightItem> items = list_device_weights(c, I.sched, I.w, mw.get(), vw.get(), dsw.get());
   if (fmt == LoadFormat::kDummy) DS41_RETURN_IF_ERROR(apply_contract_formats(contract, items));
 
   // Memory check before any allocation.
-  const Plan plan = make_plan(items, c, I.sched.layers.size(), opt.engram_host_pinned);
+  std::vector<DeviceLayer*> blocks;  // every block with experts: the layers, then the DSpark stages
+  for (DeviceLayer& d : I.w.layers) blocks.push_back(&d);
+  if (I.w.dspark)
+    for (DeviceLayer& d : I.w.dspark->stages) blocks.push_back(&d);
+  std::vector<int64_t> n_experts;
+  for (DeviceLayer* d : blocks) n_experts.push_back(static_cast<int64_t>(d->experts.size()));
+  const Plan plan = make_plan(items, n_experts, c, opt.engram_host_pinned);
   size_t free_b = 0, total_b = 0;
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
   if (plan.device_bytes > free_b) {
@@ -251,8 +262,8 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
       std::memcpy(image.data() + plan.at[i].data, it.host_vec->data(), it.data_bytes());
     }
   }
-  for (size_t l = 0; l < I.w.layers.size(); ++l) {
-    DeviceLayer& d = I.w.layers[l];
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    DeviceLayer& d = *blocks[l];
     const size_t ne = d.experts.size();
     auto* st = reinterpret_cast<cuda::DeviceWeight*>(image.data() + plan.structs[l]);
     for (size_t e = 0; e < ne; ++e) {

@@ -73,12 +73,22 @@ struct DeviceVisionWeights {
   DeviceVec aligner_b1, aligner_b2;
   DeviceVec image_start, image_end, image_newline;  // [hidden] each
 };
+// The DSpark draft (MODEL_SPEC 3.10.1; only with num_nextn_predict_layers > 0): the stages as
+// ratio-0 blocks with dspark_n_routed_experts experts, the context projection and norm, the draft's
+// final norm, the Markov factors (markov_embed: the BF16 [V, R] table, read by the embedding
+// kernel) and the confidence head.
+struct DeviceDspark {
+  std::vector<DeviceLayer> stages;
+  cuda::DeviceWeight main_proj, markov_embed, markov_head, confidence_proj;
+  DeviceVec main_norm, norm;
+};
 struct DeviceModelWeights {
   const uint8_t* embed = nullptr;  // BF16 [vocab, hidden]
   DeviceVec norm;
   cuda::DeviceWeight head;
   std::vector<DeviceLayer> layers;
   std::optional<DeviceVisionWeights> vision;  // set when the config has vision_config
+  std::optional<DeviceDspark> dspark;         // set when the config has DSpark stages
 };
 
 class DeviceModel {

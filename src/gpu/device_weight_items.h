@@ -15,6 +15,10 @@
 #include "model/model_weights.h"
 #include "model/vision_weights.h"
 
+namespace ds41::model {
+struct DsparkWeights;
+}
+
 namespace ds41::gpu {
 
 enum class WeightItemKind {
@@ -48,11 +52,13 @@ struct WeightItem {
 
 // Sizes dw.layers (and each layer's experts) for the config, then lists every weight; with
 // vision_config also dw.vision's (the fused wqkv / mlp.w1 matrices and the fused qkv bias as the
-// checkpoint stores them). With mw (and vw for the vision tensors) the linear formats and the host
+// checkpoint stores them); with num_nextn_predict_layers > 0 also dw.dspark's (MODEL_SPEC 3.10.1;
+// host sources from dsw). With mw (and vw for the vision tensors) the linear formats and the host
 // sources come from the bound checkpoint views; without them (dummy) linears have format kNone and
 // the caller sets the tensor contract's format.
 std::vector<WeightItem> list_device_weights(const model::ModelConfig& c, const model::LayerSchedule& s,
                                             DeviceModelWeights& dw, const model::ModelWeights* mw,
-                                            const model::VisionWeights* vw = nullptr);
+                                            const model::VisionWeights* vw = nullptr,
+                                            const model::DsparkWeights* dsw = nullptr);
 
 }  // namespace ds41::gpu

@@ -141,6 +141,15 @@ Status GpuForward::compress(int64_t l, const float* x) {
     DS41_RETURN_IF_ERROR(
         cuda::run_encode_rows_scatter(FakeQuantOp::kIdx, dI, ws_.kk, m, pool_->base(), src.key_enc, s));
   }
+  if (journal_ && R > 1) {  // MODEL_SPEC 3.10.8: every row's (a, b) for a speculative rollback
+    float* ja = ds_.jca + src.pend_j * ds_.jrows * hd;
+    float* jb = ds_.jcb + src.pend_j * ds_.jrows * hd;
+    const size_t bytes = static_cast<size_t>(n * hd) * sizeof(float);
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(ja, ws_.ca, bytes, cudaMemcpyDeviceToDevice, s),
+                                           "journal the compressor rows"));
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(jb, ws_.cb, bytes, cudaMemcpyDeviceToDevice, s),
+                                           "journal the compressor rows"));
+  }
   if (src.pend_a) {
     DS41_RETURN_IF_ERROR(cuda::run_scatter_rows(ws_.ca, src.pend_a, n, hd, slots_->pending_base(), s));
     DS41_RETURN_IF_ERROR(cuda::run_scatter_rows(ws_.cb, src.pend_b, n, hd, slots_->pending_base(), s));

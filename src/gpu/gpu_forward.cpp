@@ -104,8 +104,12 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   out->clear();
   DS41_RETURN_IF_ERROR(validate(batch, opt));
   if (batch.empty()) return ok_status();
+  journal_ = opt.journal;
+  jpend_.clear();
   Status st = plan(batch);
+  if (st.ok() && journal_) st = journal_plan(opt);
   if (!st.ok()) {
+    journal_ = nullptr;
     rollback_pages();
     return st;
   }
@@ -119,6 +123,7 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   st = cuda::cuda_status(
       cudaMemcpyAsync(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
       "upload step metadata");
+  if (st.ok() && journal_) st = journal_save();
   if (st.ok()) st = run_layers(opt, out);
   if (st.ok() && opt.layer_ms)
     st = cuda::cuda_status(cudaEventRecord(events_[c_->num_hidden_layers], stream_), "timing event");
@@ -128,6 +133,7 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
   Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
   if (st.ok()) st = sync;
+  journal_ = nullptr;
   if (!st.ok()) {
     // Host mirrors stay as they were; device rows written by the failed step are beyond them.
     rollback_pages();
@@ -201,6 +207,7 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   const int64_t H = c_->hidden_size, C = c_->hc_mult, n = n_;
   const float eps = static_cast<float>(c_->rms_norm_eps);
   if (c_->is_engram_layer(l)) DS41_RETURN_IF_ERROR(engram_stage(l));
+  if (ds_.on) DS41_RETURN_IF_ERROR(capture_dspark_features(l));  // MODEL_SPEC 3.10.2
   win_offsets_ = win_offsets_list_[win_list_of_layer_[l]];  // this layer's window floors (step plan)
   win_index_ = win_index_list_[win_list_of_layer_[l]];
   auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {

@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "gpu/kv_block_pool.h"
 #include "gpu/sequence_slots.h"
 #include "gpu/tensor_core_linear.h"
+#include "model/dspark.h"
 #include "model/model.h"
 
 namespace ds41::gpu {
@@ -43,6 +45,41 @@ struct GpuSeqInput {
   // Engram DEAD), and the rows replacing the flagged tokens' embeddings (empty: they keep theirs).
   std::span<const uint8_t> image_span = {};
   std::span<const float> span_embeds = {};
+};
+
+// Speculative verification (MODEL_SPEC 3.10.8; gpu_spec_rollback.cpp): a forward run with a journal
+// records, before its kernels run, the host mirror of every sequence and on the device the window
+// ring rows and pending-group rows its writes will overwrite, and during the call the compressor
+// rows (a, b) of every ratio > 1 source; rollback_spec() then restores the state of each sequence to
+// that after its first `keep` rows. A journaled call holds at most dspark_block_size + 1 rows per
+// sequence.
+struct GpuSpecJournal {
+  struct Seq {
+    GpuSequence* seq = nullptr;
+    GpuSequence before;  // the host mirror before the call
+    int64_t row_begin = 0, rows = 0;
+    // (pending row index from SequenceSlots::pending_base(), row in the journal's save buffer)
+    std::vector<std::pair<int64_t, int64_t>> pend_saved;
+  };
+  std::vector<Seq> seqs;
+};
+
+// The DSpark draft for one anchor (MODEL_SPEC 3.10.4): the sequence's draft rings must end at its
+// position L (draft_next == position), the anchor is x_L.
+struct GpuDraftInput {
+  GpuSequence* seq = nullptr;
+  int32_t anchor = 0;
+};
+struct GpuDraftOptions {
+  // Chooses c_k from z_k on the host (sampling); empty: greedy argmax, lowest index on ties.
+  std::function<int32_t(int64_t seq, int64_t k, std::span<const float> z)> choose;
+  bool record = false;  // DraftOutput::base_logits and hidden (golden checks)
+};
+// Context rows to commit (MODEL_SPEC 3.10.2-3.10.3): rows [row_begin, row_begin + n) of the last
+// forward's captured features, positions first_pos.. of seq (committed positions only).
+struct GpuContextRows {
+  GpuSequence* seq = nullptr;
+  int64_t row_begin = 0, first_pos = 0, n = 0;
 };
 
 struct GpuForwardOptions {
@@ -61,6 +98,8 @@ struct GpuForwardOptions {
   // the caller floors those layers' windows above these positions (GpuSequence::window_floor)
   // before they run again.
   int64_t last_layer = -1;
+  // Speculative verification: fills the journal (see GpuSpecJournal); rollback_spec() uses it.
+  GpuSpecJournal* journal = nullptr;
 };
 
 class GpuForward {
@@ -79,6 +118,34 @@ class GpuForward {
   // from validation and planning leave every sequence unchanged.
   Status run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out);
+
+  // ---- DSpark (MODEL_SPEC 3.10; gpu_dspark.cpp, gpu_spec_rollback.cpp) ----
+  // Allocates the draft rings (one per stage and slot), the feature buffer and the draft's and the
+  // journal's buffers; from then on every forward captures the context features (the streams
+  // entering each dspark_target_layer_ids layer after its Engram, averaged over the C streams).
+  // FailedPrecondition without draft stages.
+  Status enable_dspark();
+  bool dspark_enabled() const { return ds_.on; }
+  // Writes the stages' window rows of the given rows of the LAST forward's features (only the last
+  // `window` rows of each item are computed) and advances the sequences' draft_next. An item whose
+  // first_pos is not its draft_next restarts the rings there (a state restored without draft rows).
+  Status dspark_commit(std::span<const GpuContextRows> rows);
+  // One draft step per input, all blocks batched through the stages; DraftOutput's candidates,
+  // confidence_logits, confidence (and with record base_logits, hidden).
+  Status draft(std::span<const GpuDraftInput> batch, const GpuDraftOptions& opt,
+               std::vector<model::DraftOutput>* out);
+  // MODEL_SPEC 3.10.8: keep[i] (1 .. rows) rows of journal sequence i stay, tokens[i] its call's
+  // tokens; every state the rejected rows wrote is restored (rings, pending groups, entry counts,
+  // pages, Engram look-back, the most recent publisher, the position). Synchronises.
+  Status rollback_spec(const GpuSpecJournal& j, std::span<const int64_t> keep,
+                       std::span<const std::span<const int32_t>> tokens);
+  // Copies slot src's draft rings to slot dst (fork), on the stream.
+  Status copy_draft_rings(int32_t src, int32_t dst);
+  // Draft ring rows to the host (tests): stage s, positions [first, first + n) of seq, packed.
+  Status download_draft_rows(const GpuSequence& seq, int64_t s, int64_t first, int64_t n,
+                             std::vector<uint8_t>* out);
+  // The last forward's captured features to the host (tests): rows [row_begin, row_begin + n).
+  Status download_features(int64_t row_begin, int64_t n, std::vector<float>* out);
 
  private:
   struct PlanSeq {
@@ -118,6 +185,12 @@ class GpuForward {
   Status run_layer(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status head(std::vector<model::SequenceOutput>* out);
   void commit();
+  Status journal_plan(const GpuForwardOptions& opt);    // host record + save lists (before the upload)
+  Status journal_save();                                // device copies (after the upload)
+  Status capture_dspark_features(int64_t l);
+  Status draft_attention(int64_t s, const int64_t* ring_read, int64_t ctx_rows, const int64_t* kv_offsets,
+                         const int32_t* kv_index, const float* x, float* y);
+  Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y);
 
   Status engram_stage(int64_t l);
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
@@ -189,6 +262,30 @@ class GpuForward {
   float* pi_ = nullptr;
   float* pre_f_ = nullptr;
   std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)
+
+  // DSpark buffers (enable_dspark), carved from one allocation.
+  struct Dspark {
+    bool on = false;
+    int64_t F = 0, J = 0, n_pend = 0, max_draft_seqs = 0;
+    DeviceBuffer buf;
+    PinnedBuffer host;
+    float *feat = nullptr, *featg = nullptr, *main_x = nullptr, *kvd = nullptr, *mean_w = nullptr;
+    uint8_t* rings = nullptr;  // [stage][slot][window][row]
+    int64_t stage_stride = 0;
+    float *U = nullptr, *h = nullptr, *hn = nullptr, *me = nullptr, *mz = nullptr, *zk = nullptr, *hz = nullptr,
+          *gamma = nullptr;
+    int32_t *prev = nullptr, *cand = nullptr;  // anchors [seqs]; candidates [B, seqs]
+    float* zk_host = nullptr;   // pinned [seqs, V]
+    int32_t* prev_host = nullptr;  // pinned [seqs]
+    // Journal: ring rows [seqs][layer][J][row], pending rows [seqs * J * 2 * n_pend][kv_dim],
+    // compressor rows a / b per ratio > 1 source [n_pend][seqs * J][kv_dim].
+    uint8_t* ring_save = nullptr;
+    float *pend_save = nullptr, *jca = nullptr, *jcb = nullptr, *rscratch = nullptr;
+    int64_t jrows = 0;  // seqs * J
+  } ds_;
+  GpuSpecJournal* journal_ = nullptr;  // the running forward's journal
+  std::vector<std::pair<int64_t, int64_t>> jpend_;  // (plan sequence, pending row) written this call
+  const int64_t* jpend_rows_ = nullptr;              // device copy of the rows to save
 };
 
 }  // namespace ds41::gpu

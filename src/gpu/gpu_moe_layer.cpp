@@ -13,16 +13,17 @@
 
 namespace ds41::gpu {
 
-Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                       std::vector<model::SequenceOutput>* out) {
-  const DeviceLayer& w = m_->weights().layers[l];
-  const int64_t n = n_, H = c_->hidden_size, E = c_->n_routed_experts, k = c_->num_experts_per_tok;
+// The MoE of n_ rows through block w with E routed experts, top-k (the text layers, or a DSpark
+// stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
+Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
+                            float* y) {
+  const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
   cudaStream_t s = stream_;
   DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
   DS41_RETURN_IF_ERROR(cuda::run_router(
-      ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, vl_, k,
+      ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, vl, k,
       static_cast<float>(c_->gate_temp), static_cast<float>(c_->routed_scaling_factor), ws_.experts,
       ws_.route_w, s));
   DS41_RETURN_IF_ERROR(cuda::run_moe_bucket(ws_.experts, ws_.route_w, n, k, E, ws_.offsets, ws_.perm_rows,
@@ -41,6 +42,14 @@ Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOpti
     DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
     DS41_RETURN_IF_ERROR(cuda::run_add_inplace(y, ws_.sout, n * H, s));
   }
+  return ok_status();
+}
+
+Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
+                       std::vector<model::SequenceOutput>* out) {
+  const int64_t n = n_, k = c_->num_experts_per_tok, nk = n * k;
+  DS41_RETURN_IF_ERROR(moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y));
+  cudaStream_t s = stream_;
   if (!opt.record) return ok_status();
   std::vector<int32_t> ex(nk);
   std::vector<float> wt(nk);

@@ -316,6 +316,11 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
             pend_a[r] = slots_->pending_row(slot, ps.pend_j, 0, pos_host_[r] % R);
             pend_b[r] = slots_->pending_row(slot, ps.pend_j, 1, pos_host_[r] % R);
             any_pending = true;
+            if (journal_) {  // MODEL_SPEC 3.10.8: rows a speculative rollback may put back
+              const int64_t qi = &q - seqs_.data();
+              jpend_.emplace_back(qi, pend_a[r]);
+              jpend_.emplace_back(qi, pend_b[r]);
+            }
           }
       page_begin.push_back(static_cast<int64_t>(pages.size()));
       pages.insert(pages.end(), m.pages.begin(), m.pages.end());
@@ -382,5 +387,10 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
                               std::to_string(ws_.meta_bytes) + "-byte arena (a smaller batch or chunk)");
   return ok_status();
 }
+
+// The element types other files of the executor put (gpu_dspark.cpp, gpu_spec_rollback.cpp).
+template const int64_t* GpuForward::put<int64_t>(const std::vector<int64_t>&);
+template const int32_t* GpuForward::put<int32_t>(const std::vector<int32_t>&);
+template const float* const* GpuForward::put<const float*>(const std::vector<const float*>&);
 
 }  // namespace ds41::gpu

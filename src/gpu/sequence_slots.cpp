@@ -55,6 +55,12 @@ void SequenceSlots::release(int32_t slot) {
   free_.push_back(slot);
 }
 
+Status SequenceSlots::clear_pending(int32_t slot, cudaStream_t stream) const {
+  const size_t p = static_cast<size_t>(n_pending_ * 2 * r_max_ * kv_dim_) * sizeof(float);
+  if (p == 0) return ok_status();
+  return cuda::cuda_status(cudaMemsetAsync(pending_.as<uint8_t>() + slot * p, 0, p, stream), "clear pending groups");
+}
+
 Status SequenceSlots::copy(int32_t src, int32_t dst, cudaStream_t stream) const {
   const size_t w = static_cast<size_t>(window_ * row_bytes_);
   if (n_layers_ > 0 && w > 0)

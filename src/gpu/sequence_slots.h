@@ -36,6 +36,9 @@ struct GpuSequence {
   engram::EngramHashState engram;
   int64_t last_published_source = -1;
   std::vector<int64_t> window_floor;  // per layer (empty: all 0), as SequenceState::window_floor
+  // DSpark draft rings (MODEL_SPEC 3.10.3; GpuForward::enable_dspark): rows exist for the committed
+  // positions max(draft_first, draft_next - window) .. draft_next - 1 (as model::DsparkState).
+  int64_t draft_next = 0, draft_first = 0;
 };
 
 class SequenceSlots {
@@ -45,6 +48,10 @@ class SequenceSlots {
 
   Result<int32_t> allocate();  // resource_exhausted when every slot is live
   void release(int32_t slot);
+  // Zeroes the slot's pending groups (a new sequence): a ratio-R group's slot R - 1 is never written
+  // by a one-token decode, and SWA snapshots carry the whole group, so its bytes must not depend
+  // on what the slot held before (the CPU reference starts from zeros too).
+  Status clear_pending(int32_t slot, cudaStream_t stream) const;
   // Copies the whole bounded state of slot src into dst (fork), on `stream`.
   Status copy(int32_t src, int32_t dst, cudaStream_t stream) const;
   int64_t max_slots() const { return max_slots_; }
@@ -72,6 +79,10 @@ class SequenceSlots {
   Status upload_pending(int32_t slot, int64_t j, int64_t rows, const void* a, const void* b,
                         cudaStream_t stream) const;
   int64_t ring_slot_bytes() const { return n_layers_ * window_ * row_bytes_; }
+  int64_t ring_layer_stride() const { return layer_stride_; }
+  int64_t window() const { return window_; }
+  int64_t row_bytes() const { return row_bytes_; }
+  int64_t n_layers() const { return n_layers_; }
   int64_t kv_dim() const { return kv_dim_; }
 
   // Bytes of one slot (rings + pending groups), as SequenceState::bounded_bytes() counts them

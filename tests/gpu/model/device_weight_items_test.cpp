@@ -1,7 +1,7 @@
 // gpu::list_device_weights (the device weight list both loaders fill) against the tensor contract
 // (MODEL_SPEC 2), on the host (runs without a GPU): every item is a contract tensor with the
 // contract's format, every contract tensor of the text model and of the vision tower (MODEL_SPEC
-// 2.5) is an item, and the checkpoint-format bytes the device holds equal the contract's payload
+// 2.5) and of the DSpark stages (MODEL_SPEC 3.10.1) is an item, and the checkpoint-format bytes the device holds equal the contract's payload
 // less the small vectors (stored as float32 on the device) — for tiny, tiny-vision, the slice and
 // the full released layout.
 #include "gpu/device_weight_items.h"
@@ -58,18 +58,22 @@ TEST(DeviceWeightItems, CoverTheTextModelsAndVisionTowersContract) {
           break;
       }
     }
-    uint64_t text_payload = 0, vec_payload = 0;
+    uint64_t text_payload = 0, vec_payload = 0, dspark_payload = 0;
     for (const model::ExpectedTensor& t : k->tensors) {
       const bool text = t.name.rfind("layers.", 0) == 0 || t.name == "embed.weight" ||
                         t.name == "head.weight" || t.name == "norm.weight";
       const bool vision = t.name.rfind("vision.", 0) == 0 || t.name.rfind("aligner.", 0) == 0 ||
                           t.name.rfind("image_", 0) == 0;
-      if (!text && !vision) continue;  // DSpark stages (mtp.*) are not on the device
+      const bool dspark = t.name.rfind("mtp.", 0) == 0;
+      if (!text && !vision && !dspark) continue;
       if (vision) {
         EXPECT_TRUE(c->has_vision) << t.name;
       }
+      if (dspark) {
+        EXPECT_GT(c->num_nextn_predict_layers, 0) << t.name;
+      }
       EXPECT_TRUE(covered.count(t.name)) << t.name << " has no device item";
-      text_payload += t.nbytes();
+      (dspark ? dspark_payload : text_payload) += t.nbytes();
       if (t.shape.size() == 1 || t.name.find("hc_") != std::string::npos ||
           t.name.find("engram.q_weight") != std::string::npos ||
           t.name.find("engram.k_weight") != std::string::npos)
@@ -80,7 +84,12 @@ TEST(DeviceWeightItems, CoverTheTextModelsAndVisionTowersContract) {
       for (const auto& t : k->tensors) n += covered.count(t.name);
       return n;
     }()) << "an item names a tensor the contract lacks";
-    EXPECT_EQ(quantized, text_payload - vec_payload);
+    EXPECT_EQ(quantized, text_payload + dspark_payload - vec_payload);
+    EXPECT_EQ(dw.dspark.has_value(), c->num_nextn_predict_layers > 0);
+    if (dw.dspark) {
+      EXPECT_EQ(dw.dspark->stages.size(), static_cast<size_t>(c->num_nextn_predict_layers));
+      EXPECT_EQ(dw.dspark->stages[0].experts.size(), static_cast<size_t>(c->dspark_n_routed_experts));
+    }
     if (std::string(preset) == "v41-flash-slice") {
       EXPECT_EQ(text_payload, 64'649'508'208ULL);
     }
