@@ -1298,7 +1298,10 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
 
 }  // namespace
 
-void set_persist_slot_cap_for_tests(int cap) { g_persist_slot_cap = cap > 0 ? cap : 0; }
+void set_persist_slot_cap_for_tests(int cap) {
+  g_persist_slot_cap = cap > 0 ? cap : 0;
+  tcg::set_slot_cap_for_tests(cap);
+}
 void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
 void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 

@@ -32,8 +32,9 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
                          cudaStream_t stream, quant::WeightFormat format = quant::WeightFormat::kNone);
 
-// Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches (0: the
-// device's fill), so small shapes exercise warps that loop over many row groups. Not thread-safe.
+// Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches and of the
+// tensor-core GEMV (0: the device's fill), so small shapes exercise warps that loop over many row
+// groups. Not thread-safe.
 void set_persist_slot_cap_for_tests(int cap);
 // Tests: the persistent GEMV's pipeline: 0 the register double buffer, 1 the shared-memory ring
 // (cp.async, 4 stages per warp), -1 as DS41_GEMV_PIPELINE says (regs | ring; default regs).

@@ -422,7 +422,7 @@ struct WarpTask {
 
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
 // partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
-// weight loads are issued before stage() (the block's x staging).
+// weight loads are issued before stage() (the block's x staging; called once by every thread).
 template <class D, bool kFp8, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
@@ -433,19 +433,19 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   const int64_t tiles = in / 32, n_rg = (out_rows + 15) / 16, n_rgb = (n_rg + RPB - 1) / RPB;
   const int64_t t0 = tiles * kp / KS, t1 = tiles * (kp + 1) / KS;
   const int J = 3 * nb;
-  bool staged = false;
   // The W rows of this launch start at global row w_row0 (a group's first row): FP8 scale rows are
-  // global (w_row0 % 16 == 0 is required by the host), payload rows too.
+  // global (w_row0 % 16 == 0 is required by the host), payload rows too. The loads of a warp's next
+  // task are issued as soon as its current one is multiplied, before the block's reduction.
+  WarpTask<D, kFp8> task;
+  if (blockIdx.x < n_rgb && static_cast<int64_t>(blockIdx.x) * RPB + rgl < n_rg)
+    task.prologue(data, sc, in, w_row0 + (static_cast<int64_t>(blockIdx.x) * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
+  stage();
   for (int64_t rgb = blockIdx.x; rgb < n_rgb; rgb += gridDim.x) {
-    const int64_t rg = rgb * RPB + rgl;
+    const int64_t rg = rgb * RPB + rgl, rg_next = (rgb + gridDim.x) * RPB + rgl;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    WarpTask<D, kFp8> task;
-    if (rg < n_rg) task.prologue(data, sc, in, w_row0 + rg * 16, w_row0 + out_rows, t0, t1);
-    if (!staged) {
-      stage();
-      staged = true;
-    }
     if (rg < n_rg) task.run(xs, J, ex, acc);
+    if (rgb + gridDim.x < n_rgb && rg_next < n_rg)
+      task.prologue(data, sc, in, w_row0 + rg_next * 16, w_row0 + out_rows, t0, t1);
 #pragma unroll
     for (int i = 0; i < 4; ++i) red_d[(warp * 32 + lane) * 4 + i] = acc[i];
     __syncthreads();
@@ -533,6 +533,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---------------------------------------------------------------------------------------------
 int g_mode = -1;
+int g_slot_cap = 0;  // set_slot_cap_for_tests
 
 int sm_count() {
   static const int n = [] {
@@ -571,7 +572,8 @@ Shape shape(int64_t out_rows, int64_t other, int64_t in, int U, size_t smem) {
   int l = 0;
   while (l < 3 && n_rg * other * (int64_t{1} << l) < target_warps && tiles >> (l + 1) >= 2 * U) ++l;
   const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb;
-  const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(n_rgb, (target_blocks + other - 1) / other));
+  int64_t slots = std::max<int64_t>(1, std::min<int64_t>(n_rgb, (target_blocks + other - 1) / other));
+  if (g_slot_cap > 0) slots = std::min<int64_t>(slots, g_slot_cap);
   return Shape{l, static_cast<unsigned>(slots)};
 }
 
@@ -587,6 +589,7 @@ bool enabled() {
 }
 
 void set_enabled_for_tests(int mode) { g_mode = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream) {

@@ -17,6 +17,7 @@ namespace ds41::cuda::tcg {
 // DS41_TC_GEMV=0 turns them off).
 bool enabled();
 void set_enabled_for_tests(int mode);  // -1: the environment, 0: off, 1: on
+void set_slot_cap_for_tests(int cap);  // caps the blocks along W rows (0: the device's fill)
 
 // Dense / grouped linear (groups column blocks of x, out_rows rows of W each), n rows of x (row
 // stride ldx, y row stride ldy). Launches and returns true when the shape is one these kernels

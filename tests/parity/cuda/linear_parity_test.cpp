@@ -461,7 +461,10 @@ TEST(LinearParity, PersistentLoops) {
 TEST(LinearParity, TensorCoreGemv) {
   DS41_SKIP_WITHOUT_GPU();
   struct Reset {
-    ~Reset() { set_tc_gemv_for_tests(-1); }
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_persist_slot_cap_for_tests(0);
+    }
   } reset;
   struct Case {
     const char* what;
@@ -491,13 +494,18 @@ TEST(LinearParity, TensorCoreGemv) {
       std::vector<float> want(static_cast<size_t>(n * c.out));
       cpu.linear(ref, x.data(), n, want.data());
       Dev<float> dx(x), dy(want.size());
-      for (int mode : {1, 0}) {
-        set_tc_gemv_for_tests(mode);
+      // Tensor cores with the device's fill of blocks and with 1 or 3 blocks (each loops over many
+      // row-group batches, the next batch's loads issued before the reduction); CUDA cores.
+      for (int mode : {1, 2, 3, 0}) {
+        set_tc_gemv_for_tests(mode == 0 ? 0 : 1);
+        set_persist_slot_cap_for_tests(mode == 2 ? 1 : (mode == 3 ? 3 : 0));
         ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr).ok());
-        report("linear tc-gemv", std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
-                                     (mode ? " tensor cores" : " cuda cores"),
+        report("linear tc-gemv",
+               std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
+                   (mode == 0 ? " cuda cores" : mode == 1 ? " tensor cores" : mode == 2 ? " tc 1 block" : " tc 3 blocks"),
                rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
       }
+      set_persist_slot_cap_for_tests(0);
     }
   }
   {  // grouped: 4 groups of 32 rows (FP8), K 512
