@@ -108,15 +108,27 @@ __device__ __forceinline__ T ld_nc(const void* p) {
 // kofs(m, s): K offset in the tile (past 8g) of B slot s (0..3) of mma m: slots 0, 1 = b0's two
 // halves, 2, 3 = b1's.
 struct Fp8 {
-  static constexpr int kU = 4;  // tiles in flight per warp (8 regs each)
+  static constexpr int kU = 4;  // steps (tiles) in flight per warp (5 regs each)
   struct Q {
     uint2 a, b;
   };
   static constexpr int kExp = 0;
   __host__ __device__ static constexpr int kofs(int m, int s) { return 4 * m + s; }
-  __device__ static Q load(const uint8_t* ra, const uint8_t* rb, int64_t t) {
-    return Q{ld_nc<uint2>(ra + 32 * t), ld_nc<uint2>(rb + 32 * t)};
+  // A step = one tile: rows r and r + 8 at bytes [8g, 8g + 8) (four lanes read a row's 32 bytes),
+  // the tile's scale byte (all lanes the same address).
+  static constexpr int kSub = 1;
+  struct Raw {
+    uint2 a, b;
+    uint32_t s;
+  };
+  __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) { return data + o * in + 8 * g; }
+  __device__ static Raw load(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, bool, int64_t t) {
+    return Raw{ld_nc<uint2>(ra + 32 * t), ld_nc<uint2>(rb + 32 * t), __ldg(sa + t)};
   }
+  __device__ static void prepare(Raw&) {}
+  __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
+  __device__ static uint32_t scale_a(const Raw& w, int) { return w.s; }
+  __device__ static uint32_t scale_b(const Raw& w, int) { return w.s; }
   // max |E4M3| = 448 < 2^9: fl(w * 2^(sb-127)) can overflow from sb = 247 on (255: NaN, no overflow).
   __device__ static bool overflow_scale(uint32_t sb) { return sb >= 247u && sb != 255u; }
   // Weight idx (0..7) of the lane's row r (row 0) or r + 8 (1), as the host dequantizes it.
@@ -135,15 +147,57 @@ struct Fp8 {
 };
 
 struct Fp4 {
-  static constexpr int kU = 6;
+  static constexpr int kU = 2;  // steps (4 tiles each) in flight per warp (10 regs each)
   struct Q {
     uint32_t a, b;
   };
   static constexpr int kExp = 14;  // E2M1 decoded as value * 2^-14
   __host__ __device__ static constexpr int kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
-  __device__ static Q load(const uint8_t* ra, const uint8_t* rb, int64_t t) {
-    return Q{ld_nc<uint32_t>(ra + 16 * t), ld_nc<uint32_t>(rb + 16 * t)};
+  // A step = four tiles (128 K): lane g loads bytes [16g, 16g + 16) of the rows' 64-byte span, i.e.
+  // tile g whole (four lanes read a row's 64 contiguous bytes: a quarter of the L1 wavefronts of
+  // 4-byte loads per tile), and the rows' four scale bytes (one 32-bit load each); prepare()
+  // transposes the 4 x 4 words within each lane quad so that lane g holds bytes [4g, 4g + 4) of
+  // every tile, as the fragments want.
+  static constexpr int kSub = 4;
+  struct Raw {
+    uint4 a, b;
+    uint32_t sa, sb;
+  };
+  __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) {
+    return data + o * (in / 2) + 16 * g;
   }
+  __device__ static uint32_t scales4(const uint8_t* p, bool aligned) {
+    if (aligned) return __ldg(reinterpret_cast<const uint32_t*>(p));
+    return __ldg(p) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) | (static_cast<uint32_t>(__ldg(p + 2)) << 16) |
+           (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+  }
+  __device__ static Raw load(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t* sb, bool aligned,
+                             int64_t t) {
+    return Raw{ld_nc<uint4>(ra + 64 * t), ld_nc<uint4>(rb + 64 * t), scales4(sa + 4 * t, aligned),
+               scales4(sb + 4 * t, aligned)};
+  }
+  // 4 x 4 transpose of the words of the lanes of a quad (lane g: word j of tile g -> word j = tile j's
+  // word g): two exchange rounds (xor 1, xor 2) of two words each.
+  __device__ static void transpose(uint4& v) {
+    const int g = threadIdx.x & 3;
+    const bool p = (g & 1) != 0, q = (g & 2) != 0;
+    uint32_t a = p ? v.x : v.y, b = p ? v.z : v.w;
+    a = __shfl_xor_sync(0xffffffffu, a, 1);
+    b = __shfl_xor_sync(0xffffffffu, b, 1);
+    if (p) { v.x = a; v.z = b; } else { v.y = a; v.w = b; }
+    uint32_t c = q ? v.x : v.z, d = q ? v.y : v.w;
+    c = __shfl_xor_sync(0xffffffffu, c, 2);
+    d = __shfl_xor_sync(0xffffffffu, d, 2);
+    if (q) { v.x = c; v.y = d; } else { v.z = c; v.w = d; }
+  }
+  __device__ static void prepare(Raw& w) {
+    transpose(w.a);
+    transpose(w.b);
+  }
+  __device__ static uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w)); }
+  __device__ static Q sub(const Raw& w, int j) { return Q{word(w.a, j), word(w.b, j)}; }
+  __device__ static uint32_t scale_a(const Raw& w, int j) { return (w.sa >> (8 * j)) & 0xffu; }
+  __device__ static uint32_t scale_b(const Raw& w, int j) { return (w.sb >> (8 * j)) & 0xffu; }
   // max |E2M1| = 6 < 2^3: fl(w * 2^(sb-127)) can overflow from sb = 253 on.
   __device__ static bool overflow_scale(uint32_t sb) { return sb >= 253u && sb != 255u; }
   __device__ static float dequant(const Q& q, int row, int idx, uint32_t sb) {
@@ -283,9 +337,9 @@ template <class D, bool kFp8>
 struct WarpTask {
   static constexpr int U = D::kU;
   const uint8_t *ra, *rb, *sa, *sb;
-  int64_t t0, n;
-  typename D::Q q[U];
-  uint32_t s0[U], s1[U];
+  bool s_aligned;
+  int64_t t0, n;  // steps (D::kSub tiles each)
+  typename D::Raw q[U];
 
   __device__ __forceinline__ void prologue(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc,
                                            int64_t in, int64_t o0, int64_t row_end, int64_t t_begin,
@@ -293,26 +347,21 @@ struct WarpTask {
     const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
     const int64_t oa = min(o0 + r, row_end - 1), ob = min(o0 + r + 8, row_end - 1);
     const int64_t tiles = in / 32;
+    ra = D::row_ptr(data, in, oa, g);
+    rb = D::row_ptr(data, in, ob, g);
     if constexpr (kFp8) {
-      ra = data + oa * in + 8 * g;
-      rb = data + ob * in + 8 * g;
       sa = sc + (o0 >> 5) * ((in + 31) >> 5);  // the 16 rows share one row of tiles
       sb = sa;
     } else {
-      ra = data + oa * (in / 2) + 4 * g;
-      rb = data + ob * (in / 2) + 4 * g;
       sa = sc + oa * tiles;
       sb = sc + ob * tiles;
     }
+    s_aligned = (reinterpret_cast<uintptr_t>(sc) & 3u) == 0;  // tiles % 4 == 0 on the FP4 path
     t0 = t_begin;
     n = t_end - t_begin;
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (u < n) {
-        q[u] = D::load(ra, rb, t0 + u);
-        s0[u] = __ldg(sa + t0 + u);
-        s1[u] = kFp8 ? 0u : __ldg(sb + t0 + u);
-      }
+      if (u < n) q[u] = D::load(ra, rb, sa, sb, s_aligned, t0 + u);
   }
 
   // The tile in the oracle's arithmetic: each weight dequantized as the host does (one float product
@@ -364,43 +413,45 @@ struct WarpTask {
     return make_float4(add[0], add[1], add[2], add[3]);
   }
 
-  // Tile t0 + k from registers q[u] (u = k % U), the loads of tile k + U (clamped to the last tile:
-  // a harmless reload, no branch) issued before it is multiplied.
+  // Step t0 + k from registers q[u] (u = k % U), the loads of step k + U (clamped to the last step:
+  // a harmless reload, no branch) issued before it is multiplied; its kSub tiles one by one.
   __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, bool col, int e0, int e1,
                                        const int* ex, float (&acc)[4]) {
     const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
-    const typename D::Q cur = q[u];
-    const uint32_t sc0 = s0[u], sc1 = kFp8 ? s0[u] : s1[u];
-    const int64_t nx = t0 + min(k + U, n - 1);
-    q[u] = D::load(ra, rb, nx);
-    s0[u] = __ldg(sa + nx);
-    if (!kFp8) s1[u] = __ldg(sb + nx);
-    const int64_t t = t0 + k;
-    const bool fast = !D::overflow_scale(sc0) && !D::overflow_scale(sc1) && sc0 != 255u && sc1 != 255u &&
-                      pow2_normal(sc0, e0) && pow2_normal(sc0, e1) && pow2_normal(sc1, e0) && pow2_normal(sc1, e1);
-    if (__all_sync(0xffffffffu, fast)) {
-      float d[4] = {0.f, 0.f, 0.f, 0.f};
+    typename D::Raw cur = q[u];
+    q[u] = D::load(ra, rb, sa, sb, s_aligned, t0 + min(k + U, n - 1));
+    D::prepare(cur);
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        uint32_t a[4];
-        D::frag(cur, m, a);
-        const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
-        mma_f16(d, a, bv.x, bv.y);
+    for (int j = 0; j < D::kSub; ++j) {
+      const typename D::Q w = D::sub(cur, j);
+      const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
+      const int64_t t = (t0 + k) * D::kSub + j;
+      const bool fast = !D::overflow_scale(sc0) && !D::overflow_scale(sc1) && sc0 != 255u && sc1 != 255u &&
+                        pow2_normal(sc0, e0) && pow2_normal(sc0, e1) && pow2_normal(sc1, e0) && pow2_normal(sc1, e1);
+      if (__all_sync(0xffffffffu, fast)) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          uint32_t a[4];
+          D::frag(w, m, a);
+          const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
+          mma_f16(d, a, bv.x, bv.y);
+        }
+        // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4:
+        // rows r and r + 8 each their own).
+        acc[0] = __fmaf_rn(d[0], pow2_mult(sc0, e0), acc[0]);
+        acc[1] = __fmaf_rn(d[1], pow2_mult(sc0, e1), acc[1]);
+        acc[2] = __fmaf_rn(d[2], pow2_mult(sc1, e0), acc[2]);
+        acc[3] = __fmaf_rn(d[3], pow2_mult(sc1, e1), acc[3]);
+      } else {
+        // A scale that can overflow a dequantized weight (the oracle's fl(w * s) is then inf), a
+        // NaN scale, or a multiplier outside the normal floats: the oracle's arithmetic (rare).
+        const float4 add = exact_tile(w, sc0, sc1, xs, J, t, ex);
+        acc[0] += add.x;
+        acc[1] += add.y;
+        acc[2] += add.z;
+        acc[3] += add.w;
       }
-      // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4: rows
-      // r and r + 8 each their own).
-      acc[0] = __fmaf_rn(d[0], pow2_mult(sc0, e0), acc[0]);
-      acc[1] = __fmaf_rn(d[1], pow2_mult(sc0, e1), acc[1]);
-      acc[2] = __fmaf_rn(d[2], pow2_mult(sc1, e0), acc[2]);
-      acc[3] = __fmaf_rn(d[3], pow2_mult(sc1, e1), acc[3]);
-    } else {
-      // A scale that can overflow a dequantized weight (the oracle's fl(w * s) is then inf), a NaN
-      // scale, or a multiplier outside the normal floats: the oracle's arithmetic (rare).
-      const float4 add = exact_tile(cur, sc0, sc1, xs, J, t, ex);
-      acc[0] += add.x;
-      acc[1] += add.y;
-      acc[2] += add.z;
-      acc[3] += add.w;
     }
   }
 
@@ -430,8 +481,8 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int KS = 1 << ks_log2, RPB = kWarps >> ks_log2;
   const int kp = warp & (KS - 1), rgl = warp >> ks_log2;
-  const int64_t tiles = in / 32, n_rg = (out_rows + 15) / 16, n_rgb = (n_rg + RPB - 1) / RPB;
-  const int64_t t0 = tiles * kp / KS, t1 = tiles * (kp + 1) / KS;
+  const int64_t steps = in / (32 * D::kSub), n_rg = (out_rows + 15) / 16, n_rgb = (n_rg + RPB - 1) / RPB;
+  const int64_t t0 = steps * kp / KS, t1 = steps * (kp + 1) / KS;
   const int J = 3 * nb;
   // The W rows of this launch start at global row w_row0 (a group's first row): FP8 scale rows are
   // global (w_row0 % 16 == 0 is required by the host), payload rows too. The loads of a warp's next
@@ -565,12 +616,13 @@ struct Shape {
   int ks_log2;
   unsigned slots;
 };
-Shape shape(int64_t out_rows, int64_t other, int64_t in, int U, size_t smem) {
+Shape shape(int64_t out_rows, int64_t other, int64_t in, int U, int sub, size_t smem) {
   const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(2, (227 * 1024) / static_cast<int64_t>(smem + 1024)));
   const int64_t target_blocks = sm_count() * per_sm, target_warps = target_blocks * kWarps;
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   int l = 0;
-  while (l < 3 && n_rg * other * (int64_t{1} << l) < target_warps && tiles >> (l + 1) >= 2 * U) ++l;
+  const int64_t steps = tiles / sub;
+  while (l < 3 && n_rg * other * (int64_t{1} << l) < target_warps && steps >> (l + 1) >= 2 * U) ++l;
   const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb;
   int64_t slots = std::max<int64_t>(1, std::min<int64_t>(n_rgb, (target_blocks + other - 1) / other));
   if (g_slot_cap > 0) slots = std::min<int64_t>(slots, g_slot_cap);
@@ -597,13 +649,14 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0) return false;  // float4 staging
   const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows;
   if (!fp8 && !fp4) return false;
+  if (fp4 && w.in_dim % 128 != 0) return false;  // steps of four tiles
   const uintptr_t p = reinterpret_cast<uintptr_t>(w.data);
-  if (p % (fp8 ? 8 : 4) != 0 || w.scale == nullptr) return false;
+  if (p % (fp8 ? 8 : 16) != 0 || w.scale == nullptr) return false;
   if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
   const size_t smem = smem_bytes(w.in_dim);
   if (smem > static_cast<size_t>(kMaxSmem)) return false;
-  const int U = fp8 ? Fp8::kU : Fp4::kU;
-  const Shape s = shape(out_rows, groups, w.in_dim, U, smem);
+  const Shape s = fp8 ? shape(out_rows, groups, w.in_dim, Fp8::kU, Fp8::kSub, smem)
+                      : shape(out_rows, groups, w.in_dim, Fp4::kU, Fp4::kSub, smem);
   const dim3 grid(s.slots, 1, static_cast<unsigned>(groups));
   if (fp8) {
     allow_smem<tc_dense_kernel<Fp8, true>>();
@@ -624,10 +677,11 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;  // float4 staging
   const bool fp8 = format == WeightFormat::kFp8Tiles, fp4 = format == WeightFormat::kFp4Rows;
   if (!fp8 && !fp4) return false;
+  if (fp4 && in_dim % 128 != 0) return false;  // steps of four tiles
   const size_t smem = smem_bytes(in_dim);
   if (smem > static_cast<size_t>(kMaxSmem)) return false;
-  const int U = fp8 ? Fp8::kU : Fp4::kU;
-  const Shape s = shape(out_dim, m_max, in_dim, U, smem);  // units <= rows <= m_max
+  const Shape s = fp8 ? shape(out_dim, m_max, in_dim, Fp8::kU, Fp8::kSub, smem)  // units <= rows <= m_max
+                      : shape(out_dim, m_max, in_dim, Fp4::kU, Fp4::kSub, smem);
   const dim3 grid(s.slots, static_cast<unsigned>(m_max));
   if (fp8) {
     allow_smem<tc_expert_kernel<Fp8, true>>();

@@ -480,6 +480,7 @@ TEST(LinearParity, TensorCoreGemv) {
       {"fp8 x ~1e-30, mixed", WeightFormat::kFp8Tiles, 40, 1024, 1e-30f, true},
       {"fp4 ragged, split K", WeightFormat::kFp4Rows, 45, 4096, 1.0f, false},
       {"fp4 mixed", WeightFormat::kFp4Rows, 300, 512, 3.0f, true},
+      {"fp4 K % 128 != 0 (cuda cores)", WeightFormat::kFp4Rows, 40, 2080, 1.0f, false},
   };
   uint64_t seed = 12000;
   for (const Case& c : cases) {
@@ -524,20 +525,25 @@ TEST(LinearParity, TensorCoreGemv) {
              kLinearTol, kLinearWhy);
     }
   }
-  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles}) {
+  for (int variant = 0; variant < 3; ++variant) {
     // 9 experts, 5 used: rows 2, 1, 0, 0, 3 (two units), 1, 0, 0, 2; m_max 11 (2 past the rows).
+    // Variant 2: FP4 with every expert's scales one byte off 4-byte alignment (byte loads).
+    const WeightFormat f = variant == 1 ? WeightFormat::kFp8Tiles : WeightFormat::kFp4Rows;
+    const size_t shift = variant == 2 ? 1 : 0;
     const int64_t E = 9, out = 80, in = 1024;
     backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
     HostWeight all = make_weight(f, E * out, in, ++seed);
     const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(f, out, in));
     const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(f, out, in));
     if (f == WeightFormat::kFp8Tiles) all.scale = rand_e8m0(sb * E, ++seed, 118, 124);
-    Dev<uint8_t> ddata(all.data), dscale(all.scale);
+    std::vector<uint8_t> shifted(shift, 0);
+    shifted.insert(shifted.end(), all.scale.begin(), all.scale.end());
+    Dev<uint8_t> ddata(all.data), dscale(shifted);
     std::vector<DeviceWeight> dws(E);
     std::vector<ops::WeightRef> refs(E);
     HostWeight one{f, out, in, {}, {}};
     for (int64_t e = 0; e < E; ++e) {
-      dws[e] = DeviceWeight{f, out, in, ddata.p + e * pb, dscale.p + e * sb};
+      dws[e] = DeviceWeight{f, out, in, ddata.p + e * pb, dscale.p + shift + e * sb};
       refs[e] = host_ref(one, all.data.data() + e * pb, all.scale.data() + e * sb);
     }
     Dev<DeviceWeight> dweights(dws);
@@ -558,7 +564,7 @@ TEST(LinearParity, TensorCoreGemv) {
     for (size_t i = static_cast<size_t>(m * out); i < got.size(); ++i) touched += bits_of(got[i]) != 0xffffffffu;
     EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
     got.resize(want.size());
-    report("expert_linear tc-gemv", std::string(fmt_name(f)) + " 9 experts 80x1024 m=9 units of <= 2",
+    report("expert_linear tc-gemv", std::string(fmt_name(f)) + " 9 experts 80x1024 m=9 units of <= 2" + (shift ? " scales +1B" : ""),
            rel_to_max(got, want), kLinearTol, kLinearWhy);
   }
 }
