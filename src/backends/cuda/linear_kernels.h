@@ -40,7 +40,7 @@ void set_persist_slot_cap_for_tests(int cap);
 // (cp.async, 4 stages per warp), -1 as DS41_GEMV_PIPELINE says (regs | ring; default regs).
 void set_persist_ring_for_tests(int mode);
 // Tests: the tensor-core GEMV of decode (tc_gemv_kernels.h): 0 off, 1 on, -1 as DS41_TC_GEMV says
-// (default on; DS41_TC_GEMV=0 turns it off).
+// (default off; DS41_TC_GEMV=1 turns it on).
 void set_tc_gemv_for_tests(int mode);
 
 }  // namespace ds41::cuda

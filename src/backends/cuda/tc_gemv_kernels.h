@@ -13,8 +13,9 @@
 
 namespace ds41::cuda::tcg {
 
-// Whether the kernels are used (tests: set_tc_gemv_for_tests in linear_kernels.h; default on,
-// DS41_TC_GEMV=0 turns them off).
+// Whether the kernels are used (tests: set_tc_gemv_for_tests in linear_kernels.h). Default OFF,
+// DS41_TC_GEMV=1 turns them on: a one-row decode then differs in its last bits from the same row in
+// a multi-row forward, which DSpark's bit-exact rollback and batch invariance rely on.
 bool enabled();
 void set_enabled_for_tests(int mode);  // -1: the environment, 0: off, 1: on
 void set_slot_cap_for_tests(int cap);  // caps the blocks along W rows (0: the device's fill)
