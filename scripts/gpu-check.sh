@@ -62,6 +62,12 @@ try:
         print(f"vision {v['config']['image_wh']} ({v['plan']['patches']} patches): tower "
               f"{1e3 / v['tower_images_per_s']:.1f} ms/image, prefill of {v['prompt_tokens']} tokens "
               f"{1e3 * v['prefill_s']:.1f} ms, image share of TTFT {v['ttft_image_share_miss']:.2f}")
+        o = v['overlap']  # the tower on its own stream beside decode steps (docs/vision.md)
+        print(f"  overlap: decode step {1e3 * o['decode_step_s_alone']:.2f} ms alone, "
+              f"{1e3 * o['decode_step_s_during_encode_mean']:.2f} ms mean / "
+              f"{1e3 * o['decode_step_s_during_encode_max']:.2f} ms max during encodes "
+              f"({o['decode_steps_during_encode']} steps); on the loop thread a step would wait "
+              f"{1e3 * o['decode_stall_s_on_loop_thread']:.1f} ms")
 except Exception as e:  # a failed bench leaves no JSON: its .err file says why
     print('bench summary unavailable:', e)
 PY

@@ -103,9 +103,9 @@ void ImageEncoder::run() {
     }
     {
       std::lock_guard<std::mutex> lk(t->mu_);
-      t->result_ = t->cancelled_ ? Result<std::vector<std::vector<float>>>(
-                                       unavailable("the image job was cancelled"))
-                                 : std::move(res);
+      t->result_ = t->cancelled_
+                       ? Result<std::vector<std::vector<float>>>(unavailable("the image job was cancelled"))
+                       : std::move(res);
       t->images_.clear();
       t->done_ = true;
     }

@@ -56,13 +56,13 @@ class EncodeTicket {
 };
 
 struct ImageEncoderStats {
-  int64_t queued = 0;        // jobs waiting for the worker
-  int64_t running = 0;       // 0 or 1: a job is being encoded now
-  int64_t jobs = 0;          // jobs finished (ok or error; cancelled-before-start not counted)
-  int64_t images = 0;        // images encoded successfully
-  int64_t errors = 0;        // jobs that failed
-  int64_t rejected = 0;      // submits refused because the queue was full
-  int64_t busy_ns = 0;       // time spent in Engine::encode_images (injected clock)
+  int64_t queued = 0;    // jobs waiting for the worker
+  int64_t running = 0;   // 0 or 1: a job is being encoded now
+  int64_t jobs = 0;      // jobs finished (ok or error; cancelled-before-start not counted)
+  int64_t images = 0;    // images encoded successfully
+  int64_t errors = 0;    // jobs that failed
+  int64_t rejected = 0;  // submits refused because the queue was full
+  int64_t busy_ns = 0;   // time spent in Engine::encode_images (injected clock)
 };
 
 class ImageEncoder {
@@ -76,7 +76,8 @@ class ImageEncoder {
   void set_listener(std::function<void()> fn);
   // Queues the images (none null) as one job; the worker thread starts on the first submit.
   // kResourceExhausted when max_jobs jobs are queued or running; kUnavailable after stop().
-  Result<std::shared_ptr<EncodeTicket>> submit(std::vector<std::shared_ptr<const image::PreparedImage>> images);
+  Result<std::shared_ptr<EncodeTicket>> submit(
+      std::vector<std::shared_ptr<const image::PreparedImage>> images);
   void stop();
   ImageEncoderStats stats() const;
   int64_t max_jobs() const { return max_jobs_; }

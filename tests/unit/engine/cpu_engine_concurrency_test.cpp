@@ -86,7 +86,8 @@ TEST(CpuEngineConcurrency, EncodeWhileSteppingIsBitIdenticalToSerial) {
     ASSERT_TRUE(c.ok()) << c.status().message();
     EXPECT_EQ(*c, *serial_rows);
   }
-  std::printf("%d step rounds, %zu tower batches of 2 images, concurrently\n", rounds.load(), concurrent.size());
+  std::printf("%d step rounds, %zu tower batches of 2 images, concurrently\n", rounds.load(),
+              concurrent.size());
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ class GatedTowerEngine final : public Engine {
     for (const StepItem& it : items) {  // the first value of every fed span row, per sequence
       size_t flagged = 0;
       for (size_t t = 0; t < it.tokens.size(); ++t)
-        if (!it.image_span.empty() && it.image_span[t]) fed_[it.seq].push_back(it.span_embeds[flagged++ * kH]);
+        if (!it.image_span.empty() && it.image_span[t])
+          fed_[it.seq].push_back(it.span_embeds[flagged++ * kH]);
       if (it.span_embeds.size() != flagged * kH) return invalid_argument("span rows do not match the flags");
     }
     return text_.step(items, out);
@@ -131,9 +132,7 @@ GenerationRequest image_request(int tag, int64_t max_tokens = 3,
   return g;
 }
 
-GenerationRequest text_request(int64_t max_tokens) {
-  return greedy({1, 2, 3, 4, 5, 6, 7, 8}, max_tokens);
-}
+GenerationRequest text_request(int64_t max_tokens) { return greedy({1, 2, 3, 4, 5, 6, 7, 8}, max_tokens); }
 
 // Reads s until it has delivered n tokens (or ended, or the timeout); returns the tokens seen.
 int64_t read_tokens(RequestStream& s, int64_t n, std::chrono::milliseconds t, Outcome* o) {
@@ -302,7 +301,8 @@ TEST(EngineLoopImageEncoder, RowsMatchTheSynchronousPathAndRepeatsHitTheCache) {
     LoopConfig cfg = small_loop();
     cfg.image_encoder_jobs = jobs;
     LoopStats st;
-    auto out = looptest::run_requests(eng, cfg, {image_request(3, 6), text_request(6), image_request(3, 6)}, &st);
+    auto out =
+        looptest::run_requests(eng, cfg, {image_request(3, 6), text_request(6), image_request(3, 6)}, &st);
     std::vector<int32_t> all;
     for (const Outcome& o : out) {
       EXPECT_EQ(o.tokens.size(), 6u) << o.last.error;
