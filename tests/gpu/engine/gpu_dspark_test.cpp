@@ -6,6 +6,9 @@
 //     sequence state (every full KV block and the SWA snapshot: rings, pending half pairs, entry
 //     counts, Engram look-back, position) equals the plain decode's bit for bit. On the golden model
 //     the walk (candidates, accepted lengths, bonus tokens) also matches walk.* where it overlaps.
+//   - StateAfterEachVerifyLength: one speculative step per verify length 0..B, the state against the
+//     plain decode's; SampledStepsKeepThePlainState: T > 0 steps (same seed, same tokens; the state
+//     equals a plain decode of what was committed).
 //   - The goldens: context features (the last forward's capture), the draft window rows of the
 //     last W positions, the draft at the 8 golden anchors (candidates exact, confidences, base
 //     logits and hidden within the README's tolerances), and the same drafts from the CPU reference.
@@ -262,6 +265,58 @@ TEST(GpuDspark, StateAfterEachVerifyLength) {
       ASSERT_TRUE(ctl->step(std::span<const engine::StepItem>(&c2, 1), &so).ok());
       std::cout << "control (the committed tokens as one " << run.size() << "-row plain step):\n";
       expect_same_state(*dev, *plain, *sp, *ctl, *sc, 16);
+    }
+  }
+}
+
+// Sampled speculative steps (T > 0: the draft sampled on the host from z_k / T, rejection sampling
+// against the target, engine/speculative.h): whatever is committed, the state equals a plain
+// decode of the committed tokens, and the same seed gives the same tokens on a second engine.
+TEST(GpuDspark, SampledStepsKeepThePlainState) {
+  DS41_SKIP_WITHOUT_GPU();
+  GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");
+  std::vector<int32_t> prompt = golden_prompt(g);
+  if (emulator_sizes()) prompt.resize(11);
+  auto dev = load_device_model(dspark_golden_dir());
+  ASSERT_TRUE(dev);
+  const int64_t V = dev->config().vocab_size, steps = emulator_sizes() ? 1 : 40;
+  std::vector<int32_t> runs[2];
+  for (int rep = 0; rep < 2; ++rep) {
+    auto spec = spec_engine(*dev, true);
+    auto ss = spec->create_sequence();
+    ASSERT_TRUE(ss.ok());
+    engine::StepItem it{*ss, prompt, true};
+    engine::StepOutput so;
+    ASSERT_TRUE(spec->step(std::span<const engine::StepItem>(&it, 1), &so).ok());
+    std::vector<int32_t>& got = runs[rep];
+    got.push_back(argmax_of(so.logits.data(), V));
+    for (int64_t t = 0; t < steps; ++t) {
+      engine::SpecStepItem si;
+      si.seq = *ss;
+      si.anchor = got.back();
+      si.temperature = 0.8;
+      si.seed = 1234;
+      std::vector<engine::SpecStepResult> res;
+      Status st = spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res);
+      ASSERT_TRUE(st.ok()) << st.message();
+      for (int32_t x : res[0].tokens) {
+        EXPECT_GE(x, 0);
+        EXPECT_LT(x, V);
+        got.push_back(x);
+      }
+    }
+    if (rep == 1) {
+      EXPECT_EQ(runs[0], runs[1]) << "same seed, same tokens";
+      auto plain = spec_engine(*dev, false);
+      auto sp = plain->create_sequence();
+      ASSERT_TRUE(sp.ok());
+      engine::StepItem pi{*sp, prompt, false};
+      ASSERT_TRUE(plain->step(std::span<const engine::StepItem>(&pi, 1), &so).ok());
+      for (size_t i = 0; i + 1 < got.size(); ++i) {  // the last token is the next anchor
+        engine::StepItem d{*sp, std::span<const int32_t>(&got[i], 1), false};
+        ASSERT_TRUE(plain->step(std::span<const engine::StepItem>(&d, 1), &so).ok());
+      }
+      expect_same_state(*dev, *plain, *sp, *spec, *ss, 16);
     }
   }
 }
