@@ -6,6 +6,7 @@
 //     sequence state (every full KV block and the SWA snapshot: rings, pending half pairs, entry
 //     counts, Engram look-back, position) equals the plain decode's bit for bit. On the golden model
 //     the walk (candidates, accepted lengths, bonus tokens) also matches walk.* where it overlaps.
+//   - BatchOfSequencesLossless: three sequences in every speculative_step call;
 //   - StateAfterEachVerifyLength: one speculative step per verify length 0..B, the state against the
 //     plain decode's; SampledStepsKeepThePlainState: T > 0 steps (same seed, same tokens; the state
 //     equals a plain decode of what was committed).
@@ -318,6 +319,63 @@ TEST(GpuDspark, SampledStepsKeepThePlainState) {
       }
       expect_same_state(*dev, *plain, *sp, *spec, *ss, 16);
     }
+  }
+}
+
+// Three sequences (different prompt lengths, so different ring slots, pending halves and verify
+// outcomes) in every speculative_step call: tokens and states equal per-sequence plain decodes.
+TEST(GpuDspark, BatchOfSequencesLossless) {
+  DS41_SKIP_WITHOUT_GPU();
+  GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");
+  const std::vector<int32_t> full = golden_prompt(g);
+  auto dev = load_device_model(dspark_golden_dir());
+  ASSERT_TRUE(dev);
+  const int64_t V = dev->config().vocab_size, n = emulator_sizes() ? 2 : 120;
+  const std::vector<size_t> lens = emulator_sizes() ? std::vector<size_t>{9, 12} : std::vector<size_t>{44, 31, 20};
+  auto spec = spec_engine(*dev, true);
+  auto plain = spec_engine(*dev, false);
+  const size_t ns = lens.size();
+  std::vector<engine::SeqId> ss(ns), sp(ns);
+  std::vector<std::vector<int32_t>> got(ns), want(ns);
+  for (size_t i = 0; i < ns; ++i) {
+    ss[i] = *spec->create_sequence();
+    sp[i] = *plain->create_sequence();
+    const std::span<const int32_t> prompt(full.data(), lens[i]);
+    engine::StepItem it{ss[i], prompt, true};
+    engine::StepOutput so;
+    ASSERT_TRUE(spec->step(std::span<const engine::StepItem>(&it, 1), &so).ok());
+    got[i].push_back(argmax_of(so.logits.data(), V));
+    want[i] = plain_greedy(*plain, sp[i], prompt, 1);
+  }
+  for (int64_t step = 0;; ++step) {
+    std::vector<engine::SpecStepItem> items;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < ns; ++i)
+      if (static_cast<int64_t>(got[i].size()) < n) {
+        engine::SpecStepItem si;
+        si.seq = ss[i];
+        si.anchor = got[i].back();
+        si.verify_len = (step + static_cast<int64_t>(i)) % 3 == 2 ? 2 : -1;
+        items.push_back(si);
+        which.push_back(i);
+      }
+    if (items.empty()) break;
+    std::vector<engine::SpecStepResult> res;
+    Status st = spec->speculative_step(items, &res);
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (size_t k = 0; k < which.size(); ++k)
+      for (int32_t t : res[k].tokens) got[which[k]].push_back(t);
+  }
+  for (size_t i = 0; i < ns; ++i) {
+    // Plain: continue one token at a time to the same length (the last token is not run).
+    while (want[i].size() < got[i].size()) {
+      engine::StepItem d{sp[i], std::span<const int32_t>(&want[i].back(), 1), true};
+      engine::StepOutput so;
+      ASSERT_TRUE(plain->step(std::span<const engine::StepItem>(&d, 1), &so).ok());
+      want[i].push_back(argmax_of(so.logits.data(), V));
+    }
+    EXPECT_EQ(want[i], got[i]) << "sequence " << i;
+    expect_same_state(*dev, *plain, sp[i], *spec, ss[i], 16);
   }
 }
 
