@@ -12,7 +12,7 @@
 //     equals a plain decode of what was committed).
 //   - The goldens: context features (the last forward's capture), the draft window rows of the
 //     last W positions, the draft at the 8 golden anchors (candidates exact, confidences, base
-//     logits and hidden within the README's tolerances), and the same drafts from the CPU reference.
+//     logits, hidden and the block's KV rows within the README's tolerances, stage routers as sets), and the same drafts from the CPU reference.
 // Sizes: the real device runs the full lengths (past the window, top-k and candidate-pool limits
 // of both configs, 200+ generated tokens); DS41_DSPARK_TEST_SMALL=1 shrinks the golden runs for the
 // host emulator (scripts/cuda-host-emu/run_engine.sh) and skips the `small` preset there.
@@ -466,6 +466,21 @@ TEST(GpuDspark, GoldenContextDraftAndCpu) {
       EXPECT_LE(row_error(&base.v[(a * B + k) * V], &d->base_logits[k * V], V), 5e-3) << "anchor " << L;
       EXPECT_LE(row_error(&hidden.v[(a * B + k) * H], &d->hidden[k * H], H), 1e-3) << "anchor " << L;
     }
+    // The block's KV rows per stage (Q_win values: a row over 2e-3 is a rounding flip) and the
+    // stage routers (sets).
+    for (int64_t st = 0; st < static_cast<int64_t>(d->block_kv.size()); ++st) {
+      auto bk = g.get<float>("draft.stage" + std::to_string(st) + ".block_kv");
+      auto re = g.get<int32_t>("draft.stage" + std::to_string(st) + ".router_experts");
+      const int64_t kd = c.dspark_num_experts_per_tok;
+      for (int64_t k = 0; k < B; ++k) {
+        const double er = row_error(&bk.v[(a * B + k) * hd], &d->block_kv[st][k * hd], hd);
+        EXPECT_LE(er, 0.5) << "draft.stage" << st << ".block_kv anchor " << L << " k " << k;
+        flips += er > 2e-3;
+        ++rows;
+        EXPECT_EQ(id_set(&re.v[(a * B + k) * kd], kd), id_set(&d->router_experts[st][k * kd], kd))
+            << "draft.stage" << st << ".router_experts anchor " << L << " k " << k;
+      }
+    }
     // GPU vs CPU engine draft.
     model::DraftInput in{cst.get(), atok.v[a], L};
     std::vector<model::DraftOutput> cd;
@@ -475,7 +490,7 @@ TEST(GpuDspark, GoldenContextDraftAndCpu) {
       EXPECT_NEAR(d->confidence[k], cd[0].confidence[k], 2e-3) << "GPU vs CPU anchor " << L << " k " << k;
     }
   }
-  std::cout << "window rows: " << rows << " compared, " << flips << " rounding flips\n";
+  std::cout << "window and block rows: " << rows << " compared, " << flips << " rounding flips\n";
   EXPECT_LE(flips, std::max<int64_t>(1, rows / 20));
 }
 
