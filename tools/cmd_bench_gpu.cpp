@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -28,6 +30,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "engine/speculative.h"
 #include "gpu/cuda_engine.h"
+#include "model/presets.h"
 #include "gpu/device_buffer.h"
 #endif
 
@@ -142,11 +145,41 @@ Result<double> copy_bandwidth() {
   return 2.0 * static_cast<double>(bytes) / (best * 1e-3);
 }
 
+// --speculative dspark on a preset without draft stages (v41-flash-slice): the preset with the
+// released model's DSpark stages (v41-flash: num_nextn_predict_layers and the dspark_* values the
+// slice inherits), written as a config.json under the temp folder for the dummy loader.
+Result<std::string> preset_with_dspark_stages(const std::string& preset) {
+  DS41_ASSIGN_OR_RETURN(model::ModelConfig c, model::preset_config(preset));
+  if (c.num_nextn_predict_layers > 0) return std::string();
+  DS41_ASSIGN_OR_RETURN(model::ModelConfig full, model::preset_config("v41-flash"));
+  c.num_nextn_predict_layers = full.num_nextn_predict_layers;
+  c.compress_ratios.resize(static_cast<size_t>(c.num_hidden_layers + c.num_nextn_predict_layers), 0);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ds41-bench-dspark-" + preset);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return internal_error("cannot create " + dir.string() + ": " + ec.message());
+  std::ofstream f(dir / "config.json");
+  f << model::model_config_to_json(c);
+  if (!f) return internal_error("cannot write " + (dir / "config.json").string());
+  return dir.string();
+}
+
 Result<std::unique_ptr<gpu::DeviceModel>> load_model(const GpuBenchArgs& a) {
   gpu::DeviceLoadOptions o;
   DeviceFlags f;
   f.load_format = a.load_format;
   DS41_ASSIGN_OR_RETURN(o.format, engine_load_format(f));
+  if (a.speculative == "dspark" && a.model_dir.empty() && !a.preset.empty()) {
+    DS41_ASSIGN_OR_RETURN(std::string dir, preset_with_dspark_stages(a.preset));
+    if (!dir.empty()) return gpu::DeviceModel::load(dir, [&] {
+      gpu::DeviceLoadOptions d = o;
+      d.seed = a.seed;
+      d.tokenizer_dir = a.tokenizer_dir;
+      d.engram_host_pinned = a.engram_host_pinned;
+      return d;
+    }());
+  }
   o.preset = a.preset;
   o.seed = a.seed;
   o.tokenizer_dir = a.tokenizer_dir;

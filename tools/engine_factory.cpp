@@ -1,6 +1,7 @@
 // ds41 CLI: engine construction per device (engine_factory.h).
 #include "engine_factory.h"
 
+#include <algorithm>
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -133,6 +134,11 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
   eo.limits.max_step_seqs = r.max_sequences;
   eo.limits.max_context = r.max_context;
   eo.limits.max_logit_rows = r.max_logit_rows;
+  // DSpark (issue 17): a verification returns B + 1 logits rows per sequence; room for every
+  // sequence's in one forward (unless the caller sized the rows).
+  const model::ModelConfig& mc = model->config();
+  if (r.max_logit_rows == 0 && mc.num_nextn_predict_layers > 0 && mc.dspark_block_size > 0)
+    eo.limits.max_logit_rows = std::min(r.max_batch_tokens, r.max_sequences * (mc.dspark_block_size + 1));
   eo.max_sequences = r.max_sequences;
   eo.kv_bytes = r.kv_bytes;
   DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaEngine> ce, gpu::CudaEngine::create(model.get(), eo));

@@ -321,6 +321,21 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
                              .with_context("DSpark stage " + std::to_string(s) + " MoE"));
     DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_f, ws_.comb_f, n, C, H, st));
     std::swap(pi, pre_f);  // the next stage collapses with this FFN site's pre
+    if (opt.record) {  // the block's KV rows (ws_.kvf rows [0, n), Q_win values) and the routing
+      const int64_t kd = c.dspark_num_experts_per_tok;
+      std::vector<float> kv(n * hd);
+      std::vector<int32_t> ex(n * kd);
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(
+          cudaMemcpyAsync(kv.data(), ws_.kvf, kv.size() * sizeof(float), cudaMemcpyDeviceToHost, st), "record block rows"));
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(
+          cudaMemcpyAsync(ex.data(), ws_.experts, ex.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st),
+          "record routing"));
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(st), "record draft"));
+      for (int64_t b = 0; b < nb; ++b) {
+        (*out)[b].block_kv.emplace_back(kv.begin() + b * B * hd, kv.begin() + (b + 1) * B * hd);
+        (*out)[b].router_experts.emplace_back(ex.begin() + b * B * kd, ex.begin() + (b + 1) * B * kd);
+      }
+    }
   }
   // Head: collapse with the last stage's FFN pre, the draft's final norm, the target's head.
   DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, pi, n, C, H, ds_.h, st));
@@ -403,7 +418,6 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
       (*out)[b].confidence_logits[k] = g;
       (*out)[b].confidence[k] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(g))));
     }
-  (void)hd;
   return ok_status();
 }
 

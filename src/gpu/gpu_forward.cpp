@@ -69,14 +69,17 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
   return f;
 }
 
+// A verification forward (journal_) never takes the tensor cores: its rows must get the bits a
+// one-row decode step gives them (MODEL_SPEC 3.10.7 lossless; decode batches stay below
+// tensor_core_min_rows, B + 1 rows per sequence may not).
 Status GpuForward::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y) {
-  if (tc_ && tc_->accepts(w, n)) return tc_->linear(w, x, n, y);
+  if (tc_ && !journal_ && tc_->accepts(w, n)) return tc_->linear(w, x, n, y);
   return cuda::run_linear(w, x, n, y, stream_);
 }
 
 Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
                                   float* y) {
-  if (tc_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);
+  if (tc_ && !journal_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);
   return cuda::run_grouped_linear(w, groups, x, n, y, stream_);
 }
 
@@ -84,7 +87,7 @@ Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda:
                                  const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
                                  int64_t m_max, float* y) {
   const int64_t E = static_cast<int64_t>(experts.size());
-  if (tc_ && m_max >= lim_.tensor_core_min_rows) {
+  if (tc_ && !journal_ && m_max >= lim_.tensor_core_min_rows) {
     expert_scratch_.resize(experts.size());
     for (size_t e = 0; e < experts.size(); ++e) expert_scratch_[e] = experts[e].*which;
     if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max))

@@ -73,7 +73,7 @@ struct GpuDraftInput {
 struct GpuDraftOptions {
   // Chooses c_k from z_k on the host (sampling); empty: greedy argmax, lowest index on ties.
   std::function<int32_t(int64_t seq, int64_t k, std::span<const float> z)> choose;
-  bool record = false;  // DraftOutput::base_logits and hidden (golden checks)
+  bool record = false;  // DraftOutput::base_logits, hidden, block_kv, router_experts (golden checks)
 };
 // Context rows to commit (MODEL_SPEC 3.10.2-3.10.3): rows [row_begin, row_begin + n) of the last
 // forward's captured features, positions first_pos.. of seq (committed positions only).
@@ -131,7 +131,7 @@ class GpuForward {
   // first_pos is not its draft_next restarts the rings there (a state restored without draft rows).
   Status dspark_commit(std::span<const GpuContextRows> rows);
   // One draft step per input, all blocks batched through the stages; DraftOutput's candidates,
-  // confidence_logits, confidence (and with record base_logits, hidden).
+  // confidence_logits, confidence (and with record base_logits, hidden, block_kv, router_experts).
   Status draft(std::span<const GpuDraftInput> batch, const GpuDraftOptions& opt,
                std::vector<model::DraftOutput>* out);
   // MODEL_SPEC 3.10.8: keep[i] (1 .. rows) rows of journal sequence i stay, tokens[i] its call's

@@ -6,9 +6,13 @@
 //     sequence state (every full KV block and the SWA snapshot: rings, pending half pairs, entry
 //     counts, Engram look-back, position) equals the plain decode's bit for bit. On the golden model
 //     the walk (candidates, accepted lengths, bonus tokens) also matches walk.* where it overlaps.
+//   - BatchOfSequencesLossless: three sequences in every speculative_step call;
+//   - StateAfterEachVerifyLength: one speculative step per verify length 0..B, the state against the
+//     plain decode's; SampledStepsKeepThePlainState: T > 0 steps (same seed, same tokens; the state
+//     equals a plain decode of what was committed).
 //   - The goldens: context features (the last forward's capture), the draft window rows of the
 //     last W positions, the draft at the 8 golden anchors (candidates exact, confidences, base
-//     logits and hidden within the README's tolerances), and the same drafts from the CPU reference.
+//     logits, hidden and the block's KV rows within the README's tolerances, stage routers as sets), and the same drafts from the CPU reference.
 // Sizes: the real device runs the full lengths (past the window, top-k and candidate-pool limits
 // of both configs, 200+ generated tokens); DS41_DSPARK_TEST_SMALL=1 shrinks the golden runs for the
 // host emulator (scripts/cuda-host-emu/run_engine.sh) and skips the `small` preset there.
@@ -266,6 +270,115 @@ TEST(GpuDspark, StateAfterEachVerifyLength) {
   }
 }
 
+// Sampled speculative steps (T > 0: the draft sampled on the host from z_k / T, rejection sampling
+// against the target, engine/speculative.h): whatever is committed, the state equals a plain
+// decode of the committed tokens, and the same seed gives the same tokens on a second engine.
+TEST(GpuDspark, SampledStepsKeepThePlainState) {
+  DS41_SKIP_WITHOUT_GPU();
+  GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");
+  std::vector<int32_t> prompt = golden_prompt(g);
+  if (emulator_sizes()) prompt.resize(11);
+  auto dev = load_device_model(dspark_golden_dir());
+  ASSERT_TRUE(dev);
+  const int64_t V = dev->config().vocab_size, steps = emulator_sizes() ? 1 : 40;
+  std::vector<int32_t> runs[2];
+  for (int rep = 0; rep < 2; ++rep) {
+    auto spec = spec_engine(*dev, true);
+    auto ss = spec->create_sequence();
+    ASSERT_TRUE(ss.ok());
+    engine::StepItem it{*ss, prompt, true};
+    engine::StepOutput so;
+    ASSERT_TRUE(spec->step(std::span<const engine::StepItem>(&it, 1), &so).ok());
+    std::vector<int32_t>& got = runs[rep];
+    got.push_back(argmax_of(so.logits.data(), V));
+    for (int64_t t = 0; t < steps; ++t) {
+      engine::SpecStepItem si;
+      si.seq = *ss;
+      si.anchor = got.back();
+      si.temperature = 0.8;
+      si.seed = 1234;
+      std::vector<engine::SpecStepResult> res;
+      Status st = spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res);
+      ASSERT_TRUE(st.ok()) << st.message();
+      for (int32_t x : res[0].tokens) {
+        EXPECT_GE(x, 0);
+        EXPECT_LT(x, V);
+        got.push_back(x);
+      }
+    }
+    if (rep == 1) {
+      EXPECT_EQ(runs[0], runs[1]) << "same seed, same tokens";
+      auto plain = spec_engine(*dev, false);
+      auto sp = plain->create_sequence();
+      ASSERT_TRUE(sp.ok());
+      engine::StepItem pi{*sp, prompt, false};
+      ASSERT_TRUE(plain->step(std::span<const engine::StepItem>(&pi, 1), &so).ok());
+      for (size_t i = 0; i + 1 < got.size(); ++i) {  // the last token is the next anchor
+        engine::StepItem d{*sp, std::span<const int32_t>(&got[i], 1), false};
+        ASSERT_TRUE(plain->step(std::span<const engine::StepItem>(&d, 1), &so).ok());
+      }
+      expect_same_state(*dev, *plain, *sp, *spec, *ss, 16);
+    }
+  }
+}
+
+// Three sequences (different prompt lengths, so different ring slots, pending halves and verify
+// outcomes) in every speculative_step call: tokens and states equal per-sequence plain decodes.
+TEST(GpuDspark, BatchOfSequencesLossless) {
+  DS41_SKIP_WITHOUT_GPU();
+  GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");
+  const std::vector<int32_t> full = golden_prompt(g);
+  auto dev = load_device_model(dspark_golden_dir());
+  ASSERT_TRUE(dev);
+  const int64_t V = dev->config().vocab_size, n = emulator_sizes() ? 2 : 120;
+  const std::vector<size_t> lens = emulator_sizes() ? std::vector<size_t>{9, 12} : std::vector<size_t>{44, 31, 20};
+  auto spec = spec_engine(*dev, true);
+  auto plain = spec_engine(*dev, false);
+  const size_t ns = lens.size();
+  std::vector<engine::SeqId> ss(ns), sp(ns);
+  std::vector<std::vector<int32_t>> got(ns), want(ns);
+  for (size_t i = 0; i < ns; ++i) {
+    ss[i] = *spec->create_sequence();
+    sp[i] = *plain->create_sequence();
+    const std::span<const int32_t> prompt(full.data(), lens[i]);
+    engine::StepItem it{ss[i], prompt, true};
+    engine::StepOutput so;
+    ASSERT_TRUE(spec->step(std::span<const engine::StepItem>(&it, 1), &so).ok());
+    got[i].push_back(argmax_of(so.logits.data(), V));
+    want[i] = plain_greedy(*plain, sp[i], prompt, 1);
+  }
+  for (int64_t step = 0;; ++step) {
+    std::vector<engine::SpecStepItem> items;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < ns; ++i)
+      if (static_cast<int64_t>(got[i].size()) < n) {
+        engine::SpecStepItem si;
+        si.seq = ss[i];
+        si.anchor = got[i].back();
+        si.verify_len = (step + static_cast<int64_t>(i)) % 3 == 2 ? 2 : -1;
+        items.push_back(si);
+        which.push_back(i);
+      }
+    if (items.empty()) break;
+    std::vector<engine::SpecStepResult> res;
+    Status st = spec->speculative_step(items, &res);
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (size_t k = 0; k < which.size(); ++k)
+      for (int32_t t : res[k].tokens) got[which[k]].push_back(t);
+  }
+  for (size_t i = 0; i < ns; ++i) {
+    // Plain: continue one token at a time to the same length (the last token is not run).
+    while (want[i].size() < got[i].size()) {
+      engine::StepItem d{sp[i], std::span<const int32_t>(&want[i].back(), 1), true};
+      engine::StepOutput so;
+      ASSERT_TRUE(plain->step(std::span<const engine::StepItem>(&d, 1), &so).ok());
+      want[i].push_back(argmax_of(so.logits.data(), V));
+    }
+    EXPECT_EQ(want[i], got[i]) << "sequence " << i;
+    expect_same_state(*dev, *plain, sp[i], *spec, ss[i], 16);
+  }
+}
+
 TEST(GpuDspark, LosslessGreedySmallPreset) {
   DS41_SKIP_WITHOUT_GPU();
   if (emulator_sizes()) GTEST_SKIP() << "the small preset is too slow for the host emulator";
@@ -353,6 +466,21 @@ TEST(GpuDspark, GoldenContextDraftAndCpu) {
       EXPECT_LE(row_error(&base.v[(a * B + k) * V], &d->base_logits[k * V], V), 5e-3) << "anchor " << L;
       EXPECT_LE(row_error(&hidden.v[(a * B + k) * H], &d->hidden[k * H], H), 1e-3) << "anchor " << L;
     }
+    // The block's KV rows per stage (Q_win values: a row over 2e-3 is a rounding flip) and the
+    // stage routers (sets).
+    for (int64_t st = 0; st < static_cast<int64_t>(d->block_kv.size()); ++st) {
+      auto bk = g.get<float>("draft.stage" + std::to_string(st) + ".block_kv");
+      auto re = g.get<int32_t>("draft.stage" + std::to_string(st) + ".router_experts");
+      const int64_t kd = c.dspark_num_experts_per_tok;
+      for (int64_t k = 0; k < B; ++k) {
+        const double er = row_error(&bk.v[(a * B + k) * hd], &d->block_kv[st][k * hd], hd);
+        EXPECT_LE(er, 0.5) << "draft.stage" << st << ".block_kv anchor " << L << " k " << k;
+        flips += er > 2e-3;
+        ++rows;
+        EXPECT_EQ(id_set(&re.v[(a * B + k) * kd], kd), id_set(&d->router_experts[st][k * kd], kd))
+            << "draft.stage" << st << ".router_experts anchor " << L << " k " << k;
+      }
+    }
     // GPU vs CPU engine draft.
     model::DraftInput in{cst.get(), atok.v[a], L};
     std::vector<model::DraftOutput> cd;
@@ -362,7 +490,7 @@ TEST(GpuDspark, GoldenContextDraftAndCpu) {
       EXPECT_NEAR(d->confidence[k], cd[0].confidence[k], 2e-3) << "GPU vs CPU anchor " << L << " k " << k;
     }
   }
-  std::cout << "window rows: " << rows << " compared, " << flips << " rounding flips\n";
+  std::cout << "window and block rows: " << rows << " compared, " << flips << " rounding flips\n";
   EXPECT_LE(flips, std::max<int64_t>(1, rows / 20));
 }
 
