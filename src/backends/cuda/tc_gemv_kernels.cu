@@ -261,6 +261,9 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
   }
   __syncthreads();
   __shared__ float inv_s[kNB][2];
+  // Columns of x rows >= nb multiply zeros; their exponent must still be a sane 0 (the H200 run with
+  // it left unset sent every tile of a one-row call down exact_tile: wq_b 80 us instead of 23).
+  if (tid >= nb && tid < kNB) ex[tid] = 0;
   if (tid < nb) {
     float m = 0.f;
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * kNB + tid]);
