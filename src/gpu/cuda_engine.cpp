@@ -8,6 +8,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "engine/speculative.h"
 #include "engine/state_codec.h"
+#include "model/dspark.h"
 #include "model/decoder_replay_plan.h"
 #include "model/image_input.h"
 
@@ -636,17 +637,6 @@ Status CudaEngine::enable_speculative() {
 
 int64_t CudaEngine::speculative_block() const { return spec_ ? model_->config().dspark_block_size : 0; }
 
-namespace {
-
-int32_t argmax_lowest(std::span<const float> z) {
-  int32_t best = 0;
-  for (int64_t i = 1; i < static_cast<int64_t>(z.size()); ++i)
-    if (z[i] > z[best]) best = static_cast<int32_t>(i);
-  return best;
-}
-
-}  // namespace
-
 Status CudaEngine::speculative_step(std::span<const engine::SpecStepItem> items,
                                     std::vector<engine::SpecStepResult>* out) {
   if (!spec_) return failed_precondition("speculative decoding is off (CudaEngine::enable_speculative)");
@@ -714,7 +704,7 @@ Status CudaEngine::speculative_group(std::span<const engine::SpecStepItem> items
     if (any_sampled)
       dopt.choose = [&](int64_t b, int64_t, std::span<const float> z) -> int32_t {
         const size_t i = item_of[b];
-        if (items[i].temperature <= 0) return argmax_lowest(z);
+        if (items[i].temperature <= 0) return model::argmax_lowest(z);
         draft_p[b].push_back(engine::tempered_probs(z, items[i].temperature));
         return engine::draw_from(draft_p[b].back(), *rng[i]);
       };

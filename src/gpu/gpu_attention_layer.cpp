@@ -81,6 +81,13 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
     kv_index = ws_.kv_index;
     max_entries = W + K;
   }
+  return attention_output(w, n, kv_offsets, kv_index, max_entries, inv, y);
+}
+
+Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets,
+                                    const int32_t* kv_index, int64_t max_entries, const DeviceVec& inv, float* y) {
+  const int64_t nh = c_->num_attention_heads, hd = c_->head_dim;
+  cudaStream_t s = stream_;
   cuda::SparseAttentionArgs a;
   a.n = n;
   a.n_heads = nh;

@@ -195,24 +195,7 @@ Status GpuForward::draft_attention(int64_t s, const int64_t* ring_read, int64_t 
   if (ctx_rows > 0)
     DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ds_.rings + s * ds_.stage_stride,
                                                       ring_read, ctx_rows, ws_.kvf + n * hd, st));
-  cuda::SparseAttentionArgs a;
-  a.n = n;
-  a.n_heads = nh;
-  a.head_dim = hd;
-  a.q = ws_.q;
-  a.kv_offsets = kv_offsets;
-  a.kv_index = kv_index;
-  a.kv = ws_.kvf;
-  a.sink = w.attn_sink.ptr;
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  a.out = ws_.o;
-  a.max_entries_per_row = c_->sliding_window + c_->dspark_block_size;
-  a.workspace = ws_.scratch;
-  a.workspace_bytes = ws_.scratch_bytes;
-  DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, st));
-  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.o, n, nh, hd, pos_, inv.ptr, inv.size, true, st));
-  DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
-  return linear(w.wo_b, ws_.z, n, y);
+  return attention_output(w, n, kv_offsets, kv_index, c_->sliding_window + c_->dspark_block_size, inv, y);
 }
 
 Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOptions& opt,
@@ -288,23 +271,7 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   float* pre_f = ws_.pre_f;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi, st));
   auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {
-    cuda::HcMapDeviceArgs a;
-    a.n = n;
-    a.c = C;
-    a.h = H;
-    a.sinkhorn_iters = c.hc_sinkhorn_iters;
-    a.streams = ws_.streams;
-    a.fn = hw.fn.ptr;
-    a.scale = hw.scale.ptr;
-    a.base = hw.base.ptr;
-    a.hc_eps = static_cast<float>(c.hc_eps);
-    a.norm_eps = eps;
-    a.pre = pre;
-    a.post = post;
-    a.comb = comb;
-    a.workspace = ws_.scratch;
-    a.workspace_bytes = ws_.scratch_bytes;
-    return cuda::run_hc_map(a, st);
+    return hc_site_map(hw, n, pre, post, comb);
   };
   for (size_t s = 0; s < w.stages.size(); ++s) {
     const DeviceLayer& sw = w.stages[s];

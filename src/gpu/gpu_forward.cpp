@@ -204,6 +204,26 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
   return ok_status();
 }
 
+Status GpuForward::hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb) {
+  cuda::HcMapDeviceArgs a;
+  a.n = n;
+  a.c = c_->hc_mult;
+  a.h = c_->hidden_size;
+  a.sinkhorn_iters = c_->hc_sinkhorn_iters;
+  a.streams = ws_.streams;
+  a.fn = hw.fn.ptr;
+  a.scale = hw.scale.ptr;
+  a.base = hw.base.ptr;
+  a.hc_eps = static_cast<float>(c_->hc_eps);
+  a.norm_eps = static_cast<float>(c_->rms_norm_eps);
+  a.pre = pre;
+  a.post = post;
+  a.comb = comb;
+  a.workspace = ws_.scratch;
+  a.workspace_bytes = ws_.scratch_bytes;
+  return cuda::run_hc_map(a, stream_);
+}
+
 Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
                              std::vector<model::SequenceOutput>* out) {
   const DeviceLayer& w = m_->weights().layers[l];
@@ -214,23 +234,7 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   win_offsets_ = win_offsets_list_[win_list_of_layer_[l]];  // this layer's window floors (step plan)
   win_index_ = win_index_list_[win_list_of_layer_[l]];
   auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {
-    cuda::HcMapDeviceArgs a;
-    a.n = n;
-    a.c = C;
-    a.h = H;
-    a.sinkhorn_iters = c_->hc_sinkhorn_iters;
-    a.streams = ws_.streams;
-    a.fn = hw.fn.ptr;
-    a.scale = hw.scale.ptr;
-    a.base = hw.base.ptr;
-    a.hc_eps = static_cast<float>(c_->hc_eps);
-    a.norm_eps = eps;
-    a.pre = pre;
-    a.post = post;
-    a.comb = comb;
-    a.workspace = ws_.scratch;
-    a.workspace_bytes = ws_.scratch_bytes;
-    return cuda::run_hc_map(a, stream_);
+    return hc_site_map(hw, n, pre, post, comb);
   };
   // Attention site: collapse with the previous site's pre (MODEL_SPEC 3.3, the lag).
   DS41_RETURN_IF_ERROR(site_map(w.hc_attn, ws_.pre_a, ws_.post_a, ws_.comb_a));

@@ -188,6 +188,12 @@ class GpuForward {
   Status journal_plan(const GpuForwardOptions& opt);    // host record + save lists (before the upload)
   Status journal_save();                                // device copies (after the upload)
   Status capture_dspark_features(int64_t l);
+  // MODEL_SPEC 3.3: the mHC map of one site (pre / post / comb of n rows) from ws_.streams.
+  Status hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb);
+  // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
+  // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
+  Status attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets, const int32_t* kv_index,
+                          int64_t max_entries, const DeviceVec& inv, float* y);
   Status draft_attention(int64_t s, const int64_t* ring_read, int64_t ctx_rows, const int64_t* kv_offsets,
                          const int32_t* kv_index, const float* x, float* y);
   Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y);

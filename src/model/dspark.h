@@ -22,6 +22,14 @@
 
 namespace ds41::model {
 
+// The index of the largest z, the lowest index on ties (the draft's greedy choice, MODEL_SPEC 3.10.5).
+inline int32_t argmax_lowest(std::span<const float> z) {
+  int32_t best = 0;
+  for (int64_t i = 1; i < static_cast<int64_t>(z.size()); ++i)
+    if (z[i] > z[best]) best = static_cast<int32_t>(i);
+  return best;
+}
+
 // Per-row results of the context path (golden names context.* / stage{s}.window_kv).
 struct DsparkContextRows {
   std::vector<float> main_x;                  // [n, H]

@@ -16,17 +16,6 @@
 #include "model/forward_pass.h"
 
 namespace ds41::model {
-namespace {
-
-int32_t argmax_lowest(std::span<const float> z) {
-  int32_t best = 0;
-  for (int64_t i = 1; i < static_cast<int64_t>(z.size()); ++i)
-    if (z[i] > z[best]) best = static_cast<int32_t>(i);
-  return best;
-}
-
-}  // namespace
-
 Status Dspark::draft(std::span<const DraftInput> batch, const DraftOptions& opt,
                      std::vector<DraftOutput>* out) const {
   const ModelConfig& c = m_->config();

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/linear_decode.cuh"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/tc_gemv_kernels.h"
@@ -1061,18 +1062,6 @@ void launch_stream(const WView& w, int64_t out_rows, int64_t groups, const float
   const dim3 grid(static_cast<unsigned>((out_rows + rows_per_block - 1) / rows_per_block * nblk), 1,
                   static_cast<unsigned>(groups));
   stream_kernel<W, NB><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy, l, static_cast<int>(nblk));
-}
-
-// The device's SM count (the current device at first use; 132 if the query fails).
-int sm_count() {
-  static const int n = [] {
-    int d = 0, c = 0;
-    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-        c <= 0)
-      return 132;
-    return c;
-  }();
-  return n;
 }
 
 // Lets kernel K use up to kPersistMaxSmem bytes of dynamic shared memory (once per kernel).

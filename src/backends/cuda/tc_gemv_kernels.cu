@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/linear_wide_decode.cuh"
 #include "backends/cuda/quant_device.cuh"
 
@@ -589,16 +590,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 int g_mode = -1;
 int g_slot_cap = 0;  // set_slot_cap_for_tests
 
-int sm_count() {
-  static const int n = [] {
-    int d = 0, c = 0;
-    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, d) != cudaSuccess ||
-        c <= 0)
-      return 132;
-    return c;
-  }();
-  return n;
-}
 
 size_t smem_bytes(int64_t in) {
   return static_cast<size_t>(in / 32) * 8 * kMaxJ * sizeof(uint2) + sizeof(float) * 4 * kThreads;
