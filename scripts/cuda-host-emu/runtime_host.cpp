@@ -57,12 +57,6 @@ cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
-// The persistent GEMV's launch setup (linear_kernels.cu): an H200's SM count, no smem limit here.
-cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
-  *v = a == cudaDevAttrMultiProcessorCount ? 132 : 0;
-  return cudaSuccess;
-}
-cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
   *free_b = size_t{64} << 30;
   *total_b = size_t{80} << 30;
