@@ -145,6 +145,39 @@ std::vector<int64_t> routed_offsets(int64_t n, int64_t k, int64_t E, uint64_t se
   return off;
 }
 
+// E experts of one format in one payload buffer (aligned slices, distinct random weights; FP8
+// with random per-expert tile scales), their device structs (`shift` bytes put every expert's
+// scales that far off the buffer's alignment) and the CPU op's views. Draws make_weight, then for
+// FP8 rand_e8m0, from ++seed.
+struct Experts {
+  HostWeight all;
+  std::unique_ptr<Dev<uint8_t>> ddata, dscale;
+  std::vector<ops::WeightRef> refs;
+  std::unique_ptr<Dev<DeviceWeight>> dweights;
+};
+
+Experts make_experts(WeightFormat f, int64_t E, int64_t out, int64_t in, uint64_t& seed, size_t shift = 0) {
+  Experts x;
+  x.all = make_weight(f, E * out, in, ++seed);
+  const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(f, out, in));
+  const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(f, out, in));
+  if (f == WeightFormat::kFp8Tiles) x.all.scale = rand_e8m0(sb * E, ++seed, 118, 124);
+  std::vector<uint8_t> scales(shift, 0);
+  scales.insert(scales.end(), x.all.scale.begin(), x.all.scale.end());
+  x.ddata = std::make_unique<Dev<uint8_t>>(x.all.data);
+  x.dscale = std::make_unique<Dev<uint8_t>>(std::max<size_t>(scales.size(), 1));
+  if (!scales.empty()) x.dscale->put(scales);
+  std::vector<DeviceWeight> dws(E);
+  x.refs.resize(E);
+  const HostWeight one{f, out, in, {}, {}};
+  for (int64_t e = 0; e < E; ++e) {
+    dws[e] = DeviceWeight{f, out, in, x.ddata->p + e * pb, sb ? x.dscale->p + shift + e * sb : nullptr};
+    x.refs[e] = host_ref(one, x.all.data.data() + e * pb, sb ? x.all.scale.data() + e * sb : nullptr);
+  }
+  x.dweights = std::make_unique<Dev<DeviceWeight>>(dws);
+  return x;
+}
+
 TEST(LinearParity, ExpertLinear) {
   DS41_SKIP_WITHOUT_GPU();
   struct ExpertCase {
@@ -166,24 +199,8 @@ TEST(LinearParity, ExpertLinear) {
   uint64_t seed = 3000;
   for (const ExpertCase& c : cases) {
     backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
-    // All experts in one payload buffer (aligned slices), distinct random weights.
-    HostWeight all = make_weight(c.format, c.E * c.out, c.in, ++seed);
-    if (c.format == WeightFormat::kFp8Tiles) {  // per-expert tile scales: regenerate per expert below
-      all.scale.clear();
-    }
-    const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(c.format, c.out, c.in));
-    const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(c.format, c.out, c.in));
-    if (c.format == WeightFormat::kFp8Tiles) all.scale = rand_e8m0(sb * c.E, ++seed, 118, 124);
-    Dev<uint8_t> ddata(all.data), dscale(std::max<size_t>(all.scale.size(), 1));
-    if (!all.scale.empty()) dscale.put(all.scale);
-    std::vector<DeviceWeight> dws(c.E);
-    std::vector<ops::WeightRef> refs(c.E);
-    HostWeight one{c.format, c.out, c.in, {}, {}};
-    for (int64_t e = 0; e < c.E; ++e) {
-      dws[e] = DeviceWeight{c.format, c.out, c.in, ddata.p + e * pb, sb ? dscale.p + e * sb : nullptr};
-      refs[e] = host_ref(one, all.data.data() + e * pb, sb ? all.scale.data() + e * sb : nullptr);
-    }
-    Dev<DeviceWeight> dweights(dws);
+    const Experts ex = make_experts(c.format, c.E, c.out, c.in, seed);
+    const std::vector<ops::WeightRef>& refs = ex.refs;
     for (int64_t n : c.ns) {
       const auto off = routed_offsets(n, c.k, c.E, ++seed, c.E == 16 ? 5 : 0);
       const int64_t m = off[c.E], m_max = m + c.slack;
@@ -195,7 +212,7 @@ TEST(LinearParity, ExpertLinear) {
       Dev<int64_t> doff(off);
       Dev<float> dx(x), dy(static_cast<size_t>(m_max * c.out));
       cudaMemset(dy.p, 0xff, dy.n * sizeof(float));  // NaN sentinel: rows >= m stay untouched
-      Status s = run_expert_linear(dweights.p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy.p, nullptr);
+      Status s = run_expert_linear(ex.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy.p, nullptr);
       ASSERT_TRUE(s.ok()) << s.message();
       auto got = dy.get();
       size_t touched = 0;
@@ -426,18 +443,8 @@ TEST(LinearParity, PersistentLoops) {
     {  // experts: 6 of 10 used, one row each, 90 rows of K 2048 (FP4: 64 chunks)
       const int64_t E = 10, out = 90, in = 2048;
       backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
-      HostWeight all = make_weight(WeightFormat::kFp4Rows, E * out, in, ++seed);
-      const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(WeightFormat::kFp4Rows, out, in));
-      const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(WeightFormat::kFp4Rows, out, in));
-      Dev<uint8_t> ddata(all.data), dscale(all.scale);
-      std::vector<DeviceWeight> dws(E);
-      std::vector<ops::WeightRef> refs(E);
-      HostWeight one{WeightFormat::kFp4Rows, out, in, {}, {}};
-      for (int64_t e = 0; e < E; ++e) {
-        dws[e] = DeviceWeight{WeightFormat::kFp4Rows, out, in, ddata.p + e * pb, dscale.p + e * sb};
-        refs[e] = host_ref(one, all.data.data() + e * pb, all.scale.data() + e * sb);
-      }
-      Dev<DeviceWeight> dweights(dws);
+      const Experts ex = make_experts(WeightFormat::kFp4Rows, E, out, in, seed);
+      const std::vector<ops::WeightRef>& refs = ex.refs;
       const std::vector<int64_t> off = {0, 1, 1, 2, 3, 3, 4, 5, 5, 6, 6};
       auto x = rand_floats(static_cast<size_t>(6 * in), ++seed);
       std::vector<float> want(static_cast<size_t>(6 * out));
@@ -445,7 +452,7 @@ TEST(LinearParity, PersistentLoops) {
         if (off[e + 1] > off[e]) cpu.linear(refs[e], x.data() + off[e] * in, 1, want.data() + off[e] * out);
       Dev<int64_t> doff(off);
       Dev<float> dx(x), dy(want.size());
-      ASSERT_TRUE(run_expert_linear(dweights.p, E, out, in, doff.p, dx.p, 6, dy.p, nullptr).ok());
+      ASSERT_TRUE(run_expert_linear(ex.dweights->p, E, out, in, doff.p, dx.p, 6, dy.p, nullptr).ok());
       report("expert_linear persistent", "fp4 10 experts 90x2048 m=6 slots<=" + std::to_string(cap) + (mode ? " ring" : " regs"),
              rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
     }
@@ -532,21 +539,8 @@ TEST(LinearParity, TensorCoreGemv) {
     const size_t shift = variant == 2 ? 1 : 0;
     const int64_t E = 9, out = 80, in = 1024;
     backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
-    HostWeight all = make_weight(f, E * out, in, ++seed);
-    const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(f, out, in));
-    const size_t sb = static_cast<size_t>(quant::weight_scale_bytes(f, out, in));
-    if (f == WeightFormat::kFp8Tiles) all.scale = rand_e8m0(sb * E, ++seed, 118, 124);
-    std::vector<uint8_t> shifted(shift, 0);
-    shifted.insert(shifted.end(), all.scale.begin(), all.scale.end());
-    Dev<uint8_t> ddata(all.data), dscale(shifted);
-    std::vector<DeviceWeight> dws(E);
-    std::vector<ops::WeightRef> refs(E);
-    HostWeight one{f, out, in, {}, {}};
-    for (int64_t e = 0; e < E; ++e) {
-      dws[e] = DeviceWeight{f, out, in, ddata.p + e * pb, dscale.p + shift + e * sb};
-      refs[e] = host_ref(one, all.data.data() + e * pb, all.scale.data() + e * sb);
-    }
-    Dev<DeviceWeight> dweights(dws);
+    const Experts ex = make_experts(f, E, out, in, seed, shift);
+    const std::vector<ops::WeightRef>& refs = ex.refs;
     const std::vector<int64_t> off = {0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
     const int64_t m = off[E], m_max = m + 2;
     auto x = rand_floats(static_cast<size_t>(m_max * in), ++seed);
@@ -558,7 +552,7 @@ TEST(LinearParity, TensorCoreGemv) {
     Dev<float> dx(x), dy(static_cast<size_t>(m_max * out));
     set_tc_gemv_for_tests(1);
     cudaMemset(dy.p, 0xff, dy.n * sizeof(float));
-    ASSERT_TRUE(run_expert_linear(dweights.p, E, out, in, doff.p, dx.p, m_max, dy.p, nullptr, f).ok());
+    ASSERT_TRUE(run_expert_linear(ex.dweights->p, E, out, in, doff.p, dx.p, m_max, dy.p, nullptr, f).ok());
     auto got = dy.get();
     size_t touched = 0;
     for (size_t i = static_cast<size_t>(m * out); i < got.size(); ++i) touched += bits_of(got[i]) != 0xffffffffu;
