@@ -98,6 +98,10 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.kv = ws_.kvf;
   a.sink = w.attn_sink.ptr;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  // Every kvf row attended here is fake-quantized (Q_win window and block rows, Q_kv compressed
+  // rows: 3.9), hence exact in bf16: prefill-shaped calls may take the tensor-core kernel. Not in a
+  // verification forward, whose rows keep the float kernels' bits (as its linears do).
+  a.entries_on_bf16_grid = !journal_;
   a.out = ws_.o;
   a.max_entries_per_row = max_entries;
   a.workspace = ws_.scratch;

@@ -17,10 +17,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/sparse_attention_tc_kernels.h"
 
 namespace ds41::cuda {
 namespace {
@@ -388,6 +391,11 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
         a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out);
     return last_launch_status("sparse_attention_combine");
   }
+  static const bool tc_allowed = [] {
+    const char* e = std::getenv("DS41_TC_ATTENTION");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  if (tc_allowed && sparse_attention_tc_supported(a)) return run_sparse_attention_tc(a, stream);
   const int64_t groups = (a.n_heads + kHeads - 1) / kHeads;
   if (a.n * groups > 0x7fffffff)
     return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " x head groups too large");

@@ -29,6 +29,12 @@ struct SparseAttentionArgs {
   // split over several CTAs when few rows leave SMs idle). May be null where that size is 0.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // The caller's promise that every entry value is exact in bf16 (fake-quantized rows: Q_win, Q_kv,
+  // MODEL_SPEC 3.9). Lets calls of more than 16 rows take the tensor-core kernel
+  // (sparse_attention_tc_kernels.h: q and the probabilities split into three bf16 parts, so the
+  // products stay exact); false keeps the float kernels. DS41_TC_ATTENTION=0 in the environment
+  // turns the tensor-core kernel off (A/B measurements).
+  bool entries_on_bf16_grid = false;
 };
 // Workspace run_sparse_attention needs for any call with up to n rows and up to max_entries_per_row
 // entries per row (so it can be sized once from the step limits); 0 when no such call splits.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/compressor_kernels.h"
 #include "backends/cuda/indexer_kernels.h"
+#include "backends/cuda/sparse_attention_tc_kernels.h"
 #include "core/thread_pool.h"
 #include "parity/cuda/kc_parity_util.h"
 #include "quant/fake_quant.h"
@@ -61,7 +63,26 @@ const AttnCase kAttnSplitCases[] = {
     {"split n=16 few heads", 16, 3, 32, 200, 0, 70, 1.0f, 1.0f},  // 2 splits (32 CTAs)
 };
 
-void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu) {
+// Tensor-core kernel (more than 16 rows, entries on the bf16 grid: sparse_attention_tc_kernels.cu):
+// the released width past every limit (> 128 + 512 entries, rows of 0 and 1 entries), Q_kv-grid
+// entries (E2M1 x E4M3) as well as Q_win, head counts that leave a partial 16-head group, the two
+// smaller instantiated widths, lists not divisible by the 16-entry tile, peaky scores and a sink
+// that dominates.
+const AttnCase kAttnTcCases[] = {
+    {"tc released prefill", 48, 64, 512, 6000, 0, 700, 1.0f, 1.0f},
+    {"tc released prefill q_kv grid", 40, 64, 512, 6000, 500, 640, 1.0f, 1.0f},
+    {"tc peaky scores", 24, 16, 512, 3000, 100, 640, 4.0f, 1.0f},
+    {"tc sink dominates", 20, 8, 512, 1000, 1, 200, 0.2f, 8.0f},
+};
+// The smaller widths (cheap enough for the host emulator).
+const AttnCase kAttnTcSmallCases[] = {
+    {"tc partial head group", 20, 20, 128, 500, 0, 300, 1.0f, 1.0f},
+    {"tc small q_kv grid", 17, 5, 64, 200, 0, 45, 1.0f, 1.0f},
+    {"tc small peaky", 18, 16, 64, 300, 30, 70, 6.0f, 1.0f},
+};
+
+void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu, bool tc = false) {
+  const bool grid_promise = tc;
   std::mt19937 rng(static_cast<uint32_t>(c.n * 131 + c.heads * 7 + c.dim));
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int64_t H = c.heads, D = c.dim;
@@ -69,8 +90,11 @@ void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu) {
   for (float& v : q) v = nd(rng) * c.q_scale;
   for (float& v : kv) v = nd(rng);
   for (float& v : sink) v = nd(rng) * c.sink_scale;
-  quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()) / 32 * 32);  // window-grid values (D % 32
-                                                                               // may leave a raw tail)
+  if (tc && std::string(c.name).find("q_kv") != std::string::npos)
+    quant::q_kv_inplace(kv.data(), static_cast<int64_t>(kv.size()));  // compressed-entry grid (blocks of 16)
+  else
+    quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()) / 32 * 32);  // window-grid values (D % 32
+                                                                                 // may leave a raw tail)
   std::vector<int64_t> offs(c.n + 1, 0);
   std::vector<int32_t> index;
   int64_t max_e = 0;
@@ -117,6 +141,9 @@ void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu) {
   ga.scale = ca.scale;
   ga.out = dout.p;
   ga.max_entries_per_row = max_e;
+  ga.entries_on_bf16_grid = grid_promise;
+  tc = tc && sparse_attention_tc_supported(ga);  // else run_sparse_attention falls back
+  if (tc) ASSERT_GT(c.n, 16) << c.name << ": the tensor-core kernel serves calls of more than 16 rows";
   // Sized as the engine does: for the largest step (more rows, longer lists) than this call.
   ga.workspace_bytes = sparse_attention_workspace_bytes(c.n + 64, H, D, max_e + 100);
   ASSERT_GE(ga.workspace_bytes, sparse_attention_workspace_bytes(c.n, H, D, max_e));
@@ -133,11 +160,12 @@ void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu) {
   EXPECT_TRUE(zeros) << c.name << ": a row without entries must yield +0";
   const double err = rel_err(got, want, max_abs(kv));
   const double tol = 1e-4;
-  report("sparse_attention",
+  report(tc ? "sparse_attention_tc" : "sparse_attention",
          std::string(c.name) + " n=" + std::to_string(c.n) + " " + std::to_string(H) + "x" +
              std::to_string(D) + " <=" + std::to_string(max_e) + " entries",
          err, tol,
-         "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
+         tc ? "q and p split in 3 bf16 parts (exact products), float sums: as the float kernel"
+            : "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
   EXPECT_LE(err, tol) << c.name;
 }
 
@@ -146,6 +174,39 @@ TEST(AttentionParity, SparseAttention) {
   ThreadPool pool(pool_threads());
   backends::cpu::CpuBackend cpu(&pool);
   for (const AttnCase& c : kAttnCases) check_sparse_attention(c, cpu);
+}
+
+TEST(AttentionParity, SparseAttentionTensorCores) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  for (const AttnCase& c : kAttnTcCases) check_sparse_attention(c, cpu, true);
+}
+
+TEST(AttentionParity, SparseAttentionTensorCoresSmall) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  for (const AttnCase& c : kAttnTcSmallCases) check_sparse_attention(c, cpu, true);
+}
+
+// A call whose width the tensor-core kernel does not take falls back to the float kernel, even
+// with the grid promise; without the promise the kernel refuses it.
+TEST(AttentionParity, SparseAttentionTensorCoreFallback) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  const AttnCase c{"tc fallback odd dim", 20, 5, 96, 300, 0, 100, 1.0f, 1.0f};
+  SparseAttentionArgs a;
+  a.head_dim = 96;
+  a.n_heads = 5;
+  a.entries_on_bf16_grid = true;
+  EXPECT_FALSE(sparse_attention_tc_supported(a));
+  a.head_dim = 512;
+  a.entries_on_bf16_grid = false;
+  EXPECT_FALSE(sparse_attention_tc_supported(a));
+  EXPECT_FALSE(run_sparse_attention_tc(a, nullptr).ok());
+  check_sparse_attention(c, cpu, true);  // the promise, a width the kernel does not take
 }
 
 TEST(AttentionParity, SparseAttentionSplitDecode) {
