@@ -12,40 +12,23 @@
 // weights sit in shared memory (read as broadcasts), the thread's key in registers for
 // head_dim 128 (the released width; other widths read it through L1).
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/indexer_dot.cuh"
 #include "backends/cuda/indexer_kernels.h"
+#include "backends/cuda/indexer_tc_kernels.h"
 
 namespace ds41::cuda {
 namespace {
+using dev::dot_like_cpu;
 
 constexpr int kThreads = 128;
 constexpr size_t kMaxSmem = 48 * 1024;
-
-// dot_f32(q, k, d) of backends/cpu, as float. K is an array-like of the key's d channels.
-template <int kD, typename K>
-__device__ __forceinline__ float dot_like_cpu(const float* q, const K& k, int64_t d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  const int64_t dd = kD > 0 ? kD : d;
-  if constexpr (kD > 0) {
-#pragma unroll
-    for (int j = 0; j + 8 <= kD; j += 8)
-#pragma unroll
-      for (int l = 0; l < 8; ++l) acc[l] += q[j + l] * k[j + l];
-    i = kD / 8 * 8;
-  } else {
-    for (; i + 8 <= dd; i += 8)
-#pragma unroll
-      for (int l = 0; l < 8; ++l) acc[l] += q[i + l] * k[i + l];
-  }
-  double s = 0.0;
-#pragma unroll
-  for (int l = 0; l < 8; ++l) s += static_cast<double>(acc[l]);
-  for (; i < dd; ++i) s += static_cast<double>(q[i]) * static_cast<double>(k[i]);
-  return static_cast<float>(s);
-}
+constexpr int64_t kTcMinRows = 32;  // decode-shaped calls keep one thread per key
 
 template <int kD>
 __global__ void __launch_bounds__(kThreads)
@@ -106,6 +89,15 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
   if (a.n == 0 || a.t_stride == 0) return ok_status();
   if (!a.q || !a.w || !a.keys || !a.key_begin || !a.visible || !a.out)
     return invalid_argument("indexer_scores: null q, w, keys, key_begin, visible or out");
+  // Prefill-shaped calls (rows of one sequence share their keys) take the tensor cores: the same
+  // bits (indexer_tc_kernels.cu). DS41_TC_INDEXER=0 keeps this kernel (A/B measurements).
+  static const bool tc_allowed = [] {
+    const char* e = std::getenv("DS41_TC_INDEXER");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  if (tc_allowed && a.n >= kTcMinRows && indexer_scores_tc_supported(a) &&
+      reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0)
+    return run_indexer_scores_tc(a, stream);
   const int64_t tiles = (a.t_stride + kThreads - 1) / kThreads;
   if (a.n * tiles > 0x7fffffff)
     return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " +

@@ -16,6 +16,7 @@
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/compressor_kernels.h"
 #include "backends/cuda/indexer_kernels.h"
+#include "backends/cuda/indexer_tc_kernels.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
 #include "core/thread_pool.h"
 #include "parity/cuda/kc_parity_util.h"
@@ -224,18 +225,18 @@ struct IdxCase {
   int64_t rows_per_seq, t_stride_extra;
 };
 
-TEST(AttentionParity, IndexerScores) {
-  KC_SKIP_WITHOUT_GPU();
-  ThreadPool pool(pool_threads());
-  backends::cpu::CpuBackend cpu(&pool);
-  const IdxCase cases[] = {
-      {"released idx 64x128", 64, 128, {17000, 3000}, 6, 5},  // > 2048 blocks of 8
-      {"released idx 32x128", 32, 128, {33000}, 4, 0},
-      {"small generic dim", 8, 64, {900, 50, 1}, 5, 130},
-      {"dim with tail", 3, 100, {600}, 9, 1},
-  };
-  for (const IdxCase& c : cases) {
-    std::mt19937 rng(static_cast<uint32_t>(c.heads * 1000 + c.dim));
+// Rows of the tensor-core tables: every `raw_every`-th key and query row left off the Q_idx grid
+// (raw floats: not exact in bf16, so the certificate must send them to the CPU-order dot), and
+// block 3 of every `spread_every`-th key scaled by 2^`spread` (a span the certificate refuses, while
+// the values stay on the grid).
+struct IdxTcKnobs {
+  bool tc = false;
+  int raw_every = 0, spread_every = 0, spread = 0;
+};
+
+void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTcKnobs& k = {}) {
+  {
+    std::mt19937 rng(static_cast<uint32_t>(c.heads * 1000 + c.dim + (k.tc ? 7 : 0)));
     std::normal_distribution<float> nd(0.0f, 1.0f);
     const int64_t H = c.heads, D = c.dim, S = static_cast<int64_t>(c.seq_keys.size());
     int64_t total_keys = 0, t_max = 0;
@@ -249,6 +250,15 @@ TEST(AttentionParity, IndexerScores) {
       quant::q_idx_inplace(keys.data(), static_cast<int64_t>(keys.size()));
       quant::q_idx_inplace(q.data(), static_cast<int64_t>(q.size()));
     }
+    if (k.raw_every > 0) {
+      for (int64_t r = 0; r < total_keys; r += k.raw_every)
+        for (int64_t i = 0; i < D; ++i) keys[r * D + i] = nd(rng);
+      for (int64_t r = 0; r < n * H; r += k.raw_every)
+        for (int64_t i = 0; i < D; ++i) q[r * D + i] = nd(rng);
+    }
+    if (k.spread_every > 0)
+      for (int64_t r = 1; r < total_keys; r += k.spread_every)
+        for (int64_t i = std::min<int64_t>(96, D); i < D; ++i) keys[r * D + i] = std::ldexp(keys[r * D + i], k.spread);
     std::vector<int64_t> begin(n), vis(n);
     std::vector<float> want(n * T, -INFINITY);
     int64_t kb = 0;
@@ -297,16 +307,58 @@ TEST(AttentionParity, IndexerScores) {
     ga.visible = dvis->p;
     ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     ga.out = dout.p;
-    KC_OK(run_indexer_scores(ga, nullptr));
+    if (k.tc) {
+      ASSERT_TRUE(indexer_scores_tc_supported(ga)) << c.name;
+      KC_OK(run_indexer_scores_tc(ga, nullptr));
+    } else {
+      KC_OK(run_indexer_scores(ga, nullptr));
+    }
     auto got = from_dev(dout.p, want.size());
     const int64_t bad = bit_mismatches(got, want);
-    report("indexer_scores",
+    report(k.tc ? "indexer_scores_tc" : "indexer_scores",
            std::string(c.name) + " n=" + std::to_string(n) + " T=" + std::to_string(T) + " " +
                std::to_string(H) + "x" + std::to_string(D),
            static_cast<double>(bad), 0,
            "mismatching bits: the kernel repeats dot_f32's lane order and the double head sum");
     EXPECT_EQ(bad, 0) << c.name << " (max rel err " << rel_err(got, want, max_abs(want)) << ")";
   }
+}
+
+TEST(AttentionParity, IndexerScores) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  const IdxCase cases[] = {
+      {"released idx 64x128", 64, 128, {17000, 3000}, 6, 5},  // > 2048 blocks of 8
+      {"released idx 32x128", 32, 128, {33000}, 4, 0},
+      {"small generic dim", 8, 64, {900, 50, 1}, 5, 130},
+      {"dim with tail", 3, 100, {600}, 9, 1},
+      // >= 32 rows: run_indexer_scores hands these to the tensor-core kernel.
+      {"released idx 32x128 prefill rows", 32, 128, {5000}, 40, 3},
+  };
+  for (const IdxCase& c : cases) check_indexer(c, cpu);
+}
+
+// The tensor-core kernel, bit for bit against the CPU: the released 32 heads past 16 384 keys, a
+// partial last 16-row tile, rows of two sequences in one tile (no shared key_begin: every pair in
+// the CPU's order), raw rows and wide block spreads (the certificate refuses them), few heads.
+TEST(AttentionParity, IndexerScoresTensorCores) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  check_indexer({"tc released 32x128", 32, 128, {17000}, 37, 0}, cpu, {true, 0, 0, 0});
+  check_indexer({"tc two sequences per tile", 32, 128, {3000, 2000}, 20, 70}, cpu, {true, 0, 0, 0});
+  check_indexer({"tc raw rows", 32, 128, {4000}, 33, 1}, cpu, {true, 7, 0, 0});
+  check_indexer({"tc block spread", 16, 128, {3000}, 48, 0}, cpu, {true, 0, 3, 20});
+  check_indexer({"tc small heads", 8, 128, {700, 300}, 17, 5}, cpu, {true, 5, 4, 9});
+}
+
+// Cheap enough for the host emulator.
+TEST(AttentionParity, IndexerScoresTensorCoresSmall) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  check_indexer({"tc emu", 4, 128, {300, 150}, 20, 9}, cpu, {true, 5, 2, 20});
 }
 
 // ---------------------------------------------------------------------------------------------
