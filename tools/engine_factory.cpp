@@ -81,9 +81,9 @@ class OwningEngine final : public engine::Engine {
   }
   Status enable_speculative() override { return inner_->enable_speculative(); }
   int64_t speculative_block() const override { return inner_->speculative_block(); }
-  Status speculative_step(std::span<const engine::SpecStepItem> items,
+  Status speculative_step(std::span<const engine::SpecStepItem> items, const engine::SpecBatchOptions& batch,
                           std::vector<engine::SpecStepResult>* out) override {
-    return inner_->speculative_step(items, out);
+    return inner_->speculative_step(items, batch, out);
   }
 
  private:

@@ -93,7 +93,7 @@ SpecRun spec_greedy(gpu::CudaEngine& e, engine::SeqId s, std::span<const int32_t
       if (step % 5 == 3) si.confidence_threshold = 0.3;
     }
     std::vector<engine::SpecStepResult> res;
-    st = e.speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res);
+    st = e.speculative_step(std::span<const engine::SpecStepItem>(&si, 1), engine::SpecBatchOptions{}, &res);
     EXPECT_TRUE(st.ok()) << st.message();
     if (!st.ok()) break;
     EXPECT_EQ(static_cast<int64_t>(res[0].tokens.size()), res[0].accepted + 1);
@@ -242,7 +242,9 @@ TEST(GpuDspark, StateAfterEachVerifyLength) {
     si.anchor = argmax_of(so.logits.data(), V);
     si.verify_len = vl;
     std::vector<engine::SpecStepResult> res;
-    ASSERT_TRUE(spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res).ok());
+    ASSERT_TRUE(spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1),
+                                       engine::SpecBatchOptions{}, &res)
+                    .ok());
     std::cout << "verify_len " << vl << ": accepted " << res[0].accepted << " of " << res[0].verified << "\n";
     // Plain: the prompt, then the anchor and the accepted candidates one token at a time.
     engine::StepItem pi{*sp, prompt, true};
@@ -298,7 +300,8 @@ TEST(GpuDspark, SampledStepsKeepThePlainState) {
       si.temperature = 0.8;
       si.seed = 1234;
       std::vector<engine::SpecStepResult> res;
-      Status st = spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res);
+      Status st = spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1),
+                                         engine::SpecBatchOptions{}, &res);
       ASSERT_TRUE(st.ok()) << st.message();
       for (int32_t x : res[0].tokens) {
         EXPECT_GE(x, 0);
@@ -361,7 +364,7 @@ TEST(GpuDspark, BatchOfSequencesLossless) {
       }
     if (items.empty()) break;
     std::vector<engine::SpecStepResult> res;
-    Status st = spec->speculative_step(items, &res);
+    Status st = spec->speculative_step(items, engine::SpecBatchOptions{}, &res);
     ASSERT_TRUE(st.ok()) << st.message();
     for (size_t k = 0; k < which.size(); ++k)
       for (int32_t t : res[k].tokens) got[which[k]].push_back(t);
