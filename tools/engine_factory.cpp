@@ -13,6 +13,7 @@
 #ifdef DS41_HAVE_CUDA_ENGINE
 #include "backends/cuda/cuda_status.h"
 #include "gpu/cuda_engine.h"
+#include "gpu/gpu_dspark_score.h"
 #endif
 
 namespace ds41::cli {
@@ -182,6 +183,7 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
     }
     return all;
   };
+  h.dspark_score = [raw](const engine::DsparkScoreInput& in) { return gpu::gpu_dspark_score(*raw, in); };
   h.decoder_replay_all = [raw](engine::SeqId seq,
                                std::span<const int32_t> tokens) -> Result<model::SequenceOutput> {
     model::SequenceOutput out;
