@@ -342,7 +342,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
             }
             std::vector<engine::SpecStepResult> res;
             const auto s0 = std::chrono::steady_clock::now();
-            DS41_RETURN_IF_ERROR(eng->speculative_step(items, &res));
+            DS41_RETURN_IF_ERROR(eng->speculative_step(items, engine::SpecBatchOptions{}, &res));
             spec_ms.push_back(
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
             for (int64_t s = 0; s < B; ++s) {

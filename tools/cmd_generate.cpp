@@ -483,7 +483,8 @@ Status run_generate(const GenerateArgs& a) {
         si.temperature = sp.temperature;
         si.seed = sp.seed;
         std::vector<engine::SpecStepResult> res;
-        DS41_RETURN_IF_ERROR(eng.speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res));
+        DS41_RETURN_IF_ERROR(eng.speculative_step(std::span<const engine::SpecStepItem>(&si, 1),
+                                                  engine::SpecBatchOptions{}, &res));
         spec_stats.add(res[0].accepted, eng.speculative_block());
         spec_pending.assign(res[0].tokens.begin(), res[0].tokens.end());
       }

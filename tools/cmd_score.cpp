@@ -20,7 +20,8 @@
 // model run the same input (the debug image arrays then stop at plan / grid_thw / resized_u8 /
 // span_embeds: the engine interface returns span rows only).
 // IN.json {"dspark": {"input_ids": [...], "prompt_len": P, "anchors": [L, ...], "walk_steps": N}}
-// runs the DSpark checks instead (engine/dspark_score.h; golden README "DSpark set").
+// runs the DSpark checks instead (engine/dspark_score.h; golden README "DSpark set"): on the CPU
+// reference, or with --device cuda on the GPU engine (gpu/gpu_dspark_score.h, same array names).
 #include <unistd.h>
 
 #include <cmath>
@@ -488,13 +489,39 @@ Result<std::optional<engine::DsparkScoreInput>> read_dspark_input(const std::str
   return std::optional<engine::DsparkScoreInput>(std::move(r));
 }
 
+// The DSpark arrays on the CPU reference (engine::dspark_score over the model) or, with
+// --device cuda, on the GPU engine (EngineHandle::dspark_score: gpu/gpu_dspark_score.h).
 Status run_score_dspark(const ScoreArgs& a, const engine::DsparkScoreInput& in) {
-  DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
-  DS41_ASSIGN_OR_RETURN(LoadedModel lm,
-                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
-  DS41_ASSIGN_OR_RETURN(auto arrays, engine::dspark_score(lm.model.get(), in));
+  if (!a.dump_dir.empty() || a.stale_keys || !a.replay.empty() || a.debug || a.chunk > 0)
+    return invalid_argument(
+        "a {\"dspark\": ...} input takes none of --dump, --stale-index-keys, --replay, "
+        "--debug, --chunk");
+  DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
+  std::vector<engine::NamedArray> arrays;
+  std::string producer;
+  if (device == "cpu") {
+    DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
+    DS41_ASSIGN_OR_RETURN(LoadedModel lm,
+                          load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
+    DS41_ASSIGN_OR_RETURN(arrays, engine::dspark_score(lm.model.get(), in));
+    producer = "ds41 score --dspark (CPU reference)";
+  } else {
+    EngineRequest req;
+    req.model_dir = a.model_dir;
+    req.tokenizer_dir = a.tokenizer_dir;
+    req.model_name = "score";
+    req.who = "ds41 score";
+    req.max_batch_tokens = 2048;
+    req.max_logit_rows = 256;  // prefill chunks of up to one window (128) with every row's logits
+    req.max_sequences = 2;
+    req.kv_bytes = int64_t{2} << 30;
+    DS41_ASSIGN_OR_RETURN(EngineHandle eh, make_engine(a.device, req));
+    if (!eh.dspark_score) return unimplemented("ds41 score: this engine has no DSpark score path");
+    DS41_ASSIGN_OR_RETURN(arrays, eh.dspark_score(in));
+    producer = "ds41 score --dspark (" + eh.engine->info().device + ")";
+  }
   model::SafetensorsWriter w;
-  w.set_metadata("producer", "ds41 score --dspark (CPU reference)");
+  w.set_metadata("producer", producer);
   for (const engine::NamedArray& arr : arrays) {
     if (!arr.i32.empty())
       w.add_i32(arr.name, arr.shape, arr.i32.data());

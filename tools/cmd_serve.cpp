@@ -193,6 +193,10 @@ void setup_serve(CLI::App& parent, int& exit_code) {
                   "DSpark speculative decoding for greedy requests: dspark | off | auto (default auto = on "
                   "for --device cuda when the checkpoint has draft stages, off on the CPU engine, where a "
                   "speculative step costs more than it saves)");
+  cmd->add_option("--speculative-token-budget", a->engine.speculative_token_budget,
+                  "Draft candidates verified per engine step over all speculative sequences (MODEL_SPEC "
+                  "3.10.9: the most confident prefixes first, by prefix survival; 0 = plain decoding); "
+                  "default -1 = no budget (every sequence verifies its whole block)");
   cmd->add_flag("-q,--quiet", a->engine.quiet, "No load progress (the ready line is still printed)");
   cmd->callback([a, &exit_code] {
     Status s = run_serve(*a);

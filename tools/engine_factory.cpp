@@ -13,6 +13,7 @@
 #ifdef DS41_HAVE_CUDA_ENGINE
 #include "backends/cuda/cuda_status.h"
 #include "gpu/cuda_engine.h"
+#include "gpu/gpu_dspark_score.h"
 #endif
 
 namespace ds41::cli {
@@ -81,9 +82,9 @@ class OwningEngine final : public engine::Engine {
   }
   Status enable_speculative() override { return inner_->enable_speculative(); }
   int64_t speculative_block() const override { return inner_->speculative_block(); }
-  Status speculative_step(std::span<const engine::SpecStepItem> items,
+  Status speculative_step(std::span<const engine::SpecStepItem> items, const engine::SpecBatchOptions& batch,
                           std::vector<engine::SpecStepResult>* out) override {
-    return inner_->speculative_step(items, out);
+    return inner_->speculative_step(items, batch, out);
   }
 
  private:
@@ -182,6 +183,7 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
     }
     return all;
   };
+  h.dspark_score = [raw](const engine::DsparkScoreInput& in) { return gpu::gpu_dspark_score(*raw, in); };
   h.decoder_replay_all = [raw](engine::SeqId seq,
                                std::span<const int32_t> tokens) -> Result<model::SequenceOutput> {
     model::SequenceOutput out;

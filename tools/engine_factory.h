@@ -13,6 +13,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "engine/dspark_score.h"
 #include "engine/engine.h"
 #include "gpu/device_load_options.h"  // LoadFormat (a plain header: no CUDA needed)
 #include "model/config.h"
@@ -82,6 +83,10 @@ struct EngineHandle {
   // decoder`); set for the GPU engine.
   std::function<Result<model::SequenceOutput>(engine::SeqId seq, std::span<const int32_t> tokens)>
       decoder_replay_all;
+  // `ds41 score` with a {"dspark": ...} input (the golden DSpark arrays, gpu/gpu_dspark_score.h):
+  // set for the GPU engine (the CPU path of score runs engine::dspark_score on the model). Needs a
+  // fresh engine (it enables speculative decoding).
+  std::function<Result<std::vector<engine::NamedArray>>(const engine::DsparkScoreInput& in)> dspark_score;
 };
 
 // Loads the model for the device and builds its engine (load progress on stderr unless quiet).

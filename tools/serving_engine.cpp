@@ -44,6 +44,9 @@ Status validate_engine_args(const EngineArgs& a) {
   DS41_RETURN_IF_ERROR(engine_device(a.device).status());
   if (a.speculative != "auto" && a.speculative != "dspark" && a.speculative != "off")
     return invalid_argument("--speculative must be dspark or off, got '" + a.speculative + "'");
+  if (a.speculative_token_budget < -1)
+    return invalid_argument("--speculative-token-budget must be >= 0, or -1 for no budget (got " +
+                            std::to_string(a.speculative_token_budget) + ")");
   if (a.max_queue <= 0 || a.max_running <= 0 || a.max_batch_tokens <= 0 || a.threads <= 0)
     return invalid_argument("--max-queue, --max-running, --max-batch-tokens and --threads must be > 0");
   DS41_RETURN_IF_ERROR(parse_memory_limit(a.memory_limit).status());
@@ -212,6 +215,7 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
     if (!st.ok() && a.speculative == "dspark") return st.with_context("--speculative dspark");
     if (st.ok()) {
       lc.speculative = true;
+      lc.speculative_token_budget = a.speculative_token_budget;
       if (!a.quiet) std::fprintf(stderr, "%s: DSpark speculative decoding on (greedy requests)\n", who.c_str());
     } else if (!a.quiet) {
       std::fprintf(stderr, "%s: DSpark speculative decoding off (--speculative auto): %s\n", who.c_str(),

@@ -46,6 +46,9 @@ struct EngineArgs {
   // speculative step is slower there), on for the GPU engine where the checkpoint has draft stages
   // (falls back to off, with a message, if the engine's limits cannot hold a verification).
   std::string speculative = "auto";
+  // --speculative-token-budget: candidates verified per engine step over all speculative sequences
+  // (MODEL_SPEC 3.10.9 confidence scheduling; LoopConfig::speculative_token_budget). -1: none.
+  int64_t speculative_token_budget = -1;
 };
 
 // "8GiB", "512MiB", "1000000" -> bytes; the message names `flag`.

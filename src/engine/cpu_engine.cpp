@@ -214,8 +214,11 @@ Status CpuEngine::enable_speculative() {
 int64_t CpuEngine::speculative_block() const { return spec_ ? spec_->dspark().block_size() : 0; }
 
 // Serial over the items: the CPU reference batches nothing across speculative steps (each is a
-// draft forward of B rows and one verification forward of up to B + 1 rows).
-Status CpuEngine::speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) {
+// draft forward of B rows and one verification forward of up to B + 1 rows). Every item is drafted
+// first (no state change), then the verify lengths are chosen under the batch budget
+// (MODEL_SPEC 3.10.9, budget_verify_lengths), then each item is verified.
+Status CpuEngine::speculative_step(std::span<const SpecStepItem> items, const SpecBatchOptions& batch,
+                                   std::vector<SpecStepResult>* out) {
   if (!spec_) return failed_precondition("speculative decoding is off (CpuEngine::enable_speculative)");
   out->assign(items.size(), SpecStepResult{});
   std::unordered_set<SeqId> seen;
@@ -228,22 +231,37 @@ Status CpuEngine::speculative_step(std::span<const SpecStepItem> items, std::vec
     if (it.anchor < 0 || it.anchor >= info_.vocab_size)
       return invalid_argument(what + ": anchor token " + std::to_string(it.anchor) +
                               " outside the vocabulary");
+    if (it.verify_len > spec_->dspark().block_size())
+      return invalid_argument(what + ": verify_len above the block size");
     if (st->position() + spec_->dspark().block_size() + 1 > info_.max_context)
       return out_of_range(what + ": a speculative step would pass the context of " +
                           std::to_string(info_.max_context) + " tokens");
   }
+  std::vector<SpecStepOptions> opts(items.size());
+  std::vector<SpecDraft> drafts(items.size());
+  std::vector<std::vector<float>> conf(items.size());
+  std::vector<int64_t> cap(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const SpecStepItem& it = items[i];
-    model::SequenceState* st = seqs_.at(it.seq).get();
-    SpecStepOptions so;
+    SpecStepOptions& so = opts[i];
     so.verify_len = it.verify_len;
     so.confidence_threshold = it.confidence_threshold;
     so.temperature = it.temperature;
     if (it.temperature > 0) so.rng = &spec_rng_.try_emplace(it.seq, it.seed).first->second;
-    DS41_ASSIGN_OR_RETURN(SpecStep s, spec_->step(*st, it.anchor, so));
+    DS41_ASSIGN_OR_RETURN(drafts[i], spec_->draft(*seqs_.at(it.seq), it.anchor, so));
+    conf[i] = drafts[i].confidence;
+    cap[i] = drafts[i].verify_len;
+  }
+  const std::vector<int64_t> len = budget_verify_lengths(conf, cap, batch.verify_budget);
+  for (size_t i = 0; i < items.size(); ++i) {
+    DS41_ASSIGN_OR_RETURN(SpecStep s,
+                          spec_->verify(*seqs_.at(items[i].seq), std::move(drafts[i]), len[i], opts[i]));
     (*out)[i].tokens = std::move(s.tokens);
     (*out)[i].verified = s.verified;
     (*out)[i].accepted = s.accepted;
+    (*out)[i].budget_cut = cap[i] - len[i];
+    (*out)[i].candidates = std::move(s.candidates);
+    (*out)[i].confidence = std::move(s.confidence);
   }
   return ok_status();
 }

@@ -58,7 +58,8 @@ class CpuEngine final : public Engine {
   // FailedPrecondition when the checkpoint has no draft stages.
   Status enable_speculative() override;
   int64_t speculative_block() const override;
-  Status speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) override;
+  Status speculative_step(std::span<const SpecStepItem> items, const SpecBatchOptions& batch,
+                          std::vector<SpecStepResult>* out) override;
 
  private:
   Result<model::SequenceState*> find(SeqId seq) const;

@@ -32,6 +32,19 @@ struct SpecStepOptions {
   bool keep_draft = false;         // SpecStep::draft keeps the whole DraftOutput
 };
 
+// The draft half of a step (3.10.4-3.10.6): reads the state, changes nothing but the rng draws
+// of a sampled draft. verify_len is the step's own cap (SpecStepOptions verify_len, then the
+// confidence threshold); a batch budget may lower it before verify().
+struct SpecDraft {
+  int64_t anchor_pos = 0;
+  int32_t anchor = 0;
+  std::vector<int32_t> candidates;               // all B proposed (empty when no draft ran)
+  std::vector<float> confidence;                 // q_k of the B candidates
+  std::vector<std::vector<double>> draft_probs;  // temperature > 0: p_k per candidate
+  int64_t verify_len = 0;
+  model::DraftOutput draft;  // keep_draft
+};
+
 struct SpecStep {
   int64_t anchor_pos = 0;
   int32_t anchor = 0;
@@ -56,6 +69,11 @@ class DsparkDecoder {
   // One speculative step with anchor x_L at L = st.position(). Afterwards st.position() = L + a + 1
   // and the last committed token (the bonus) is the next anchor, not yet run through the target.
   Result<SpecStep> step(model::SequenceState& st, int32_t anchor, const SpecStepOptions& opt);
+  // step() in two halves, for batch scheduling (CpuEngine::speculative_step drafts every item,
+  // chooses the lengths under the budget, then verifies): draft() changes no state; verify()
+  // verifies the first l <= d.verify_len candidates of d with the same options (rng included).
+  Result<SpecDraft> draft(model::SequenceState& st, int32_t anchor, const SpecStepOptions& opt);
+  Result<SpecStep> verify(model::SequenceState& st, SpecDraft d, int64_t l, const SpecStepOptions& opt);
 
  private:
   DsparkDecoder(model::Model* m, model::Dspark d) : m_(m), dspark_(d) {}

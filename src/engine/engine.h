@@ -77,6 +77,22 @@ struct SpecStepItem {
 struct SpecStepResult {
   std::vector<int32_t> tokens;  // committed after the anchor: accepted candidates, then the bonus
   int64_t verified = 0, accepted = 0;
+  int64_t budget_cut = 0;  // candidates the batch budget took off this item's own cap
+  // The draft: all B candidates and their confidences q_k (MODEL_SPEC 3.10.5), verified or not;
+  // empty when no draft ran (a plain step).
+  std::vector<int32_t> candidates;
+  std::vector<float> confidence;
+};
+
+// Options of one speculative_step call (the whole batch).
+struct SpecBatchOptions {
+  // MODEL_SPEC 3.10.9 confidence scheduling under a batch token budget: at most this many
+  // candidates are verified over all items of the call. The engine drafts every item first, then
+  // admits the (item, j) pairs with the highest prefix survival s_j = prod_{i<=j} q_i within each
+  // item's own cap (verify_len, confidence_threshold) — engine/speculative.h
+  // budget_verify_lengths — and verifies [anchor, c_0 .. c_{l-1}] per item. Confidence never
+  // changes which tokens are proposed, so greedy outputs do not depend on it. -1: no budget.
+  int64_t verify_budget = -1;
 };
 
 struct StepOutput {
@@ -149,9 +165,11 @@ class Engine {
   }
   // The draft block size (0 = not available: no draft stages, or off).
   virtual int64_t speculative_block() const { return 0; }
-  // One speculative step per item (distinct sequences). Afterwards each sequence's position is
-  // its anchor's + accepted + 1, and the last result token is its next anchor.
-  virtual Status speculative_step(std::span<const SpecStepItem> items, std::vector<SpecStepResult>* out) {
+  // One speculative step per item (distinct sequences), the verify lengths chosen under
+  // batch.verify_budget. Afterwards each sequence's position is its anchor's + accepted + 1, and
+  // the last result token is its next anchor.
+  virtual Status speculative_step(std::span<const SpecStepItem> items, const SpecBatchOptions& batch,
+                                  std::vector<SpecStepResult>* out) {
     return failed_precondition("this engine has no speculative decoding");
   }
 };

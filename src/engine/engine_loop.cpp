@@ -717,7 +717,10 @@ void EngineLoop::Impl::step_once() {
   StepOutput out;
   Status st = items.empty() ? ok_status() : engine->step(items, &out);
   std::vector<SpecStepResult> spec_out;
-  Status spec_st = spec_items.empty() ? ok_status() : engine->speculative_step(spec_items, &spec_out);
+  Status spec_st =
+      spec_items.empty()
+          ? ok_status()
+          : engine->speculative_step(spec_items, SpecBatchOptions{cfg.speculative_token_budget}, &spec_out);
   const double seconds = static_cast<double>(clock->now_mono_ns() - t0) * 1e-9;
   std::vector<Req*> done;
   if (!spec_st.ok()) {
@@ -726,12 +729,14 @@ void EngineLoop::Impl::step_once() {
       done.push_back(r);
     }
   } else if (!spec_items.empty()) {
-    int64_t new_gen = 0;
+    int64_t new_gen = 0, verified = 0, budget_cut = 0;
     std::vector<int64_t> hist(spec_block + 1, 0);
     for (size_t i = 0; i < spec_reqs.size(); ++i) {
       Req* r = spec_reqs[i];
       const SpecStepResult& res = spec_out[i];
       ++hist[std::clamp<int64_t>(res.accepted, 0, spec_block)];
+      verified += res.verified;
+      budget_cut += res.budget_cut;
       r->computed += 1 + res.accepted;  // the anchor and the accepted candidates are in the state
       bool finished = false;
       FinishReason fin_why = FinishReason::kNone;
@@ -766,6 +771,8 @@ void EngineLoop::Impl::step_once() {
     std::lock_guard<std::mutex> lk(mu);
     stats.generation_tokens += new_gen;
     stats.spec_steps += static_cast<int64_t>(spec_reqs.size());
+    stats.spec_verified += verified;
+    stats.spec_budget_cut += budget_cut;
     if (stats.spec_accepted.size() < hist.size()) stats.spec_accepted.resize(hist.size(), 0);
     for (size_t a = 0; a < hist.size(); ++a) stats.spec_accepted[a] += hist[a];
   }
@@ -879,6 +886,9 @@ Status EngineLoop::start() {
   if (impl_->cfg.image_encoder_jobs < 0)
     return invalid_argument("image_encoder_jobs must be >= 0 (got " +
                             std::to_string(impl_->cfg.image_encoder_jobs) + ")");
+  if (impl_->cfg.speculative_token_budget < -1)
+    return invalid_argument("speculative_token_budget must be >= 0, or -1 for none (got " +
+                            std::to_string(impl_->cfg.speculative_token_budget) + ")");
   std::lock_guard<std::mutex> lk(impl_->mu);
   if (impl_->started) return failed_precondition("the engine loop was already started");
   if (impl_->stopping) return failed_precondition("the engine loop was stopped");

@@ -87,6 +87,10 @@ struct LoopConfig {
   // penalties or logprobs, through Engine::speculative_step (when the engine offers it). Greedy
   // outputs are unchanged; sampled requests decode plainly (their sampler's stream stays the same).
   bool speculative = false;
+  // MODEL_SPEC 3.10.9 confidence scheduling: candidates verified per engine step over all the
+  // step's speculative sequences (SpecBatchOptions::verify_budget; serve
+  // --speculative-token-budget). -1: no budget (every sequence verifies its whole block).
+  int64_t speculative_token_budget = -1;
 };
 
 // The consumer side of one request. Thread-safe.
@@ -128,6 +132,9 @@ struct LoopStats {
   // Speculative steps: spec_accepted[a] = steps that accepted a candidates (a = 0..block).
   int64_t spec_steps = 0;
   std::vector<int64_t> spec_accepted;
+  // Candidates verified by those steps, and candidates the batch token budget took off the
+  // sequences' blocks (LoopConfig::speculative_token_budget).
+  int64_t spec_verified = 0, spec_budget_cut = 0;
 };
 
 class EngineLoop {

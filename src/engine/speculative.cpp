@@ -114,6 +114,20 @@ std::vector<int64_t> schedule_verify_lengths(const std::vector<std::vector<doubl
   return len;
 }
 
+std::vector<int64_t> budget_verify_lengths(const std::vector<std::vector<float>>& confidence,
+                                           std::span<const int64_t> cap, int64_t budget) {
+  DS41_CHECK_EQ(confidence.size(), cap.size(), "budget_verify_lengths: one cap per sequence");
+  std::vector<int64_t> len(cap.begin(), cap.end());
+  if (budget < 0) return len;
+  std::vector<std::vector<double>> survival(confidence.size());
+  for (size_t r = 0; r < confidence.size(); ++r) {
+    DS41_CHECK(cap[r] >= 0 && cap[r] <= static_cast<int64_t>(confidence[r].size()),
+               "budget_verify_lengths: cap outside the drafted block");
+    survival[r] = prefix_survival(std::span<const float>(confidence[r]).first(static_cast<size_t>(cap[r])));
+  }
+  return schedule_verify_lengths(survival, budget);
+}
+
 void AcceptanceStats::add(int64_t accepted, int64_t block) {
   if (static_cast<int64_t>(counts.size()) < block + 1) counts.resize(block + 1, 0);
   ++counts[std::clamp<int64_t>(accepted, 0, block)];

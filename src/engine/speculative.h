@@ -46,6 +46,13 @@ int64_t verify_length(std::span<const float> confidence, double theta);
 // descending (stable: lower r, then lower j first) are admitted; returns l_r per sequence.
 std::vector<int64_t> schedule_verify_lengths(const std::vector<std::vector<double>>& survival,
                                              int64_t budget);
+// One engine step's verify lengths under a batch budget (what Engine::speculative_step applies):
+// confidence[r] holds sequence r's q_0..q_{B-1} (empty: r drafted nothing), cap[r] its own limit
+// (the request's verify_len / threshold, <= confidence[r].size()). budget < 0: every sequence
+// verifies its cap; else schedule_verify_lengths over the survivals cut to the caps, so
+// l_r <= cap[r] and sum l_r <= budget.
+std::vector<int64_t> budget_verify_lengths(const std::vector<std::vector<float>>& confidence,
+                                           std::span<const int64_t> cap, int64_t budget);
 
 // Accepted-length histogram and mean (for /metrics and bench): counts[a] for a = 0..B.
 struct AcceptanceStats {

@@ -638,6 +638,7 @@ Status CudaEngine::enable_speculative() {
 int64_t CudaEngine::speculative_block() const { return spec_ ? model_->config().dspark_block_size : 0; }
 
 Status CudaEngine::speculative_step(std::span<const engine::SpecStepItem> items,
+                                    const engine::SpecBatchOptions& batch,
                                     std::vector<engine::SpecStepResult>* out) {
   if (!spec_) return failed_precondition("speculative decoding is off (CudaEngine::enable_speculative)");
   out->assign(items.size(), engine::SpecStepResult{});
@@ -665,16 +666,76 @@ Status CudaEngine::speculative_step(std::span<const engine::SpecStepItem> items,
   const int64_t per_group =
       std::max<int64_t>(1, std::min({lim.max_step_seqs, lim.max_logit_rows / (B + 1), lim.max_step_tokens / (B + 1),
                                      std::max<int64_t>(1, lim.max_step_tokens / B)}));
+  // 1. Every group's drafts (they read the state only), 2. the verify lengths of the whole call
+  // under the budget (MODEL_SPEC 3.10.9), 3. each group's verification.
+  std::vector<SpecDrafts> drafts;
+  std::vector<std::vector<float>> conf(items.size());
+  std::vector<int64_t> cap(items.size());
   for (size_t g = 0; g < items.size(); g += static_cast<size_t>(per_group)) {
     const size_t n = std::min(items.size() - g, static_cast<size_t>(per_group));
-    DS41_RETURN_IF_ERROR(speculative_group(items.subspan(g, n), std::span(*out).subspan(g, n)));
+    drafts.emplace_back();
+    DS41_RETURN_IF_ERROR(speculative_draft(items.subspan(g, n), &drafts.back()));
+    for (size_t i = 0; i < n; ++i) {
+      cap[g + i] = drafts.back().cap[i];
+      if (drafts.back().draft_of[i] >= 0) conf[g + i] = drafts.back().d[drafts.back().draft_of[i]].confidence;
+    }
+  }
+  const std::vector<int64_t> len = engine::budget_verify_lengths(conf, cap, batch.verify_budget);
+  for (size_t g = 0, k = 0; g < items.size(); g += static_cast<size_t>(per_group), ++k) {
+    const size_t n = std::min(items.size() - g, static_cast<size_t>(per_group));
+    DS41_RETURN_IF_ERROR(speculative_verify(items.subspan(g, n), drafts[k], std::span(len).subspan(g, n),
+                                            std::span(*out).subspan(g, n)));
+    for (size_t i = g; i < g + n; ++i) (*out)[i].budget_cut = cap[i] - len[i];
   }
   return ok_status();
 }
 
-Status CudaEngine::speculative_group(std::span<const engine::SpecStepItem> items,
-                                     std::span<engine::SpecStepResult> out) {
-  const int64_t B = model_->config().dspark_block_size, V = info_.vocab_size;
+Status CudaEngine::speculative_draft(std::span<const engine::SpecStepItem> items, SpecDrafts* dr) {
+  const int64_t B = model_->config().dspark_block_size;
+  const size_t ni = items.size();
+  std::vector<std::mt19937_64*> rng(ni, nullptr);
+  for (size_t i = 0; i < ni; ++i)
+    if (items[i].temperature > 0) rng[i] = &spec_rng_.try_emplace(items[i].seq, items[i].seed).first->second;
+  // The drafts (3.10.4-3.10.6) of the items that verify candidates, in one batch.
+  dr->cap.assign(ni, 0);
+  dr->draft_of.assign(ni, -1);
+  std::vector<GpuDraftInput> din;
+  for (size_t i = 0; i < ni; ++i) {
+    dr->cap[i] = items[i].verify_len < 0 ? B : items[i].verify_len;
+    if (dr->cap[i] > 0) {
+      dr->draft_of[i] = static_cast<int64_t>(din.size());
+      din.push_back(GpuDraftInput{*find(items[i].seq), items[i].anchor});
+    }
+  }
+  dr->draft_p.assign(din.size(), {});
+  std::vector<size_t> item_of(din.size());
+  for (size_t i = 0; i < ni; ++i)
+    if (dr->draft_of[i] >= 0) item_of[dr->draft_of[i]] = i;
+  if (!din.empty()) {
+    GpuDraftOptions dopt;
+    bool any_sampled = false;
+    for (size_t i = 0; i < ni; ++i)
+      any_sampled = any_sampled || (dr->draft_of[i] >= 0 && items[i].temperature > 0);
+    if (any_sampled)
+      dopt.choose = [&](int64_t b, int64_t, std::span<const float> z) -> int32_t {
+        const size_t i = item_of[b];
+        if (items[i].temperature <= 0) return model::argmax_lowest(z);
+        dr->draft_p[b].push_back(engine::tempered_probs(z, items[i].temperature));
+        return engine::draw_from(dr->draft_p[b].back(), *rng[i]);
+      };
+    DS41_RETURN_IF_ERROR(fwd_->draft(din, dopt, &dr->d).with_context("DSpark draft"));
+  }
+  // The items' own caps: the 3.10.9 single-sequence threshold.
+  for (size_t i = 0; i < ni; ++i)
+    if (dr->draft_of[i] >= 0 && items[i].confidence_threshold >= 0)
+      dr->cap[i] = std::min(dr->cap[i], engine::verify_length(dr->d[dr->draft_of[i]].confidence,
+                                                              items[i].confidence_threshold));
+  return ok_status();
+}
+
+Status CudaEngine::speculative_verify(std::span<const engine::SpecStepItem> items, const SpecDrafts& dr,
+                                      std::span<const int64_t> len, std::span<engine::SpecStepResult> out) {
+  const int64_t V = info_.vocab_size;
   const size_t ni = items.size();
   std::vector<GpuSequence*> seq(ni);
   std::vector<std::mt19937_64*> rng(ni, nullptr);
@@ -682,57 +743,32 @@ Status CudaEngine::speculative_group(std::span<const engine::SpecStepItem> items
     seq[i] = *find(items[i].seq);
     if (items[i].temperature > 0) rng[i] = &spec_rng_.try_emplace(items[i].seq, items[i].seed).first->second;
   }
-  // 1. The drafts (3.10.4-3.10.6) of the items that verify candidates, in one batch.
-  std::vector<int64_t> l(ni), draft_of(ni, -1);
-  std::vector<GpuDraftInput> din;
-  for (size_t i = 0; i < ni; ++i) {
-    l[i] = items[i].verify_len < 0 ? B : items[i].verify_len;
-    if (l[i] > 0) {
-      draft_of[i] = static_cast<int64_t>(din.size());
-      din.push_back(GpuDraftInput{seq[i], items[i].anchor});
-    }
-  }
-  std::vector<std::vector<std::vector<double>>> draft_p(din.size());
-  std::vector<size_t> item_of(din.size());
-  for (size_t i = 0; i < ni; ++i)
-    if (draft_of[i] >= 0) item_of[draft_of[i]] = i;
-  std::vector<model::DraftOutput> d;
-  if (!din.empty()) {
-    GpuDraftOptions dopt;
-    bool any_sampled = false;
-    for (size_t i = 0; i < ni; ++i) any_sampled = any_sampled || (draft_of[i] >= 0 && items[i].temperature > 0);
-    if (any_sampled)
-      dopt.choose = [&](int64_t b, int64_t, std::span<const float> z) -> int32_t {
-        const size_t i = item_of[b];
-        if (items[i].temperature <= 0) return model::argmax_lowest(z);
-        draft_p[b].push_back(engine::tempered_probs(z, items[i].temperature));
-        return engine::draw_from(draft_p[b].back(), *rng[i]);
-      };
-    DS41_RETURN_IF_ERROR(fwd_->draft(din, dopt, &d).with_context("DSpark draft"));
-  }
-  // 2. Verify lengths (3.10.9 single-sequence threshold).
+  std::vector<int64_t> l(len.begin(), len.end());
   std::vector<std::vector<int32_t>> vt(ni);
   std::vector<GpuSeqInput> batch(ni);
   for (size_t i = 0; i < ni; ++i) {
-    if (draft_of[i] >= 0 && items[i].confidence_threshold >= 0)
-      l[i] = std::min(l[i], engine::verify_length(d[draft_of[i]].confidence, items[i].confidence_threshold));
+    if (l[i] < 0 || l[i] > dr.cap[i]) return internal_error("DSpark: verify length outside the item's cap");
     vt[i].push_back(items[i].anchor);
-    if (draft_of[i] >= 0) {
-      const auto& c = d[draft_of[i]].candidates;
+    if (dr.draft_of[i] >= 0) {
+      const auto& c = dr.d[dr.draft_of[i]].candidates;
       vt[i].insert(vt[i].end(), c.begin(), c.begin() + l[i]);
     }
     out[i].verified = l[i];
+    if (dr.draft_of[i] >= 0) {
+      out[i].candidates = dr.d[dr.draft_of[i]].candidates;
+      out[i].confidence = dr.d[dr.draft_of[i]].confidence;
+    }
     batch[i].seq = seq[i];
     batch[i].tokens = vt[i];
     batch[i].logits = model::LogitsRows::kAll;
   }
-  // 3. ONE journaled target forward over [x_L, c_0 .. c_{l-1}] of every item (3.10.7).
+  // ONE journaled target forward over [x_L, c_0 .. c_{l-1}] of every item (3.10.7).
   GpuSpecJournal journal;
   GpuForwardOptions fo;
   fo.journal = &journal;
   std::vector<model::SequenceOutput> res;
   DS41_RETURN_IF_ERROR(fwd_->run(batch, fo, &res).with_context("DSpark verification"));
-  // 4. Acceptance on the host (engine/speculative.h).
+  // Acceptance on the host (engine/speculative.h).
   std::vector<int64_t> keep(ni);
   std::vector<std::span<const int32_t>> toks(ni);
   std::vector<GpuContextRows> cr(ni);
@@ -746,7 +782,8 @@ Status CudaEngine::speculative_group(std::span<const engine::SpecStepItem> items
     } else {
       std::vector<double> dp(l[i] * V), tp((l[i] + 1) * V);
       for (int64_t k = 0; k < l[i]; ++k) {
-        const std::vector<double>& p = draft_p[static_cast<size_t>(draft_of[i])][static_cast<size_t>(k)];
+        const std::vector<double>& p =
+            dr.draft_p[static_cast<size_t>(dr.draft_of[i])][static_cast<size_t>(k)];
         std::copy(p.begin(), p.end(), dp.begin() + k * V);
       }
       for (int64_t k = 0; k <= l[i]; ++k) {
@@ -762,7 +799,7 @@ Status CudaEngine::speculative_group(std::span<const engine::SpecStepItem> items
     toks[i] = vt[i];
     cr[i] = GpuContextRows{seq[i], journal.seqs[i].row_begin, journal.seqs[i].before.position, keep[i]};
   }
-  // 5. Roll back the rejected rows (3.10.8), 6. the context rows of L..L+a (3.10.3).
+  // Roll back the rejected rows (3.10.8), then the context rows of L..L+a (3.10.3).
   DS41_RETURN_IF_ERROR(fwd_->rollback_spec(journal, keep, toks).with_context("DSpark rollback"));
   return fwd_->dspark_commit(cr).with_context("DSpark context rows");
 }

@@ -92,13 +92,14 @@ class CudaEngine final : public engine::Engine {
   // enable_speculative allocates the draft rings / buffers (before any sequence exists) and needs
   // max_logit_rows and max_step_tokens >= block + 1; then every forward captures the context
   // features and commits the draft rows of its positions. speculative_step runs, per group of items
-  // that fits the limits, ONE batched draft, ONE journaled verification forward over [anchor,
-  // c_0 .. c_{l-1}] of every item, the acceptance rules of engine/speculative.h on the host, the
-  // device rollback of the rejected rows (GpuForward::rollback_spec) and the context rows of the
-  // committed positions.
+  // that fits the limits, ONE batched draft; then chooses every item's verify length under the
+  // call's budget (MODEL_SPEC 3.10.9, engine::budget_verify_lengths over all groups); then per
+  // group ONE journaled verification forward over [anchor, c_0 .. c_{l-1}] of every item, the
+  // acceptance rules of engine/speculative.h on the host, the device rollback of the rejected rows
+  // (GpuForward::rollback_spec) and the context rows of the committed positions.
   Status enable_speculative() override;
   int64_t speculative_block() const override;
-  Status speculative_step(std::span<const engine::SpecStepItem> items,
+  Status speculative_step(std::span<const engine::SpecStepItem> items, const engine::SpecBatchOptions& batch,
                           std::vector<engine::SpecStepResult>* out) override;
   // Tests: the draft for an anchor at the sequence's position (no state changes), with record
   // (base logits, hidden); the packed draft window rows of stage s for positions [first, first + n).
@@ -106,6 +107,9 @@ class CudaEngine final : public engine::Engine {
   Status draft_window_rows(engine::SeqId seq, int64_t stage, int64_t first, int64_t n, std::vector<uint8_t>* out);
   // Tests: the last forward's captured features of rows [row_begin, row_begin + n).
   Status last_features(int64_t row_begin, int64_t n, std::vector<float>* out) { return fwd_->download_features(row_begin, n, out); }
+  // Tests and `ds41 score`: the main_x rows the last forward committed (GpuForward::download_main_x:
+  // per item its last min(tokens, window) rows, in item order).
+  Status last_main_x(int64_t n, std::vector<float>* out) { return fwd_->download_main_x(n, out); }
 
   // Tests and tools: one step with the reference's logits-row choice and records, outputs per item
   // (positions + logits rows, selections when record). Same validation and splitting as step().
@@ -118,6 +122,7 @@ class CudaEngine final : public engine::Engine {
                         model::SequenceOutput* out);
 
   const KvBlockPool& pool() const { return pool_; }
+  const DeviceModel& device_model() const { return *model_; }
   const GpuForward& executor() const { return *fwd_; }
   // The vision tower (null without vision_config or with CudaEngineOptions::vision false); tests
   // and benchmarks run it directly (vit_out, timing).
@@ -131,7 +136,17 @@ class CudaEngine final : public engine::Engine {
   Status forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
                         const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out);
   void release(GpuSequence& s);
-  Status speculative_group(std::span<const engine::SpecStepItem> items, std::span<engine::SpecStepResult> out);
+  // speculative_step per group of items: the drafts (no state change; cap = the item's own verify
+  // length after verify_len and the threshold), then, with the lengths chosen under the budget
+  // (len[i] <= cap[i]), the verification, acceptance, rollback and context rows.
+  struct SpecDrafts {
+    std::vector<int64_t> cap, draft_of;  // per item; draft_of: index into d, -1 = no draft
+    std::vector<model::DraftOutput> d;
+    std::vector<std::vector<std::vector<double>>> draft_p;  // per draft: p_k (sampled items)
+  };
+  Status speculative_draft(std::span<const engine::SpecStepItem> items, SpecDrafts* dr);
+  Status speculative_verify(std::span<const engine::SpecStepItem> items, const SpecDrafts& dr,
+                            std::span<const int64_t> len, std::span<engine::SpecStepResult> out);
   // Host copies behind a StateView of `s` (export): per source the entries [first[j], first[j] +
   // rows[j]); with `bounded` also the rings and pending groups.
   struct HostRows {

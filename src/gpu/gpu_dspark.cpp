@@ -147,6 +147,7 @@ Status GpuForward::dspark_commit(std::span<const GpuContextRows> rows) {
   }
   const int64_t m = static_cast<int64_t>(idx.size());
   if (m > lim_.max_step_tokens) return internal_error("DSpark: more context rows than feature rows");
+  ds_.main_x_rows = m;
   if (m > 0) {
     meta_off_ = 0;
     meta_overflow_ = false;
@@ -422,6 +423,19 @@ Status GpuForward::download_features(int64_t row_begin, int64_t n, std::vector<f
                                                          out->size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
                                          "download features"));
   return cuda::cuda_status(cudaStreamSynchronize(stream_), "download features");
+}
+
+Status GpuForward::download_main_x(int64_t n, std::vector<float>* out) {
+  if (!ds_.on) return failed_precondition("DSpark is not enabled on the GPU forward");
+  if (n < 0 || n > ds_.main_x_rows)
+    return out_of_range("DSpark: " + std::to_string(n) + " main_x rows asked, the last commit computed " +
+                        std::to_string(ds_.main_x_rows));
+  const int64_t H = c_->hidden_size;
+  out->assign(static_cast<size_t>(n * H), 0.0f);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(out->data(), ds_.main_x, out->size() * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+      "download main_x"));
+  return cuda::cuda_status(cudaStreamSynchronize(stream_), "download main_x");
 }
 
 }  // namespace ds41::gpu

@@ -146,6 +146,10 @@ class GpuForward {
                              std::vector<uint8_t>* out);
   // The last forward's captured features to the host (tests): rows [row_begin, row_begin + n).
   Status download_features(int64_t row_begin, int64_t n, std::vector<float>* out);
+  // The main_x rows (MODEL_SPEC 3.10.2, [rows, hidden]) the LAST dspark_commit computed, to the host
+  // (tests, `ds41 score`): in commit order — per item of that commit (items with n > 0, in order)
+  // its last min(n, window) rows. OutOfRange when n exceeds the rows of that commit.
+  Status download_main_x(int64_t n, std::vector<float>* out);
 
  private:
   struct PlanSeq {
@@ -288,6 +292,7 @@ class GpuForward {
     uint8_t* ring_save = nullptr;
     float *pend_save = nullptr, *jca = nullptr, *jcb = nullptr, *rscratch = nullptr;
     int64_t jrows = 0;  // seqs * J
+    int64_t main_x_rows = 0;  // rows of main_x the last dspark_commit computed
   } ds_;
   GpuSpecJournal* journal_ = nullptr;  // the running forward's journal
   std::vector<std::pair<int64_t, int64_t>> jpend_;  // (plan sequence, pending row) written this call

@@ -98,6 +98,12 @@ std::string ServerMetrics::render(const engine::LoopStats& st) const {
         st.cached_tokens);
   // DSpark speculative decoding (MODEL_SPEC 3.10): accepted candidates per sequence step.
   gauge("ds41_spec_decode_steps_total", "Speculative (DSpark) sequence steps.", "counter", st.spec_steps);
+  // MODEL_SPEC 3.10.9: candidates verified, and those the batch token budget
+  // (--speculative-token-budget) took off the sequences' blocks.
+  gauge("ds41_spec_decode_verified_tokens_total", "Draft candidates verified by speculative steps.",
+        "counter", st.spec_verified);
+  gauge("ds41_spec_decode_budget_cut_tokens_total",
+        "Draft candidates not verified because of the batch token budget.", "counter", st.spec_budget_cut);
   o += "# HELP ds41_spec_decode_accepted_total Speculative sequence steps by accepted candidates.\n"
        "# TYPE ds41_spec_decode_accepted_total counter\n";
   int64_t accepted_sum = 0;

@@ -9,18 +9,13 @@
 #include <map>
 
 #include "engine/dspark_score.h"
+#include "golden/dspark_golden_compare.h"
 #include "golden/golden_arrays.h"
 #include "model/dspark.h"
 #include "quant/fake_quant.h"
 
 namespace ds41::testing {
 namespace {
-
-constexpr double kTolRow = 1e-3;     // features, main_x, hidden: e_r per row
-constexpr double kTolLogits = 5e-3;  // base logits: e_r per row
-constexpr double kTolConf = 2e-3;    // confidence, survival: max |d|
-constexpr double kTolConfLogit = 1e-2;
-constexpr double kKvFlip = 2e-3, kKvMax = 0.5, kKvFlipFrac = 0.05;
 
 class GoldenDspark : public ::testing::Test {
  protected:
@@ -38,46 +33,6 @@ class GoldenDspark : public ::testing::Test {
 TestModel* GoldenDspark::tm_ = nullptr;
 GoldenFile* GoldenDspark::gold_ = nullptr;
 
-// The compare rules of make_goldens.py compare (kind "dspark").
-void expect_matches(const GoldenFile& g, const engine::NamedArray& a) {
-  SCOPED_TRACE(a.name);
-  if (!a.i32.empty()) {
-    auto gv = g.get<int32_t>(a.name);
-    ASSERT_EQ(gv.shape, a.shape);
-    if (a.name.find("router_experts") != std::string::npos) {
-      const int64_t k = a.shape.back();
-      for (size_t r = 0; r * k < a.i32.size(); ++r)
-        EXPECT_EQ(id_set(&gv.v[r * k], k), id_set(&a.i32[r * k], k)) << "row " << r;
-    } else {
-      EXPECT_EQ(gv.v, a.i32);
-    }
-    return;
-  }
-  auto gv = g.get<float>(a.name);
-  ASSERT_EQ(gv.shape, a.shape);
-  const int64_t w = a.shape.back(), rows = static_cast<int64_t>(a.f32.size()) / w;
-  const bool conf = a.name.ends_with("confidence") || a.name.ends_with("survival");
-  if (conf || a.name.ends_with("confidence_logits")) {
-    double mx = 0;
-    for (size_t i = 0; i < a.f32.size(); ++i) mx = std::max(mx, std::fabs(double(a.f32[i]) - gv.v[i]));
-    EXPECT_LE(mx, conf ? kTolConf : kTolConfLogit);
-    return;
-  }
-  double worst = 0;
-  int64_t flips = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double e = row_error(&gv.v[r * w], &a.f32[r * w], w);
-    worst = std::max(worst, e);
-    flips += e > kKvFlip;
-  }
-  if (a.name.ends_with("window_kv") || a.name.ends_with("block_kv")) {
-    EXPECT_LE(worst, kKvMax);
-    EXPECT_LE(flips, std::max<int64_t>(1, static_cast<int64_t>(kKvFlipFrac * rows)));
-  } else {
-    EXPECT_LE(worst, a.name.ends_with("base_logits") ? kTolLogits : kTolRow);
-  }
-}
-
 TEST_F(GoldenDspark, ContextDraftAndWalk) {
   ASSERT_TRUE(tm_->model);
   engine::DsparkScoreInput in;
@@ -90,7 +45,7 @@ TEST_F(GoldenDspark, ContextDraftAndWalk) {
   int compared = 0;
   for (const engine::NamedArray& a : *arrays) {
     ASSERT_TRUE(gold_->has(a.name)) << a.name;
-    expect_matches(*gold_, a);
+    expect_dspark_matches(*gold_, a);
     ++compared;
   }
   EXPECT_EQ(compared, 26);  // every golden array but seq.input_ids and seq.prompt_len
@@ -128,8 +83,8 @@ TEST_F(GoldenDspark, DraftOnGoldenWindowRows) {
     ASSERT_TRUE(ds->draft(std::span<const model::DraftInput>(&di, 1), opt, &out).ok());
     for (int64_t k = 0; k < B; ++k) {
       EXPECT_EQ(out[0].candidates[k], cands.v[a * B + k]) << "k " << k;
-      EXPECT_LE(row_error(&base.v[(a * B + k) * V], &out[0].base_logits[k * V], V), kTolLogits);
-      EXPECT_LE(std::fabs(out[0].confidence[k] - conf.v[a * B + k]), kTolConf);
+      EXPECT_LE(row_error(&base.v[(a * B + k) * V], &out[0].base_logits[k * V], V), kDsparkTolLogits);
+      EXPECT_LE(std::fabs(out[0].confidence[k] - conf.v[a * B + k]), kDsparkTolConf);
     }
   }
 }

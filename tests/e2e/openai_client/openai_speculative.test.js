@@ -5,7 +5,10 @@
 //   - the speculative server really decoded speculatively (/metrics: steps, accepted histogram);
 //   - a repeated prompt is restored from the prefix cache (cached_tokens) and still answers the
 //     same (the restored sequence's draft restarts with no context rows);
-//   - a sampled request (temperature > 0, seeded) decodes plainly and matches the plain server.
+//   - a sampled request (temperature > 0, seeded) decodes plainly and matches the plain server;
+//   - a third server with `--speculative-token-budget 3` (MODEL_SPEC 3.10.9: at most 3 candidates
+//     verified per engine step over all sequences, < one block) answers concurrent greedy requests
+//     the same, and /metrics counts the candidates the budget cut.
 //
 //   node --test openai_speculative.test.js   with DS41=<ds41 binary> DS41_SHARED=<../shared>
 'use strict';
@@ -22,7 +25,7 @@ if (!DS41 || !SHARED) throw new Error('set DS41 (the binary) and DS41_SHARED (th
 const KEY = 'sk-e2e-spec';
 const AUTH = { Authorization: `Bearer ${KEY}` };
 const MODEL_DIR = path.join(SHARED, 'golden', 'v41-tiny-dspark-public');
-let spec, plain, specClient, plainClient;
+let spec, plain, budget, specClient, plainClient, budgetClient;
 
 // Token-id prompts (the golden model's vocabulary is 2048 ids): a fixed LCG, ids in [3, 2047].
 function ids(n, seed) {
@@ -40,13 +43,16 @@ test.before(async () => {
     path.join(SHARED, 'tokenizer-v41'), '-q'];
   spec = await S.startServer(DS41, MODEL_DIR, [...common, '--speculative', 'dspark']);
   plain = await S.startServer(DS41, MODEL_DIR, [...common, '--speculative', 'off']);
+  budget = await S.startServer(DS41, MODEL_DIR,
+    [...common, '--speculative', 'dspark', '--speculative-token-budget', '3']);
   const opts = { apiKey: KEY, maxRetries: 0, timeout: 120000 };
   specClient = new OpenAI({ ...opts, baseURL: spec.url + '/v1' });
   plainClient = new OpenAI({ ...opts, baseURL: plain.url + '/v1' });
+  budgetClient = new OpenAI({ ...opts, baseURL: budget.url + '/v1' });
 });
 
 test.after(async () => {
-  for (const srv of [spec, plain]) {
+  for (const srv of [spec, plain, budget]) {
     if (!srv) continue;
     const r = await srv.stop('SIGTERM');
     assert.equal(r.code, 0, 'ds41 serve exit code on SIGTERM:\n' + srv.stderr());
@@ -91,4 +97,20 @@ test('a sampled request decodes plainly and matches the plain server for the sam
   const extra = { temperature: 0.8, seed: 1234, max_tokens: 24 };
   const [a, b] = await Promise.all([ask(specClient, p, extra), ask(plainClient, p, extra)]);
   assert.equal(a.choices[0].text, b.choices[0].text);
+});
+
+test('--speculative-token-budget cuts verify lengths and keeps the greedy answers', async () => {
+  const prompts = [ids(60, 11), ids(90, 12), ids(140, 13)];
+  const [got, want] = await Promise.all([
+    Promise.all(prompts.map((p) => ask(budgetClient, p))),
+    Promise.all(prompts.map((p) => ask(plainClient, p))),
+  ]);
+  for (let i = 0; i < prompts.length; ++i)
+    assert.equal(got[i].choices[0].text, want[i].choices[0].text, `prompt ${i}`);
+  const m = await S.metrics(budget.url, AUTH);
+  assert.ok(m.ds41_spec_decode_steps_total > 0, 'the budget server decoded speculatively');
+  assert.ok(m.ds41_spec_decode_verified_tokens_total > 0, 'candidates were verified');
+  assert.ok(m.ds41_spec_decode_budget_cut_tokens_total > 0, 'the budget cut candidates');
+  const ms = await S.metrics(spec.url, AUTH);
+  assert.equal(ms.ds41_spec_decode_budget_cut_tokens_total, 0, 'no budget: nothing cut');
 });

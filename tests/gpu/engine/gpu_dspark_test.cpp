@@ -7,12 +7,15 @@
 //     counts, Engram look-back, position) equals the plain decode's bit for bit. On the golden model
 //     the walk (candidates, accepted lengths, bonus tokens) also matches walk.* where it overlaps.
 //   - BatchOfSequencesLossless: three sequences in every speculative_step call;
+//     BatchTokenBudgetIsRespectedAndLossless: the same under a batch token budget (MODEL_SPEC
+//     3.10.9): each call verifies exactly min(budget, B x items) candidates, outputs unchanged;
 //   - StateAfterEachVerifyLength: one speculative step per verify length 0..B, the state against the
 //     plain decode's; SampledStepsKeepThePlainState: T > 0 steps (same seed, same tokens; the state
 //     equals a plain decode of what was committed).
 //   - The goldens: context features (the last forward's capture), the draft window rows of the
 //     last W positions, the draft at the 8 golden anchors (candidates exact, confidences, base
-//     logits, hidden and the block's KV rows within the README's tolerances, stage routers as sets), and the same drafts from the CPU reference.
+//     logits, hidden and the block's KV rows within the README's tolerances, stage routers as sets), and the
+//     same drafts from the CPU reference.
 // Sizes: the real device runs the full lengths (past the window, top-k and candidate-pool limits
 // of both configs, 200+ generated tokens); DS41_DSPARK_TEST_SMALL=1 shrinks the golden runs for the
 // host emulator (scripts/cuda-host-emu/run_engine.sh) and skips the `small` preset there.
@@ -93,7 +96,7 @@ SpecRun spec_greedy(gpu::CudaEngine& e, engine::SeqId s, std::span<const int32_t
       if (step % 5 == 3) si.confidence_threshold = 0.3;
     }
     std::vector<engine::SpecStepResult> res;
-    st = e.speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res);
+    st = e.speculative_step(std::span<const engine::SpecStepItem>(&si, 1), engine::SpecBatchOptions{}, &res);
     EXPECT_TRUE(st.ok()) << st.message();
     if (!st.ok()) break;
     EXPECT_EQ(static_cast<int64_t>(res[0].tokens.size()), res[0].accepted + 1);
@@ -242,7 +245,9 @@ TEST(GpuDspark, StateAfterEachVerifyLength) {
     si.anchor = argmax_of(so.logits.data(), V);
     si.verify_len = vl;
     std::vector<engine::SpecStepResult> res;
-    ASSERT_TRUE(spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res).ok());
+    ASSERT_TRUE(spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1),
+                                       engine::SpecBatchOptions{}, &res)
+                    .ok());
     std::cout << "verify_len " << vl << ": accepted " << res[0].accepted << " of " << res[0].verified << "\n";
     // Plain: the prompt, then the anchor and the accepted candidates one token at a time.
     engine::StepItem pi{*sp, prompt, true};
@@ -298,7 +303,8 @@ TEST(GpuDspark, SampledStepsKeepThePlainState) {
       si.temperature = 0.8;
       si.seed = 1234;
       std::vector<engine::SpecStepResult> res;
-      Status st = spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1), &res);
+      Status st = spec->speculative_step(std::span<const engine::SpecStepItem>(&si, 1),
+                                         engine::SpecBatchOptions{}, &res);
       ASSERT_TRUE(st.ok()) << st.message();
       for (int32_t x : res[0].tokens) {
         EXPECT_GE(x, 0);
@@ -324,8 +330,10 @@ TEST(GpuDspark, SampledStepsKeepThePlainState) {
 
 // Three sequences (different prompt lengths, so different ring slots, pending halves and verify
 // outcomes) in every speculative_step call: tokens and states equal per-sequence plain decodes.
-TEST(GpuDspark, BatchOfSequencesLossless) {
-  DS41_SKIP_WITHOUT_GPU();
+// budget < 0: verify lengths mixed per item (2 or the whole block); budget >= 0 (MODEL_SPEC 3.10.9,
+// SpecBatchOptions::verify_budget): every item asks for the whole block and each call verifies
+// exactly min(budget, B x items) candidates, verified + budget_cut = B per item, and the budget cuts.
+void batch_lossless(int64_t budget) {
   GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");
   const std::vector<int32_t> full = golden_prompt(g);
   auto dev = load_device_model(dspark_golden_dir());
@@ -334,6 +342,7 @@ TEST(GpuDspark, BatchOfSequencesLossless) {
   const std::vector<size_t> lens = emulator_sizes() ? std::vector<size_t>{9, 12} : std::vector<size_t>{44, 31, 20};
   auto spec = spec_engine(*dev, true);
   auto plain = spec_engine(*dev, false);
+  const int64_t B = spec->speculative_block();
   const size_t ns = lens.size();
   std::vector<engine::SeqId> ss(ns), sp(ns);
   std::vector<std::vector<int32_t>> got(ns), want(ns);
@@ -347,6 +356,7 @@ TEST(GpuDspark, BatchOfSequencesLossless) {
     got[i].push_back(argmax_of(so.logits.data(), V));
     want[i] = plain_greedy(*plain, sp[i], prompt, 1);
   }
+  int64_t cut_calls = 0;
   for (int64_t step = 0;; ++step) {
     std::vector<engine::SpecStepItem> items;
     std::vector<size_t> which;
@@ -355,17 +365,29 @@ TEST(GpuDspark, BatchOfSequencesLossless) {
         engine::SpecStepItem si;
         si.seq = ss[i];
         si.anchor = got[i].back();
-        si.verify_len = (step + static_cast<int64_t>(i)) % 3 == 2 ? 2 : -1;
+        if (budget < 0) si.verify_len = (step + static_cast<int64_t>(i)) % 3 == 2 ? 2 : -1;
         items.push_back(si);
         which.push_back(i);
       }
     if (items.empty()) break;
     std::vector<engine::SpecStepResult> res;
-    Status st = spec->speculative_step(items, &res);
+    Status st = spec->speculative_step(items, engine::SpecBatchOptions{budget}, &res);
     ASSERT_TRUE(st.ok()) << st.message();
-    for (size_t k = 0; k < which.size(); ++k)
+    int64_t verified = 0, cut = 0;
+    for (size_t k = 0; k < which.size(); ++k) {
+      verified += res[k].verified;
+      cut += res[k].budget_cut;
+      if (budget >= 0) EXPECT_EQ(res[k].verified + res[k].budget_cut, B) << "call " << step << " item " << k;
       for (int32_t t : res[k].tokens) got[which[k]].push_back(t);
+    }
+    if (budget >= 0)
+      EXPECT_EQ(verified, std::min<int64_t>(budget, B * static_cast<int64_t>(items.size())))
+          << "call " << step;
+    else
+      EXPECT_EQ(cut, 0);
+    cut_calls += cut > 0;
   }
+  if (budget >= 0) EXPECT_GT(cut_calls, 0) << "the budget should cut";
   for (size_t i = 0; i < ns; ++i) {
     // Plain: continue one token at a time to the same length (the last token is not run).
     while (want[i].size() < got[i].size()) {
@@ -377,6 +399,18 @@ TEST(GpuDspark, BatchOfSequencesLossless) {
     EXPECT_EQ(want[i], got[i]) << "sequence " << i;
     expect_same_state(*dev, *plain, sp[i], *spec, ss[i], 16);
   }
+}
+
+TEST(GpuDspark, BatchOfSequencesLossless) {
+  DS41_SKIP_WITHOUT_GPU();
+  batch_lossless(-1);
+}
+
+// MODEL_SPEC 3.10.9 on the GPU engine: a budget below one block per sequence (3 sequences x 5
+// candidates > 6; on the emulator 2 x 5 > 3).
+TEST(GpuDspark, BatchTokenBudgetIsRespectedAndLossless) {
+  DS41_SKIP_WITHOUT_GPU();
+  batch_lossless(emulator_sizes() ? 3 : 6);
 }
 
 TEST(GpuDspark, LosslessGreedySmallPreset) {

@@ -6,16 +6,17 @@
 //     rows, half pair, Engram, position, draft rings) equals the plain decode's bit for bit;
 //   - sampled mode: speculative rejection sampling reproduces the target distribution (chi-square
 //     on a 6-token vocabulary with the pure rule, and on the tiny model's first committed token);
-//   - confidence scheduling picks prefixes.
+//   - confidence scheduling picks prefixes; under a batch token budget (CpuEngine and the engine
+//     loop, SpecBatchOptions / LoopConfig::speculative_token_budget) no step verifies more than the
+//     budget, the budget cuts, and greedy outputs are unchanged.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 
 #include "core/clock.h"
-#include "kvcache/metrics.h"
-
 #include "engine/cpu_engine.h"
 #include "engine/dspark_decoder.h"
 #include "engine/engine_loop.h"
@@ -23,39 +24,12 @@
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "golden/golden_arrays.h"
+#include "kvcache/metrics.h"
+#include "support/chi_square.h"
 #include "support/state_compare.h"
 
 namespace ds41::testing {
 namespace {
-
-// Chi-square critical value at alpha = 1e-3 (Wilson-Hilferty): a correct sampler fails 1 in 1000.
-double chi2_crit(int64_t df) {
-  const double z = 3.0902, d = static_cast<double>(df);
-  const double t = 1 - 2 / (9 * d) + z * std::sqrt(2 / (9 * d));
-  return d * t * t * t;
-}
-
-// Pearson chi-square of counts against probabilities; bins with expected < 5 are pooled.
-std::pair<double, int64_t> chi2(const std::vector<int64_t>& counts, const std::vector<double>& probs,
-                                int64_t n) {
-  double stat = 0, pool_e = 0;
-  int64_t pool_o = 0, bins = 0;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    const double e = probs[i] * static_cast<double>(n);
-    if (e < 5) {
-      pool_e += e;
-      pool_o += counts[i];
-      continue;
-    }
-    stat += (counts[i] - e) * (counts[i] - e) / e;
-    ++bins;
-  }
-  if (pool_e > 0) {
-    stat += (pool_o - pool_e) * (pool_o - pool_e) / std::max(pool_e, 1e-9);
-    ++bins;
-  }
-  return {stat, bins - 1};
-}
 
 class DsparkSpec : public ::testing::Test {
  protected:
@@ -217,7 +191,7 @@ TEST_F(DsparkSpec, CpuEngineSpeculativeStepIsLossless) {
     std::vector<engine::SpecStepItem> items;
     for (size_t i = 0; i < prompts.size(); ++i) items.push_back({ids[i], gen[i].back()});
     std::vector<engine::SpecStepResult> res;
-    ASSERT_TRUE(eng.speculative_step(items, &res).ok());
+    ASSERT_TRUE(eng.speculative_step(items, engine::SpecBatchOptions{}, &res).ok());
     for (size_t i = 0; i < prompts.size(); ++i)
       gen[i].insert(gen[i].end(), res[i].tokens.begin(), res[i].tokens.end());
   }
@@ -225,6 +199,171 @@ TEST_F(DsparkSpec, CpuEngineSpeculativeStepIsLossless) {
     gen[i].resize(N);
     EXPECT_EQ(gen[i], ref[i]) << "prompt " << i;
   }
+}
+
+// MODEL_SPEC 3.10.9 under a batch token budget, through the Engine interface: three sequences per
+// speculative_step with a budget of 6 candidates (< 3 x 5): every call verifies exactly
+// min(budget, sum of the caps) candidates, each item's verified + budget_cut is its block, the
+// budget actually cuts, and the greedy tokens are still the plain engine's.
+TEST_F(DsparkSpec, CpuEngineBatchBudgetCutsLengthsLosslessly) {
+  ASSERT_TRUE(tm_->model);
+  model::Model& m = *tm_->model;
+  const int64_t N = 60, budget = 6;
+  const std::vector<std::vector<int32_t>> prompts = {golden_prompt(), random_prompt(70, 9),
+                                                     random_prompt(50, 13)};
+  engine::CpuEngine eng(&m, "tiny");
+  ASSERT_TRUE(eng.enable_speculative().ok());
+  const int64_t B = eng.speculative_block();
+  ASSERT_EQ(B, 5);
+  ASSERT_LT(budget, B * static_cast<int64_t>(prompts.size()));
+  std::vector<engine::SeqId> ids;
+  std::vector<std::vector<int32_t>> gen(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ids.push_back(*eng.create_sequence());
+    engine::StepOutput o;
+    std::vector<engine::StepItem> it = {{ids[i], prompts[i], true}};
+    ASSERT_TRUE(eng.step(it, &o).ok());
+    gen[i].push_back(engine::argmax_token(o.logits));
+  }
+  int64_t steps = 0, cut_steps = 0, uneven_steps = 0;
+  for (;;) {
+    std::vector<engine::SpecStepItem> items;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < prompts.size(); ++i)
+      if (static_cast<int64_t>(gen[i].size()) < N) {
+        items.push_back({ids[i], gen[i].back()});
+        which.push_back(i);
+      }
+    if (items.empty()) break;
+    std::vector<engine::SpecStepResult> res;
+    Status st = eng.speculative_step(items, engine::SpecBatchOptions{budget}, &res);
+    ASSERT_TRUE(st.ok()) << st.message();
+    int64_t verified = 0, cut = 0;
+    std::set<int64_t> lens;
+    for (size_t k = 0; k < items.size(); ++k) {
+      EXPECT_EQ(res[k].verified + res[k].budget_cut, B) << "step " << steps << " item " << k;
+      EXPECT_LE(res[k].accepted, res[k].verified);
+      verified += res[k].verified;
+      cut += res[k].budget_cut;
+      lens.insert(res[k].verified);
+      gen[which[k]].insert(gen[which[k]].end(), res[k].tokens.begin(), res[k].tokens.end());
+    }
+    EXPECT_EQ(verified, std::min<int64_t>(budget, B * static_cast<int64_t>(items.size())))
+        << "step " << steps;
+    cut_steps += cut > 0;
+    uneven_steps += lens.size() > 1;
+    ++steps;
+  }
+  std::printf("[ dspark ] budget %lld: %lld steps, %lld cut by the budget, %lld with unequal lengths\n",
+              static_cast<long long>(budget), static_cast<long long>(steps),
+              static_cast<long long>(cut_steps), static_cast<long long>(uneven_steps));
+  EXPECT_GT(cut_steps, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::unique_ptr<model::SequenceState> unused;
+    gen[i].resize(N);
+    EXPECT_EQ(gen[i], plain_greedy(prompts[i], N, &unused)) << "prompt " << i;
+  }
+}
+
+// An Engine that forwards to a CpuEngine and records, per speculative_step call, the candidates
+// verified and the budget the loop passed.
+class RecordingEngine : public engine::Engine {
+ public:
+  explicit RecordingEngine(engine::Engine* inner) : inner_(inner) {}
+  const engine::EngineInfo& info() const override { return inner_->info(); }
+  Result<engine::SeqId> create_sequence() override { return inner_->create_sequence(); }
+  Result<engine::SeqId> fork_sequence(engine::SeqId s) override { return inner_->fork_sequence(s); }
+  Status free_sequence(engine::SeqId s) override { return inner_->free_sequence(s); }
+  Result<int64_t> sequence_position(engine::SeqId s) const override { return inner_->sequence_position(s); }
+  Result<int64_t> sequence_bytes(engine::SeqId s) const override { return inner_->sequence_bytes(s); }
+  int64_t bytes_for_tokens(int64_t t) const override { return inner_->bytes_for_tokens(t); }
+  int64_t live_sequences() const override { return inner_->live_sequences(); }
+  Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override {
+    return inner_->step(items, out);
+  }
+  Status enable_speculative() override { return inner_->enable_speculative(); }
+  int64_t speculative_block() const override { return inner_->speculative_block(); }
+  Status speculative_step(std::span<const engine::SpecStepItem> items, const engine::SpecBatchOptions& batch,
+                          std::vector<engine::SpecStepResult>* out) override {
+    Status st = inner_->speculative_step(items, batch, out);
+    if (st.ok()) {
+      Call c{static_cast<int64_t>(items.size()), batch.verify_budget, 0, 0};
+      for (const auto& r : *out) {
+        c.verified += r.verified;
+        c.cut += r.budget_cut;
+      }
+      calls.push_back(c);
+    }
+    return st;
+  }
+  struct Call {
+    int64_t items, budget, verified, cut;
+  };
+  std::vector<Call> calls;  // written by the loop thread; read after stop()
+
+ private:
+  engine::Engine* inner_;
+};
+
+// The serving path: the engine loop passes LoopConfig::speculative_token_budget to every
+// speculative_step; three greedy requests decode together under a budget of 4 candidates per
+// step: no step verifies more, the budget cuts, /metrics' counters add up, and every request gets
+// the plain greedy tokens.
+TEST_F(DsparkSpec, EngineLoopTokenBudgetIsRespectedAndLossless) {
+  ASSERT_TRUE(tm_->model);
+  model::Model& m = *tm_->model;
+  const std::vector<std::vector<int32_t>> prompts = {golden_prompt(), random_prompt(60, 3),
+                                                     random_prompt(40, 8)};
+  const int64_t N = 40, budget = 4;
+  engine::CpuEngine cpu(&m, "tiny");
+  RecordingEngine eng(&cpu);
+  ASSERT_TRUE(eng.enable_speculative().ok());
+  engine::LoopConfig cfg;
+  cfg.max_batch_tokens = 256;
+  cfg.max_running = 4;
+  cfg.speculative = true;
+  cfg.speculative_token_budget = budget;
+  engine::EngineLoop loop(&eng, cfg);
+  ASSERT_TRUE(loop.start().ok());
+  std::vector<std::shared_ptr<engine::RequestStream>> streams;
+  for (const auto& p : prompts) {
+    engine::GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = N;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    streams.push_back(*loop.submit(r));
+  }
+  for (size_t k = 0; k < streams.size(); ++k) {
+    std::vector<engine::TokenEvent> evs;
+    while (streams[k]->next(&evs, std::chrono::milliseconds(60000))) {
+    }
+    std::vector<int32_t> toks;
+    for (const auto& e : evs)
+      if (e.token >= 0) toks.push_back(e.token);
+    std::unique_ptr<model::SequenceState> unused;
+    EXPECT_EQ(toks, plain_greedy(prompts[k], N, &unused)) << "prompt " << k;
+  }
+  const engine::LoopStats st = loop.stats();
+  loop.stop(std::chrono::milliseconds(1000));
+  ASSERT_FALSE(eng.calls.empty());
+  int64_t verified = 0, cut = 0, multi = 0;
+  for (const auto& c : eng.calls) {
+    EXPECT_EQ(c.budget, budget);
+    EXPECT_LE(c.verified, budget) << "a step verified more candidates than the budget";
+    verified += c.verified;
+    cut += c.cut;
+    multi += c.items > 1;
+  }
+  std::printf(
+      "[ dspark ] loop budget %lld: %zu speculative calls (%lld with several sequences), %lld verified, "
+      "%lld cut\n",
+      static_cast<long long>(budget), eng.calls.size(), static_cast<long long>(multi),
+      static_cast<long long>(verified), static_cast<long long>(cut));
+  EXPECT_GT(multi, 0) << "the requests should decode together";
+  EXPECT_GT(cut, 0) << "the budget should cut some blocks";
+  EXPECT_EQ(st.spec_verified, verified);
+  EXPECT_EQ(st.spec_budget_cut, cut);
 }
 
 // The engine loop with speculative decoding on: greedy requests (batched with a sampled one, which
@@ -473,6 +612,13 @@ TEST(SpeculativeRules, GreedyAcceptanceAndScheduling) {
        engine::prefix_survival(std::vector<float>{0.99f, 0.99f, 0.1f, 0.9f, 0.9f})},
       4);
   EXPECT_EQ(lens, (std::vector<int64_t>{2, 2}));
+  // With per-sequence caps (verify_len / threshold) and no draft (empty, cap 0).
+  const std::vector<std::vector<float>> conf = {q, {0.99f, 0.99f, 0.1f, 0.9f, 0.9f}, {}};
+  const std::vector<int64_t> cap = {5, 1, 0};
+  EXPECT_EQ(engine::budget_verify_lengths(conf, cap, -1), cap);
+  EXPECT_EQ(engine::budget_verify_lengths(conf, cap, 0), (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(engine::budget_verify_lengths(conf, cap, 4), (std::vector<int64_t>{3, 1, 0}));  // .99 .9 .45 .405
+  EXPECT_EQ(engine::budget_verify_lengths(conf, cap, 100), cap);
 }
 
 }  // namespace
