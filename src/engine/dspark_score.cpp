@@ -6,17 +6,42 @@
 
 #include "engine/dspark_decoder.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 
 namespace ds41::engine {
-namespace {
 
-NamedArray f32(std::string name, std::vector<int64_t> shape, std::vector<float> v) {
+NamedArray named_f32(std::string name, std::vector<int64_t> shape, std::vector<float> v) {
   return NamedArray{std::move(name), std::move(shape), std::move(v), {}};
 }
-NamedArray i32(std::string name, std::vector<int64_t> shape, std::vector<int32_t> v) {
+NamedArray named_i32(std::string name, std::vector<int64_t> shape, std::vector<int32_t> v) {
   return NamedArray{std::move(name), std::move(shape), {}, std::move(v)};
 }
 
+void DsparkWalkArrays::add(int64_t anchor_pos, int32_t anchor, std::span<const int32_t> candidates,
+                           std::span<const float> confidence, int64_t accepted, int32_t bonus) {
+  apos_.push_back(static_cast<int32_t>(anchor_pos));
+  atok_.push_back(anchor);
+  cands_.insert(cands_.end(), candidates.begin(), candidates.end());
+  conf_.insert(conf_.end(), confidence.begin(), confidence.end());
+  for (double v : prefix_survival(confidence)) surv_.push_back(static_cast<float>(v));
+  accepted_.push_back(static_cast<int32_t>(accepted));
+  bonus_.push_back(bonus);
+}
+
+void DsparkWalkArrays::emit(int64_t block, std::vector<NamedArray>* out) const {
+  const int64_t steps = static_cast<int64_t>(apos_.size());
+  out->push_back(named_i32("walk.anchor_pos", {steps}, apos_));
+  out->push_back(named_i32("walk.anchor_token", {steps}, atok_));
+  out->push_back(named_i32("walk.candidates", {steps, block}, cands_));
+  out->push_back(named_f32("walk.confidence", {steps, block}, conf_));
+  out->push_back(named_f32("walk.survival", {steps, block}, surv_));
+  out->push_back(named_i32("walk.accepted", {steps}, accepted_));
+  out->push_back(named_i32("walk.bonus", {steps}, bonus_));
+}
+
+namespace {
+constexpr auto* f32 = &named_f32;
+constexpr auto* i32 = &named_i32;
 }  // namespace
 
 Result<std::vector<NamedArray>> dspark_score(model::Model* m, const DsparkScoreInput& in) {
@@ -103,26 +128,13 @@ Result<std::vector<NamedArray>> dspark_score(model::Model* m, const DsparkScoreI
         std::vector<float> last,
         dec.prefill(*wst, std::span<const int32_t>(in.input_ids).subspan(0, in.prompt_len)));
     int32_t anchor = argmax_token(last);
-    std::vector<int32_t> apos, atok, cands, accepted, bonus;
-    std::vector<float> conf, surv;
+    DsparkWalkArrays walk;
     for (int64_t i = 0; i < S; ++i) {
       DS41_ASSIGN_OR_RETURN(SpecStep step, dec.step(*wst, anchor, SpecStepOptions{}));
-      apos.push_back(static_cast<int32_t>(step.anchor_pos));
-      atok.push_back(step.anchor);
-      cands.insert(cands.end(), step.candidates.begin(), step.candidates.end());
-      conf.insert(conf.end(), step.confidence.begin(), step.confidence.end());
-      for (double v : prefix_survival(step.confidence)) surv.push_back(static_cast<float>(v));
-      accepted.push_back(static_cast<int32_t>(step.accepted));
-      bonus.push_back(step.tokens.back());
+      walk.add(step.anchor_pos, step.anchor, step.candidates, step.confidence, step.accepted, step.tokens.back());
       anchor = step.tokens.back();
     }
-    out.push_back(i32("walk.anchor_pos", {S}, apos));
-    out.push_back(i32("walk.anchor_token", {S}, atok));
-    out.push_back(i32("walk.candidates", {S, B}, cands));
-    out.push_back(f32("walk.confidence", {S, B}, conf));
-    out.push_back(f32("walk.survival", {S, B}, surv));
-    out.push_back(i32("walk.accepted", {S}, accepted));
-    out.push_back(i32("walk.bonus", {S}, bonus));
+    walk.emit(B, &out);
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,23 @@ struct NamedArray {
   std::vector<int64_t> shape;
   std::vector<float> f32;  // one of f32 / i32 is filled
   std::vector<int32_t> i32;
+};
+
+NamedArray named_f32(std::string name, std::vector<int64_t> shape, std::vector<float> v);
+NamedArray named_i32(std::string name, std::vector<int64_t> shape, std::vector<int32_t> v);
+
+// The walk.* arrays of the golden DSpark set, one verified step appended at a time (the CPU
+// reference's walk here and the GPU engine's in gpu/gpu_dspark_score.cpp write the same names).
+class DsparkWalkArrays {
+ public:
+  void add(int64_t anchor_pos, int32_t anchor, std::span<const int32_t> candidates,
+           std::span<const float> confidence, int64_t accepted, int32_t bonus);
+  // walk.anchor_pos, anchor_token, candidates [steps, block], confidence, survival, accepted, bonus.
+  void emit(int64_t block, std::vector<NamedArray>* out) const;
+
+ private:
+  std::vector<int32_t> apos_, atok_, cands_, accepted_, bonus_;
+  std::vector<float> conf_, surv_;
 };
 
 Result<std::vector<NamedArray>> dspark_score(model::Model* m, const DsparkScoreInput& in);

@@ -12,12 +12,8 @@
 namespace ds41::gpu {
 namespace {
 
-engine::NamedArray f32(std::string name, std::vector<int64_t> shape, std::vector<float> v) {
-  return engine::NamedArray{std::move(name), std::move(shape), std::move(v), {}};
-}
-engine::NamedArray i32(std::string name, std::vector<int64_t> shape, std::vector<int32_t> v) {
-  return engine::NamedArray{std::move(name), std::move(shape), {}, std::move(v)};
-}
+constexpr auto* f32 = &engine::named_f32;
+constexpr auto* i32 = &engine::named_i32;
 
 // Frees the sequence on every path out.
 struct SeqGuard {
@@ -149,8 +145,7 @@ Result<std::vector<engine::NamedArray>> gpu_dspark_score(CudaEngine& e, const en
     DS41_RETURN_IF_ERROR(
         e.step(std::span<const engine::StepItem>(&it, 1), &so).with_context("dspark walk prefill"));
     int32_t anchor = engine::argmax_token(std::span<const float>(so.logits).subspan(so.row[0] * V, V));
-    std::vector<int32_t> apos, atok, cands, accepted, bonus;
-    std::vector<float> conf, surv;
+    engine::DsparkWalkArrays walk;
     for (int64_t i = 0; i < steps; ++i) {
       DS41_ASSIGN_OR_RETURN(int64_t L, e.sequence_position(wseq.id));
       engine::SpecStepItem si;
@@ -163,22 +158,10 @@ Result<std::vector<engine::NamedArray>> gpu_dspark_score(CudaEngine& e, const en
       const engine::SpecStepResult& r = res[0];
       if (static_cast<int64_t>(r.candidates.size()) != B || static_cast<int64_t>(r.confidence.size()) != B)
         return internal_error("dspark: a whole-block speculative step reported no draft");
-      apos.push_back(static_cast<int32_t>(L));
-      atok.push_back(anchor);
-      cands.insert(cands.end(), r.candidates.begin(), r.candidates.end());
-      conf.insert(conf.end(), r.confidence.begin(), r.confidence.end());
-      for (double v : engine::prefix_survival(r.confidence)) surv.push_back(static_cast<float>(v));
-      accepted.push_back(static_cast<int32_t>(r.accepted));
-      bonus.push_back(r.tokens.back());
+      walk.add(L, anchor, r.candidates, r.confidence, r.accepted, r.tokens.back());
       anchor = r.tokens.back();
     }
-    out.push_back(i32("walk.anchor_pos", {steps}, apos));
-    out.push_back(i32("walk.anchor_token", {steps}, atok));
-    out.push_back(i32("walk.candidates", {steps, B}, cands));
-    out.push_back(f32("walk.confidence", {steps, B}, conf));
-    out.push_back(f32("walk.survival", {steps, B}, surv));
-    out.push_back(i32("walk.accepted", {steps}, accepted));
-    out.push_back(i32("walk.bonus", {steps}, bonus));
+    walk.emit(B, &out);
   }
   return out;
 }
