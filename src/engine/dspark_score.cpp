@@ -10,6 +10,19 @@
 
 namespace ds41::engine {
 
+Status validate_dspark_input(const DsparkScoreInput& in) {
+  const int64_t N = static_cast<int64_t>(in.input_ids.size());
+  if (N == 0) return invalid_argument("dspark: input_ids is empty");
+  if (in.prompt_len < 1 || in.prompt_len > N)
+    return invalid_argument("dspark: prompt_len " + std::to_string(in.prompt_len) + " outside [1, " +
+                            std::to_string(N) + "]");
+  for (int64_t L : in.anchors)
+    if (L < 0 || L >= N)
+      return invalid_argument("dspark: anchor " + std::to_string(L) + " outside [0, " + std::to_string(N) +
+                              ")");
+  return ok_status();
+}
+
 NamedArray named_f32(std::string name, std::vector<int64_t> shape, std::vector<float> v) {
   return NamedArray{std::move(name), std::move(shape), std::move(v), {}};
 }
@@ -50,14 +63,7 @@ Result<std::vector<NamedArray>> dspark_score(model::Model* m, const DsparkScoreI
   const model::Dspark& ds = dec.dspark();
   const int64_t N = static_cast<int64_t>(in.input_ids.size()), V = c.vocab_size, H = c.hidden_size;
   const int64_t B = ds.block_size(), hd = c.head_dim, F = ds.feature_width(), W = c.sliding_window;
-  if (N == 0) return invalid_argument("dspark: input_ids is empty");
-  if (in.prompt_len < 1 || in.prompt_len > N)
-    return invalid_argument("dspark: prompt_len " + std::to_string(in.prompt_len) + " outside [1, " +
-                            std::to_string(N) + "]");
-  for (int64_t L : in.anchors)
-    if (L < 0 || L >= N)
-      return invalid_argument("dspark: anchor " + std::to_string(L) + " outside [0, " + std::to_string(N) +
-                              ")");
+  DS41_RETURN_IF_ERROR(validate_dspark_input(in));
   std::vector<NamedArray> out;
   // One exact prefill of the whole sequence with the context features of every row.
   auto st = m->new_sequence();

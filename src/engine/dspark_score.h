@@ -35,6 +35,10 @@ struct NamedArray {
   std::vector<int32_t> i32;
 };
 
+// The input's own checks, shared by the CPU and GPU scores: input_ids non-empty, prompt_len in
+// [1, N], every anchor in [0, N).
+Status validate_dspark_input(const DsparkScoreInput& in);
+
 NamedArray named_f32(std::string name, std::vector<int64_t> shape, std::vector<float> v);
 NamedArray named_i32(std::string name, std::vector<int64_t> shape, std::vector<int32_t> v);
 

@@ -30,14 +30,7 @@ Result<std::vector<engine::NamedArray>> gpu_dspark_score(CudaEngine& e, const en
   const model::ModelConfig& c = e.device_model().config();
   const int64_t N = static_cast<int64_t>(in.input_ids.size()), V = c.vocab_size, H = c.hidden_size;
   const int64_t hd = c.head_dim, W = c.sliding_window;
-  if (N == 0) return invalid_argument("dspark: input_ids is empty");
-  if (in.prompt_len < 1 || in.prompt_len > N)
-    return invalid_argument("dspark: prompt_len " + std::to_string(in.prompt_len) + " outside [1, " +
-                            std::to_string(N) + "]");
-  for (int64_t L : in.anchors)
-    if (L < 0 || L >= N)
-      return invalid_argument("dspark: anchor " + std::to_string(L) + " outside [0, " + std::to_string(N) +
-                              ")");
+  DS41_RETURN_IF_ERROR(engine::validate_dspark_input(in));
   if (c.num_nextn_predict_layers <= 0 || !e.device_model().weights().dspark)
     return failed_precondition("dspark: the model has no DSpark stages (num_nextn_predict_layers 0)");
   if (e.speculative_block() == 0) DS41_RETURN_IF_ERROR(e.enable_speculative().with_context("dspark"));
