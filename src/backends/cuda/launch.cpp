@@ -1,0 +1,25 @@
+// ds41 backends/cuda: the PDL switch of launch.h.
+#include "backends/cuda/launch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+namespace ds41::cuda {
+namespace {
+std::atomic<int> g_pdl_override{-1};
+}
+
+bool pdl_enabled() {
+  const int o = g_pdl_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+void set_pdl_for_tests(int mode) { g_pdl_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
+
+}  // namespace ds41::cuda

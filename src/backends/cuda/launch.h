@@ -1,0 +1,56 @@
+// ds41 backends/cuda: kernel launches with programmatic dependent launch (PDL, sm_90+).
+//
+// A decode step is ~400 short kernels in one stream; without PDL each one starts only after the
+// previous one has fully drained, so every boundary costs a launch plus a ramp-up of its loads.
+// `launch()` sets cudaLaunchAttributeProgrammaticStreamSerialization: the kernel may be scheduled
+// while its predecessor still runs, and must call dev::pdl_wait() (pdl.cuh) before it reads
+// anything an earlier kernel wrote or writes anything at all. Work that depends on nothing earlier
+// in the stream (issuing loads of weights, computing addresses) may come before the wait, which
+// is how the GEMVs overlap their first weight loads with the previous kernel's tail.
+//
+// The contract every kernel launched here keeps (docs/gpu_kernels.md "PDL"):
+//   1. no global write and no read of a buffer written earlier in the stream before pdl_wait();
+//   2. pdl_trigger() (griddepcontrol.launch_dependents) only after pdl_wait(): a dependent can
+//      then run ahead by at most one kernel.
+// pdl_wait() returns only after every earlier kernel has completed and its writes are visible, so
+// the results are those of plain stream order. DS41_PDL=0 launches without the attribute (the
+// waits are then no-ops).
+//
+// Under the host SIMT emulator (scripts/cuda-host-emu) launch() runs the grid on the host.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace ds41::cuda {
+
+// Whether launch() asks for programmatic serialization: DS41_PDL (default on), read once.
+bool pdl_enabled();
+// Tests: 0 off, 1 on, -1 back to DS41_PDL.
+void set_pdl_for_tests(int mode);
+
+#if defined(__CUDACC__)
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  // Errors land in cudaGetLastError, read by the caller's last_launch_status() as for <<<>>>.
+  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+}
+#else  // the host SIMT emulator (simt_emu.h is included first): run the grid here
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  emu::Launch(grid, block.x, smem, stream).run(kernel, static_cast<P>(args)...);
+}
+#endif
+
+}  // namespace ds41::cuda
