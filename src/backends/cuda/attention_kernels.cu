@@ -24,6 +24,8 @@
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -56,6 +58,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int64_t* __restrict__ kv_offsets, const int32_t* __restrict__ kv_index,
                             const float* __restrict__ kv, const float* __restrict__ sink, float scale,
                             float* __restrict__ out) {
+  dev::pdl_enter();
   extern __shared__ float smem[];
   float* q_s = smem;                     // [kHeads][d]
   float* kv_s = q_s + kHeads * d;        // [kTile][d]
@@ -171,6 +174,7 @@ __global__ void __launch_bounds__(kThreads)
                                   const float* __restrict__ sink, float scale, float* __restrict__ out,
                                   int64_t splits, int64_t chunk, float* __restrict__ part_acc,
                                   float* __restrict__ part_ml) {
+  dev::pdl_enter();
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ float acc_s[kSplitHeads * kMaxDim];
   const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
@@ -302,6 +306,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     sparse_attention_combine_kernel(int64_t n_heads, int64_t d, const int64_t* __restrict__ kv_offsets,
                                     int64_t splits, const float* __restrict__ part_acc,
                                     const float* __restrict__ part_ml, float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
   float* o = out + (r * n_heads + h) * d;
   if (kv_offsets[r + 1] <= kv_offsets[r]) {
@@ -382,13 +387,11 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     const int64_t chunk = (a.max_entries_per_row + splits - 1) / splits;
     float* part_acc = splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
     float* part_ml = splits > 1 ? part_acc + a.n * splits * a.n_heads * a.head_dim : nullptr;
-    sparse_attention_split_kernel<<<static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream>>>(
-        a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
+    launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
         std::max<int64_t>(chunk, 1), part_acc, part_ml);
     DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
     if (splits == 1) return ok_status();
-    sparse_attention_combine_kernel<<<static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream>>>(
-        a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out);
+    launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream, a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out);
     return last_launch_status("sparse_attention_combine");
   }
   static const bool tc_allowed = [] {
@@ -399,8 +402,7 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   const int64_t groups = (a.n_heads + kHeads - 1) / kHeads;
   if (a.n * groups > 0x7fffffff)
     return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " x head groups too large");
-  sparse_attention_kernel<<<static_cast<unsigned>(a.n * groups), kThreads, smem_bytes(a.head_dim), stream>>>(
-      a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
+  launch(sparse_attention_kernel, static_cast<unsigned>(a.n * groups), kThreads, smem_bytes(a.head_dim), stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
   return last_launch_status("sparse_attention");
 }
 
