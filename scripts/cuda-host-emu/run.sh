@@ -20,7 +20,7 @@ mkdir -p "$out"
 emu=$root/scripts/cuda-host-emu
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
 fl=(-std=c++20 -O1 -ffp-contract=off -w -I"$root/src" -I"$root/tests" -I"$cuda_inc")
-kernels=(kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise)
+kernels=(argmax kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise)
 for k in "${kernels[@]}"; do
   python3 "$emu/rewrite_launches.py" "$root/src/backends/cuda/${k}_kernels.cu" "$out/${k}_kernels_emu.cpp"
   g++ "${fl[@]}" -include "$emu/simt_emu.h" -c "$out/${k}_kernels_emu.cpp" -o "$out/${k}_kernels_emu.o" &
