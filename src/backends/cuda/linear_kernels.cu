@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "backends/cuda/cuda_status.h"
@@ -1143,10 +1144,32 @@ int64_t persist_slots(int64_t nrg, int64_t other_blocks, size_t smem) {
   return std::max<int64_t>(1, std::min<int64_t>((nrg + kGemvWarps - 1) / kGemvWarps, want));
 }
 
-template <class W, int NB, int R, int S>
+// Chunks per lane per batch (U) of a one-row persistent GEMV over rows of nch 16-byte chunks: the U
+// of {3, 4, 5} that leaves the fewest lanes idle in a row's last batch (FP4 experts' w1, 160 chunks:
+// one batch at U = 5 instead of 128 + 32 at U = 4; shared w2, 144 FP8 chunks: 160 slots instead of
+// 256), ties to the larger U. Each lane still takes its chunks lane, lane + 32, lane + 64, ... in
+// that order whatever U is, so the sums and the bits are the same for every U (and the same as the
+// NB = 2 / 4 / 8 shapes'): U only sets how many loads are in flight and how many lanes idle.
+int g_persist_u = 0;  // set_persist_u_for_tests: 0 the choice below, else that U (3, 4 or 5)
+
+int persist_u(int64_t nch) {
+  if (g_persist_u > 0) return g_persist_u;
+  int best = 4;
+  double best_use = 0;
+  for (int u : {5, 4, 3}) {
+    const int64_t slots = int64_t{32} * u, batches = (nch + slots - 1) / slots;
+    const double use = static_cast<double>(nch) / static_cast<double>(slots * batches);
+    if (use > best_use + 1e-9) {
+      best_use = use;
+      best = u;
+    }
+  }
+  return best;
+}
+
+template <class W, int NB, int R, int S, int U = PersistShape<NB>::U>
 void launch_persist_s(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                       float* y, int64_t ldy, size_t smem, cudaStream_t stream) {
-  constexpr int U = PersistShape<NB>::U;
   allow_persist_smem<persist_kernel<W, NB, R, U, S>>();
   const int64_t x_floats = static_cast<int64_t>(smem / sizeof(float) + 3) / 4 * 4;
   if (S > 0) smem = x_floats * sizeof(float) + size_t{16} * kGemvWarps * kRingChunksPerWarp<R, U, (S > 0 ? S : 1)>;
@@ -1167,6 +1190,11 @@ void launch_persist(const WView& w, int64_t out_rows, int64_t groups, const floa
       launch_persist_s<W, NB, R, kRingStages>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
       return;
     }
+  }
+  if constexpr (NB == 1 && std::is_same_v<W, dev::WideFp8>) {
+    const int u = persist_u(w.in / W::kV);
+    if (u == 3) return launch_persist_s<W, NB, R, 0, 3>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+    if (u == 5) return launch_persist_s<W, NB, R, 0, 5>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
   }
   launch_persist_s<W, NB, R, 0>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
 }
@@ -1310,10 +1338,26 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
       launch(persist_expert_kernel<1, R, U, kRingStages>, grid, kThreads, rsmem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y, x_floats);
       return;
     }
-    allow_persist_smem<persist_expert_kernel<1, R, U, 0>>();
     const dim3 grid(static_cast<unsigned>(persist_slots(nrg, gy, psmem)), static_cast<unsigned>(gy));
-    launch(persist_expert_kernel<1, R, U, 0>, grid, kThreads, psmem, stream, weights, n_experts, out_dim, in_dim, offsets,
-                                                                         x, y, x_floats);
+    // A known format sets the chunks per row, and with them the U that idles the fewest lanes.
+    const int64_t kv = format == WeightFormat::kFp4Rows    ? 32
+                       : format == WeightFormat::kFp8Tiles ? 16
+                       : format == WeightFormat::kBF16     ? 8
+                                                           : 0;
+    const int u = kv > 0 ? persist_u(in_dim / kv) : U;
+    if (u == 5) {
+      allow_persist_smem<persist_expert_kernel<1, R, 5, 0>>();
+      launch(persist_expert_kernel<1, R, 5, 0>, grid, kThreads, psmem, stream, weights, n_experts, out_dim, in_dim,
+             offsets, x, y, x_floats);
+    } else if (u == 3) {
+      allow_persist_smem<persist_expert_kernel<1, R, 3, 0>>();
+      launch(persist_expert_kernel<1, R, 3, 0>, grid, kThreads, psmem, stream, weights, n_experts, out_dim, in_dim,
+             offsets, x, y, x_floats);
+    } else {
+      allow_persist_smem<persist_expert_kernel<1, R, U, 0>>();
+      launch(persist_expert_kernel<1, R, U, 0>, grid, kThreads, psmem, stream, weights, n_experts, out_dim, in_dim,
+             offsets, x, y, x_floats);
+    }
     return;
   }
   const int64_t upper = one ? m_max : (m_max + 7) / 8 + n_experts;
@@ -1333,6 +1377,7 @@ void set_persist_slot_cap_for_tests(int cap) {
   tcg::set_slot_cap_for_tests(cap);
 }
 void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
+void set_persist_u_for_tests(int u) { g_persist_u = (u >= 3 && u <= 5) ? u : 0; }
 void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
