@@ -20,6 +20,11 @@ bool pdl_enabled() {
   return on;
 }
 
+uint64_t& thread_launch_count() {
+  thread_local uint64_t n = 0;
+  return n;
+}
+
 void set_pdl_for_tests(int mode) { g_pdl_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
 
 }  // namespace ds41::cuda

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ds41::cuda {
 
@@ -29,6 +30,9 @@ namespace ds41::cuda {
 bool pdl_enabled();
 // Tests: 0 off, 1 on, -1 back to DS41_PDL.
 void set_pdl_for_tests(int mode);
+// Kernels launched through launch() by the calling thread so far (benchmarks: kernels per layer;
+// the engine loop and a vision encoder thread each count their own).
+uint64_t& thread_launch_count();
 
 #if defined(__CUDACC__)
 template <class... P, class... A>
@@ -45,6 +49,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   // Errors land in cudaGetLastError, read by the caller's last_launch_status() as for <<<>>>.
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  ++thread_launch_count();
 }
 #elif defined(DS41_SIMT_EMU)  // the host SIMT emulator (simt_emu.h is included first): run the grid here
 template <class... P, class... A>
