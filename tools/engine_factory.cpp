@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "engine/cpu_engine.h"
+#include "engine/forwarding_engine.h"
 #include "forward_cli_util.h"
 #include "load_progress.h"
 
@@ -41,55 +42,14 @@ Result<gpu::LoadFormat> load_format_of(const DeviceFlags& f) {
 }
 
 // An engine that owns what it computes with (the model and its backend), destroyed after it.
-class OwningEngine final : public engine::Engine {
+class OwningEngine final : public engine::ForwardingEngine {
  public:
   OwningEngine(std::shared_ptr<void> keep, std::unique_ptr<engine::Engine> inner)
-      : keep_(std::move(keep)), inner_(std::move(inner)) {}
-  const engine::EngineInfo& info() const override { return inner_->info(); }
-  Result<engine::SeqId> create_sequence() override { return inner_->create_sequence(); }
-  Result<engine::SeqId> fork_sequence(engine::SeqId s) override { return inner_->fork_sequence(s); }
-  Status free_sequence(engine::SeqId s) override { return inner_->free_sequence(s); }
-  Result<int64_t> sequence_position(engine::SeqId s) const override { return inner_->sequence_position(s); }
-  Result<int64_t> sequence_bytes(engine::SeqId s) const override { return inner_->sequence_bytes(s); }
-  int64_t bytes_for_tokens(int64_t t) const override { return inner_->bytes_for_tokens(t); }
-  int64_t live_sequences() const override { return inner_->live_sequences(); }
-  Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override {
-    return inner_->step(items, out);
-  }
-  // Every optional entry point is forwarded too (a default here would answer "unimplemented" for an
-  // engine that has it: images and the prefix cache failed through this wrapper before).
-  Result<std::vector<std::vector<float>>> encode_images(
-      std::span<const image::PreparedImage* const> images) override {
-    return inner_->encode_images(images);
-  }
-  Result<std::vector<uint8_t>> export_kv_block(engine::SeqId s, int64_t index,
-                                               int64_t block_tokens) const override {
-    return inner_->export_kv_block(s, index, block_tokens);
-  }
-  Result<std::vector<uint8_t>> export_swa_snapshot(engine::SeqId s, int64_t block_tokens,
-                                                   bool approximate) const override {
-    return inner_->export_swa_snapshot(s, block_tokens, approximate);
-  }
-  Status import_state(engine::SeqId s, std::span<const std::span<const uint8_t>> blocks,
-                      std::span<const uint8_t> snapshot, int64_t block_tokens) override {
-    return inner_->import_state(s, blocks, snapshot, block_tokens);
-  }
-  Status replay_window(engine::SeqId s, std::span<const int32_t> prefix_tokens) override {
-    return inner_->replay_window(s, prefix_tokens);
-  }
-  Status prefill_decoder_replay(engine::SeqId s, std::span<const int32_t> tokens) override {
-    return inner_->prefill_decoder_replay(s, tokens);
-  }
-  Status enable_speculative() override { return inner_->enable_speculative(); }
-  int64_t speculative_block() const override { return inner_->speculative_block(); }
-  Status speculative_step(std::span<const engine::SpecStepItem> items, const engine::SpecBatchOptions& batch,
-                          std::vector<engine::SpecStepResult>* out) override {
-    return inner_->speculative_step(items, batch, out);
-  }
+      : engine::ForwardingEngine(inner.get()), keep_(std::move(keep)), owned_(std::move(inner)) {}
 
  private:
   std::shared_ptr<void> keep_;  // declared first: destroyed after the engine
-  std::unique_ptr<engine::Engine> inner_;
+  std::unique_ptr<engine::Engine> owned_;
 };
 
 Result<EngineHandle> make_cpu_engine(const EngineRequest& r) {

@@ -20,6 +20,7 @@
 #include "engine/cpu_engine.h"
 #include "engine/dspark_decoder.h"
 #include "engine/engine_loop.h"
+#include "engine/forwarding_engine.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
@@ -267,25 +268,12 @@ TEST_F(DsparkSpec, CpuEngineBatchBudgetCutsLengthsLosslessly) {
 
 // An Engine that forwards to a CpuEngine and records, per speculative_step call, the candidates
 // verified and the budget the loop passed.
-class RecordingEngine : public engine::Engine {
+class RecordingEngine : public engine::ForwardingEngine {
  public:
-  explicit RecordingEngine(engine::Engine* inner) : inner_(inner) {}
-  const engine::EngineInfo& info() const override { return inner_->info(); }
-  Result<engine::SeqId> create_sequence() override { return inner_->create_sequence(); }
-  Result<engine::SeqId> fork_sequence(engine::SeqId s) override { return inner_->fork_sequence(s); }
-  Status free_sequence(engine::SeqId s) override { return inner_->free_sequence(s); }
-  Result<int64_t> sequence_position(engine::SeqId s) const override { return inner_->sequence_position(s); }
-  Result<int64_t> sequence_bytes(engine::SeqId s) const override { return inner_->sequence_bytes(s); }
-  int64_t bytes_for_tokens(int64_t t) const override { return inner_->bytes_for_tokens(t); }
-  int64_t live_sequences() const override { return inner_->live_sequences(); }
-  Status step(std::span<const engine::StepItem> items, engine::StepOutput* out) override {
-    return inner_->step(items, out);
-  }
-  Status enable_speculative() override { return inner_->enable_speculative(); }
-  int64_t speculative_block() const override { return inner_->speculative_block(); }
+  explicit RecordingEngine(engine::Engine* inner) : engine::ForwardingEngine(inner) {}
   Status speculative_step(std::span<const engine::SpecStepItem> items, const engine::SpecBatchOptions& batch,
                           std::vector<engine::SpecStepResult>* out) override {
-    Status st = inner_->speculative_step(items, batch, out);
+    Status st = inner()->speculative_step(items, batch, out);
     if (st.ok()) {
       Call c{static_cast<int64_t>(items.size()), batch.verify_budget, 0, 0};
       for (const auto& r : *out) {
@@ -300,9 +288,6 @@ class RecordingEngine : public engine::Engine {
     int64_t items, budget, verified, cut;
   };
   std::vector<Call> calls;  // written by the loop thread; read after stop()
-
- private:
-  engine::Engine* inner_;
 };
 
 // The serving path: the engine loop passes LoopConfig::speculative_token_budget to every
