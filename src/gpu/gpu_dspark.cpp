@@ -298,20 +298,14 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   float* pi = ws_.pi;
   float* pre_f = ws_.pre_f;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi, st));
-  auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {
-    return hc_site_map(hw, n, pre, post, comb);
-  };
   for (size_t s = 0; s < w.stages.size(); ++s) {
     const DeviceLayer& sw = w.stages[s];
-    DS41_RETURN_IF_ERROR(site_map(sw.hc_attn, ws_.pre_a, ws_.post_a, ws_.comb_a));
-    DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, pi, n, C, H, ws_.x, st));
-    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, sw.attn_norm.ptr, eps, ws_.x, st));
+    // Each site: map, collapse with the lagged pre, norm: one launch (hc_site).
+    DS41_RETURN_IF_ERROR(hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x));
     DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y)
                              .with_context("DSpark stage " + std::to_string(s) + " attention"));
     DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, st));
-    DS41_RETURN_IF_ERROR(site_map(sw.hc_ffn, pre_f, ws_.post_f, ws_.comb_f));
-    DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, ws_.pre_a, n, C, H, ws_.x, st));
-    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, sw.ffn_norm.ptr, eps, ws_.x, st));
+    DS41_RETURN_IF_ERROR(hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));
     DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x, ws_.y)
                              .with_context("DSpark stage " + std::to_string(s) + " MoE"));
     DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_f, ws_.comb_f, n, C, H, st));

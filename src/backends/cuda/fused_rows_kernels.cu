@@ -7,6 +7,16 @@
 //   fake quantization is fq::encode_lane per channel as encode_rows_scatter_kernel /
 //   fake_quant_inplace_kernel run it (a quantization block is a warp or a half warp of one row, so
 //   the blocks are the same). Bit-identical to the unfused sequence; other shapes run it.
+// hc_site: the grid is the hc_map split-K blocks (hc::hc_map_partial_block, the same geometry as
+//   run_hc_map) followed by one block per row for the collapse (hc_collapse_kernel's fp32 order per
+//   element, into shared memory) and the RMSNorm (rms_norm_device.cuh plays run_rms_norm's
+//   rms_norm_sum_threads(n, h) threads with these 256). Each split-K block writes its partials,
+//   fences and counts itself on its group's counter; the block that completes the group resets the
+//   counter and finishes the group's rows (partials read through L2): at C = 4 one warp per row
+//   (hc::hc_map_finish_row_warp4: the rows in parallel), else row after row with
+//   hc::hc_map_finish_row, hc_map_finish_kernel's code. Bit-identical to run_hc_map +
+//   run_hc_collapse + run_rms_norm.
+#include <algorithm>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -15,6 +25,8 @@
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/mhc_device.cuh"
+#include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rms_norm_device.cuh"
 
@@ -38,7 +50,8 @@ __global__ void __launch_bounds__(kMaxRowDim)
   if (a.norm) {
     if (active) row[t] = v;
     __syncthreads();
-    const float inv = dev::rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, dim, sum_threads, a.eps, scratch);
+    const float inv =
+        dev::rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, dim, sum_threads, a.eps, scratch);
     if (active) {
       v = __fmul_rn(v, inv) * (a.norm_weight ? a.norm_weight[t] : 1.0f);
       if (a.normed) a.normed[r * dim + t] = v;
@@ -77,6 +90,64 @@ __global__ void __launch_bounds__(kMaxRowDim)
   if (active && a.out) a.out[r * dim + t] = v;
 }
 
+constexpr int64_t kMaxSiteH = 12288;  // the collapsed row in (dynamic) shared memory: 48 KB
+
+template <int kJ, bool kVec, int kC>
+__global__ void __launch_bounds__(hc::kThreads)
+    hc_site_kernel(HcSiteArgs s, int64_t splits, int64_t steps, int64_t map_blocks, int sum_threads) {
+  dev::pdl_enter();
+  extern __shared__ float smem[];
+  __shared__ double tot[hc::kMaxC * hc::kMaxC + 2 * hc::kMaxC + 1];
+  __shared__ float m[(2 + hc::kMaxC) * hc::kMaxC];
+  __shared__ double scratch[32];
+  __shared__ int last;
+  const HcMapDeviceArgs& a = s.map;
+  const int64_t b = blockIdx.x;
+  if (b >= map_blocks) {  // collapse + norm of row r
+    const int64_t r = b - map_blocks, C = a.c, H = a.h;
+    const float* S = a.streams + r * C * H;
+    const float* w = s.collapse_w + r * C;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+      float v = 0.0f;
+      for (int64_t j = 0; j < C; ++j) v = __fadd_rn(v, __fmul_rn(w[j], S[j * H + i]));
+      smem[i] = v;
+    }
+    __syncthreads();
+    const float inv =
+        dev::rms_inv_like_rms_norm([&](int64_t i) { return smem[i]; }, H, sum_threads, s.eps, scratch);
+    float* xr = s.x + r * H;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+      xr[i] = __fmul_rn(smem[i], inv) * (s.norm_weight ? s.norm_weight[i] : 1.0f);
+    return;
+  }
+  double* part = static_cast<double*>(a.workspace);
+  hc::hc_map_partial_block<kJ, kVec>(a, splits, steps, part, b);
+  const int64_t g = b / splits;
+  __threadfence();  // this block's partials, visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(&s.counters[g], 1u);
+    last = done + 1 == static_cast<uint32_t>(splits);
+    if (last) s.counters[g] = 0;  // zero again for the next call (kernels of the stream run in order)
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t r0 = g * hc::kHcRows, r1 = min(a.n, r0 + hc::kHcRows);
+  if constexpr (kC == 4) {  // warp w finishes row r0 + w (kHcRows == the block's 8 warps)
+    static_assert(hc::kHcRows == hc::kThreads / 32, "one warp per row of a group");
+    __shared__ double wtot[hc::kHcRows][32];
+    __shared__ float wm[hc::kHcRows][32];
+    const int w = threadIdx.x >> 5;
+    if (r0 + w < r1) hc::hc_map_finish_row_warp4(a, splits, part, r0 + w, wtot[w], wm[w]);
+  } else {
+    for (int64_t r = r0; r < r1; ++r) {
+      hc::hc_map_finish_row<kC>(a, splits, part, r, tot, m);
+      __syncthreads();  // the tail's warps are done with m before the next row
+    }
+  }
+}
+
 Status bad(const std::string& what) { return invalid_argument("rows_norm_rope_quant: " + what); }
 
 // The unfused sequence (shapes the kernel does not take).
@@ -87,18 +158,20 @@ Status unfused(const RowsNormRopeQuantArgs& a, cudaStream_t s) {
   if (a.norm) {
     DS41_RETURN_IF_ERROR(run_rms_norm(a.in, n, a.dim, a.norm_weight, a.eps, a.normed ? a.normed : x, s));
     if (a.normed)
-      DS41_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(x, a.normed, static_cast<size_t>(n * a.dim) * sizeof(float),
-                                                       cudaMemcpyDeviceToDevice, s),
-                                       "rows_norm_rope_quant copy"));
+      DS41_RETURN_IF_ERROR(
+          cuda_status(cudaMemcpyAsync(x, a.normed, static_cast<size_t>(n * a.dim) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s),
+                      "rows_norm_rope_quant copy"));
   } else if (a.in != x) {
     DS41_RETURN_IF_ERROR(cuda_status(
         cudaMemcpyAsync(x, a.in, static_cast<size_t>(n * a.dim) * sizeof(float), cudaMemcpyDeviceToDevice, s),
         "rows_norm_rope_quant copy"));
   }
   if (a.n_freq > 0)
-    DS41_RETURN_IF_ERROR(run_rope(x, n / a.rows_per_pos, a.rows_per_pos, a.dim, a.pos, a.inv_freq, a.n_freq,
-                                  a.inverse, s));
-  if (a.quant && a.offsets) DS41_RETURN_IF_ERROR(run_encode_rows_scatter(a.op, a.dim, x, n, a.base, a.offsets, s));
+    DS41_RETURN_IF_ERROR(
+        run_rope(x, n / a.rows_per_pos, a.rows_per_pos, a.dim, a.pos, a.inv_freq, a.n_freq, a.inverse, s));
+  if (a.quant && a.offsets)
+    DS41_RETURN_IF_ERROR(run_encode_rows_scatter(a.op, a.dim, x, n, a.base, a.offsets, s));
   if (a.quant && a.quant_inplace) DS41_RETURN_IF_ERROR(run_fake_quant_inplace(a.op, a.dim, x, n, s));
   return ok_status();
 }
@@ -130,6 +203,41 @@ Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t str
     });
   }
   return last_launch_status("rows_norm_rope_quant");
+}
+
+int64_t hc_site_counter_count(int64_t n) { return std::max<int64_t>(1, (n + hc::kHcRows - 1) / hc::kHcRows); }
+
+Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream) {
+  const HcMapDeviceArgs& a = s.map;
+  if (!s.collapse_w || !s.x) return invalid_argument("hc_site: collapse_w / x is null");
+  const bool fused = s.counters && s.counters_size >= hc_site_counter_count(a.n) && a.h <= kMaxSiteH &&
+                     a.c >= 1 && a.c <= hc::kMaxC && a.n > 0 && a.n <= 0x7fffffff && a.sinkhorn_iters >= 1 &&
+                     s.collapse_w != a.pre && s.collapse_w != a.post && s.collapse_w != a.comb && a.streams &&
+                     a.fn && a.scale && a.base && a.pre && a.post && a.comb &&
+                     reinterpret_cast<uintptr_t>(a.workspace) % alignof(double) == 0 && a.workspace &&
+                     a.workspace_bytes >= hc_map_workspace_bytes(a.n, a.c, a.h);
+  if (!fused) {
+    DS41_RETURN_IF_ERROR(run_hc_map(a, stream));
+    DS41_RETURN_IF_ERROR(run_hc_collapse(a.streams, s.collapse_w, a.n, a.c, a.h, s.x, stream));
+    return run_rms_norm(s.x, a.n, a.h, s.norm_weight, s.eps, s.x, stream);
+  }
+  const hc::HcSplit sp = hc::hc_split(a.n, a.c, a.h);
+  const int64_t map_blocks = sp.groups * sp.splits;
+  const dim3 grid(static_cast<unsigned>(map_blocks + a.n));
+  const size_t smem = static_cast<size_t>(a.h) * sizeof(float);
+  const int sum_threads = rms_norm_sum_threads(a.n, a.h);
+  const bool vec = (a.c * a.h) % 4 == 0 &&
+                   ((reinterpret_cast<uintptr_t>(a.fn) | reinterpret_cast<uintptr_t>(a.streams)) % 16 == 0);
+  auto go = [&](auto kernel) {
+    launch(kernel, grid, dim3(hc::kThreads), smem, stream, s, sp.splits, sp.steps, map_blocks, sum_threads);
+  };
+  if (a.c == 4)
+    vec ? go(hc_site_kernel<3, true, 4>) : go(hc_site_kernel<3, false, 4>);
+  else if (a.c < 4)
+    vec ? go(hc_site_kernel<3, true, 0>) : go(hc_site_kernel<3, false, 0>);
+  else
+    vec ? go(hc_site_kernel<10, true, 0>) : go(hc_site_kernel<10, false, 0>);
+  return last_launch_status("hc_site");
 }
 
 }  // namespace ds41::cuda

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backends/cuda/fake_quant_kernels.h"
+#include "backends/cuda/mhc_kernels.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -49,5 +50,27 @@ struct RowsNormRopeQuantArgs {
   bool quant_inplace = false;
 };
 Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t stream);
+
+// An mHC site in one launch (MODEL_SPEC 3.3): equivalent to
+//   run_hc_map(map)                                           (pre / post / comb of this site)
+//   run_hc_collapse(map.streams, collapse_w, n, c, h, x)      (weights: the lagged pre)
+//   run_rms_norm(x, n, h, norm_weight, eps, x)
+// The map's split-K blocks and one collapse + norm block per row share the grid (the collapse reads
+// the streams and the earlier site's weights only, never this map's outputs); the last split-K
+// block of each group of rows (an atomic counter per group, reset by that block) sums the partials
+// and runs the map's tail. counters: at least hc_site_counter_count(n) zeroed uint32 on the device
+// that only this stream's site calls use (they are zero again after every call). Shapes the fused
+// kernel does not take (h > 12288, collapse_w aliasing an output) run the unfused sequence.
+struct HcSiteArgs {
+  HcMapDeviceArgs map;
+  const float* collapse_w = nullptr;   // [n, c]
+  const float* norm_weight = nullptr;  // [h], nullable: 1
+  float eps = 0.0f;
+  float* x = nullptr;  // [n, h]
+  uint32_t* counters = nullptr;
+  int64_t counters_size = 0;  // entries of counters; fewer than hc_site_counter_count(n): unfused
+};
+int64_t hc_site_counter_count(int64_t n);
+Status run_hc_site(const HcSiteArgs& a, cudaStream_t stream);
 
 }  // namespace ds41::cuda

@@ -3,14 +3,17 @@
 // and in-place fake quantization at the released widths (window KV rows 512, compressed entries
 // 512, index keys 128, index queries 32 x 128), decode row counts (1, 3, 127: run_rms_norm's
 // register layout) and prefill ones (128, 130: its strided layout), and past the limits (rows wider
-// than a CTA run the unfused sequence; a Q_kv row 48 wide; no norm weight; the inverse rotation).
+// than a CTA run the unfused sequence; a Q_kv row 48 wide; no norm weight; the inverse rotation);
+// the fused mHC site (map + collapse + norm).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
+#include "backends/cuda/mhc_kernels.h"
 #include "kernel_parity_util.h"
 
 namespace ds41::cuda::parity {
@@ -78,12 +81,16 @@ TEST(FusedRowsParity, NormRopeQuant) {
     Dev<uint8_t> upool(pool0);
     float* uout = ux.p;
     if (c.norm) {
-      ASSERT_TRUE(run_rms_norm(ux.p, n, d, c.weight ? uw.p : nullptr, 1e-6f, c.normed ? unormed.p : ux.p, nullptr).ok());
-      if (c.normed) cudaMemcpy(ux.p, unormed.p, static_cast<size_t>(n * d) * sizeof(float), cudaMemcpyDeviceToDevice);
+      ASSERT_TRUE(
+          run_rms_norm(ux.p, n, d, c.weight ? uw.p : nullptr, 1e-6f, c.normed ? unormed.p : ux.p, nullptr)
+              .ok());
+      if (c.normed)
+        cudaMemcpy(ux.p, unormed.p, static_cast<size_t>(n * d) * sizeof(float), cudaMemcpyDeviceToDevice);
     }
     if (c.n_freq > 0)
       ASSERT_TRUE(run_rope(ux.p, npos, c.rows_per_pos, d, dpos.p, uinv.p, c.n_freq, c.inverse, nullptr).ok());
-    if (c.quant && c.scatter) ASSERT_TRUE(run_encode_rows_scatter(c.op, d, ux.p, n, upool.p, doffs.p, nullptr).ok());
+    if (c.quant && c.scatter)
+      ASSERT_TRUE(run_encode_rows_scatter(c.op, d, ux.p, n, upool.p, doffs.p, nullptr).ok());
     if (c.quant && c.inplace) ASSERT_TRUE(run_fake_quant_inplace(c.op, d, ux.p, n, nullptr).ok());
     // Fused.
     Dev<float> fx(x), fnormed(static_cast<size_t>(n * d));
@@ -142,6 +149,90 @@ TEST(FusedRowsParity, NormRopeQuantRejectsBadShapes) {
   EXPECT_FALSE(run_rows_norm_rope_quant(a, nullptr).ok());
   a.dim = 0;
   EXPECT_FALSE(run_rows_norm_rope_quant(a, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, HcSite) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, c, h;
+    bool weight;
+  };
+  // Released C = 4, h = 5120 at decode rows (1, 2, 17: one and three row groups), prefill rows past
+  // run_rms_norm's register layout (130, a narrower h to keep the emulator quick), C = 3 / 8 / 2
+  // (the other finish / partial instantiations, unaligned columns), and h past the fused kernel's
+  // shared-memory row (the unfused sequence).
+  const std::vector<C> cases = {{1, 4, 5120, true},  {2, 4, 5120, true}, {17, 4, 5120, true},
+                                {130, 4, 640, true}, {3, 3, 33, false},  {9, 8, 260, true},
+                                {2, 2, 12300, true}};
+  uint64_t seed = 1300;
+  for (const C& c : cases) {
+    const int64_t F = c.c * c.h, M = (2 + c.c) * c.c;
+    auto streams = rand_floats(static_cast<size_t>(c.n * F), ++seed, 4.0f);
+    auto fn = rand_floats(static_cast<size_t>(M * F), ++seed, 1.7f / std::sqrt(static_cast<float>(F) / 3.0f));
+    auto base = rand_floats(static_cast<size_t>(M), ++seed);
+    auto cw = rand_floats(static_cast<size_t>(c.n * c.c), ++seed);
+    auto nw = rand_floats(static_cast<size_t>(c.h), ++seed, 1.5f);
+    std::vector<float> scale = {0.8f, 1.3f, 2.0f};
+    Dev<float> ds(streams), dfn(fn), dscale(scale), dbase(base), dcw(cw), dnw(nw);
+    const size_t ws_bytes = hc_map_workspace_bytes(c.n + 100, c.c, c.h);
+    struct Out {
+      Dev<float> pre, post, comb, x;
+      Dev<uint8_t> ws;
+      Out(int64_t n, int64_t cc, int64_t h, size_t wsb)
+          : pre(n * cc), post(n * cc), comb(n * cc * cc), x(n * h), ws(wsb) {}
+    };
+    auto args = [&](Out& o) {
+      HcMapDeviceArgs d;
+      d.n = c.n;
+      d.c = c.c;
+      d.h = c.h;
+      d.sinkhorn_iters = 20;
+      d.streams = ds.p;
+      d.fn = dfn.p;
+      d.scale = dscale.p;
+      d.base = dbase.p;
+      d.pre = o.pre.p;
+      d.post = o.post.p;
+      d.comb = o.comb.p;
+      d.workspace = o.ws.p;
+      d.workspace_bytes = ws_bytes;
+      return d;
+    };
+    Out u(c.n, c.c, c.h, ws_bytes), f(c.n, c.c, c.h, ws_bytes);
+    const HcMapDeviceArgs ud = args(u);
+    ASSERT_TRUE(run_hc_map(ud, nullptr).ok());
+    ASSERT_TRUE(run_hc_collapse(ds.p, dcw.p, c.n, c.c, c.h, u.x.p, nullptr).ok());
+    ASSERT_TRUE(run_rms_norm(u.x.p, c.n, c.h, c.weight ? dnw.p : nullptr, 1e-6f, u.x.p, nullptr).ok());
+    const int64_t nc = hc_site_counter_count(c.n + 100);
+    Dev<uint32_t> counters(std::vector<uint32_t>(static_cast<size_t>(nc), 0u));
+    HcSiteArgs s;
+    s.map = args(f);
+    s.collapse_w = dcw.p;
+    s.norm_weight = c.weight ? dnw.p : nullptr;
+    s.eps = 1e-6f;
+    s.x = f.x.p;
+    s.counters = counters.p;
+    s.counters_size = nc;
+    const std::string shape = dims({c.n, c.c, c.h});
+    for (int rep = 0; rep < 2; ++rep) {  // the second call finds the counters zeroed by the first
+      const Status st = run_hc_site(s, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      const size_t bad = count_bit_diffs(f.pre.get(), u.pre.get()) +
+                         count_bit_diffs(f.post.get(), u.post.get()) +
+                         count_bit_diffs(f.comb.get(), u.comb.get()) + count_bit_diffs(f.x.get(), u.x.get());
+      size_t left = 0;
+      for (uint32_t v : counters.get()) left += v != 0;
+      report(rep == 0 ? "hc_site" : "hc_site again", shape, static_cast<double>(bad + left), 0,
+             "hc_map + hc_collapse + rms_norm: the same code / fp order; pre, post, comb, x bit for bit, "
+             "counters zero after");
+    }
+  }
 }
 
 }  // namespace
