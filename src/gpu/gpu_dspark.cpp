@@ -306,9 +306,9 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
                              .with_context("DSpark stage " + std::to_string(s) + " attention"));
     DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, st));
     DS41_RETURN_IF_ERROR(hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));
-    DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x, ws_.y)
+    DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x, ws_.y,
+                                  ws_.post_f, ws_.comb_f)  // expands into the streams
                              .with_context("DSpark stage " + std::to_string(s) + " MoE"));
-    DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_f, ws_.comb_f, n, C, H, st));
     std::swap(pi, pre_f);  // the next stage collapses with this FFN site's pre
     if (opt.record) {  // the block's KV rows (ws_.kvf rows [0, n), Q_win values) and the routing
       const int64_t kd = c.dspark_num_experts_per_tok;

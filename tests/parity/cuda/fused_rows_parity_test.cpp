@@ -4,16 +4,19 @@
 // 512, index keys 128, index queries 32 x 128), decode row counts (1, 3, 127: run_rms_norm's
 // register layout) and prefill ones (128, 130: its strided layout), and past the limits (rows wider
 // than a CTA run the unfused sequence; a Q_kv row 48 wide; no norm weight; the inverse rotation);
-// the fused mHC site (map + collapse + norm).
+// the fused mHC site (map + collapse + norm), MoE routing (router + bucketing), combine + shared add
+// + expand.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
+#include "backends/cuda/moe_kernels.h"
 #include "kernel_parity_util.h"
 
 namespace ds41::cuda::parity {
@@ -232,6 +235,173 @@ TEST(FusedRowsParity, HcSite) {
              "hc_map + hc_collapse + rms_norm: the same code / fp order; pre, post, comb, x bit for bit, "
              "counters zero after");
     }
+  }
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, MoeRoute) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, E, k;
+    bool vl, ties, masked;
+  };
+  // The released router (384 experts, top 6) at decode rows 1 / 3 and the largest one-chunk batch
+  // (42 rows = 252 pairs), DSpark's (128, top 3), past the chunk (43 rows: the unfused sequence), tied
+  // scores, image rows with bias_vl, and -inf biases leaving fewer than k selectable experts.
+  const std::vector<C> cases = {{1, 384, 6, false, false, false}, {3, 384, 6, true, false, false},
+                                {42, 384, 6, false, true, false}, {43, 384, 6, false, false, false},
+                                {2, 128, 3, false, false, false}, {5, 8, 6, false, true, true}};
+  uint64_t seed = 1700;
+  for (const C& c : cases) {
+    const int64_t n = c.n, E = c.E, k = c.k, nk = n * k;
+    auto logits = rand_floats(static_cast<size_t>(n * E), ++seed, 3.0f);
+    if (c.ties)
+      for (auto& v : logits) v = std::round(v * 2.0f) / 2.0f;
+    auto bias = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
+    if (c.ties)
+      for (auto& v : bias) v = 0.0f;
+    if (c.masked)
+      for (int64_t e = 0; e < E; e += 2) bias[e] = -INFINITY;
+    auto bias_vl = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
+    std::vector<uint8_t> vl(n);
+    for (int64_t r = 0; r < n; ++r) vl[r] = r % 2;
+    Dev<float> dl(logits), db(bias), dbv(bias_vl);
+    Dev<uint8_t> dvl(vl), dws(moe_bucket_workspace_bytes(n, k, E) + 256);
+    struct Out {
+      Dev<int32_t> ex;
+      Dev<float> w, pw;
+      Dev<int64_t> off, pr, sp;
+      Out(int64_t nk, int64_t E)
+          : ex(std::vector<int32_t>(nk, 7)),
+            w(std::vector<float>(nk, 0.5f)),
+            pw(std::vector<float>(nk, 0.25f)),
+            off(std::vector<int64_t>(E + 1, 3)),
+            pr(std::vector<int64_t>(nk, 5)),
+            sp(std::vector<int64_t>(nk, 9)) {}
+    };
+    Out u(nk, E), f(nk, E);
+    const float temp = 1.3f, scale = 2.5f;
+    ASSERT_TRUE(run_router(dl.p, n, E, db.p, c.vl ? dbv.p : nullptr, c.vl ? dvl.p : nullptr, k, temp, scale,
+                           u.ex.p, u.w.p, nullptr)
+                    .ok());
+    ASSERT_TRUE(run_moe_bucket(u.ex.p, u.w.p, n, k, E, u.off.p, u.pr.p, u.pw.p, u.sp.p, dws.p, nullptr).ok());
+    Dev<uint32_t> counters(std::vector<uint32_t>(4, 0u));
+    MoeRouteArgs a;
+    a.logits = dl.p;
+    a.n = n;
+    a.n_experts = E;
+    a.k = k;
+    a.bias = db.p;
+    a.bias_vl = c.vl ? dbv.p : nullptr;
+    a.vl = c.vl ? dvl.p : nullptr;
+    a.temp = temp;
+    a.route_scale = scale;
+    a.experts = f.ex.p;
+    a.weights = f.w.p;
+    a.offsets = f.off.p;
+    a.perm_rows = f.pr.p;
+    a.perm_weight = f.pw.p;
+    a.slot_pos = f.sp.p;
+    a.workspace = dws.p;
+    a.counters = counters.p;
+    const std::string shape =
+        dims({n, E, k}) + (c.vl ? " vl" : "") + (c.ties ? " ties" : "") + (c.masked ? " -inf" : "");
+    for (int rep = 0; rep < 2; ++rep) {
+      const Status st = run_moe_route(a, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      size_t bad = count_bit_diffs(f.w.get(), u.w.get()) + count_bit_diffs(f.pw.get(), u.pw.get());
+      bad += f.ex.get() != u.ex.get();
+      bad += f.off.get() != u.off.get();
+      bad += f.pr.get() != u.pr.get();
+      bad += f.sp.get() != u.sp.get();
+      size_t left = 0;
+      for (uint32_t v : counters.get()) left += v != 0;
+      report(
+          rep == 0 ? "moe_route" : "moe_route again", shape, static_cast<double>(bad + left), 0,
+          "router_kernel's code + the stable bucketing (integers): experts, weights, offsets, perm, slot_pos "
+          "equal; counter zero after");
+    }
+  }
+}
+
+TEST(FusedRowsParity, MoeCombineExpand) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, k, h, c;
+    bool add;
+  };
+  const std::vector<C> cases = {
+      {1, 6, 5120, 4, true}, {3, 6, 5120, 4, false}, {2, 3, 333, 3, true}, {5, 2, 64, 8, true}};
+  uint64_t seed = 1900;
+  for (const C& c : cases) {
+    const int64_t n = c.n, k = c.k, h = c.h, nk = n * k;
+    auto out_perm = rand_floats(static_cast<size_t>(nk * h), ++seed, 2.0f);
+    auto add = rand_floats(static_cast<size_t>(n * h), ++seed, 2.0f);
+    auto streams = rand_floats(static_cast<size_t>(n * c.c * h), ++seed, 3.0f);
+    auto post = rand_floats(static_cast<size_t>(n * c.c), ++seed);
+    auto comb = rand_floats(static_cast<size_t>(n * c.c * c.c), ++seed);
+    // Pair (r, j): expert (r * 7 + 5 * (k - j)) % 50 (descending in j: the sort matters), position a
+    // permutation of [0, nk); every seventh pair unrouted (slot -1).
+    std::vector<int32_t> ex(nk);
+    std::vector<int64_t> sp(nk);
+    for (int64_t p = 0; p < nk; ++p) {
+      ex[p] = static_cast<int32_t>(((p / k) * 7 + 5 * (k - p % k)) % 50);
+      sp[p] = p % 7 == 6 ? -1 : (p * 5 + 3) % nk;
+    }
+    Dev<float> dop(out_perm), dadd(add), dpost(post), dcomb(comb), uy(static_cast<size_t>(n * h)),
+        fy(static_cast<size_t>(n * h)), us(streams), fs(streams);
+    Dev<int32_t> dex(ex);
+    Dev<int64_t> dsp(sp);
+    ASSERT_TRUE(run_moe_combine(dop.p, dsp.p, dex.p, n, k, h, uy.p, nullptr).ok());
+    if (c.add) ASSERT_TRUE(run_add_inplace(uy.p, dadd.p, n * h, nullptr).ok());
+    ASSERT_TRUE(run_hc_expand(us.p, uy.p, dpost.p, dcomb.p, n, c.c, h, nullptr).ok());
+    const Status st = run_moe_combine_expand(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, fy.p,
+                                             fs.p, dpost.p, dcomb.p, c.c, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const size_t bad = count_bit_diffs(fy.get(), uy.get()) + count_bit_diffs(fs.get(), us.get());
+    report("moe_combine_expand", dims({n, k, h, c.c}) + (c.add ? " +shared" : ""), static_cast<double>(bad),
+           0, "combine's sorted fp32 sum, the add, hc_expand's fp32 order: y and streams bit for bit");
+  }
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, SwigluPair) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t na, da, nb, db;
+  };
+  // The routed rows (n * 6 x 2304, routing weights as row scales) and the shared expert's rows
+  // (n x 2304), decode n = 1 and 3; ragged small shapes; an empty first set.
+  const std::vector<C> cases = {{6, 2304, 1, 2304}, {18, 2304, 3, 2304}, {5, 33, 2, 70}, {0, 16, 3, 40}};
+  uint64_t seed = 2300;
+  for (const C& c : cases) {
+    auto ga = rand_floats(static_cast<size_t>(c.na * c.da), ++seed, 12.0f);
+    auto ua = rand_floats(static_cast<size_t>(c.na * c.da), ++seed, 12.0f);
+    auto gb = rand_floats(static_cast<size_t>(c.nb * c.db), ++seed, 12.0f);
+    auto ub = rand_floats(static_cast<size_t>(c.nb * c.db), ++seed, 12.0f);
+    auto sc = rand_floats(static_cast<size_t>(std::max<int64_t>(c.na, 1)), ++seed);
+    if (!gb.empty()) gb[0] = NAN, ub[1] = INFINITY, gb[2] = -INFINITY;  // NaN / inf pass as in std::min / clamp
+    Dev<float> dga(ga), dua(ua), dgb(gb), dub(ub), dsc(sc), uoa(ga.size()), uob(gb.size()), foa(ga.size()),
+        fob(gb.size());
+    const float lim = 7.0f;
+    if (c.na) ASSERT_TRUE(run_swiglu(dga.p, dua.p, c.na, c.da, lim, dsc.p, uoa.p, nullptr).ok());
+    ASSERT_TRUE(run_swiglu(dgb.p, dub.p, c.nb, c.db, lim, nullptr, uob.p, nullptr).ok());
+    const Status st = run_swiglu_pair({dga.p, dua.p, c.na, c.da, dsc.p, foa.p}, {dgb.p, dub.p, c.nb, c.db, nullptr, fob.p},
+                                      lim, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const size_t bad = (c.na ? count_bit_diffs(foa.get(), uoa.get()) : 0) + count_bit_diffs(fob.get(), uob.get());
+    report("swiglu_pair", dims({c.na, c.da, c.nb, c.db}), static_cast<double>(bad), 0,
+           "swiglu_kernel's ops per element over both sets: outputs bit for bit");
   }
 }
 
