@@ -20,7 +20,7 @@ mkdir -p "$out"
 emu=$root/scripts/cuda-host-emu
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
 fl=(-std=c++20 -O1 -ffp-contract=off -w -I"$root/src" -I"$root/tests" -I"$cuda_inc")
-kernels=(kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise elementwise fused_rows moe fused_moe)
+kernels=(argmax kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise elementwise fused_rows moe fused_moe)
 # An object newer than its source, every backends/cuda header and the emulator is kept (2-core hosts).
 fresh() {  # fresh OBJ SRC...
   [[ -f $1 ]] || return 1

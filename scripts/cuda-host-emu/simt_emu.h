@@ -11,6 +11,7 @@
 // between warps without a barrier, the read-only cache, resource limits (registers, shared memory
 // size), performance. Launches from several host threads are serialized (one kernel at a time).
 #pragma once
+#define DS41_SIMT_EMU 1
 #define __global__
 #define __device__
 #define __host__

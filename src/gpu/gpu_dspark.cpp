@@ -11,9 +11,9 @@
 //   - draft: the B-position block [x_L, noise x (B-1)] through the stages (both mHC sites, block
 //     attention over the stage's context rows max(first, L-W)..L-1 plus all B block rows — no causal
 //     mask — and the E_d-expert top-k_d MoE without bias_vl), the collapse with the last FFN pre, the
-//     draft's norm, the target head; then left to right the Markov term, the choice (on the host:
-//     z_k is copied back, the greedy argmax takes the lowest index on ties, as the reference) and the
-//     confidence head.
+//     draft's norm, the target head; then left to right the Markov term, the choice (greedy:
+//     run_argmax_rows on the device, the lowest index on ties as the reference's argmax; a chooser:
+//     z_k is copied back to the host) and the confidence head.
 // Every buffer comes from enable_dspark's one allocation; nothing is allocated per step.
 #include <algorithm>
 #include <cmath>
@@ -27,7 +27,7 @@
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
-#include "backends/cuda/topk_kernels.h"
+#include "backends/cuda/argmax_kernels.h"
 #include "gpu/gpu_forward.h"
 
 namespace ds41::gpu {
@@ -353,7 +353,7 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   // Greedy on the device: c_k = top-1 of z_k (the house tie order: lowest index on ties, as the
   // reference's argmax), no host round trip until the end. A chooser (sampling) gets z_k on the host.
   const size_t f4 = sizeof(float);
-  const bool device_argmax = !opt.choose && cuda::topk_workspace_bytes(nb, V, 1) <= ws_.scratch_bytes;
+  const bool device_argmax = !opt.choose && cuda::argmax_workspace_bytes(nb, V) <= ws_.scratch_bytes;
   for (int64_t k = 0; k < B; ++k) {
     const int32_t* prev = k == 0 ? ds_.prev : ds_.cand + (k - 1) * nb;
     DS41_RETURN_IF_ERROR(cuda::run_embed_bf16(w.markov_embed.data, V, R, prev, nb, ds_.me, st));
@@ -368,7 +368,7 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
         "confidence input"));
     DS41_RETURN_IF_ERROR(linear(w.confidence_proj, ds_.hz, nb, ds_.gamma + k * nb));
     if (device_argmax) {
-      DS41_RETURN_IF_ERROR(cuda::run_topk_rows(ds_.zk, nb, V, 1, ds_.cand + k * nb, ws_.scratch, st));
+      DS41_RETURN_IF_ERROR(cuda::run_argmax_rows(ds_.zk, nb, V, ds_.cand + k * nb, ws_.scratch, st));
       continue;
     }
     DS41_RETURN_IF_ERROR(cuda::cuda_status(

@@ -24,6 +24,8 @@
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -56,6 +58,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int64_t* __restrict__ kv_offsets, const int32_t* __restrict__ kv_index,
                             const float* __restrict__ kv, const float* __restrict__ sink, float scale,
                             float* __restrict__ out) {
+  dev::pdl_enter();
   extern __shared__ float smem[];
   float* q_s = smem;                     // [kHeads][d]
   float* kv_s = q_s + kHeads * d;        // [kTile][d]
@@ -171,6 +174,7 @@ __global__ void __launch_bounds__(kThreads)
                                   const float* __restrict__ sink, float scale, float* __restrict__ out,
                                   int64_t splits, int64_t chunk, float* __restrict__ part_acc,
                                   float* __restrict__ part_ml) {
+  dev::pdl_enter();
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ float acc_s[kSplitHeads * kMaxDim];
   const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
@@ -297,11 +301,19 @@ __global__ void __launch_bounds__(kThreads)
 
 // One CTA per (row, head): M = max_s m_s, L = sum_s l_s exp(m_s - M), out = sum_s exp(m_s - M)
 // acc_s / L, splits in order, those with m_s = -inf skipped (a split past the row's end); a row
-// without entries yields 0.
+// without entries yields 0. The split weights exp(m_s - M) and L are computed once per CTA (the
+// same expressions in the same order as per channel before: the same bits), then each thread owns
+// four channels (float4 loads of every split in flight) instead of recomputing them per channel.
+constexpr int64_t kMaxCombineSplits = 512;  // the most splits decode_splits gives is kTargetCtas
+static_assert(kMaxCombineSplits >= kTargetCtas);
+
 __global__ void __launch_bounds__(kCombineThreads)
     sparse_attention_combine_kernel(int64_t n_heads, int64_t d, const int64_t* __restrict__ kv_offsets,
                                     int64_t splits, const float* __restrict__ part_acc,
                                     const float* __restrict__ part_ml, float* __restrict__ out) {
+  dev::pdl_enter();
+  __shared__ float wsp[kMaxCombineSplits];  // exp(m_s - M) (>= 0), or -1 for a skipped split
+  __shared__ float big_l_sh;
   const int64_t r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
   float* o = out + (r * n_heads + h) * d;
   if (kv_offsets[r + 1] <= kv_offsets[r]) {
@@ -311,18 +323,43 @@ __global__ void __launch_bounds__(kCombineThreads)
   const float* ml = part_ml + (r * splits * n_heads + h) * 2;  // split sp at + sp * n_heads * 2
   float big_m = -INFINITY;
   for (int64_t sp = 0; sp < splits; ++sp) big_m = fmaxf(big_m, ml[sp * n_heads * 2]);
-  float big_l = 0.0f;
-  for (int64_t sp = 0; sp < splits; ++sp) {
+  for (int64_t sp = threadIdx.x; sp < splits; sp += kCombineThreads) {
     const float m = ml[sp * n_heads * 2];
-    if (m != -INFINITY) big_l += ml[sp * n_heads * 2 + 1] * expf(m - big_m);
+    wsp[sp] = m != -INFINITY ? expf(m - big_m) : -1.0f;
   }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float big_l = 0.0f;
+    for (int64_t sp = 0; sp < splits; ++sp)
+      if (wsp[sp] >= 0.0f) big_l += ml[sp * n_heads * 2 + 1] * wsp[sp];
+    big_l_sh = big_l;
+  }
+  __syncthreads();
+  const float big_l = big_l_sh;
   const float* pa = part_acc + (r * splits * n_heads + h) * d;  // split sp at + sp * n_heads * d
+  const int64_t sstride = n_heads * d;
+  const bool vec = (d & 3) == 0 && (reinterpret_cast<uintptr_t>(pa) & 15u) == 0 &&
+                   (reinterpret_cast<uintptr_t>(o) & 15u) == 0 && (sstride & 3) == 0;
+  if (vec) {
+    for (int64_t c = 4 * threadIdx.x; c < d; c += 4 * kCombineThreads) {
+      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const float w = wsp[sp];
+        if (w < 0.0f) continue;
+        const float4 v = *reinterpret_cast<const float4*>(pa + sp * sstride + c);
+        a.x += v.x * w;
+        a.y += v.y * w;
+        a.z += v.z * w;
+        a.w += v.w * w;
+      }
+      *reinterpret_cast<float4*>(o + c) = make_float4(a.x / big_l, a.y / big_l, a.z / big_l, a.w / big_l);
+    }
+    return;
+  }
   for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) {
     float a = 0.0f;
-    for (int64_t sp = 0; sp < splits; ++sp) {
-      const float m = ml[sp * n_heads * 2];
-      if (m != -INFINITY) a += pa[sp * n_heads * d + c] * expf(m - big_m);
-    }
+    for (int64_t sp = 0; sp < splits; ++sp)
+      if (wsp[sp] >= 0.0f) a += pa[sp * sstride + c] * wsp[sp];
     o[c] = a / big_l;
   }
 }
@@ -382,13 +419,11 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     const int64_t chunk = (a.max_entries_per_row + splits - 1) / splits;
     float* part_acc = splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
     float* part_ml = splits > 1 ? part_acc + a.n * splits * a.n_heads * a.head_dim : nullptr;
-    sparse_attention_split_kernel<<<static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream>>>(
-        a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
+    launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
         std::max<int64_t>(chunk, 1), part_acc, part_ml);
     DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
     if (splits == 1) return ok_status();
-    sparse_attention_combine_kernel<<<static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream>>>(
-        a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out);
+    launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream, a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out);
     return last_launch_status("sparse_attention_combine");
   }
   static const bool tc_allowed = [] {
@@ -399,8 +434,7 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   const int64_t groups = (a.n_heads + kHeads - 1) / kHeads;
   if (a.n * groups > 0x7fffffff)
     return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " x head groups too large");
-  sparse_attention_kernel<<<static_cast<unsigned>(a.n * groups), kThreads, smem_bytes(a.head_dim), stream>>>(
-      a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
+  launch(sparse_attention_kernel, static_cast<unsigned>(a.n * groups), kThreads, smem_bytes(a.head_dim), stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
   return last_launch_status("sparse_attention");
 }
 

@@ -8,6 +8,8 @@
 
 #include "backends/cuda/compressor_kernels.h"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -16,6 +18,7 @@ constexpr int kThreads = 256;
 
 __global__ void softmax_pool_kernel(const float* __restrict__ a, const float* __restrict__ b, int64_t r,
                                     int64_t dim, int64_t total, float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t g = e / dim, d = e % dim;
@@ -48,8 +51,7 @@ Status run_softmax_pool(const float* a, const float* b, int64_t groups, int64_t 
   if (!a || !b || !out) return invalid_argument("softmax_pool: null a, b or out");
   if ((total + kThreads - 1) / kThreads > 0x7fffffff)
     return invalid_argument("softmax_pool: groups x dim too large");
-  softmax_pool_kernel<<<static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      a, b, r, dim, total, out);
+  launch(softmax_pool_kernel, static_cast<unsigned>((total + kThreads - 1) / kThreads), kThreads, 0, stream, a, b, r, dim, total, out);
   return last_launch_status("softmax_pool");
 }
 

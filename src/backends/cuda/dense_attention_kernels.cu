@@ -11,6 +11,8 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/dense_attention_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -23,6 +25,7 @@ __global__ void __launch_bounds__(kQ)
     dense_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
                            const float* __restrict__ v, int64_t ld, const int64_t* __restrict__ seg,
                            int64_t heads, int64_t hd, float scale, float* __restrict__ out) {
+  dev::pdl_enter();
   constexpr int V4 = HD / 4;
   __shared__ float4 ks[kT][V4];
   __shared__ float4 vs[kT][V4];
@@ -134,14 +137,11 @@ Status run_dense_attention(const DenseAttentionDeviceArgs& a, cudaStream_t strea
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.n_heads),
                   static_cast<unsigned>(a.n_segs));
   if (a.head_dim <= 32)
-    dense_attention_kernel<32>
-        <<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
+    launch(dense_attention_kernel<32>, grid, kQ, 0, stream, a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
   else if (a.head_dim <= 64)
-    dense_attention_kernel<64>
-        <<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
+    launch(dense_attention_kernel<64>, grid, kQ, 0, stream, a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
   else
-    dense_attention_kernel<128>
-        <<<grid, kQ, 0, stream>>>(a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
+    launch(dense_attention_kernel<128>, grid, kQ, 0, stream, a.q, a.k, a.v, ld, a.seg_offsets, a.n_heads, a.head_dim, a.scale, a.out);
   return last_launch_status("dense_attention");
 }
 

@@ -11,6 +11,8 @@
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/row_reduce.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -20,6 +22,7 @@ constexpr int64_t kMaxFreq = 2048;
 
 __global__ void embed_bf16_kernel(const uint16_t* __restrict__ table, int64_t rows, int64_t dim,
                                   const int32_t* __restrict__ ids, int64_t total, float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t r = i / dim, c = i % dim;
@@ -32,6 +35,7 @@ __global__ void embed_bf16_kernel(const uint16_t* __restrict__ table, int64_t ro
 // rounding steps: mean -> float, inv = float(1 / sqrt(double(mean + eps))), y = (x * inv) * w.
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* x, int64_t dim, const float* __restrict__ weight, float eps, float* y) {
+  dev::pdl_enter();
   __shared__ double scratch[32];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
@@ -54,6 +58,7 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kRegThreads = 1024, kRegPer = 8;
 __global__ void __launch_bounds__(kRegThreads)
     rms_norm_reg_kernel(const float* x, int64_t dim, const float* __restrict__ weight, float eps, float* y) {
+  dev::pdl_enter();
   __shared__ double scratch[32];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
@@ -80,6 +85,7 @@ __global__ void __launch_bounds__(kRegThreads)
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(float* x, int64_t heads, int64_t head_dim, const int64_t* __restrict__ pos,
                 const float* __restrict__ inv_freq, int64_t n_freq, bool inverse) {
+  dev::pdl_enter();
   __shared__ float cs[2 * kMaxFreq];
   const int64_t r = blockIdx.x;
   const float p = static_cast<float>(pos[r]);
@@ -108,6 +114,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, int64_t dim,
                               int64_t total, float limit, const float* __restrict__ row_scale,
                               float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const float gv = g[i], uv = u[i];
@@ -120,11 +127,13 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
 }
 
 __global__ void scale_kernel(float* x, int64_t count, float s) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) x[i] = __fmul_rn(x[i], s);
 }
 
 __global__ void add_kernel(float* y, const float* __restrict__ x, int64_t count) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) y[i] = __fadd_rn(y[i], x[i]);
 }
@@ -132,6 +141,7 @@ __global__ void add_kernel(float* y, const float* __restrict__ x, int64_t count)
 // Row movement: one block row per destination row (grid.y = rows, grid.x over the columns).
 __global__ void gather_rows_kernel(const float* __restrict__ src, const int64_t* __restrict__ idx,
                                    int64_t dim, float* __restrict__ dst) {
+  dev::pdl_enter();
   const int64_t i = blockIdx.y, c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= dim) return;
   const int64_t s = idx[i];
@@ -140,6 +150,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ src, const int64_t*
 
 __global__ void gather_row_ptrs_kernel(const float* const* __restrict__ ptrs, int64_t dim,
                                        float* __restrict__ dst) {
+  dev::pdl_enter();
   const int64_t i = blockIdx.y, c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= dim) return;
   const float* p = ptrs[i];
@@ -148,6 +159,7 @@ __global__ void gather_row_ptrs_kernel(const float* const* __restrict__ ptrs, in
 
 __global__ void scatter_rows_kernel(const float* __restrict__ src, const int64_t* __restrict__ idx,
                                     int64_t dim, float* __restrict__ dst) {
+  dev::pdl_enter();
   const int64_t i = blockIdx.y, c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= dim) return;
   const int64_t d = idx[i];
@@ -156,6 +168,7 @@ __global__ void scatter_rows_kernel(const float* __restrict__ src, const int64_t
 
 __global__ void slice_cols_kernel(const float* __restrict__ x, int64_t x_cols, int64_t col_begin,
                                   int64_t width, float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t r = blockIdx.y, c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= width) return;
   out[r * width + c] = x[r * x_cols + col_begin + c];
@@ -187,8 +200,7 @@ Status run_embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, const int
   if (rows <= 0 || dim <= 0 || n < 0) return bad("embed_bf16", "rows/dim/n out of range");
   if (n == 0) return ok_status();
   const int64_t total = n * dim;
-  embed_bf16_kernel<<<grid_1d(total, kThreads), kThreads, 0, stream>>>(
-      reinterpret_cast<const uint16_t*>(table), rows, dim, ids, total, out);
+  launch(embed_bf16_kernel, grid_1d(total, kThreads), kThreads, 0, stream, reinterpret_cast<const uint16_t*>(table), rows, dim, ids, total, out);
   return last_launch_status("embed_bf16");
 }
 
@@ -207,10 +219,10 @@ Status run_rms_norm(const float* x, int64_t n, int64_t dim, const float* weight,
   if (dim <= 0) return bad("rms_norm", "dim " + std::to_string(dim) + " must be positive");
   if (n == 0) return ok_status();
   if (n < 128 && dim <= int64_t{kRegThreads} * kRegPer) {  // decode: a row's loads all in flight
-    rms_norm_reg_kernel<<<static_cast<unsigned>(n), rms_norm_sum_threads(n, dim), 0, stream>>>(x, dim, weight,
-                                                                                              eps, y);
+    launch(rms_norm_reg_kernel, static_cast<unsigned>(n), rms_norm_sum_threads(n, dim), 0, stream, x, dim, weight,
+           eps, y);
   } else {
-    rms_norm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, dim, weight, eps, y);
+    launch(rms_norm_kernel, static_cast<unsigned>(n), kThreads, 0, stream, x, dim, weight, eps, y);
   }
   return last_launch_status("rms_norm");
 }
@@ -223,7 +235,7 @@ Status run_rope(float* x, int64_t n, int64_t heads, int64_t head_dim, const int6
     return bad("rope", "n_freq " + std::to_string(n_freq) +
                            " (want 2 * n_freq <= head_dim, n_freq <= " + std::to_string(kMaxFreq) + ")");
   if (n == 0 || n_freq == 0) return ok_status();
-  rope_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, heads, head_dim, pos, inv_freq, n_freq,
+  launch(rope_kernel, static_cast<unsigned>(n), kThreads, 0, stream, x, heads, head_dim, pos, inv_freq, n_freq,
                                                                  inverse);
   return last_launch_status("rope");
 }
@@ -233,21 +245,21 @@ Status run_swiglu(const float* g, const float* u, int64_t n, int64_t dim, float 
   if (n < 0 || dim <= 0) return bad("swiglu", "n/dim out of range");
   if (n == 0) return ok_status();
   const int64_t total = n * dim;
-  swiglu_kernel<<<grid_1d(total, kThreads), kThreads, 0, stream>>>(g, u, dim, total, limit, row_scale, out);
+  launch(swiglu_kernel, grid_1d(total, kThreads), kThreads, 0, stream, g, u, dim, total, limit, row_scale, out);
   return last_launch_status("swiglu");
 }
 
 Status run_scale(float* x, int64_t count, float s, cudaStream_t stream) {
   if (count < 0) return bad("scale", "count is negative");
   if (count == 0) return ok_status();
-  scale_kernel<<<grid_1d(count, kThreads), kThreads, 0, stream>>>(x, count, s);
+  launch(scale_kernel, grid_1d(count, kThreads), kThreads, 0, stream, x, count, s);
   return last_launch_status("scale");
 }
 
 Status run_add_inplace(float* y, const float* x, int64_t count, cudaStream_t stream) {
   if (count < 0) return bad("add_inplace", "count is negative");
   if (count == 0) return ok_status();
-  add_kernel<<<grid_1d(count, kThreads), kThreads, 0, stream>>>(y, x, count);
+  launch(add_kernel, grid_1d(count, kThreads), kThreads, 0, stream, y, x, count);
   return last_launch_status("add_inplace");
 }
 
@@ -255,7 +267,7 @@ Status run_gather_rows(const float* src, const int64_t* idx, int64_t m, int64_t 
                        cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_rows("gather_rows", m, dim));
   for_row_chunks(m, dim, [&](int64_t r0, dim3 grid) {
-    gather_rows_kernel<<<grid, kThreads, 0, stream>>>(src, idx + r0, dim, dst + r0 * dim);
+    launch(gather_rows_kernel, grid, kThreads, 0, stream, src, idx + r0, dim, dst + r0 * dim);
   });
   return last_launch_status("gather_rows");
 }
@@ -264,7 +276,7 @@ Status run_gather_row_ptrs(const float* const* row_ptrs, int64_t m, int64_t dim,
                            cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_rows("gather_row_ptrs", m, dim));
   for_row_chunks(m, dim, [&](int64_t r0, dim3 grid) {
-    gather_row_ptrs_kernel<<<grid, kThreads, 0, stream>>>(row_ptrs + r0, dim, dst + r0 * dim);
+    launch(gather_row_ptrs_kernel, grid, kThreads, 0, stream, row_ptrs + r0, dim, dst + r0 * dim);
   });
   return last_launch_status("gather_row_ptrs");
 }
@@ -273,7 +285,7 @@ Status run_scatter_rows(const float* src, const int64_t* idx, int64_t m, int64_t
                         cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_rows("scatter_rows", m, dim));
   for_row_chunks(m, dim, [&](int64_t r0, dim3 grid) {
-    scatter_rows_kernel<<<grid, kThreads, 0, stream>>>(src + r0 * dim, idx + r0, dim, dst);
+    launch(scatter_rows_kernel, grid, kThreads, 0, stream, src + r0 * dim, idx + r0, dim, dst);
   });
   return last_launch_status("scatter_rows");
 }
@@ -286,7 +298,7 @@ Status run_slice_cols(const float* x, int64_t n, int64_t x_cols, int64_t col_beg
                                  std::to_string(col_begin + width) + ") outside x_cols " +
                                  std::to_string(x_cols));
   for_row_chunks(n, width, [&](int64_t r0, dim3 grid) {
-    slice_cols_kernel<<<grid, kThreads, 0, stream>>>(x + r0 * x_cols, x_cols, col_begin, width,
+    launch(slice_cols_kernel, grid, kThreads, 0, stream, x + r0 * x_cols, x_cols, col_begin, width,
                                                      out + r0 * width);
   });
   return last_launch_status("slice_cols");

@@ -11,6 +11,8 @@
 #include "backends/cuda/engram_kernels.h"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/weight_dequant.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -21,6 +23,7 @@ __global__ void __launch_bounds__(kThreads)
     engram_update_kernel(float* streams, const float* __restrict__ z, const float* __restrict__ omega,
                          const uint8_t* __restrict__ dead, int64_t c, int64_t h, float eps,
                          float* __restrict__ gates) {
+  dev::pdl_enter();
   __shared__ double scratch[32];
   const int64_t r = blockIdx.x, s = blockIdx.y;
   if (dead && dead[r]) {
@@ -72,7 +75,7 @@ Status run_engram_update(float* streams, const float* z, const float* omega, con
   if (c <= 0 || c > 65535 || h <= 0) return bad("engram_update", "c/h out of range");
   if (n == 0) return ok_status();
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(c));
-  engram_update_kernel<<<grid, kThreads, 0, stream>>>(streams, z, omega, dead, c, h, eps, gates);
+  launch(engram_update_kernel, grid, kThreads, 0, stream, streams, z, omega, dead, c, h, eps, gates);
   return last_launch_status("engram_update");
 }
 

@@ -9,6 +9,8 @@
 #include "backends/cuda/fake_quant_device.cuh"
 #include "backends/cuda/fake_quant_kernels.h"
 #include "backends/cuda/quant_device.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -18,6 +20,7 @@ namespace {
 template <int kOp>
 __global__ void fake_quant_encode_kernel(const float* __restrict__ x, int64_t n, int64_t total,
                                          uint8_t* __restrict__ rows) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = e < total;
   const float v = active ? x[e] : 0.0f;
@@ -42,6 +45,7 @@ __device__ __forceinline__ void put<__nv_bfloat16>(__nv_bfloat16* out, int64_t e
 template <int kOp, typename T>
 __global__ void fake_quant_decode_kernel(const uint8_t* __restrict__ rows, int64_t n, int64_t total,
                                          T* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t r = e / n, i = e % n;
@@ -49,10 +53,12 @@ __global__ void fake_quant_decode_kernel(const uint8_t* __restrict__ rows, int64
 }
 
 __global__ void e4m3_encode_kernel(const float* __restrict__ x, int64_t n, uint8_t* __restrict__ codes) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e < n) codes[e] = static_cast<uint8_t>(dev::e4m3_encode(x[e]));
 }
 __global__ void e2m1_encode_kernel(const float* __restrict__ x, int64_t n, uint8_t* __restrict__ codes) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e < n) codes[e] = static_cast<uint8_t>(dev::e2m1_encode(x[e]));
 }
@@ -95,7 +101,7 @@ Status run_fake_quant_encode(const FakeQuantPlan& p, const float* x, uint8_t* pa
   const unsigned grid =
       grid_for(total, p.threads);  // threads is a multiple of 32: blocks never straddle CTAs
   fq::dispatch_op(static_cast<int>(p.op), [&]<int kOp>() {
-    fake_quant_encode_kernel<kOp><<<grid, p.threads, 0, stream>>>(x, p.n, total, packed_rows);
+    launch(fake_quant_encode_kernel<kOp>, grid, p.threads, 0, stream, x, p.n, total, packed_rows);
   });
   return last_launch_status("fake_quant_encode");
 }
@@ -109,24 +115,22 @@ Status run_fake_quant_decode(const FakeQuantPlan& p, const uint8_t* packed_rows,
                             " (want F32 or BF16)");
   fq::dispatch_op(static_cast<int>(p.op), [&]<int kOp>() {
     if (out_dtype == DType::kF32)
-      fake_quant_decode_kernel<kOp>
-          <<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total, static_cast<float*>(out));
+      launch(fake_quant_decode_kernel<kOp, float>, grid, p.threads, 0, stream, packed_rows, p.n, total, static_cast<float*>(out));
     else
-      fake_quant_decode_kernel<kOp>
-          <<<grid, p.threads, 0, stream>>>(packed_rows, p.n, total, static_cast<__nv_bfloat16*>(out));
+      launch(fake_quant_decode_kernel<kOp, __nv_bfloat16>, grid, p.threads, 0, stream, packed_rows, p.n, total, static_cast<__nv_bfloat16*>(out));
   });
   return last_launch_status("fake_quant_decode");
 }
 
 Status run_e4m3_encode(const float* x, int64_t n, uint8_t* codes, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_elementwise("e4m3_encode", n));
-  e4m3_encode_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, codes);
+  launch(e4m3_encode_kernel, grid_for(n, 256), 256, 0, stream, x, n, codes);
   return last_launch_status("e4m3_encode");
 }
 
 Status run_e2m1_encode(const float* x, int64_t n, uint8_t* codes, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_elementwise("e2m1_encode", n));
-  e2m1_encode_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, codes);
+  launch(e2m1_encode_kernel, grid_for(n, 256), 256, 0, stream, x, n, codes);
   return last_launch_status("e2m1_encode");
 }
 

@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kMaxRowDim)
   if (active && a.out) a.out[r * dim + t] = v;
 }
 
-constexpr int64_t kMaxSiteH = 12288;  // the collapsed row in (dynamic) shared memory: 48 KB
+constexpr int64_t kMaxSiteH = 10240;  // the collapsed row in dynamic shared memory: <= 40 KB (no opt-in)
 
 template <int kJ, bool kVec, int kC>
 __global__ void __launch_bounds__(hc::kThreads)

@@ -60,7 +60,7 @@ Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t str
 // block of each group of rows (an atomic counter per group, reset by that block) sums the partials
 // and runs the map's tail. counters: at least hc_site_counter_count(n) zeroed uint32 on the device
 // that only this stream's site calls use (they are zero again after every call). Shapes the fused
-// kernel does not take (h > 12288, collapse_w aliasing an output) run the unfused sequence.
+// kernel does not take (h > 10240, collapse_w aliasing an output) run the unfused sequence.
 struct HcSiteArgs {
   HcMapDeviceArgs map;
   const float* collapse_w = nullptr;   // [n, c]

@@ -1,6 +1,8 @@
 // ds41 backends/cuda: the GPU executor's index-list kernels (gx_step_kernels.h).
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/gx_step_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -15,6 +17,7 @@ __device__ __forceinline__ int64_t paged_offset(const PagedRowsArgs& p, int64_t 
 
 __global__ void paged_row_offsets_kernel(PagedRowsArgs p, const int64_t* seq_row_begin, int64_t n_seqs,
                                          int64_t total, int64_t* out) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   int64_t lo = 0, hi = n_seqs;  // last s with seq_row_begin[s] <= i
@@ -30,6 +33,7 @@ __global__ void paged_row_offsets_kernel(PagedRowsArgs p, const int64_t* seq_row
 
 __global__ void selection_row_offsets_kernel(PagedRowsArgs p, const int32_t* sel, int64_t n, int64_t k,
                                              const int32_t* row_seq, int64_t* out) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * k) return;
   const int32_t e = sel[i];
@@ -46,6 +50,7 @@ __global__ void __launch_bounds__(kScanThreads)
     build_sparse_index_kernel(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
                               int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets,
                               int32_t* kv_index) {
+  dev::pdl_enter();
   __shared__ int64_t scan[kScanThreads];
   __shared__ int64_t carry;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -114,7 +119,7 @@ Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begi
   if (total < 0 || n_seqs < 0) return invalid_argument("paged_row_offsets: total and n_seqs must be >= 0");
   if (total == 0) return ok_status();
   if (n_seqs == 0) return invalid_argument("paged_row_offsets: rows without sequences");
-  paged_row_offsets_kernel<<<blocks_for(total), kThreads, 0, stream>>>(p, seq_row_begin, n_seqs, total, out);
+  launch(paged_row_offsets_kernel, blocks_for(total), kThreads, 0, stream, p, seq_row_begin, n_seqs, total, out);
   return last_launch_status("paged_row_offsets");
 }
 
@@ -123,7 +128,7 @@ Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int
   DS41_RETURN_IF_ERROR(check_paged(p));
   if (n < 0 || k < 0) return invalid_argument("selection_row_offsets: n and k must be >= 0");
   if (n * k == 0) return ok_status();
-  selection_row_offsets_kernel<<<blocks_for(n * k), kThreads, 0, stream>>>(p, sel, n, k, row_seq, out);
+  launch(selection_row_offsets_kernel, blocks_for(n * k), kThreads, 0, stream, p, sel, n, k, row_seq, out);
   return last_launch_status("selection_row_offsets");
 }
 
@@ -133,7 +138,7 @@ Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_ind
   if (n < 0 || k < 0 || comp_base < 0)
     return invalid_argument("build_sparse_index: n, k, comp_base must be >= 0");
   if (comp_base + n * k > INT32_MAX) return invalid_argument("build_sparse_index: entry rows exceed int32");
-  build_sparse_index_kernel<<<1, kScanThreads, 0, stream>>>(win_offsets, win_index, sel, n, k, comp_base,
+  launch(build_sparse_index_kernel, 1, kScanThreads, 0, stream, win_offsets, win_index, sel, n, k, comp_base,
                                                             kv_offsets, kv_index);
   return last_launch_status("build_sparse_index");
 }

@@ -21,6 +21,8 @@
 #include "backends/cuda/indexer_dot.cuh"
 #include "backends/cuda/indexer_kernels.h"
 #include "backends/cuda/indexer_tc_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(kThreads)
                           const float* __restrict__ q, const float* __restrict__ w,
                           const float* __restrict__ keys, const int64_t* __restrict__ key_begin,
                           const int64_t* __restrict__ visible, float scale, float* __restrict__ out) {
+  dev::pdl_enter();
   extern __shared__ float smem[];
   float* q_s = smem;                // [n_heads][d]
   float* w_s = smem + n_heads * d;  // [n_heads]
@@ -104,11 +107,9 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
                             std::to_string(a.t_stride) + " too large for one grid");
   const unsigned grid = static_cast<unsigned>(a.n * tiles);
   if (a.head_dim == 128)
-    indexer_scores_kernel<128><<<grid, kThreads, smem, stream>>>(
-        a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
+    launch(indexer_scores_kernel<128>, grid, kThreads, smem, stream, a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
   else
-    indexer_scores_kernel<0><<<grid, kThreads, smem, stream>>>(
-        a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
+    launch(indexer_scores_kernel<0>, grid, kThreads, smem, stream, a.n_heads, a.head_dim, a.t_stride, tiles, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
   return last_launch_status("indexer_scores");
 }
 

@@ -32,6 +32,8 @@
 #include "backends/cuda/indexer_dot.cuh"
 #include "backends/cuda/indexer_tc_kernels.h"
 #include "backends/cuda/tc_mma.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -98,6 +100,7 @@ __global__ void __launch_bounds__(kIxThreads, 1)
                              const float* __restrict__ w, const float* __restrict__ keys,
                              const int64_t* __restrict__ key_begin, const int64_t* __restrict__ visible,
                              float scale, float* __restrict__ out) {
+  dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   const int H = static_cast<int>(n_heads);
   uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [H][16][128] bf16, rows swizzled
@@ -266,8 +269,7 @@ Status run_indexer_scores_tc(const IndexerDeviceArgs& a, cudaStream_t stream) {
       cudaFuncSetAttribute(reinterpret_cast<const void*>(indexer_scores_tc_kernel),
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "indexer_scores_tc: shared memory attribute"));
-  indexer_scores_tc_kernel<<<static_cast<unsigned>(ctas), kIxThreads, smem, stream>>>(
-      a.n, a.n_heads, a.t_stride, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
+  launch(indexer_scores_tc_kernel, static_cast<unsigned>(ctas), kIxThreads, smem, stream, a.n, a.n_heads, a.t_stride, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
   return last_launch_status("indexer_scores_tc");
 }
 

@@ -8,6 +8,8 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/fake_quant_device.cuh"
 #include "backends/cuda/kv_rows_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -18,6 +20,7 @@ template <int kOp>
 __global__ void decode_rows_gather_kernel(const uint8_t* __restrict__ base,
                                           const int64_t* __restrict__ offsets, int64_t n, int64_t total,
                                           float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t r = e / n, i = e % n;
@@ -28,6 +31,7 @@ __global__ void decode_rows_gather_kernel(const uint8_t* __restrict__ base,
 template <int kOp>
 __global__ void encode_rows_scatter_kernel(const float* __restrict__ x, int64_t n, int64_t total,
                                            uint8_t* __restrict__ base, const int64_t* __restrict__ offsets) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = e < total;
   const float v = active ? x[e] : 0.0f;
@@ -43,6 +47,7 @@ __global__ void encode_rows_scatter_kernel(const float* __restrict__ x, int64_t 
 // decode(encode(x)) per channel: the code and scale byte decode exactly as the packed row would.
 template <int kOp>
 __global__ void fake_quant_inplace_kernel(float* __restrict__ x, int64_t total) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool active = e < total;
   const float v = active ? x[e] : 0.0f;
@@ -81,8 +86,7 @@ Status run_decode_rows_gather(FakeQuantOp op, int64_t channels, const uint8_t* b
   DS41_RETURN_IF_ERROR(check_rows("decode_rows_gather", op, channels, m, &total));
   if (total == 0) return ok_status();
   fq::dispatch_op(static_cast<int>(op), [&]<int kOp>() {
-    decode_rows_gather_kernel<kOp>
-        <<<grid_for(total), kThreads, 0, stream>>>(base, row_offsets, channels, total, out);
+    launch(decode_rows_gather_kernel<kOp>, grid_for(total), kThreads, 0, stream, base, row_offsets, channels, total, out);
   });
   return last_launch_status("decode_rows_gather");
 }
@@ -93,8 +97,7 @@ Status run_encode_rows_scatter(FakeQuantOp op, int64_t channels, const float* x,
   DS41_RETURN_IF_ERROR(check_rows("encode_rows_scatter", op, channels, m, &total));
   if (total == 0) return ok_status();
   fq::dispatch_op(static_cast<int>(op), [&]<int kOp>() {
-    encode_rows_scatter_kernel<kOp>
-        <<<grid_for(total), kThreads, 0, stream>>>(x, channels, total, base, row_offsets);
+    launch(encode_rows_scatter_kernel<kOp>, grid_for(total), kThreads, 0, stream, x, channels, total, base, row_offsets);
   });
   return last_launch_status("encode_rows_scatter");
 }
@@ -104,7 +107,7 @@ Status run_fake_quant_inplace(FakeQuantOp op, int64_t channels, float* x, int64_
   DS41_RETURN_IF_ERROR(check_rows("fake_quant_inplace", op, channels, m, &total));
   if (total == 0) return ok_status();
   fq::dispatch_op(static_cast<int>(op), [&]<int kOp>() {
-    fake_quant_inplace_kernel<kOp><<<grid_for(total), kThreads, 0, stream>>>(x, total);
+    launch(fake_quant_inplace_kernel<kOp>, grid_for(total), kThreads, 0, stream, x, total);
   });
   return last_launch_status("fake_quant_inplace");
 }

@@ -46,7 +46,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   // Errors land in cudaGetLastError, read by the caller's last_launch_status() as for <<<>>>.
   (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
 }
-#else  // the host SIMT emulator (simt_emu.h is included first): run the grid here
+#elif defined(DS41_SIMT_EMU)  // the host SIMT emulator (simt_emu.h is included first): run the grid here
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
   emu::Launch(grid, block.x, smem, stream).run(kernel, static_cast<P>(args)...);

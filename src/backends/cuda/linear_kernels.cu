@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "backends/cuda/cuda_status.h"
@@ -28,6 +29,8 @@
 #include "backends/cuda/tc_gemv_kernels.h"
 #include "backends/cuda/linear_wide_decode.cuh"
 #include "backends/cuda/row_reduce.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -376,6 +379,7 @@ template <class D, int NB, int R>
 __global__ void __launch_bounds__(kThreads)
     gemv_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
                 float* __restrict__ y, int64_t ldy) {
+  dev::pdl_enter();
   __shared__ __align__(16) float xs[NB][kGemvChunk<NB>];
   const int64_t g = blockIdx.z;
   const int64_t o_local = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * R;
@@ -392,6 +396,7 @@ template <class D, int NB>
 __global__ void __launch_bounds__(kThreads, 2)
     stream_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
                   float* __restrict__ y, int64_t ldy, int ks_log2, int nblk) {
+  dev::pdl_enter();
   __shared__ __align__(16) float4 xs4[kStreamFloats / 4];
   __shared__ float red[kStreamRed];
   constexpr int R = StreamShape<D, NB>::R, U = StreamShape<D, NB>::U;
@@ -713,6 +718,33 @@ __device__ __forceinline__ void persist_body(const WView& w, int64_t out_rows, i
     persist_run_ring<D, NB, R, U, S>(w, out_rows, w_row0, x, ldx, nb, y_col, ldy, rg_first, rg_step, xs4, ring);
 }
 
+// L2 prefetch (no data consumed: safe before pdl_wait) of the row groups rg_first, + rg_step, ...
+// of W rows [w_row0, w_row0 + out_rows) in groups of R, up to this warp's share of kPrefetchBytes
+// over the launch's `warps`: the whole matrix when it is small, the first rows of a large one.
+constexpr int64_t kPrefetchBytes = int64_t{24} << 20;
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
+__device__ __forceinline__ void prefetch_rows_l2(const WView& w, int64_t row_bytes, int64_t w_row0, int64_t out_rows,
+                                                 int R, int64_t rg_first, int64_t rg_step, int64_t warps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t lines = (row_bytes + 127) >> 7;
+  int64_t budget = kPrefetchBytes / 128 / max(warps, int64_t{1});
+  for (int64_t rg = rg_first; rg * R < out_rows && budget > 0; rg += rg_step) {
+    for (int r = 0; r < R && rg * R + r < out_rows; ++r) {
+      const uint8_t* base = w.data + (w_row0 + rg * R + r) * row_bytes;
+      for (int64_t l = lane; l < lines; l += 32) prefetch_l2(base + (l << 7));
+    }
+    budget -= R * lines;
+  }
+}
+
 // Dense / grouped: grid = (row-group slots, x-row blocks of NB, groups).
 // S = 0: register double buffer (persist_run); S >= 2: the shared-memory ring (persist_run_ring),
 // its slots after the x rows (x_floats, a multiple of 4).
@@ -723,6 +755,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) float smem[];
   float4* xs4 = reinterpret_cast<float4*>(smem);
   const int64_t g = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * NB;
+  // PDL (launch.h): the weights depend on no earlier kernel, so this warp's first rows start
+  // streaming into L2 while the previous kernel finishes; x is read only after the wait.
+  if (blockIdx.y == 0)
+    prefetch_rows_l2(w, (w.in * D::kBytesNum) / D::kBytesDen, g * out_rows, out_rows, R,
+                     static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5),
+                     static_cast<int64_t>(gridDim.x) * kGemvWarps, static_cast<int64_t>(gridDim.x) * kGemvWarps * gridDim.z);
+  dev::pdl_enter();
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const int64_t rg_first = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   uint4* ring = reinterpret_cast<uint4*>(smem + x_floats) +
@@ -736,6 +775,7 @@ template <class D>
 __global__ void __launch_bounds__(kThreads)
     tile_kernel(WView w, int64_t out_rows, const float* __restrict__ x, int64_t ldx, int64_t n,
                 float* __restrict__ y, int64_t ldy) {
+  dev::pdl_enter();
   __shared__ __align__(16) float ws[kTileK][kTileN + 4];
   __shared__ __align__(16) float xt[kTileK][kTileM + 4];
   const int64_t g = blockIdx.z;
@@ -816,6 +856,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     expert_stream_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
                          int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
                          float* __restrict__ y) {
+  dev::pdl_enter();
   static_assert(NB * kGemvChunk<NB> <= kStreamFloats, "the V = 4/8 body's x fits the staging buffer");
   __shared__ __align__(16) float4 xs4[kStreamFloats / 4];
   __shared__ float red[kStreamRed];
@@ -880,6 +921,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     persist_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
                           int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
                           float* __restrict__ y, int64_t x_floats) {
+  dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   __shared__ int unit_start[kMaxExperts + 1];
   float4* xs4 = reinterpret_cast<float4*>(smem);
@@ -946,6 +988,7 @@ __global__ void __launch_bounds__(kThreads)
     expert_tile_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim,
                        int64_t in_dim, const int64_t* __restrict__ offsets, const float* __restrict__ x,
                        float* __restrict__ y) {
+  dev::pdl_enter();
   __shared__ __align__(16) float ws[kTileK][kTileN + 4];
   __shared__ __align__(16) float xt[kTileK][kTileM + 4];
   __shared__ int unit_start[kMaxExperts + 1];
@@ -1061,7 +1104,7 @@ void launch_stream(const WView& w, int64_t out_rows, int64_t groups, const float
   const int64_t rows_per_block = (kGemvWarps >> l) * StreamShape<W, NB>::R;
   const dim3 grid(static_cast<unsigned>((out_rows + rows_per_block - 1) / rows_per_block * nblk), 1,
                   static_cast<unsigned>(groups));
-  stream_kernel<W, NB><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy, l, static_cast<int>(nblk));
+  launch(stream_kernel<W, NB>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy, l, static_cast<int>(nblk));
 }
 
 // Lets kernel K use up to kPersistMaxSmem bytes of dynamic shared memory (once per kernel).
@@ -1101,17 +1144,39 @@ int64_t persist_slots(int64_t nrg, int64_t other_blocks, size_t smem) {
   return std::max<int64_t>(1, std::min<int64_t>((nrg + kGemvWarps - 1) / kGemvWarps, want));
 }
 
-template <class W, int NB, int R, int S>
+// Chunks per lane per batch (U) of a one-row persistent GEMV over rows of nch 16-byte chunks: the U
+// of {3, 4, 5} that leaves the fewest lanes idle in a row's last batch (FP4 experts' w1, 160 chunks:
+// one batch at U = 5 instead of 128 + 32 at U = 4; shared w2, 144 FP8 chunks: 160 slots instead of
+// 256), ties to the larger U. Each lane still takes its chunks lane, lane + 32, lane + 64, ... in
+// that order whatever U is, so the sums and the bits are the same for every U (and the same as the
+// NB = 2 / 4 / 8 shapes'): U only sets how many loads are in flight and how many lanes idle.
+int g_persist_u = 0;  // set_persist_u_for_tests: 0 the choice below, else that U (3, 4 or 5)
+
+int persist_u(int64_t nch) {
+  if (g_persist_u > 0) return g_persist_u;
+  int best = 4;
+  double best_use = 0;
+  for (int u : {5, 4, 3}) {
+    const int64_t slots = int64_t{32} * u, batches = (nch + slots - 1) / slots;
+    const double use = static_cast<double>(nch) / static_cast<double>(slots * batches);
+    if (use > best_use + 1e-9) {
+      best_use = use;
+      best = u;
+    }
+  }
+  return best;
+}
+
+template <class W, int NB, int R, int S, int U = PersistShape<NB>::U>
 void launch_persist_s(const WView& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                       float* y, int64_t ldy, size_t smem, cudaStream_t stream) {
-  constexpr int U = PersistShape<NB>::U;
   allow_persist_smem<persist_kernel<W, NB, R, U, S>>();
   const int64_t x_floats = static_cast<int64_t>(smem / sizeof(float) + 3) / 4 * 4;
   if (S > 0) smem = x_floats * sizeof(float) + size_t{16} * kGemvWarps * kRingChunksPerWarp<R, U, (S > 0 ? S : 1)>;
   const int64_t nblk = (n + NB - 1) / NB, nrg = (out_rows + R - 1) / R;
   const dim3 grid(static_cast<unsigned>(persist_slots(nrg, nblk * groups, smem)), static_cast<unsigned>(nblk),
                   static_cast<unsigned>(groups));
-  persist_kernel<W, NB, R, U, S><<<grid, kThreads, smem, stream>>>(w, out_rows, x, ldx, n, y, ldy, x_floats);
+  launch(persist_kernel<W, NB, R, U, S>, grid, kThreads, smem, stream, w, out_rows, x, ldx, n, y, ldy, x_floats);
 }
 
 // The ring at NB <= 2 when x and the ring fit kPersistMaxSmem, else the register double buffer.
@@ -1125,6 +1190,11 @@ void launch_persist(const WView& w, int64_t out_rows, int64_t groups, const floa
       launch_persist_s<W, NB, R, kRingStages>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
       return;
     }
+  }
+  if constexpr (NB == 1 && std::is_same_v<W, dev::WideFp8>) {
+    const int u = persist_u(w.in / W::kV);
+    if (u == 3) return launch_persist_s<W, NB, R, 0, 3>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
+    if (u == 5) return launch_persist_s<W, NB, R, 0, 5>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
   }
   launch_persist_s<W, NB, R, 0>(w, out_rows, groups, x, ldx, n, y, ldy, smem, stream);
 }
@@ -1173,19 +1243,19 @@ void launch_dense(const WView& w, bool wide, int64_t out_rows, int64_t groups, c
     const int nbt = n <= 1 ? 1 : (n <= 4 ? 4 : 8);
     if (nbt == 1 && rows_per_warp(out_rows, groups) == 4) {
       const dim3 grid(ceil_u(out_rows, kGemvWarps * 4), 1, static_cast<unsigned>(groups));
-      gemv_kernel<D, 1, 4><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      launch(gemv_kernel<D, 1, 4>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy);
       return;
     }
     const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, nbt), static_cast<unsigned>(groups));
     if (nbt == 1)
-      gemv_kernel<D, 1, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      launch(gemv_kernel<D, 1, 1>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy);
     else if (nbt == 4)
-      gemv_kernel<D, 4, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      launch(gemv_kernel<D, 4, 1>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy);
     else
-      gemv_kernel<D, 8, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+      launch(gemv_kernel<D, 8, 1>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy);
   } else {
     const dim3 grid(ceil_u(out_rows, kTileN), ceil_u(n, kTileM), static_cast<unsigned>(groups));
-    tile_kernel<D><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+    launch(tile_kernel<D>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy);
   }
 }
 
@@ -1195,10 +1265,10 @@ void launch_dense_scalar(const WView& w, int64_t out_rows, int64_t groups, const
                          int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (use_gemv(out_rows, groups, n)) {
     const dim3 grid(ceil_u(out_rows, kGemvWarps), ceil_u(n, 8), static_cast<unsigned>(groups));
-    gemv_kernel<D, 8, 1><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+    launch(gemv_kernel<D, 8, 1>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy);
   } else {
     const dim3 grid(ceil_u(out_rows, kTileN), ceil_u(n, kTileM), static_cast<unsigned>(groups));
-    tile_kernel<D><<<grid, kThreads, 0, stream>>>(w, out_rows, x, ldx, n, y, ldy);
+    launch(tile_kernel<D>, grid, kThreads, 0, stream, w, out_rows, x, ldx, n, y, ldy);
   }
 }
 
@@ -1250,7 +1320,7 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
     const unsigned gx = ceil_u(out_dim, kTileN);
     const int64_t upper = (m_max + kTileM - 1) / kTileM + n_experts;
     const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>(upper, 65535)));
-    expert_tile_kernel<<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    launch(expert_tile_kernel, grid, kThreads, 0, stream, weights, n_experts, out_dim, in_dim, offsets, x, y);
     return;
   }
   const bool one = m_max <= n_experts;  // about one row per used expert (decode)
@@ -1265,14 +1335,29 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
     if (persist_ring() && rsmem <= static_cast<size_t>(kPersistMaxSmem)) {
       allow_persist_smem<persist_expert_kernel<1, R, U, kRingStages>>();
       const dim3 grid(static_cast<unsigned>(persist_slots(nrg, gy, rsmem)), static_cast<unsigned>(gy));
-      persist_expert_kernel<1, R, U, kRingStages>
-          <<<grid, kThreads, rsmem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y, x_floats);
+      launch(persist_expert_kernel<1, R, U, kRingStages>, grid, kThreads, rsmem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y, x_floats);
       return;
     }
-    allow_persist_smem<persist_expert_kernel<1, R, U, 0>>();
     const dim3 grid(static_cast<unsigned>(persist_slots(nrg, gy, psmem)), static_cast<unsigned>(gy));
-    persist_expert_kernel<1, R, U, 0><<<grid, kThreads, psmem, stream>>>(weights, n_experts, out_dim, in_dim, offsets,
-                                                                         x, y, x_floats);
+    // A known format sets the chunks per row, and with them the U that idles the fewest lanes.
+    const int64_t kv = format == WeightFormat::kFp4Rows    ? 32
+                       : format == WeightFormat::kFp8Tiles ? 16
+                       : format == WeightFormat::kBF16     ? 8
+                                                           : 0;
+    const int u = kv > 0 ? persist_u(in_dim / kv) : U;
+    if (u == 5) {
+      allow_persist_smem<persist_expert_kernel<1, R, 5, 0>>();
+      launch(persist_expert_kernel<1, R, 5, 0>, grid, kThreads, psmem, stream, weights, n_experts, out_dim, in_dim,
+             offsets, x, y, x_floats);
+    } else if (u == 3) {
+      allow_persist_smem<persist_expert_kernel<1, R, 3, 0>>();
+      launch(persist_expert_kernel<1, R, 3, 0>, grid, kThreads, psmem, stream, weights, n_experts, out_dim, in_dim,
+             offsets, x, y, x_floats);
+    } else {
+      allow_persist_smem<persist_expert_kernel<1, R, U, 0>>();
+      launch(persist_expert_kernel<1, R, U, 0>, grid, kThreads, psmem, stream, weights, n_experts, out_dim, in_dim,
+             offsets, x, y, x_floats);
+    }
     return;
   }
   const int64_t upper = one ? m_max : (m_max + 7) / 8 + n_experts;
@@ -1280,9 +1365,9 @@ void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_d
   const int64_t want = std::max<int64_t>(1, (4096 + gx - 1) / gx);  // ~30 blocks per SM in all
   const dim3 grid(gx, static_cast<unsigned>(std::min<int64_t>({upper, want, 65535})));
   if (one)
-    expert_stream_kernel<1><<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    launch(expert_stream_kernel<1>, grid, kThreads, 0, stream, weights, n_experts, out_dim, in_dim, offsets, x, y);
   else
-    expert_stream_kernel<8><<<grid, kThreads, 0, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y);
+    launch(expert_stream_kernel<8>, grid, kThreads, 0, stream, weights, n_experts, out_dim, in_dim, offsets, x, y);
 }
 
 }  // namespace
@@ -1292,6 +1377,7 @@ void set_persist_slot_cap_for_tests(int cap) {
   tcg::set_slot_cap_for_tests(cap);
 }
 void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
+void set_persist_u_for_tests(int u) { g_persist_u = (u >= 3 && u <= 5) ? u : 0; }
 void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream) {

@@ -39,6 +39,9 @@ void set_persist_slot_cap_for_tests(int cap);
 // Tests: the persistent GEMV's pipeline: 0 the register double buffer, 1 the shared-memory ring
 // (cp.async, 4 stages per warp), -1 as DS41_GEMV_PIPELINE says (regs | ring; default regs).
 void set_persist_ring_for_tests(int mode);
+// Tests: the chunks per lane per batch (U, 3..5) of the one-row persistent GEMV (FP8 dense, experts
+// of a known format); 0: the launcher's choice (fewest idle lanes). Every U gives the same bits.
+void set_persist_u_for_tests(int u);
 // Tests: the tensor-core GEMV of decode (tc_gemv_kernels.h): 0 off, 1 on, -1 as DS41_TC_GEMV says
 // (default off; DS41_TC_GEMV=1 turns it on).
 void set_tc_gemv_for_tests(int mode);

@@ -20,6 +20,8 @@
 #include "backends/cuda/mhc_device.cuh"
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/row_reduce.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -34,6 +36,7 @@ using hc::kThreads;
 template <int kJ, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     hc_map_partial_kernel(HcMapDeviceArgs a, int64_t splits, int64_t steps, double* __restrict__ part) {
+  dev::pdl_enter();
   hc::hc_map_partial_block<kJ, kVec>(a, splits, steps, part, blockIdx.x);
 }
 
@@ -41,6 +44,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kC>
 __global__ void __launch_bounds__(kThreads)
     hc_map_finish_kernel(HcMapDeviceArgs a, int64_t splits, const double* __restrict__ part) {
+  dev::pdl_enter();
   __shared__ double tot[kMaxC * kMaxC + 2 * kMaxC + 1];
   __shared__ float m[(2 + kMaxC) * kMaxC];
   hc::hc_map_finish_row<kC>(a, splits, part, blockIdx.x, tot, m);
@@ -48,6 +52,7 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void hc_collapse_kernel(const float* __restrict__ streams, const float* __restrict__ weights,
                                    int64_t c, int64_t h, int64_t total, float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const int64_t r = t / h, i = t % h;
@@ -59,6 +64,7 @@ __global__ void hc_collapse_kernel(const float* __restrict__ streams, const floa
 
 __global__ void hc_expand_kernel(float* streams, const float* __restrict__ y, const float* __restrict__ post,
                                  const float* __restrict__ comb, int64_t c, int64_t h, int64_t total) {
+  dev::pdl_enter();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const int64_t r = t / h, i = t % h;
@@ -75,6 +81,7 @@ __global__ void hc_expand_kernel(float* streams, const float* __restrict__ y, co
 
 __global__ void hc_init_kernel(const float* __restrict__ e, int64_t c, int64_t h, int64_t total,
                                float* __restrict__ streams, float* __restrict__ pi) {
+  dev::pdl_enter();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const int64_t i = t % h, rc = t / h, r = rc / c, cc = rc % c;
@@ -125,20 +132,20 @@ Status run_hc_map(const HcMapDeviceArgs& a, cudaStream_t stream) {
   double* part = static_cast<double*>(a.workspace);
   if (a.c <= 4) {
     if (vec)
-      hc_map_partial_kernel<3, true><<<blocks, kThreads, 0, stream>>>(a, sp.splits, sp.steps, part);
+      launch(hc_map_partial_kernel<3, true>, blocks, kThreads, 0, stream, a, sp.splits, sp.steps, part);
     else
-      hc_map_partial_kernel<3, false><<<blocks, kThreads, 0, stream>>>(a, sp.splits, sp.steps, part);
+      launch(hc_map_partial_kernel<3, false>, blocks, kThreads, 0, stream, a, sp.splits, sp.steps, part);
   } else {
     if (vec)
-      hc_map_partial_kernel<10, true><<<blocks, kThreads, 0, stream>>>(a, sp.splits, sp.steps, part);
+      launch(hc_map_partial_kernel<10, true>, blocks, kThreads, 0, stream, a, sp.splits, sp.steps, part);
     else
-      hc_map_partial_kernel<10, false><<<blocks, kThreads, 0, stream>>>(a, sp.splits, sp.steps, part);
+      launch(hc_map_partial_kernel<10, false>, blocks, kThreads, 0, stream, a, sp.splits, sp.steps, part);
   }
   DS41_RETURN_IF_ERROR(last_launch_status("hc_map_partial"));
   if (a.c == 4)
-    hc_map_finish_kernel<4><<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a, sp.splits, part);
+    launch(hc_map_finish_kernel<4>, static_cast<unsigned>(a.n), kThreads, 0, stream, a, sp.splits, part);
   else
-    hc_map_finish_kernel<0><<<static_cast<unsigned>(a.n), kThreads, 0, stream>>>(a, sp.splits, part);
+    launch(hc_map_finish_kernel<0>, static_cast<unsigned>(a.n), kThreads, 0, stream, a, sp.splits, part);
   return last_launch_status("hc_map_finish");
 }
 
@@ -147,7 +154,7 @@ Status run_hc_collapse(const float* streams, const float* weights, int64_t n, in
   DS41_RETURN_IF_ERROR(check_nch("hc_collapse", n, c, h));
   if (n == 0) return ok_status();
   const int64_t total = n * h;
-  hc_collapse_kernel<<<grid_1d(total, kThreads), kThreads, 0, stream>>>(streams, weights, c, h, total, out);
+  launch(hc_collapse_kernel, grid_1d(total, kThreads), kThreads, 0, stream, streams, weights, c, h, total, out);
   return last_launch_status("hc_collapse");
 }
 
@@ -156,7 +163,7 @@ Status run_hc_expand(float* streams, const float* y, const float* post, const fl
   DS41_RETURN_IF_ERROR(check_nch("hc_expand", n, c, h));
   if (n == 0) return ok_status();
   const int64_t total = n * h;
-  hc_expand_kernel<<<grid_1d(total, kThreads), kThreads, 0, stream>>>(streams, y, post, comb, c, h, total);
+  launch(hc_expand_kernel, grid_1d(total, kThreads), kThreads, 0, stream, streams, y, post, comb, c, h, total);
   return last_launch_status("hc_expand");
 }
 
@@ -165,7 +172,7 @@ Status run_hc_init(const float* e, int64_t n, int64_t c, int64_t h, float* strea
   DS41_RETURN_IF_ERROR(check_nch("hc_init", n, c, h));
   if (n == 0) return ok_status();
   const int64_t total = n * c * h;
-  hc_init_kernel<<<grid_1d(total, kThreads), kThreads, 0, stream>>>(e, c, h, total, streams, pi);
+  launch(hc_init_kernel, grid_1d(total, kThreads), kThreads, 0, stream, e, c, h, total, streams, pi);
   return last_launch_status("hc_init");
 }
 

@@ -18,6 +18,8 @@
 #include "backends/cuda/moe_device.cuh"
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/row_reduce.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -31,6 +33,7 @@ __global__ void __launch_bounds__(kThreads)
     router_kernel(const float* __restrict__ logits, int64_t E, const float* __restrict__ bias,
                   const float* __restrict__ bias_vl, const uint8_t* __restrict__ vl, int64_t k, float temp,
                   float route_scale, int32_t* __restrict__ experts, float* __restrict__ weights) {
+  dev::pdl_enter();
   __shared__ moe::RouterSmem sm;
   moe::route_row(logits, E, bias, bias_vl, vl, k, temp, route_scale, experts, weights, blockIdx.x, sm);
 }
@@ -39,6 +42,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kChunk)
     bucket_count_kernel(const int32_t* __restrict__ experts, int64_t pairs, int64_t E,
                         int* __restrict__ counts, int* __restrict__ rank) {
+  dev::pdl_enter();
   __shared__ int ex[kChunk];
   __shared__ int cnt[kMaxExperts];
   const int64_t chunk = blockIdx.x, p = chunk * kChunk + threadIdx.x;
@@ -61,6 +65,7 @@ __global__ void __launch_bounds__(kChunk)
 // expert e; offsets = exclusive scan of the per-expert totals.
 __global__ void __launch_bounds__(1024)
     bucket_scan_kernel(int* __restrict__ counts, int64_t chunks, int64_t E, int64_t* __restrict__ offsets) {
+  dev::pdl_enter();
   __shared__ int tot[kMaxExperts];
   __shared__ int part[1024];
   const int tid = threadIdx.x, T = blockDim.x;
@@ -103,6 +108,7 @@ __global__ void bucket_place_kernel(const int32_t* __restrict__ experts, const f
                                     int64_t pairs, int64_t k, int64_t E, const int* __restrict__ counts,
                                     const int* __restrict__ rank, int64_t* __restrict__ perm_rows,
                                     float* __restrict__ perm_weight, int64_t* __restrict__ slot_pos) {
+  dev::pdl_enter();
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= pairs) return;
   const int e = experts[p];
@@ -119,6 +125,7 @@ __global__ void bucket_place_kernel(const int32_t* __restrict__ experts, const f
 __global__ void combine_kernel(const float* __restrict__ out_perm, const int64_t* __restrict__ slot_pos,
                                const int32_t* __restrict__ experts, int64_t k, int64_t dim,
                                float* __restrict__ y) {
+  dev::pdl_enter();
   __shared__ int64_t pos[kMaxK];
   __shared__ int cnt;
   const int64_t r = blockIdx.y;
@@ -172,7 +179,7 @@ Status run_router(const float* logits, int64_t n, int64_t n_experts, const float
                   float* weights, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_moe("router", n, k, n_experts));
   if (n == 0) return ok_status();
-  router_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, n_experts, bias, bias_vl, vl, k,
+  launch(router_kernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, n_experts, bias, bias_vl, vl, k,
                                                                    temp, route_scale, experts, weights);
   return last_launch_status("router");
 }
@@ -193,15 +200,14 @@ Status run_moe_bucket(const int32_t* experts, const float* weights, int64_t n, i
   int* rank = reinterpret_cast<int*>(static_cast<char*>(workspace) +
                                      align256(static_cast<size_t>(chunks * n_experts) * sizeof(int)));
   if (chunks > 0) {
-    bucket_count_kernel<<<static_cast<unsigned>(chunks), kChunk, 0, stream>>>(experts, pairs, n_experts,
+    launch(bucket_count_kernel, static_cast<unsigned>(chunks), kChunk, 0, stream, experts, pairs, n_experts,
                                                                               counts, rank);
     DS41_RETURN_IF_ERROR(last_launch_status("moe_bucket_count"));
   }
-  bucket_scan_kernel<<<1, 1024, 0, stream>>>(counts, chunks, n_experts, offsets);
+  launch(bucket_scan_kernel, 1, 1024, 0, stream, counts, chunks, n_experts, offsets);
   DS41_RETURN_IF_ERROR(last_launch_status("moe_bucket_scan"));
   if (pairs > 0) {
-    bucket_place_kernel<<<grid_1d(pairs, kThreads), kThreads, 0, stream>>>(
-        experts, weights, pairs, k, n_experts, counts, rank, perm_rows, perm_weight, slot_pos);
+    launch(bucket_place_kernel, grid_1d(pairs, kThreads), kThreads, 0, stream, experts, weights, pairs, k, n_experts, counts, rank, perm_rows, perm_weight, slot_pos);
     DS41_RETURN_IF_ERROR(last_launch_status("moe_bucket_place"));
   }
   return ok_status();
@@ -215,7 +221,7 @@ Status run_moe_combine(const float* out_perm, const int64_t* slot_pos, const int
   if (n == 0) return ok_status();
   for (int64_t r0 = 0; r0 < n; r0 += 65535) {  // grid.y <= 65535 rows per launch
     const dim3 grid(grid_1d(dim, kThreads), static_cast<unsigned>(std::min<int64_t>(65535, n - r0)));
-    combine_kernel<<<grid, kThreads, 0, stream>>>(out_perm, slot_pos + r0 * k, experts + r0 * k, k, dim,
+    launch(combine_kernel, grid, kThreads, 0, stream, out_perm, slot_pos + r0 * k, experts + r0 * k, k, dim,
                                                   y + r0 * dim);
   }
   return last_launch_status("moe_combine");

@@ -6,6 +6,8 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/rope_2d_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -18,6 +20,7 @@ constexpr int64_t kMaxHalf = 2048;
 __global__ void __launch_bounds__(kThreads)
     rope_2d_kernel(float* x, int64_t heads, int64_t head_dim, int64_t ld, const int32_t* __restrict__ row,
                    const int32_t* __restrict__ col, const float* __restrict__ inv_freq) {
+  dev::pdl_enter();
   __shared__ float cs[2 * kMaxHalf];
   const int64_t r = blockIdx.x, half = head_dim / 2, q = head_dim / 4;
   for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
@@ -52,7 +55,7 @@ Status run_rope_2d(float* x, int64_t n, int64_t heads, int64_t head_dim, int64_t
     return invalid_argument("rope_2d: row stride " + std::to_string(ld) + " < heads * head_dim " +
                             std::to_string(heads * head_dim));
   if (n == 0) return ok_status();
-  rope_2d_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, heads, head_dim, ld, row, col,
+  launch(rope_2d_kernel, static_cast<unsigned>(n), kThreads, 0, stream, x, heads, head_dim, ld, row, col,
                                                                     inv_freq);
   return last_launch_status("rope_2d");
 }

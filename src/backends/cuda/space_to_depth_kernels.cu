@@ -5,6 +5,8 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/space_to_depth_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -13,6 +15,7 @@ constexpr int kThreads = 256;
 
 __global__ void space_to_depth_kernel(const float* __restrict__ x, int64_t gh, int64_t gw, int64_t c,
                                       int64_t k, int64_t ow, int64_t total, float* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= total) return;
   const int64_t dim = c * k * k, win = e / dim, rem = e % dim;
@@ -29,7 +32,7 @@ Status run_space_to_depth(const float* x, int64_t grid_h, int64_t grid_w, int64_
     return invalid_argument("space_to_depth: grid " + std::to_string(grid_h) + "x" + std::to_string(grid_w) +
                             ", c " + std::to_string(c) + ", k " + std::to_string(k) + " must be positive");
   const int64_t oh = (grid_h + k - 1) / k, ow = (grid_w + k - 1) / k, total = oh * ow * c * k * k;
-  space_to_depth_kernel<<<grid_1d(total, kThreads), kThreads, 0, stream>>>(x, grid_h, grid_w, c, k, ow, total,
+  launch(space_to_depth_kernel, grid_1d(total, kThreads), kThreads, 0, stream, x, grid_h, grid_w, c, k, ow, total,
                                                                            out);
   return last_launch_status("space_to_depth");
 }

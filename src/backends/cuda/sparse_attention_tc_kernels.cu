@@ -35,6 +35,8 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
 #include "backends/cuda/tc_mma.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -55,6 +57,7 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     sparse_attention_tc_kernel(int64_t n_heads, const float* __restrict__ q, const int64_t* __restrict__ kv_offsets,
                                const int32_t* __restrict__ kv_index, const float* __restrict__ kv,
                                const float* __restrict__ sink, float scale, float* __restrict__ out) {
+  dev::pdl_enter();
   static_assert(D % 64 == 0 && D <= 512, "4 warps x a multiple of 16 channels");
   constexpr int kQuarter = D / 4;        // channels per warp
   constexpr int kKSteps = kQuarter / 16;  // QK k-steps per warp
@@ -263,8 +266,7 @@ Status launch_tc(const SparseAttentionArgs& a, cudaStream_t stream) {
       cudaFuncSetAttribute(reinterpret_cast<const void*>(sparse_attention_tc_kernel<D>),
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "sparse_attention_tc: shared memory attribute"));
-  sparse_attention_tc_kernel<D><<<static_cast<unsigned>(a.n * groups), kTcThreads, smem, stream>>>(
-      a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
+  launch(sparse_attention_tc_kernel<D>, static_cast<unsigned>(a.n * groups), kTcThreads, smem, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
   return last_launch_status("sparse_attention_tc");
 }
 

@@ -44,6 +44,8 @@
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/linear_wide_decode.cuh"
 #include "backends/cuda/quant_device.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda::tcg {
 namespace {
@@ -528,6 +530,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2) {
+  dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * kNB];
@@ -547,6 +550,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim, int64_t in,
                      const int64_t* __restrict__ offsets, const float* __restrict__ x, float* __restrict__ y,
                      int ks_log2) {
+  dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * kNB];
@@ -658,11 +662,11 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const dim3 grid(s.slots, 1, static_cast<unsigned>(groups));
   if (fp8) {
     allow_smem<tc_dense_kernel<Fp8, true>>();
-    tc_dense_kernel<Fp8, true><<<grid, kThreads, smem, stream>>>(w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
+    launch(tc_dense_kernel<Fp8, true>, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
                                                                  ldy, s.ks_log2);
   } else {
     allow_smem<tc_dense_kernel<Fp4, false>>();
-    tc_dense_kernel<Fp4, false><<<grid, kThreads, smem, stream>>>(w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
+    launch(tc_dense_kernel<Fp4, false>, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
                                                                   ldy, s.ks_log2);
   }
   return true;
@@ -683,11 +687,11 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   const dim3 grid(s.slots, static_cast<unsigned>(m_max));
   if (fp8) {
     allow_smem<tc_expert_kernel<Fp8, true>>();
-    tc_expert_kernel<Fp8, true><<<grid, kThreads, smem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y,
+    launch(tc_expert_kernel<Fp8, true>, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y,
                                                                   s.ks_log2);
   } else {
     allow_smem<tc_expert_kernel<Fp4, false>>();
-    tc_expert_kernel<Fp4, false><<<grid, kThreads, smem, stream>>>(weights, n_experts, out_dim, in_dim, offsets, x, y,
+    launch(tc_expert_kernel<Fp4, false>, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y,
                                                                    s.ks_log2);
   }
   return true;

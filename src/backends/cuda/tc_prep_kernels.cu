@@ -5,6 +5,8 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/quant_device.cuh"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -32,6 +34,7 @@ __device__ __forceinline__ void group_of(const int64_t* off, int64_t groups, int
 // One block per input row.
 __global__ void split3_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
                               const int64_t* __restrict__ off, int64_t groups, __nv_bfloat16* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t r = blockIdx.x;
   int64_t b = 0, cnt = 0;
   group_of(off, groups, rows, r, &b, &cnt);
@@ -57,6 +60,7 @@ __global__ void split3_kernel(const float* __restrict__ x, int64_t rows, int64_t
 
 __global__ void sum3_kernel(const float* __restrict__ y3, int64_t rows, int64_t cols,
                             const int64_t* __restrict__ off, int64_t groups, float* __restrict__ y) {
+  dev::pdl_enter();
   const int64_t r = blockIdx.x;
   int64_t b = 0, cnt = 0;
   group_of(off, groups, rows, r, &b, &cnt);
@@ -84,6 +88,7 @@ constexpr int64_t kTile = 32;
 // grid (chunks of 32-element row blocks, experts); one thread per 32 elements of a row.
 __global__ void experts_dequant_kernel(const DeviceWeight* __restrict__ weights, const int32_t* __restrict__ ids,
                                        int64_t out_dim, int64_t in_dim, __nv_bfloat16* __restrict__ out) {
+  dev::pdl_enter();
   const int64_t e = blockIdx.y;
   const int64_t nb = in_dim / 32;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -136,7 +141,7 @@ Status run_split3_bf16(const float* x, int64_t rows, int64_t cols, const int64_t
   DS41_RETURN_IF_ERROR(check_rows(rows, cols, "split3"));
   if (offsets && groups <= 0) return invalid_argument("split3: groups must be > 0 with offsets");
   if (rows == 0) return ok_status();
-  split3_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(x, rows, cols, offsets, groups, out);
+  launch(split3_kernel, static_cast<unsigned>(rows), 256, 0, stream, x, rows, cols, offsets, groups, out);
   return last_launch_status("split3_kernel");
 }
 
@@ -145,7 +150,7 @@ Status run_sum3(const float* y3, int64_t rows, int64_t cols, const int64_t* offs
   DS41_RETURN_IF_ERROR(check_rows(rows, cols, "sum3"));
   if (offsets && groups <= 0) return invalid_argument("sum3: groups must be > 0 with offsets");
   if (rows == 0) return ok_status();
-  sum3_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(y3, rows, cols, offsets, groups, y);
+  launch(sum3_kernel, static_cast<unsigned>(rows), 256, 0, stream, y3, rows, cols, offsets, groups, y);
   return last_launch_status("sum3_kernel");
 }
 
@@ -159,7 +164,7 @@ Status run_experts_dequant_bf16(const DeviceWeight* weights, const int32_t* ids,
   if (count == 0) return ok_status();
   const int64_t items = out_dim * (in_dim / 32);
   const dim3 grid(static_cast<unsigned>((items + 255) / 256), static_cast<unsigned>(count));
-  experts_dequant_kernel<<<grid, 256, 0, stream>>>(weights, ids, out_dim, in_dim, out);
+  launch(experts_dequant_kernel, grid, 256, 0, stream, weights, ids, out_dim, in_dim, out);
   return last_launch_status("experts_dequant_kernel");
 }
 

@@ -14,6 +14,8 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/radix_select.cuh"
 #include "backends/cuda/topk_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -22,6 +24,7 @@ int threads_for(int64_t t) { return t >= 8192 ? 1024 : 256; }
 
 __global__ void topk_rows_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
                                  int32_t* __restrict__ out) {
+  dev::pdl_enter();
   __shared__ sel::SelectShared sh;
   const int64_t r = blockIdx.x;
   const float* row = scores + r * t;
@@ -38,6 +41,7 @@ __global__ void topk_rows_kernel(const float* __restrict__ scores, int64_t t, in
 __global__ void candidate_pool_kernel(const float* __restrict__ scores, const int64_t* __restrict__ visible,
                                       int64_t t, int64_t block, int64_t keep, float* ws,
                                       uint8_t* __restrict__ mask) {
+  dev::pdl_enter();
   __shared__ sel::SelectShared sh;
   const int64_t r = blockIdx.x;
   const int64_t nb = (t + block - 1) / block;
@@ -66,6 +70,7 @@ __global__ void candidate_pool_kernel(const float* __restrict__ scores, const in
 
 __global__ void mask_restrict_kernel(float* __restrict__ scores, int64_t t, const uint8_t* __restrict__ mask,
                                      int64_t mask_stride, const int64_t* __restrict__ t_mask, int64_t tiles) {
+  dev::pdl_enter();
   const int64_t r = blockIdx.x / tiles;
   const int64_t j = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
   if (j >= t) return;
@@ -93,7 +98,7 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   if (k < 0) return invalid_argument("topk_rows: k " + std::to_string(k) + " is negative");
   if (n == 0 || k == 0) return ok_status();
   if (!out || (t > 0 && !scores)) return invalid_argument("topk_rows: null scores or out");
-  topk_rows_kernel<<<static_cast<unsigned>(n), threads_for(t), 0, stream>>>(scores, t, k, out);
+  launch(topk_rows_kernel, static_cast<unsigned>(n), threads_for(t), 0, stream, scores, t, k, out);
   return last_launch_status("topk_rows");
 }
 
@@ -113,8 +118,7 @@ Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n
   if (!scores || !visible || !mask || !workspace)
     return invalid_argument("candidate_pool: null scores, visible, mask or workspace");
   const int64_t nb = (t + block - 1) / block;
-  candidate_pool_kernel<<<static_cast<unsigned>(n), threads_for(nb), 0, stream>>>(
-      scores, visible, t, block, keep_blocks, static_cast<float*>(workspace), mask);
+  launch(candidate_pool_kernel, static_cast<unsigned>(n), threads_for(nb), 0, stream, scores, visible, t, block, keep_blocks, static_cast<float*>(workspace), mask);
   return last_launch_status("candidate_pool");
 }
 
@@ -128,7 +132,7 @@ Status run_mask_restrict(float* scores, int64_t n, int64_t t, const uint8_t* mas
   constexpr int kThreads = 256;
   const int64_t tiles = (t + kThreads - 1) / kThreads;
   if (n * tiles > 0x7fffffff) return invalid_argument("mask_restrict: n x t too large for one grid");
-  mask_restrict_kernel<<<static_cast<unsigned>(n * tiles), kThreads, 0, stream>>>(scores, t, mask,
+  launch(mask_restrict_kernel, static_cast<unsigned>(n * tiles), kThreads, 0, stream, scores, t, mask,
                                                                                   mask_stride, t_mask, tiles);
   return last_launch_status("mask_restrict");
 }

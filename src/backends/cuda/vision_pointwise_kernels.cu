@@ -7,6 +7,8 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/vision_pointwise_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -14,11 +16,13 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void add_bias_kernel(float* y, int64_t dim, int64_t total, const float* __restrict__ bias) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < total) y[i] = __fadd_rn(y[i], bias[i % dim]);
 }
 
 __global__ void gelu_erf_kernel(float* x, int64_t count) {
+  dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const double v = x[i];
@@ -33,14 +37,14 @@ Status run_add_bias(float* y, int64_t n, int64_t dim, const float* bias, cudaStr
   if (!bias) return invalid_argument("add_bias: no bias");
   if (n == 0) return ok_status();
   const int64_t total = n * dim;
-  add_bias_kernel<<<grid_1d(total, kThreads), kThreads, 0, stream>>>(y, dim, total, bias);
+  launch(add_bias_kernel, grid_1d(total, kThreads), kThreads, 0, stream, y, dim, total, bias);
   return last_launch_status("add_bias");
 }
 
 Status run_gelu_erf(float* x, int64_t count, cudaStream_t stream) {
   if (count < 0) return invalid_argument("gelu_erf: count is negative");
   if (count == 0) return ok_status();
-  gelu_erf_kernel<<<grid_1d(count, kThreads), kThreads, 0, stream>>>(x, count);
+  launch(gelu_erf_kernel, grid_1d(count, kThreads), kThreads, 0, stream, x, count);
   return last_launch_status("gelu_erf");
 }
 

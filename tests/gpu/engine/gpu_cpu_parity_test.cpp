@@ -15,6 +15,7 @@
 // agreement is checked on a 3-token prefix (every layer's router weights within 1e-5).
 #include <gtest/gtest.h>
 
+#include "backends/cuda/launch.h"
 #include "gpu/engine/gpu_test_util.h"
 
 namespace ds41::testing {
@@ -175,6 +176,36 @@ TEST_P(GpuCpuParity, DecodeStepsAndFork) {
     std::cout << "small decode after a " << len_ << "-token prefill: max e_r " << e << " (past the flip point)\n";
   }
   EXPECT_EQ(*eng_->sequence_position(*a), len_ + 20);
+}
+
+// Programmatic dependent launch (backends/cuda/launch.h) lets each kernel start while its
+// predecessor drains; every kernel waits (griddepcontrol.wait) before it touches earlier results,
+// so a prefill past every limit and decode steps give the same bits with it on and off. A kernel
+// that wrote or read too early would race and part the two runs.
+TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
+  const int64_t V = cpu_.model->config().vocab_size;
+  auto toks = tokens(len_ + 12, 5);
+  auto run = [&](int pdl) {
+    cuda::set_pdl_for_tests(pdl);
+    std::vector<float> logits;
+    auto a = eng_->create_sequence();
+    engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
+    engine::StepOutput so;
+    Status s = eng_->step(std::span<const engine::StepItem>(&pi, 1), &so);
+    EXPECT_TRUE(s.ok()) << s.message();
+    logits.insert(logits.end(), so.logits.begin(), so.logits.end());
+    for (int64_t t = 0; t < 12 && s.ok(); ++t) {
+      engine::StepItem di{*a, std::span<const int32_t>(&toks[len_ + t], 1), true};
+      s = eng_->step(std::span<const engine::StepItem>(&di, 1), &so);
+      EXPECT_TRUE(s.ok()) << s.message();
+      logits.insert(logits.end(), so.logits.begin() + so.row[0] * V, so.logits.begin() + (so.row[0] + 1) * V);
+    }
+    cuda::set_pdl_for_tests(-1);
+    return logits;
+  };
+  const std::vector<float> off = run(0), on = run(1);
+  ASSERT_EQ(off.size(), on.size());
+  EXPECT_TRUE(off == on) << "logits differ with programmatic dependent launch on";
 }
 
 TEST_P(GpuCpuParity, MixedBatch) {

@@ -224,6 +224,21 @@ TEST(LinearParity, ExpertLinear) {
              std::string(c.what) + " " + fmt_name(c.format) + " " + dims({c.out, c.in}) +
                  " n=" + std::to_string(n) + " k=" + std::to_string(c.k) + " m=" + std::to_string(m),
              rel_to_max(got, want), kLinearTol, kLinearWhy);
+      // With the format known, the one-row launch picks its chunks per lane (U) by the row width:
+      // each lane keeps its chunk order, so the bits equal the format-blind launch's.
+      set_tc_gemv_for_tests(0);
+      Dev<float> dy2(static_cast<size_t>(m_max * c.out));
+      s = run_expert_linear(ex.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy2.p, nullptr, c.format);
+      set_tc_gemv_for_tests(-1);
+      ASSERT_TRUE(s.ok()) << s.message();
+      auto got2 = dy2.get();
+      got2.resize(want.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(got2[i]);
+      report("expert_linear U by width",
+             std::string(c.what) + " " + fmt_name(c.format) + " n=" + std::to_string(n) + " bits differing",
+             static_cast<double>(differ), 0, "the same per-lane chunk order: bit-identical");
+      EXPECT_EQ(differ, 0u) << c.what << " n=" << n;
     }
   }
 }
@@ -560,6 +575,43 @@ TEST(LinearParity, TensorCoreGemv) {
     got.resize(want.size());
     report("expert_linear tc-gemv", std::string(fmt_name(f)) + " 9 experts 80x1024 m=9 units of <= 2" + (shift ? " scales +1B" : ""),
            rel_to_max(got, want), kLinearTol, kLinearWhy);
+  }
+}
+
+// The one-row FP8 GEMV at the released decode widths: the chunks per lane per batch (U = 3, 4, 5)
+// change how many lanes idle and how many loads are in flight, never a lane's chunk order, so every
+// U gives the bits of every other (and the launcher's choice is one of them).
+TEST(LinearParity, PersistentGemvChunksPerLaneKeepTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  backends::cpu::CpuBackend cpu(&ref_pool());
+  uint64_t seed = 7100;
+  const int64_t shapes[][2] = {{1280, 5120}, {5120, 2304}, {32768, 1280}, {512, 5120}, {96, 4112}};
+  for (const auto& sh : shapes) {
+    HostWeight hw = make_weight(WeightFormat::kFp8Tiles, sh[0], sh[1], ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    auto x = rand_floats(static_cast<size_t>(sh[1]), ++seed);
+    std::vector<float> want(static_cast<size_t>(sh[0]));
+    cpu.linear(ref, x.data(), 1, want.data());
+    Dev<float> dx(x);
+    std::vector<std::vector<float>> outs;
+    set_tc_gemv_for_tests(0);
+    for (int u : {0, 3, 4, 5}) {
+      set_persist_u_for_tests(u);
+      Dev<float> dy(want.size());
+      ASSERT_TRUE(run_linear(dw.dw, dx.p, 1, dy.p, nullptr).ok());
+      outs.push_back(dy.get());
+    }
+    set_persist_u_for_tests(0);
+    set_tc_gemv_for_tests(-1);
+    size_t differ = 0;
+    for (size_t k = 1; k < outs.size(); ++k)
+      for (size_t i = 0; i < want.size(); ++i) differ += bits_of(outs[k][i]) != bits_of(outs[0][i]);
+    report("linear U 3/4/5", "fp8 " + dims({sh[0], sh[1]}) + " n=1 bits differing", static_cast<double>(differ), 0,
+           "the same per-lane chunk order: bit-identical");
+    EXPECT_EQ(differ, 0u) << sh[0] << "x" << sh[1];
+    report("linear U auto", "fp8 " + dims({sh[0], sh[1]}) + " n=1", rel_to_max(outs[0], want), kLinearTol,
+           kLinearWhy);
   }
 }
 

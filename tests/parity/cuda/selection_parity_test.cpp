@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/topk_kernels.h"
+#include "model/dspark.h"
 #include "parity/cuda/kc_parity_util.h"
 
 namespace ds41::cuda {
@@ -110,6 +112,65 @@ TEST(SelectionParity, TopkRows) {
            static_cast<double>(bad), 0, "index sets in the tie order: exact");
     EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t << " k=" << c.k;
   }
+}
+
+// The multi-CTA greedy choice against model::argmax_lowest (the DSpark draft's c_k) bit for bit:
+// vocabulary-wide rows (slices of 4096: the maximum in the first, a middle and the last slice, ties
+// across slices), +-0 and small value-set ties, NaNs (a NaN first entry gives 0; NaNs never win),
+// all -inf and all NaN rows, +inf, and rows shorter than one slice.
+TEST(SelectionParity, ArgmaxRows) {
+  KC_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t n, t;
+    Gen gen;
+    const char* twist;
+  };
+  const Case cases[] = {
+      {8, 129280, Gen::kGauss, "vocab"},       {8, 129280, Gen::kTies, "vocab ties"},
+      {6, 129280, Gen::kSpecial, "special"},   {5, 70000, Gen::kSparse, "sparse"},
+      {6, 8193, Gen::kTies, "cross-slice tie"}, {6, 100, Gen::kGauss, "nan"},
+      {4, 1, Gen::kGauss, "t=1"},              {6, 4097, Gen::kGauss, "last slice max"},
+  };
+  std::mt19937 rng(41);
+  for (const Case& c : cases) {
+    std::vector<float> x(c.n * c.t);
+    for (int64_t r = 0; r < c.n; ++r) fill_row(c.gen, rng, &x[r * c.t], c.t, r);
+    const std::string tw = c.twist;
+    for (int64_t r = 0; r < c.n; ++r) {
+      float* row = &x[r * c.t];
+      if (tw == "cross-slice tie" && c.t > 8192) {  // the same maximum in slices 0 and 2 (+0 / -0 too)
+        row[8190] = 7.0f;
+        row[4000] = 7.0f;
+        row[8192] = 7.0f;
+      }
+      if (tw == "nan") {
+        if (r == 0) row[0] = NAN;                               // first entry NaN: 0
+        if (r == 1) row[37] = NAN;                              // NaN elsewhere never wins
+        if (r == 2) for (int64_t i = 0; i < c.t; ++i) row[i] = NAN;  // all NaN: 0
+        if (r == 3) for (int64_t i = 0; i < c.t; ++i) row[i] = (i % 2) ? -0.0f : 0.0f;  // all zeros: 0
+        if (r == 4) for (int64_t i = 1; i < c.t; ++i) row[i] = NAN;  // only the first is a number
+      }
+      if (tw == "last slice max") row[c.t - 1] = 1e30f;
+      if (tw == "vocab" && r == 1) row[c.t - 1] = INFINITY;
+    }
+    std::vector<int32_t> want(c.n);
+    for (int64_t r = 0; r < c.n; ++r)
+      want[r] = model::argmax_lowest(std::span<const float>(&x[r * c.t], static_cast<size_t>(c.t)));
+    auto dx = upload(x);
+    DevBuf<int32_t> dout(static_cast<size_t>(c.n));
+    DevBuf<uint8_t> ws(argmax_workspace_bytes(c.n, c.t));
+    ASSERT_TRUE(dx->p && dout.p && ws.p);
+    KC_OK(run_argmax_rows(dx->p, c.n, c.t, dout.p, ws.p, nullptr));
+    const std::vector<int32_t> got = from_dev(dout.p, static_cast<size_t>(c.n));
+    int64_t bad = 0;
+    for (int64_t r = 0; r < c.n; ++r) bad += got[r] != want[r];
+    report("argmax_rows", std::to_string(c.n) + "x" + std::to_string(c.t) + " " + gen_name(c.gen) + " " + tw,
+           static_cast<double>(bad), 0.0, "an index choice: exact (model::argmax_lowest)");
+    EXPECT_EQ(got, want) << c.twist;
+  }
+  EXPECT_FALSE(run_argmax_rows(nullptr, 1, 0, nullptr, nullptr, nullptr).ok());
+  EXPECT_FALSE(run_argmax_rows(nullptr, -1, 10, nullptr, nullptr, nullptr).ok());
+  EXPECT_TRUE(run_argmax_rows(nullptr, 0, 10, nullptr, nullptr, nullptr).ok());
 }
 
 TEST(SelectionParity, CandidatePool) {
