@@ -123,9 +123,12 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.max_entries_per_row = max_entries;
   a.workspace = ws_.scratch;
   a.workspace_bytes = ws_.scratch_bytes;
+  // Undo the query rotation on the output (7.9; inside the decode combine), then the grouped
+  // output projection (3.4.8).
+  a.rope_pos = pos_;
+  a.rope_inv_freq = inv.ptr;
+  a.rope_n_freq = inv.size;
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
-  // Undo the query rotation on the output (7.9), then the grouped output projection (3.4.8).
-  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.o, n, nh, hd, pos_, inv.ptr, inv.size, true, s));
   DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
   return linear(w.wo_b, ws_.z, n, y);
 }

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
@@ -27,7 +28,6 @@
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
-#include "backends/cuda/argmax_kernels.h"
 #include "gpu/gpu_forward.h"
 
 namespace ds41::gpu {
@@ -301,13 +301,15 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   for (size_t s = 0; s < w.stages.size(); ++s) {
     const DeviceLayer& sw = w.stages[s];
     // Each site: map, collapse with the lagged pre, norm: one launch (hc_site).
-    DS41_RETURN_IF_ERROR(hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x));
+    DS41_RETURN_IF_ERROR(
+        hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x));
     DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y)
                              .with_context("DSpark stage " + std::to_string(s) + " attention"));
     DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, st));
-    DS41_RETURN_IF_ERROR(hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));
-    DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x, ws_.y,
-                                  ws_.post_f, ws_.comb_f)  // expands into the streams
+    DS41_RETURN_IF_ERROR(
+        hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));
+    DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x,
+                                  ws_.y, ws_.post_f, ws_.comb_f)  // expands into the streams
                              .with_context("DSpark stage " + std::to_string(s) + " MoE"));
     std::swap(pi, pre_f);  // the next stage collapses with this FFN site's pre
     if (opt.record) {  // the block's KV rows (ws_.kvf rows [0, n), Q_win values) and the routing

@@ -266,7 +266,8 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
   DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
   // FFN site.
-  DS41_RETURN_IF_ERROR(hc_site(w.hc_ffn, n, pre_f_, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
+  DS41_RETURN_IF_ERROR(
+      hc_site(w.hc_ffn, n, pre_f_, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
   DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f));  // expands into the streams
   std::swap(pi_, pre_f_);  // the next layer collapses with this FFN site's pre
   return ok_status();

@@ -195,8 +195,8 @@ class GpuForward {
   // MODEL_SPEC 3.3: the mHC map of one site (pre / post / comb of n rows) from ws_.streams.
   Status hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb);
   // The site map, then x = RMSNorm(collapse(streams, collapse_w)) (one launch: cuda::run_hc_site).
-  Status hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb, const float* collapse_w,
-                 const float* norm_weight, float* x);
+  Status hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
+                 const float* collapse_w, const float* norm_weight, float* x);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
   Status attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets, const int32_t* kv_index,

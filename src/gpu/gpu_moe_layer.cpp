@@ -69,8 +69,9 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   }
   // y = combine + the shared output, and its expand into the streams: one launch (the same float
   // operations as combine, add, expand).
-  return cuda::run_moe_combine_expand(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, shared ? ws_.sout : nullptr,
-                                      y, ws_.streams, expand_post, expand_comb, c_->hc_mult, s);
+  return cuda::run_moe_combine_expand(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H,
+                                      shared ? ws_.sout : nullptr, y, ws_.streams, expand_post, expand_comb,
+                                      c_->hc_mult, s);
 }
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,

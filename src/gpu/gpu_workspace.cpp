@@ -148,9 +148,9 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
   Carver cv;
   cv.base = w.dev.as<uint8_t>();
   carve(cv);
-  DS41_RETURN_IF_ERROR(cuda::cuda_status(
-      cudaMemset(w.counters, 0, static_cast<size_t>(w.counters_size) * sizeof(uint32_t)),
-      "zero the fused-kernel counters"));
+  DS41_RETURN_IF_ERROR(
+      cuda::cuda_status(cudaMemset(w.counters, 0, static_cast<size_t>(w.counters_size) * sizeof(uint32_t)),
+                        "zero the fused-kernel counters"));
   // Metadata: a generous bound of what the step plan writes (rows, window lists, per source and
   // per index layer lists, page tables); the plan checks that it fits.
   const int64_t n_layers = c.num_hidden_layers;

@@ -152,7 +152,8 @@ __device__ __forceinline__ void swiglu_elem(const SwigluRows& x, int64_t i, floa
   x.out[i] = x.row_scale ? __fmul_rn(x.row_scale[i / x.dim], a) : a;
 }
 
-__global__ void __launch_bounds__(kThreads) swiglu_pair_kernel(SwigluRows a, SwigluRows b, int64_t blocks_a, float limit) {
+__global__ void __launch_bounds__(kThreads)
+    swiglu_pair_kernel(SwigluRows a, SwigluRows b, int64_t blocks_a, float limit) {
   dev::pdl_enter();
   const bool first = blockIdx.x < blocks_a;
   const SwigluRows& x = first ? a : b;
@@ -163,14 +164,16 @@ __global__ void __launch_bounds__(kThreads) swiglu_pair_kernel(SwigluRows a, Swi
 }  // namespace
 
 Status run_swiglu_pair(const SwigluRows& a, const SwigluRows& b, float limit, cudaStream_t stream) {
-  if (a.n < 0 || b.n < 0 || a.dim <= 0 || b.dim <= 0) return invalid_argument("swiglu_pair: n/dim out of range");
+  if (a.n < 0 || b.n < 0 || a.dim <= 0 || b.dim <= 0)
+    return invalid_argument("swiglu_pair: n/dim out of range");
   const int64_t ba = (a.n * a.dim + kThreads - 1) / kThreads, bb = (b.n * b.dim + kThreads - 1) / kThreads;
   if (ba + bb == 0) return ok_status();
   if (ba + bb > 0x7fffffff) {
     DS41_RETURN_IF_ERROR(run_swiglu(a.g, a.u, a.n, a.dim, limit, a.row_scale, a.out, stream));
     return run_swiglu(b.g, b.u, b.n, b.dim, limit, b.row_scale, b.out, stream);
   }
-  launch(swiglu_pair_kernel, dim3(static_cast<unsigned>(ba + bb)), dim3(kThreads), 0, stream, a, b, ba, limit);
+  launch(swiglu_pair_kernel, dim3(static_cast<unsigned>(ba + bb)), dim3(kThreads), 0, stream, a, b, ba,
+         limit);
   return last_launch_status("swiglu_pair");
 }
 

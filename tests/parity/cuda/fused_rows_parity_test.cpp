@@ -5,12 +5,13 @@
 // register layout) and prefill ones (128, 130: its strided layout), and past the limits (rows wider
 // than a CTA run the unfused sequence; a Q_kv row 48 wide; no norm weight; the inverse rotation);
 // the fused mHC site (map + collapse + norm), MoE routing (router + bucketing), combine + shared add
-// + expand.
+// + expand, the SwiGLU pair, and the sparse attention with the inverse rotation in its combine.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
@@ -390,19 +391,93 @@ TEST(FusedRowsParity, SwigluPair) {
     auto gb = rand_floats(static_cast<size_t>(c.nb * c.db), ++seed, 12.0f);
     auto ub = rand_floats(static_cast<size_t>(c.nb * c.db), ++seed, 12.0f);
     auto sc = rand_floats(static_cast<size_t>(std::max<int64_t>(c.na, 1)), ++seed);
-    if (!gb.empty()) gb[0] = NAN, ub[1] = INFINITY, gb[2] = -INFINITY;  // NaN / inf pass as in std::min / clamp
+    if (!gb.empty())
+      gb[0] = NAN, ub[1] = INFINITY, gb[2] = -INFINITY;  // NaN / inf pass as in std::min / clamp
     Dev<float> dga(ga), dua(ua), dgb(gb), dub(ub), dsc(sc), uoa(ga.size()), uob(gb.size()), foa(ga.size()),
         fob(gb.size());
     const float lim = 7.0f;
     if (c.na) ASSERT_TRUE(run_swiglu(dga.p, dua.p, c.na, c.da, lim, dsc.p, uoa.p, nullptr).ok());
     ASSERT_TRUE(run_swiglu(dgb.p, dub.p, c.nb, c.db, lim, nullptr, uob.p, nullptr).ok());
-    const Status st = run_swiglu_pair({dga.p, dua.p, c.na, c.da, dsc.p, foa.p}, {dgb.p, dub.p, c.nb, c.db, nullptr, fob.p},
-                                      lim, nullptr);
+    const Status st = run_swiglu_pair({dga.p, dua.p, c.na, c.da, dsc.p, foa.p},
+                                      {dgb.p, dub.p, c.nb, c.db, nullptr, fob.p}, lim, nullptr);
     ASSERT_TRUE(st.ok()) << st.message();
-    const size_t bad = (c.na ? count_bit_diffs(foa.get(), uoa.get()) : 0) + count_bit_diffs(fob.get(), uob.get());
+    const size_t bad =
+        (c.na ? count_bit_diffs(foa.get(), uoa.get()) : 0) + count_bit_diffs(fob.get(), uob.get());
     report("swiglu_pair", dims({c.na, c.da, c.nb, c.db}), static_cast<double>(bad), 0,
            "swiglu_kernel's ops per element over both sets: outputs bit for bit");
   }
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, SparseAttentionRopeBack) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, heads, hd, n_freq, entries;
+  };
+  // Decode rows with split CTAs (the rotation inside the combine, row 0 of each case without
+  // entries), a single split (the run_rope launch after), and more rows than the split kernel takes
+  // (the float kernel, then run_rope). The released head (512 wide, 32 rotated pairs) at 2 heads.
+  const std::vector<C> cases = {
+      {1, 2, 512, 32, 300}, {3, 4, 128, 32, 200}, {2, 4, 128, 32, 20}, {18, 2, 64, 16, 40}};
+  uint64_t seed = 2100;
+  for (const C& c : cases) {
+    const int64_t n = c.n, nh = c.heads, hd = c.hd, rows = c.entries + 8;
+    auto q = rand_floats(static_cast<size_t>(n * nh * hd), ++seed, 0.5f);
+    auto kv = rand_floats(static_cast<size_t>(rows * hd), ++seed, 0.5f);
+    auto sink = rand_floats(static_cast<size_t>(nh), ++seed);
+    std::vector<int64_t> offs(n + 1, 0), pos(n);
+    std::vector<int32_t> index;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t m = r == 0 && n > 1 ? 0 : c.entries - r % 5;
+      for (int64_t j = 0; j < m; ++j) index.push_back(static_cast<int32_t>((j * 7 + r) % rows));
+      offs[r + 1] = static_cast<int64_t>(index.size());
+      pos[r] = 1000 + 37 * r;
+    }
+    std::vector<float> inv(c.n_freq);
+    for (int64_t i = 0; i < c.n_freq; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / c.n_freq);
+    Dev<float> dq(q), dkv(kv), dsink(sink), dinv(inv), uo(static_cast<size_t>(n * nh * hd)),
+        fo(static_cast<size_t>(n * nh * hd));
+    Dev<int64_t> doffs(offs), dpos(pos);
+    Dev<int32_t> dindex(index);
+    const size_t wsb = sparse_attention_workspace_bytes(n, nh, hd, c.entries);
+    Dev<uint8_t> dws(wsb + 16);
+    SparseAttentionArgs a;
+    a.n = n;
+    a.n_heads = nh;
+    a.head_dim = hd;
+    a.q = dq.p;
+    a.kv_offsets = doffs.p;
+    a.kv_index = dindex.p;
+    a.kv = dkv.p;
+    a.sink = dsink.p;
+    a.scale = 0.0625f;
+    a.max_entries_per_row = c.entries;
+    a.workspace = dws.p;
+    a.workspace_bytes = wsb;
+    a.out = uo.p;
+    ASSERT_TRUE(run_sparse_attention(a, nullptr).ok());
+    ASSERT_TRUE(run_rope(uo.p, n, nh, hd, dpos.p, dinv.p, c.n_freq, true, nullptr).ok());
+    a.out = fo.p;
+    a.rope_pos = dpos.p;
+    a.rope_inv_freq = dinv.p;
+    a.rope_n_freq = c.n_freq;
+    const Status st = run_sparse_attention(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    report("attn + rope back", dims({n, nh, hd, c.entries}),
+           static_cast<double>(count_bit_diffs(fo.get(), uo.get())), 0,
+           "the combine's values, then rope_kernel's inverse rotation ops: out bit for bit");
+  }
+  SparseAttentionArgs bad;  // rejected on the host
+  bad.n = 1;
+  bad.n_heads = 1;
+  bad.head_dim = 64;
+  bad.rope_n_freq = 33;
+  EXPECT_FALSE(run_sparse_attention(bad, nullptr).ok());
 }
 
 }  // namespace
