@@ -273,6 +273,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
       const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       nlohmann::ordered_json r{{"batch", B}, {"context", ctx}};
       std::map<std::string, double> kind_ms, kind_bytes;
+      std::map<std::string, int64_t> kind_kernels, kind_layers;
       if (!decode) {
         r["prefill_s"] = pre_s;
         r["tokens_per_s"] = static_cast<double>(ctx * B) / pre_s;
@@ -282,6 +283,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
       } else {
         std::vector<double> step_ms;
         std::vector<std::vector<float>> per_layer;
+        std::vector<int64_t> launches;  // kernels per layer (and the head, last) of the last timed step
         cudaProfilerStart();
         for (int64_t t = 0; t < a.steps; ++t) {
           std::vector<engine::StepItem> items;
@@ -289,7 +291,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
             items.push_back({seqs[s], std::span<const int32_t>(&toks[ctx + t], 1), true});
           std::vector<model::SequenceOutput> out;
           const auto s0 = std::chrono::steady_clock::now();
-          DS41_RETURN_IF_ERROR(eng->forward(items, model::LogitsRows::kLast, false, &out, &lm));
+          DS41_RETURN_IF_ERROR(eng->forward(items, model::LogitsRows::kLast, false, &out, &lm, &launches));
           step_ms.push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
           per_layer.push_back(lm);
@@ -297,6 +299,12 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
         cudaProfilerStop();
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];
+        // Kernels launched (cuda::launch(), PDL) per step: the layers, the head, and the few before
+        // layer 0 (embedding, Engram hashing, mHC init) that no layer owns are left out.
+        int64_t kernels = 0;
+        for (int64_t v : launches) kernels += v;
+        r["kernels_per_step_layers_and_head"] = kernels;
+        if (static_cast<int64_t>(launches.size()) == L + 1) r["kernels_head"] = launches[L];
         nlohmann::ordered_json layers = nlohmann::ordered_json::array();
         for (int64_t l = 0; l < L; ++l) {
           std::vector<float> v;
@@ -309,9 +317,12 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           const std::string kind = layer_kind(m->schedule().layers[l]);
           kind_ms[kind] += ms;
           kind_bytes[kind] += total;
+          if (static_cast<int64_t>(launches.size()) > l) kind_kernels[kind] += launches[l];
+          ++kind_layers[kind];
           layers.push_back({{"layer", l},
                             {"kind", kind},
                             {"ms", ms},
+                            {"kernels", static_cast<int64_t>(launches.size()) > l ? launches[l] : -1},
                             {"bytes", bytes},
                             {"bytes_total", total},
                             {"roofline_ratio", ms * 1e-3 / (total / bw)}});
@@ -319,8 +330,12 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
         r["layers"] = layers;
         nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
         for (auto& [k, ms] : kind_ms)
-          kinds[k] = {
-              {"ms", ms}, {"bytes", kind_bytes[k]}, {"roofline_ratio", ms * 1e-3 / (kind_bytes[k] / bw)}};
+          kinds[k] = {{"ms", ms},
+                      {"bytes", kind_bytes[k]},
+                      {"roofline_ratio", ms * 1e-3 / (kind_bytes[k] / bw)},
+                      {"kernels_per_layer", kind_layers[k] > 0 ? static_cast<double>(kind_kernels[k]) /
+                                                                   static_cast<double>(kind_layers[k])
+                                                             : 0.0}};
         r["per_kind"] = kinds;
         if (spec) {
           // DSpark (issue 17 "Benchmark"), same run: a draft step alone (batch 1: the first

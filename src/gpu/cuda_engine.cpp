@@ -212,10 +212,12 @@ Status CudaEngine::validate(std::span<const engine::StepItem> items) const {
 }
 
 Status CudaEngine::forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
-                           std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms) {
+                           std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms,
+                           std::vector<int64_t>* layer_launches) {
   GpuForwardOptions fo;
   fo.record = record;
   fo.layer_ms = layer_ms;
+  fo.layer_launches = layer_launches;
   return forward_rounds(items, rows, fo, out);
 }
 

@@ -113,9 +113,11 @@ class CudaEngine final : public engine::Engine {
 
   // Tests and tools: one step with the reference's logits-row choice and records, outputs per item
   // (positions + logits rows, selections when record). Same validation and splitting as step().
-  // layer_ms (benchmarks): per-layer milliseconds of the last forward of the step (gpu_forward.h).
+  // layer_ms / layer_launches (benchmarks): per-layer milliseconds and kernels launched of the last
+  // forward of the step (gpu_forward.h).
   Status forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
-                 std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms = nullptr);
+                 std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms = nullptr,
+                 std::vector<int64_t>* layer_launches = nullptr);
   // prefill_decoder_replay with the kept rows' logits (`ds41 score --replay decoder`): rows kAll /
   // kLast of the last min(window, tokens) positions, as model::Model::prefill_decoder_replay.
   Status decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens, model::LogitsRows rows,

@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
+#include "backends/cuda/launch.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
 
@@ -128,12 +129,16 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
       cudaMemcpyAsync(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
       "upload step metadata");
   if (st.ok() && journal_) st = journal_save();
+  const int64_t L = c_->num_hidden_layers;
+  launch_marks_.assign(static_cast<size_t>(L + 2), 0);
   if (st.ok()) st = run_layers(opt, out);
   if (st.ok() && opt.layer_ms)
-    st = cuda::cuda_status(cudaEventRecord(events_[c_->num_hidden_layers], stream_), "timing event");
+    st = cuda::cuda_status(cudaEventRecord(events_[L], stream_), "timing event");
+  launch_marks_[L] = cuda::thread_launch_count();
   if (st.ok()) st = head(out);
   if (st.ok() && opt.layer_ms)
-    st = cuda::cuda_status(cudaEventRecord(events_[c_->num_hidden_layers + 1], stream_), "timing event");
+    st = cuda::cuda_status(cudaEventRecord(events_[L + 1], stream_), "timing event");
+  launch_marks_[L + 1] = cuda::thread_launch_count();
   // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
   Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
   if (st.ok()) st = sync;
@@ -148,6 +153,11 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
     opt.layer_ms->assign(events_.size() - 1, 0.0f);
     for (size_t l = 0; l + 1 < events_.size(); ++l)
       cudaEventElapsedTime(&(*opt.layer_ms)[l], events_[l], events_[l + 1]);
+  }
+  if (opt.layer_launches) {
+    opt.layer_launches->assign(launch_marks_.size() - 1, 0);
+    for (size_t l = 0; l + 1 < launch_marks_.size(); ++l)
+      (*opt.layer_launches)[l] = static_cast<int64_t>(launch_marks_[l + 1] - launch_marks_[l]);
   }
   const int64_t V = c_->vocab_size;
   size_t i = 0;
@@ -199,6 +209,7 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
   for (int64_t l = 0; l < c_->num_hidden_layers; ++l) {
     if (opt.layer_ms)  // every event is recorded: layers after opt.last_layer time as 0 ms
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventRecord(events_[l], stream_), "timing event"));
+    launch_marks_[static_cast<size_t>(l)] = cuda::thread_launch_count();
     if (opt.last_layer >= 0 && l > opt.last_layer) continue;
     DS41_RETURN_IF_ERROR(run_layer(l, opt, out).with_context("layer " + std::to_string(l)));
   }

@@ -89,6 +89,9 @@ struct GpuForwardOptions {
   // Benchmarks: milliseconds of each layer (and the head, last), from CUDA events recorded between
   // layers on the stream (no extra synchronisation; read after the step's final one).
   std::vector<float>* layer_ms = nullptr;
+  // Benchmarks: kernels launched by each layer (and the head, last), counted by cuda::launch() on
+  // the calling thread (every kernel of the step; cuBLAS's are not counted: none in a decode step).
+  std::vector<int64_t>* layer_launches = nullptr;
   // Run layers 0..last_layer only, and no head (-1: every layer): the first pass of MODEL_SPEC 4.4
   // decoder replay (cuda_engine.h), over the prompt rows the layers after the cut do not need.
   // Refused unless every input asks for no logits and no KV source lies after last_layer (its
@@ -279,6 +282,7 @@ class GpuForward {
   float* pi_ = nullptr;
   float* pre_f_ = nullptr;
   std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)
+  std::vector<uint64_t> launch_marks_;  // cuda::thread_launch_count() at each event (layer_launches)
 
   // DSpark buffers (enable_dspark), carved from one allocation.
   struct Dspark {

@@ -1,6 +1,8 @@
 // ds41 backends/cuda: CUDA error -> Status.
 #include "backends/cuda/cuda_status.h"
 
+#include "backends/cuda/launch.h"
+
 namespace ds41::cuda {
 
 Status cuda_status(cudaError_t e, const char* what) {
@@ -9,7 +11,9 @@ Status cuda_status(cudaError_t e, const char* what) {
 }
 
 Status last_launch_status(const char* kernel) {
-  return cuda_status(cudaGetLastError(), (std::string("launch of ") + kernel).c_str());
+  const cudaError_t mine = take_launch_error();  // a launch() that failed (launch.h)
+  const cudaError_t last = cudaGetLastError();
+  return cuda_status(mine != cudaSuccess ? mine : last, (std::string("launch of ") + kernel).c_str());
 }
 
 int cuda_device_count() {

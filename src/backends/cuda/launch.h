@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ds41::cuda {
 
@@ -29,6 +30,13 @@ namespace ds41::cuda {
 bool pdl_enabled();
 // Tests: 0 off, 1 on, -1 back to DS41_PDL.
 void set_pdl_for_tests(int mode);
+// The first error a launch() of the calling thread got since the last call (cudaSuccess if none),
+// cleared by the read: last_launch_status() reports it with cudaGetLastError's.
+cudaError_t take_launch_error();
+void note_launch_error(cudaError_t e);
+// Kernels launched through launch() by the calling thread so far (benchmarks: kernels per layer;
+// the engine loop and a vision encoder thread each count their own).
+uint64_t& thread_launch_count();
 
 #if defined(__CUDACC__)
 template <class... P, class... A>
@@ -42,9 +50,14 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  // Errors land in cudaGetLastError, read by the caller's last_launch_status() as for <<<>>>.
-  (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  // Only on a stream the engine created: the legacy default stream (tests, tools) keeps plain
+  // stream order, so a copy enqueued there is never overtaken.
+  const bool own_stream = stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+  cfg.numAttrs = own_stream && pdl_enabled() ? 1 : 0;
+  // The caller's last_launch_status() reports an error, as for <<<>>>.
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  if (e != cudaSuccess) note_launch_error(e);
+  ++thread_launch_count();
 }
 #elif defined(DS41_SIMT_EMU)  // the host SIMT emulator (simt_emu.h is included first): run the grid here
 template <class... P, class... A>
