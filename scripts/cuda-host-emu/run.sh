@@ -20,12 +20,20 @@ mkdir -p "$out"
 emu=$root/scripts/cuda-host-emu
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
 fl=(-std=c++20 -O1 -ffp-contract=off -w -I"$root/src" -I"$root/tests" -I"$cuda_inc")
-kernels=(argmax kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise)
+kernels=(argmax kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise elementwise fused_rows moe fused_moe)
+# An object newer than its source, every backends/cuda header and the emulator is kept (2-core hosts).
+fresh() {  # fresh OBJ SRC...
+  [[ -f $1 ]] || return 1
+  local o=$1; shift
+  [[ -z $(find "$@" "$root"/src/backends/cuda/*.h "$root"/src/backends/cuda/*.cuh "$emu/simt_emu.h" -newer "$o" 2>/dev/null) ]]
+}
 for k in "${kernels[@]}"; do
+  fresh "$out/${k}_kernels_emu.o" "$root/src/backends/cuda/${k}_kernels.cu" && continue
   python3 "$emu/rewrite_launches.py" "$root/src/backends/cuda/${k}_kernels.cu" "$out/${k}_kernels_emu.cpp"
   g++ "${fl[@]}" -include "$emu/simt_emu.h" -c "$out/${k}_kernels_emu.cpp" -o "$out/${k}_kernels_emu.o" &
 done
-for t in kv_rows attention selection mhc gx_step linear vision; do
+for t in kv_rows attention selection mhc gx_step linear vision fused_rows; do
+  fresh "$out/${t}_parity_test.o" "$root/tests/parity/cuda/${t}_parity_test.cpp" "$root/tests/parity/cuda"/*.h && continue
   g++ "${fl[@]}" -c "$root/tests/parity/cuda/${t}_parity_test.cpp" -o "$out/${t}_parity_test.o" &
 done
 g++ "${fl[@]}" -c "$emu/runtime_stubs.cpp" -o "$out/runtime_stubs.o"

@@ -202,6 +202,11 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 // The read-only cache path and the streaming load: plain loads on the host.
 template <class T> T __ldg(const T* p) { return *p; }
 template <class T> T __ldcs(const T* p) { return *p; }
+template <class T> T __ldcg(const T* p) { return *p; }
+// CTAs run one after another: every earlier CTA's writes are already visible.
+inline void __threadfence() {}
+// A warp barrier: every live lane of the warp rendezvous (as at a shuffle).
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::kWaitWarp); }
 inline float cospif(float x) { return static_cast<float>(std::cos(M_PI * static_cast<double>(x))); }
 inline float sinpif(float x) { return static_cast<float>(std::sin(M_PI * static_cast<double>(x))); }
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyintf(x)); }

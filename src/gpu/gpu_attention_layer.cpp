@@ -12,6 +12,7 @@
 #include "backends/cuda/compressor_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/gx_step_kernels.h"
 #include "backends/cuda/indexer_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
@@ -41,16 +42,32 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
   float* kv = ws_.kvf;
   DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
-  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(kv, n, hd, w.kv_norm.ptr, eps, kv, s));
-  DS41_RETURN_IF_ERROR(cuda::run_rope(kv, n, 1, hd, pos_, inv.ptr, inv.size, false, s));
-  // Earlier calls' window rows, decoded before this call's rows take their ring slots; then the
-  // ring update (packed from the unquantized rows, as the reference's kvp) and Q_win in place.
+  // Earlier calls' window rows (kvf rows [n, n + ring_rows_)), decoded before this call's rows take
+  // their ring slots; then in one launch the norm, the rotation, the ring update (packed from the
+  // unquantized rows, as the reference's kvp) and Q_win in place.
   uint8_t* ring = slots_->ring_layer_base(l);
   if (ring_rows_ > 0)
     DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ring, ring_read_, ring_rows_,
                                                       ws_.kvf + n * hd, s));
-  DS41_RETURN_IF_ERROR(cuda::run_encode_rows_scatter(FakeQuantOp::kWin, hd, kv, n, ring, ring_write_, s));
-  DS41_RETURN_IF_ERROR(cuda::run_fake_quant_inplace(FakeQuantOp::kWin, hd, kv, n, s));
+  {
+    cuda::RowsNormRopeQuantArgs a;
+    a.rows = n;
+    a.dim = hd;
+    a.in = kv;
+    a.out = kv;
+    a.norm = true;
+    a.norm_weight = w.kv_norm.ptr;
+    a.eps = eps;
+    a.pos = pos_;
+    a.inv_freq = inv.ptr;
+    a.n_freq = inv.size;
+    a.quant = true;
+    a.op = FakeQuantOp::kWin;
+    a.base = ring;
+    a.offsets = ring_write_;
+    a.quant_inplace = true;
+    DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
+  }
 
   if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
   if (p.index_source) DS41_RETURN_IF_ERROR(index(l, x, ws_.q_r, opt, out).with_context("indexer"));
@@ -106,9 +123,12 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.max_entries_per_row = max_entries;
   a.workspace = ws_.scratch;
   a.workspace_bytes = ws_.scratch_bytes;
+  // Undo the query rotation on the output (7.9; inside the decode combine), then the grouped
+  // output projection (3.4.8).
+  a.rope_pos = pos_;
+  a.rope_inv_freq = inv.ptr;
+  a.rope_n_freq = inv.size;
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
-  // Undo the query rotation on the output (7.9), then the grouped output projection (3.4.8).
-  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.o, n, nh, hd, pos_, inv.ptr, inv.size, true, s));
   DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
   return linear(w.wo_b, ws_.z, n, y);
 }
@@ -137,20 +157,34 @@ Status GpuForward::compress(int64_t l, const float* x) {
       DS41_RETURN_IF_ERROR(cuda::run_softmax_pool(ws_.ga, ws_.gb, m, R, hd, ws_.zs, s));
     }
     // u = RMSNorm(z); entry = Q_kv(rotate(u, first position)); key = Q_idx(rotate(RMSNorm(wk u))).
+    // One launch each for the entry (norm, u kept, rotation, packing) and the key.
     const DeviceVec& inv = m_->rope_inv_freq(true);
-    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.zs, m, hd, w.c_norm.ptr, eps, ws_.u, s));
-    DS41_RETURN_IF_ERROR(
-        cuda::cuda_status(cudaMemcpyAsync(ws_.e, ws_.u, static_cast<size_t>(m * hd) * sizeof(float),
-                                          cudaMemcpyDeviceToDevice, s),
-                          "copy compressed entries"));
-    DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.e, m, 1, hd, src.kpos, inv.ptr, inv.size, false, s));
+    cuda::RowsNormRopeQuantArgs a;
+    a.rows = m;
+    a.dim = hd;
+    a.in = ws_.zs;
+    a.out = ws_.e;
+    a.norm = true;
+    a.norm_weight = w.c_norm.ptr;
+    a.eps = eps;
+    a.normed = ws_.u;
+    a.pos = src.kpos;
+    a.inv_freq = inv.ptr;
+    a.n_freq = inv.size;
+    a.quant = true;
+    a.op = FakeQuantOp::kKv;
+    a.base = pool_->base();
+    a.offsets = src.kv_enc;
+    DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
     DS41_RETURN_IF_ERROR(linear(w.idx_wk, ws_.u, m, ws_.kk));
-    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.kk, m, dI, w.idx_k_norm.ptr, eps, ws_.kk, s));
-    DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.kk, m, 1, dI, src.kpos, inv.ptr, inv.size, false, s));
-    DS41_RETURN_IF_ERROR(
-        cuda::run_encode_rows_scatter(FakeQuantOp::kKv, hd, ws_.e, m, pool_->base(), src.kv_enc, s));
-    DS41_RETURN_IF_ERROR(
-        cuda::run_encode_rows_scatter(FakeQuantOp::kIdx, dI, ws_.kk, m, pool_->base(), src.key_enc, s));
+    a.dim = dI;
+    a.in = ws_.kk;
+    a.out = ws_.kk;
+    a.norm_weight = w.idx_k_norm.ptr;
+    a.normed = nullptr;
+    a.op = FakeQuantOp::kIdx;
+    a.offsets = src.key_enc;
+    DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
   }
   if (journal_ && R > 1) {  // MODEL_SPEC 3.10.8: every row's (a, b) for a speculative rollback
     float* ja = ds_.jca + src.pend_j * ds_.jrows * hd;
@@ -183,8 +217,21 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
   const PlanSource& src = sources_[j];
   cudaStream_t s = stream_;
   DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
-  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.qi, n, nih, dI, pos_, inv.ptr, inv.size, false, s));
-  DS41_RETURN_IF_ERROR(cuda::run_fake_quant_inplace(FakeQuantOp::kIdx, dI, ws_.qi, n * nih, s));
+  {  // rotate every head, Q_idx in place: one launch
+    cuda::RowsNormRopeQuantArgs a;
+    a.rows = n * nih;
+    a.dim = dI;
+    a.in = ws_.qi;
+    a.out = ws_.qi;
+    a.pos = pos_;
+    a.rows_per_pos = nih;
+    a.inv_freq = inv.ptr;
+    a.n_freq = inv.size;
+    a.quant = true;
+    a.op = FakeQuantOp::kIdx;
+    a.quant_inplace = true;
+    DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
+  }
   DS41_RETURN_IF_ERROR(linear(w.idx_weights_proj, x, n, ws_.wt));
   DS41_RETURN_IF_ERROR(
       cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s));

@@ -20,13 +20,14 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
-#include "backends/cuda/argmax_kernels.h"
 #include "gpu/gpu_forward.h"
 
 namespace ds41::gpu {
@@ -165,10 +166,22 @@ Status GpuForward::dspark_commit(std::span<const GpuContextRows> rows) {
     for (size_t s = 0; s < w.stages.size(); ++s) {
       const DeviceLayer& sw = w.stages[s];
       DS41_RETURN_IF_ERROR(linear(sw.wkv, ds_.main_x, m, ds_.kvd));  // every stage reads the same main_x
-      DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ds_.kvd, m, hd, sw.kv_norm.ptr, eps, ds_.kvd, st));
-      DS41_RETURN_IF_ERROR(cuda::run_rope(ds_.kvd, m, 1, hd, d_pos, inv.ptr, inv.size, false, st));
-      DS41_RETURN_IF_ERROR(cuda::run_encode_rows_scatter(FakeQuantOp::kWin, hd, ds_.kvd, m,
-                                                         ds_.rings + s * ds_.stage_stride, d_off, st));
+      cuda::RowsNormRopeQuantArgs a;  // norm, rotation, Q_win packing into the stage's ring: one launch
+      a.rows = m;
+      a.dim = hd;
+      a.in = ds_.kvd;
+      a.out = ds_.kvd;
+      a.norm = true;
+      a.norm_weight = sw.kv_norm.ptr;
+      a.eps = eps;
+      a.pos = d_pos;
+      a.inv_freq = inv.ptr;
+      a.n_freq = inv.size;
+      a.quant = true;
+      a.op = FakeQuantOp::kWin;
+      a.base = ds_.rings + s * ds_.stage_stride;
+      a.offsets = d_off;
+      DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, st));
     }
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(st), "DSpark context rows"));
   }
@@ -190,9 +203,23 @@ Status GpuForward::draft_attention(int64_t s, const int64_t* ring_read, int64_t 
   DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.q, n, nh, hd, pos_, inv.ptr, inv.size, false, st));
   float* kv = ws_.kvf;  // block rows [0, n), then the decoded context rows
   DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
-  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(kv, n, hd, w.kv_norm.ptr, eps, kv, st));
-  DS41_RETURN_IF_ERROR(cuda::run_rope(kv, n, 1, hd, pos_, inv.ptr, inv.size, false, st));
-  DS41_RETURN_IF_ERROR(cuda::run_fake_quant_inplace(FakeQuantOp::kWin, hd, kv, n, st));
+  {  // norm, rotation, Q_win in place: one launch
+    cuda::RowsNormRopeQuantArgs a;
+    a.rows = n;
+    a.dim = hd;
+    a.in = kv;
+    a.out = kv;
+    a.norm = true;
+    a.norm_weight = w.kv_norm.ptr;
+    a.eps = eps;
+    a.pos = pos_;
+    a.inv_freq = inv.ptr;
+    a.n_freq = inv.size;
+    a.quant = true;
+    a.op = FakeQuantOp::kWin;
+    a.quant_inplace = true;
+    DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, st));
+  }
   if (ctx_rows > 0)
     DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ds_.rings + s * ds_.stage_stride,
                                                       ring_read, ctx_rows, ws_.kvf + n * hd, st));
@@ -271,23 +298,19 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   float* pi = ws_.pi;
   float* pre_f = ws_.pre_f;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi, st));
-  auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {
-    return hc_site_map(hw, n, pre, post, comb);
-  };
   for (size_t s = 0; s < w.stages.size(); ++s) {
     const DeviceLayer& sw = w.stages[s];
-    DS41_RETURN_IF_ERROR(site_map(sw.hc_attn, ws_.pre_a, ws_.post_a, ws_.comb_a));
-    DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, pi, n, C, H, ws_.x, st));
-    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, sw.attn_norm.ptr, eps, ws_.x, st));
+    // Each site: map, collapse with the lagged pre, norm: one launch (hc_site).
+    DS41_RETURN_IF_ERROR(
+        hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x));
     DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y)
                              .with_context("DSpark stage " + std::to_string(s) + " attention"));
     DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, st));
-    DS41_RETURN_IF_ERROR(site_map(sw.hc_ffn, pre_f, ws_.post_f, ws_.comb_f));
-    DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, ws_.pre_a, n, C, H, ws_.x, st));
-    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, sw.ffn_norm.ptr, eps, ws_.x, st));
-    DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x, ws_.y)
+    DS41_RETURN_IF_ERROR(
+        hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));
+    DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x,
+                                  ws_.y, ws_.post_f, ws_.comb_f)  // expands into the streams
                              .with_context("DSpark stage " + std::to_string(s) + " MoE"));
-    DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_f, ws_.comb_f, n, C, H, st));
     std::swap(pi, pre_f);  // the next stage collapses with this FFN site's pre
     if (opt.record) {  // the block's KV rows (ws_.kvf rows [0, n), Q_win values) and the routing
       const int64_t kd = c.dspark_num_experts_per_tok;

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
@@ -235,30 +236,50 @@ Status GpuForward::hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, fl
   return cuda::run_hc_map(a, stream_);
 }
 
+Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
+                           const float* collapse_w, const float* norm_weight, float* x) {
+  cuda::HcSiteArgs s;
+  s.map.n = n;
+  s.map.c = c_->hc_mult;
+  s.map.h = c_->hidden_size;
+  s.map.sinkhorn_iters = c_->hc_sinkhorn_iters;
+  s.map.streams = ws_.streams;
+  s.map.fn = hw.fn.ptr;
+  s.map.scale = hw.scale.ptr;
+  s.map.base = hw.base.ptr;
+  s.map.hc_eps = static_cast<float>(c_->hc_eps);
+  s.map.norm_eps = static_cast<float>(c_->rms_norm_eps);
+  s.map.pre = pre;
+  s.map.post = post;
+  s.map.comb = comb;
+  s.map.workspace = ws_.scratch;
+  s.map.workspace_bytes = ws_.scratch_bytes;
+  s.collapse_w = collapse_w;
+  s.norm_weight = norm_weight;
+  s.eps = static_cast<float>(c_->rms_norm_eps);
+  s.x = x;
+  s.counters = ws_.counters;
+  s.counters_size = ws_.counters_size;
+  return cuda::run_hc_site(s, stream_);
+}
+
 Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
                              std::vector<model::SequenceOutput>* out) {
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t H = c_->hidden_size, C = c_->hc_mult, n = n_;
-  const float eps = static_cast<float>(c_->rms_norm_eps);
   if (c_->is_engram_layer(l)) DS41_RETURN_IF_ERROR(engram_stage(l));
   if (ds_.on) DS41_RETURN_IF_ERROR(capture_dspark_features(l));  // MODEL_SPEC 3.10.2
   win_offsets_ = win_offsets_list_[win_list_of_layer_[l]];  // this layer's window floors (step plan)
   win_index_ = win_index_list_[win_list_of_layer_[l]];
-  auto site_map = [&](const DeviceHcSite& hw, float* pre, float* post, float* comb) {
-    return hc_site_map(hw, n, pre, post, comb);
-  };
-  // Attention site: collapse with the previous site's pre (MODEL_SPEC 3.3, the lag).
-  DS41_RETURN_IF_ERROR(site_map(w.hc_attn, ws_.pre_a, ws_.post_a, ws_.comb_a));
-  DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, pi_, n, C, H, ws_.x, stream_));
-  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, w.attn_norm.ptr, eps, ws_.x, stream_));
+  // Attention site: collapse with the previous site's pre (MODEL_SPEC 3.3, the lag); the map,
+  // the collapse and the norm in one launch.
+  DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi_, w.attn_norm.ptr, ws_.x));
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
   DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
   // FFN site.
-  DS41_RETURN_IF_ERROR(site_map(w.hc_ffn, pre_f_, ws_.post_f, ws_.comb_f));
-  DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, ws_.pre_a, n, C, H, ws_.x, stream_));
-  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.x, n, H, w.ffn_norm.ptr, eps, ws_.x, stream_));
-  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out));
-  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_f, ws_.comb_f, n, C, H, stream_));
+  DS41_RETURN_IF_ERROR(
+      hc_site(w.hc_ffn, n, pre_f_, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
+  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f));  // expands into the streams
   std::swap(pi_, pre_f_);  // the next layer collapses with this FFN site's pre
   return ok_status();
 }

@@ -197,13 +197,19 @@ class GpuForward {
   Status capture_dspark_features(int64_t l);
   // MODEL_SPEC 3.3: the mHC map of one site (pre / post / comb of n rows) from ws_.streams.
   Status hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb);
+  // The site map, then x = RMSNorm(collapse(streams, collapse_w)) (one launch: cuda::run_hc_site).
+  Status hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
+                 const float* collapse_w, const float* norm_weight, float* x);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
   Status attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets, const int32_t* kv_index,
                           int64_t max_entries, const DeviceVec& inv, float* y);
   Status draft_attention(int64_t s, const int64_t* ring_read, int64_t ctx_rows, const int64_t* kv_offsets,
                          const int32_t* kv_index, const float* x, float* y);
-  Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y);
+  // The MoE of n_ rows into y. With expand_post / expand_comb set it also expands y into ws_.streams
+  // (run_hc_expand with that post / comb), fused with the combine and the shared expert's add.
+  Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y,
+                  const float* expand_post = nullptr, const float* expand_comb = nullptr);
 
   Status engram_stage(int64_t l);
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
@@ -212,7 +218,8 @@ class GpuForward {
   Status index(int64_t l, const float* x, const float* q_r, const GpuForwardOptions& opt,
                std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-             std::vector<model::SequenceOutput>* out);
+             std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
+             const float* expand_comb = nullptr);
 
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.

@@ -2,11 +2,14 @@
 // sqrt-softplus router (bias for selection only; gate.bias_vl on image-span rows), stable bucketing of the
 // (row, slot) pairs by expert, one grouped launch per expert matrix over the sorted rows (w1, w3), SwiGLU
 // with the two clamps and the routing weight applied before w2, w2, the combine in ascending expert order
-// (the reference's order of additions), then the shared expert added.
+// (the reference's order of additions), then the shared expert added. The shared expert's w1 / w3 run
+// before the SwiGLUs (one launch for both); with an expand target (the layer's FFN site) the combine,
+// the shared add and the mHC expand are one launch (backends/cuda/fused_moe_kernels.h).
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/moe_kernels.h"
 #include "gpu/gpu_forward.h"
@@ -16,39 +19,67 @@ namespace ds41::gpu {
 // The MoE of n_ rows through block w with E routed experts, top-k (the text layers, or a DSpark
 // stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
 Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
-                            float* y) {
+                            float* y, const float* expand_post, const float* expand_comb) {
   const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
   cudaStream_t s = stream_;
   DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
-  DS41_RETURN_IF_ERROR(cuda::run_router(
-      ws_.gate_logits, n, E, w.gate_bias.ptr, w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr, vl, k,
-      static_cast<float>(c_->gate_temp), static_cast<float>(c_->routed_scaling_factor), ws_.experts,
-      ws_.route_w, s));
-  DS41_RETURN_IF_ERROR(cuda::run_moe_bucket(ws_.experts, ws_.route_w, n, k, E, ws_.offsets, ws_.perm_rows,
-                                            ws_.perm_weight, ws_.slot_pos, ws_.scratch, s));
+  {  // router + bucketing: one launch at decode sizes
+    cuda::MoeRouteArgs ra;
+    ra.logits = ws_.gate_logits;
+    ra.n = n;
+    ra.n_experts = E;
+    ra.k = k;
+    ra.bias = w.gate_bias.ptr;
+    ra.bias_vl = w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr;
+    ra.vl = vl;
+    ra.temp = static_cast<float>(c_->gate_temp);
+    ra.route_scale = static_cast<float>(c_->routed_scaling_factor);
+    ra.experts = ws_.experts;
+    ra.weights = ws_.route_w;
+    ra.offsets = ws_.offsets;
+    ra.perm_rows = ws_.perm_rows;
+    ra.perm_weight = ws_.perm_weight;
+    ra.slot_pos = ws_.slot_pos;
+    ra.workspace = ws_.scratch;
+    ra.counters = ws_.counters;
+    DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
+  }
   DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, ws_.perm_rows, nk, H, ws_.xs, s));
   DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w1, w.d_w1, I, H, ws_.xs, nk, ws_.g));
   DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w3, w.d_w3, I, H, ws_.xs, nk, ws_.up));
-  DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.g, ws_.up, nk, I, lim, ws_.perm_weight, ws_.act, s));
-  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm));
-  DS41_RETURN_IF_ERROR(cuda::run_moe_combine(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, y, s));
-  if (w.shared.w1.present()) {
-    const int64_t Is = w.shared.w1.out_dim;
+  // The shared expert's w1 / w3 (they read x only) before the SwiGLUs, so that both run in one launch.
+  const bool shared = w.shared.w1.present();
+  const int64_t Is = shared ? w.shared.w1.out_dim : 0;
+  if (shared) {
     DS41_RETURN_IF_ERROR(linear(w.shared.w1, x, n, ws_.sg));
     DS41_RETURN_IF_ERROR(linear(w.shared.w3, x, n, ws_.su));
-    DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.sg, ws_.su, n, Is, lim, nullptr, ws_.sa, s));
-    DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
-    DS41_RETURN_IF_ERROR(cuda::run_add_inplace(y, ws_.sout, n * H, s));
+    DS41_RETURN_IF_ERROR(cuda::run_swiglu_pair({ws_.g, ws_.up, nk, I, ws_.perm_weight, ws_.act},
+                                               {ws_.sg, ws_.su, n, Is, nullptr, ws_.sa}, lim, s));
+  } else {
+    DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.g, ws_.up, nk, I, lim, ws_.perm_weight, ws_.act, s));
   }
-  return ok_status();
+  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm));
+  if (shared) DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
+  if (!expand_post) {
+    DS41_RETURN_IF_ERROR(cuda::run_moe_combine(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, y, s));
+    if (shared) DS41_RETURN_IF_ERROR(cuda::run_add_inplace(y, ws_.sout, n * H, s));
+    return ok_status();
+  }
+  // y = combine + the shared output, and its expand into the streams: one launch (the same float
+  // operations as combine, add, expand).
+  return cuda::run_moe_combine_expand(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H,
+                                      shared ? ws_.sout : nullptr, y, ws_.streams, expand_post, expand_comb,
+                                      c_->hc_mult, s);
 }
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                       std::vector<model::SequenceOutput>* out) {
+                       std::vector<model::SequenceOutput>* out, const float* expand_post,
+                       const float* expand_comb) {
   const int64_t n = n_, k = c_->num_experts_per_tok, nk = n * k;
-  DS41_RETURN_IF_ERROR(moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y));
+  DS41_RETURN_IF_ERROR(
+      moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post, expand_comb));
   cudaStream_t s = stream_;
   if (!opt.record) return ok_status();
   std::vector<int32_t> ex(nk);

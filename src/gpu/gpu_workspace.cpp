@@ -5,6 +5,8 @@
 #include <string>
 
 #include "backends/cuda/attention_kernels.h"
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/topk_kernels.h"
@@ -131,6 +133,8 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
     cv.take(w.hp, L * C);
     cv.take(w.h, L * H);
     cv.take(w.logits, L * V);
+    w.counters_size = cuda::hc_site_counter_count(N);
+    cv.take(w.counters, w.counters_size);
     uint8_t* sc = nullptr;
     cv.take(sc, static_cast<int64_t>(w.scratch_bytes));
     w.scratch = sc;
@@ -144,6 +148,9 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
   Carver cv;
   cv.base = w.dev.as<uint8_t>();
   carve(cv);
+  DS41_RETURN_IF_ERROR(
+      cuda::cuda_status(cudaMemset(w.counters, 0, static_cast<size_t>(w.counters_size) * sizeof(uint32_t)),
+                        "zero the fused-kernel counters"));
   // Metadata: a generous bound of what the step plan writes (rows, window lists, per source and
   // per index layer lists, page tables); the plan checks that it fits.
   const int64_t n_layers = c.num_hidden_layers;

@@ -68,6 +68,11 @@ struct GpuWorkspace {
   // attention split states): the largest need; dead after each call (one stream, calls in order).
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  // Self-resetting counters of the fused kernels (cuda::run_hc_site: one per group of 8 rows;
+  // cuda::run_moe_route: the first): zeroed at creation, zero again after every call. The kernels
+  // of the stream run one at a time (a PDL kernel touches them only after its wait), so they share.
+  uint32_t* counters = nullptr;
+  int64_t counters_size = 0;
   // Step metadata: pinned host arena and its device twin.
   uint8_t* meta_host = nullptr;
   uint8_t* meta_dev = nullptr;

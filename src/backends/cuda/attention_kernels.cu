@@ -23,6 +23,7 @@
 
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
@@ -307,15 +308,15 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int64_t kMaxCombineSplits = 512;  // the most splits decode_splits gives is kTargetCtas
 static_assert(kMaxCombineSplits >= kTargetCtas);
 
-__global__ void __launch_bounds__(kCombineThreads)
-    sparse_attention_combine_kernel(int64_t n_heads, int64_t d, const int64_t* __restrict__ kv_offsets,
-                                    int64_t splits, const float* __restrict__ part_acc,
-                                    const float* __restrict__ part_ml, float* __restrict__ out) {
-  dev::pdl_enter();
+// The combine of (row r, head h) into o[0, d) (global memory, or shared memory when the kernel
+// rotates the head back before writing it); every thread of the CTA calls it.
+__device__ __forceinline__ void sparse_attention_combine_head(int64_t n_heads, int64_t d,
+                                                              const int64_t* __restrict__ kv_offsets, int64_t splits,
+                                                              const float* __restrict__ part_acc,
+                                                              const float* __restrict__ part_ml, int64_t r, int64_t h,
+                                                              float* o) {
   __shared__ float wsp[kMaxCombineSplits];  // exp(m_s - M) (>= 0), or -1 for a skipped split
   __shared__ float big_l_sh;
-  const int64_t r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
-  float* o = out + (r * n_heads + h) * d;
   if (kv_offsets[r + 1] <= kv_offsets[r]) {
     for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) o[c] = 0.0f;
     return;
@@ -364,6 +365,48 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
+// One CTA per (row, head): sparse_attention_combine_head into the output row, or (n_freq > 0) into
+// shared memory, then the head rotated back with rope_kernel's operations (float32 angle p *
+// inv_freq, fp64 sincos rounded to float32, the sine negated; the pair's four roundings), the bits
+// run_rope(out, ..., inverse) gives after the unrotated combine.
+__global__ void __launch_bounds__(kCombineThreads)
+    sparse_attention_combine_kernel(int64_t n_heads, int64_t d, const int64_t* __restrict__ kv_offsets,
+                                    int64_t splits, const float* __restrict__ part_acc,
+                                    const float* __restrict__ part_ml, float* __restrict__ out,
+                                    const int64_t* __restrict__ rope_pos, const float* __restrict__ inv_freq,
+                                    int64_t n_freq) {
+  dev::pdl_enter();
+  __shared__ __align__(16) float ov[kMaxDim];
+  __shared__ float cs[kMaxDim];
+  const int64_t r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+  float* o = out + (r * n_heads + h) * d;
+  if (n_freq == 0) {
+    sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, o);
+    return;
+  }
+  sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, ov);
+  const float p = static_cast<float>(rope_pos[r]);
+  for (int64_t i = threadIdx.x; i < n_freq; i += kCombineThreads) {
+    const float ang = __fmul_rn(p, inv_freq[i]);
+    double sn, cn;
+    sincos(static_cast<double>(ang), &sn, &cn);
+    cs[2 * i] = static_cast<float>(cn);
+    cs[2 * i + 1] = -static_cast<float>(sn);
+  }
+  __syncthreads();  // ov and cs complete
+  const int64_t off = d - 2 * n_freq;
+  for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) {
+    float v = ov[c];
+    if (c >= off) {
+      const int64_t q = (c - off) >> 1;
+      const float e = ov[off + 2 * q], od = ov[off + 2 * q + 1], cc = cs[2 * q], sn = cs[2 * q + 1];
+      v = ((c - off) & 1) == 0 ? __fsub_rn(__fmul_rn(e, cc), __fmul_rn(od, sn))
+                               : __fadd_rn(__fmul_rn(e, sn), __fmul_rn(od, cc));
+    }
+    o[c] = v;
+  }
+}
+
 // Splits per row of the decode kernel: enough CTAs for ~2 per SM, at least kMinSplitEntries entries
 // per split; 1 (no workspace) from kTargetCtas / 2 (row, head group) CTAs on.
 int64_t decode_splits(int64_t n, int64_t n_heads, int64_t max_entries) {
@@ -401,9 +444,17 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.max_entries_per_row < 0)
     return invalid_argument("sparse_attention: max_entries_per_row " + std::to_string(a.max_entries_per_row) +
                             " is negative");
+  if (a.rope_n_freq < 0 || 2 * a.rope_n_freq > a.head_dim || (a.rope_n_freq > 0 && (!a.rope_pos || !a.rope_inv_freq)))
+    return invalid_argument("sparse_attention: rope_n_freq " + std::to_string(a.rope_n_freq) +
+                            " (want 2 * rope_n_freq <= head_dim, rope_pos and rope_inv_freq set)");
   if (a.n == 0) return ok_status();
   if (!a.q || !a.kv_offsets || !a.sink || !a.out || (a.max_entries_per_row > 0 && (!a.kv_index || !a.kv)))
     return invalid_argument("sparse_attention: null q, kv_offsets, kv_index, kv, sink or out");
+  // The inverse rotation where it is not fused into the split combine.
+  auto rotate_back = [&]() -> Status {
+    if (a.rope_n_freq == 0) return ok_status();
+    return run_rope(a.out, a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq, a.rope_n_freq, true, stream);
+  };
   if (a.n <= kSplitMaxRows) {  // decode-shaped: more CTAs per row, entries split over warps (and CTAs)
     const int64_t split_groups = (a.n_heads + kSplitHeads - 1) / kSplitHeads;
     if (a.n * split_groups > 0x7fffffff)  // the grid: n * splits * groups <= max(n * groups, kTargetCtas)
@@ -422,20 +473,26 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
         std::max<int64_t>(chunk, 1), part_acc, part_ml);
     DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
-    if (splits == 1) return ok_status();
-    launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream, a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out);
+    if (splits == 1) return rotate_back();
+    launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream,
+           a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out, a.rope_pos, a.rope_inv_freq,
+           a.rope_n_freq);
     return last_launch_status("sparse_attention_combine");
   }
   static const bool tc_allowed = [] {
     const char* e = std::getenv("DS41_TC_ATTENTION");
     return !(e && std::strcmp(e, "0") == 0);
   }();
-  if (tc_allowed && sparse_attention_tc_supported(a)) return run_sparse_attention_tc(a, stream);
+  if (tc_allowed && sparse_attention_tc_supported(a)) {
+    DS41_RETURN_IF_ERROR(run_sparse_attention_tc(a, stream));
+    return rotate_back();
+  }
   const int64_t groups = (a.n_heads + kHeads - 1) / kHeads;
   if (a.n * groups > 0x7fffffff)
     return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " x head groups too large");
   launch(sparse_attention_kernel, static_cast<unsigned>(a.n * groups), kThreads, smem_bytes(a.head_dim), stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
-  return last_launch_status("sparse_attention");
+  DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention"));
+  return rotate_back();
 }
 
 }  // namespace ds41::cuda

@@ -35,6 +35,13 @@ struct SparseAttentionArgs {
   // products stay exact); false keeps the float kernels. DS41_TC_ATTENTION=0 in the environment
   // turns the tensor-core kernel off (A/B measurements).
   bool entries_on_bf16_grid = false;
+  // Optional (rope_n_freq > 0): the output rows rotated back (MODEL_SPEC 7.9), exactly as
+  // run_rope(out, n, n_heads, head_dim, rope_pos, rope_inv_freq, rope_n_freq, /*inverse=*/true)
+  // after the attention: inside the decode path's split combine (one launch less), a run_rope
+  // launch on the other paths.
+  const int64_t* rope_pos = nullptr;
+  const float* rope_inv_freq = nullptr;
+  int64_t rope_n_freq = 0;
 };
 // Workspace run_sparse_attention needs for any call with up to n rows and up to max_entries_per_row
 // entries per row (so it can be sized once from the step limits); 0 when no such call splits.

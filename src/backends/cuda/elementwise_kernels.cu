@@ -204,14 +204,23 @@ Status run_embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, const int
   return last_launch_status("embed_bf16");
 }
 
+int rms_norm_sum_threads(int64_t n, int64_t dim) {
+  if (n < 128 && dim <= int64_t{kRegThreads} * kRegPer) {
+    const int threads =
+        static_cast<int>(std::min<int64_t>(kRegThreads, (dim + kRegPer - 1) / kRegPer + 31) / 32 * 32);
+    return std::max(threads, 32);
+  }
+  return kThreads;  // rms_norm_kernel: i = t, t + 256, ...
+}
+
 Status run_rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y,
                     cudaStream_t stream) {
   if (n < 0 || n > 0x7fffffff) return bad("rms_norm", "n " + std::to_string(n) + " out of range");
   if (dim <= 0) return bad("rms_norm", "dim " + std::to_string(dim) + " must be positive");
   if (n == 0) return ok_status();
   if (n < 128 && dim <= int64_t{kRegThreads} * kRegPer) {  // decode: a row's loads all in flight
-    const int threads = static_cast<int>(std::min<int64_t>(kRegThreads, (dim + kRegPer - 1) / kRegPer + 31) / 32 * 32);
-    launch(rms_norm_reg_kernel, static_cast<unsigned>(n), std::max(threads, 32), 0, stream, x, dim, weight, eps, y);
+    launch(rms_norm_reg_kernel, static_cast<unsigned>(n), rms_norm_sum_threads(n, dim), 0, stream, x, dim, weight,
+           eps, y);
   } else {
     launch(rms_norm_kernel, static_cast<unsigned>(n), kThreads, 0, stream, x, dim, weight, eps, y);
   }

@@ -19,6 +19,11 @@ Status run_embed_bf16(const uint8_t* table, int64_t rows, int64_t dim, const int
 // y may alias x.
 Status run_rms_norm(const float* x, int64_t n, int64_t dim, const float* weight, float eps, float* y,
                     cudaStream_t stream);
+// The layout of run_rms_norm's float64 sum of squares for n rows of dim: thread t of T (the
+// returned count) sums elements t, t + T, t + 2T, ... in that order, then dev::block_sum over T
+// threads. Fused kernels that normalize rows reproduce it (fused_rows_kernels.cu), so they keep
+// run_rms_norm's bits.
+int rms_norm_sum_threads(int64_t n, int64_t dim);
 Status run_rope(float* x, int64_t n, int64_t heads, int64_t head_dim, const int64_t* pos,
                 const float* inv_freq, int64_t n_freq, bool inverse, cudaStream_t stream);
 Status run_swiglu(const float* g, const float* u, int64_t n, int64_t dim, float limit,

@@ -1,0 +1,212 @@
+// ds41 backends/cuda: fused MoE kernels of the decode step (fused_moe_kernels.h).
+//
+// moe_route: grid n, 256 threads. Block r routes row r with moe::route_row (router_kernel's code).
+//   Each block fences its row's experts / weights and counts itself; the last one resets the
+//   counter and buckets all pairs (n * k <= 256) as one bucketing chunk: the pair's rank among
+//   earlier pairs of its expert, a shared-memory histogram, an exclusive scan over the experts,
+//   positions base + rank. The results are integers and copied weights: equal to bucket_count /
+//   bucket_scan / bucket_place by construction (the stable order by expert, then row and slot).
+// moe_combine_expand: combine_kernel's sorted float32 sum, the shared expert's add, then
+//   hc_expand_kernel's float32 order per (row, channel).
+// swiglu_pair: swiglu_kernel's operations (fp64 SiLU, std::min / std::clamp NaN semantics) over
+//   two row sets, the first's blocks first.
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_moe_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/mhc_kernels.h"
+#include "backends/cuda/moe_device.cuh"
+#include "backends/cuda/moe_kernels.h"
+#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/row_reduce.cuh"
+
+namespace ds41::cuda {
+namespace {
+
+constexpr int kThreads = moe::kThreads;
+constexpr int64_t kMaxHcC = 8;
+
+__global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
+  dev::pdl_enter();
+  __shared__ moe::RouterSmem sm;
+  __shared__ int ex[moe::kChunk];
+  __shared__ int part[kThreads];
+  __shared__ int last;
+  const int64_t E = a.n_experts, k = a.k;
+  moe::route_row(a.logits, E, a.bias, a.bias_vl, a.vl, k, a.temp, a.route_scale, a.experts, a.weights,
+                 blockIdx.x, sm);
+  __threadfence();  // this row's experts / weights, visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(&a.counters[0], 1u);
+    last = done + 1 == static_cast<uint32_t>(a.n);
+    if (last) a.counters[0] = 0;  // zero again for the next call
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Bucketing of the n * k pairs by the last block (one chunk).
+  int* cnt = reinterpret_cast<int*>(sm.bs);  // the router's scratch, free now: E ints
+  const int t = threadIdx.x;
+  const int64_t pairs = a.n * k;
+  const int e = t < pairs ? __ldcg(a.experts + t) : -1;
+  const bool valid = e >= 0 && e < E;
+  ex[t] = valid ? e : -1;
+  for (int64_t i = t; i < E; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  int rank = 0;
+  if (valid) {
+    for (int u = 0; u < t; ++u) rank += ex[u] == e;
+    atomicAdd(&cnt[e], 1);  // the count is order-independent
+  }
+  __syncthreads();
+  // Exclusive scan of cnt: thread t owns experts [t * per, (t + 1) * per).
+  const int64_t per = (E + kThreads - 1) / kThreads, eb = min(E, t * per), ee = min(E, eb + per);
+  int s = 0;
+  for (int64_t i = eb; i < ee; ++i) s += cnt[i];
+  part[t] = s;
+  __syncthreads();
+  for (int off = 1; off < kThreads; off <<= 1) {
+    const int v = t >= off ? part[t - off] : 0;
+    __syncthreads();
+    part[t] += v;
+    __syncthreads();
+  }
+  int run = part[t] - s;
+  for (int64_t i = eb; i < ee; ++i) {
+    const int c = cnt[i];
+    cnt[i] = run;  // the expert's base
+    a.offsets[i] = run;
+    run += c;
+  }
+  if (t == kThreads - 1) a.offsets[E] = part[kThreads - 1];
+  __syncthreads();
+  if (t < pairs) {
+    if (!valid) {
+      a.slot_pos[t] = -1;
+    } else {
+      const int64_t pos = static_cast<int64_t>(cnt[e]) + rank;
+      a.perm_rows[pos] = t / k;
+      a.perm_weight[pos] = __ldcg(a.weights + t);
+      a.slot_pos[t] = pos;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    moe_combine_expand_kernel(const float* __restrict__ out_perm, const int64_t* __restrict__ slot_pos,
+                              const int32_t* __restrict__ experts, int64_t k, int64_t h,
+                              const float* __restrict__ add, float* __restrict__ y, float* streams,
+                              const float* __restrict__ post, const float* __restrict__ comb, int64_t c) {
+  dev::pdl_enter();
+  __shared__ int64_t pos[moe::kMaxK];
+  __shared__ int cnt;
+  const int64_t r = blockIdx.y;
+  if (threadIdx.x == 0) {  // combine_kernel's insertion sort by expert id (stable)
+    int32_t ex[moe::kMaxK];
+    int m = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t p = slot_pos[r * k + j];
+      if (p < 0) continue;
+      const int32_t e = experts[r * k + j];
+      int q = m++;
+      while (q > 0 && ex[q - 1] > e) {
+        ex[q] = ex[q - 1];
+        pos[q] = pos[q - 1];
+        --q;
+      }
+      ex[q] = e;
+      pos[q] = p;
+    }
+    cnt = m;
+  }
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= h) return;
+  float s = 0.0f;
+  for (int q = 0; q < cnt; ++q) s = __fadd_rn(s, out_perm[pos[q] * h + i]);
+  if (add) s = __fadd_rn(s, add[r * h + i]);
+  y[r * h + i] = s;
+  float* S = streams + r * c * h;
+  float old[kMaxHcC];
+  for (int64_t j = 0; j < c; ++j) old[j] = S[j * h + i];
+  const float* cb = comb + r * c * c;
+  for (int64_t kk = 0; kk < c; ++kk) {
+    float v = __fmul_rn(post[r * c + kk], s);
+    for (int64_t j = 0; j < c; ++j) v = __fadd_rn(v, __fmul_rn(cb[j * c + kk], old[j]));
+    S[kk * h + i] = v;
+  }
+}
+
+// swiglu_kernel's operations on element i of one of two row sets (grid over both).
+__device__ __forceinline__ void swiglu_elem(const SwigluRows& x, int64_t i, float limit) {
+  const float gv = x.g[i], uv = x.u[i];
+  const float gg = limit < gv ? limit : gv;
+  const float uu = uv < -limit ? -limit : (limit < uv ? limit : uv);
+  const double gd = gg;
+  const float silu = static_cast<float>(gd / (1.0 + exp(-gd)));
+  const float a = __fmul_rn(silu, uu);
+  x.out[i] = x.row_scale ? __fmul_rn(x.row_scale[i / x.dim], a) : a;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    swiglu_pair_kernel(SwigluRows a, SwigluRows b, int64_t blocks_a, float limit) {
+  dev::pdl_enter();
+  const bool first = blockIdx.x < blocks_a;
+  const SwigluRows& x = first ? a : b;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) - (first ? 0 : blocks_a)) * blockDim.x + threadIdx.x;
+  if (i < x.n * x.dim) swiglu_elem(x, i, limit);
+}
+
+}  // namespace
+
+Status run_swiglu_pair(const SwigluRows& a, const SwigluRows& b, float limit, cudaStream_t stream) {
+  if (a.n < 0 || b.n < 0 || a.dim <= 0 || b.dim <= 0)
+    return invalid_argument("swiglu_pair: n/dim out of range");
+  const int64_t ba = (a.n * a.dim + kThreads - 1) / kThreads, bb = (b.n * b.dim + kThreads - 1) / kThreads;
+  if (ba + bb == 0) return ok_status();
+  if (ba + bb > 0x7fffffff) {
+    DS41_RETURN_IF_ERROR(run_swiglu(a.g, a.u, a.n, a.dim, limit, a.row_scale, a.out, stream));
+    return run_swiglu(b.g, b.u, b.n, b.dim, limit, b.row_scale, b.out, stream);
+  }
+  launch(swiglu_pair_kernel, dim3(static_cast<unsigned>(ba + bb)), dim3(kThreads), 0, stream, a, b, ba,
+         limit);
+  return last_launch_status("swiglu_pair");
+}
+
+Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
+  const bool fused = a.counters && a.n > 0 && a.k > 0 && a.k <= moe::kMaxK && a.n_experts >= a.k &&
+                     a.n_experts <= moe::kMaxExperts && a.n * a.k <= moe::kChunk;
+  if (!fused) {
+    DS41_RETURN_IF_ERROR(run_router(a.logits, a.n, a.n_experts, a.bias, a.bias_vl, a.vl, a.k, a.temp,
+                                    a.route_scale, a.experts, a.weights, stream));
+    return run_moe_bucket(a.experts, a.weights, a.n, a.k, a.n_experts, a.offsets, a.perm_rows, a.perm_weight,
+                          a.slot_pos, a.workspace, stream);
+  }
+  launch(moe_route_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a);
+  return last_launch_status("moe_route");
+}
+
+Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
+                              int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
+                              const float* post, const float* comb, int64_t c, cudaStream_t stream) {
+  if (n < 0) return invalid_argument("moe_combine_expand: n is negative");
+  if (k <= 0 || k > moe::kMaxK) return invalid_argument("moe_combine_expand: k out of range");
+  if (h <= 0) return invalid_argument("moe_combine_expand: h must be positive");
+  if (c <= 0 || c > kMaxHcC) return invalid_argument("moe_combine_expand: c outside [1, 8]");
+  if (n == 0) return ok_status();
+  if (n > 65535) {  // grid.y: the unfused sequence
+    DS41_RETURN_IF_ERROR(run_moe_combine(out_perm, slot_pos, experts, n, k, h, y, stream));
+    if (add) DS41_RETURN_IF_ERROR(run_add_inplace(y, add, n * h, stream));
+    return run_hc_expand(streams, y, post, comb, n, c, h, stream);
+  }
+  const dim3 grid(grid_1d(h, kThreads), static_cast<unsigned>(n));
+  launch(moe_combine_expand_kernel, grid, dim3(kThreads), 0, stream, out_perm, slot_pos, experts, k, h, add,
+         y, streams, post, comb, c);
+  return last_launch_status("moe_combine_expand");
+}
+
+}  // namespace ds41::cuda

@@ -1,0 +1,243 @@
+// ds41 backends/cuda: fused row kernels of the decode step (fused_rows_kernels.h).
+//
+// rows_norm_rope_quant: one CTA per row, one thread per channel (blockDim = dim rounded up to 32,
+//   dim <= 1024). The row is loaded once; RMSNorm's sum of squares runs in run_rms_norm's order
+//   (rms_norm_device.cuh) and scales as rms_norm_kernel does; the RoPE angles are rope_kernel's
+//   (float32 angle, float64 sincos rounded to float32) and the pair update its four roundings; the
+//   fake quantization is fq::encode_lane per channel as encode_rows_scatter_kernel /
+//   fake_quant_inplace_kernel run it (a quantization block is a warp or a half warp of one row, so
+//   the blocks are the same). Bit-identical to the unfused sequence; other shapes run it.
+// hc_site: the grid is the hc_map split-K blocks (hc::hc_map_partial_block, the same geometry as
+//   run_hc_map) followed by one block per row for the collapse (hc_collapse_kernel's fp32 order per
+//   element, into shared memory) and the RMSNorm (rms_norm_device.cuh plays run_rms_norm's
+//   rms_norm_sum_threads(n, h) threads with these 256). Each split-K block writes its partials,
+//   fences and counts itself on its group's counter; the block that completes the group resets the
+//   counter and finishes the group's rows (partials read through L2): at C = 4 one warp per row
+//   (hc::hc_map_finish_row_warp4: the rows in parallel), else row after row with
+//   hc::hc_map_finish_row, hc_map_finish_kernel's code. Bit-identical to run_hc_map +
+//   run_hc_collapse + run_rms_norm.
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fake_quant_device.cuh"
+#include "backends/cuda/fused_rows_kernels.h"
+#include "backends/cuda/kv_rows_kernels.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/mhc_device.cuh"
+#include "backends/cuda/mhc_kernels.h"
+#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/rms_norm_device.cuh"
+
+namespace ds41::cuda {
+namespace {
+
+constexpr int64_t kMaxRowDim = 1024;
+
+// kOp: fq::kWin / kKv / kIdx, or -1 (no quantization).
+template <int kOp>
+__global__ void __launch_bounds__(kMaxRowDim)
+    rows_norm_rope_quant_kernel(RowsNormRopeQuantArgs a, int sum_threads) {
+  dev::pdl_enter();
+  __shared__ float row[kMaxRowDim];
+  __shared__ float cs[kMaxRowDim];
+  __shared__ double scratch[32];
+  const int64_t r = blockIdx.x, dim = a.dim;
+  const int t = threadIdx.x;
+  const bool active = t < dim;
+  float v = active ? a.in[r * dim + t] : 0.0f;
+  if (a.norm) {
+    if (active) row[t] = v;
+    __syncthreads();
+    const float inv =
+        dev::rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, dim, sum_threads, a.eps, scratch);
+    if (active) {
+      v = __fmul_rn(v, inv) * (a.norm_weight ? a.norm_weight[t] : 1.0f);
+      if (a.normed) a.normed[r * dim + t] = v;
+    }
+  }
+  if (a.n_freq > 0) {
+    __syncthreads();  // the norm's reads of row[] are done
+    if (active) row[t] = v;
+    const float p = static_cast<float>(a.pos[r / a.rows_per_pos]);
+    for (int64_t i = t; i < a.n_freq; i += blockDim.x) {
+      const float ang = __fmul_rn(p, a.inv_freq[i]);
+      double s, c;
+      sincos(static_cast<double>(ang), &s, &c);
+      cs[2 * i] = static_cast<float>(c);
+      const float sf = static_cast<float>(s);
+      cs[2 * i + 1] = a.inverse ? -sf : sf;
+    }
+    __syncthreads();
+    const int64_t off = dim - 2 * a.n_freq;
+    if (active && t >= off) {
+      const int64_t q = (t - off) >> 1;
+      const float e = row[off + 2 * q], o = row[off + 2 * q + 1], c = cs[2 * q], s = cs[2 * q + 1];
+      v = ((t - off) & 1) == 0 ? __fsub_rn(__fmul_rn(e, c), __fmul_rn(o, s))
+                               : __fadd_rn(__fmul_rn(e, s), __fmul_rn(o, c));
+    }
+  }
+  if constexpr (kOp >= 0) {
+    const fq::LaneCode c = fq::encode_lane<kOp>(v);  // every lane: shuffles
+    const uint32_t packed = fq::pack_byte<kOp>(c);
+    if (active && a.offsets) {
+      const int64_t off = a.offsets[r];
+      if (off >= 0) fq::store_lane<kOp>(a.base + off, dim, t, c, packed);
+    }
+    if (a.quant_inplace) v = fq::decode_code<kOp>(c.code, c.scale);
+  }
+  if (active && a.out) a.out[r * dim + t] = v;
+}
+
+constexpr int64_t kMaxSiteH = 10240;  // the collapsed row in dynamic shared memory: <= 40 KB (no opt-in)
+
+template <int kJ, bool kVec, int kC>
+__global__ void __launch_bounds__(hc::kThreads)
+    hc_site_kernel(HcSiteArgs s, int64_t splits, int64_t steps, int64_t map_blocks, int sum_threads) {
+  dev::pdl_enter();
+  extern __shared__ float smem[];
+  __shared__ double tot[hc::kMaxC * hc::kMaxC + 2 * hc::kMaxC + 1];
+  __shared__ float m[(2 + hc::kMaxC) * hc::kMaxC];
+  __shared__ double scratch[32];
+  __shared__ int last;
+  const HcMapDeviceArgs& a = s.map;
+  const int64_t b = blockIdx.x;
+  if (b >= map_blocks) {  // collapse + norm of row r
+    const int64_t r = b - map_blocks, C = a.c, H = a.h;
+    const float* S = a.streams + r * C * H;
+    const float* w = s.collapse_w + r * C;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+      float v = 0.0f;
+      for (int64_t j = 0; j < C; ++j) v = __fadd_rn(v, __fmul_rn(w[j], S[j * H + i]));
+      smem[i] = v;
+    }
+    __syncthreads();
+    const float inv =
+        dev::rms_inv_like_rms_norm([&](int64_t i) { return smem[i]; }, H, sum_threads, s.eps, scratch);
+    float* xr = s.x + r * H;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+      xr[i] = __fmul_rn(smem[i], inv) * (s.norm_weight ? s.norm_weight[i] : 1.0f);
+    return;
+  }
+  double* part = static_cast<double*>(a.workspace);
+  hc::hc_map_partial_block<kJ, kVec>(a, splits, steps, part, b);
+  const int64_t g = b / splits;
+  __threadfence();  // this block's partials, visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(&s.counters[g], 1u);
+    last = done + 1 == static_cast<uint32_t>(splits);
+    if (last) s.counters[g] = 0;  // zero again for the next call (kernels of the stream run in order)
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t r0 = g * hc::kHcRows, r1 = min(a.n, r0 + hc::kHcRows);
+  if constexpr (kC == 4) {  // warp w finishes row r0 + w (kHcRows == the block's 8 warps)
+    static_assert(hc::kHcRows == hc::kThreads / 32, "one warp per row of a group");
+    __shared__ double wtot[hc::kHcRows][32];
+    __shared__ float wm[hc::kHcRows][32];
+    const int w = threadIdx.x >> 5;
+    if (r0 + w < r1) hc::hc_map_finish_row_warp4(a, splits, part, r0 + w, wtot[w], wm[w]);
+  } else {
+    for (int64_t r = r0; r < r1; ++r) {
+      hc::hc_map_finish_row<kC>(a, splits, part, r, tot, m);
+      __syncthreads();  // the tail's warps are done with m before the next row
+    }
+  }
+}
+
+Status bad(const std::string& what) { return invalid_argument("rows_norm_rope_quant: " + what); }
+
+// The unfused sequence (shapes the kernel does not take).
+Status unfused(const RowsNormRopeQuantArgs& a, cudaStream_t s) {
+  const int64_t n = a.rows;
+  float* x = a.out;
+  if (!x) return bad("shape without a fused kernel needs out");
+  if (a.norm) {
+    DS41_RETURN_IF_ERROR(run_rms_norm(a.in, n, a.dim, a.norm_weight, a.eps, a.normed ? a.normed : x, s));
+    if (a.normed)
+      DS41_RETURN_IF_ERROR(
+          cuda_status(cudaMemcpyAsync(x, a.normed, static_cast<size_t>(n * a.dim) * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, s),
+                      "rows_norm_rope_quant copy"));
+  } else if (a.in != x) {
+    DS41_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpyAsync(x, a.in, static_cast<size_t>(n * a.dim) * sizeof(float), cudaMemcpyDeviceToDevice, s),
+        "rows_norm_rope_quant copy"));
+  }
+  if (a.n_freq > 0)
+    DS41_RETURN_IF_ERROR(
+        run_rope(x, n / a.rows_per_pos, a.rows_per_pos, a.dim, a.pos, a.inv_freq, a.n_freq, a.inverse, s));
+  if (a.quant && a.offsets)
+    DS41_RETURN_IF_ERROR(run_encode_rows_scatter(a.op, a.dim, x, n, a.base, a.offsets, s));
+  if (a.quant && a.quant_inplace) DS41_RETURN_IF_ERROR(run_fake_quant_inplace(a.op, a.dim, x, n, s));
+  return ok_status();
+}
+
+}  // namespace
+
+Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t stream) {
+  if (a.rows < 0 || a.rows > 0x7fffffff) return bad("rows " + std::to_string(a.rows) + " out of range");
+  if (a.dim <= 0) return bad("dim must be positive");
+  if (a.rows_per_pos <= 0 || a.rows % a.rows_per_pos) return bad("rows not a multiple of rows_per_pos");
+  if (a.n_freq < 0 || 2 * a.n_freq > a.dim) return bad("n_freq " + std::to_string(a.n_freq) + " > dim / 2");
+  if (a.n_freq > 0 && (!a.pos || !a.inv_freq)) return bad("rope without pos / inv_freq");
+  if (!a.in) return bad("in is null");
+  if (a.quant) {
+    const int64_t block = fq::block_of(static_cast<int>(a.op));
+    if (a.dim % block) return bad("dim not a multiple of the quantization block");
+    if (a.offsets && !a.base) return bad("offsets without base");
+  }
+  if (a.rows == 0) return ok_status();
+  if (a.dim > kMaxRowDim) return unfused(a, stream);
+  const int threads = static_cast<int>((a.dim + 31) / 32 * 32);
+  const int sum_threads = rms_norm_sum_threads(a.rows, a.dim);
+  const dim3 grid(static_cast<unsigned>(a.rows));
+  if (!a.quant) {
+    launch(rows_norm_rope_quant_kernel<-1>, grid, dim3(threads), 0, stream, a, sum_threads);
+  } else {
+    fq::dispatch_op(static_cast<int>(a.op), [&]<int kOp>() {
+      launch(rows_norm_rope_quant_kernel<kOp>, grid, dim3(threads), 0, stream, a, sum_threads);
+    });
+  }
+  return last_launch_status("rows_norm_rope_quant");
+}
+
+int64_t hc_site_counter_count(int64_t n) { return std::max<int64_t>(1, (n + hc::kHcRows - 1) / hc::kHcRows); }
+
+Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream) {
+  const HcMapDeviceArgs& a = s.map;
+  if (!s.collapse_w || !s.x) return invalid_argument("hc_site: collapse_w / x is null");
+  const bool fused = s.counters && s.counters_size >= hc_site_counter_count(a.n) && a.h <= kMaxSiteH &&
+                     a.c >= 1 && a.c <= hc::kMaxC && a.n > 0 && a.n <= 0x7fffffff && a.sinkhorn_iters >= 1 &&
+                     s.collapse_w != a.pre && s.collapse_w != a.post && s.collapse_w != a.comb && a.streams &&
+                     a.fn && a.scale && a.base && a.pre && a.post && a.comb &&
+                     reinterpret_cast<uintptr_t>(a.workspace) % alignof(double) == 0 && a.workspace &&
+                     a.workspace_bytes >= hc_map_workspace_bytes(a.n, a.c, a.h);
+  if (!fused) {
+    DS41_RETURN_IF_ERROR(run_hc_map(a, stream));
+    DS41_RETURN_IF_ERROR(run_hc_collapse(a.streams, s.collapse_w, a.n, a.c, a.h, s.x, stream));
+    return run_rms_norm(s.x, a.n, a.h, s.norm_weight, s.eps, s.x, stream);
+  }
+  const hc::HcSplit sp = hc::hc_split(a.n, a.c, a.h);
+  const int64_t map_blocks = sp.groups * sp.splits;
+  const dim3 grid(static_cast<unsigned>(map_blocks + a.n));
+  const size_t smem = static_cast<size_t>(a.h) * sizeof(float);
+  const int sum_threads = rms_norm_sum_threads(a.n, a.h);
+  const bool vec = (a.c * a.h) % 4 == 0 &&
+                   ((reinterpret_cast<uintptr_t>(a.fn) | reinterpret_cast<uintptr_t>(a.streams)) % 16 == 0);
+  auto go = [&](auto kernel) {
+    launch(kernel, grid, dim3(hc::kThreads), smem, stream, s, sp.splits, sp.steps, map_blocks, sum_threads);
+  };
+  if (a.c == 4)
+    vec ? go(hc_site_kernel<3, true, 4>) : go(hc_site_kernel<3, false, 4>);
+  else if (a.c < 4)
+    vec ? go(hc_site_kernel<3, true, 0>) : go(hc_site_kernel<3, false, 0>);
+  else
+    vec ? go(hc_site_kernel<10, true, 0>) : go(hc_site_kernel<10, false, 0>);
+  return last_launch_status("hc_site");
+}
+
+}  // namespace ds41::cuda

@@ -1,0 +1,484 @@
+// Parity of the fused decode-step kernels (backends/cuda/fused_rows_kernels.h, issue 11) with the
+// unfused op sequences they replace, bit for bit: RMSNorm -> RoPE -> Q_win / Q_kv / Q_idx packing
+// and in-place fake quantization at the released widths (window KV rows 512, compressed entries
+// 512, index keys 128, index queries 32 x 128), decode row counts (1, 3, 127: run_rms_norm's
+// register layout) and prefill ones (128, 130: its strided layout), and past the limits (rows wider
+// than a CTA run the unfused sequence; a Q_kv row 48 wide; no norm weight; the inverse rotation);
+// the fused mHC site (map + collapse + norm), MoE routing (router + bucketing), combine + shared add
+// + expand, the SwiGLU pair, and the sparse attention with the inverse rotation in its combine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/attention_kernels.h"
+#include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_moe_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
+#include "backends/cuda/kv_rows_kernels.h"
+#include "backends/cuda/mhc_kernels.h"
+#include "backends/cuda/moe_kernels.h"
+#include "kernel_parity_util.h"
+
+namespace ds41::cuda::parity {
+namespace {
+
+const char* op_name(FakeQuantOp op) {
+  return op == FakeQuantOp::kWin ? "win" : op == FakeQuantOp::kKv ? "kv" : "idx";
+}
+
+TEST(FusedRowsParity, NormRopeQuant) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    const char* site;
+    int64_t rows, dim, rows_per_pos, n_freq;
+    bool norm, weight, normed, inverse, quant;
+    FakeQuantOp op;
+    bool scatter, inplace;
+  };
+  const FakeQuantOp W = FakeQuantOp::kWin, K = FakeQuantOp::kKv, I = FakeQuantOp::kIdx;
+  const std::vector<C> cases = {
+      // attention window KV: norm, rope, Q_win into the ring, Q_win in place
+      {"attn kv", 1, 512, 1, 32, true, true, false, false, true, W, true, true},
+      {"attn kv", 3, 512, 1, 32, true, true, false, false, true, W, true, true},
+      {"attn kv", 127, 512, 1, 32, true, true, false, false, true, W, true, true},
+      {"attn kv", 128, 512, 1, 32, true, true, false, false, true, W, true, true},
+      {"attn kv", 130, 512, 1, 32, true, true, false, false, true, W, true, true},
+      // compressor entry: u = norm(z) kept, e = rope(u) packed with Q_kv
+      {"comp entry", 1, 512, 1, 32, true, true, true, false, true, K, true, false},
+      {"comp entry", 5, 512, 1, 32, true, true, true, false, true, K, true, false},
+      // compressor key: norm, rope, Q_idx packed
+      {"comp key", 1, 128, 1, 32, true, true, false, false, true, I, true, false},
+      {"comp key", 9, 128, 1, 32, true, true, false, false, true, I, true, false},
+      // indexer query: 32 heads of 128 per position, rope, Q_idx in place
+      {"index q", 32, 128, 32, 32, false, false, false, false, true, I, false, true},
+      {"index q", 96, 128, 32, 32, false, false, false, false, true, I, false, true},
+      // past the limits / other stages
+      {"wide (unfused)", 2, 1056, 1, 32, true, true, false, false, true, W, true, true},
+      {"wide normed", 3, 2048, 1, 16, true, true, true, false, true, K, true, false},
+      {"kv 48", 4, 48, 1, 8, true, true, false, true, true, K, true, true},
+      {"no weight", 2, 96, 1, 48, true, false, false, false, false, W, false, false},
+      {"inverse", 6, 256, 2, 64, false, false, false, true, false, W, false, false},
+      {"norm only", 200, 1024, 1, 0, true, true, false, false, false, W, false, false},
+  };
+  uint64_t seed = 900;
+  for (const C& c : cases) {
+    const int64_t n = c.rows, d = c.dim, npos = n / c.rows_per_pos;
+    auto x = rand_floats(static_cast<size_t>(n * d), ++seed, 3.0f);
+    x[0] = 0.0f;  // an exact zero and a tiny value among the channels
+    if (x.size() > 5) x[5] = 1e-30f;
+    auto w = rand_floats(static_cast<size_t>(d), ++seed, 1.5f);
+    std::vector<int64_t> pos(npos);
+    for (int64_t i = 0; i < npos; ++i) pos[i] = (i * 977 + 13) % 70000;
+    std::vector<float> inv(std::max<int64_t>(c.n_freq, 1));
+    for (int64_t i = 0; i < c.n_freq; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / c.n_freq);
+    const int64_t rb = c.op == W ? d + d / 32 : c.op == K ? d / 2 + d / 16 : d / 2 + d / 32;
+    // Row i packs to slot (3 i + 1) of a pool of 3 n + 2 rows; every fifth row is skipped.
+    std::vector<int64_t> offs(n);
+    for (int64_t i = 0; i < n; ++i) offs[i] = i % 5 == 4 ? -1 : (3 * i + 1) * rb;
+    const std::vector<uint8_t> pool0 = rand_bytes(static_cast<size_t>((3 * n + 2) * rb), ++seed);
+    const std::string shape = std::string(c.site) + " " + dims({n, d}) + " f" + std::to_string(c.n_freq) +
+                              (c.quant ? std::string(" ") + op_name(c.op) : std::string());
+    // Unfused.
+    Dev<float> ux(x), uw(w), unormed(static_cast<size_t>(n * d)), uinv(inv);
+    Dev<int64_t> dpos(pos), doffs(offs);
+    Dev<uint8_t> upool(pool0);
+    float* uout = ux.p;
+    if (c.norm) {
+      ASSERT_TRUE(
+          run_rms_norm(ux.p, n, d, c.weight ? uw.p : nullptr, 1e-6f, c.normed ? unormed.p : ux.p, nullptr)
+              .ok());
+      if (c.normed)
+        cudaMemcpy(ux.p, unormed.p, static_cast<size_t>(n * d) * sizeof(float), cudaMemcpyDeviceToDevice);
+    }
+    if (c.n_freq > 0)
+      ASSERT_TRUE(run_rope(ux.p, npos, c.rows_per_pos, d, dpos.p, uinv.p, c.n_freq, c.inverse, nullptr).ok());
+    if (c.quant && c.scatter)
+      ASSERT_TRUE(run_encode_rows_scatter(c.op, d, ux.p, n, upool.p, doffs.p, nullptr).ok());
+    if (c.quant && c.inplace) ASSERT_TRUE(run_fake_quant_inplace(c.op, d, ux.p, n, nullptr).ok());
+    // Fused.
+    Dev<float> fx(x), fnormed(static_cast<size_t>(n * d));
+    Dev<uint8_t> fpool(pool0);
+    RowsNormRopeQuantArgs a;
+    a.rows = n;
+    a.dim = d;
+    a.in = fx.p;
+    a.out = fx.p;
+    a.norm = c.norm;
+    a.norm_weight = c.weight ? uw.p : nullptr;
+    a.eps = 1e-6f;
+    a.normed = c.normed ? fnormed.p : nullptr;
+    a.pos = dpos.p;
+    a.rows_per_pos = c.rows_per_pos;
+    a.inv_freq = uinv.p;
+    a.n_freq = c.n_freq;
+    a.inverse = c.inverse;
+    a.quant = c.quant;
+    a.op = c.op;
+    a.base = fpool.p;
+    a.offsets = c.scatter ? doffs.p : nullptr;
+    a.quant_inplace = c.inplace;
+    const Status s = run_rows_norm_rope_quant(a, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message();
+    size_t bad = count_bit_diffs(fx.get(), ux.get());
+    if (c.normed) bad += count_bit_diffs(fnormed.get(), unormed.get());
+    const auto up = upool.get(), fp = fpool.get();
+    for (size_t i = 0; i < up.size(); ++i) bad += up[i] != fp[i];
+    (void)uout;
+    report("norm_rope_quant", shape, static_cast<double>(bad), 0,
+           "same fp32/fp64 ops in the same order as rms_norm -> rope -> encode_rows_scatter -> "
+           "fake_quant_inplace: rows and pool bytes compared bit for bit");
+  }
+}
+
+TEST(FusedRowsParity, NormRopeQuantRejectsBadShapes) {
+  RowsNormRopeQuantArgs a;  // checked on the host before any pointer is read
+  float dummy[64] = {};
+  a.in = a.out = dummy;
+  a.rows = 2;
+  a.dim = 64;
+  a.n_freq = 33;  // 2 * n_freq > dim
+  EXPECT_FALSE(run_rows_norm_rope_quant(a, nullptr).ok());
+  a.n_freq = 0;
+  a.rows_per_pos = 3;  // rows not a multiple
+  EXPECT_FALSE(run_rows_norm_rope_quant(a, nullptr).ok());
+  a.rows_per_pos = 1;
+  a.quant = true;
+  a.op = FakeQuantOp::kWin;
+  a.dim = 48;  // not a multiple of 32
+  EXPECT_FALSE(run_rows_norm_rope_quant(a, nullptr).ok());
+  a.dim = 64;
+  int64_t off = 0;
+  a.offsets = &off;  // offsets without base
+  EXPECT_FALSE(run_rows_norm_rope_quant(a, nullptr).ok());
+  a.dim = 0;
+  EXPECT_FALSE(run_rows_norm_rope_quant(a, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, HcSite) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, c, h;
+    bool weight;
+  };
+  // Released C = 4, h = 5120 at decode rows (1, 2, 17: one and three row groups), prefill rows past
+  // run_rms_norm's register layout (130, a narrower h to keep the emulator quick), C = 3 / 8 / 2
+  // (the other finish / partial instantiations, unaligned columns), and h past the fused kernel's
+  // shared-memory row (the unfused sequence).
+  const std::vector<C> cases = {{1, 4, 5120, true},  {2, 4, 5120, true}, {17, 4, 5120, true},
+                                {130, 4, 640, true}, {3, 3, 33, false},  {9, 8, 260, true},
+                                {2, 2, 12300, true}};
+  uint64_t seed = 1300;
+  for (const C& c : cases) {
+    const int64_t F = c.c * c.h, M = (2 + c.c) * c.c;
+    auto streams = rand_floats(static_cast<size_t>(c.n * F), ++seed, 4.0f);
+    auto fn = rand_floats(static_cast<size_t>(M * F), ++seed, 1.7f / std::sqrt(static_cast<float>(F) / 3.0f));
+    auto base = rand_floats(static_cast<size_t>(M), ++seed);
+    auto cw = rand_floats(static_cast<size_t>(c.n * c.c), ++seed);
+    auto nw = rand_floats(static_cast<size_t>(c.h), ++seed, 1.5f);
+    std::vector<float> scale = {0.8f, 1.3f, 2.0f};
+    Dev<float> ds(streams), dfn(fn), dscale(scale), dbase(base), dcw(cw), dnw(nw);
+    const size_t ws_bytes = hc_map_workspace_bytes(c.n + 100, c.c, c.h);
+    struct Out {
+      Dev<float> pre, post, comb, x;
+      Dev<uint8_t> ws;
+      Out(int64_t n, int64_t cc, int64_t h, size_t wsb)
+          : pre(n * cc), post(n * cc), comb(n * cc * cc), x(n * h), ws(wsb) {}
+    };
+    auto args = [&](Out& o) {
+      HcMapDeviceArgs d;
+      d.n = c.n;
+      d.c = c.c;
+      d.h = c.h;
+      d.sinkhorn_iters = 20;
+      d.streams = ds.p;
+      d.fn = dfn.p;
+      d.scale = dscale.p;
+      d.base = dbase.p;
+      d.pre = o.pre.p;
+      d.post = o.post.p;
+      d.comb = o.comb.p;
+      d.workspace = o.ws.p;
+      d.workspace_bytes = ws_bytes;
+      return d;
+    };
+    Out u(c.n, c.c, c.h, ws_bytes), f(c.n, c.c, c.h, ws_bytes);
+    const HcMapDeviceArgs ud = args(u);
+    ASSERT_TRUE(run_hc_map(ud, nullptr).ok());
+    ASSERT_TRUE(run_hc_collapse(ds.p, dcw.p, c.n, c.c, c.h, u.x.p, nullptr).ok());
+    ASSERT_TRUE(run_rms_norm(u.x.p, c.n, c.h, c.weight ? dnw.p : nullptr, 1e-6f, u.x.p, nullptr).ok());
+    const int64_t nc = hc_site_counter_count(c.n + 100);
+    Dev<uint32_t> counters(std::vector<uint32_t>(static_cast<size_t>(nc), 0u));
+    HcSiteArgs s;
+    s.map = args(f);
+    s.collapse_w = dcw.p;
+    s.norm_weight = c.weight ? dnw.p : nullptr;
+    s.eps = 1e-6f;
+    s.x = f.x.p;
+    s.counters = counters.p;
+    s.counters_size = nc;
+    const std::string shape = dims({c.n, c.c, c.h});
+    for (int rep = 0; rep < 2; ++rep) {  // the second call finds the counters zeroed by the first
+      const Status st = run_hc_site(s, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      const size_t bad = count_bit_diffs(f.pre.get(), u.pre.get()) +
+                         count_bit_diffs(f.post.get(), u.post.get()) +
+                         count_bit_diffs(f.comb.get(), u.comb.get()) + count_bit_diffs(f.x.get(), u.x.get());
+      size_t left = 0;
+      for (uint32_t v : counters.get()) left += v != 0;
+      report(rep == 0 ? "hc_site" : "hc_site again", shape, static_cast<double>(bad + left), 0,
+             "hc_map + hc_collapse + rms_norm: the same code / fp order; pre, post, comb, x bit for bit, "
+             "counters zero after");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, MoeRoute) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, E, k;
+    bool vl, ties, masked;
+  };
+  // The released router (384 experts, top 6) at decode rows 1 / 3 and the largest one-chunk batch
+  // (42 rows = 252 pairs), DSpark's (128, top 3), past the chunk (43 rows: the unfused sequence), tied
+  // scores, image rows with bias_vl, and -inf biases leaving fewer than k selectable experts.
+  const std::vector<C> cases = {{1, 384, 6, false, false, false}, {3, 384, 6, true, false, false},
+                                {42, 384, 6, false, true, false}, {43, 384, 6, false, false, false},
+                                {2, 128, 3, false, false, false}, {5, 8, 6, false, true, true}};
+  uint64_t seed = 1700;
+  for (const C& c : cases) {
+    const int64_t n = c.n, E = c.E, k = c.k, nk = n * k;
+    auto logits = rand_floats(static_cast<size_t>(n * E), ++seed, 3.0f);
+    if (c.ties)
+      for (auto& v : logits) v = std::round(v * 2.0f) / 2.0f;
+    auto bias = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
+    if (c.ties)
+      for (auto& v : bias) v = 0.0f;
+    if (c.masked)
+      for (int64_t e = 0; e < E; e += 2) bias[e] = -INFINITY;
+    auto bias_vl = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
+    std::vector<uint8_t> vl(n);
+    for (int64_t r = 0; r < n; ++r) vl[r] = r % 2;
+    Dev<float> dl(logits), db(bias), dbv(bias_vl);
+    Dev<uint8_t> dvl(vl), dws(moe_bucket_workspace_bytes(n, k, E) + 256);
+    struct Out {
+      Dev<int32_t> ex;
+      Dev<float> w, pw;
+      Dev<int64_t> off, pr, sp;
+      Out(int64_t nk, int64_t E)
+          : ex(std::vector<int32_t>(nk, 7)),
+            w(std::vector<float>(nk, 0.5f)),
+            pw(std::vector<float>(nk, 0.25f)),
+            off(std::vector<int64_t>(E + 1, 3)),
+            pr(std::vector<int64_t>(nk, 5)),
+            sp(std::vector<int64_t>(nk, 9)) {}
+    };
+    Out u(nk, E), f(nk, E);
+    const float temp = 1.3f, scale = 2.5f;
+    ASSERT_TRUE(run_router(dl.p, n, E, db.p, c.vl ? dbv.p : nullptr, c.vl ? dvl.p : nullptr, k, temp, scale,
+                           u.ex.p, u.w.p, nullptr)
+                    .ok());
+    ASSERT_TRUE(run_moe_bucket(u.ex.p, u.w.p, n, k, E, u.off.p, u.pr.p, u.pw.p, u.sp.p, dws.p, nullptr).ok());
+    Dev<uint32_t> counters(std::vector<uint32_t>(4, 0u));
+    MoeRouteArgs a;
+    a.logits = dl.p;
+    a.n = n;
+    a.n_experts = E;
+    a.k = k;
+    a.bias = db.p;
+    a.bias_vl = c.vl ? dbv.p : nullptr;
+    a.vl = c.vl ? dvl.p : nullptr;
+    a.temp = temp;
+    a.route_scale = scale;
+    a.experts = f.ex.p;
+    a.weights = f.w.p;
+    a.offsets = f.off.p;
+    a.perm_rows = f.pr.p;
+    a.perm_weight = f.pw.p;
+    a.slot_pos = f.sp.p;
+    a.workspace = dws.p;
+    a.counters = counters.p;
+    const std::string shape =
+        dims({n, E, k}) + (c.vl ? " vl" : "") + (c.ties ? " ties" : "") + (c.masked ? " -inf" : "");
+    for (int rep = 0; rep < 2; ++rep) {
+      const Status st = run_moe_route(a, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      size_t bad = count_bit_diffs(f.w.get(), u.w.get()) + count_bit_diffs(f.pw.get(), u.pw.get());
+      bad += f.ex.get() != u.ex.get();
+      bad += f.off.get() != u.off.get();
+      bad += f.pr.get() != u.pr.get();
+      bad += f.sp.get() != u.sp.get();
+      size_t left = 0;
+      for (uint32_t v : counters.get()) left += v != 0;
+      report(
+          rep == 0 ? "moe_route" : "moe_route again", shape, static_cast<double>(bad + left), 0,
+          "router_kernel's code + the stable bucketing (integers): experts, weights, offsets, perm, slot_pos "
+          "equal; counter zero after");
+    }
+  }
+}
+
+TEST(FusedRowsParity, MoeCombineExpand) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, k, h, c;
+    bool add;
+  };
+  const std::vector<C> cases = {
+      {1, 6, 5120, 4, true}, {3, 6, 5120, 4, false}, {2, 3, 333, 3, true}, {5, 2, 64, 8, true}};
+  uint64_t seed = 1900;
+  for (const C& c : cases) {
+    const int64_t n = c.n, k = c.k, h = c.h, nk = n * k;
+    auto out_perm = rand_floats(static_cast<size_t>(nk * h), ++seed, 2.0f);
+    auto add = rand_floats(static_cast<size_t>(n * h), ++seed, 2.0f);
+    auto streams = rand_floats(static_cast<size_t>(n * c.c * h), ++seed, 3.0f);
+    auto post = rand_floats(static_cast<size_t>(n * c.c), ++seed);
+    auto comb = rand_floats(static_cast<size_t>(n * c.c * c.c), ++seed);
+    // Pair (r, j): expert (r * 7 + 5 * (k - j)) % 50 (descending in j: the sort matters), position a
+    // permutation of [0, nk); every seventh pair unrouted (slot -1).
+    std::vector<int32_t> ex(nk);
+    std::vector<int64_t> sp(nk);
+    for (int64_t p = 0; p < nk; ++p) {
+      ex[p] = static_cast<int32_t>(((p / k) * 7 + 5 * (k - p % k)) % 50);
+      sp[p] = p % 7 == 6 ? -1 : (p * 5 + 3) % nk;
+    }
+    Dev<float> dop(out_perm), dadd(add), dpost(post), dcomb(comb), uy(static_cast<size_t>(n * h)),
+        fy(static_cast<size_t>(n * h)), us(streams), fs(streams);
+    Dev<int32_t> dex(ex);
+    Dev<int64_t> dsp(sp);
+    ASSERT_TRUE(run_moe_combine(dop.p, dsp.p, dex.p, n, k, h, uy.p, nullptr).ok());
+    if (c.add) ASSERT_TRUE(run_add_inplace(uy.p, dadd.p, n * h, nullptr).ok());
+    ASSERT_TRUE(run_hc_expand(us.p, uy.p, dpost.p, dcomb.p, n, c.c, h, nullptr).ok());
+    const Status st = run_moe_combine_expand(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, fy.p,
+                                             fs.p, dpost.p, dcomb.p, c.c, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const size_t bad = count_bit_diffs(fy.get(), uy.get()) + count_bit_diffs(fs.get(), us.get());
+    report("moe_combine_expand", dims({n, k, h, c.c}) + (c.add ? " +shared" : ""), static_cast<double>(bad),
+           0, "combine's sorted fp32 sum, the add, hc_expand's fp32 order: y and streams bit for bit");
+  }
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, SwigluPair) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t na, da, nb, db;
+  };
+  // The routed rows (n * 6 x 2304, routing weights as row scales) and the shared expert's rows
+  // (n x 2304), decode n = 1 and 3; ragged small shapes; an empty first set.
+  const std::vector<C> cases = {{6, 2304, 1, 2304}, {18, 2304, 3, 2304}, {5, 33, 2, 70}, {0, 16, 3, 40}};
+  uint64_t seed = 2300;
+  for (const C& c : cases) {
+    auto ga = rand_floats(static_cast<size_t>(c.na * c.da), ++seed, 12.0f);
+    auto ua = rand_floats(static_cast<size_t>(c.na * c.da), ++seed, 12.0f);
+    auto gb = rand_floats(static_cast<size_t>(c.nb * c.db), ++seed, 12.0f);
+    auto ub = rand_floats(static_cast<size_t>(c.nb * c.db), ++seed, 12.0f);
+    auto sc = rand_floats(static_cast<size_t>(std::max<int64_t>(c.na, 1)), ++seed);
+    if (!gb.empty())
+      gb[0] = NAN, ub[1] = INFINITY, gb[2] = -INFINITY;  // NaN / inf pass as in std::min / clamp
+    Dev<float> dga(ga), dua(ua), dgb(gb), dub(ub), dsc(sc), uoa(ga.size()), uob(gb.size()), foa(ga.size()),
+        fob(gb.size());
+    const float lim = 7.0f;
+    if (c.na) ASSERT_TRUE(run_swiglu(dga.p, dua.p, c.na, c.da, lim, dsc.p, uoa.p, nullptr).ok());
+    ASSERT_TRUE(run_swiglu(dgb.p, dub.p, c.nb, c.db, lim, nullptr, uob.p, nullptr).ok());
+    const Status st = run_swiglu_pair({dga.p, dua.p, c.na, c.da, dsc.p, foa.p},
+                                      {dgb.p, dub.p, c.nb, c.db, nullptr, fob.p}, lim, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const size_t bad =
+        (c.na ? count_bit_diffs(foa.get(), uoa.get()) : 0) + count_bit_diffs(fob.get(), uob.get());
+    report("swiglu_pair", dims({c.na, c.da, c.nb, c.db}), static_cast<double>(bad), 0,
+           "swiglu_kernel's ops per element over both sets: outputs bit for bit");
+  }
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
+
+namespace ds41::cuda::parity {
+namespace {
+
+TEST(FusedRowsParity, SparseAttentionRopeBack) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, heads, hd, n_freq, entries;
+  };
+  // Decode rows with split CTAs (the rotation inside the combine, row 0 of each case without
+  // entries), a single split (the run_rope launch after), and more rows than the split kernel takes
+  // (the float kernel, then run_rope). The released head (512 wide, 32 rotated pairs) at 2 heads.
+  const std::vector<C> cases = {
+      {1, 2, 512, 32, 300}, {3, 4, 128, 32, 200}, {2, 4, 128, 32, 20}, {18, 2, 64, 16, 40}};
+  uint64_t seed = 2100;
+  for (const C& c : cases) {
+    const int64_t n = c.n, nh = c.heads, hd = c.hd, rows = c.entries + 8;
+    auto q = rand_floats(static_cast<size_t>(n * nh * hd), ++seed, 0.5f);
+    auto kv = rand_floats(static_cast<size_t>(rows * hd), ++seed, 0.5f);
+    auto sink = rand_floats(static_cast<size_t>(nh), ++seed);
+    std::vector<int64_t> offs(n + 1, 0), pos(n);
+    std::vector<int32_t> index;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t m = r == 0 && n > 1 ? 0 : c.entries - r % 5;
+      for (int64_t j = 0; j < m; ++j) index.push_back(static_cast<int32_t>((j * 7 + r) % rows));
+      offs[r + 1] = static_cast<int64_t>(index.size());
+      pos[r] = 1000 + 37 * r;
+    }
+    std::vector<float> inv(c.n_freq);
+    for (int64_t i = 0; i < c.n_freq; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / c.n_freq);
+    Dev<float> dq(q), dkv(kv), dsink(sink), dinv(inv), uo(static_cast<size_t>(n * nh * hd)),
+        fo(static_cast<size_t>(n * nh * hd));
+    Dev<int64_t> doffs(offs), dpos(pos);
+    Dev<int32_t> dindex(index);
+    const size_t wsb = sparse_attention_workspace_bytes(n, nh, hd, c.entries);
+    Dev<uint8_t> dws(wsb + 16);
+    SparseAttentionArgs a;
+    a.n = n;
+    a.n_heads = nh;
+    a.head_dim = hd;
+    a.q = dq.p;
+    a.kv_offsets = doffs.p;
+    a.kv_index = dindex.p;
+    a.kv = dkv.p;
+    a.sink = dsink.p;
+    a.scale = 0.0625f;
+    a.max_entries_per_row = c.entries;
+    a.workspace = dws.p;
+    a.workspace_bytes = wsb;
+    a.out = uo.p;
+    ASSERT_TRUE(run_sparse_attention(a, nullptr).ok());
+    ASSERT_TRUE(run_rope(uo.p, n, nh, hd, dpos.p, dinv.p, c.n_freq, true, nullptr).ok());
+    a.out = fo.p;
+    a.rope_pos = dpos.p;
+    a.rope_inv_freq = dinv.p;
+    a.rope_n_freq = c.n_freq;
+    const Status st = run_sparse_attention(a, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    report("attn + rope back", dims({n, nh, hd, c.entries}),
+           static_cast<double>(count_bit_diffs(fo.get(), uo.get())), 0,
+           "the combine's values, then rope_kernel's inverse rotation ops: out bit for bit");
+  }
+  SparseAttentionArgs bad;  // rejected on the host
+  bad.n = 1;
+  bad.n_heads = 1;
+  bad.head_dim = 64;
+  bad.rope_n_freq = 33;
+  EXPECT_FALSE(run_sparse_attention(bad, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace ds41::cuda::parity
