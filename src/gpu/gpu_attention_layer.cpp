@@ -49,25 +49,8 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   if (ring_rows_ > 0)
     DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ring, ring_read_, ring_rows_,
                                                       ws_.kvf + n * hd, s));
-  {
-    cuda::RowsNormRopeQuantArgs a;
-    a.rows = n;
-    a.dim = hd;
-    a.in = kv;
-    a.out = kv;
-    a.norm = true;
-    a.norm_weight = w.kv_norm.ptr;
-    a.eps = eps;
-    a.pos = pos_;
-    a.inv_freq = inv.ptr;
-    a.n_freq = inv.size;
-    a.quant = true;
-    a.op = FakeQuantOp::kWin;
-    a.base = ring;
-    a.offsets = ring_write_;
-    a.quant_inplace = true;
-    DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
-  }
+  DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(
+      cuda::window_kv_rows(n, hd, kv, w.kv_norm.ptr, eps, pos_, inv.ptr, inv.size, ring, ring_write_, true), s));
 
   if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
   if (p.index_source) DS41_RETURN_IF_ERROR(index(l, x, ws_.q_r, opt, out).with_context("indexer"));

@@ -166,22 +166,11 @@ Status GpuForward::dspark_commit(std::span<const GpuContextRows> rows) {
     for (size_t s = 0; s < w.stages.size(); ++s) {
       const DeviceLayer& sw = w.stages[s];
       DS41_RETURN_IF_ERROR(linear(sw.wkv, ds_.main_x, m, ds_.kvd));  // every stage reads the same main_x
-      cuda::RowsNormRopeQuantArgs a;  // norm, rotation, Q_win packing into the stage's ring: one launch
-      a.rows = m;
-      a.dim = hd;
-      a.in = ds_.kvd;
-      a.out = ds_.kvd;
-      a.norm = true;
-      a.norm_weight = sw.kv_norm.ptr;
-      a.eps = eps;
-      a.pos = d_pos;
-      a.inv_freq = inv.ptr;
-      a.n_freq = inv.size;
-      a.quant = true;
-      a.op = FakeQuantOp::kWin;
-      a.base = ds_.rings + s * ds_.stage_stride;
-      a.offsets = d_off;
-      DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, st));
+      // norm, rotation, Q_win packing into the stage's ring: one launch
+      DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(
+          cuda::window_kv_rows(m, hd, ds_.kvd, sw.kv_norm.ptr, eps, d_pos, inv.ptr, inv.size,
+                               ds_.rings + s * ds_.stage_stride, d_off, false),
+          st));
     }
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(st), "DSpark context rows"));
   }
@@ -203,23 +192,9 @@ Status GpuForward::draft_attention(int64_t s, const int64_t* ring_read, int64_t 
   DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.q, n, nh, hd, pos_, inv.ptr, inv.size, false, st));
   float* kv = ws_.kvf;  // block rows [0, n), then the decoded context rows
   DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
-  {  // norm, rotation, Q_win in place: one launch
-    cuda::RowsNormRopeQuantArgs a;
-    a.rows = n;
-    a.dim = hd;
-    a.in = kv;
-    a.out = kv;
-    a.norm = true;
-    a.norm_weight = w.kv_norm.ptr;
-    a.eps = eps;
-    a.pos = pos_;
-    a.inv_freq = inv.ptr;
-    a.n_freq = inv.size;
-    a.quant = true;
-    a.op = FakeQuantOp::kWin;
-    a.quant_inplace = true;
-    DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, st));
-  }
+  // norm, rotation, Q_win in place: one launch
+  DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(
+      cuda::window_kv_rows(n, hd, kv, w.kv_norm.ptr, eps, pos_, inv.ptr, inv.size, nullptr, nullptr, true), st));
   if (ctx_rows > 0)
     DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ds_.rings + s * ds_.stage_stride,
                                                       ring_read, ctx_rows, ws_.kvf + n * hd, st));

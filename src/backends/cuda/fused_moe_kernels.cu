@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backends/cuda/block_scan.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
@@ -63,26 +64,19 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
     atomicAdd(&cnt[e], 1);  // the count is order-independent
   }
   __syncthreads();
-  // Exclusive scan of cnt: thread t owns experts [t * per, (t + 1) * per).
-  const int64_t per = (E + kThreads - 1) / kThreads, eb = min(E, t * per), ee = min(E, eb + per);
+  // Exclusive scan of cnt: thread t owns a contiguous range of experts.
+  const dev::ThreadRange tr = dev::thread_range(E);
   int s = 0;
-  for (int64_t i = eb; i < ee; ++i) s += cnt[i];
-  part[t] = s;
-  __syncthreads();
-  for (int off = 1; off < kThreads; off <<= 1) {
-    const int v = t >= off ? part[t - off] : 0;
-    __syncthreads();
-    part[t] += v;
-    __syncthreads();
-  }
-  int run = part[t] - s;
-  for (int64_t i = eb; i < ee; ++i) {
+  for (int64_t i = tr.begin; i < tr.end; ++i) s += cnt[i];
+  int total = 0;
+  int run = dev::block_exclusive_scan(s, part, &total);
+  for (int64_t i = tr.begin; i < tr.end; ++i) {
     const int c = cnt[i];
     cnt[i] = run;  // the expert's base
     a.offsets[i] = run;
     run += c;
   }
-  if (t == kThreads - 1) a.offsets[E] = part[kThreads - 1];
+  if (t == 0) a.offsets[E] = total;
   __syncthreads();
   if (t < pairs) {
     if (!valid) {

@@ -178,6 +178,28 @@ Status unfused(const RowsNormRopeQuantArgs& a, cudaStream_t s) {
 
 }  // namespace
 
+RowsNormRopeQuantArgs window_kv_rows(int64_t rows, int64_t dim, float* kv, const float* kv_norm, float eps,
+                                     const int64_t* pos, const float* inv_freq, int64_t n_freq, uint8_t* ring_base,
+                                     const int64_t* ring_offsets, bool inplace) {
+  RowsNormRopeQuantArgs a;
+  a.rows = rows;
+  a.dim = dim;
+  a.in = kv;
+  a.out = kv;
+  a.norm = true;
+  a.norm_weight = kv_norm;
+  a.eps = eps;
+  a.pos = pos;
+  a.inv_freq = inv_freq;
+  a.n_freq = n_freq;
+  a.quant = true;
+  a.op = FakeQuantOp::kWin;
+  a.base = ring_base;
+  a.offsets = ring_offsets;
+  a.quant_inplace = inplace;
+  return a;
+}
+
 Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t stream) {
   if (a.rows < 0 || a.rows > 0x7fffffff) return bad("rows " + std::to_string(a.rows) + " out of range");
   if (a.dim <= 0) return bad("dim must be positive");

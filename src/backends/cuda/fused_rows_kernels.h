@@ -51,6 +51,14 @@ struct RowsNormRopeQuantArgs {
 };
 Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t stream);
 
+// The window KV rows' step (MODEL_SPEC 3.4.3; DSpark's stages, 3.10.3): `rows` rows of `kv` (dim
+// floats each) RMS-normed with kv_norm, rotated at pos (the whole-row rotation of n_freq pairs),
+// and quantized to Q_win: packed into ring_base + ring_offsets[row] when ring_base is set, and / or
+// replaced in place by their Q_win values when `inplace`. The arguments of run_rows_norm_rope_quant.
+RowsNormRopeQuantArgs window_kv_rows(int64_t rows, int64_t dim, float* kv, const float* kv_norm, float eps,
+                                     const int64_t* pos, const float* inv_freq, int64_t n_freq, uint8_t* ring_base,
+                                     const int64_t* ring_offsets, bool inplace);
+
 // An mHC site in one launch (MODEL_SPEC 3.3): equivalent to
 //   run_hc_map(map)                                           (pre / post / comb of this site)
 //   run_hc_collapse(map.streams, collapse_w, n, c, h, x)      (weights: the lagged pre)

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "backends/cuda/block_scan.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/linear_decode.cuh"
@@ -794,28 +795,19 @@ __device__ int expert_units(const int64_t* __restrict__ offsets, int64_t n_exper
                             int* unit_start) {
   __shared__ int part[kThreads];
   const int tid = threadIdx.x;
-  const int64_t per = (n_experts + kThreads - 1) / kThreads;
-  const int64_t eb = min(n_experts, tid * per), ee = min(n_experts, eb + per);
+  auto units = [&](int64_t e) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    return rows > 0 ? static_cast<int>((rows + unit - 1) / unit) : 0;
+  };
+  const dev::ThreadRange tr = dev::thread_range(n_experts);
   int s = 0;
-  for (int64_t e = eb; e < ee; ++e) {
-    const int64_t rows = offsets[e + 1] - offsets[e];
-    s += rows > 0 ? static_cast<int>((rows + unit - 1) / unit) : 0;
-  }
-  part[tid] = s;
-  __syncthreads();
-  for (int off = 1; off < kThreads; off <<= 1) {  // Hillis-Steele inclusive scan
-    const int v = tid >= off ? part[tid - off] : 0;
-    __syncthreads();
-    part[tid] += v;
-    __syncthreads();
-  }
-  int run = part[tid] - s;
-  for (int64_t e = eb; e < ee; ++e) {
+  for (int64_t e = tr.begin; e < tr.end; ++e) s += units(e);
+  int total = 0;
+  int run = dev::block_exclusive_scan(s, part, &total);
+  for (int64_t e = tr.begin; e < tr.end; ++e) {
     unit_start[e] = run;
-    const int64_t rows = offsets[e + 1] - offsets[e];
-    run += rows > 0 ? static_cast<int>((rows + unit - 1) / unit) : 0;
+    run += units(e);
   }
-  const int total = part[kThreads - 1];
   if (tid == 0) unit_start[n_experts] = total;
   __syncthreads();
   return total;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backends/cuda/block_scan.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/moe_device.cuh"
 #include "backends/cuda/moe_kernels.h"
@@ -79,25 +80,18 @@ __global__ void __launch_bounds__(1024)
     tot[e] = run;
   }
   __syncthreads();
-  const int64_t per = (E + T - 1) / T, eb = min(E, tid * per), ee = min(E, eb + per);
+  const dev::ThreadRange tr = dev::thread_range(E);
   int s = 0;
-  for (int64_t e = eb; e < ee; ++e) s += tot[e];
-  part[tid] = s;
-  __syncthreads();
-  for (int off = 1; off < T; off <<= 1) {
-    const int v = tid >= off ? part[tid - off] : 0;
-    __syncthreads();
-    part[tid] += v;
-    __syncthreads();
-  }
-  int run = part[tid] - s;
-  for (int64_t e = eb; e < ee; ++e) {
+  for (int64_t e = tr.begin; e < tr.end; ++e) s += tot[e];
+  int total = 0;
+  int run = dev::block_exclusive_scan(s, part, &total);
+  for (int64_t e = tr.begin; e < tr.end; ++e) {
     const int t = tot[e];
     tot[e] = run;  // now the expert's base
     offsets[e] = run;
     run += t;
   }
-  if (tid == T - 1) offsets[E] = part[T - 1];
+  if (tid == 0) offsets[E] = total;
   __syncthreads();
   for (int64_t e = tid; e < E; e += T)
     for (int64_t c = 0; c < chunks; ++c) counts[c * E + e] += tot[e];

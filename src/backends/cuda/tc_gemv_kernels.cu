@@ -55,6 +55,8 @@ using quant::WeightFormat;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kNB = 2;                  // rows of x per block
+constexpr int64_t kMaxRows = 16;        // rows of x of a dense call (blocks over pairs of them)
+constexpr int64_t kMaxExpertRows = 512;  // routed rows of an expert call (batch 64 x top-6 = 384)
 constexpr int kMaxJ = 3 * kNB;          // B columns in use (3 parts per row of x)
 constexpr int kMaxSmem = 200 * 1024;    // staged x of a block, at most
 constexpr int kMaxExperts = 2048;       // unit scan in shared memory
@@ -339,9 +341,9 @@ __device__ __forceinline__ float pow2_mult(uint32_t sb, int e) {
 // over tiles [t0, t1). prologue() issues the first U tiles' loads (before the block stages x, so
 // the weights' latency overlaps the staging); run() streams the rest and accumulates
 // acc = sum over tiles of (the mma's D fragment) * 2^(tile scale + its x row's e + kExp).
-template <class D, bool kFp8>
+template <class D, bool kFp8, int kDepth>
 struct WarpTask {
-  static constexpr int U = D::kU;
+  static constexpr int U = kDepth;
   const uint8_t *ra, *rb, *sa, *sb;
   bool s_aligned;
   int64_t t0, n;  // steps (D::kSub tiles each)
@@ -480,7 +482,7 @@ struct WarpTask {
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
 // partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
 // weight loads are issued before stage() (the block's x staging; called once by every thread).
-template <class D, bool kFp8, class Stage>
+template <class D, bool kFp8, int U, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
                            int64_t ldy, float* red_d, Stage stage) {
@@ -493,7 +495,7 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   // The W rows of this launch start at global row w_row0 (a group's first row): FP8 scale rows are
   // global (w_row0 % 16 == 0 is required by the host), payload rows too. The loads of a warp's next
   // task are issued as soon as its current one is multiplied, before the block's reduction.
-  WarpTask<D, kFp8> task;
+  WarpTask<D, kFp8, U> task;
   if (blockIdx.x < n_rgb && static_cast<int64_t>(blockIdx.x) * RPB + rgl < n_rg)
     task.prologue(data, sc, in, w_row0 + (static_cast<int64_t>(blockIdx.x) * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
   stage();
@@ -525,7 +527,7 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   }
 }
 
-template <class D, bool kFp8>
+template <class D, bool kFp8, int U>
 __global__ void __launch_bounds__(kThreads, 2)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
@@ -539,13 +541,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * kNB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
-  block_rows<D, kFp8>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
+  block_rows<D, kFp8, U>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
                       y + r0 * ldy + grp * out_rows, ldy, red_d,
                       [&] { stage_x<D>(xb, ldx, nb, in, smem_u2, red, ex); });
 }
 
 // Experts: unit u = (expert, <= kNB of its rows); unit_start[e] = units before expert e.
-template <class D, bool kFp8>
+template <class D, bool kFp8, int U>
 __global__ void __launch_bounds__(kThreads, 2)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim, int64_t in,
                      const int64_t* __restrict__ offsets, const float* __restrict__ x, float* __restrict__ y,
@@ -586,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), offsets[e + 1] - r0));
   const DeviceWeight dw = weights[e];
   const float* xb = x + r0 * in;
-  block_rows<D, kFp8>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
+  block_rows<D, kFp8, U>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
                       red_d, [&] { stage_x<D>(xb, in, nb, in, smem_u2, red, ex); });
 }
 
@@ -599,6 +601,22 @@ size_t smem_bytes(int64_t in) {
   return static_cast<size_t>(in / 32) * 8 * kMaxJ * sizeof(uint2) + sizeof(float) * 4 * kThreads;
 }
 
+// A kernel as a type (for the launchers' generic lambdas).
+template <auto F>
+struct K {
+  static constexpr auto value = F;
+};
+
+// Tiles in flight per warp: the format's kU, or twice that with DS41_TC_GEMV_DEPTH=2 (a measurement
+// switch: the sums' order, and so the bits, do not depend on it — KS is chosen with kU).
+bool deep() {
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TC_GEMV_DEPTH");
+    return e != nullptr && std::strcmp(e, "2") == 0;
+  }();
+  return on;
+}
+
 template <auto K>
 void allow_smem() {
   static const bool done = [] {
@@ -608,20 +626,24 @@ void allow_smem() {
   (void)done;
 }
 
-// KS (log2): the fewest warps per row group that give ~2 blocks' warps per SM, while every warp
-// keeps >= 2 U tiles. Blocks: as many as fill the SMs (persistent), at most one per row-group batch.
+// KS (log2): the fewest warps per row group that give ~2 blocks' warps per SM for a launch of ONE
+// row-pair unit per group, while every warp keeps >= 2 U tiles. It depends on the weight's shape
+// only (out_rows, groups, in), never on the rows of x: KS fixes the order of a row's sums, and a row
+// must get the same bits whether it is decoded alone, in a batch, or in a DSpark verification
+// (row-count invariance). Blocks: as many as fill the SMs over `units` x-row units per group
+// (persistent), at most one per row-group batch.
 struct Shape {
   int ks_log2;
   unsigned slots;
 };
-Shape shape(int64_t out_rows, int64_t other, int64_t in, int U, int sub, size_t smem) {
+Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, size_t smem) {
   const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(2, (227 * 1024) / static_cast<int64_t>(smem + 1024)));
   const int64_t target_blocks = sm_count() * per_sm, target_warps = target_blocks * kWarps;
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   int l = 0;
   const int64_t steps = tiles / sub;
-  while (l < 3 && n_rg * other * (int64_t{1} << l) < target_warps && steps >> (l + 1) >= 2 * U) ++l;
-  const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb;
+  while (l < 3 && n_rg * groups * (int64_t{1} << l) < target_warps && steps >> (l + 1) >= 2 * U) ++l;
+  const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb, other = groups * std::max<int64_t>(1, units);
   int64_t slots = std::max<int64_t>(1, std::min<int64_t>(n_rgb, (target_blocks + other - 1) / other));
   if (g_slot_cap > 0) slots = std::min<int64_t>(slots, g_slot_cap);
   return Shape{l, static_cast<unsigned>(slots)};
@@ -647,7 +669,7 @@ void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream) {
-  if (!enabled() || n < 1 || n > kNB || w.in_dim % 32 != 0 || groups > 65535) return false;
+  if (!enabled() || n < 1 || n > kMaxRows || w.in_dim % 32 != 0 || groups > 65535) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0) return false;  // float4 staging
   const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows;
   if (!fp8 && !fp4) return false;
@@ -657,17 +679,19 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
   const size_t smem = smem_bytes(w.in_dim);
   if (smem > static_cast<size_t>(kMaxSmem)) return false;
-  const Shape s = fp8 ? shape(out_rows, groups, w.in_dim, Fp8::kU, Fp8::kSub, smem)
-                      : shape(out_rows, groups, w.in_dim, Fp4::kU, Fp4::kSub, smem);
-  const dim3 grid(s.slots, 1, static_cast<unsigned>(groups));
+  const int64_t pairs = (n + kNB - 1) / kNB;
+  const Shape s = fp8 ? shape(out_rows, groups, pairs, w.in_dim, Fp8::kU, Fp8::kSub, smem)
+                      : shape(out_rows, groups, pairs, w.in_dim, Fp4::kU, Fp4::kSub, smem);
+  const dim3 grid(s.slots, static_cast<unsigned>(pairs), static_cast<unsigned>(groups));
+  auto go = [&](auto kernel) {
+    allow_smem<decltype(kernel)::value>();
+    launch(decltype(kernel)::value, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
+           ldy, s.ks_log2);
+  };
   if (fp8) {
-    allow_smem<tc_dense_kernel<Fp8, true>>();
-    launch(tc_dense_kernel<Fp8, true>, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
-                                                                 ldy, s.ks_log2);
+    deep() ? go(K<tc_dense_kernel<Fp8, true, 2 * Fp8::kU>>{}) : go(K<tc_dense_kernel<Fp8, true, Fp8::kU>>{});
   } else {
-    allow_smem<tc_dense_kernel<Fp4, false>>();
-    launch(tc_dense_kernel<Fp4, false>, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
-                                                                  ldy, s.ks_log2);
+    deep() ? go(K<tc_dense_kernel<Fp4, false, 2 * Fp4::kU>>{}) : go(K<tc_dense_kernel<Fp4, false, Fp4::kU>>{});
   }
   return true;
 }
@@ -675,24 +699,30 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream) {
-  if (!enabled() || m_max < 1 || m_max > 16 || in_dim % 32 != 0 || n_experts > kMaxExperts) return false;
+  // Decode and DSpark verification (about one row per used expert): every such call takes this
+  // kernel, so a row's bits do not depend on the batch (row-count invariance, as try_dense).
+  if (!enabled() || m_max < 1 || m_max > kMaxExpertRows || in_dim % 32 != 0 ||
+      n_experts > kMaxExperts)
+    return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;  // float4 staging
   const bool fp8 = format == WeightFormat::kFp8Tiles, fp4 = format == WeightFormat::kFp4Rows;
   if (!fp8 && !fp4) return false;
   if (fp4 && in_dim % 128 != 0) return false;  // steps of four tiles
   const size_t smem = smem_bytes(in_dim);
   if (smem > static_cast<size_t>(kMaxSmem)) return false;
-  const Shape s = fp8 ? shape(out_dim, m_max, in_dim, Fp8::kU, Fp8::kSub, smem)  // units <= rows <= m_max
-                      : shape(out_dim, m_max, in_dim, Fp4::kU, Fp4::kSub, smem);
+  // KS from the expert's shape as one group; blocks over units <= rows <= m_max.
+  const Shape s = fp8 ? shape(out_dim, 1, m_max, in_dim, Fp8::kU, Fp8::kSub, smem)
+                      : shape(out_dim, 1, m_max, in_dim, Fp4::kU, Fp4::kSub, smem);
   const dim3 grid(s.slots, static_cast<unsigned>(m_max));
+  auto go = [&](auto kernel) {
+    allow_smem<decltype(kernel)::value>();
+    launch(decltype(kernel)::value, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y,
+           s.ks_log2);
+  };
   if (fp8) {
-    allow_smem<tc_expert_kernel<Fp8, true>>();
-    launch(tc_expert_kernel<Fp8, true>, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y,
-                                                                  s.ks_log2);
+    deep() ? go(K<tc_expert_kernel<Fp8, true, 2 * Fp8::kU>>{}) : go(K<tc_expert_kernel<Fp8, true, Fp8::kU>>{});
   } else {
-    allow_smem<tc_expert_kernel<Fp4, false>>();
-    launch(tc_expert_kernel<Fp4, false>, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y,
-                                                                   s.ks_log2);
+    deep() ? go(K<tc_expert_kernel<Fp4, false, 2 * Fp4::kU>>{}) : go(K<tc_expert_kernel<Fp4, false, Fp4::kU>>{});
   }
   return true;
 }

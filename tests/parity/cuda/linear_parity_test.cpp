@@ -578,6 +578,85 @@ TEST(LinearParity, TensorCoreGemv) {
   }
 }
 
+// Row-count invariance of the decode GEMV (tc_gemv_kernels.h): a row of x gets the same bits alone,
+// in any batch of up to 16 rows (dense) and in any routing of about one row per expert (experts) —
+// what DSpark's bit-exact rollback (a verification forward of B + 1 rows leaves the state a one-row
+// decode leaves) and batch-invariant decode rely on. Shapes with K split across warps and without,
+// ragged row groups, and grouped FP8; rows of very different magnitudes in one batch (each row's
+// own power of two).
+TEST(LinearParity, DecodeGemvRowCountInvariance) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_tc_gemv_for_tests(-1); }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  uint64_t seed = 13000;
+  struct Case {
+    WeightFormat format;
+    int64_t out, in, groups;
+  };
+  for (const Case& c : {Case{WeightFormat::kFp8Tiles, 77, 2048, 1}, Case{WeightFormat::kFp8Tiles, 1040, 256, 1},
+                        Case{WeightFormat::kFp4Rows, 45, 4096, 1}, Case{WeightFormat::kFp4Rows, 300, 512, 1},
+                        Case{WeightFormat::kFp8Tiles, 128, 512, 4}}) {
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    const int64_t N = 16, ldx = c.in * c.groups;
+    auto x = rand_floats(static_cast<size_t>(N * ldx), ++seed);
+    for (int64_t r = 0; r < N; ++r)  // row r scaled by 2^(3r - 20): every row its own exponent
+      for (int64_t k = 0; k < ldx; ++k) x[r * ldx + k] = std::ldexp(x[r * ldx + k], static_cast<int>(3 * r - 20));
+    Dev<float> dx(x);
+    auto run = [&](int64_t r0, int64_t n) {
+      Dev<float> dy(static_cast<size_t>(n * c.out));
+      const Status st = c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, dx.p + r0 * ldx, n, dy.p, nullptr)
+                                     : run_linear(dw.dw, dx.p + r0 * ldx, n, dy.p, nullptr);
+      EXPECT_TRUE(st.ok()) << st.message();
+      return dy.get();
+    };
+    const std::vector<float> all = run(0, N);
+    size_t differ = 0;
+    for (const auto& [r0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {5, 1}, {15, 1}, {1, 2}, {3, 3}, {6, 6}, {2, 8}, {4, 12}}) {
+      const std::vector<float> part = run(r0, n);
+      for (int64_t i = 0; i < n * c.out; ++i) differ += bits_of(part[i]) != bits_of(all[r0 * c.out + i]);
+    }
+    report("linear row-count invariance",
+           std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " g=" + std::to_string(c.groups) +
+               " rows alone / in batches of 1-16: bits differing",
+           static_cast<double>(differ), 0, "a row's order depends on the weight's shape only");
+    EXPECT_EQ(differ, 0u);
+  }
+  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles}) {
+    // 12 experts; a batch of 6 tokens routed to 3 experts each (m = 18, some experts with 3 rows),
+    // then every row routed alone to its expert: the same bits.
+    const int64_t E = 12, out = 80, in = 1024;
+    const Experts ex = make_experts(f, E, out, in, seed);
+    const std::vector<int64_t> off = {0, 2, 3, 6, 6, 8, 9, 11, 11, 13, 15, 16, 18};
+    const int64_t m = off[E];
+    auto x = rand_floats(static_cast<size_t>(m * in), ++seed);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t k = 0; k < in; ++k) x[r * in + k] = std::ldexp(x[r * in + k], static_cast<int>(2 * r - 15));
+    Dev<float> dx(x);
+    Dev<int64_t> doff(off);
+    Dev<float> dy(static_cast<size_t>(m * out));
+    ASSERT_TRUE(run_expert_linear(ex.dweights->p, E, out, in, doff.p, dx.p, m, dy.p, nullptr, f).ok());
+    const std::vector<float> all = dy.get();
+    size_t differ = 0;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r = off[e]; r < off[e + 1]; ++r) {
+        std::vector<int64_t> one(static_cast<size_t>(E + 1), 0);
+        for (int64_t j = e + 1; j <= E; ++j) one[j] = 1;
+        Dev<int64_t> done(one);
+        Dev<float> dy1(static_cast<size_t>(out));
+        ASSERT_TRUE(run_expert_linear(ex.dweights->p, E, out, in, done.p, dx.p + r * in, 1, dy1.p, nullptr, f).ok());
+        const std::vector<float> got = dy1.get();
+        for (int64_t i = 0; i < out; ++i) differ += bits_of(got[i]) != bits_of(all[r * out + i]);
+      }
+    report("expert_linear row-count invariance",
+           std::string(fmt_name(f)) + " 12 experts 80x1024 m=18 vs each row alone: bits differing",
+           static_cast<double>(differ), 0, "a row's order depends on the expert's shape only");
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 // The one-row FP8 GEMV at the released decode widths: the chunks per lane per batch (U = 3, 4, 5)
 // change how many lanes idle and how many loads are in flight, never a lane's chunk order, so every
 // U gives the bits of every other (and the launcher's choice is one of them).
