@@ -1277,7 +1277,7 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
   const WView w{dw.data, dw.scale, dw.in_dim};
   const int64_t out_rows = dw.out_dim / groups, ldx = groups * dw.in_dim, ldy = dw.out_dim;
-  // Decode (n <= 2) over FP8 / FP4: the tensor-core GEMV (tc_gemv_kernels.h) when it takes the shape.
+  // Decode (n <= 16) over FP8 / FP4: the tensor-core GEMV (tc_gemv_kernels.h) when it takes the shape.
   if (tcg::try_dense(dw, out_rows, groups, x, ldx, n, y, ldy, stream)) return last_launch_status(fn);
   const bool vec = vector_ok(dw.format, dw.in_dim, dw.data);
   const bool wide = vec && rows_16b_host(dw.format, dw.in_dim, dw.data);

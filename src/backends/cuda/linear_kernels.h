@@ -43,7 +43,7 @@ void set_persist_ring_for_tests(int mode);
 // of a known format); 0: the launcher's choice (fewest idle lanes). Every U gives the same bits.
 void set_persist_u_for_tests(int u);
 // Tests: the tensor-core GEMV of decode (tc_gemv_kernels.h): 0 off, 1 on, -1 as DS41_TC_GEMV says
-// (default off; DS41_TC_GEMV=1 turns it on).
+// (default on; DS41_TC_GEMV=0 turns it off).
 void set_tc_gemv_for_tests(int mode);
 
 }  // namespace ds41::cuda

@@ -109,6 +109,31 @@ __device__ __forceinline__ T ld_nc(const void* p) {
   return __ldg(reinterpret_cast<const T*>(p));
 }
 
+// A weight load: read-only, no L1 allocation, with the L2::256B prefetch hint: a miss brings the
+// next 256 bytes of the row into L2, so the next tiles of a lane quad's row are L2 hits (more bytes
+// in flight without registers). Measured on the H200 (docs/perf/README.md): batch-1 decode 4.58 ms
+// without the hint, 4.22 ms with it; twice the tiles in flight per warp instead was slower (more
+// registers) at every shape.
+template <class T>
+__device__ __forceinline__ T ld_w(const void* p) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 8) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+  } else {
+    static_assert(sizeof(T) == 16);
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+  }
+#else
+  return ld_nc<T>(p);
+#endif
+}
+
 // The formats. Per tile and lane: Q the loaded words of rows r and r + 8.
 // kofs(m, s): K offset in the tile (past 8g) of B slot s (0..3) of mma m: slots 0, 1 = b0's two
 // halves, 2, 3 = b1's.
@@ -128,7 +153,7 @@ struct Fp8 {
   };
   __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) { return data + o * in + 8 * g; }
   __device__ static Raw load(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, bool, int64_t t) {
-    return Raw{ld_nc<uint2>(ra + 32 * t), ld_nc<uint2>(rb + 32 * t), __ldg(sa + t)};
+    return Raw{ld_w<uint2>(ra + 32 * t), ld_w<uint2>(rb + 32 * t), __ldg(sa + t)};
   }
   __device__ static void prepare(Raw&) {}
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
@@ -178,7 +203,7 @@ struct Fp4 {
   }
   __device__ static Raw load(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t* sb, bool aligned,
                              int64_t t) {
-    return Raw{ld_nc<uint4>(ra + 64 * t), ld_nc<uint4>(rb + 64 * t), scales4(sa + 4 * t, aligned),
+    return Raw{ld_w<uint4>(ra + 64 * t), ld_w<uint4>(rb + 64 * t), scales4(sa + 4 * t, aligned),
                scales4(sb + 4 * t, aligned)};
   }
   // 4 x 4 transpose of the words of the lanes of a quad (lane g: word j of tile g -> word j = tile j's
@@ -341,9 +366,9 @@ __device__ __forceinline__ float pow2_mult(uint32_t sb, int e) {
 // over tiles [t0, t1). prologue() issues the first U tiles' loads (before the block stages x, so
 // the weights' latency overlaps the staging); run() streams the rest and accumulates
 // acc = sum over tiles of (the mma's D fragment) * 2^(tile scale + its x row's e + kExp).
-template <class D, bool kFp8, int kDepth>
+template <class D, bool kFp8>
 struct WarpTask {
-  static constexpr int U = kDepth;
+  static constexpr int U = D::kU;
   const uint8_t *ra, *rb, *sa, *sb;
   bool s_aligned;
   int64_t t0, n;  // steps (D::kSub tiles each)
@@ -482,7 +507,7 @@ struct WarpTask {
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
 // partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
 // weight loads are issued before stage() (the block's x staging; called once by every thread).
-template <class D, bool kFp8, int U, class Stage>
+template <class D, bool kFp8, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
                            int64_t ldy, float* red_d, Stage stage) {
@@ -495,7 +520,7 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   // The W rows of this launch start at global row w_row0 (a group's first row): FP8 scale rows are
   // global (w_row0 % 16 == 0 is required by the host), payload rows too. The loads of a warp's next
   // task are issued as soon as its current one is multiplied, before the block's reduction.
-  WarpTask<D, kFp8, U> task;
+  WarpTask<D, kFp8> task;
   if (blockIdx.x < n_rgb && static_cast<int64_t>(blockIdx.x) * RPB + rgl < n_rg)
     task.prologue(data, sc, in, w_row0 + (static_cast<int64_t>(blockIdx.x) * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
   stage();
@@ -527,7 +552,7 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   }
 }
 
-template <class D, bool kFp8, int U>
+template <class D, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
@@ -541,13 +566,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * kNB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
-  block_rows<D, kFp8, U>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
+  block_rows<D, kFp8>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
                       y + r0 * ldy + grp * out_rows, ldy, red_d,
                       [&] { stage_x<D>(xb, ldx, nb, in, smem_u2, red, ex); });
 }
 
 // Experts: unit u = (expert, <= kNB of its rows); unit_start[e] = units before expert e.
-template <class D, bool kFp8, int U>
+template <class D, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 2)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim, int64_t in,
                      const int64_t* __restrict__ offsets, const float* __restrict__ x, float* __restrict__ y,
@@ -588,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), offsets[e + 1] - r0));
   const DeviceWeight dw = weights[e];
   const float* xb = x + r0 * in;
-  block_rows<D, kFp8, U>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
+  block_rows<D, kFp8>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
                       red_d, [&] { stage_x<D>(xb, in, nb, in, smem_u2, red, ex); });
 }
 
@@ -606,16 +631,6 @@ template <auto F>
 struct K {
   static constexpr auto value = F;
 };
-
-// Tiles in flight per warp: the format's kU, or twice that with DS41_TC_GEMV_DEPTH=2 (a measurement
-// switch: the sums' order, and so the bits, do not depend on it — KS is chosen with kU).
-bool deep() {
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TC_GEMV_DEPTH");
-    return e != nullptr && std::strcmp(e, "2") == 0;
-  }();
-  return on;
-}
 
 template <auto K>
 void allow_smem() {
@@ -651,15 +666,16 @@ Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, 
 
 }  // namespace
 
-// Off unless DS41_TC_GEMV=1: a one-row decode through these kernels differs in its last bits from the
-// same row in a multi-row forward (CUDA-core GEMV / tiles), and the engine relies on row-count
-// invariance (DSpark verification leaves the state a plain decode leaves, bit for bit; batched
-// decode equals single decode). docs/gpu_kernels.md says what would lift this.
+// On unless DS41_TC_GEMV=0 (then the CUDA-core GEMV of linear_kernels.cu serves every shape). Every
+// decode-sized call takes these kernels (dense up to kMaxRows rows, experts up to kMaxExpertRows
+// routed rows) and a row's sums do not depend on the other rows (KS from the weight's shape, each
+// x row its own power of two and its own mma columns), so a row gets the same bits alone, batched
+// or in a DSpark verification forward (LinearParity.DecodeGemvRowCountInvariance).
 bool enabled() {
   if (g_mode >= 0) return g_mode != 0;
   static const bool on = [] {
     const char* e = std::getenv("DS41_TC_GEMV");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
   return on;
 }
@@ -689,9 +705,9 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
            ldy, s.ks_log2);
   };
   if (fp8) {
-    deep() ? go(K<tc_dense_kernel<Fp8, true, 2 * Fp8::kU>>{}) : go(K<tc_dense_kernel<Fp8, true, Fp8::kU>>{});
+    go(K<tc_dense_kernel<Fp8, true>>{});
   } else {
-    deep() ? go(K<tc_dense_kernel<Fp4, false, 2 * Fp4::kU>>{}) : go(K<tc_dense_kernel<Fp4, false, Fp4::kU>>{});
+    go(K<tc_dense_kernel<Fp4, false>>{});
   }
   return true;
 }
@@ -720,9 +736,9 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
            s.ks_log2);
   };
   if (fp8) {
-    deep() ? go(K<tc_expert_kernel<Fp8, true, 2 * Fp8::kU>>{}) : go(K<tc_expert_kernel<Fp8, true, Fp8::kU>>{});
+    go(K<tc_expert_kernel<Fp8, true>>{});
   } else {
-    deep() ? go(K<tc_expert_kernel<Fp4, false, 2 * Fp4::kU>>{}) : go(K<tc_expert_kernel<Fp4, false, Fp4::kU>>{});
+    go(K<tc_expert_kernel<Fp4, false>>{});
   }
   return true;
 }

@@ -250,6 +250,12 @@ TEST(LinearParity, ExpertLinear) {
 // several. Small enough for the host SIMT emulator (scripts/cuda-host-emu/run.sh).
 TEST(LinearParity, SmallStreaming) {
   DS41_SKIP_WITHOUT_GPU();
+  // The CUDA-core kernels' table: the tensor-core GEMV (which takes FP8 / FP4 decode shapes when it
+  // is on) has its own rows (TensorCoreGemv, DecodeGemvRowCountInvariance).
+  struct Reset {
+    ~Reset() { set_tc_gemv_for_tests(-1); }
+  } reset;
+  set_tc_gemv_for_tests(0);
   const std::vector<int64_t> ns = {1, 2, 3, 5, 8, 13, 64};
   const std::vector<LinearCase> cases = {
       {"fp8 K tail", WeightFormat::kFp8Tiles, 37, 592, ns},      // 37 chunks per row
@@ -403,8 +409,10 @@ TEST(LinearParity, PersistentLoops) {
     ~Reset() {
       set_persist_slot_cap_for_tests(0);
       set_persist_ring_for_tests(-1);
+      set_tc_gemv_for_tests(-1);
     }
   } reset;
+  set_tc_gemv_for_tests(0);  // the CUDA-core persistent kernel's table
   const std::vector<LinearCase> cases = {
       {"fp8 2 batches/row", WeightFormat::kFp8Tiles, 203, 4096, {1, 2, 4, 7}},  // 256 chunks per row
       {"fp8 K tail", WeightFormat::kFp8Tiles, 131, 592, {1, 3, 8}},
