@@ -628,7 +628,7 @@ size_t smem_bytes(int64_t in) {
 
 // A kernel as a type (for the launchers' generic lambdas).
 template <auto F>
-struct K {
+struct KernelT {
   static constexpr auto value = F;
 };
 
@@ -705,9 +705,9 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
            ldy, s.ks_log2);
   };
   if (fp8) {
-    go(K<tc_dense_kernel<Fp8, true>>{});
+    go(KernelT<tc_dense_kernel<Fp8, true>>{});
   } else {
-    go(K<tc_dense_kernel<Fp4, false>>{});
+    go(KernelT<tc_dense_kernel<Fp4, false>>{});
   }
   return true;
 }
@@ -736,9 +736,9 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
            s.ks_log2);
   };
   if (fp8) {
-    go(K<tc_expert_kernel<Fp8, true>>{});
+    go(KernelT<tc_expert_kernel<Fp8, true>>{});
   } else {
-    go(K<tc_expert_kernel<Fp4, false>>{});
+    go(KernelT<tc_expert_kernel<Fp4, false>>{});
   }
   return true;
 }
