@@ -4,7 +4,7 @@
 // instruction (its share of a conversion to f16 and of an mma.sync), so the kernel can stream HBM.
 //
 // The product, exact to the oracle's float arithmetic up to summation order (MODEL_SPEC 2.1):
-// - x (one or two rows) is scaled by a power of two per row (its largest |x| into [2^14, 2^15)) and
+// - x (a block's one or two rows) is scaled by a power of two per row (its largest |x| into [2^14, 2^15)) and
 //   split into three f16 parts, hi = f16(x'), lo = f16(x' - hi), lo2 = f16(x' - hi - lo) (both
 //   differences exact in fp32): 33 significant bits, so x' itself wherever it is an f16 normal
 //   (|x| > 2^-29 max|x|; below that the parts lose bits of terms ~2^-40 of the output scale). The
@@ -24,11 +24,12 @@
 // and decodes them in place into its A registers: the mma's K order is a permutation of the tile's
 // (kofs below), and x is staged in shared memory in that same order, per (tile, mma, column, lane
 // group) one 8-byte B fragment, so a lane reads its B operand with one conflict-free 8-byte load.
-// The weights are streamed with 8 / 4-byte loads (four lanes read a row's 32 / 16 contiguous bytes
-// of a tile), U tiles in flight per warp.
+// The weights are streamed with 8-byte (FP8: four lanes read a row's 32 bytes of a tile) and 16-byte
+// (FP4: four lanes read a row's 64 bytes of four tiles) loads with the L2::256B hint, U steps in
+// flight per warp.
 //
-// Launch: 256 threads = 8 warps; KS warps split one row group's tiles (KS in {1, 2, 4, 8}, the fewest
-// that fill the device), 8 / KS row groups per block and iteration, blocks persistent over the row
+// Launch: 256 threads = 8 warps; KS warps split one row group's tiles (KS in {1, 2, 4, 8}, chosen from
+// the weight's shape only, see shape()), 8 / KS row groups per block and iteration, blocks persistent over the row
 // groups (grid-stride). The KS partial sums are added in a fixed order through shared memory
 // (deterministic). Dense: grid = (row-group slots, x-row pairs, groups); experts: grid = (slots,
 // units), a unit being <= 2 rows of x routed to one expert (found by a scan of the offsets).
