@@ -203,8 +203,9 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
     return failed_precondition("--speculative dspark: the model has no DSpark stages (num_nextn_predict_layers 0)");
   const int64_t Bd = spec ? c.dspark_block_size : 0;
   const int64_t max_b = decode ? *std::max_element(batches.begin(), batches.end()) : 1;
-  // Speculative steps after the plain ones advance each sequence by up to Bd + 1 positions.
-  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + a.steps + 1 + a.steps * (Bd + 1);
+  // Speculative steps after the plain ones (two per timed step: one plain, one profiled) advance
+  // each sequence by up to Bd + 1 positions.
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + a.steps + 1 + 2 * a.steps * (Bd + 1);
   gpu::CudaEngineOptions eo;
   eo.model_name = "bench";
   eo.limits.max_step_tokens = std::max(a.chunk, max_b * (Bd + 1));
@@ -342,6 +343,8 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           // sequence's anchor, no state change) and full speculative steps (draft + one
           // verification of B + 1 rows per sequence + rollback + context rows) for every sequence.
           std::vector<double> draft_ms, spec_ms;
+          // Where each speculative step's time goes (phases with the stream drained between them).
+          std::vector<gpu::CudaEngine::SpecProfile> prof;
           engine::AcceptanceStats stats;
           std::vector<int32_t> anchor(static_cast<size_t>(B));
           for (int64_t s = 0; s < B; ++s) anchor[s] = toks[ctx + a.steps];
@@ -362,6 +365,16 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
             DS41_RETURN_IF_ERROR(eng->speculative_step(items, engine::SpecBatchOptions{}, &res));
             spec_ms.push_back(
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+            // The same step again with the phases timed (it synchronises between them; not in spec_ms).
+            for (int64_t s = 0; s < B; ++s) {
+              stats.add(res[s].accepted, Bd);
+              items[s].anchor = anchor[s] = res[s].tokens.back();
+            }
+            prof.emplace_back();
+            eng->profile_speculative(&prof.back());
+            const Status ps = eng->speculative_step(items, engine::SpecBatchOptions{}, &res);
+            eng->profile_speculative(nullptr);
+            DS41_RETURN_IF_ERROR(ps);
             for (int64_t s = 0; s < B; ++s) {
               stats.add(res[s].accepted, Bd);
               anchor[s] = res[s].tokens.back();
@@ -371,6 +384,25 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           std::sort(spec_ms.begin(), spec_ms.end());
           const double plain = r["step_ms_median"].get<double>();
           const double dm = draft_ms[draft_ms.size() / 2], sm = spec_ms[spec_ms.size() / 2];
+          const auto med = [&](double gpu::CudaEngine::SpecProfile::*f) {
+            std::vector<double> v;
+            for (const auto& p : prof) v.push_back(p.*f);
+            std::sort(v.begin(), v.end());
+            return v.empty() ? 0.0 : v[v.size() / 2];
+          };
+          nlohmann::ordered_json phases = {
+              {"what", "milliseconds per phase of a separate profiled step (stream drained between phases), median"},
+              {"draft_ms", med(&gpu::CudaEngine::SpecProfile::draft_ms)},
+              {"verify_forward_ms", med(&gpu::CudaEngine::SpecProfile::verify_forward_ms)},
+              {"accept_ms", med(&gpu::CudaEngine::SpecProfile::accept_ms)},
+              {"rollback_ms", med(&gpu::CudaEngine::SpecProfile::rollback_ms)},
+              {"commit_ms", med(&gpu::CudaEngine::SpecProfile::commit_ms)}};
+          if (!prof.empty()) {
+            phases["groups"] = prof.back().groups;
+            phases["verify_rows"] = prof.back().verify_rows;
+            phases["verify_layer_ms_last"] = prof.back().verify_layer_ms;
+            phases["verify_layer_launches_last"] = prof.back().verify_layer_launches;
+          }
           nlohmann::ordered_json proj = nlohmann::ordered_json::object();
           for (int64_t acc = 0; acc <= Bd; ++acc)  // tokens/s per sequence if every step accepted `acc`
             proj[std::to_string(acc)] = static_cast<double>(acc + 1) / (sm * 1e-3);
@@ -388,7 +420,8 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                               {"spec_step_vs_plain", sm / plain},
                               {"plain_tokens_per_s_per_seq", 1e3 / plain},
                               {"measured_tokens_per_s_per_seq", stats.tokens_per_step() / (sm * 1e-3)},
-                              {"projected_tokens_per_s_per_seq", proj}};
+                              {"projected_tokens_per_s_per_seq", proj},
+                              {"phases", phases}};
         }
       }
       runs.push_back(r);

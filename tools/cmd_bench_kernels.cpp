@@ -53,6 +53,7 @@ struct KernelsBenchArgs {
   int blas_algos = 3;  // cuBLASLt heuristic candidates timed (the fastest is reported)
   bool no_blas = false;
   bool json = false;
+  bool row_invariant = false;  // dense calls as decode steps / verifications make them
 };
 
 #if DS41_BENCH_CUDA
@@ -388,8 +389,9 @@ Result<Row> bench_dense(Ctx& c, const Shape& sh, int64_t n) {
   r.flops = 2.0 * n * sh.out * sh.in;
   auto ours = [&](int64_t i) {
     const DeviceWeight& w = ws[static_cast<size_t>(i % copies)];
-    return G > 1 ? cuda::run_grouped_linear(w, G, x.as<float>(), n, y.as<float>(), c.stream)
-                 : cuda::run_linear(w, x.as<float>(), n, y.as<float>(), c.stream);
+    const bool inv = c.args->row_invariant;
+    return G > 1 ? cuda::run_grouped_linear(w, G, x.as<float>(), n, y.as<float>(), c.stream, inv)
+                 : cuda::run_linear(w, x.as<float>(), n, y.as<float>(), c.stream, inv);
   };
   DS41_ASSIGN_OR_RETURN(r.ours_us, time_us(ours, c.args->min_time_ms, c.stream));
   if (c.args->no_blas) return r;
@@ -599,6 +601,7 @@ Status run_bench(const KernelsBenchArgs& a) {
   dev["cublaslt_version"] = static_cast<int64_t>(cublasLtGetVersion());
   cfg["ns"] = a.ns;
   cfg["min_time_ms"] = a.min_time_ms;
+  cfg["row_invariant"] = a.row_invariant;
   cfg["blas_algos"] = a.blas_algos;
   cfg["rotate_bytes"] = kRotateBytes;
   nlohmann::ordered_json out = bench_header<nlohmann::ordered_json>("kernels", dev, cfg);
@@ -651,6 +654,9 @@ void setup_bench(CLI::App& parent, int& exit_code) {
                   "cuBLASLt heuristic algorithms timed, fastest kept (default 3)");
   cmd->add_flag("--no-blas", a->no_blas, "Skip the cuBLASLt references");
   cmd->add_flag("--json", a->json, "One-line JSON");
+  cmd->add_flag("--row-invariant", a->row_invariant,
+                "Dense calls with row_invariant (the GPU engine's decode steps and DSpark verifications: "
+                "the tensor-core GEMV at every n)");
   cmd->callback([a, &exit_code] {
     if (a->device != "cuda") {
       std::cerr << "ds41 bench kernels: --device must be cuda, got '" << a->device << "'\n";

@@ -22,6 +22,15 @@ Acceptance accept_greedy(std::span<const int32_t> candidates, std::span<const fl
   return a;
 }
 
+Acceptance accept_greedy_argmax(std::span<const int32_t> candidates, std::span<const int32_t> row_argmax) {
+  const int64_t l = static_cast<int64_t>(candidates.size());
+  DS41_CHECK_EQ(static_cast<int64_t>(row_argmax.size()), l + 1, "verification rows");
+  Acceptance a;
+  while (a.accepted < l && candidates[a.accepted] == row_argmax[a.accepted]) ++a.accepted;
+  a.bonus = row_argmax[a.accepted];
+  return a;
+}
+
 std::vector<double> tempered_probs(std::span<const float> logits, double temperature) {
   DS41_CHECK(temperature > 0, "tempered_probs: temperature must be positive");
   const float mx = *std::max_element(logits.begin(), logits.end());

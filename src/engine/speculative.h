@@ -26,6 +26,9 @@ struct Acceptance {
 // target_logits: [l + 1, V] rows T_0..T_l of the verification forward; candidates: c_0..c_{l-1}.
 Acceptance accept_greedy(std::span<const int32_t> candidates, std::span<const float> target_logits,
                          int64_t vocab);
+// The same rule over rows already reduced on the device: row_argmax[k] = argmax_token(T_k), k = 0..l
+// (the GPU verification's GpuForwardOptions::argmax; no logits rows cross to the host).
+Acceptance accept_greedy_argmax(std::span<const int32_t> candidates, std::span<const int32_t> row_argmax);
 
 // softmax(logits / temperature) in fp64 (temperature > 0), relative to the row maximum.
 std::vector<double> tempered_probs(std::span<const float> logits, double temperature);

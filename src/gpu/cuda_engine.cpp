@@ -663,6 +663,10 @@ Status CudaEngine::speculative_step(std::span<const engine::SpecStepItem> items,
     as_steps[i] = engine::StepItem{it.seq, probe[i], true};
   }
   DS41_RETURN_IF_ERROR(validate(as_steps));  // pages for a full verification of every item
+  if (spec_prof_) {
+    *spec_prof_ = SpecProfile{};
+    spec_lap(nullptr);
+  }
   // Groups within one forward's limits (every item may verify B + 1 rows).
   const GpuLimits& lim = fwd_->limits();
   const int64_t per_group =
@@ -677,6 +681,7 @@ Status CudaEngine::speculative_step(std::span<const engine::SpecStepItem> items,
     const size_t n = std::min(items.size() - g, static_cast<size_t>(per_group));
     drafts.emplace_back();
     DS41_RETURN_IF_ERROR(speculative_draft(items.subspan(g, n), &drafts.back()));
+    spec_lap(&SpecProfile::draft_ms);
     for (size_t i = 0; i < n; ++i) {
       cap[g + i] = drafts.back().cap[i];
       if (drafts.back().draft_of[i] >= 0) conf[g + i] = drafts.back().d[drafts.back().draft_of[i]].confidence;
@@ -768,18 +773,36 @@ Status CudaEngine::speculative_verify(std::span<const engine::SpecStepItem> item
   GpuSpecJournal journal;
   GpuForwardOptions fo;
   fo.journal = &journal;
+  // All greedy: the rows' argmax on the device (l + 1 tokens per item instead of (l + 1) x V logits).
+  bool all_greedy = true;
+  for (size_t i = 0; i < ni; ++i) all_greedy = all_greedy && items[i].temperature <= 0;
+  std::vector<int32_t> amax;
+  if (all_greedy) fo.argmax = &amax;
   std::vector<model::SequenceOutput> res;
+  if (spec_prof_) {
+    fo.layer_ms = &spec_prof_->verify_layer_ms;
+    fo.layer_launches = &spec_prof_->verify_layer_launches;
+    ++spec_prof_->groups;
+    for (const auto& r : vt) spec_prof_->verify_rows += static_cast<int64_t>(r.size());
+  }
   DS41_RETURN_IF_ERROR(fwd_->run(batch, fo, &res).with_context("DSpark verification"));
+  spec_lap(&SpecProfile::verify_forward_ms);
   // Acceptance on the host (engine/speculative.h).
   std::vector<int64_t> keep(ni);
   std::vector<std::span<const int32_t>> toks(ni);
   std::vector<GpuContextRows> cr(ni);
+  size_t row = 0;
   for (size_t i = 0; i < ni; ++i) {
     const std::span<const float> T(res[i].logits);
-    if (static_cast<int64_t>(T.size()) != (l[i] + 1) * V) return internal_error("verification returned too few logits rows");
+    const size_t rows = res[i].positions.size();
+    if (static_cast<int64_t>(rows) != l[i] + 1 || (!all_greedy && static_cast<int64_t>(T.size()) != (l[i] + 1) * V) ||
+        (all_greedy && amax.size() < row + rows))
+      return internal_error("verification returned too few logits rows");
     std::span<const int32_t> cand(vt[i].data() + 1, static_cast<size_t>(l[i]));
     engine::Acceptance acc;
-    if (items[i].temperature <= 0) {
+    if (all_greedy) {
+      acc = engine::accept_greedy_argmax(cand, std::span<const int32_t>(amax).subspan(row, rows));
+    } else if (items[i].temperature <= 0) {
       acc = engine::accept_greedy(cand, T, V);
     } else {
       std::vector<double> dp(l[i] * V), tp((l[i] + 1) * V);
@@ -798,12 +821,25 @@ Status CudaEngine::speculative_verify(std::span<const engine::SpecStepItem> item
     out[i].tokens.assign(cand.begin(), cand.begin() + acc.accepted);
     out[i].tokens.push_back(acc.bonus);
     keep[i] = acc.accepted + 1;
+    row += rows;
     toks[i] = vt[i];
     cr[i] = GpuContextRows{seq[i], journal.seqs[i].row_begin, journal.seqs[i].before.position, keep[i]};
   }
   // Roll back the rejected rows (3.10.8), then the context rows of L..L+a (3.10.3).
+  spec_lap(&SpecProfile::accept_ms);
   DS41_RETURN_IF_ERROR(fwd_->rollback_spec(journal, keep, toks).with_context("DSpark rollback"));
-  return fwd_->dspark_commit(cr).with_context("DSpark context rows");
+  spec_lap(&SpecProfile::rollback_ms);
+  DS41_RETURN_IF_ERROR(fwd_->dspark_commit(cr).with_context("DSpark context rows"));
+  spec_lap(&SpecProfile::commit_ms);
+  return ok_status();
+}
+
+void CudaEngine::spec_lap(double SpecProfile::*field) {
+  if (!spec_prof_) return;
+  cudaStreamSynchronize(stream_);  // a failed stream surfaces at the phase's own next check
+  const auto now = std::chrono::steady_clock::now();
+  if (field) spec_prof_->*field += std::chrono::duration<double, std::milli>(now - spec_t_).count();
+  spec_t_ = now;
 }
 
 Result<model::DraftOutput> CudaEngine::draft(engine::SeqId seq, int32_t anchor, bool record) {

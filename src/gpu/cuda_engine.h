@@ -32,6 +32,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -101,6 +102,17 @@ class CudaEngine final : public engine::Engine {
   int64_t speculative_block() const override;
   Status speculative_step(std::span<const engine::SpecStepItem> items, const engine::SpecBatchOptions& batch,
                           std::vector<engine::SpecStepResult>* out) override;
+  // Benchmarks: where a speculative step's time goes. While set (non-null), every speculative_step
+  // synchronises the stream between its phases and OVERWRITES *p with the step's milliseconds per
+  // phase (summed over the step's groups) and the last verification forward's per-layer times and
+  // kernel counts. The synchronisations cost a few microseconds each; off by default.
+  struct SpecProfile {
+    double draft_ms = 0, verify_forward_ms = 0, accept_ms = 0, rollback_ms = 0, commit_ms = 0;
+    int64_t groups = 0, verify_rows = 0;
+    std::vector<float> verify_layer_ms;
+    std::vector<int64_t> verify_layer_launches;
+  };
+  void profile_speculative(SpecProfile* p) { spec_prof_ = p; }
   // Tests: the draft for an anchor at the sequence's position (no state changes), with record
   // (base logits, hidden); the packed draft window rows of stage s for positions [first, first + n).
   Result<model::DraftOutput> draft(engine::SeqId seq, int32_t anchor, bool record);
@@ -168,6 +180,10 @@ class CudaEngine final : public engine::Engine {
   KvBlockPool pool_;
   SequenceSlots slots_;
   std::unique_ptr<GpuForward> fwd_;
+  SpecProfile* spec_prof_ = nullptr;  // profile_speculative
+  std::chrono::steady_clock::time_point spec_t_;
+  // profile_speculative: drains the stream and adds the milliseconds since the last lap to *field.
+  void spec_lap(double SpecProfile::*field);
   std::unique_ptr<GpuVisionTower> vision_;
   int64_t bounded_bytes_ = 0;
   std::unordered_map<engine::SeqId, std::unique_ptr<GpuSequence>> seqs_;

@@ -102,6 +102,7 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   // rows: 3.9), hence exact in bf16: prefill-shaped calls may take the tensor-core kernel. Not in a
   // verification forward, whose rows keep the float kernels' bits (as its linears do).
   a.entries_on_bf16_grid = !journal_;
+  a.row_invariant = row_invariant_;  // decode steps and verifications: a row's bits, whatever the batch
   a.out = ws_.o;
   a.max_entries_per_row = max_entries;
   a.workspace = ws_.scratch;

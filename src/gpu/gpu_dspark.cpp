@@ -251,6 +251,7 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   for (int64_t k = 0; k < B; ++k)
     for (int64_t b = 0; b < nb; ++b) rows_k[k][b] = b * B + k;
   n_ = n;
+  row_invariant_ = false;  // the draft's rows propose only: the kernels of their shape
   meta_off_ = 0;
   meta_overflow_ = false;
   const int32_t* d_ids = put(ids);

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
@@ -71,25 +72,26 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
   return f;
 }
 
-// A verification forward (journal_) never takes the tensor cores: its rows must get the bits a
-// one-row decode step gives them (MODEL_SPEC 3.10.7 lossless; decode batches stay below
-// tensor_core_min_rows, B + 1 rows per sequence may not).
+// Row-invariant forwards (row_invariant_: decode steps and verification forwards) never take the
+// prefill tensor cores: their rows must get the bits a one-row decode step gives them, whatever the
+// batch (MODEL_SPEC 3.10.7 lossless). The GEMV kernels they take are row-count invariant
+// (tc_gemv_kernels.h), as is the attention with SparseAttentionArgs::row_invariant.
 Status GpuForward::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y) {
-  if (tc_ && !journal_ && tc_->accepts(w, n)) return tc_->linear(w, x, n, y);
-  return cuda::run_linear(w, x, n, y, stream_);
+  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) return tc_->linear(w, x, n, y);
+  return cuda::run_linear(w, x, n, y, stream_, row_invariant_);
 }
 
 Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
                                   float* y) {
-  if (tc_ && !journal_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);
-  return cuda::run_grouped_linear(w, groups, x, n, y, stream_);
+  if (tc_ && !row_invariant_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);
+  return cuda::run_grouped_linear(w, groups, x, n, y, stream_, row_invariant_);
 }
 
 Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                                  const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
                                  int64_t m_max, float* y) {
   const int64_t E = static_cast<int64_t>(experts.size());
-  if (tc_ && !journal_ && m_max >= lim_.tensor_core_min_rows) {
+  if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {
     expert_scratch_.resize(experts.size());
     for (size_t e = 0; e < experts.size(); ++e) expert_scratch_[e] = experts[e].*which;
     if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max))
@@ -112,6 +114,11 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   journal_ = opt.journal;
   jpend_.clear();
   Status st = plan(batch);
+  row_invariant_ = journal_ != nullptr;
+  if (st.ok() && !row_invariant_) {  // a decode step: one row per sequence
+    row_invariant_ = true;
+    for (const PlanSeq& q : seqs_) row_invariant_ = row_invariant_ && q.end - q.begin == 1;
+  }
   if (st.ok() && journal_) st = journal_plan(opt);
   if (!st.ok()) {
     journal_ = nullptr;
@@ -135,7 +142,7 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   if (st.ok() && opt.layer_ms)
     st = cuda::cuda_status(cudaEventRecord(events_[L], stream_), "timing event");
   launch_marks_[L] = cuda::thread_launch_count();
-  if (st.ok()) st = head(out);
+  if (st.ok()) st = head(opt);
   if (st.ok() && opt.layer_ms)
     st = cuda::cuda_status(cudaEventRecord(events_[L + 1], stream_), "timing event");
   launch_marks_[L + 1] = cuda::thread_launch_count();
@@ -160,12 +167,16 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
       (*opt.layer_launches)[l] = static_cast<int64_t>(launch_marks_[l + 1] - launch_marks_[l]);
   }
   const int64_t V = c_->vocab_size;
+  if (opt.argmax) {
+    const int32_t* tok = reinterpret_cast<const int32_t*>(ws_.logits_host);
+    opt.argmax->assign(tok, tok + logit_rows_host_.size());
+  }
   size_t i = 0;
   for (size_t s = 0; s < seqs_.size(); ++s) {
     model::SequenceOutput& o = (*out)[s];
     while (i < logit_rows_host_.size() && logit_rows_host_[i] < seqs_[s].end) {
       o.positions.push_back(pos_host_[logit_rows_host_[i]]);
-      o.logits.insert(o.logits.end(), ws_.logits_host + i * V, ws_.logits_host + (i + 1) * V);
+      if (!opt.argmax) o.logits.insert(o.logits.end(), ws_.logits_host + i * V, ws_.logits_host + (i + 1) * V);
       ++i;
     }
   }
@@ -284,7 +295,7 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   return ok_status();
 }
 
-Status GpuForward::head(std::vector<model::SequenceOutput>* out) {
+Status GpuForward::head(const GpuForwardOptions& opt) {
   const int64_t H = c_->hidden_size, C = c_->hc_mult, V = c_->vocab_size;
   const int64_t m = static_cast<int64_t>(logit_rows_host_.size());
   if (m == 0) return ok_status();
@@ -295,6 +306,16 @@ Status GpuForward::head(std::vector<model::SequenceOutput>* out) {
   DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.h, m, H, m_->weights().norm.ptr,
                                           static_cast<float>(c_->rms_norm_eps), ws_.h, stream_));
   DS41_RETURN_IF_ERROR(linear(m_->weights().head, ws_.h, m, ws_.logits));
+  if (opt.argmax) {  // the rows' argmax in the scratch after the reduction's workspace, then m tokens down
+    const size_t wsb = (cuda::argmax_workspace_bytes(m, V) + 255) / 256 * 256;
+    if (wsb + static_cast<size_t>(m) * sizeof(int32_t) > ws_.scratch_bytes)
+      return internal_error("GPU forward: the scratch holds no argmax of " + std::to_string(m) + " logits rows");
+    int32_t* tok = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws_.scratch) + wsb);
+    DS41_RETURN_IF_ERROR(cuda::run_argmax_rows(ws_.logits, m, V, tok, ws_.scratch, stream_));
+    return cuda::cuda_status(cudaMemcpyAsync(ws_.logits_host, tok, static_cast<size_t>(m) * sizeof(int32_t),
+                                             cudaMemcpyDeviceToHost, stream_),
+                             "copy the logits rows' argmax to the host");
+  }
   return cuda::cuda_status(
       cudaMemcpyAsync(ws_.logits_host, ws_.logits, static_cast<size_t>(m * V) * sizeof(float),
                       cudaMemcpyDeviceToHost, stream_),

@@ -103,6 +103,10 @@ struct GpuForwardOptions {
   int64_t last_layer = -1;
   // Speculative verification: fills the journal (see GpuSpecJournal); rollback_spec() uses it.
   GpuSpecJournal* journal = nullptr;
+  // Greedy consumers: the logits rows are reduced on the device to their argmax (the largest
+  // value, the lowest index on ties: engine::argmax_token) and only those tokens cross to the host,
+  // one per logits row in row order; SequenceOutput::logits stays empty (positions are filled).
+  std::vector<int32_t>* argmax = nullptr;
 };
 
 class GpuForward {
@@ -190,7 +194,7 @@ class GpuForward {
   void rollback_pages();
   Status run_layers(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status run_layer(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
-  Status head(std::vector<model::SequenceOutput>* out);
+  Status head(const GpuForwardOptions& opt);
   void commit();
   Status journal_plan(const GpuForwardOptions& opt);    // host record + save lists (before the upload)
   Status journal_save();                                // device copies (after the upload)
@@ -306,6 +310,9 @@ class GpuForward {
     int64_t main_x_rows = 0;  // rows of main_x the last dspark_commit computed
   } ds_;
   GpuSpecJournal* journal_ = nullptr;  // the running forward's journal
+  // The running forward's rows must not depend on the batch: a verification (journal_) or a
+  // decode step (one row per sequence). See linear() in gpu_forward.cpp.
+  bool row_invariant_ = false;
   std::vector<std::pair<int64_t, int64_t>> jpend_;  // (plan sequence, pending row) written this call
   const int64_t* jpend_rows_ = nullptr;              // device copy of the rows to save
 };

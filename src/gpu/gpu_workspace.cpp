@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/fused_rows_kernels.h"
@@ -79,7 +80,11 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
                                                            c.candidate_block_size, c.candidate_topk_blocks)
                     : size_t{0},
                 cuda::moe_bucket_workspace_bytes(N, k, E), cuda::hc_map_workspace_bytes(N, C, H),
-                cuda::sparse_attention_workspace_bytes(N, nh, hd, W + K), size_t{1}});
+                cuda::sparse_attention_workspace_bytes(N, nh, hd, W + K),
+                // GpuForwardOptions::argmax: the reduction's workspace, then one token per logits row
+                (cuda::argmax_workspace_bytes(std::max<int64_t>(L, 1), V) + 255) / 256 * 256 +
+                    static_cast<size_t>(std::max<int64_t>(L, 1)) * sizeof(int32_t),
+                size_t{1}});
   auto carve = [&](Carver& cv) {
     cv.take(w.streams, N * C * H);
     for (float** p : {&w.pi, &w.pre_a, &w.post_a, &w.pre_f, &w.post_f}) cv.take(*p, N * C);

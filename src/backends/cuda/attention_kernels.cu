@@ -165,6 +165,7 @@ static_assert(kSplitHeads == 2);
 constexpr int kLaneDims = kMaxDim / 32;  // channels per lane
 constexpr int64_t kSplitMaxRows = 16;    // rows up to which run_sparse_attention takes this kernel
 constexpr int64_t kTargetCtas = 264;     // ~2 CTAs per SM on a 132-SM H200
+constexpr int64_t kInvariantRowsPerPass = 64;  // row_invariant calls: rows per split + combine pass
 constexpr int64_t kMinSplitEntries = 32; // entries per split at least (4 per warp)
 constexpr int kCombineThreads = 128;
 
@@ -431,8 +432,45 @@ size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head
   size_t need = 0;
   for (int64_t m = 1; m <= std::min(n, kSplitMaxRows); ++m)
     need = std::max(need, split_bytes(m, n_heads, head_dim, decode_splits(m, n_heads, max_entries_per_row)));
+  // row_invariant: one-row splits for every row, kInvariantRowsPerPass rows a pass.
+  need = std::max(need, split_bytes(std::min(n, kInvariantRowsPerPass), n_heads, head_dim,
+                                    decode_splits(1, n_heads, max_entries_per_row)));
   return need;
 }
+
+namespace {
+
+// The decode path (split kernel + combine) with the given splits; a: validated by the caller.
+Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits, cudaStream_t stream) {
+  const int64_t split_groups = (a.n_heads + kSplitHeads - 1) / kSplitHeads;
+  if (a.n * splits * split_groups > 0x7fffffff)
+    return invalid_argument("sparse_attention: n x splits x head groups " + std::to_string(a.n * splits * split_groups) +
+                            " too large for one grid");
+  auto rotate_back = [&]() -> Status {
+    if (a.rope_n_freq == 0) return ok_status();
+    return run_rope(a.out, a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq, a.rope_n_freq, true, stream);
+  };
+  const size_t need = split_bytes(a.n, a.n_heads, a.head_dim, splits);
+  if (need > 0 && (!a.workspace || a.workspace_bytes < need))
+    return invalid_argument("sparse_attention: workspace of " + std::to_string(a.workspace_bytes) +
+                            " bytes, " + std::to_string(need) +
+                            " needed (sparse_attention_workspace_bytes)");
+  if (reinterpret_cast<uintptr_t>(a.workspace) % alignof(float) != 0)
+    return invalid_argument("sparse_attention: workspace not 4-byte aligned");
+  const int64_t chunk = (a.max_entries_per_row + splits - 1) / splits;
+  float* part_acc = splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
+  float* part_ml = splits > 1 ? part_acc + a.n * splits * a.n_heads * a.head_dim : nullptr;
+  launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
+      std::max<int64_t>(chunk, 1), part_acc, part_ml);
+  DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
+  if (splits == 1) return rotate_back();
+  launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream,
+         a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out, a.rope_pos, a.rope_inv_freq,
+         a.rope_n_freq);
+  return last_launch_status("sparse_attention_combine");
+}
+
+}  // namespace
 
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.n < 0) return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " is negative");
@@ -455,30 +493,22 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     if (a.rope_n_freq == 0) return ok_status();
     return run_rope(a.out, a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq, a.rope_n_freq, true, stream);
   };
-  if (a.n <= kSplitMaxRows) {  // decode-shaped: more CTAs per row, entries split over warps (and CTAs)
-    const int64_t split_groups = (a.n_heads + kSplitHeads - 1) / kSplitHeads;
-    if (a.n * split_groups > 0x7fffffff)  // the grid: n * splits * groups <= max(n * groups, kTargetCtas)
-      return invalid_argument("sparse_attention: n_heads " + std::to_string(a.n_heads) + " too large");
-    const int64_t splits = decode_splits(a.n, a.n_heads, a.max_entries_per_row);
-    const size_t need = split_bytes(a.n, a.n_heads, a.head_dim, splits);
-    if (need > 0 && (!a.workspace || a.workspace_bytes < need))
-      return invalid_argument("sparse_attention: workspace of " + std::to_string(a.workspace_bytes) +
-                              " bytes, " + std::to_string(need) +
-                              " needed (sparse_attention_workspace_bytes)");
-    if (reinterpret_cast<uintptr_t>(a.workspace) % alignof(float) != 0)
-      return invalid_argument("sparse_attention: workspace not 4-byte aligned");
-    const int64_t chunk = (a.max_entries_per_row + splits - 1) / splits;
-    float* part_acc = splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
-    float* part_ml = splits > 1 ? part_acc + a.n * splits * a.n_heads * a.head_dim : nullptr;
-    launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
-        std::max<int64_t>(chunk, 1), part_acc, part_ml);
-    DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
-    if (splits == 1) return rotate_back();
-    launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream,
-           a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out, a.rope_pos, a.rope_inv_freq,
-           a.rope_n_freq);
-    return last_launch_status("sparse_attention_combine");
+  if (a.row_invariant) {  // the decode path with one-row splits, in passes the workspace holds
+    const int64_t splits = decode_splits(1, a.n_heads, a.max_entries_per_row);
+    const int64_t per = splits > 1 ? kInvariantRowsPerPass : a.n;
+    for (int64_t r0 = 0; r0 < a.n; r0 += per) {
+      SparseAttentionArgs p = a;
+      p.row_invariant = false;
+      p.n = std::min(per, a.n - r0);
+      p.q = a.q + r0 * a.n_heads * a.head_dim;
+      p.kv_offsets = a.kv_offsets + r0;
+      p.out = a.out + r0 * a.n_heads * a.head_dim;
+      if (p.rope_pos) p.rope_pos = a.rope_pos + r0;
+      DS41_RETURN_IF_ERROR(run_sparse_attention_decode(p, splits, stream));
+    }
+    return ok_status();
   }
+  if (a.n <= kSplitMaxRows) return run_sparse_attention_decode(a, decode_splits(a.n, a.n_heads, a.max_entries_per_row), stream);
   static const bool tc_allowed = [] {
     const char* e = std::getenv("DS41_TC_ATTENTION");
     return !(e && std::strcmp(e, "0") == 0);

@@ -35,6 +35,12 @@ struct SparseAttentionArgs {
   // products stay exact); false keeps the float kernels. DS41_TC_ATTENTION=0 in the environment
   // turns the tensor-core kernel off (A/B measurements).
   bool entries_on_bf16_grid = false;
+  // The caller's request that each row's bits not depend on the call (its row count, the other
+  // rows): decode steps and DSpark verification forwards, whose rows must equal a one-row step's
+  // (MODEL_SPEC 3.10.7 lossless). Every such call takes the decode path with the splits of a
+  // one-row call (decode_splits of 1 row: from n_heads and max_entries_per_row alone), in passes of
+  // at most kInvariantRowsPerPass rows when the splits need the workspace.
+  bool row_invariant = false;
   // Optional (rope_n_freq > 0): the output rows rotated back (MODEL_SPEC 7.9), exactly as
   // run_rope(out, n, n_heads, head_dim, rope_pos, rope_inv_freq, rope_n_freq, /*inverse=*/true)
   // after the attention: inside the decode path's split combine (one launch less), a run_rope
@@ -44,7 +50,8 @@ struct SparseAttentionArgs {
   int64_t rope_n_freq = 0;
 };
 // Workspace run_sparse_attention needs for any call with up to n rows and up to max_entries_per_row
-// entries per row (so it can be sized once from the step limits); 0 when no such call splits.
+// entries per row (so it can be sized once from the step limits), row_invariant calls included; 0
+// when no such call splits.
 size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head_dim,
                                         int64_t max_entries_per_row);
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);

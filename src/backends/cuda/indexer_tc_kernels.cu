@@ -14,21 +14,25 @@
 // both give the exact dot. Rows whose values need more than 8 significant bits (not exact in
 // bf16), are subnormal or far from 1 (so sums could leave the normal range) get D = 99. A (query
 // head, key) pair that fails the certificate is recomputed by the thread in the CPU's order
-// (dot_like_cpu, shared with the float kernel), as is every pair of a CTA whose rows do not share one
-// key_begin (rows of different sequences in one tile).
+// (dot_like_cpu, shared with the float kernel). Rows of different sequences in one tile (a
+// verification's few rows per sequence, a prefill chunk's sequence boundaries) run as runs of rows
+// sharing a key_begin, each over its own keys.
 //
-// Shape: one CTA per 16 consecutive rows (the mma's M), looping over tiles of 128 keys (8 warps x 16
-// keys: the N); K = head_dim = 128. The CTA's queries of every head sit in shared memory as bf16
-// (exact: certificate) with their D; a key tile is staged as bf16 with its D by all threads; each
+// Shape: one CTA per 16 consecutive rows (the mma's M) and share of the key tiles (grid y: every
+// gridDim.y-th tile of 128 keys, 8 warps x 16 keys: the N; more than one share when the rows are
+// few); K = head_dim = 128. The CTA's queries of every head sit in shared memory as bf16 (exact:
+// certificate) with their D; a key tile is staged as bf16 with its D by all threads; each
 // warp keeps its 16 keys' B fragments in registers across the head loop and, per head, multiplies
 // the 16 x 128 query tile, then applies relu, scale and the double head sum to its 8 score slots.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/indexer_dot.cuh"
 #include "backends/cuda/indexer_tc_kernels.h"
 #include "backends/cuda/tc_mma.cuh"
@@ -108,25 +112,30 @@ __global__ void __launch_bounds__(kIxThreads, 1)
   float* ws = reinterpret_cast<float*>(ks + kIxKeys * kIxD);  // [16][H]
   int* dq = reinterpret_cast<int*>(ws + kIxRows * H);         // [16][H]
   int* dk = dq + kIxRows * H;                                 // [128]
-  __shared__ int64_t s_kb;
-  __shared__ int64_t s_maxvis;
-  __shared__ int s_uniform;
+  // Runs of consecutive rows sharing a key_begin (the rows of one sequence): run u is rows
+  // [s_ra[u], s_ra[u + 1]) with keys from s_kb[u], s_mv[u] the most keys any of them sees.
+  __shared__ int64_t s_kb[kIxRows], s_mv[kIxRows];
+  __shared__ int s_ra[kIxRows + 1];
+  __shared__ int s_runs;
 
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kIxRows;
   const int rows = static_cast<int>(min(static_cast<int64_t>(kIxRows), n - r0));
   if (tid == 0) {
-    const int64_t kb = key_begin[r0];
-    int uni = 1;
-    int64_t mv = 0;
+    int u = -1;
     for (int i = 0; i < rows; ++i) {
-      uni = uni && key_begin[r0 + i] == kb;
-      mv = max(mv, min(visible[r0 + i], t_stride));
+      const int64_t kb = key_begin[r0 + i];
+      if (u < 0 || kb != s_kb[u]) {
+        ++u;
+        s_kb[u] = kb;
+        s_mv[u] = 0;
+        s_ra[u] = i;
+      }
+      s_mv[u] = max(s_mv[u], min(visible[r0 + i], t_stride));
     }
-    s_kb = kb;
-    s_maxvis = mv;
-    s_uniform = uni;
+    s_runs = u + 1;
+    s_ra[u + 1] = rows;
   }
   // Queries of the 16 rows (padding rows: zeros), one warp per (row, head) at a time: 32 lanes x 4
   // channels, the row's D reduced over the warp.
@@ -151,64 +160,70 @@ __global__ void __launch_bounds__(kIxThreads, 1)
     }
   }
   __syncthreads();
-  const int64_t kb = s_kb, maxvis = s_maxvis;
-  const bool uniform = s_uniform != 0;
 
-  for (int64_t t0 = 0; t0 < t_stride; t0 += kIxKeys) {
-    const int kw = warp * 16;  // this warp's keys in the tile
-    if (t0 >= maxvis) {  // past every row's visible keys: -inf only
-      for (int idx = tid; idx < rows * kIxKeys; idx += kIxThreads) {
-        const int i = idx / kIxKeys;
-        const int64_t t = t0 + idx % kIxKeys;
-        if (t < t_stride) out[(r0 + i) * t_stride + t] = -INFINITY;
-      }
-      continue;
+  // Each run over its own keys: the mma multiplies all 16 query rows, the run's rows keep theirs
+  // (a tile of one sequence's rows, prefill, is one run; a verification's rows of several
+  // sequences are a few, each as fast as one).
+  const int runs = s_runs;
+  for (int u = 0; u < runs; ++u) {
+    const int ra = s_ra[u], rb = s_ra[u + 1];
+    const int64_t kb = s_kb[u], maxvis = s_mv[u];
+    int64_t vis[2];  // visible keys of rows g and g + 8 (0 outside the run)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = g + 8 * j;
+      vis[j] = i >= ra && i < rb ? min(visible[r0 + i], t_stride) : 0;
     }
-    // Stage the key tile (keys t < maxvis of the shared key_begin; others zeros): thread pair
-    // (2k, 2k+1) on key k, float4 slots half + 2 j, the key's D reduced over the pair.
-    if (uniform) {
-      const int key = tid >> 1, half = tid & 1;
-      const int64_t t = t0 + key;
-      const float4* src = reinterpret_cast<const float4*>(keys + (kb + t) * kIxD);
-      Span sp;
+    for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * kIxKeys; t0 < t_stride;
+         t0 += static_cast<int64_t>(gridDim.y) * kIxKeys) {
+      const int kw = warp * 16;  // this warp's keys in the tile
+      if (t0 >= maxvis) {  // past every run row's visible keys: -inf only
+        for (int idx = tid; idx < (rb - ra) * kIxKeys; idx += kIxThreads) {
+          const int i = ra + idx / kIxKeys;
+          const int64_t t = t0 + idx % kIxKeys;
+          if (t < t_stride) out[(r0 + i) * t_stride + t] = -INFINITY;
+        }
+        continue;
+      }
+      // Stage the key tile (keys t < maxvis of the run's key_begin; others zeros): thread pair
+      // (2k, 2k+1) on key k, float4 slots half + 2 j, the key's D reduced over the pair.
+      {
+        const int key = tid >> 1, half = tid & 1;
+        const int64_t t = t0 + key;
+        const float4* src = reinterpret_cast<const float4*>(keys + (kb + t) * kIxD);
+        Span sp;
 #pragma unroll 4
-      for (int j = 0; j < kIxD / 8; ++j) {
-        const int slot = half + 2 * j;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (t < maxvis) v = src[slot];
-        sp.add(v.x);
-        sp.add(v.y);
-        sp.add(v.z);
-        sp.add(v.w);
-        uint2 b;
-        b.x = pack_bf16(v.x, v.y);
-        b.y = pack_bf16(v.z, v.w);
-        *reinterpret_cast<uint2*>(ks + swz(key, 4 * slot, kIxD)) = b;
+        for (int j = 0; j < kIxD / 8; ++j) {
+          const int slot = half + 2 * j;
+          float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (t < maxvis) v = src[slot];
+          sp.add(v.x);
+          sp.add(v.y);
+          sp.add(v.z);
+          sp.add(v.w);
+          uint2 b;
+          b.x = pack_bf16(v.x, v.y);
+          b.y = pack_bf16(v.z, v.w);
+          *reinterpret_cast<uint2*>(ks + swz(key, 4 * slot, kIxD)) = b;
+        }
+        sp.merge(sp.shfl_xor(1));
+        if (half == 0) dk[key] = sp.span();
       }
-      sp.merge(sp.shfl_xor(1));
-      if (half == 0) dk[key] = sp.span();
-    }
-    __syncthreads();
+      __syncthreads();
 
-    // B fragments of this warp's 16 keys for the 8 k-steps (kept across the heads).
-    uint32_t bk[kIxD / 16][4];
-    if (uniform) {
+      // B fragments of this warp's 16 keys for the 8 k-steps (kept across the heads).
+      uint32_t bk[kIxD / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kIxD / 16; ++kk) ldsm_x4<false, 1>(bk[kk], ks + kw * kIxD, kIxD, 16 * kk);
-    }
-    // Score slots: (n-tile nt, element e) -> row g + 8 (e >> 1), key kw + 8 nt + 2 t4 + (e & 1).
-    double acc[2][4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};
-    int64_t vis[2];  // visible keys of rows g and g + 8 (0 for padding rows)
+      // Score slots: (n-tile nt, element e) -> row g + 8 (e >> 1), key kw + 8 nt + 2 t4 + (e & 1).
+      double acc[2][4] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};
+      int dkey[2][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) vis[j] = g + 8 * j < rows ? min(visible[r0 + g + 8 * j], t_stride) : 0;
-    int dkey[2][2];
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) dkey[nt][e] = uniform ? dk[kw + 8 * nt + 2 * t4 + e] : kBadSpan;
-    for (int h = 0; h < H; ++h) {
-      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      if (uniform) {
+        for (int e = 0; e < 2; ++e) dkey[nt][e] = dk[kw + 8 * nt + 2 * t4 + e];
+      for (int h = 0; h < H; ++h) {
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
         for (int kk = 0; kk < kIxD / 16; ++kk) {
           uint32_t a[4];
@@ -216,6 +231,22 @@ __global__ void __launch_bounds__(kIxThreads, 1)
           mma_bf16(s[0], a, bk[kk][0], bk[kk][1]);
           mma_bf16(s[1], a, bk[kk][2], bk[kk][3]);
         }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = g + 8 * (e >> 1);
+            const int64_t t = t0 + kw + 8 * nt + 2 * t4 + (e & 1);
+            if (t >= vis[e >> 1]) continue;  // also every row outside the run
+            float v = s[nt][e];
+            if (dq[i * H + h] + dkey[nt][e & 1] > kMaxSpanSum) {  // the CPU's order
+              const float* kp = keys + (kb + t) * kIxD;
+              const float* qp = q + ((r0 + i) * n_heads + h) * kIxD;
+              v = dot_like_cpu<kIxD>(qp, kp, kIxD);
+            }
+            v = (v < 0.0f ? 0.0f : v) * scale;  // std::max(v, 0.0f) * scale, NaN kept
+            acc[nt][e] += static_cast<double>(v) * static_cast<double>(ws[i * H + h]);
+          }
       }
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -223,27 +254,11 @@ __global__ void __launch_bounds__(kIxThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int i = g + 8 * (e >> 1);
           const int64_t t = t0 + kw + 8 * nt + 2 * t4 + (e & 1);
-          if (t >= vis[e >> 1]) continue;
-          float v = s[nt][e];
-          if (dq[i * H + h] + dkey[nt][e & 1] > kMaxSpanSum) {  // the CPU's order
-            const float* kp = keys + (key_begin[r0 + i] + t) * kIxD;
-            const float* qp = q + ((r0 + i) * n_heads + h) * kIxD;
-            v = dot_like_cpu<kIxD>(qp, kp, kIxD);
-          }
-          v = (v < 0.0f ? 0.0f : v) * scale;  // std::max(v, 0.0f) * scale, NaN kept
-          acc[nt][e] += static_cast<double>(v) * static_cast<double>(ws[i * H + h]);
+          if (i < ra || i >= rb || t >= t_stride) continue;
+          out[(r0 + i) * t_stride + t] = t < vis[e >> 1] ? static_cast<float>(acc[nt][e]) : -INFINITY;
         }
+      __syncthreads();  // the next tile overwrites ks and dk
     }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = g + 8 * (e >> 1);
-        const int64_t t = t0 + kw + 8 * nt + 2 * t4 + (e & 1);
-        if (i >= rows || t >= t_stride) continue;
-        out[(r0 + i) * t_stride + t] = t < vis[e >> 1] ? static_cast<float>(acc[nt][e]) : -INFINITY;
-      }
-    __syncthreads();  // the next tile overwrites ks and dk
   }
 }
 
@@ -269,7 +284,11 @@ Status run_indexer_scores_tc(const IndexerDeviceArgs& a, cudaStream_t stream) {
       cudaFuncSetAttribute(reinterpret_cast<const void*>(indexer_scores_tc_kernel),
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "indexer_scores_tc: shared memory attribute"));
-  launch(indexer_scores_tc_kernel, static_cast<unsigned>(ctas), kIxThreads, smem, stream, a.n, a.n_heads, a.t_stride, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
+  // Few row tiles (a verification's rows): the key tiles split over grid y so every SM has work.
+  const int64_t key_tiles = (a.t_stride + kIxKeys - 1) / kIxKeys, want = 2 * static_cast<int64_t>(sm_count());
+  const int64_t split = std::clamp<int64_t>((want + ctas - 1) / ctas, 1, std::min<int64_t>(key_tiles, 65535));
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(split));
+  launch(indexer_scores_tc_kernel, grid, kIxThreads, smem, stream, a.n, a.n_heads, a.t_stride, a.q, a.w, a.keys, a.key_begin, a.visible, a.scale, a.out);
   return last_launch_status("indexer_scores_tc");
 }
 

@@ -1265,7 +1265,7 @@ void launch_dense_scalar(const WView& w, int64_t out_rows, int64_t groups, const
 }
 
 Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float* x, int64_t n, float* y,
-             cudaStream_t stream) {
+             cudaStream_t stream, bool row_invariant) {
   DS41_RETURN_IF_ERROR(check_weight(dw, fn));
   if (n < 0) return invalid_argument(std::string(fn) + ": n " + std::to_string(n) + " is negative");
   if (groups <= 0 || groups > 65535 || dw.out_dim % groups != 0)
@@ -1277,8 +1277,10 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
   const WView w{dw.data, dw.scale, dw.in_dim};
   const int64_t out_rows = dw.out_dim / groups, ldx = groups * dw.in_dim, ldy = dw.out_dim;
-  // Decode (n <= 16) over FP8 / FP4: the tensor-core GEMV (tc_gemv_kernels.h) when it takes the shape.
-  if (tcg::try_dense(dw, out_rows, groups, x, ldx, n, y, ldy, stream)) return last_launch_status(fn);
+  // FP8 / FP4: the tensor-core GEMV (tc_gemv_kernels.h, row-count invariant) when it takes the shape:
+  // decode-sized calls, and calls of any n that ask for row invariance.
+  if ((n <= tcg::kDecodeRows || row_invariant) && tcg::try_dense(dw, out_rows, groups, x, ldx, n, y, ldy, stream))
+    return last_launch_status(fn);
   const bool vec = vector_ok(dw.format, dw.in_dim, dw.data);
   const bool wide = vec && rows_16b_host(dw.format, dw.in_dim, dw.data);
   switch (dw.format) {
@@ -1372,13 +1374,14 @@ void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mo
 void set_persist_u_for_tests(int u) { g_persist_u = (u >= 3 && u <= 5) ? u : 0; }
 void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 
-Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
-  return dense("linear", w, 1, x, n, y, stream);
+Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
+                  bool row_invariant) {
+  return dense("linear", w, 1, x, n, y, stream, row_invariant);
 }
 
 Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
-                          cudaStream_t stream) {
-  return dense("grouped_linear", w, groups, x, n, y, stream);
+                          cudaStream_t stream, bool row_invariant) {
+  return dense("grouped_linear", w, groups, x, n, y, stream, row_invariant);
 }
 
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,

@@ -15,11 +15,15 @@
 
 namespace ds41::cuda {
 
-// y[n, out] = x[n, in] . W^T.
-Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream);
+// y[n, out] = x[n, in] . W^T. FP8 / FP4 weights take the tensor-core GEMV (tc_gemv_kernels.h,
+// row-count invariant) up to 16 rows, and at any n with row_invariant (decode steps and DSpark
+// verification forwards: a row's bits must not depend on the batch); other calls of more rows
+// keep the CUDA-core kernels (prefill chunks below the tensor-core GEMMs' row count).
+Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
+                  bool row_invariant = false);
 // MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).
 Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
-                          cudaStream_t stream);
+                          cudaStream_t stream, bool row_invariant = false);
 // Grouped expert linear: rows [offsets[e], offsets[e+1]) of x use weights[e] (a DEVICE array of
 // n_experts DeviceWeight, all with the same format and dims). offsets: device int64
 // [n_experts + 1]; m_max: host upper bound of offsets[n_experts] (rows of x and y).

@@ -31,8 +31,10 @@
 // Launch: 256 threads = 8 warps; KS warps split one row group's tiles (KS in {1, 2, 4, 8}, chosen from
 // the weight's shape only, see shape()), 8 / KS row groups per block and iteration, blocks persistent over the row
 // groups (grid-stride). The KS partial sums are added in a fixed order through shared memory
-// (deterministic). Dense: grid = (row-group slots, x-row pairs, groups); experts: grid = (slots,
-// units), a unit being <= 2 rows of x routed to one expert (found by a scan of the offsets).
+// (deterministic). Dense: grid = (x-row pairs, row-group slots, groups), the pairs fastest so the
+// blocks reading the same W rows run together; experts:
+// grid = (slots, units), a unit being <= 2 rows of x routed to one expert (found by a scan of the
+// offsets).
 #include "backends/cuda/tc_gemv_kernels.h"
 
 #include <cuda_fp16.h>
@@ -56,8 +58,11 @@ using quant::WeightFormat;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kNB = 2;                  // rows of x per block
-constexpr int64_t kMaxRows = 16;        // rows of x of a dense call (blocks over pairs of them)
-constexpr int64_t kMaxExpertRows = 512;  // routed rows of an expert call (batch 64 x top-6 = 384)
+// Every row count: a decode step or a DSpark verification of any batch gets a one-row call's bits
+// (row-count invariance). Wide calls re-read W per row pair (from L2 mostly), so run_linear sends
+// only decode-sized (kDecodeRows) or row_invariant calls here.
+constexpr int64_t kMaxRows = 2 * 65535;     // rows of x of a dense call (grid x: pairs of them)
+constexpr int64_t kMaxExpertRows = 65535;  // routed rows of an expert call (grid y: one unit each at most)
 constexpr int kMaxJ = 3 * kNB;          // B columns in use (3 parts per row of x)
 constexpr int kMaxSmem = 200 * 1024;    // staged x of a block, at most
 constexpr int kMaxExperts = 2048;       // unit scan in shared memory
@@ -511,7 +516,7 @@ struct WarpTask {
 template <class D, bool kFp8, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
-                           int64_t ldy, float* red_d, Stage stage) {
+                           int64_t ldy, float* red_d, int64_t slot, int64_t n_slots, Stage stage) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int KS = 1 << ks_log2, RPB = kWarps >> ks_log2;
   const int kp = warp & (KS - 1), rgl = warp >> ks_log2;
@@ -522,14 +527,14 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   // global (w_row0 % 16 == 0 is required by the host), payload rows too. The loads of a warp's next
   // task are issued as soon as its current one is multiplied, before the block's reduction.
   WarpTask<D, kFp8> task;
-  if (blockIdx.x < n_rgb && static_cast<int64_t>(blockIdx.x) * RPB + rgl < n_rg)
-    task.prologue(data, sc, in, w_row0 + (static_cast<int64_t>(blockIdx.x) * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
+  if (slot < n_rgb && slot * RPB + rgl < n_rg)
+    task.prologue(data, sc, in, w_row0 + (slot * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
   stage();
-  for (int64_t rgb = blockIdx.x; rgb < n_rgb; rgb += gridDim.x) {
-    const int64_t rg = rgb * RPB + rgl, rg_next = (rgb + gridDim.x) * RPB + rgl;
+  for (int64_t rgb = slot; rgb < n_rgb; rgb += n_slots) {
+    const int64_t rg = rgb * RPB + rgl, rg_next = (rgb + n_slots) * RPB + rgl;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (rg < n_rg) task.run(xs, J, ex, acc);
-    if (rgb + gridDim.x < n_rgb && rg_next < n_rg)
+    if (rgb + n_slots < n_rgb && rg_next < n_rg)
       task.prologue(data, sc, in, w_row0 + rg_next * 16, w_row0 + out_rows, t0, t1);
 #pragma unroll
     for (int i = 0; i < 4; ++i) red_d[(warp * 32 + lane) * 4 + i] = acc[i];
@@ -564,11 +569,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float red[kWarps * kNB];
   __shared__ int ex[kNB];
   float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * kMaxJ);
-  const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.y) * kNB;
+  // Grid (row pairs, slots, groups): the blocks of one slot's W rows for every row pair are
+  // consecutive (run together, W from L2 for all but the first). Measured neutral against slots
+  // first (wq_b 8 rows 62.4 vs 62.5 us): a pair's cost is its own decode of W into fragments.
+  const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * kNB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
   block_rows<D, kFp8>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
-                      y + r0 * ldy + grp * out_rows, ldy, red_d,
+                      y + r0 * ldy + grp * out_rows, ldy, red_d, blockIdx.y, gridDim.y,
                       [&] { stage_x<D>(xb, ldx, nb, in, smem_u2, red, ex); });
 }
 
@@ -615,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const DeviceWeight dw = weights[e];
   const float* xb = x + r0 * in;
   block_rows<D, kFp8>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
-                      red_d, [&] { stage_x<D>(xb, in, nb, in, smem_u2, red, ex); });
+                      red_d, blockIdx.x, gridDim.x, [&] { stage_x<D>(xb, in, nb, in, smem_u2, red, ex); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -668,10 +676,11 @@ Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, 
 }  // namespace
 
 // On unless DS41_TC_GEMV=0 (then the CUDA-core GEMV of linear_kernels.cu serves every shape). Every
-// decode-sized call takes these kernels (dense up to kMaxRows rows, experts up to kMaxExpertRows
-// routed rows) and a row's sums do not depend on the other rows (KS from the weight's shape, each
-// x row its own power of two and its own mma columns), so a row gets the same bits alone, batched
-// or in a DSpark verification forward (LinearParity.DecodeGemvRowCountInvariance).
+// FP8 / FP4 call the GPU forward does not send to the tensor-core GEMMs takes these kernels (dense
+// any rows, experts up to kMaxExpertRows routed rows) and a row's sums do not depend on the other
+// rows (KS from the weight's shape, each x row its own power of two and its own mma columns), so a
+// row gets the same bits alone, batched or in a DSpark verification forward
+// (LinearParity.DecodeGemvRowCountInvariance).
 bool enabled() {
   if (g_mode >= 0) return g_mode != 0;
   static const bool on = [] {
@@ -699,7 +708,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const int64_t pairs = (n + kNB - 1) / kNB;
   const Shape s = fp8 ? shape(out_rows, groups, pairs, w.in_dim, Fp8::kU, Fp8::kSub, smem)
                       : shape(out_rows, groups, pairs, w.in_dim, Fp4::kU, Fp4::kSub, smem);
-  const dim3 grid(s.slots, static_cast<unsigned>(pairs), static_cast<unsigned>(groups));
+  const dim3 grid(static_cast<unsigned>(pairs), s.slots, static_cast<unsigned>(groups));
   auto go = [&](auto kernel) {
     allow_smem<decltype(kernel)::value>();
     launch(decltype(kernel)::value, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,

@@ -14,22 +14,27 @@
 namespace ds41::cuda::tcg {
 
 // Whether the kernels are used (tests: set_tc_gemv_for_tests in linear_kernels.h). Default ON,
-// DS41_TC_GEMV=0 turns them off. A row's bits do not depend on the row count of the call (dense up
-// to 16 rows, experts up to 512 routed rows), which DSpark's bit-exact rollback relies on.
+// DS41_TC_GEMV=0 turns them off. A row's bits do not depend on the row count of the call (dense:
+// any rows, experts up to 65535 routed rows), which DSpark's bit-exact rollback and lossless
+// verification at any batch rely on.
 bool enabled();
 void set_enabled_for_tests(int mode);  // -1: the environment, 0: off, 1: on
 void set_slot_cap_for_tests(int cap);  // caps the blocks along W rows (0: the device's fill)
 
+// Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
+// (above: the CUDA-core kernels read W once per 8 rows, where these re-read it per row pair).
+inline constexpr int64_t kDecodeRows = 16;
+
 // Dense / grouped linear (groups column blocks of x, out_rows rows of W each), n rows of x (row
 // stride ldx, y row stride ldy). Launches and returns true when the shape is one these kernels
-// take (format FP8 tiles / FP4 rows, n <= 16, in % 32 == 0, aligned rows, x staging within the
+// take (format FP8 tiles / FP4 rows, in % 32 == 0, aligned rows, x staging within the
 // shared memory); false: nothing launched.
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream);
 
 // Routed experts (the contract of run_expert_linear) with the experts' common format given by the
-// host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 512
-// (decode); false: nothing launched.
+// host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 65535;
+// false: nothing launched.
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream);

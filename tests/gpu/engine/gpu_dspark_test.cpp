@@ -6,7 +6,8 @@
 //     sequence state (every full KV block and the SWA snapshot: rings, pending half pairs, entry
 //     counts, Engram look-back, position) equals the plain decode's bit for bit. On the golden model
 //     the walk (candidates, accepted lengths, bonus tokens) also matches walk.* where it overlaps.
-//   - BatchOfSequencesLossless: three sequences in every speculative_step call;
+//   - BatchOfSequencesLossless: three sequences in every speculative_step call (WideBatchLossless:
+//     seven);
 //     BatchTokenBudgetIsRespectedAndLossless: the same under a batch token budget (MODEL_SPEC
 //     3.10.9): each call verifies exactly min(budget, B x items) candidates, outputs unchanged;
 //   - StateAfterEachVerifyLength: one speculative step per verify length 0..B, the state against the
@@ -333,13 +334,14 @@ TEST(GpuDspark, SampledStepsKeepThePlainState) {
 // budget < 0: verify lengths mixed per item (2 or the whole block); budget >= 0 (MODEL_SPEC 3.10.9,
 // SpecBatchOptions::verify_budget): every item asks for the whole block and each call verifies
 // exactly min(budget, B x items) candidates, verified + budget_cut = B per item, and the budget cuts.
-void batch_lossless(int64_t budget) {
+void batch_lossless(int64_t budget, std::vector<size_t> lens = {}) {
   GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");
   const std::vector<int32_t> full = golden_prompt(g);
   auto dev = load_device_model(dspark_golden_dir());
   ASSERT_TRUE(dev);
   const int64_t V = dev->config().vocab_size, n = emulator_sizes() ? 2 : 120;
-  const std::vector<size_t> lens = emulator_sizes() ? std::vector<size_t>{9, 12} : std::vector<size_t>{44, 31, 20};
+  if (lens.empty()) lens = emulator_sizes() ? std::vector<size_t>{9, 12} : std::vector<size_t>{44, 31, 20};
+  for (size_t& l : lens) l = std::min(l, full.size());
   auto spec = spec_engine(*dev, true);
   auto plain = spec_engine(*dev, false);
   const int64_t B = spec->speculative_block();
@@ -404,6 +406,15 @@ void batch_lossless(int64_t budget) {
 TEST(GpuDspark, BatchOfSequencesLossless) {
   DS41_SKIP_WITHOUT_GPU();
   batch_lossless(-1);
+}
+
+// Seven sequences: a verification of up to 42 rows (past the 16 rows of the decode kernels' first
+// launches and the 32 from which the indexer takes the tensor cores, several sequences per 16-row
+// tile) must still give every row a one-row decode step's bits (row-invariant forwards).
+TEST(GpuDspark, WideBatchLossless) {
+  DS41_SKIP_WITHOUT_GPU();
+  if (emulator_sizes()) GTEST_SKIP() << "seven sequences are too slow for the host emulator";
+  batch_lossless(-1, {44, 31, 20, 38, 27, 50, 13});
 }
 
 // MODEL_SPEC 3.10.9 on the GPU engine: a budget below one block per sequence (3 sequences x 5

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <thread>
@@ -191,6 +192,110 @@ TEST(AttentionParity, SparseAttentionTensorCoresSmall) {
   for (const AttnCase& c : kAttnTcSmallCases) check_sparse_attention(c, cpu, true);
 }
 
+// SparseAttentionArgs::row_invariant (decode steps and DSpark verification forwards): a row gets the
+// same bits alone as in a call of 80 rows (two passes of the workspace's 64), with the inverse
+// rotation fused into the combine, and those of a plain one-row decode call; the released width
+// (64 heads x 512, up to 128 + 512 entries) and within the float kernels' tolerance of the CPU.
+TEST(AttentionParity, SparseAttentionRowInvariant) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;  // the host emulator: small sizes
+  const int64_t n = emu ? 6 : 80, H = emu ? 4 : 64, D = emu ? 64 : 512, kv_rows = emu ? 300 : 4000;
+  const int64_t max_e = emu ? 100 : 640, n_freq = D / 8;
+  std::mt19937 rng(4242);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(n * H * D), kv(kv_rows * D), sink(H), inv(n_freq);
+  for (float& v : q) v = nd(rng);
+  for (float& v : kv) v = nd(rng);
+  for (float& v : sink) v = nd(rng);
+  for (int64_t i = 0; i < n_freq; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / n_freq);
+  quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()));
+  std::vector<int64_t> offs(n + 1, 0), pos(n);
+  std::vector<int32_t> index;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t e = r == 3 ? 0 : r == 4 ? 1 : r % 7 == 0 ? max_e : 1 + static_cast<int64_t>(rng() % max_e);
+    for (int64_t j = 0; j < e; ++j) index.push_back(static_cast<int32_t>(rng() % kv_rows));
+    offs[r + 1] = static_cast<int64_t>(index.size());
+    pos[r] = 5000 + 3 * r;
+  }
+  auto dq = upload(q);
+  auto dkv = upload(kv);
+  auto dsink = upload(sink);
+  auto doffs = upload(offs);
+  auto dindex = upload(index);
+  auto dpos = upload(pos);
+  auto dinv = upload(inv);
+  DevBuf<float> dall(n * H * D), done(H * D), dplain(H * D);
+  SparseAttentionArgs ga;
+  ga.n_heads = H;
+  ga.head_dim = D;
+  ga.kv_index = dindex->p;
+  ga.kv = dkv->p;
+  ga.sink = dsink->p;
+  ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  ga.max_entries_per_row = max_e;
+  ga.rope_inv_freq = dinv->p;
+  ga.rope_n_freq = n_freq;
+  ga.workspace_bytes = sparse_attention_workspace_bytes(n + 64, H, D, max_e);
+  DevBuf<uint8_t> dws(std::max<size_t>(ga.workspace_bytes, 1));
+  ga.workspace = dws.p;
+  ga.row_invariant = true;
+  ga.n = n;
+  ga.q = dq->p;
+  ga.kv_offsets = doffs->p;
+  ga.rope_pos = dpos->p;
+  ga.out = dall.p;
+  KC_OK(run_sparse_attention(ga, nullptr));
+  const std::vector<float> all = from_dev(dall.p, dall.n);
+  int64_t differ = 0, differ_plain = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    SparseAttentionArgs one = ga;
+    one.n = 1;
+    one.q = dq->p + r * H * D;
+    one.kv_offsets = doffs->p + r;
+    one.rope_pos = dpos->p + r;
+    one.out = done.p;
+    KC_OK(run_sparse_attention(one, nullptr));
+    one.row_invariant = false;  // a plain one-row decode call: the same splits
+    one.out = dplain.p;
+    KC_OK(run_sparse_attention(one, nullptr));
+    const std::vector<float> a = from_dev(done.p, done.n), b = from_dev(dplain.p, dplain.n);
+    for (int64_t i = 0; i < H * D; ++i) {
+      differ += bits(a[i]) != bits(all[r * H * D + i]);
+      differ_plain += bits(b[i]) != bits(a[i]);
+    }
+  }
+  report("sparse_attention row_invariant",
+         "n=" + std::to_string(n) + " " + std::to_string(H) + "x" + std::to_string(D) + " <=" + std::to_string(max_e) +
+             " entries, rows alone vs in the call: bits differing",
+         static_cast<double>(differ), 0, "one-row splits for every row: the row's order does not depend on n");
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(differ_plain, 0) << "row_invariant must give a one-row decode call's bits";
+  // Against the CPU (without the rotation: the CPU op has none).
+  ga.rope_n_freq = 0;
+  ga.rope_pos = nullptr;
+  KC_OK(run_sparse_attention(ga, nullptr));
+  std::vector<const float*> ptrs(index.size());
+  for (size_t j = 0; j < index.size(); ++j) ptrs[j] = &kv[static_cast<int64_t>(index[j]) * D];
+  std::vector<float> want(n * H * D);
+  ops::AttentionArgs ca;
+  ca.n = n;
+  ca.n_heads = H;
+  ca.head_dim = D;
+  ca.q = q.data();
+  ca.kv_offsets = offs.data();
+  ca.kv = ptrs.data();
+  ca.sink = sink.data();
+  ca.scale = ga.scale;
+  ca.out = want.data();
+  cpu.attention(ca);
+  const double err = rel_err(from_dev(dall.p, dall.n), want, max_abs(kv));
+  report("sparse_attention row_invariant", "n=" + std::to_string(n) + " vs CPU", err, 1e-4,
+         "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
+  EXPECT_LE(err, 1e-4);
+}
+
 // A call whose width the tensor-core kernel does not take falls back to the float kernel, even
 // with the grid promise; without the promise the kernel refuses it.
 TEST(AttentionParity, SparseAttentionTensorCoreFallback) {
@@ -335,13 +440,16 @@ TEST(AttentionParity, IndexerScores) {
       {"dim with tail", 3, 100, {600}, 9, 1},
       // >= 32 rows: run_indexer_scores hands these to the tensor-core kernel.
       {"released idx 32x128 prefill rows", 32, 128, {5000}, 40, 3},
+      // A DSpark verification of 8 sequences (6 rows each, 48 >= 32: the tensor-core kernel with
+      // several sequences per 16-row tile, key tiles split over the grid).
+      {"released idx 32x128 verification rows", 32, 128, {4100, 4097, 4200, 3000, 4096, 4090, 129, 4099}, 6, 0},
   };
   for (const IdxCase& c : cases) check_indexer(c, cpu);
 }
 
 // The tensor-core kernel, bit for bit against the CPU: the released 32 heads past 16 384 keys, a
-// partial last 16-row tile, rows of two sequences in one tile (no shared key_begin: every pair in
-// the CPU's order), raw rows and wide block spreads (the certificate refuses them), few heads.
+// partial last 16-row tile, rows of two and of up to six sequences in one tile (runs of rows, each
+// over its own keys), raw rows and wide block spreads (the certificate refuses them), few heads.
 TEST(AttentionParity, IndexerScoresTensorCores) {
   KC_SKIP_WITHOUT_GPU();
   ThreadPool pool(pool_threads());
@@ -351,6 +459,10 @@ TEST(AttentionParity, IndexerScoresTensorCores) {
   check_indexer({"tc raw rows", 32, 128, {4000}, 33, 1}, cpu, {true, 7, 0, 0});
   check_indexer({"tc block spread", 16, 128, {3000}, 48, 0}, cpu, {true, 0, 3, 20});
   check_indexer({"tc small heads", 8, 128, {700, 300}, 17, 5}, cpu, {true, 5, 4, 9});
+  check_indexer({"tc verification 6 rows x 7 sequences", 32, 128, {2100, 2000, 1, 2050, 900, 2200, 2048}, 6, 3}, cpu,
+                {true, 0, 0, 0});
+  check_indexer({"tc 3 rows per sequence, raw rows", 32, 128, {1000, 1100, 1200, 700, 1300, 1001}, 3, 0}, cpu,
+                {true, 11, 0, 0});
 }
 
 // Cheap enough for the host emulator.
@@ -359,6 +471,7 @@ TEST(AttentionParity, IndexerScoresTensorCoresSmall) {
   ThreadPool pool(pool_threads());
   backends::cpu::CpuBackend cpu(&pool);
   check_indexer({"tc emu", 4, 128, {300, 150}, 20, 9}, cpu, {true, 5, 2, 20});
+  check_indexer({"tc emu verification rows", 4, 128, {260, 129, 300, 1, 200}, 6, 2}, cpu, {true, 7, 3, 20});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -420,8 +533,11 @@ TEST(AttentionParity, LaunchersRejectBadShapes) {
   a.workspace = dummy;
   a.workspace_bytes = sparse_attention_workspace_bytes(1, 64, 512, 640) - 4;
   EXPECT_FALSE(run_sparse_attention(a, nullptr).ok());
-  EXPECT_EQ(sparse_attention_workspace_bytes(17, 64, 512, 640),
-            sparse_attention_workspace_bytes(16, 64, 512, 640));  // more rows: the tiled kernel
+  // Past 64 rows the need stays: row_invariant calls run in passes of 64 rows (64 x 8 one-row
+  // splits at 64 heads of 512), other calls of more than 16 rows take the tiled kernels.
+  EXPECT_EQ(sparse_attention_workspace_bytes(65, 64, 512, 640), sparse_attention_workspace_bytes(64, 64, 512, 640));
+  EXPECT_EQ(sparse_attention_workspace_bytes(4096, 64, 512, 640),
+            size_t{64} * 8 * 64 * (512 + 2) * sizeof(float));
   IndexerDeviceArgs i;
   i.n = 1;
   i.n_heads = 128;

@@ -589,6 +589,18 @@ TEST(SpeculativeRules, GreedyAcceptanceAndScheduling) {
   a = engine::accept_greedy(c, T, V);
   EXPECT_EQ(a.accepted, 3);
   EXPECT_EQ(a.bonus, 0);
+  // The device-reduced rows give the same answer (GPU greedy verification), every prefix length.
+  const std::vector<int32_t> amax = {2, 1, 3, 0};
+  for (const std::vector<int32_t>& cc : {std::vector<int32_t>{0, 1, 3}, std::vector<int32_t>{2, 0, 3},
+                                         std::vector<int32_t>{2, 1, 0}, std::vector<int32_t>{2, 1, 3},
+                                         std::vector<int32_t>{2, 1}, std::vector<int32_t>{}}) {
+    const std::span<const float> Tl(T.data(), (cc.size() + 1) * V);
+    const engine::Acceptance want = engine::accept_greedy(cc, Tl, V);
+    const engine::Acceptance got =
+        engine::accept_greedy_argmax(cc, std::span<const int32_t>(amax).subspan(0, cc.size() + 1));
+    EXPECT_EQ(got.accepted, want.accepted) << cc.size();
+    EXPECT_EQ(got.bonus, want.bonus) << cc.size();
+  }
   const std::vector<float> q = {0.9f, 0.5f, 0.9f, 0.2f, 0.9f};
   EXPECT_EQ(engine::verify_length(q, 0.3), 3);  // 0.9, 0.45, 0.405, 0.081, ...
   EXPECT_EQ(engine::verify_length(q, 0.95), 0);
