@@ -298,6 +298,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           per_layer.push_back(lm);
         }
         cudaProfilerStop();
+        const std::vector<double> step_ms_in_order = step_ms;  // paired with per_layer
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];
         // Kernels launched (cuda::launch(), PDL) per step: the layers, the head, and the few before
@@ -329,6 +330,20 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                             {"roofline_ratio", ms * 1e-3 / (total / bw)}});
         }
         r["layers"] = layers;
+        {  // The head (final norm, head GEMV, logits copy) and what the step spends outside the GPU's
+           // layer and head time (planning, uploads, the logits rows into the outputs), medians.
+          std::vector<double> head, rest;
+          for (size_t t = 0; t < per_layer.size(); ++t) {
+            double gpu = 0;
+            for (float v : per_layer[t]) gpu += v;
+            if (static_cast<int64_t>(per_layer[t].size()) > L) head.push_back(per_layer[t][L]);
+            rest.push_back(step_ms_in_order[t] - gpu);
+          }
+          std::sort(head.begin(), head.end());
+          std::sort(rest.begin(), rest.end());
+          if (!head.empty()) r["head_ms_median"] = head[head.size() / 2];
+          r["outside_layers_and_head_ms_median"] = rest[rest.size() / 2];
+        }
         nlohmann::ordered_json kinds = nlohmann::ordered_json::object();
         for (auto& [k, ms] : kind_ms)
           kinds[k] = {{"ms", ms},
