@@ -83,6 +83,28 @@ const AttnCase kAttnTcSmallCases[] = {
     {"tc small peaky", 18, 16, 64, 300, 30, 70, 6.0f, 1.0f},
 };
 
+// The CPU op over the rows' entry lists (kv rows by index): the oracle of the sparse attention tables.
+std::vector<float> cpu_sparse_attention(backends::cpu::CpuBackend& cpu, const std::vector<float>& q,
+                                        const std::vector<float>& kv, const std::vector<int64_t>& offs,
+                                        const std::vector<int32_t>& index, const std::vector<float>& sink,
+                                        int64_t n, int64_t H, int64_t D) {
+  std::vector<const float*> ptrs(index.size());
+  for (size_t j = 0; j < index.size(); ++j) ptrs[j] = &kv[static_cast<int64_t>(index[j]) * D];
+  std::vector<float> out(n * H * D);
+  ops::AttentionArgs ca;
+  ca.n = n;
+  ca.n_heads = H;
+  ca.head_dim = D;
+  ca.q = q.data();
+  ca.kv_offsets = offs.data();
+  ca.kv = ptrs.data();
+  ca.sink = sink.data();
+  ca.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  ca.out = out.data();
+  cpu.attention(ca);
+  return out;
+}
+
 void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu, bool tc = false) {
   const bool grid_promise = tc;
   std::mt19937 rng(static_cast<uint32_t>(c.n * 131 + c.heads * 7 + c.dim));
@@ -108,20 +130,7 @@ void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu, b
     offs[r + 1] = static_cast<int64_t>(index.size());
     max_e = std::max(max_e, e);
   }
-  std::vector<const float*> ptrs(index.size());
-  for (size_t j = 0; j < index.size(); ++j) ptrs[j] = &kv[static_cast<int64_t>(index[j]) * D];
-  std::vector<float> want(c.n * H * D);
-  ops::AttentionArgs ca;
-  ca.n = c.n;
-  ca.n_heads = H;
-  ca.head_dim = D;
-  ca.q = q.data();
-  ca.kv_offsets = offs.data();
-  ca.kv = ptrs.data();
-  ca.sink = sink.data();
-  ca.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  ca.out = want.data();
-  cpu.attention(ca);
+  const std::vector<float> want = cpu_sparse_attention(cpu, q, kv, offs, index, sink, c.n, H, D);
 
   if (index.empty()) index.push_back(0);
   auto dq = upload(q);
@@ -140,7 +149,7 @@ void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu, b
   ga.kv_index = dindex->p;
   ga.kv = dkv->p;
   ga.sink = dsink->p;
-  ga.scale = ca.scale;
+  ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   ga.out = dout.p;
   ga.max_entries_per_row = max_e;
   ga.entries_on_bf16_grid = grid_promise;
@@ -276,20 +285,7 @@ TEST(AttentionParity, SparseAttentionRowInvariant) {
   ga.rope_n_freq = 0;
   ga.rope_pos = nullptr;
   KC_OK(run_sparse_attention(ga, nullptr));
-  std::vector<const float*> ptrs(index.size());
-  for (size_t j = 0; j < index.size(); ++j) ptrs[j] = &kv[static_cast<int64_t>(index[j]) * D];
-  std::vector<float> want(n * H * D);
-  ops::AttentionArgs ca;
-  ca.n = n;
-  ca.n_heads = H;
-  ca.head_dim = D;
-  ca.q = q.data();
-  ca.kv_offsets = offs.data();
-  ca.kv = ptrs.data();
-  ca.sink = sink.data();
-  ca.scale = ga.scale;
-  ca.out = want.data();
-  cpu.attention(ca);
+  const std::vector<float> want = cpu_sparse_attention(cpu, q, kv, offs, index, sink, n, H, D);
   const double err = rel_err(from_dev(dall.p, dall.n), want, max_abs(kv));
   report("sparse_attention row_invariant", "n=" + std::to_string(n) + " vs CPU", err, 1e-4,
          "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
