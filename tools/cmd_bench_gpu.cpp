@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -285,6 +286,13 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
         std::vector<double> step_ms;
         std::vector<std::vector<float>> per_layer;
         std::vector<int64_t> launches;  // kernels per layer (and the head, last) of the last timed step
+        // The logits rows land in one buffer kept across steps, as CudaEngine::step puts them into
+        // the serving loop's StepOutput (what a served step pays on the host).
+        std::vector<float> logits(static_cast<size_t>(B * c.vocab_size));
+        const gpu::CudaEngine::LogitsSink sink = [&](size_t i, const float* rows, int64_t n) {
+          std::memcpy(logits.data() + i * c.vocab_size, rows + (n - 1) * c.vocab_size,
+                      static_cast<size_t>(c.vocab_size) * sizeof(float));
+        };
         cudaProfilerStart();
         for (int64_t t = 0; t < a.steps; ++t) {
           std::vector<engine::StepItem> items;
@@ -292,7 +300,8 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
             items.push_back({seqs[s], std::span<const int32_t>(&toks[ctx + t], 1), true});
           std::vector<model::SequenceOutput> out;
           const auto s0 = std::chrono::steady_clock::now();
-          DS41_RETURN_IF_ERROR(eng->forward(items, model::LogitsRows::kLast, false, &out, &lm, &launches));
+          DS41_RETURN_IF_ERROR(
+              eng->forward(items, model::LogitsRows::kLast, false, &out, &lm, &launches, sink));
           step_ms.push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
           per_layer.push_back(lm);

@@ -120,6 +120,8 @@ class Engine {
 
   // One forward over the items (distinct sequences, each with >= 1 token). Errors (unknown
   // sequence, bad token id, context overflow, backend failure) leave every sequence unchanged.
+  // `out` is overwritten (vocab, logits, row): a caller may keep one StepOutput across steps so its
+  // logits buffer keeps its pages (EngineLoop does).
   virtual Status step(std::span<const StepItem> items, StepOutput* out) = 0;
   // Image span embeddings [span length, hidden] per image, one tower batch (MODEL_SPEC 3.11).
   // Engines without a vision tower refuse. May run concurrently with the other calls (thread model

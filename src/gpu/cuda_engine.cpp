@@ -213,16 +213,17 @@ Status CudaEngine::validate(std::span<const engine::StepItem> items) const {
 
 Status CudaEngine::forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
                            std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms,
-                           std::vector<int64_t>* layer_launches) {
+                           std::vector<int64_t>* layer_launches, const LogitsSink& logits_to) {
   GpuForwardOptions fo;
   fo.record = record;
   fo.layer_ms = layer_ms;
   fo.layer_launches = layer_launches;
-  return forward_rounds(items, rows, fo, out);
+  return forward_rounds(items, rows, fo, out, logits_to);
 }
 
 Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
-                                  const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out) {
+                                  const GpuForwardOptions& fo_in, std::vector<model::SequenceOutput>* out,
+                                  const LogitsSink& logits_to) {
   out->assign(items.size(), model::SequenceOutput{});
   if (items.empty()) return ok_status();
   DS41_RETURN_IF_ERROR(validate(items));
@@ -270,6 +271,9 @@ Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model
     std::vector<model::SequenceOutput> res;
     std::vector<int64_t> first(batch.size());
     for (size_t b = 0; b < batch.size(); ++b) first[b] = batch[b].seq->position;
+    GpuForwardOptions fo = fo_in;
+    if (logits_to)  // batch index -> item
+      fo.logits_to = [&](size_t b, const float* r, int64_t n) { logits_to(which[b], r, n); };
     DS41_RETURN_IF_ERROR(fwd_->run(batch, fo, &res));
     if (fwd_->dspark_enabled() && fo.last_layer < 0) {  // MODEL_SPEC 3.10.3: every row is committed
       std::vector<GpuContextRows> cr;
@@ -298,22 +302,26 @@ Status CudaEngine::step(std::span<const engine::StepItem> items, engine::StepOut
   out->row.assign(items.size(), -1);
   if (items.empty()) return ok_status();
   // Items without want_logits are run in the same forwards; their logits are not computed.
+  // The rows go from the pinned arena straight into out->logits (a caller that keeps its StepOutput
+  // across steps reuses its pages: no fresh vector per sequence and step).
   std::vector<engine::StepItem> with(items.begin(), items.end());
   std::vector<model::SequenceOutput> res;
   bool any = false;
   for (const engine::StepItem& it : items) any = any || it.want_logits;
-  DS41_RETURN_IF_ERROR(forward(with, any ? model::LogitsRows::kLast : model::LogitsRows::kNone, false, &res));
   int64_t rows = 0;
   for (size_t i = 0; i < items.size(); ++i)
     if (items[i].want_logits) out->row[i] = rows++;
   out->logits.resize(rows * V);
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (out->row[i] < 0) continue;
-    if (static_cast<int64_t>(res[i].logits.size()) < V)
-      return internal_error("GPU forward returned no last-row logits");
-    std::memcpy(out->logits.data() + out->row[i] * V, res[i].logits.data() + res[i].logits.size() - V,
-                V * sizeof(float));
-  }
+  std::vector<uint8_t> got(items.size(), 0);
+  const LogitsSink sink = [&](size_t i, const float* r, int64_t n) {
+    if (out->row[i] < 0 || n < 1) return;
+    std::memcpy(out->logits.data() + out->row[i] * V, r + (n - 1) * V, V * sizeof(float));
+    got[i] = 1;
+  };
+  DS41_RETURN_IF_ERROR(
+      forward(with, any ? model::LogitsRows::kLast : model::LogitsRows::kNone, false, &res, nullptr, nullptr, sink));
+  for (size_t i = 0; i < items.size(); ++i)
+    if (out->row[i] >= 0 && !got[i]) return internal_error("GPU forward returned no last-row logits");
   return ok_status();
 }
 

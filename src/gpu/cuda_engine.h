@@ -33,6 +33,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -126,10 +127,13 @@ class CudaEngine final : public engine::Engine {
   // Tests and tools: one step with the reference's logits-row choice and records, outputs per item
   // (positions + logits rows, selections when record). Same validation and splitting as step().
   // layer_ms / layer_launches (benchmarks): per-layer milliseconds and kernels launched of the last
-  // forward of the step (gpu_forward.h).
+  // forward of the step (gpu_forward.h). logits_to (optional): item i's logits rows go there from
+  // the pinned arena, `logits_to(i, rows, n)` per round that yields some (GpuForwardOptions::
+  // logits_to), instead of into out[i].logits.
+  using LogitsSink = std::function<void(size_t item, const float* rows, int64_t n)>;
   Status forward(std::span<const engine::StepItem> items, model::LogitsRows rows, bool record,
                  std::vector<model::SequenceOutput>* out, std::vector<float>* layer_ms = nullptr,
-                 std::vector<int64_t>* layer_launches = nullptr);
+                 std::vector<int64_t>* layer_launches = nullptr, const LogitsSink& logits_to = {});
   // prefill_decoder_replay with the kept rows' logits (`ds41 score --replay decoder`): rows kAll /
   // kLast of the last min(window, tokens) positions, as model::Model::prefill_decoder_replay.
   Status decoder_replay(engine::SeqId seq, std::span<const int32_t> tokens, model::LogitsRows rows,
@@ -148,7 +152,8 @@ class CudaEngine final : public engine::Engine {
   Status validate(std::span<const engine::StepItem> items) const;
   // forward() with the executor's options: items split into rounds within the forward's limits.
   Status forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
-                        const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out);
+                        const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out,
+                        const LogitsSink& logits_to = {});
   void release(GpuSequence& s);
   // speculative_step per group of items: the drafts (no state change; cap = the item's own verify
   // length after verify_len and the threshold), then, with the lengths chosen under the budget

@@ -174,11 +174,15 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   size_t i = 0;
   for (size_t s = 0; s < seqs_.size(); ++s) {
     model::SequenceOutput& o = (*out)[s];
+    const size_t first = i;
     while (i < logit_rows_host_.size() && logit_rows_host_[i] < seqs_[s].end) {
       o.positions.push_back(pos_host_[logit_rows_host_[i]]);
-      if (!opt.argmax) o.logits.insert(o.logits.end(), ws_.logits_host + i * V, ws_.logits_host + (i + 1) * V);
+      if (!opt.argmax && !opt.logits_to)
+        o.logits.insert(o.logits.end(), ws_.logits_host + i * V, ws_.logits_host + (i + 1) * V);
       ++i;
     }
+    if (!opt.argmax && opt.logits_to && i > first)
+      opt.logits_to(s, ws_.logits_host + first * V, static_cast<int64_t>(i - first));
   }
   commit();
   return ok_status();

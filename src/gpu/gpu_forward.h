@@ -107,6 +107,12 @@ struct GpuForwardOptions {
   // value, the lowest index on ties: engine::argmax_token) and only those tokens cross to the host,
   // one per logits row in row order; SequenceOutput::logits stays empty (positions are filled).
   std::vector<int32_t>* argmax = nullptr;
+  // Consumers with their own logits buffer (CudaEngine::step, bench decode): each sequence's logits
+  // rows are handed over straight from the pinned arena, `logits_to(s, rows, n)` for sequence s of
+  // the batch (n rows of vocab floats, valid during the call), and SequenceOutput::logits stays
+  // empty. Fresh per-sequence vectors cost a page fault per 4 KB on every step: 33 MB of logits at
+  // batch 64 took ~36 ms of host time per step on the H200 host (docs/perf/README.md).
+  std::function<void(size_t s, const float* rows, int64_t n)> logits_to;
 };
 
 class GpuForward {
