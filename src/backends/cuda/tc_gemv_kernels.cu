@@ -50,6 +50,14 @@
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
 
+// nvcc's __noinline__ (the host SIMT emulator compiles this file with g++, where libstdc++ spells
+// __attribute__((__noinline__)) itself, so the macro cannot be defined there).
+#if defined(__CUDACC__)
+#define DS41_TCG_NOINLINE __noinline__
+#else
+#define DS41_TCG_NOINLINE __attribute__((noinline))
+#endif
+
 namespace ds41::cuda::tcg {
 namespace {
 
@@ -158,15 +166,18 @@ struct Fp8 {
     uint32_t s;
   };
   __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) { return data + o * in + 8 * g; }
-  __device__ static Raw load(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, bool, int64_t t) {
-    return Raw{ld_w<uint2>(ra + 32 * t), ld_w<uint2>(rb + 32 * t), __ldg(sa + t)};
+  static constexpr int kStepBytes = 32, kScaleStep = 1;
+  // max |E4M3| = 448 < 2^9: fl(w * 2^(sb-127)) can overflow from sb = 247 on (255: NaN): the fast
+  // path takes sb <= 246.
+  static constexpr uint32_t kMaxFastScale = 246;
+  // The step at the pointers (WarpTask advances them by kStepBytes / kScaleStep per step).
+  __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, int) {
+    return Raw{ld_w<uint2>(ra), ld_w<uint2>(rb), __ldg(sa)};
   }
   __device__ static void prepare(Raw&) {}
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw& w, int) { return w.s; }
   __device__ static uint32_t scale_b(const Raw& w, int) { return w.s; }
-  // max |E4M3| = 448 < 2^9: fl(w * 2^(sb-127)) can overflow from sb = 247 on (255: NaN, no overflow).
-  __device__ static bool overflow_scale(uint32_t sb) { return sb >= 247u && sb != 255u; }
   // Weight idx (0..7) of the lane's row r (row 0) or r + 8 (1), as the host dequantizes it.
   __device__ static float dequant(const Q& q, int row, int idx, uint32_t sb) {
     const uint2 w = row ? q.b : q.a;
@@ -202,15 +213,22 @@ struct Fp4 {
   __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) {
     return data + o * (in / 2) + 16 * g;
   }
-  __device__ static uint32_t scales4(const uint8_t* p, bool aligned) {
-    if (aligned) return __ldg(reinterpret_cast<const uint32_t*>(p));
-    return __ldg(p) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) | (static_cast<uint32_t>(__ldg(p + 2)) << 16) |
-           (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+  static constexpr int kStepBytes = 64, kScaleStep = 4;
+  // max |E2M1| = 6 < 2^3: fl(w * 2^(sb-127)) can overflow from sb = 253 on (255: NaN): the fast
+  // path takes sb <= 252.
+  static constexpr uint32_t kMaxFastScale = 252;
+  // A row's four scale bytes at p as one word: the aligned word(s) around p, funnel-shifted by
+  // `shift` = 8 (p % 4) bits (the same for every step and row of a task: tiles % 4 == 0). Only the
+  // aligned words holding bytes p .. p + 3 are read.
+  __device__ static uint32_t scales4_at(const uint8_t* p, int shift) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
+    const uint32_t lo = __ldg(w);
+    if (shift == 0) return lo;
+    return static_cast<uint32_t>(((static_cast<uint64_t>(__ldg(w + 1)) << 32) | lo) >> shift);  // funnel shift
   }
-  __device__ static Raw load(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t* sb, bool aligned,
-                             int64_t t) {
-    return Raw{ld_w<uint4>(ra + 64 * t), ld_w<uint4>(rb + 64 * t), scales4(sa + 4 * t, aligned),
-               scales4(sb + 4 * t, aligned)};
+  __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t* sb,
+                                int shift) {
+    return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb), scales4_at(sa, shift), scales4_at(sb, shift)};
   }
   // 4 x 4 transpose of the words of the lanes of a quad (lane g: word j of tile g -> word j = tile j's
   // word g): two exchange rounds (xor 1, xor 2) of two words each.
@@ -234,8 +252,6 @@ struct Fp4 {
   __device__ static Q sub(const Raw& w, int j) { return Q{word(w.a, j), word(w.b, j)}; }
   __device__ static uint32_t scale_a(const Raw& w, int j) { return (w.sa >> (8 * j)) & 0xffu; }
   __device__ static uint32_t scale_b(const Raw& w, int j) { return (w.sb >> (8 * j)) & 0xffu; }
-  // max |E2M1| = 6 < 2^3: fl(w * 2^(sb-127)) can overflow from sb = 253 on.
-  __device__ static bool overflow_scale(uint32_t sb) { return sb >= 253u && sb != 255u; }
   __device__ static float dequant(const Q& q, int row, int idx, uint32_t sb) {
     const uint32_t code = ((row ? q.b : q.a) >> (4 * idx)) & 0xfu;
     return __fmul_rn(dev::e2m1_decode(code), dev::e8m0_decode(sb));
@@ -357,17 +373,11 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
   __syncthreads();
 }
 
-// The multiplier 2^(sb - 127 + e) of a tile's sum (sb an E8M0 byte) when it is a normal float and
-// no weight of the tile can overflow when dequantized (sb below the format's overflow_scale): then
-// fast() is true and mult() exact. Otherwise (NaN scale, extreme scales) the tile takes exact_tile.
-__device__ __forceinline__ bool pow2_normal(uint32_t sb, int e) {
-  const int biased = static_cast<int>(sb) + e;
-  return biased >= 1 && biased <= 254;
-}
-__device__ __forceinline__ float pow2_mult(uint32_t sb, int e) {
-  return __uint_as_float(static_cast<uint32_t>(static_cast<int>(sb) + e) << 23);
-}
-
+// The multiplier 2^(sb - 127 + e) of a tile's sum (sb an E8M0 byte, e its x row's power of two plus
+// kExp) is taken on the fast path when it is a normal float (1 <= sb + e <= 254) and no weight of the
+// tile can overflow when dequantized (sb <= the format's kMaxFastScale, NaN 255 excluded): then
+// it is exact, the float with exponent bits sb + e (WarpTask::Fast). Otherwise the tile takes
+// exact_tile.
 // One warp's task: W rows [o0, o0 + 16) (rows >= the end clamped for the loads; their sums unused)
 // over tiles [t0, t1). prologue() issues the first U tiles' loads (before the block stages x, so
 // the weights' latency overlaps the staging); run() streams the rest and accumulates
@@ -375,8 +385,10 @@ __device__ __forceinline__ float pow2_mult(uint32_t sb, int e) {
 template <class D, bool kFp8>
 struct WarpTask {
   static constexpr int U = D::kU;
+  // The next step's loads: rows r and r + 8 (ra, rb) and their scale bytes (sa, sb), advanced by one
+  // step per tile() (pointer increments, no 64-bit index arithmetic per load).
   const uint8_t *ra, *rb, *sa, *sb;
-  bool s_aligned;
+  int s_shift;    // FP4: 8 x (scale row address % 4), see Fp4::scales4_at
   int64_t t0, n;  // steps (D::kSub tiles each)
   typename D::Raw q[U];
 
@@ -386,27 +398,38 @@ struct WarpTask {
     const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
     const int64_t oa = min(o0 + r, row_end - 1), ob = min(o0 + r + 8, row_end - 1);
     const int64_t tiles = in / 32;
-    ra = D::row_ptr(data, in, oa, g);
-    rb = D::row_ptr(data, in, ob, g);
-    if constexpr (kFp8) {
-      sa = sc + (o0 >> 5) * ((in + 31) >> 5);  // the 16 rows share one row of tiles
-      sb = sa;
-    } else {
-      sa = sc + oa * tiles;
-      sb = sc + ob * tiles;
-    }
-    s_aligned = (reinterpret_cast<uintptr_t>(sc) & 3u) == 0;  // tiles % 4 == 0 on the FP4 path
     t0 = t_begin;
     n = t_end - t_begin;
+    ra = D::row_ptr(data, in, oa, g) + t0 * D::kStepBytes;
+    rb = D::row_ptr(data, in, ob, g) + t0 * D::kStepBytes;
+    if constexpr (kFp8) {
+      sa = sc + (o0 >> 5) * ((in + 31) >> 5) + t0;  // the 16 rows share one row of tiles
+      sb = sa;
+    } else {
+      sa = sc + oa * tiles + t0 * D::kScaleStep;
+      sb = sc + ob * tiles + t0 * D::kScaleStep;
+    }
+    s_shift = 8 * static_cast<int>(reinterpret_cast<uintptr_t>(sa) & 3u);  // tiles % 4 == 0 on the FP4 path
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (u < n) q[u] = D::load(ra, rb, sa, sb, s_aligned, t0 + u);
+    for (int u = 0; u < U; ++u) {
+      if (u < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
+      advance();
+    }
+  }
+
+  __device__ __forceinline__ void advance() {
+    ra += D::kStepBytes;
+    rb += D::kStepBytes;
+    sa += D::kScaleStep;
+    if constexpr (!kFp8) sb += D::kScaleStep;
   }
 
   // The tile in the oracle's arithmetic: each weight dequantized as the host does (one float product
   // with its scale, inf on overflow), times x (its parts added back, times 2^e), summed over the
   // lane's 8 K positions and the 4 lanes of a row; the sums go to the hi-part column of each x row.
-  __device__ __forceinline__ static float4 exact_tile(typename D::Q cur, uint32_t sra, uint32_t srb, const uint2* xs,
+  // Out of line: it is rare, and inlined at every tile it made the kernel ~17 K instructions long
+  // (ncu: 15-17 % of the warps' stall samples were instruction fetch, "no_inst").
+  __device__ DS41_TCG_NOINLINE static float4 exact_tile(typename D::Q cur, uint32_t sra, uint32_t srb, const uint2* xs,
                                                    int J, int64_t t, const int* ex) {
     const int lane = threadIdx.x & 31, g = lane & 3, nb = J / 3;
     float tot[2][kNB] = {{0.f, 0.f}, {0.f, 0.f}};
@@ -452,39 +475,51 @@ struct WarpTask {
     return make_float4(add[0], add[1], add[2], add[3]);
   }
 
-  // Step t0 + k from registers q[u] (u = k % U), the loads of step k + U (clamped to the last step:
-  // a harmless reload, no branch) issued before it is multiplied; its kSub tiles one by one.
-  __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, bool col, int e0, int e1,
-                                       const int* ex, float (&acc)[4]) {
-    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+  // Per task (one x row pair): the constants of the fast path. fast(sb) for a scale byte sb of a
+  // tile is sb <= kMaxFastScale (no dequantized weight overflows, no NaN) and 1 <= sb + e <= 254 for
+  // both of the lane's columns' e (a normal multiplier): sb in [max(0, 1 - min e), min(kMaxFastScale,
+  // 254 - max e)], tested as one unsigned compare.
+  struct Fast {
+    uint32_t lo, span;
+    uint32_t e0s, e1s;  // e << 23: 2^(sb - 127 + e) = (sb << 23) + (e << 23) as float bits (pow2_mult)
+    const uint2* b;     // the lane's B fragment of the next tile (m = 0; m = 1 at + 4J)
+    int bstride;        // uint2 per tile: 2 mmas x J columns x 4 lane groups
+  };
+
+  // Step t0 + k from registers q[u] (u = k % U); the loads of step k + U (if any) issued before it
+  // is multiplied; its kSub tiles one by one. The arithmetic is the one documented at the top:
+  // d = mma(m = 0) then mma(m = 1) from zero, acc = fma(d, 2^(scale + e), acc), tile by tile.
+  __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, Fast& f, const int* ex,
+                                       float (&acc)[4]) {
     typename D::Raw cur = q[u];
-    q[u] = D::load(ra, rb, sa, sb, s_aligned, t0 + min(k + U, n - 1));
+    if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
+    advance();
     D::prepare(cur);
 #pragma unroll
     for (int j = 0; j < D::kSub; ++j) {
       const typename D::Q w = D::sub(cur, j);
       const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
-      const int64_t t = (t0 + k) * D::kSub + j;
-      const bool fast = !D::overflow_scale(sc0) && !D::overflow_scale(sc1) && sc0 != 255u && sc1 != 255u &&
-                        pow2_normal(sc0, e0) && pow2_normal(sc0, e1) && pow2_normal(sc1, e0) && pow2_normal(sc1, e1);
+      const uint2 b0 = f.b[0], b1 = f.b[4 * J];
+      f.b += f.bstride;
+      const bool fast = sc0 - f.lo <= f.span && sc1 - f.lo <= f.span;
       if (__all_sync(0xffffffffu, fast)) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          uint32_t a[4];
-          D::frag(w, m, a);
-          const uint2 bv = col ? xs[((t * 2 + m) * J + r) * 4 + g] : make_uint2(0u, 0u);
-          mma_f16(d, a, bv.x, bv.y);
-        }
+        uint32_t a[4];
+        D::frag(w, 0, a);
+        mma_f16(d, a, b0.x, b0.y);
+        D::frag(w, 1, a);
+        mma_f16(d, a, b1.x, b1.y);
         // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4:
         // rows r and r + 8 each their own).
-        acc[0] = __fmaf_rn(d[0], pow2_mult(sc0, e0), acc[0]);
-        acc[1] = __fmaf_rn(d[1], pow2_mult(sc0, e1), acc[1]);
-        acc[2] = __fmaf_rn(d[2], pow2_mult(sc1, e0), acc[2]);
-        acc[3] = __fmaf_rn(d[3], pow2_mult(sc1, e1), acc[3]);
+        const uint32_t s0 = sc0 << 23, s1 = sc1 << 23;
+        acc[0] = __fmaf_rn(d[0], __uint_as_float(s0 + f.e0s), acc[0]);
+        acc[1] = __fmaf_rn(d[1], __uint_as_float(s0 + f.e1s), acc[1]);
+        acc[2] = __fmaf_rn(d[2], __uint_as_float(s1 + f.e0s), acc[2]);
+        acc[3] = __fmaf_rn(d[3], __uint_as_float(s1 + f.e1s), acc[3]);
       } else {
         // A scale that can overflow a dequantized weight (the oracle's fl(w * s) is then inf), a
         // NaN scale, or a multiplier outside the normal floats: the oracle's arithmetic (rare).
+        const int64_t t = (t0 + k) * D::kSub + j;
         const float4 add = exact_tile(w, sc0, sc1, xs, J, t, ex);
         acc[0] += add.x;
         acc[1] += add.y;
@@ -496,17 +531,27 @@ struct WarpTask {
 
   __device__ __forceinline__ void run(const uint2* xs, int J, const int* ex, float (&acc)[4]) {
     const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
-    const bool col = r < J;
     // The power of two of the x rows of D columns 2g and 2g + 1 (3 parts per row), plus kExp.
     const int e0 = ex[min(2 * g / 3, kNB - 1)] + D::kExp, e1 = ex[min((2 * g + 1) / 3, kNB - 1)] + D::kExp;
+    Fast f;
+    const int lo = max(0, 1 - min(e0, e1)), hi = min(static_cast<int>(D::kMaxFastScale), 254 - max(e0, e1));
+    f.lo = hi >= lo ? static_cast<uint32_t>(lo) : 256u;  // empty range: no byte passes
+    f.span = hi >= lo ? static_cast<uint32_t>(hi - lo) : 0u;
+    f.e0s = static_cast<uint32_t>(e0) << 23;
+    f.e1s = static_cast<uint32_t>(e1) << 23;
+    // B column r of the mma: x column r for r < J; lanes of columns >= J read column J - 1 (their D
+    // columns are never read: no zero fill, no predicate per tile).
+    const int col = min(r, J - 1);
+    f.b = xs + ((t0 * D::kSub * 2) * J + col) * 4 + g;
+    f.bstride = 8 * J;
     const int64_t full = n - n % U;
     for (int64_t i = 0; i < full; i += U) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) tile(u, i + u, xs, J, col, e0, e1, ex, acc);
+      for (int u = 0; u < U; ++u) tile(u, i + u, xs, J, f, ex, acc);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (full + u < n) tile(u, full + u, xs, J, col, e0, e1, ex, acc);
+      if (full + u < n) tile(u, full + u, xs, J, f, ex, acc);
   }
 };
 
