@@ -31,6 +31,7 @@ done
 g++ -std=c++20 -O2 -I"$cuda_inc" -c "$emu/runtime_host.cpp" -o "$out/runtime_host.o" &
 g++ -std=c++20 -O2 -I"$cuda_inc" -c "$emu/cublas_host.cpp" -o "$out/cublas_host.o" &
 g++ "${fl[@]}" -c "$root/src/backends/cuda/cuda_status.cpp" -o "$out/cuda_status.o" &
+g++ "${fl[@]}" -c "$root/src/backends/cuda/launch.cpp" -o "$out/launch.o" &  # the PDL switch, launch errors and counts
 for p in $(jobs -p); do wait "$p"; done
 b=$root/build/src
 libs=("$b/gpu/libds41_gpu.a" "$b/engine/libds41_engine.a" "$b/model/libds41_model.a"

@@ -91,11 +91,15 @@ TEST(FusedRowsParity, NormRopeQuant) {
       if (c.normed)
         cudaMemcpy(ux.p, unormed.p, static_cast<size_t>(n * d) * sizeof(float), cudaMemcpyDeviceToDevice);
     }
-    if (c.n_freq > 0)
+    if (c.n_freq > 0) {
       ASSERT_TRUE(run_rope(ux.p, npos, c.rows_per_pos, d, dpos.p, uinv.p, c.n_freq, c.inverse, nullptr).ok());
-    if (c.quant && c.scatter)
+    }
+    if (c.quant && c.scatter) {
       ASSERT_TRUE(run_encode_rows_scatter(c.op, d, ux.p, n, upool.p, doffs.p, nullptr).ok());
-    if (c.quant && c.inplace) ASSERT_TRUE(run_fake_quant_inplace(c.op, d, ux.p, n, nullptr).ok());
+    }
+    if (c.quant && c.inplace) {
+      ASSERT_TRUE(run_fake_quant_inplace(c.op, d, ux.p, n, nullptr).ok());
+    }
     // Fused.
     Dev<float> fx(x), fnormed(static_cast<size_t>(n * d));
     Dev<uint8_t> fpool(pool0);
@@ -359,7 +363,9 @@ TEST(FusedRowsParity, MoeCombineExpand) {
     Dev<int32_t> dex(ex);
     Dev<int64_t> dsp(sp);
     ASSERT_TRUE(run_moe_combine(dop.p, dsp.p, dex.p, n, k, h, uy.p, nullptr).ok());
-    if (c.add) ASSERT_TRUE(run_add_inplace(uy.p, dadd.p, n * h, nullptr).ok());
+    if (c.add) {
+      ASSERT_TRUE(run_add_inplace(uy.p, dadd.p, n * h, nullptr).ok());
+    }
     ASSERT_TRUE(run_hc_expand(us.p, uy.p, dpost.p, dcomb.p, n, c.c, h, nullptr).ok());
     const Status st = run_moe_combine_expand(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, fy.p,
                                              fs.p, dpost.p, dcomb.p, c.c, nullptr);
@@ -396,7 +402,9 @@ TEST(FusedRowsParity, SwigluPair) {
     Dev<float> dga(ga), dua(ua), dgb(gb), dub(ub), dsc(sc), uoa(ga.size()), uob(gb.size()), foa(ga.size()),
         fob(gb.size());
     const float lim = 7.0f;
-    if (c.na) ASSERT_TRUE(run_swiglu(dga.p, dua.p, c.na, c.da, lim, dsc.p, uoa.p, nullptr).ok());
+    if (c.na) {
+      ASSERT_TRUE(run_swiglu(dga.p, dua.p, c.na, c.da, lim, dsc.p, uoa.p, nullptr).ok());
+    }
     ASSERT_TRUE(run_swiglu(dgb.p, dub.p, c.nb, c.db, lim, nullptr, uob.p, nullptr).ok());
     const Status st = run_swiglu_pair({dga.p, dua.p, c.na, c.da, dsc.p, foa.p},
                                       {dgb.p, dub.p, c.nb, c.db, nullptr, fob.p}, lim, nullptr);
