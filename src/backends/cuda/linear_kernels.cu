@@ -1277,10 +1277,13 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
   const WView w{dw.data, dw.scale, dw.in_dim};
   const int64_t out_rows = dw.out_dim / groups, ldx = groups * dw.in_dim, ldy = dw.out_dim;
-  // FP8 / FP4: the tensor-core GEMV (tc_gemv_kernels.h, row-count invariant) when it takes the shape:
-  // decode-sized calls, and calls of any n that ask for row invariance.
-  if ((n <= tcg::kDecodeRows || row_invariant) && tcg::try_dense(dw, out_rows, groups, x, ldx, n, y, ldy, stream))
-    return last_launch_status(fn);
+  // The tensor-core GEMV (tc_gemv_kernels.h, row-count invariant) when it takes the shape: FP8 / FP4
+  // decode-sized calls, and FP8 / FP4 / BF16 calls of any n that ask for row invariance (decode steps
+  // and DSpark verifications: the head, the MoE gate and the compressor are BF16, and the kernels
+  // below pick their arithmetic by row count). BF16 calls without it (the DSpark draft, prefill)
+  // keep the CUDA-core kernels.
+  const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && dw.format != WeightFormat::kBF16);
+  if (tc_rows && tcg::try_dense(dw, out_rows, groups, x, ldx, n, y, ldy, stream)) return last_launch_status(fn);
   const bool vec = vector_ok(dw.format, dw.in_dim, dw.data);
   const bool wide = vec && rows_16b_host(dw.format, dw.in_dim, dw.data);
   switch (dw.format) {

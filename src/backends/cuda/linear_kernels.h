@@ -16,9 +16,10 @@
 namespace ds41::cuda {
 
 // y[n, out] = x[n, in] . W^T. FP8 / FP4 weights take the tensor-core GEMV (tc_gemv_kernels.h,
-// row-count invariant) up to 16 rows, and at any n with row_invariant (decode steps and DSpark
-// verification forwards: a row's bits must not depend on the batch); other calls of more rows
-// keep the CUDA-core kernels (prefill chunks below the tensor-core GEMMs' row count).
+// row-count invariant) up to 16 rows, and FP8 / FP4 / BF16 weights at any n with row_invariant
+// (decode steps and DSpark verification forwards: a row's bits must not depend on the batch); other
+// calls keep the CUDA-core kernels (prefill chunks below the tensor-core GEMMs' row count, the
+// DSpark draft's BF16 heads).
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant = false);
 // MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).

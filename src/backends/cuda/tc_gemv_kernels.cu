@@ -17,6 +17,11 @@
 //   x row's power of two; times 2^14 for FP4), into the fp32 accumulator: one fmaf per output and
 //   tile, no overflow where y is finite. At the end the parts are added, hi + (lo + lo2).
 // So only the order of the fp32 additions differs from the CPU op (the parity rows' 1e-5 of max|y|).
+// BF16 weights (the head, the MoE gate, the compressor: sent here by row-invariant calls only) are
+// bf16 A fragments as loaded, x's three parts are bf16 (8 + 8 + 8 significant bits: x' exactly, at
+// any exponent), the mma takes bf16 inputs, and a tile's multiplier is 2^e alone. The one corner
+// this does not cover: a weight of magnitude > 2^100 could overflow a tile's partial sum of x'
+// (|x'| < 2^15) where the oracle's products with x stay finite; no model weight is near that.
 //
 // Fragments: a warp owns 16 rows of W (one mma's M; they share one FP8 tile row, 16 | 32) and a
 // range of K tiles. Lane (r = lane / 4, g = lane % 4) loads bytes [8g, 8g + 8) (FP8) or [4g, 4g + 4)
@@ -37,6 +42,7 @@
 // offsets).
 #include "backends/cuda/tc_gemv_kernels.h"
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -79,22 +85,49 @@ constexpr int kMaxExperts = 2048;       // unit scan in shared memory
 // mma.sync m16n8k16, f16 inputs, f32 accumulation: d += A (16 x 16) . B (16 x 8). Fragments (PTX
 // ISA, "mma.m16n8k16"): a[0] = rows r, k (2g, 2g+1); a[1] = rows r + 8, same k; a[2] = rows r,
 // k (8+2g, 9+2g); a[3] = rows r + 8, same; b0 = k (2g, 2g+1), b1 = k (8+2g, 9+2g), column r;
-// d[0..1] = row r, columns (2g, 2g+1); d[2..3] = row r + 8. Without a device (the host SIMT emulator)
-// the same arithmetic through warp shuffles.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// d[0..1] = row r, columns (2g, 2g+1); d[2..3] = row r + 8. kBf: the same with bf16 inputs (BF16
+// weights). Without a device (the host SIMT emulator) the same arithmetic through warp shuffles.
+// The 16-bit parts of x: f16 (FP8 / FP4 weights, decoded to f16) or bf16 (BF16 weights as they are).
+template <bool kBf>
+__host__ __device__ __forceinline__ float part_float(uint32_t bits) {
+  if constexpr (kBf) {
+    __nv_bfloat16_raw raw;
+    raw.x = static_cast<unsigned short>(bits & 0xffffu);
+    return __bfloat162float(__nv_bfloat16(raw));
+  } else {
+    __half_raw raw;
+    raw.x = static_cast<unsigned short>(bits & 0xffffu);
+    return __half2float(__half(raw));
+  }
+}
+template <bool kBf>
+__device__ __forceinline__ uint32_t part_bits(float v) {  // round to nearest even
+  if constexpr (kBf) {
+    return __nv_bfloat16_raw(__float2bfloat16_rn(v)).x;
+  } else {
+    return __half_raw(__float2half_rn(v)).x;
+  }
+}
+
+template <bool kBf>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__)
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  if constexpr (kBf) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 #else
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, g = lane & 3;
-  auto h = [](uint32_t v, int i) {
-    __half_raw raw;
-    raw.x = static_cast<unsigned short>(i ? v >> 16 : v & 0xffffu);
-    return __half2float(__half(raw));
-  };
+  auto h = [](uint32_t v, int i) { return part_float<kBf>(i ? v >> 16 : v); };
   float sum[4] = {0.f, 0.f, 0.f, 0.f};
   for (int gs = 0; gs < 4; ++gs) {
     uint32_t ar[4], bc[2][2];
@@ -157,6 +190,7 @@ struct Fp8 {
     uint2 a, b;
   };
   static constexpr int kExp = 0;
+  static constexpr bool kBf = false;
   __host__ __device__ static constexpr int kofs(int m, int s) { return 4 * m + s; }
   // A step = one tile: rows r and r + 8 at bytes [8g, 8g + 8) (four lanes read a row's 32 bytes),
   // the tile's scale byte (all lanes the same address).
@@ -199,6 +233,7 @@ struct Fp4 {
     uint32_t a, b;
   };
   static constexpr int kExp = 14;  // E2M1 decoded as value * 2^-14
+  static constexpr bool kBf = false;
   __host__ __device__ static constexpr int kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
   // A step = four tiles (128 K): lane g loads bytes [16g, 16g + 16) of the rows' 64-byte span, i.e.
   // tile g whole (four lanes read a row's 64 contiguous bytes: a quarter of the L1 wavefronts of
@@ -272,6 +307,49 @@ struct Fp4 {
       a[2] = pair<3>(q.a);
       a[3] = pair<3>(q.b);
     }
+  }
+};
+
+// BF16 (the head, the MoE gate): the weights are already mma inputs (bf16 A fragments as loaded) and
+// x's parts are bf16 (3 x 8 significant bits: x' exactly). No scale: every tile's multiplier is 2^e
+// (its "scale byte" is 127, so the fast path's test and multiplier are the FP8 / FP4 ones).
+struct Bf16 {
+  static constexpr int kU = 2;  // steps (tiles) in flight per warp (8 regs each): 2 KB per warp, as FP8
+  struct Q {
+    uint4 a, b;
+  };
+  static constexpr int kExp = 0;
+  static constexpr bool kBf = true;
+  __host__ __device__ static constexpr int kofs(int m, int s) { return 4 * m + s; }
+  // A step = one tile: rows r and r + 8 at bytes [16g, 16g + 16) (bf16 K offsets 8g .. 8g + 7; four
+  // lanes read a row's 64 bytes). No scale loads.
+  static constexpr int kSub = 1;
+  struct Raw {
+    uint4 a, b;
+  };
+  __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) {
+    return data + o * in * 2 + 16 * g;
+  }
+  static constexpr int kStepBytes = 64, kScaleStep = 0;
+  // A weight is used as it is (the oracle's dequantization of BF16 is exact): no overflow to avoid.
+  static constexpr uint32_t kMaxFastScale = 254;
+  __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t*, const uint8_t*, int) {
+    return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb)};
+  }
+  __device__ static void prepare(Raw&) {}
+  __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
+  __device__ static uint32_t scale_a(const Raw&, int) { return 127u; }
+  __device__ static uint32_t scale_b(const Raw&, int) { return 127u; }
+  __device__ static float dequant(const Q& q, int row, int idx, uint32_t) {
+    const uint4 w = row ? q.b : q.a;
+    const uint32_t word = idx < 2 ? w.x : (idx < 4 ? w.y : (idx < 6 ? w.z : w.w));
+    return part_float<true>(word >> (16 * (idx & 1)));
+  }
+  __device__ static void frag(const Q& q, int m, uint32_t (&a)[4]) {
+    a[0] = m ? q.a.z : q.a.x;
+    a[1] = m ? q.b.z : q.b.x;
+    a[2] = m ? q.a.w : q.a.y;
+    a[3] = m ? q.b.w : q.b.y;
   }
 };
 
@@ -356,13 +434,12 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
 #pragma unroll
         for (int sl = 0; sl < 4; ++sl) {
           const float val = f[D::kofs(m, sl)];
-          const __half p0 = __float2half_rn(val);
-          const float r1 = val - __half2float(p0);
-          const __half p1 = __float2half_rn(r1);
-          const __half p2 = __float2half_rn(r1 - __half2float(p1));
-          h[0][sl] = __half_raw(p0).x;
-          h[1][sl] = __half_raw(p1).x;
-          h[2][sl] = __half_raw(p2).x;
+          const uint32_t p0 = part_bits<D::kBf>(val);
+          const float r1 = val - part_float<D::kBf>(p0);
+          const uint32_t p1 = part_bits<D::kBf>(r1);
+          h[0][sl] = p0;
+          h[1][sl] = p1;
+          h[2][sl] = part_bits<D::kBf>(r1 - part_float<D::kBf>(p1));
         }
 #pragma unroll
         for (int pt = 0; pt < 3; ++pt)
@@ -402,7 +479,9 @@ struct WarpTask {
     n = t_end - t_begin;
     ra = D::row_ptr(data, in, oa, g) + t0 * D::kStepBytes;
     rb = D::row_ptr(data, in, ob, g) + t0 * D::kStepBytes;
-    if constexpr (kFp8) {
+    if constexpr (D::kScaleStep == 0) {  // BF16: no scales
+      sa = sb = sc;
+    } else if constexpr (kFp8) {
       sa = sc + (o0 >> 5) * ((in + 31) >> 5) + t0;  // the 16 rows share one row of tiles
       sb = sa;
     } else {
@@ -446,10 +525,7 @@ struct WarpTask {
 #pragma unroll
           for (int p = 0; p < 3; ++p) {
             const uint2 v = xs[((t * 2 + m) * J + 3 * b + p) * 4 + g];
-            const uint32_t h = (sl < 2 ? v.x : v.y) >> (16 * (sl & 1));
-            __half_raw raw;
-            raw.x = static_cast<unsigned short>(h & 0xffffu);
-            part[p] = __half2float(__half(raw));
+            part[p] = part_float<D::kBf>((sl < 2 ? v.x : v.y) >> (16 * (sl & 1)));
           }
           const float xv = scalbnf((part[0] + part[1]) + part[2], ex[b]);
           tot[0][b] = __fadd_rn(tot[0][b], __fmul_rn(wa, xv));
@@ -506,9 +582,9 @@ struct WarpTask {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
         uint32_t a[4];
         D::frag(w, 0, a);
-        mma_f16(d, a, b0.x, b0.y);
+        mma_16816<D::kBf>(d, a, b0.x, b0.y);
         D::frag(w, 1, a);
-        mma_f16(d, a, b1.x, b1.y);
+        mma_16816<D::kBf>(d, a, b1.x, b1.y);
         // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4:
         // rows r and r + 8 each their own).
         const uint32_t s0 = sc0 << 23, s1 = sc1 << 23;
@@ -742,17 +818,19 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
                float* y, int64_t ldy, cudaStream_t stream) {
   if (!enabled() || n < 1 || n > kMaxRows || w.in_dim % 32 != 0 || groups > 65535) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0) return false;  // float4 staging
-  const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows;
-  if (!fp8 && !fp4) return false;
+  const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows,
+             bf16 = w.format == WeightFormat::kBF16;
+  if (!fp8 && !fp4 && !bf16) return false;
   if (fp4 && w.in_dim % 128 != 0) return false;  // steps of four tiles
   const uintptr_t p = reinterpret_cast<uintptr_t>(w.data);
-  if (p % (fp8 ? 8 : 16) != 0 || w.scale == nullptr) return false;
+  if (p % (fp8 ? 8 : 16) != 0 || (!bf16 && w.scale == nullptr)) return false;
   if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
   const size_t smem = smem_bytes(w.in_dim);
   if (smem > static_cast<size_t>(kMaxSmem)) return false;
   const int64_t pairs = (n + kNB - 1) / kNB;
-  const Shape s = fp8 ? shape(out_rows, groups, pairs, w.in_dim, Fp8::kU, Fp8::kSub, smem)
-                      : shape(out_rows, groups, pairs, w.in_dim, Fp4::kU, Fp4::kSub, smem);
+  const Shape s = fp8   ? shape(out_rows, groups, pairs, w.in_dim, Fp8::kU, Fp8::kSub, smem)
+                  : fp4 ? shape(out_rows, groups, pairs, w.in_dim, Fp4::kU, Fp4::kSub, smem)
+                        : shape(out_rows, groups, pairs, w.in_dim, Bf16::kU, Bf16::kSub, smem);
   const dim3 grid(static_cast<unsigned>(pairs), s.slots, static_cast<unsigned>(groups));
   auto go = [&](auto kernel) {
     allow_smem<decltype(kernel)::value>();
@@ -761,8 +839,10 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   };
   if (fp8) {
     go(KernelT<tc_dense_kernel<Fp8, true>>{});
-  } else {
+  } else if (fp4) {
     go(KernelT<tc_dense_kernel<Fp4, false>>{});
+  } else {
+    go(KernelT<tc_dense_kernel<Bf16, false>>{});
   }
   return true;
 }

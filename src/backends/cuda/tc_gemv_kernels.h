@@ -1,6 +1,6 @@
 // ds41 backends/cuda: the tensor-core GEMV of decode (tc_gemv_kernels.cu) — y = x . W^T for one or
-// two rows of x over FP8 32x32-tile and FP4-row weights (MODEL_SPEC 2.1), the weights decoded in
-// registers straight into mma.sync f16 fragments. Internal to linear_kernels.cu, which sends the
+// two rows of x over FP8 32x32-tile, FP4-row and BF16 weights (MODEL_SPEC 2.1), the weights decoded in
+// registers straight into mma.sync f16 fragments (BF16: used as bf16 fragments as loaded). Internal to linear_kernels.cu, which sends the
 // shapes these accept here and everything else to its CUDA-core kernels; the numerics and the
 // measurements are in docs/gpu_kernels.md ("Decode GEMV on the tensor cores").
 #pragma once
@@ -22,12 +22,13 @@ void set_enabled_for_tests(int mode);  // -1: the environment, 0: off, 1: on
 void set_slot_cap_for_tests(int cap);  // caps the blocks along W rows (0: the device's fill)
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
+// (BF16 calls come here only with it)
 // (above: the CUDA-core kernels read W once per 8 rows, where these re-read it per row pair).
 inline constexpr int64_t kDecodeRows = 16;
 
 // Dense / grouped linear (groups column blocks of x, out_rows rows of W each), n rows of x (row
 // stride ldx, y row stride ldy). Launches and returns true when the shape is one these kernels
-// take (format FP8 tiles / FP4 rows, in % 32 == 0, aligned rows, x staging within the
+// take (format FP8 tiles / FP4 rows / BF16, in % 32 == 0, aligned rows, x staging within the
 // shared memory); false: nothing launched.
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream);

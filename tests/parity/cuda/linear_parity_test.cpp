@@ -511,6 +511,11 @@ TEST(LinearParity, TensorCoreGemv) {
       {"fp4 ragged, split K", WeightFormat::kFp4Rows, 45, 4096, 1.0f, false},
       {"fp4 mixed", WeightFormat::kFp4Rows, 300, 512, 3.0f, true},
       {"fp4 K % 128 != 0 (cuda cores)", WeightFormat::kFp4Rows, 40, 2080, 1.0f, false},
+      // BF16 (the head, the MoE gate, the compressor): bf16 parts of x, no scales.
+      {"bf16 ragged, split K", WeightFormat::kBF16, 77, 2048, 1.0f, false},
+      {"bf16 x ~1e30", WeightFormat::kBF16, 48, 512, 1e30f, false},
+      {"bf16 x ~1e-30, mixed", WeightFormat::kBF16, 40, 1024, 1e-30f, true},
+      {"bf16 K % 32 != 0 (cuda cores)", WeightFormat::kBF16, 24, 1048, 1.0f, false},
   };
   uint64_t seed = 12000;
   for (const Case& c : cases) {
@@ -530,7 +535,8 @@ TEST(LinearParity, TensorCoreGemv) {
       for (int mode : {1, 2, 3, 0}) {
         set_tc_gemv_for_tests(mode == 0 ? 0 : 1);
         set_persist_slot_cap_for_tests(mode == 2 ? 1 : (mode == 3 ? 3 : 0));
-        ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr).ok());
+        // row_invariant: BF16 takes the tensor cores only for such calls (decode steps, verifications).
+        ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr, true).ok());
         report("linear tc-gemv",
                std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
                    (mode == 0 ? " cuda cores" : mode == 1 ? " tensor cores" : mode == 2 ? " tc 1 block" : " tc 3 blocks"),
@@ -665,6 +671,45 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
     report("expert_linear row-count invariance",
            std::string(fmt_name(f)) + " 12 experts 80x1024 m=18 vs each row alone: bits differing",
            static_cast<double>(differ), 0, "a row's order depends on the expert's shape only");
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
+// The same invariance for the scale-free formats on the CUDA cores (BF16: the head and the MoE gate;
+// F32): a DSpark verification runs the head and the gate over B x (1 + candidates) rows where the
+// plain decode step runs B, and greedy losslessness (MODEL_SPEC 3.10.7) needs the same logits bits
+// and routing scores for a row whatever the call's row count.
+TEST(LinearParity, ScaleFreeGemvRowCountInvariance) {
+  DS41_SKIP_WITHOUT_GPU();
+  uint64_t seed = 13500;
+  struct Case {
+    WeightFormat format;
+    int64_t out, in;
+  };
+  for (const Case& c : {Case{WeightFormat::kBF16, 600, 5120}, Case{WeightFormat::kBF16, 384, 1024},
+                        Case{WeightFormat::kF32, 512, 128}}) {
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    const int64_t N = 40;
+    auto x = rand_floats(static_cast<size_t>(N * c.in), ++seed);
+    Dev<float> dx(x);
+    auto run = [&](int64_t r0, int64_t n) {
+      Dev<float> dy(static_cast<size_t>(n * c.out));
+      const Status st = run_linear(dw.dw, dx.p + r0 * c.in, n, dy.p, nullptr, true);
+      EXPECT_TRUE(st.ok()) << st.message();
+      return dy.get();
+    };
+    const std::vector<float> all = run(0, N);
+    size_t differ = 0;
+    for (const auto& [r0, n] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 1}, {5, 1}, {39, 1}, {1, 2}, {3, 3}, {6, 6}, {2, 8}, {4, 12}, {7, 18}, {1, 36}}) {
+      const std::vector<float> part = run(r0, n);
+      for (int64_t i = 0; i < n * c.out; ++i) differ += bits_of(part[i]) != bits_of(all[r0 * c.out + i]);
+    }
+    report("linear row-count invariance",
+           std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) +
+               " rows alone / in batches of 1-36 vs 40: bits differing",
+           static_cast<double>(differ), 0, "a row's order depends on the weight's shape only");
     EXPECT_EQ(differ, 0u);
   }
 }
