@@ -675,8 +675,8 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
   }
 }
 
-// The same invariance for the scale-free formats on the CUDA cores (BF16: the head and the MoE gate;
-// F32): a DSpark verification runs the head and the gate over B x (1 + candidates) rows where the
+// The same invariance for the scale-free formats (BF16: the head, the MoE gate and the compressor, on
+// the tensor-core GEMV for row-invariant calls; F32 on the CUDA cores): a DSpark verification runs the head and the gate over B x (1 + candidates) rows where the
 // plain decode step runs B, and greedy losslessness (MODEL_SPEC 3.10.7) needs the same logits bits
 // and routing scores for a row whatever the call's row count.
 TEST(LinearParity, ScaleFreeGemvRowCountInvariance) {
