@@ -1376,6 +1376,7 @@ void set_persist_slot_cap_for_tests(int cap) {
 void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
 void set_persist_u_for_tests(int u) { g_persist_u = (u >= 3 && u <= 5) ? u : 0; }
 void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
+void set_tc_gemv_rows_per_block_for_tests(int nb) { tcg::set_rows_per_block_for_tests(nb); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {

@@ -50,5 +50,8 @@ void set_persist_u_for_tests(int u);
 // Tests: the tensor-core GEMV of decode (tc_gemv_kernels.h): 0 off, 1 on, -1 as DS41_TC_GEMV says
 // (default on; DS41_TC_GEMV=0 turns it off).
 void set_tc_gemv_for_tests(int mode);
+// Tests: the x rows per block of the tensor-core GEMV (2, 3, 4 or 6; 0: the launcher's choice). A
+// row's bits do not depend on it.
+void set_tc_gemv_rows_per_block_for_tests(int nb);
 
 }  // namespace ds41::cuda

@@ -49,6 +49,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/linear_wide_decode.cuh"
@@ -71,13 +72,11 @@ using quant::WeightFormat;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kNB = 2;                  // rows of x per block
 // Every row count: a decode step or a DSpark verification of any batch gets a one-row call's bits
 // (row-count invariance). Wide calls re-read W per row pair (from L2 mostly), so run_linear sends
 // only decode-sized (kDecodeRows) or row_invariant calls here.
-constexpr int64_t kMaxRows = 2 * 65535;     // rows of x of a dense call (grid x: pairs of them)
+constexpr int64_t kMaxRows = 2 * 65535;     // rows of x of a dense call (grid x: units of >= 2 of them)
 constexpr int64_t kMaxExpertRows = 65535;  // routed rows of an expert call (grid y: one unit each at most)
-constexpr int kMaxJ = 3 * kNB;          // B columns in use (3 parts per row of x)
 constexpr int kMaxSmem = 200 * 1024;    // staged x of a block, at most
 constexpr int kMaxExperts = 2048;       // unit scan in shared memory
 
@@ -353,49 +352,45 @@ struct Bf16 {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Staging: rows b < nb of x (K = in; rows 16-byte aligned) into xs as [tile][mma][column j = 3b +
-// part][lane group] of 4 f16 (one B fragment). x' = x * 2^-e_b, e_b = ilogb(max |x_b|) - 14 (0 for a
-// row with inf / NaN), written to ex[b]: a tile's sum is multiplied by 2^(e_b + kExp) times its
+// Staging: rows b < nb (<= NB) of x (K = in; rows 16-byte aligned) into xs as [tile][mma][column j =
+// 3b + part][lane group] of 4 f16 (one B fragment). x' = x * 2^-e_b, e_b = ilogb(max |x_b|) - 14 (0
+// for a row with inf / NaN), written to ex[b]: a tile's sum is multiplied by 2^(e_b + kExp) times its
 // E8M0 scale as ONE power of two (kExp = 14 for FP4's value * 2^-14 decoding), so the accumulator
 // holds y itself (no intermediate overflow or underflow where y and the oracle's products are
 // normal). Two passes over x with float4 loads, several in flight per thread: the row maxima, then
-// the parts.
-template <class D>
+// the parts. A row's parts and e depend on that row alone (row-count invariance).
+template <class D, int NB>
 __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t in, uint2* xs, float* red,
                         int* ex) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t q4 = in / 4, total4 = nb * q4;
-  float m0 = 0.f, m1 = 0.f;
-  for (int64_t i0 = tid; i0 < total4; i0 += 4 * kThreads) {
-    float4 v[4];
+  const int q4 = static_cast<int>(in / 4);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = i0 + j * kThreads;
-      const int64_t b = i >= q4 ? 1 : 0;
-      v[j] = i < total4 ? __ldg(reinterpret_cast<const float4*>(x + b * ldx) + (i - b * q4)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+  for (int b = 0; b < NB; ++b) {
+    if (b >= nb) break;  // block-uniform
+    const float4* xr = reinterpret_cast<const float4*>(x + b * ldx);
+    float m = 0.f;
+    for (int i0 = tid; i0 < q4; i0 += 4 * kThreads) {
+      float4 v[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float a = fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
-      if (i0 + j * kThreads >= q4) m1 = fmaxf(m1, a); else m0 = fmaxf(m0, a);
+      for (int j = 0; j < 4; ++j) {
+        const int i = i0 + j * kThreads;
+        v[j] = i < q4 ? __ldg(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
     }
-  }
-  for (int o = 16; o; o >>= 1) {
-    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
-    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
-  }
-  if (lane == 0) {
-    red[warp * kNB] = m0;
-    red[warp * kNB + 1] = m1;
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) red[warp * NB + b] = m;
   }
   __syncthreads();
-  __shared__ float inv_s[kNB][2];
+  __shared__ float inv_s[NB][2];
   // Columns of x rows >= nb multiply zeros; their exponent must still be a sane 0 (the H200 run with
   // it left unset sent every tile of a one-row call down exact_tile: wq_b 80 us instead of 23).
-  if (tid >= nb && tid < kNB) ex[tid] = 0;
+  if (tid >= nb && tid < NB) ex[tid] = 0;
   if (tid < nb) {
     float m = 0.f;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * kNB + tid]);
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * NB + tid]);
     // e = ilogb(max |x|) - 14 (subnormal maxima included); 0 for zero, inf or NaN (propagated).
     const int e = (m > 0.f && isfinite(m)) ? ilogbf(m) - 14 : 0;  // in [-163, 113]
     ex[tid] = e;
@@ -406,24 +401,24 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
   }
   __syncthreads();
   const int J = 3 * nb;
-  const int64_t q8 = in / 8, units = nb * q8;  // (b, tile, lane group): 8 floats each
-  for (int64_t i0 = tid; i0 < units; i0 += 2 * kThreads) {
+  const int q8 = static_cast<int>(in / 8), units = nb * q8;  // (b, tile, lane group): 8 floats each
+  for (int i0 = tid; i0 < units; i0 += 2 * kThreads) {
     float4 v[2][2];
+    int bb[2], uu[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int64_t i = i0 + j * kThreads;
-      const int64_t b = i >= q8 ? 1 : 0;
-      const float4* p = reinterpret_cast<const float4*>(x + b * ldx) + 2 * (i - b * q8);
+      const int i = i0 + j * kThreads;
+      bb[j] = i / q8;
+      uu[j] = i - bb[j] * q8;
+      const float4* p = reinterpret_cast<const float4*>(x + bb[j] * ldx) + 2 * uu[j];
       v[j][0] = i < units ? __ldg(p) : make_float4(0.f, 0.f, 0.f, 0.f);
       v[j][1] = i < units ? __ldg(p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int64_t i = i0 + j * kThreads;
+      const int i = i0 + j * kThreads;
       if (i >= units) break;
-      const int b = i >= q8 ? 1 : 0;
-      const int64_t u = i - b * q8, t = u >> 2;
-      const int g = static_cast<int>(u & 3);
+      const int b = bb[j], u = uu[j], t = u >> 2, g = u & 3;
       const float i0f = inv_s[b][0], i1f = inv_s[b][1];
       const float f[8] = {v[j][0].x * i0f * i1f, v[j][0].y * i0f * i1f, v[j][0].z * i0f * i1f, v[j][0].w * i0f * i1f,
                           v[j][1].x * i0f * i1f, v[j][1].y * i0f * i1f, v[j][1].z * i0f * i1f, v[j][1].w * i0f * i1f};
@@ -455,12 +450,24 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
 // it is exact, the float with exponent bits sb + e (WarpTask::Fast). Otherwise the tile takes
 // exact_tile.
 // One warp's task: W rows [o0, o0 + 16) (rows >= the end clamped for the loads; their sums unused)
-// over tiles [t0, t1). prologue() issues the first U tiles' loads (before the block stages x, so
-// the weights' latency overlaps the staging); run() streams the rest and accumulates
-// acc = sum over tiles of (the mma's D fragment) * 2^(tile scale + its x row's e + kExp).
-template <class D, bool kFp8>
+// over tiles [t0, t1), against NB rows of x (NT = ceil(3 NB / 8) mma column tiles, one decoded A
+// fragment per tile for all of them). prologue() issues the first U tiles' loads (before the block
+// stages x, so the weights' latency overlaps the staging); run() streams the rest and accumulates
+// acc[c] = sum over tiles of (column tile c's D fragment) * 2^(tile scale + its x row's e + kExp).
+// A D column's value is its own x row's dot with the tile whatever the other columns hold, so a
+// row gets the same bits in any column of any NB (row-count invariance).
+template <int NB>
+struct Cols {
+  static constexpr int J = 3 * NB, NT = (J + 7) / 8;
+  // Blocks per SM the registers are budgeted for: 2 (128 registers a thread) up to 3 rows; from 4
+  // rows the accumulators of 2-3 column tiles and both A fragments want more (spills at 128), and
+  // their staged x mostly leaves one block per SM anyway.
+  static constexpr int kMinBlocks = NB <= 3 ? 2 : 1;
+};
+
+template <class D, bool kFp8, int NB>
 struct WarpTask {
-  static constexpr int U = D::kU;
+  static constexpr int U = D::kU, NT = Cols<NB>::NT;
   // The next step's loads: rows r and r + 8 (ra, rb) and their scale bytes (sa, sb), advanced by one
   // step per tile() (pointer increments, no 64-bit index arithmetic per load).
   const uint8_t *ra, *rb, *sa, *sb;
@@ -502,15 +509,21 @@ struct WarpTask {
     if constexpr (!kFp8) sb += D::kScaleStep;
   }
 
+  struct Adds {
+    float v[NT][4];
+  };
+
   // The tile in the oracle's arithmetic: each weight dequantized as the host does (one float product
   // with its scale, inf on overflow), times x (its parts added back, times 2^e), summed over the
   // lane's 8 K positions and the 4 lanes of a row; the sums go to the hi-part column of each x row.
   // Out of line: it is rare, and inlined at every tile it made the kernel ~17 K instructions long
   // (ncu: 15-17 % of the warps' stall samples were instruction fetch, "no_inst").
-  __device__ DS41_TCG_NOINLINE static float4 exact_tile(typename D::Q cur, uint32_t sra, uint32_t srb, const uint2* xs,
-                                                   int J, int64_t t, const int* ex) {
+  __device__ DS41_TCG_NOINLINE static Adds exact_tile(typename D::Q cur, uint32_t sra, uint32_t srb, const uint2* xs,
+                                                      int J, int64_t t, const int* ex) {
     const int lane = threadIdx.x & 31, g = lane & 3, nb = J / 3;
-    float tot[2][kNB] = {{0.f, 0.f}, {0.f, 0.f}};
+    float tot[2][NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) tot[0][b] = tot[1][b] = 0.f;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
@@ -518,7 +531,7 @@ struct WarpTask {
         const int idx = D::kofs(m, sl);
         const float wa = D::dequant(cur, 0, idx, sra), wb = D::dequant(cur, 1, idx, srb);
 #pragma unroll
-        for (int b = 0; b < kNB; ++b) {
+        for (int b = 0; b < NB; ++b) {
           if (b >= nb) break;
           float part[3];
 #pragma unroll
@@ -534,38 +547,45 @@ struct WarpTask {
 #pragma unroll
     for (int o = 1; o < 4; o <<= 1)
 #pragma unroll
-      for (int b = 0; b < kNB; ++b) {
+      for (int b = 0; b < NB; ++b) {
         tot[0][b] += __shfl_xor_sync(0xffffffffu, tot[0][b], o);
         tot[1][b] += __shfl_xor_sync(0xffffffffu, tot[1][b], o);
       }
-    float add[4] = {0.f, 0.f, 0.f, 0.f};
+    Adds add;
 #pragma unroll
-    for (int b = 0; b < kNB; ++b) {
-      const int j = 3 * b;  // the hi column of x row b: lane group j / 2, D entry j % 2 (+2 for row r + 8)
-      if (b < nb && g == (j >> 1)) {
-        add[j & 1] += tot[0][b];
-        add[2 + (j & 1)] += tot[1][b];
+    for (int c = 0; c < NT; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) add.v[c][i] = 0.f;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      // The hi column of x row b: column tile j / 8, lane group (j % 8) / 2, D entry j % 2 (+2 for row r + 8).
+      const int j = 3 * b, c = j >> 3, jj = j & 7;
+      if (b < nb && g == (jj >> 1)) {
+        add.v[c][jj & 1] += tot[0][b];
+        add.v[c][2 + (jj & 1)] += tot[1][b];
       }
     }
-    return make_float4(add[0], add[1], add[2], add[3]);
+    return add;
   }
 
-  // Per task (one x row pair): the constants of the fast path. fast(sb) for a scale byte sb of a
-  // tile is sb <= kMaxFastScale (no dequantized weight overflows, no NaN) and 1 <= sb + e <= 254 for
-  // both of the lane's columns' e (a normal multiplier): sb in [max(0, 1 - min e), min(kMaxFastScale,
+  // Per task (NB x rows): the constants of the fast path. fast(sb) for a scale byte sb of a tile is
+  // sb <= kMaxFastScale (no dequantized weight overflows, no NaN) and 1 <= sb + e <= 254 for every
+  // e of the lane's D columns (a normal multiplier): sb in [max(0, 1 - min e), min(kMaxFastScale,
   // 254 - max e)], tested as one unsigned compare.
   struct Fast {
     uint32_t lo, span;
-    uint32_t e0s, e1s;  // e << 23: 2^(sb - 127 + e) = (sb << 23) + (e << 23) as float bits (pow2_mult)
-    const uint2* b;     // the lane's B fragment of the next tile (m = 0; m = 1 at + 4J)
-    int bstride;        // uint2 per tile: 2 mmas x J columns x 4 lane groups
+    uint32_t e0s[NT], e1s[NT];  // e << 23: 2^(sb - 127 + e) = (sb << 23) + (e << 23) as float bits (pow2_mult)
+    const uint2* b;             // the lane's B fragment of the next tile (column tile 0, m = 0; m = 1 at + 4J)
+    int coff[NT];               // column tile c's fragment at b + coff[c]
+    int bstride;                // uint2 per tile: 2 mmas x J columns x 4 lane groups
   };
 
   // Step t0 + k from registers q[u] (u = k % U); the loads of step k + U (if any) issued before it
   // is multiplied; its kSub tiles one by one. The arithmetic is the one documented at the top:
-  // d = mma(m = 0) then mma(m = 1) from zero, acc = fma(d, 2^(scale + e), acc), tile by tile.
+  // d = mma(m = 0) then mma(m = 1) from zero, acc = fma(d, 2^(scale + e), acc), tile by tile, for
+  // every column tile with the one decoded A fragment.
   __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, Fast& f, const int* ex,
-                                       float (&acc)[4]) {
+                                       float (&acc)[NT][4]) {
     typename D::Raw cur = q[u];
     if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
     advance();
@@ -574,50 +594,63 @@ struct WarpTask {
     for (int j = 0; j < D::kSub; ++j) {
       const typename D::Q w = D::sub(cur, j);
       const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
-      const uint2 b0 = f.b[0], b1 = f.b[4 * J];
+      const uint2* bp = f.b;
+      const uint2 b00 = bp[0], b10 = bp[4 * J];  // column tile 0's fragments, loaded before the vote
       f.b += f.bstride;
       const bool fast = sc0 - f.lo <= f.span && sc1 - f.lo <= f.span;
       if (__all_sync(0xffffffffu, fast)) {
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-        uint32_t a[4];
-        D::frag(w, 0, a);
-        mma_16816<D::kBf>(d, a, b0.x, b0.y);
-        D::frag(w, 1, a);
-        mma_16816<D::kBf>(d, a, b1.x, b1.y);
+        uint32_t a0[4], a1[4];
+        D::frag(w, 0, a0);
+        D::frag(w, 1, a1);
         // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4:
         // rows r and r + 8 each their own).
         const uint32_t s0 = sc0 << 23, s1 = sc1 << 23;
-        acc[0] = __fmaf_rn(d[0], __uint_as_float(s0 + f.e0s), acc[0]);
-        acc[1] = __fmaf_rn(d[1], __uint_as_float(s0 + f.e1s), acc[1]);
-        acc[2] = __fmaf_rn(d[2], __uint_as_float(s1 + f.e0s), acc[2]);
-        acc[3] = __fmaf_rn(d[3], __uint_as_float(s1 + f.e1s), acc[3]);
+#pragma unroll
+        for (int c = 0; c < NT; ++c) {
+          const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_16816<D::kBf>(d, a0, b0.x, b0.y);
+          mma_16816<D::kBf>(d, a1, b1.x, b1.y);
+          acc[c][0] = __fmaf_rn(d[0], __uint_as_float(s0 + f.e0s[c]), acc[c][0]);
+          acc[c][1] = __fmaf_rn(d[1], __uint_as_float(s0 + f.e1s[c]), acc[c][1]);
+          acc[c][2] = __fmaf_rn(d[2], __uint_as_float(s1 + f.e0s[c]), acc[c][2]);
+          acc[c][3] = __fmaf_rn(d[3], __uint_as_float(s1 + f.e1s[c]), acc[c][3]);
+        }
       } else {
         // A scale that can overflow a dequantized weight (the oracle's fl(w * s) is then inf), a
         // NaN scale, or a multiplier outside the normal floats: the oracle's arithmetic (rare).
         const int64_t t = (t0 + k) * D::kSub + j;
-        const float4 add = exact_tile(w, sc0, sc1, xs, J, t, ex);
-        acc[0] += add.x;
-        acc[1] += add.y;
-        acc[2] += add.z;
-        acc[3] += add.w;
+        const Adds add = exact_tile(w, sc0, sc1, xs, J, t, ex);
+#pragma unroll
+        for (int c = 0; c < NT; ++c)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[c][i] += add.v[c][i];
       }
     }
   }
 
-  __device__ __forceinline__ void run(const uint2* xs, int J, const int* ex, float (&acc)[4]) {
+  __device__ __forceinline__ void run(const uint2* xs, int J, const int* ex, float (&acc)[NT][4]) {
     const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
-    // The power of two of the x rows of D columns 2g and 2g + 1 (3 parts per row), plus kExp.
-    const int e0 = ex[min(2 * g / 3, kNB - 1)] + D::kExp, e1 = ex[min((2 * g + 1) / 3, kNB - 1)] + D::kExp;
     Fast f;
-    const int lo = max(0, 1 - min(e0, e1)), hi = min(static_cast<int>(D::kMaxFastScale), 254 - max(e0, e1));
+    int emin = 1 << 20, emax = -(1 << 20);
+#pragma unroll
+    for (int c = 0; c < NT; ++c) {
+      // The power of two of the x rows of D columns 8c + 2g and 8c + 2g + 1 (3 parts per row), plus kExp.
+      const int e0 = ex[min((8 * c + 2 * g) / 3, NB - 1)] + D::kExp, e1 = ex[min((8 * c + 2 * g + 1) / 3, NB - 1)] + D::kExp;
+      emin = min(emin, min(e0, e1));
+      emax = max(emax, max(e0, e1));
+      f.e0s[c] = static_cast<uint32_t>(e0) << 23;
+      f.e1s[c] = static_cast<uint32_t>(e1) << 23;
+    }
+    const int lo = max(0, 1 - emin), hi = min(static_cast<int>(D::kMaxFastScale), 254 - emax);
     f.lo = hi >= lo ? static_cast<uint32_t>(lo) : 256u;  // empty range: no byte passes
     f.span = hi >= lo ? static_cast<uint32_t>(hi - lo) : 0u;
-    f.e0s = static_cast<uint32_t>(e0) << 23;
-    f.e1s = static_cast<uint32_t>(e1) << 23;
-    // B column r of the mma: x column r for r < J; lanes of columns >= J read column J - 1 (their D
-    // columns are never read: no zero fill, no predicate per tile).
-    const int col = min(r, J - 1);
-    f.b = xs + ((t0 * D::kSub * 2) * J + col) * 4 + g;
+    // B column 8c + r of the mma: x column 8c + r where < J; lanes of columns >= J read column J - 1
+    // (their D columns are never read: no zero fill, no predicate per tile).
+    const int col0 = min(r, J - 1);
+    f.b = xs + ((t0 * D::kSub * 2) * J + col0) * 4 + g;
+#pragma unroll
+    for (int c = 0; c < NT; ++c) f.coff[c] = (min(8 * c + r, J - 1) - col0) * 4;
     f.bstride = 8 * J;
     const int64_t full = n - n % U;
     for (int64_t i = 0; i < full; i += U) {
@@ -633,7 +666,7 @@ struct WarpTask {
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
 // partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
 // weight loads are issued before stage() (the block's x staging; called once by every thread).
-template <class D, bool kFp8, class Stage>
+template <class D, bool kFp8, int NB, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
                            int64_t ldy, float* red_d, int64_t slot, int64_t n_slots, Stage stage) {
@@ -646,18 +679,25 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   // The W rows of this launch start at global row w_row0 (a group's first row): FP8 scale rows are
   // global (w_row0 % 16 == 0 is required by the host), payload rows too. The loads of a warp's next
   // task are issued as soon as its current one is multiplied, before the block's reduction.
-  WarpTask<D, kFp8> task;
+  constexpr int NT = Cols<NB>::NT;
+  WarpTask<D, kFp8, NB> task;
   if (slot < n_rgb && slot * RPB + rgl < n_rg)
     task.prologue(data, sc, in, w_row0 + (slot * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
   stage();
   for (int64_t rgb = slot; rgb < n_rgb; rgb += n_slots) {
     const int64_t rg = rgb * RPB + rgl, rg_next = (rgb + n_slots) * RPB + rgl;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[NT][4];
+#pragma unroll
+    for (int c = 0; c < NT; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][i] = 0.f;
     if (rg < n_rg) task.run(xs, J, ex, acc);
     if (rgb + n_slots < n_rgb && rg_next < n_rg)
       task.prologue(data, sc, in, w_row0 + rg_next * 16, w_row0 + out_rows, t0, t1);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red_d[(warp * 32 + lane) * 4 + i] = acc[i];
+    for (int c = 0; c < NT; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red_d[((warp * 32 + lane) * NT + c) * 4 + i] = acc[c][i];
     __syncthreads();
     for (int q = tid; q < RPB * 16 * nb; q += kThreads) {
       const int rl = q / (16 * nb), rem = q - rl * 16 * nb, b = rem >> 4, row = rem & 15;
@@ -666,9 +706,10 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
         float part[3];
 #pragma unroll
         for (int p = 0; p < 3; ++p) {
-          const int j = 3 * b + p, ln = 4 * (row & 7) + (j >> 1), i = (row >= 8 ? 2 : 0) + (j & 1);
+          const int j = 3 * b + p, c = j >> 3, jj = j & 7, ln = 4 * (row & 7) + (jj >> 1),
+                    i = (row >= 8 ? 2 : 0) + (jj & 1);
           float sum = 0.f;
-          for (int k = 0; k < KS; ++k) sum += red_d[(((rl << ks_log2) + k) * 32 + ln) * 4 + i];
+          for (int k = 0; k < KS; ++k) sum += red_d[((((rl << ks_log2) + k) * 32 + ln) * NT + c) * 4 + i];
           part[p] = sum;
         }
         y[b * ldy + o] = part[0] + (part[1] + part[2]);
@@ -678,46 +719,46 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   }
 }
 
-template <class D, bool kFp8>
-__global__ void __launch_bounds__(kThreads, 2)
+template <class D, bool kFp8, int NB>
+__global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
-  __shared__ float red[kWarps * kNB];
-  __shared__ int ex[kNB];
-  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * kMaxJ);
-  // Grid (row pairs, slots, groups): the blocks of one slot's W rows for every row pair are
+  __shared__ float red[kWarps * NB];
+  __shared__ int ex[NB];
+  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
+  // Grid (x-row units of NB, slots, groups): the blocks of one slot's W rows for every unit are
   // consecutive (run together, W from L2 for all but the first). Measured neutral against slots
   // first (wq_b 8 rows 62.4 vs 62.5 us): a pair's cost is its own decode of W into fragments.
-  const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * kNB;
-  const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), n - r0));
+  const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
+  const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
-  block_rows<D, kFp8>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
+  block_rows<D, kFp8, NB>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
                       y + r0 * ldy + grp * out_rows, ldy, red_d, blockIdx.y, gridDim.y,
-                      [&] { stage_x<D>(xb, ldx, nb, in, smem_u2, red, ex); });
+                      [&] { stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex); });
 }
 
-// Experts: unit u = (expert, <= kNB of its rows); unit_start[e] = units before expert e.
-template <class D, bool kFp8>
-__global__ void __launch_bounds__(kThreads, 2)
+// Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e.
+template <class D, bool kFp8, int NB>
+__global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim, int64_t in,
                      const int64_t* __restrict__ offsets, const float* __restrict__ x, float* __restrict__ y,
                      int ks_log2) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
-  __shared__ float red[kWarps * kNB];
-  __shared__ int ex[kNB];
+  __shared__ float red[kWarps * NB];
+  __shared__ int ex[NB];
   __shared__ int unit_start[kMaxExperts + 1];
-  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * kMaxJ);
+  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
   const int tid = threadIdx.x;
-  if (tid < 32) {  // exclusive scan of ceil(rows_e / kNB) by warp 0
+  if (tid < 32) {  // exclusive scan of ceil(rows_e / NB) by warp 0
     const int64_t per = (n_experts + 31) / 32, eb = min(n_experts, tid * per), ee = min(n_experts, eb + per);
     int s = 0;
-    for (int64_t e = eb; e < ee; ++e) s += static_cast<int>((offsets[e + 1] - offsets[e] + kNB - 1) / kNB);
+    for (int64_t e = eb; e < ee; ++e) s += static_cast<int>((offsets[e + 1] - offsets[e] + NB - 1) / NB);
     int incl = s;
     for (int o = 1; o < 32; o <<= 1) {
       const int v = __shfl_up_sync(0xffffffffu, incl, o);
@@ -726,7 +767,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     int run = incl - s;
     for (int64_t e = eb; e < ee; ++e) {
       unit_start[e] = run;
-      run += static_cast<int>((offsets[e + 1] - offsets[e] + kNB - 1) / kNB);
+      run += static_cast<int>((offsets[e + 1] - offsets[e] + NB - 1) / NB);
     }
     if (tid == 31) unit_start[n_experts] = incl;
   }
@@ -738,12 +779,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t mid = (lo + hi + 1) / 2;
     if (unit_start[mid] <= u) lo = mid; else hi = mid - 1;
   }
-  const int64_t e = lo, r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * kNB;
-  const int nb = static_cast<int>(min(static_cast<int64_t>(kNB), offsets[e + 1] - r0));
+  const int64_t e = lo, r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
+  const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
   const DeviceWeight dw = weights[e];
   const float* xb = x + r0 * in;
-  block_rows<D, kFp8>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
-                      red_d, blockIdx.x, gridDim.x, [&] { stage_x<D>(xb, in, nb, in, smem_u2, red, ex); });
+  block_rows<D, kFp8, NB>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
+                      red_d, blockIdx.x, gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -751,8 +792,11 @@ int g_mode = -1;
 int g_slot_cap = 0;  // set_slot_cap_for_tests
 
 
-size_t smem_bytes(int64_t in) {
-  return static_cast<size_t>(in / 32) * 8 * kMaxJ * sizeof(uint2) + sizeof(float) * 4 * kThreads;
+// Dynamic shared memory of a block of NB x rows: the staged parts (2 mmas x 3 NB columns x 4 lane
+// groups of 8 bytes per tile) and the D fragments of the KS reduction (NT column tiles per lane).
+size_t smem_bytes(int64_t in, int nb) {
+  const int J = 3 * nb, NT = (J + 7) / 8;
+  return static_cast<size_t>(in / 32) * 8 * J * sizeof(uint2) + sizeof(float) * 4 * NT * kThreads;
 }
 
 // A kernel as a type (for the launchers' generic lambdas).
@@ -770,27 +814,83 @@ void allow_smem() {
   (void)done;
 }
 
+int blocks_per_sm(size_t smem, int nb = 2) {
+  const int64_t by_regs = nb <= 3 ? 2 : 1;  // Cols<NB>::kMinBlocks
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(by_regs, (227 * 1024) / static_cast<int64_t>(smem + 1024))));
+}
+
 // KS (log2): the fewest warps per row group that give ~2 blocks' warps per SM for a launch of ONE
-// row-pair unit per group, while every warp keeps >= 2 U tiles. It depends on the weight's shape
-// only (out_rows, groups, in), never on the rows of x: KS fixes the order of a row's sums, and a row
-// must get the same bits whether it is decoded alone, in a batch, or in a DSpark verification
-// (row-count invariance). Blocks: as many as fill the SMs over `units` x-row units per group
+// row-pair unit per group (the shared memory of NB = 2, whatever NB the call takes), while every
+// warp keeps >= 2 U tiles. It depends on the weight's shape only (out_rows, groups, in), never on
+// the rows of x: KS fixes the order of a row's sums, and a row must get the same bits whether it is
+// decoded alone, in a batch, or in a DSpark verification (row-count invariance). Blocks: as many
+// as fill the SMs (at the call's own blocks per SM) over `units` x-row units per group
 // (persistent), at most one per row-group batch.
 struct Shape {
   int ks_log2;
   unsigned slots;
 };
-Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, size_t smem) {
-  const int64_t per_sm = std::max<int64_t>(1, std::min<int64_t>(2, (227 * 1024) / static_cast<int64_t>(smem + 1024)));
-  const int64_t target_blocks = sm_count() * per_sm, target_warps = target_blocks * kWarps;
+Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int nb) {
+  const int64_t ref_warps = sm_count() * blocks_per_sm(smem_bytes(in, 2)) * kWarps;
+  const int64_t target_blocks = sm_count() * blocks_per_sm(smem_bytes(in, nb), nb);
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   int l = 0;
   const int64_t steps = tiles / sub;
-  while (l < 3 && n_rg * groups * (int64_t{1} << l) < target_warps && steps >> (l + 1) >= 2 * U) ++l;
+  while (l < 3 && n_rg * groups * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
   const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb, other = groups * std::max<int64_t>(1, units);
   int64_t slots = std::max<int64_t>(1, std::min<int64_t>(n_rgb, (target_blocks + other - 1) / other));
   if (g_slot_cap > 0) slots = std::min<int64_t>(slots, g_slot_cap);
   return Shape{l, static_cast<unsigned>(slots)};
+}
+
+// x rows per block (NB, a kernel template argument): each block decodes its W fragments once for NB
+// rows, so wide calls (a batch's decode step, a DSpark verification) re-decode W ceil(n / NB) times
+// instead of ceil(n / 2). The choice never changes a row's bits (see WarpTask); only the speed:
+// the fewest units whose staged x leaves two blocks per SM, else (a wide x) the fewest units that
+// fit at all. DS41_TCG_NB=2|3|4|6 forces one (measurements), as set_rows_per_block_for_tests.
+constexpr int kNbChoices[] = {2, 3, 4, 6};
+int g_nb = 0;
+
+int env_nb() {
+  static const int v = [] {
+    const char* e = std::getenv("DS41_TCG_NB");
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return (n == 2 || n == 3 || n == 4 || n == 6) ? n : 0;
+  }();
+  return v;
+}
+
+int pick_nb(int64_t rows, int64_t in) {
+  const int forced = g_nb > 0 ? g_nb : env_nb();
+  if (forced > 0) return smem_bytes(in, forced) <= static_cast<size_t>(kMaxSmem) ? forced : 2;
+  if (rows <= 2) return 2;
+  int best = 2;
+  int64_t best_units = 0;
+  bool best_two = false;  // two blocks per SM
+  for (int nb : kNbChoices) {
+    const size_t sm = smem_bytes(in, nb);
+    if (sm > static_cast<size_t>(kMaxSmem)) continue;
+    const bool two = blocks_per_sm(sm, nb) == 2;
+    const int64_t units = (rows + nb - 1) / nb;
+    // Two blocks per SM first (the weight stream's latency hiding), then fewer units.
+    if (best_units == 0 || (two && !best_two) || (two == best_two && units < best_units)) {
+      best = nb;
+      best_units = units;
+      best_two = two;
+    }
+  }
+  return best;
+}
+
+// Calls f(std::integral_constant<int, NB>) for a runtime nb in kNbChoices.
+template <class F>
+void with_nb(int nb, F&& f) {
+  switch (nb) {
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    default: f(std::integral_constant<int, 2>{}); break;
+  }
 }
 
 }  // namespace
@@ -812,6 +912,7 @@ bool enabled() {
 
 void set_enabled_for_tests(int mode) { g_mode = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
+void set_rows_per_block_for_tests(int nb) { g_nb = (nb == 2 || nb == 3 || nb == 4 || nb == 6) ? nb : 0; }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream) {
@@ -824,25 +925,29 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const uintptr_t p = reinterpret_cast<uintptr_t>(w.data);
   if (p % (fp8 ? 8 : 16) != 0 || (!bf16 && w.scale == nullptr)) return false;
   if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
-  const size_t smem = smem_bytes(w.in_dim);
-  if (smem > static_cast<size_t>(kMaxSmem)) return false;
-  const int64_t pairs = (n + kNB - 1) / kNB;
-  const Shape s = fp8   ? shape(out_rows, groups, pairs, w.in_dim, Fp8::kU, Fp8::kSub, smem)
-                  : fp4 ? shape(out_rows, groups, pairs, w.in_dim, Fp4::kU, Fp4::kSub, smem)
-                        : shape(out_rows, groups, pairs, w.in_dim, Bf16::kU, Bf16::kSub, smem);
-  const dim3 grid(static_cast<unsigned>(pairs), s.slots, static_cast<unsigned>(groups));
+  if (smem_bytes(w.in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
+  const int nbr = pick_nb(n, w.in_dim);
+  const size_t smem = smem_bytes(w.in_dim, nbr);
+  const int64_t units = (n + nbr - 1) / nbr;
+  const Shape s = fp8   ? shape(out_rows, groups, units, w.in_dim, Fp8::kU, Fp8::kSub, nbr)
+                  : fp4 ? shape(out_rows, groups, units, w.in_dim, Fp4::kU, Fp4::kSub, nbr)
+                        : shape(out_rows, groups, units, w.in_dim, Bf16::kU, Bf16::kSub, nbr);
+  const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups));
   auto go = [&](auto kernel) {
     allow_smem<decltype(kernel)::value>();
     launch(decltype(kernel)::value, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
            ldy, s.ks_log2);
   };
-  if (fp8) {
-    go(KernelT<tc_dense_kernel<Fp8, true>>{});
-  } else if (fp4) {
-    go(KernelT<tc_dense_kernel<Fp4, false>>{});
-  } else {
-    go(KernelT<tc_dense_kernel<Bf16, false>>{});
-  }
+  with_nb(nbr, [&](auto nbc) {
+    constexpr int NB = decltype(nbc)::value;
+    if (fp8) {
+      go(KernelT<tc_dense_kernel<Fp8, true, NB>>{});
+    } else if (fp4) {
+      go(KernelT<tc_dense_kernel<Fp4, false, NB>>{});
+    } else {
+      go(KernelT<tc_dense_kernel<Bf16, false, NB>>{});
+    }
+  });
   return true;
 }
 
@@ -858,22 +963,29 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   const bool fp8 = format == WeightFormat::kFp8Tiles, fp4 = format == WeightFormat::kFp4Rows;
   if (!fp8 && !fp4) return false;
   if (fp4 && in_dim % 128 != 0) return false;  // steps of four tiles
-  const size_t smem = smem_bytes(in_dim);
-  if (smem > static_cast<size_t>(kMaxSmem)) return false;
+  if (smem_bytes(in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
+  // About one routed row per expert (decode): NB = 2; NB > 2 only where the experts average more
+  // than two rows (a wide verification), as pick_nb would for that many rows.
+  const int nbr = m_max >= 3 * n_experts ? pick_nb(m_max / n_experts, in_dim) : pick_nb(2, in_dim);
+  const size_t smem = smem_bytes(in_dim, nbr);
   // KS from the expert's shape as one group; blocks over units <= rows <= m_max.
-  const Shape s = fp8 ? shape(out_dim, 1, m_max, in_dim, Fp8::kU, Fp8::kSub, smem)
-                      : shape(out_dim, 1, m_max, in_dim, Fp4::kU, Fp4::kSub, smem);
-  const dim3 grid(s.slots, static_cast<unsigned>(m_max));
+  const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
+  const Shape s = fp8 ? shape(out_dim, 1, std::min(m_max, units), in_dim, Fp8::kU, Fp8::kSub, nbr)
+                      : shape(out_dim, 1, std::min(m_max, units), in_dim, Fp4::kU, Fp4::kSub, nbr);
+  const dim3 grid(s.slots, static_cast<unsigned>(std::min(m_max, units)));
   auto go = [&](auto kernel) {
     allow_smem<decltype(kernel)::value>();
     launch(decltype(kernel)::value, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y,
            s.ks_log2);
   };
-  if (fp8) {
-    go(KernelT<tc_expert_kernel<Fp8, true>>{});
-  } else {
-    go(KernelT<tc_expert_kernel<Fp4, false>>{});
-  }
+  with_nb(nbr, [&](auto nbc) {
+    constexpr int NB = decltype(nbc)::value;
+    if (fp8) {
+      go(KernelT<tc_expert_kernel<Fp8, true, NB>>{});
+    } else {
+      go(KernelT<tc_expert_kernel<Fp4, false, NB>>{});
+    }
+  });
   return true;
 }
 

@@ -1,5 +1,5 @@
-// ds41 backends/cuda: the tensor-core GEMV of decode (tc_gemv_kernels.cu) — y = x . W^T for one or
-// two rows of x over FP8 32x32-tile, FP4-row and BF16 weights (MODEL_SPEC 2.1), the weights decoded in
+// ds41 backends/cuda: the tensor-core GEMV of decode (tc_gemv_kernels.cu) — y = x . W^T for up to
+// six rows of x per block over FP8 32x32-tile, FP4-row and BF16 weights (MODEL_SPEC 2.1), the weights decoded in
 // registers straight into mma.sync f16 fragments (BF16: used as bf16 fragments as loaded). Internal to linear_kernels.cu, which sends the
 // shapes these accept here and everything else to its CUDA-core kernels; the numerics and the
 // measurements are in docs/gpu_kernels.md ("Decode GEMV on the tensor cores").
@@ -20,6 +20,9 @@ namespace ds41::cuda::tcg {
 bool enabled();
 void set_enabled_for_tests(int mode);  // -1: the environment, 0: off, 1: on
 void set_slot_cap_for_tests(int cap);  // caps the blocks along W rows (0: the device's fill)
+// Forces the x rows per block (2, 3, 4 or 6; 0: the launcher's choice, or DS41_TCG_NB). A row's
+// bits do not depend on it (LinearParity.DecodeGemvRowCountInvariance).
+void set_rows_per_block_for_tests(int nb);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)

@@ -494,6 +494,7 @@ TEST(LinearParity, TensorCoreGemv) {
     ~Reset() {
       set_tc_gemv_for_tests(-1);
       set_persist_slot_cap_for_tests(0);
+      set_tc_gemv_rows_per_block_for_tests(0);
     }
   } reset;
   struct Case {
@@ -523,26 +524,39 @@ TEST(LinearParity, TensorCoreGemv) {
     HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
     DevWeight dw(hw);
     const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
-    for (int64_t n : {1, 2}) {
+    for (int64_t n : {1, 2, 7}) {
       auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed, c.xscale);
       if (c.mixed)
         for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1048576.0f;
+      if (n == 7)  // rows of different magnitudes in one block (each row its own power of two)
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t k = 0; k < c.in; ++k) x[r * c.in + k] = std::ldexp(x[r * c.in + k], static_cast<int>(5 * r - 12));
       std::vector<float> want(static_cast<size_t>(n * c.out));
       cpu.linear(ref, x.data(), n, want.data());
       Dev<float> dx(x), dy(want.size());
       // Tensor cores with the device's fill of blocks and with 1 or 3 blocks (each loops over many
-      // row-group batches, the next batch's loads issued before the reduction); CUDA cores.
-      for (int mode : {1, 2, 3, 0}) {
+      // row-group batches, the next batch's loads issued before the reduction); CUDA cores. 7 rows:
+      // also x rows per block forced to 2, 4 and 6 (the launcher's pick is 3 at these widths): the
+      // column tiles of one decoded A fragment, ragged last units.
+      std::vector<int> modes = {1, 2, 3, 0};
+      if (n == 7) modes = {1, 2, 0, 4, 5, 6};
+      for (int mode : modes) {
         set_tc_gemv_for_tests(mode == 0 ? 0 : 1);
         set_persist_slot_cap_for_tests(mode == 2 ? 1 : (mode == 3 ? 3 : 0));
+        set_tc_gemv_rows_per_block_for_tests(mode == 4 ? 2 : mode == 5 ? 4 : mode == 6 ? 6 : 0);
         // row_invariant: BF16 takes the tensor cores only for such calls (decode steps, verifications).
         ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr, true).ok());
         report("linear tc-gemv",
                std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
-                   (mode == 0 ? " cuda cores" : mode == 1 ? " tensor cores" : mode == 2 ? " tc 1 block" : " tc 3 blocks"),
+                   (mode == 0   ? " cuda cores"
+                    : mode == 1 ? " tensor cores"
+                    : mode == 2 ? " tc 1 block"
+                    : mode == 3 ? " tc 3 blocks"
+                                : " tc " + std::to_string(mode == 4 ? 2 : mode == 5 ? 4 : 6) + " rows per block"),
                rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
       }
       set_persist_slot_cap_for_tests(0);
+      set_tc_gemv_rows_per_block_for_tests(0);
     }
   }
   {  // grouped: 4 groups of 32 rows (FP8), K 512
@@ -561,16 +575,20 @@ TEST(LinearParity, TensorCoreGemv) {
              kLinearTol, kLinearWhy);
     }
   }
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     // 9 experts, 5 used: rows 2, 1, 0, 0, 3 (two units), 1, 0, 0, 2; m_max 11 (2 past the rows).
     // Variant 2: FP4 with every expert's scales one byte off 4-byte alignment (byte loads).
-    const WeightFormat f = variant == 1 ? WeightFormat::kFp8Tiles : WeightFormat::kFp4Rows;
+    // Variants 3 (FP4) and 4 (FP8, 6 x rows per block forced): 3 of 9 experts used with 7, 5 and 17
+    // rows (m_max >= 3 x experts: units of more than two rows, ragged last units).
+    const WeightFormat f = (variant == 1 || variant == 4) ? WeightFormat::kFp8Tiles : WeightFormat::kFp4Rows;
     const size_t shift = variant == 2 ? 1 : 0;
     const int64_t E = 9, out = 80, in = 1024;
     backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
     const Experts ex = make_experts(f, E, out, in, seed, shift);
     const std::vector<ops::WeightRef>& refs = ex.refs;
-    const std::vector<int64_t> off = {0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
+    const std::vector<int64_t> off = variant >= 3 ? std::vector<int64_t>{0, 7, 7, 7, 12, 12, 12, 12, 29, 29}
+                                                  : std::vector<int64_t>{0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
+    set_tc_gemv_rows_per_block_for_tests(variant == 4 ? 6 : 0);
     const int64_t m = off[E], m_max = m + 2;
     auto x = rand_floats(static_cast<size_t>(m_max * in), ++seed);
     std::vector<float> want(static_cast<size_t>(m * out));
@@ -587,7 +605,11 @@ TEST(LinearParity, TensorCoreGemv) {
     for (size_t i = static_cast<size_t>(m * out); i < got.size(); ++i) touched += bits_of(got[i]) != 0xffffffffu;
     EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
     got.resize(want.size());
-    report("expert_linear tc-gemv", std::string(fmt_name(f)) + " 9 experts 80x1024 m=9 units of <= 2" + (shift ? " scales +1B" : ""),
+    set_tc_gemv_rows_per_block_for_tests(0);
+    report("expert_linear tc-gemv", std::string(fmt_name(f)) + " 9 experts 80x1024 m=" + std::to_string(m) +
+                                        (variant >= 3 ? (variant == 4 ? " units of <= 6" : " units of the launcher's pick")
+                                                      : " units of <= 2") +
+                                        (shift ? " scales +1B" : ""),
            rel_to_max(got, want), kLinearTol, kLinearWhy);
   }
 }
@@ -602,7 +624,10 @@ TEST(LinearParity, TensorCoreGemv) {
 TEST(LinearParity, DecodeGemvRowCountInvariance) {
   DS41_SKIP_WITHOUT_GPU();
   struct Reset {
-    ~Reset() { set_tc_gemv_for_tests(-1); }
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_rows_per_block_for_tests(0);
+    }
   } reset;
   set_tc_gemv_for_tests(1);
   uint64_t seed = 13000;
@@ -636,13 +661,24 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
       const std::vector<float> part = run(r0, n);
       for (int64_t i = 0; i < n * c.out; ++i) differ += bits_of(part[i]) != bits_of(all[r0 * c.out + i]);
     }
+    // Every x-rows-per-block choice (a row lands in another column of another column tile): the
+    // same bits as the launcher's pick.
+    for (int nb : {2, 3, 4, 6}) {
+      set_tc_gemv_rows_per_block_for_tests(nb);
+      for (const auto& [r0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, N}, {3, 5}, {9, 1}}) {
+        const std::vector<float> part = run(r0, n);
+        for (int64_t i = 0; i < n * c.out; ++i) differ += bits_of(part[i]) != bits_of(all[r0 * c.out + i]);
+      }
+    }
+    set_tc_gemv_rows_per_block_for_tests(0);
     report("linear row-count invariance",
            std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " g=" + std::to_string(c.groups) +
                " rows alone / in batches of 1-36 vs 40: bits differing",
            static_cast<double>(differ), 0, "a row's order depends on the weight's shape only");
     EXPECT_EQ(differ, 0u);
   }
-  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles}) {
+  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles})
+    for (int nb : {0, 3, 6}) {  // x rows per block: the launcher's pick (2 here), 3, 6
     // 12 experts; a batch of 6 tokens routed to 3 experts each (m = 18, some experts with 3 rows),
     // then every row routed alone to its expert: the same bits.
     const int64_t E = 12, out = 80, in = 1024;
@@ -655,7 +691,9 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
     Dev<float> dx(x);
     Dev<int64_t> doff(off);
     Dev<float> dy(static_cast<size_t>(m * out));
+    set_tc_gemv_rows_per_block_for_tests(nb);  // the batch; each row alone with the launcher's pick
     ASSERT_TRUE(run_expert_linear(ex.dweights->p, E, out, in, doff.p, dx.p, m, dy.p, nullptr, f).ok());
+    set_tc_gemv_rows_per_block_for_tests(0);
     const std::vector<float> all = dy.get();
     size_t differ = 0;
     for (int64_t e = 0; e < E; ++e)
@@ -669,7 +707,8 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
         for (int64_t i = 0; i < out; ++i) differ += bits_of(got[i]) != bits_of(all[r * out + i]);
       }
     report("expert_linear row-count invariance",
-           std::string(fmt_name(f)) + " 12 experts 80x1024 m=18 vs each row alone: bits differing",
+           std::string(fmt_name(f)) + " 12 experts 80x1024 m=18 (" + (nb ? std::to_string(nb) : std::string("auto")) +
+               " rows per block) vs each row alone: bits differing",
            static_cast<double>(differ), 0, "a row's order depends on the expert's shape only");
     EXPECT_EQ(differ, 0u);
   }
