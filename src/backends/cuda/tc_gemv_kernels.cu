@@ -222,6 +222,9 @@ struct Fp8 {
     a[1] = e4m3x2_to_f16x2(wb);
     a[2] = e4m3x2_to_f16x2(wa >> 16);
     a[3] = e4m3x2_to_f16x2(wb >> 16);
+  }  __device__ static void frags(const Q& q, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
+    frag(q, 0, a0);
+    frag(q, 1, a1);
   }
 };
 
@@ -289,22 +292,40 @@ struct Fp4 {
     const uint32_t code = ((row ? q.b : q.a) >> (4 * idx)) & 0xfu;
     return __fmul_rn(dev::e2m1_decode(code), dev::e8m0_decode(sb));
   }
-  template <int i>
-  __device__ static uint32_t pair(uint32_t w) {
-    return dev::WideFp4::pair<i>(w);
+  // The A fragments of both mmas from a row's word of 8 codes (code j = bits 4j .. 4j + 3, K offset
+  // 8g + j): f16x2 pairs of codes (i, i + 4), i = 0..3, each code as the f16 bits s.000e1e0m.000000000
+  // (the E2M1 value times 2^-14, subnormal 0.5 included; as WideFp4::pair). First every byte's two
+  // codes become the high bytes of their f16 (s << 7 | e1e0m << 1): xe from the even codes (low
+  // nibbles), xo from the odd ones; then a byte permute with zero low bytes picks each pair: codes
+  // (0, 4) = xe bytes 0, 2; (2, 6) = xe bytes 1, 3; (1, 5), (3, 7) from xo. 11 instructions per 8
+  // codes where the per-pair shifts and masks took 16; the same fragments, bit for bit.
+  __device__ static uint32_t pick(uint32_t v, bool hi) {  // bytes 0, 2 (hi: 1, 3) into bytes 1, 3
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(v, 0u, hi ? 0x3414u : 0x2404u);
+#else
+    return hi ? (v & 0xff00ff00u) : ((v << 8) & 0xff00ff00u);
+#endif
   }
-  __device__ static void frag(const Q& q, int m, uint32_t (&a)[4]) {
-    if (m == 0) {
-      a[0] = pair<0>(q.a);
-      a[1] = pair<0>(q.b);
-      a[2] = pair<1>(q.a);
-      a[3] = pair<1>(q.b);
-    } else {
-      a[0] = pair<2>(q.a);
-      a[1] = pair<2>(q.b);
-      a[2] = pair<3>(q.a);
-      a[3] = pair<3>(q.b);
-    }
+  __device__ static void row_pairs(uint32_t w, uint32_t (&p)[4]) {
+    const uint32_t xe = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);
+    const uint32_t xo = (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);
+    p[0] = pick(xe, false);
+    p[1] = pick(xo, false);
+    p[2] = pick(xe, true);
+    p[3] = pick(xo, true);
+  }
+  __device__ static void frags(const Q& q, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
+    uint32_t pa[4], pb[4];
+    row_pairs(q.a, pa);
+    row_pairs(q.b, pb);
+    a0[0] = pa[0];
+    a0[1] = pb[0];
+    a0[2] = pa[1];
+    a0[3] = pb[1];
+    a1[0] = pa[2];
+    a1[1] = pb[2];
+    a1[2] = pa[3];
+    a1[3] = pb[3];
   }
 };
 
@@ -348,6 +369,9 @@ struct Bf16 {
     a[1] = m ? q.b.z : q.b.x;
     a[2] = m ? q.a.w : q.a.y;
     a[3] = m ? q.b.w : q.b.y;
+  }  __device__ static void frags(const Q& q, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
+    frag(q, 0, a0);
+    frag(q, 1, a1);
   }
 };
 
@@ -600,8 +624,7 @@ struct WarpTask {
       const bool fast = sc0 - f.lo <= f.span && sc1 - f.lo <= f.span;
       if (__all_sync(0xffffffffu, fast)) {
         uint32_t a0[4], a1[4];
-        D::frag(w, 0, a0);
-        D::frag(w, 1, a1);
+        D::frags(w, a0, a1);
         // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4:
         // rows r and r + 8 each their own).
         const uint32_t s0 = sc0 << 23, s1 = sc1 << 23;
