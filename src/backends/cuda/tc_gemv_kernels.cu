@@ -868,9 +868,13 @@ Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, 
 
 // x rows per block (NB, a kernel template argument): each block decodes its W fragments once for NB
 // rows, so wide calls (a batch's decode step, a DSpark verification) re-decode W ceil(n / NB) times
-// instead of ceil(n / 2). The choice never changes a row's bits (see WarpTask); only the speed:
-// the fewest units whose staged x leaves two blocks per SM, else (a wide x) the fewest units that
-// fit at all. DS41_TCG_NB=2|3|4|6 forces one (measurements), as set_rows_per_block_for_tests.
+// instead of ceil(n / 2). The choice never changes a row's bits (see WarpTask); only the speed. The
+// rule is the H200's measurements (docs/gpu_kernels.md, `bench kernels --row-invariant --n 1 6 8 64`
+// with DS41_TCG_NB forced): up to 4 rows, 2; a small weight (fewer row groups than two blocks per SM
+// want) keeps 2 below 32 rows, where its launch is short of blocks rather than of bandwidth, and 6
+// from 32 rows; grouped weights (wo_a) 3 up to 12 rows, then 4; otherwise the fewest units
+// ceil(n / NB) among the NB whose staged x fits, the smaller NB on a tie (8 rows: 4 + 4, not 6 + 2).
+// DS41_TCG_NB=2|3|4|6 forces one (measurements), as set_rows_per_block_for_tests.
 constexpr int kNbChoices[] = {2, 3, 4, 6};
 int g_nb = 0;
 
@@ -883,23 +887,24 @@ int env_nb() {
   return v;
 }
 
-int pick_nb(int64_t rows, int64_t in) {
+bool nb_fits(int nb, int64_t in) { return smem_bytes(in, nb) <= static_cast<size_t>(kMaxSmem); }
+
+// rows: x rows of the call (experts: the average per expert); row_groups: 16-row groups of W over
+// all groups; groups > 1: a grouped weight.
+int pick_nb(int64_t rows, int64_t in, int64_t row_groups, int64_t groups) {
   const int forced = g_nb > 0 ? g_nb : env_nb();
-  if (forced > 0) return smem_bytes(in, forced) <= static_cast<size_t>(kMaxSmem) ? forced : 2;
-  if (rows <= 2) return 2;
+  if (forced > 0) return nb_fits(forced, in) ? forced : 2;
+  if (rows <= 4) return 2;
+  auto fit = [&](int nb) { return nb_fits(nb, in) ? nb : 2; };
+  if (groups > 1) return fit(rows <= 12 ? 3 : 4);
+  if (row_groups < 2 * sm_count()) return rows < 32 ? 2 : (nb_fits(6, in) ? 6 : fit(4));
   int best = 2;
-  int64_t best_units = 0;
-  bool best_two = false;  // two blocks per SM
+  int64_t best_units = (rows + 1) / 2;
   for (int nb : kNbChoices) {
-    const size_t sm = smem_bytes(in, nb);
-    if (sm > static_cast<size_t>(kMaxSmem)) continue;
-    const bool two = blocks_per_sm(sm, nb) == 2;
     const int64_t units = (rows + nb - 1) / nb;
-    // Two blocks per SM first (the weight stream's latency hiding), then fewer units.
-    if (best_units == 0 || (two && !best_two) || (two == best_two && units < best_units)) {
+    if (nb_fits(nb, in) && units < best_units) {
       best = nb;
       best_units = units;
-      best_two = two;
     }
   }
   return best;
@@ -949,7 +954,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   if (p % (fp8 ? 8 : 16) != 0 || (!bf16 && w.scale == nullptr)) return false;
   if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
   if (smem_bytes(w.in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
-  const int nbr = pick_nb(n, w.in_dim);
+  const int nbr = pick_nb(n, w.in_dim, (out_rows + 15) / 16 * groups, groups);
   const size_t smem = smem_bytes(w.in_dim, nbr);
   const int64_t units = (n + nbr - 1) / nbr;
   const Shape s = fp8   ? shape(out_rows, groups, units, w.in_dim, Fp8::kU, Fp8::kSub, nbr)
@@ -987,9 +992,10 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   if (!fp8 && !fp4) return false;
   if (fp4 && in_dim % 128 != 0) return false;  // steps of four tiles
   if (smem_bytes(in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
-  // About one routed row per expert (decode): NB = 2; NB > 2 only where the experts average more
-  // than two rows (a wide verification), as pick_nb would for that many rows.
-  const int nbr = m_max >= 3 * n_experts ? pick_nb(m_max / n_experts, in_dim) : pick_nb(2, in_dim);
+  // About one routed row per expert (decode, measured: forcing 4 or 6 rows per block there is up to
+  // 2x slower): NB = 2; NB > 2 only where the experts average 5 rows or more (a wide verification),
+  // as pick_nb would choose for that many rows.
+  const int nbr = pick_nb(m_max >= 3 * n_experts ? m_max / n_experts : 2, in_dim, (out_dim + 15) / 16, 1);
   const size_t smem = smem_bytes(in_dim, nbr);
   // KS from the expert's shape as one group; blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units

@@ -536,14 +536,14 @@ TEST(LinearParity, TensorCoreGemv) {
       Dev<float> dx(x), dy(want.size());
       // Tensor cores with the device's fill of blocks and with 1 or 3 blocks (each loops over many
       // row-group batches, the next batch's loads issued before the reduction); CUDA cores. 7 rows:
-      // also x rows per block forced to 2, 4 and 6 (the launcher's pick is 3 at these widths): the
-      // column tiles of one decoded A fragment, ragged last units.
+      // also x rows per block forced to 3, 4 and 6 (the launcher's pick is 2 for weights this small):
+      // the column tiles of one decoded A fragment, ragged last units.
       std::vector<int> modes = {1, 2, 3, 0};
       if (n == 7) modes = {1, 2, 0, 4, 5, 6};
       for (int mode : modes) {
         set_tc_gemv_for_tests(mode == 0 ? 0 : 1);
         set_persist_slot_cap_for_tests(mode == 2 ? 1 : (mode == 3 ? 3 : 0));
-        set_tc_gemv_rows_per_block_for_tests(mode == 4 ? 2 : mode == 5 ? 4 : mode == 6 ? 6 : 0);
+        set_tc_gemv_rows_per_block_for_tests(mode == 4 ? 3 : mode == 5 ? 4 : mode == 6 ? 6 : 0);
         // row_invariant: BF16 takes the tensor cores only for such calls (decode steps, verifications).
         ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr, true).ok());
         report("linear tc-gemv",
@@ -552,7 +552,7 @@ TEST(LinearParity, TensorCoreGemv) {
                     : mode == 1 ? " tensor cores"
                     : mode == 2 ? " tc 1 block"
                     : mode == 3 ? " tc 3 blocks"
-                                : " tc " + std::to_string(mode == 4 ? 2 : mode == 5 ? 4 : 6) + " rows per block"),
+                                : " tc " + std::to_string(mode == 4 ? 3 : mode == 5 ? 4 : 6) + " rows per block"),
                rel_to_max(dy.get(), want), kLinearTol, kLinearWhy);
       }
       set_persist_slot_cap_for_tests(0);
@@ -578,8 +578,8 @@ TEST(LinearParity, TensorCoreGemv) {
   for (int variant = 0; variant < 5; ++variant) {
     // 9 experts, 5 used: rows 2, 1, 0, 0, 3 (two units), 1, 0, 0, 2; m_max 11 (2 past the rows).
     // Variant 2: FP4 with every expert's scales one byte off 4-byte alignment (byte loads).
-    // Variants 3 (FP4) and 4 (FP8, 6 x rows per block forced): 3 of 9 experts used with 7, 5 and 17
-    // rows (m_max >= 3 x experts: units of more than two rows, ragged last units).
+    // Variants 3 (FP4, 3 x rows per block forced) and 4 (FP8, 6 forced): 3 of 9 experts used with 7,
+    // 5 and 17 rows (units of more than two rows, ragged last units).
     const WeightFormat f = (variant == 1 || variant == 4) ? WeightFormat::kFp8Tiles : WeightFormat::kFp4Rows;
     const size_t shift = variant == 2 ? 1 : 0;
     const int64_t E = 9, out = 80, in = 1024;
@@ -588,7 +588,7 @@ TEST(LinearParity, TensorCoreGemv) {
     const std::vector<ops::WeightRef>& refs = ex.refs;
     const std::vector<int64_t> off = variant >= 3 ? std::vector<int64_t>{0, 7, 7, 7, 12, 12, 12, 12, 29, 29}
                                                   : std::vector<int64_t>{0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
-    set_tc_gemv_rows_per_block_for_tests(variant == 4 ? 6 : 0);
+    set_tc_gemv_rows_per_block_for_tests(variant == 4 ? 6 : variant == 3 ? 3 : 0);
     const int64_t m = off[E], m_max = m + 2;
     auto x = rand_floats(static_cast<size_t>(m_max * in), ++seed);
     std::vector<float> want(static_cast<size_t>(m * out));
@@ -607,7 +607,7 @@ TEST(LinearParity, TensorCoreGemv) {
     got.resize(want.size());
     set_tc_gemv_rows_per_block_for_tests(0);
     report("expert_linear tc-gemv", std::string(fmt_name(f)) + " 9 experts 80x1024 m=" + std::to_string(m) +
-                                        (variant >= 3 ? (variant == 4 ? " units of <= 6" : " units of the launcher's pick")
+                                        (variant >= 3 ? (variant == 4 ? " units of <= 6" : " units of <= 3")
                                                       : " units of <= 2") +
                                         (shift ? " scales +1B" : ""),
            rel_to_max(got, want), kLinearTol, kLinearWhy);
