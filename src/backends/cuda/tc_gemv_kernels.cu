@@ -4,11 +4,11 @@
 // instruction (its share of a conversion to f16 and of an mma.sync), so the kernel can stream HBM.
 //
 // The product, exact to the oracle's float arithmetic up to summation order (MODEL_SPEC 2.1):
-// - x (a block's one or two rows) is scaled by a power of two per row (its largest |x| into [2^14, 2^15)) and
+// - x (a block's NB rows) is scaled by a power of two per row (its largest |x| into [2^14, 2^15)) and
 //   split into three f16 parts, hi = f16(x'), lo = f16(x' - hi), lo2 = f16(x' - hi - lo) (both
 //   differences exact in fp32): 33 significant bits, so x' itself wherever it is an f16 normal
 //   (|x| > 2^-29 max|x|; below that the parts lose bits of terms ~2^-40 of the output scale). The
-//   parts are the columns of the mma's B operand (3 per row of x, 6 of its 8 columns).
+//   parts are the columns of the mma's B operand (3 per row of x, in ceil(3 NB / 8) column tiles of 8).
 // - W is decoded to f16 exactly: E4M3 by the hardware E4M3x2 -> f16x2 conversion; E2M1 by bit moves
 //   (linear_wide_decode.cuh WideFp4::pair: the value times 2^-14, subnormal 0.5 included).
 // - mma.sync m16n8k16 (f16 x f16, fp32 accumulation) multiplies one 32-wide K tile (two mmas);
@@ -34,12 +34,13 @@
 // flight per warp.
 //
 // Launch: 256 threads = 8 warps; KS warps split one row group's tiles (KS in {1, 2, 4, 8}, chosen from
-// the weight's shape only, see shape()), 8 / KS row groups per block and iteration, blocks persistent over the row
-// groups (grid-stride). The KS partial sums are added in a fixed order through shared memory
-// (deterministic). Dense: grid = (x-row pairs, row-group slots, groups), the pairs fastest so the
-// blocks reading the same W rows run together; experts:
-// grid = (slots, units), a unit being <= 2 rows of x routed to one expert (found by a scan of the
-// offsets).
+// the weight's shape only, see shape()), 8 / KS row groups per block and iteration, blocks persistent
+// over the row groups (grid-stride, at most one wave). A block stages NB rows of x (NB in {2, 3, 4, 6},
+// pick_nb: 3 NB of the B columns, ceil(3 NB / 8) column tiles) and multiplies each decoded A fragment
+// with all of them. The KS partial sums are added in a fixed order through shared memory
+// (deterministic). Dense: grid = (x-row units of NB, row-group slots, groups), the units fastest so
+// the blocks reading the same W rows run together; experts: grid = (slots, units), a unit being <= NB
+// rows of x routed to one expert (found by a scan of the offsets).
 #include "backends/cuda/tc_gemv_kernels.h"
 
 #include <cuda_bf16.h>
