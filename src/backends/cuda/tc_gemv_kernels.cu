@@ -50,7 +50,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/linear_wide_decode.cuh"
@@ -838,9 +841,33 @@ void allow_smem() {
   (void)done;
 }
 
-int blocks_per_sm(size_t smem, int nb = 2) {
-  const int64_t by_regs = nb <= 3 ? 2 : 1;  // Cols<NB>::kMinBlocks
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(by_regs, (227 * 1024) / static_cast<int64_t>(smem + 1024))));
+// Resident blocks per SM of kernel K at `smem` bytes of dynamic shared memory, as the runtime
+// computes it from the kernel's registers and shared memory (cached per kernel and size: a decode
+// step asks for it on every linear). The slots of a launch come from it, so a grid is one wave
+// (a guess from NB alone had FP8 at NB = 4, 128 registers, at one block per SM where two fit:
+// wo_a at 64 rows ran 128 blocks instead of 256, 304 us instead of 208 on the H200).
+template <auto K>
+int resident_blocks(size_t smem) {
+  static std::mutex mu;
+  static std::vector<std::pair<size_t, int>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [sz, v] : cache)
+    if (sz == smem) return v;
+  int v = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, reinterpret_cast<const void*>(K), kThreads, smem) !=
+          cudaSuccess ||
+      v < 1) {
+    (void)cudaGetLastError();  // clear it: the launch reports real errors
+    v = 1;
+  }
+  cache.emplace_back(smem, v);
+  return v;
+}
+
+// Blocks per SM by shared memory alone (at most 2): the reference of KS, which must not depend on
+// the kernel a call takes.
+int blocks_per_sm(size_t smem) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(2, (227 * 1024) / static_cast<int64_t>(smem + 1024))));
 }
 
 // KS (log2): the fewest warps per row group that give ~2 blocks' warps per SM for a launch of ONE
@@ -854,9 +881,9 @@ struct Shape {
   int ks_log2;
   unsigned slots;
 };
-Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int nb) {
+Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int per_sm) {
   const int64_t ref_warps = sm_count() * blocks_per_sm(smem_bytes(in, 2)) * kWarps;
-  const int64_t target_blocks = sm_count() * blocks_per_sm(smem_bytes(in, nb), nb);
+  const int64_t target_blocks = sm_count() * std::max(1, per_sm);
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   int l = 0;
   const int64_t steps = tiles / sub;
@@ -961,23 +988,21 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const int nbr = pick_nb(n, w.in_dim, (out_rows + 15) / 16 * groups, groups);
   const size_t smem = smem_bytes(w.in_dim, nbr);
   const int64_t units = (n + nbr - 1) / nbr;
-  const Shape s = fp8   ? shape(out_rows, groups, units, w.in_dim, Fp8::kU, Fp8::kSub, nbr)
-                  : fp4 ? shape(out_rows, groups, units, w.in_dim, Fp4::kU, Fp4::kSub, nbr)
-                        : shape(out_rows, groups, units, w.in_dim, Bf16::kU, Bf16::kSub, nbr);
-  const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups));
-  auto go = [&](auto kernel) {
-    allow_smem<decltype(kernel)::value>();
-    launch(decltype(kernel)::value, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y,
-           ldy, s.ks_log2);
+  auto go = [&](auto kernel, int U, int sub) {
+    constexpr auto K = decltype(kernel)::value;
+    allow_smem<K>();
+    const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<K>(smem));
+    const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups));
+    launch(K, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2);
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
     if (fp8) {
-      go(KernelT<tc_dense_kernel<Fp8, true, NB>>{});
+      go(KernelT<tc_dense_kernel<Fp8, true, NB>>{}, Fp8::kU, Fp8::kSub);
     } else if (fp4) {
-      go(KernelT<tc_dense_kernel<Fp4, false, NB>>{});
+      go(KernelT<tc_dense_kernel<Fp4, false, NB>>{}, Fp4::kU, Fp4::kSub);
     } else {
-      go(KernelT<tc_dense_kernel<Bf16, false, NB>>{});
+      go(KernelT<tc_dense_kernel<Bf16, false, NB>>{}, Bf16::kU, Bf16::kSub);
     }
   });
   return true;
@@ -1003,20 +1028,20 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   const size_t smem = smem_bytes(in_dim, nbr);
   // KS from the expert's shape as one group; blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
-  const Shape s = fp8 ? shape(out_dim, 1, std::min(m_max, units), in_dim, Fp8::kU, Fp8::kSub, nbr)
-                      : shape(out_dim, 1, std::min(m_max, units), in_dim, Fp4::kU, Fp4::kSub, nbr);
-  const dim3 grid(s.slots, static_cast<unsigned>(std::min(m_max, units)));
-  auto go = [&](auto kernel) {
-    allow_smem<decltype(kernel)::value>();
-    launch(decltype(kernel)::value, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y,
-           s.ks_log2);
+  const int64_t grid_units = std::min(m_max, units);
+  auto go = [&](auto kernel, int U, int sub) {
+    constexpr auto K = decltype(kernel)::value;
+    allow_smem<K>();
+    const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<K>(smem));
+    const dim3 grid(s.slots, static_cast<unsigned>(grid_units));
+    launch(K, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y, s.ks_log2);
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
     if (fp8) {
-      go(KernelT<tc_expert_kernel<Fp8, true, NB>>{});
+      go(KernelT<tc_expert_kernel<Fp8, true, NB>>{}, Fp8::kU, Fp8::kSub);
     } else {
-      go(KernelT<tc_expert_kernel<Fp4, false, NB>>{});
+      go(KernelT<tc_expert_kernel<Fp4, false, NB>>{}, Fp4::kU, Fp4::kSub);
     }
   });
   return true;
