@@ -10,7 +10,7 @@
 //   (|x| > 2^-29 max|x|; below that the parts lose bits of terms ~2^-40 of the output scale). The
 //   parts are the columns of the mma's B operand (3 per row of x, in ceil(3 NB / 8) column tiles of 8).
 // - W is decoded to f16 exactly: E4M3 by the hardware E4M3x2 -> f16x2 conversion; E2M1 by bit moves
-//   (linear_wide_decode.cuh WideFp4::pair: the value times 2^-14, subnormal 0.5 included).
+//   (Fp4::row_pairs: the value times 2^-14, subnormal 0.5 included, as the CUDA-core WideFp4::pair).
 // - mma.sync m16n8k16 (f16 x f16, fp32 accumulation) multiplies one 32-wide K tile (two mmas);
 //   every product of an f16 weight and an f16 part is exact in fp32. The tile's sum is multiplied by
 //   ONE exact power of two, its E8M0 scale (FP8: the 32x32 tile's; FP4: each row's) times 2^e (its
@@ -56,7 +56,6 @@
 #include <vector>
 
 #include "backends/cuda/device_sm_count.h"
-#include "backends/cuda/linear_wide_decode.cuh"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
@@ -77,7 +76,7 @@ using quant::WeightFormat;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Every row count: a decode step or a DSpark verification of any batch gets a one-row call's bits
-// (row-count invariance). Wide calls re-read W per row pair (from L2 mostly), so run_linear sends
+// (row-count invariance). Wide calls re-read W per unit of NB rows (from L2 mostly), so run_linear sends
 // only decode-sized (kDecodeRows) or row_invariant calls here.
 constexpr int64_t kMaxRows = 2 * 65535;     // rows of x of a dense call (grid x: units of >= 2 of them)
 constexpr int64_t kMaxExpertRows = 65535;  // routed rows of an expert call (grid y: one unit each at most)
@@ -1021,10 +1020,10 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   if (!fp8 && !fp4) return false;
   if (fp4 && in_dim % 128 != 0) return false;  // steps of four tiles
   if (smem_bytes(in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
-  // About one routed row per expert (decode, measured: forcing 4 or 6 rows per block there is up to
-  // 2x slower): NB = 2; NB > 2 only where the experts average 5 rows or more (a wide verification),
-  // as pick_nb would choose for that many rows.
-  const int nbr = pick_nb(m_max >= 3 * n_experts ? m_max / n_experts : 2, in_dim, (out_dim + 15) / 16, 1);
+  // NB from the average rows per expert: about one in decode, so NB = 2 (measured: forcing 4 or 6
+  // rows per block there is up to 2x slower); NB > 2 only where the experts average 5 rows or more
+  // (a wide verification).
+  const int nbr = pick_nb(std::max<int64_t>(1, m_max / n_experts), in_dim, (out_dim + 15) / 16, 1);
   const size_t smem = smem_bytes(in_dim, nbr);
   // KS from the expert's shape as one group; blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
