@@ -81,29 +81,33 @@ __global__ void __launch_bounds__(kRegThreads)
   }
 }
 
-// One block per row: cos/sin of the row's angles in shared memory, then every head's pairs.
+// Block (r, c): row r's pairs [c * blockDim.x, (c + 1) * blockDim.x), one per thread (one CTA per
+// row made eight dependent load / store rounds for 64 heads of 32 pairs). The pair is loaded first,
+// the cos/sin of the row's angles go to shared memory meanwhile.
 __global__ void __launch_bounds__(kThreads)
     rope_kernel(float* x, int64_t heads, int64_t head_dim, const int64_t* __restrict__ pos,
                 const float* __restrict__ inv_freq, int64_t n_freq, bool inverse) {
   dev::pdl_enter();
   __shared__ float cs[2 * kMaxFreq];
   const int64_t r = blockIdx.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const bool active = t < heads * n_freq;
+  const int64_t off = head_dim - 2 * n_freq;
+  const int64_t h = active ? t / n_freq : 0, i = active ? t % n_freq : 0;
+  float* v = x + r * heads * head_dim + h * head_dim + off + 2 * i;
+  const float e = active ? v[0] : 0.0f, o = active ? v[1] : 0.0f;
   const float p = static_cast<float>(pos[r]);
-  for (int64_t i = threadIdx.x; i < n_freq; i += blockDim.x) {
-    const float ang = __fmul_rn(p, inv_freq[i]);  // float32 product, as the reference
-    double s, c;
-    sincos(static_cast<double>(ang), &s, &c);
-    cs[2 * i] = static_cast<float>(c);
-    const float sf = static_cast<float>(s);
-    cs[2 * i + 1] = inverse ? -sf : sf;
+  for (int64_t f = threadIdx.x; f < n_freq; f += blockDim.x) {
+    const float ang = __fmul_rn(p, inv_freq[f]);  // float32 product, as the reference
+    double sn, cn;
+    sincos(static_cast<double>(ang), &sn, &cn);
+    cs[2 * f] = static_cast<float>(cn);
+    const float sf = static_cast<float>(sn);
+    cs[2 * f + 1] = inverse ? -sf : sf;
   }
   __syncthreads();
-  const int64_t off = head_dim - 2 * n_freq;
-  float* xr = x + r * heads * head_dim;
-  for (int64_t t = threadIdx.x; t < heads * n_freq; t += blockDim.x) {
-    const int64_t h = t / n_freq, i = t % n_freq;
-    float* v = xr + h * head_dim + off + 2 * i;
-    const float e = v[0], o = v[1], c = cs[2 * i], s = cs[2 * i + 1];
+  if (active) {
+    const float c = cs[2 * i], s = cs[2 * i + 1];
     v[0] = __fsub_rn(__fmul_rn(e, c), __fmul_rn(o, s));
     v[1] = __fadd_rn(__fmul_rn(e, s), __fmul_rn(o, c));
   }
@@ -235,8 +239,10 @@ Status run_rope(float* x, int64_t n, int64_t heads, int64_t head_dim, const int6
     return bad("rope", "n_freq " + std::to_string(n_freq) +
                            " (want 2 * n_freq <= head_dim, n_freq <= " + std::to_string(kMaxFreq) + ")");
   if (n == 0 || n_freq == 0) return ok_status();
-  launch(rope_kernel, static_cast<unsigned>(n), kThreads, 0, stream, x, heads, head_dim, pos, inv_freq, n_freq,
-                                                                 inverse);
+  const int64_t chunks = (heads * n_freq + kThreads - 1) / kThreads;
+  if (chunks > 65535) return bad("rope", "heads x n_freq too large for one grid");
+  launch(rope_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(chunks)), kThreads, 0, stream, x, heads,
+         head_dim, pos, inv_freq, n_freq, inverse);
   return last_launch_status("rope");
 }
 
