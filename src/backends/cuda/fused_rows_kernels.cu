@@ -104,20 +104,53 @@ __global__ void __launch_bounds__(hc::kThreads)
   const HcMapDeviceArgs& a = s.map;
   const int64_t b = blockIdx.x;
   if (b >= map_blocks) {  // collapse + norm of row r
-    const int64_t r = b - map_blocks, C = a.c, H = a.h;
+    // The critical path of a one-row call (ncu SASS: the loops below with a load per round made
+    // 20 dependent L2 round trips for the collapse and 20 more for the norm weight at h = 5120,
+    // ~40 K cycles, while the map blocks and their finisher were done sooner): the C weights once,
+    // then kCollapseBatch elements per thread with all their loads in flight before the arithmetic.
+    constexpr int kCollapseBatch = 8;
+    const int64_t r = b - map_blocks, C = a.c, H = a.h, T = blockDim.x;
     const float* S = a.streams + r * C * H;
-    const float* w = s.collapse_w + r * C;
-    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-      float v = 0.0f;
-      for (int64_t j = 0; j < C; ++j) v = __fadd_rn(v, __fmul_rn(w[j], S[j * H + i]));
-      smem[i] = v;
+    float w[hc::kMaxC];
+#pragma unroll
+    for (int j = 0; j < hc::kMaxC; ++j) w[j] = j < C ? s.collapse_w[r * C + j] : 0.0f;
+    for (int64_t base = threadIdx.x; base < H; base += kCollapseBatch * T) {
+      float sv[kCollapseBatch][kC > 0 ? kC : hc::kMaxC];
+      constexpr int kCs = kC > 0 ? kC : static_cast<int>(hc::kMaxC);
+#pragma unroll
+      for (int q = 0; q < kCollapseBatch; ++q) {
+        const int64_t i = base + q * T;
+#pragma unroll
+        for (int j = 0; j < kCs; ++j) sv[q][j] = (i < H && j < C) ? S[j * H + i] : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < kCollapseBatch; ++q) {
+        const int64_t i = base + q * T;
+        if (i >= H) break;
+        float v = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kCs; ++j)
+          if (j < C) v = __fadd_rn(v, __fmul_rn(w[j], sv[q][j]));
+        smem[i] = v;
+      }
     }
     __syncthreads();
     const float inv =
         dev::rms_inv_like_rms_norm([&](int64_t i) { return smem[i]; }, H, sum_threads, s.eps, scratch);
     float* xr = s.x + r * H;
-    for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
-      xr[i] = __fmul_rn(smem[i], inv) * (s.norm_weight ? s.norm_weight[i] : 1.0f);
+    for (int64_t base = threadIdx.x; base < H; base += kCollapseBatch * T) {
+      float nw[kCollapseBatch];
+#pragma unroll
+      for (int q = 0; q < kCollapseBatch; ++q) {
+        const int64_t i = base + q * T;
+        nw[q] = (i < H && s.norm_weight) ? s.norm_weight[i] : 1.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < kCollapseBatch; ++q) {
+        const int64_t i = base + q * T;
+        if (i < H) xr[i] = __fmul_rn(smem[i], inv) * nw[q];
+      }
+    }
     return;
   }
   double* part = static_cast<double*>(a.workspace);

@@ -48,9 +48,10 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   int* sel = sm.sel;
   const float* bvec = (vl && vl[r] && bias_vl) ? bias_vl : bias;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    const float s = sqrtf(softplus_ref(__fdiv_rn(logits[r * E + e], temp)));
+    const float lg = logits[r * E + e], bias_e = bvec ? bvec[e] : 0.0f;  // both loads before the math
+    const float s = sqrtf(softplus_ref(__fdiv_rn(lg, temp)));
     sc[e] = s;
-    bs[e] = __fadd_rn(s, bvec ? bvec[e] : 0.0f);
+    bs[e] = __fadd_rn(s, bias_e);
   }
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
