@@ -47,7 +47,10 @@ TEST(EngramParity, EngramUpdate) {
   };
   CpuBackend cpu(nullptr);
   uint64_t seed = 600;
-  for (const C& c : std::vector<C>{{1, 4, 5120, false}, {300, 4, 5120, true}, {9, 2, 192, true}}) {
+  // h = 9000 > 8 x 1024: the kernel's chunked path (values reloaded for the update); h = 37: one
+  // warp, a partial batch.
+  for (const C& c : std::vector<C>{{1, 4, 5120, false}, {300, 4, 5120, true}, {9, 2, 192, true}, {2, 3, 9000, false},
+                                   {5, 4, 37, true}}) {
     auto streams = rand_floats(static_cast<size_t>(c.n * c.c * c.h), ++seed, 3.0f);
     auto z = rand_floats(static_cast<size_t>(c.n * (c.c + 1) * c.h), ++seed, 2.0f);
     auto omega = rand_floats(static_cast<size_t>(c.c * c.h), ++seed, 1.5f);

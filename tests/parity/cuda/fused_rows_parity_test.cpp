@@ -341,7 +341,8 @@ TEST(FusedRowsParity, MoeCombineExpand) {
     bool add;
   };
   const std::vector<C> cases = {
-      {1, 6, 5120, 4, true}, {3, 6, 5120, 4, false}, {2, 3, 333, 3, true}, {5, 2, 64, 8, true}};
+      {1, 6, 5120, 4, true}, {3, 6, 5120, 4, false}, {2, 3, 333, 3, true}, {5, 2, 64, 8, true},
+      {2, 13, 257, 4, true}};  // k = 13: the kernel's slot and expert-row batches of 8 take two rounds
   uint64_t seed = 1900;
   for (const C& c : cases) {
     const int64_t n = c.n, k = c.k, h = c.h, nk = n * k;

@@ -90,6 +90,7 @@ TEST(SelectionParity, TopkRows) {
       {3, 1, 4, Gen::kGauss},
       {6, 3000, 2048, Gen::kTies},     // the k-th score is a zero: +-0 ties by index
       {6, 2000, 1500, Gen::kSpecial},  // the k-th among +-0 / subnormals
+      {4, 9000, 512, Gen::kTies},      // cached in shared memory with 1024 threads (8192 <= t <= 10240)
   };
   for (const TopkCase& c : cases) {
     std::mt19937 rng(static_cast<uint32_t>(c.t * 3 + c.k + static_cast<int>(c.gen)));
