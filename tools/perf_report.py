@@ -5,12 +5,17 @@
                                                  roofline ratio, the byte terms of each layer
     perf_report.py kernels KERNELS.json [LABEL]  per kernel shape: time, GB/s, roofline ratio
     perf_report.py ncu NCU.csv STEPS             per kernel name: launches and time per step
+    perf_report.py ncu-compare A.csv B.csv [STEPS_A STEPS_B]
+                                                 per kernel name: us per launch and per step in A
+                                                 and B (two runs of the same step), B - A
 
 DECODE.json is `ds41 bench decode --json`-style output (ds41 bench decode prints JSON), KERNELS.json
 `ds41 bench kernels --json`, NCU.csv `ncu --metrics gpu__time_duration.sum --csv` of STEPS timed
-steps (the bench brackets them with cudaProfilerStart/Stop). Only the standard library."""
+steps (the bench brackets them with cudaProfilerStart/Stop); a .csv.gz is read as well. Only the
+standard library."""
 import collections
 import csv
+import gzip
 import json
 import sys
 
@@ -48,10 +53,12 @@ def kernels(path, label=""):
     return "\n".join(out)
 
 
-def ncu(path, steps):
+def ncu_agg(path):
+    """Kernel name -> [launches, us] of an ncu gpu__time_duration CSV (plain or .gz)."""
     agg = collections.defaultdict(lambda: [0, 0.0])
     header = None
-    for row in csv.reader(open(path)):
+    f = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    for row in csv.reader(f):
         if "Kernel Name" in row:
             header = row
             continue
@@ -69,6 +76,26 @@ def ncu(path, steps):
         v = v / 1000 if unit in ("ns", "nsecond") else (v * 1000 if unit in ("ms", "msecond") else v)
         agg[name][0] += 1
         agg[name][1] += v
+    return agg
+
+
+def ncu_compare(path_a, path_b, steps_a=1, steps_b=1):
+    a, b = ncu_agg(path_a), ncu_agg(path_b)
+    ta, tb = sum(v[1] for v in a.values()) / steps_a, sum(v[1] for v in b.values()) / steps_b
+    out = [f"kernel time per step: A {ta:.1f} us, B {tb:.1f} us ({tb - ta:+.1f} us)\n",
+           "| kernel | launches per step A / B | us per launch A / B | us per step A / B | B - A us per step |",
+           "|---|---|---|---|---|"]
+    zero = [0, 0.0]
+    for k in sorted(set(a) | set(b), key=lambda k: -max(a.get(k, zero)[1] / steps_a, b.get(k, zero)[1] / steps_b)):
+        x, y = a.get(k, zero), b.get(k, zero)
+        out.append(f"| `{k[:70]}` | {x[0] / steps_a:.0f} / {y[0] / steps_b:.0f} | "
+                   f"{x[1] / max(x[0], 1):.1f} / {y[1] / max(y[0], 1):.1f} | {x[1] / steps_a:.1f} / {y[1] / steps_b:.1f} | "
+                   f"{y[1] / steps_b - x[1] / steps_a:+.1f} |")
+    return "\n".join(out)
+
+
+def ncu(path, steps):
+    agg = ncu_agg(path)
     total = sum(v[1] for v in agg.values())
     out = [f"kernel time {total / steps:.1f} us per step, {sum(v[0] for v in agg.values()) / steps:.0f} launches per step\n",
            "| kernel | launches per step | us per launch | us per step | share |", "|---|---|---|---|---|"]
@@ -88,5 +115,8 @@ if __name__ == "__main__":
         print(kernels(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else ""))
     elif what == "ncu":
         print(ncu(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1))
+    elif what == "ncu-compare" and len(sys.argv) >= 4:
+        steps = [int(x) for x in sys.argv[4:6]] + [1, 1]
+        print(ncu_compare(sys.argv[2], sys.argv[3], steps[0], steps[1] if len(sys.argv) > 5 else steps[0]))
     else:
         sys.exit(__doc__)
