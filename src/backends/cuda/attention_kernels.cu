@@ -17,8 +17,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backends/cuda/attention_kernels.h"
@@ -531,10 +529,7 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
     return ok_status();
   }
   if (a.n <= kSplitMaxRows) return run_sparse_attention_decode(a, decode_splits(a.n, a.n_heads, a.max_entries_per_row), stream);
-  static const bool tc_allowed = [] {
-    const char* e = std::getenv("DS41_TC_ATTENTION");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool tc_allowed = switch_on("DS41_TC_ATTENTION");
   if (tc_allowed && sparse_attention_tc_supported(a)) {
     DS41_RETURN_IF_ERROR(run_sparse_attention_tc(a, stream));
     return rotate_back();

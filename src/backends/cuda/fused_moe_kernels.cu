@@ -39,12 +39,9 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
   const int64_t E = a.n_experts, k = a.k;
   moe::route_row(a.logits, E, a.bias, a.bias_vl, a.vl, k, a.temp, a.route_scale, a.experts, a.weights,
                  blockIdx.x, sm);
-  if (gridDim.x == 1) {  // one row: this block is the last (no count); the fence orders its own
-    __threadfence();     // writes before the L2 reads (__ldcg) below
-    __syncthreads();
-  } else {
-    __threadfence();  // this row's experts / weights, visible before it is counted
-    __syncthreads();
+  __threadfence();  // this row's experts / weights, visible before it is counted or read below
+  __syncthreads();
+  if (gridDim.x > 1) {  // a one-row call is its own last block: no count
     if (threadIdx.x == 0) {
       const uint32_t done = atomicAdd(&a.counters[0], 1u);
       last = done + 1 == static_cast<uint32_t>(a.n);

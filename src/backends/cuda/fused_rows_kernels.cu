@@ -109,14 +109,14 @@ __global__ void __launch_bounds__(hc::kThreads)
     // ~40 K cycles, while the map blocks and their finisher were done sooner): the C weights once,
     // then kCollapseBatch elements per thread with all their loads in flight before the arithmetic.
     constexpr int kCollapseBatch = 8;
+    constexpr int kCs = kC > 0 ? kC : static_cast<int>(hc::kMaxC);  // streams held per element
     const int64_t r = b - map_blocks, C = a.c, H = a.h, T = blockDim.x;
     const float* S = a.streams + r * C * H;
-    float w[hc::kMaxC];
+    float w[kCs];
 #pragma unroll
-    for (int j = 0; j < hc::kMaxC; ++j) w[j] = j < C ? s.collapse_w[r * C + j] : 0.0f;
+    for (int j = 0; j < kCs; ++j) w[j] = j < C ? s.collapse_w[r * C + j] : 0.0f;
     for (int64_t base = threadIdx.x; base < H; base += kCollapseBatch * T) {
-      float sv[kCollapseBatch][kC > 0 ? kC : hc::kMaxC];
-      constexpr int kCs = kC > 0 ? kC : static_cast<int>(hc::kMaxC);
+      float sv[kCollapseBatch][kCs];
 #pragma unroll
       for (int q = 0; q < kCollapseBatch; ++q) {
         const int64_t i = base + q * T;

@@ -15,8 +15,6 @@
 // head_dim 128 (the released width; other widths read it through L1).
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -34,6 +32,37 @@ constexpr int kThreads = 128;
 constexpr size_t kMaxSmem = 48 * 1024;
 constexpr int64_t kTcMinRows = 32;  // decode-shaped calls keep one thread per key
 
+// The row's queries [n_heads][d] and head weights [n_heads] into shared memory (the block's
+// threads), then a barrier.
+__device__ __forceinline__ void stage_queries(const float* __restrict__ q, const float* __restrict__ w, int64_t r,
+                                              int64_t n_heads, int64_t d, float* q_s, float* w_s) {
+  const float* qr = q + r * n_heads * d;
+  for (int64_t i = threadIdx.x; i < n_heads * d; i += blockDim.x) q_s[i] = qr[i];
+  for (int64_t i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[r * n_heads + i];
+  __syncthreads();
+}
+
+// f(h, relu(q_h . key) * scale) for the heads [h0, h1) in order: dot_f32's arithmetic, the key in
+// registers for head_dim kD (the released 128), else read through L1.
+template <int kD, typename F>
+__device__ __forceinline__ void head_values(const float* q_s, const float* __restrict__ kp, int64_t d, int64_t h0,
+                                            int64_t h1, float scale, F&& f) {
+  if constexpr (kD > 0) {
+    float kr[kD];
+#pragma unroll
+    for (int i = 0; i < kD; ++i) kr[i] = kp[i];
+    for (int64_t h = h0; h < h1; ++h) {
+      const float v = dot_like_cpu<kD>(q_s + h * kD, kr, kD);
+      f(h, (v < 0.0f ? 0.0f : v) * scale);  // std::max(v, 0.0f) * scale, NaN kept
+    }
+  } else {
+    for (int64_t h = h0; h < h1; ++h) {
+      const float v = dot_like_cpu<0>(q_s + h * d, kp, d);
+      f(h, (v < 0.0f ? 0.0f : v) * scale);
+    }
+  }
+}
+
 template <int kD>
 __global__ void __launch_bounds__(kThreads)
     indexer_scores_kernel(int64_t n_heads, int64_t d, int64_t t_stride, int64_t tiles,
@@ -46,10 +75,7 @@ __global__ void __launch_bounds__(kThreads)
   float* w_s = smem + n_heads * d;  // [n_heads]
   const int64_t r = blockIdx.x / tiles;
   const int64_t t = (blockIdx.x % tiles) * kThreads + threadIdx.x;
-  const float* qr = q + r * n_heads * d;
-  for (int64_t i = threadIdx.x; i < n_heads * d; i += kThreads) q_s[i] = qr[i];
-  for (int64_t i = threadIdx.x; i < n_heads; i += kThreads) w_s[i] = w[r * n_heads + i];
-  __syncthreads();
+  stage_queries(q, w, r, n_heads, d, q_s, w_s);
   if (t >= t_stride) return;
   const int64_t vis = min(visible[r], t_stride);
   float* o = out + r * t_stride + t;
@@ -57,24 +83,9 @@ __global__ void __launch_bounds__(kThreads)
     *o = -INFINITY;
     return;
   }
-  const float* kp = keys + (key_begin[r] + t) * d;
   double sc = 0.0;
-  if constexpr (kD > 0) {
-    float kr[kD];
-#pragma unroll
-    for (int i = 0; i < kD; ++i) kr[i] = kp[i];
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float v = dot_like_cpu<kD>(q_s + h * kD, kr, kD);
-      v = (v < 0.0f ? 0.0f : v) * scale;  // std::max(v, 0.0f) * scale, NaN kept
-      sc += static_cast<double>(v) * static_cast<double>(w_s[h]);
-    }
-  } else {
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float v = dot_like_cpu<0>(q_s + h * d, kp, d);
-      v = (v < 0.0f ? 0.0f : v) * scale;
-      sc += static_cast<double>(v) * static_cast<double>(w_s[h]);
-    }
-  }
+  head_values<kD>(q_s, keys + (key_begin[r] + t) * d, d, 0, n_heads, scale,
+                  [&](int64_t h, float v) { sc += static_cast<double>(v) * static_cast<double>(w_s[h]); });
   *o = static_cast<float>(sc);
 }
 
@@ -82,7 +93,8 @@ __global__ void __launch_bounds__(kThreads)
 // warps splitting the heads (warp g: heads [g * hp, (g + 1) * hp), lane: the key), so a call of a few
 // rows spreads over 4x the CTAs (ncu: 16 CTAs, 23.6 us at 2048 keys with one thread per key and all
 // 32 heads). Each head's relu(q . k) * scale is the kernel above's; the per-head values meet in
-// shared memory and warp 0 adds them in head order in double, so the same bits.
+// shared memory (head_values: the same arithmetic) and warp 0 adds them in head order in double, so
+// the same bits.
 constexpr int kHeadGroups = kThreads / 32;
 constexpr int64_t kSplitKeys = 32;
 
@@ -101,31 +113,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = blockIdx.x / tiles;
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
   const int64_t t = (blockIdx.x % tiles) * kSplitKeys + lane;
-  const float* qr = q + r * n_heads * d;
-  for (int64_t i = threadIdx.x; i < n_heads * d; i += kThreads) q_s[i] = qr[i];
-  for (int64_t i = threadIdx.x; i < n_heads; i += kThreads) w_s[i] = w[r * n_heads + i];
-  __syncthreads();
+  stage_queries(q, w, r, n_heads, d, q_s, w_s);
   const int64_t vis = min(visible[r], t_stride);
   const bool live = t < vis;
   const int64_t hp = (n_heads + kHeadGroups - 1) / kHeadGroups;
   const int64_t h0 = g * hp, h1 = min(n_heads, h0 + hp);
   if (live) {
-    const float* kp = keys + (key_begin[r] + t) * d;
     float* vr = v_s + lane * vstride;
-    if constexpr (kD > 0) {
-      float kr[kD];
-#pragma unroll
-      for (int i = 0; i < kD; ++i) kr[i] = kp[i];
-      for (int64_t h = h0; h < h1; ++h) {
-        const float v = dot_like_cpu<kD>(q_s + h * kD, kr, kD);
-        vr[h] = (v < 0.0f ? 0.0f : v) * scale;  // std::max(v, 0.0f) * scale, NaN kept
-      }
-    } else {
-      for (int64_t h = h0; h < h1; ++h) {
-        const float v = dot_like_cpu<0>(q_s + h * d, kp, d);
-        vr[h] = (v < 0.0f ? 0.0f : v) * scale;
-      }
-    }
+    head_values<kD>(q_s, keys + (key_begin[r] + t) * d, d, h0, h1, scale, [&](int64_t h, float v) { vr[h] = v; });
   }
   __syncthreads();
   if (g != 0 || t >= t_stride) return;
@@ -158,10 +153,7 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
     return invalid_argument("indexer_scores: null q, w, keys, key_begin, visible or out");
   // Prefill-shaped calls (rows of one sequence share their keys) take the tensor cores: the same
   // bits (indexer_tc_kernels.cu). DS41_TC_INDEXER=0 keeps this kernel (A/B measurements).
-  static const bool tc_allowed = [] {
-    const char* e = std::getenv("DS41_TC_INDEXER");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool tc_allowed = switch_on("DS41_TC_INDEXER");
   if (tc_allowed && a.n >= kTcMinRows && indexer_scores_tc_supported(a) &&
       reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<uintptr_t>(a.keys) % 16 == 0)
     return run_indexer_scores_tc(a, stream);

@@ -2,8 +2,6 @@
 #include "backends/cuda/launch.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
 namespace ds41::cuda {
 namespace {
@@ -13,10 +11,7 @@ std::atomic<int> g_pdl_override{-1};
 bool pdl_enabled() {
   const int o = g_pdl_override.load(std::memory_order_relaxed);
   if (o >= 0) return o != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_PDL");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = switch_on("DS41_PDL");
   return on;
 }
 

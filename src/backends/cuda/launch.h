@@ -23,8 +23,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 namespace ds41::cuda {
+
+// An A/B switch of the environment: on unless the variable is set to "0" (the caller reads it once).
+inline bool switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::strcmp(e, "0") == 0);
+}
 
 // Whether launch() asks for programmatic serialization: DS41_PDL (default on), read once.
 bool pdl_enabled();

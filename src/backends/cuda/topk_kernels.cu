@@ -10,8 +10,6 @@
 // blocks are selected like top-k and their entries' mask bytes set (all other bytes cleared).
 // mask_restrict: elementwise.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -132,10 +130,7 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   if (!out || (t > 0 && !scores)) return invalid_argument("topk_rows: null scores or out");
   // DS41_TOPK_CACHE=0 reads the row from global memory in every pass (A/B measurements). 1024
   // threads below 8192 scores measured slower on the H200 (2048 scores: 28.6 against 16.8 us).
-  static const bool cache_allowed = [] {
-    const char* e = std::getenv("DS41_TOPK_CACHE");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool cache_allowed = switch_on("DS41_TOPK_CACHE");
   const bool cached = cache_allowed && t <= kMaxCachedScores;
   const int threads = threads_for(t);
   launch(topk_rows_kernel, static_cast<unsigned>(n), threads, cached ? static_cast<size_t>(t) * sizeof(float) : 0,
