@@ -293,6 +293,8 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           std::memcpy(logits.data() + i * c.vocab_size, rows + (n - 1) * c.vocab_size,
                       static_cast<size_t>(c.vocab_size) * sizeof(float));
         };
+        const gpu::StepGraphs* graphs = eng->executor().step_graphs();
+        const gpu::StepGraphStats g0 = graphs ? graphs->stats() : gpu::StepGraphStats{};
         cudaProfilerStart();
         for (int64_t t = 0; t < a.steps; ++t) {
           std::vector<engine::StepItem> items;
@@ -307,6 +309,17 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           per_layer.push_back(lm);
         }
         cudaProfilerStop();
+        if (graphs) {  // decode steps replayed from captured graphs (gpu/step_graphs.h), this run's steps
+          const gpu::StepGraphStats& g1 = graphs->stats();
+          r["graphs"] = {{"capacity_in_use", graphs->cached()},
+                         {"hits", g1.hits - g0.hits},
+                         {"captures", g1.captures - g0.captures},
+                         {"updates", g1.updates - g0.updates},
+                         {"direct", g1.direct - g0.direct},
+                         {"unrouted", g1.unrouted - g0.unrouted}};
+        } else {
+          r["graphs"] = "off";
+        }
         const std::vector<double> step_ms_in_order = step_ms;  // paired with per_layer
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/launch.h"
 extern "C" {
 cudaError_t cudaMalloc(void** p, size_t n) { *p = std::aligned_alloc(256, (n + 255) / 256 * 256); return *p ? cudaSuccess : cudaErrorMemoryAllocation; }
 cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
@@ -22,4 +23,17 @@ namespace ds41::cuda {
 Status cuda_status(cudaError_t e, const char* what) { return e == cudaSuccess ? ok_status() : internal_error(what); }
 Status last_launch_status(const char*) { return ok_status(); }
 int cuda_device_count() { return 1; }
+// launch.h's per-thread state and stream operations (launch.cpp is not linked here).
+uint64_t& thread_launch_count() {
+  thread_local uint64_t n = 0;
+  return n;
+}
+LaunchRecorder*& thread_recorder() {
+  thread_local LaunchRecorder* r = nullptr;
+  return r;
+}
+cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
 }

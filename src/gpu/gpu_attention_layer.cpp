@@ -16,6 +16,7 @@
 #include "backends/cuda/gx_step_kernels.h"
 #include "backends/cuda/indexer_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
+#include "backends/cuda/launch.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/topk_kernels.h"
 #include "gpu/gpu_forward.h"
@@ -174,9 +175,9 @@ Status GpuForward::compress(int64_t l, const float* x) {
     float* ja = ds_.jca + src.pend_j * ds_.jrows * hd;
     float* jb = ds_.jcb + src.pend_j * ds_.jrows * hd;
     const size_t bytes = static_cast<size_t>(n * hd) * sizeof(float);
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(ja, ws_.ca, bytes, cudaMemcpyDeviceToDevice, s),
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::copy_async(ja, ws_.ca, bytes, cudaMemcpyDeviceToDevice, s),
                                            "journal the compressor rows"));
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemcpyAsync(jb, ws_.cb, bytes, cudaMemcpyDeviceToDevice, s),
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::copy_async(jb, ws_.cb, bytes, cudaMemcpyDeviceToDevice, s),
                                            "journal the compressor rows"));
   }
   if (src.pend_a) {
@@ -226,7 +227,7 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
   }
   if (none) {  // no visible key anywhere: every selection is padding
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
-        cudaMemsetAsync(ws_.sel, 0xff, static_cast<size_t>(n * K) * sizeof(int32_t), s), "clear selection"));
+        cuda::fill_async(ws_.sel, 0xff, static_cast<size_t>(n * K) * sizeof(int32_t), s), "clear selection"));
   } else {
     if (keys_of_source_ != j) {
       const KvPageGeometry& g = pool_->geometry();
@@ -239,9 +240,9 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
       pa.row_bytes = g.key_row_bytes;
       const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
       DS41_RETURN_IF_ERROR(
-          cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.total_keys, ws_.key_offsets, s));
+          cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.decode_keys, ws_.key_offsets, s));
       DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
-                                                        src.total_keys, ws_.keys, s));
+                                                        src.decode_keys, ws_.keys, s));
       keys_of_source_ = j;
     }
     cuda::IndexerDeviceArgs ia;
@@ -271,13 +272,13 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
   // Tests: the selections as the reference records them (a host round trip per layer).
   std::vector<int32_t> sel(n * K);
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
-      cudaMemcpyAsync(sel.data(), ws_.sel, sel.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
+      cuda::copy_async(sel.data(), ws_.sel, sel.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
       "copy selections"));
   std::vector<uint8_t> mask;
   if (p.candidate_source && pi.ts > 0) {
     mask.resize(n * pi.ts);
     DS41_RETURN_IF_ERROR(
-        cuda::cuda_status(cudaMemcpyAsync(mask.data(), ws_.cand, mask.size(), cudaMemcpyDeviceToHost, s),
+        cuda::cuda_status(cuda::copy_async(mask.data(), ws_.cand, mask.size(), cudaMemcpyDeviceToHost, s),
                           "copy candidate mask"));
   }
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamSynchronize(s), "record selections"));

@@ -23,6 +23,7 @@
 #include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/launch.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
@@ -123,7 +124,7 @@ Status GpuForward::capture_dspark_features(int64_t l) {
   if (it == ids.end()) return ok_status();
   const int64_t H = c_->hidden_size, C = c_->hc_mult, slot = it - ids.begin();
   DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.streams, ds_.mean_w, n_, C, H, ws_.x, stream_));
-  return cuda::cuda_status(cudaMemcpy2DAsync(ds_.feat + slot * H, ds_.F * sizeof(float), ws_.x, H * sizeof(float),
+  return cuda::cuda_status(cuda::copy_2d_async(ds_.feat + slot * H, ds_.F * sizeof(float), ws_.x, H * sizeof(float),
                                              H * sizeof(float), n_, cudaMemcpyDeviceToDevice, stream_),
                            "store the DSpark features");
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -66,6 +67,12 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
         2 * std::max(dense_max, std::min<int64_t>(std::max<int64_t>(tl.n_experts, 1), 48) * expert_elems);
     DS41_ASSIGN_OR_RETURN(f->tc_, TensorCoreLinear::create(tl, stream));
   }
+  int64_t graphs = f->lim_.decode_graphs;
+  if (graphs < 0) {
+    graphs = 8;
+    if (const char* e = std::getenv("DS41_GRAPHS")) graphs = std::max<int64_t>(0, std::atoll(e));
+  }
+  if (graphs > 0) f->graphs_ = std::make_unique<StepGraphs>(graphs);
   f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
   for (cudaEvent_t& e : f->events_)
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
@@ -132,20 +139,13 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
       (*out)[s].record.hash_ids.assign(hash_ids_.begin() + seqs_[s].begin * per_tok,
                                        hash_ids_.begin() + seqs_[s].end * per_tok);
   }
-  st = cuda::cuda_status(
-      cudaMemcpyAsync(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
-      "upload step metadata");
-  if (st.ok() && journal_) st = journal_save();
-  const int64_t L = c_->num_hidden_layers;
-  launch_marks_.assign(static_cast<size_t>(L + 2), 0);
-  if (st.ok()) st = run_layers(opt, out);
-  if (st.ok() && opt.layer_ms)
-    st = cuda::cuda_status(cudaEventRecord(events_[L], stream_), "timing event");
-  launch_marks_[L] = cuda::thread_launch_count();
-  if (st.ok()) st = head(opt);
-  if (st.ok() && opt.layer_ms)
-    st = cuda::cuda_status(cudaEventRecord(events_[L + 1], stream_), "timing event");
-  launch_marks_[L + 1] = cuda::thread_launch_count();
+  // A decode step (one row per sequence, no journal, nothing read back between layers, no image
+  // rows uploaded from pageable memory) replays a captured graph when its launches match one.
+  const bool graph = graphs_ && row_invariant_ && !journal_ && !opt.record && span_rows_ == 0 && opt.last_layer < 0;
+  if (graph)
+    st = graphs_->run(stream_, [&] { return enqueue(opt, out); });
+  else
+    st = enqueue(opt, out);
   // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
   Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
   if (st.ok()) st = sync;
@@ -188,6 +188,24 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   return ok_status();
 }
 
+Status GpuForward::enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out) {
+  Status st = cuda::cuda_status(
+      cuda::copy_async(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
+      "upload step metadata");
+  if (st.ok() && journal_) st = journal_save();
+  const int64_t L = c_->num_hidden_layers;
+  launch_marks_.assign(static_cast<size_t>(L + 2), 0);
+  if (st.ok()) st = run_layers(opt, out);
+  if (st.ok() && opt.layer_ms)
+    st = cuda::cuda_status(cuda::record_event(events_[L], stream_), "timing event");
+  launch_marks_[L] = cuda::thread_launch_count();
+  if (st.ok()) st = head(opt);
+  if (st.ok() && opt.layer_ms)
+    st = cuda::cuda_status(cuda::record_event(events_[L + 1], stream_), "timing event");
+  launch_marks_[L + 1] = cuda::thread_launch_count();
+  return st;
+}
+
 void GpuForward::commit() {
   for (PlanSeq& q : seqs_) {
     GpuSequence& s = *q.seq;
@@ -211,7 +229,7 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
     int64_t at = 0;
     for (std::span<const float> src : span_src_) {
       DS41_RETURN_IF_ERROR(cuda::cuda_status(
-          cudaMemcpyAsync(ws_.y + at, src.data(), src.size_bytes(), cudaMemcpyHostToDevice, stream_),
+          cuda::copy_async(ws_.y + at, src.data(), src.size_bytes(), cudaMemcpyHostToDevice, stream_),
           "upload of the image-span rows"));
       at += static_cast<int64_t>(src.size());
     }
@@ -220,10 +238,13 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
   }
   pi_ = ws_.pi;
   pre_f_ = ws_.pre_f;
+  keys_of_source_ = -1;  // the step's layers start over (enqueue may run more than once)
+  cand_stride_ = 0;
+  cand_t_mask_ = nullptr;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi_, stream_));
   for (int64_t l = 0; l < c_->num_hidden_layers; ++l) {
     if (opt.layer_ms)  // every event is recorded: layers after opt.last_layer time as 0 ms
-      DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventRecord(events_[l], stream_), "timing event"));
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[l], stream_), "timing event"));
     launch_marks_[static_cast<size_t>(l)] = cuda::thread_launch_count();
     if (opt.last_layer >= 0 && l > opt.last_layer) continue;
     DS41_RETURN_IF_ERROR(run_layer(l, opt, out).with_context("layer " + std::to_string(l)));
@@ -316,12 +337,12 @@ Status GpuForward::head(const GpuForwardOptions& opt) {
       return internal_error("GPU forward: the scratch holds no argmax of " + std::to_string(m) + " logits rows");
     int32_t* tok = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws_.scratch) + wsb);
     DS41_RETURN_IF_ERROR(cuda::run_argmax_rows(ws_.logits, m, V, tok, ws_.scratch, stream_));
-    return cuda::cuda_status(cudaMemcpyAsync(ws_.logits_host, tok, static_cast<size_t>(m) * sizeof(int32_t),
+    return cuda::cuda_status(cuda::copy_async(ws_.logits_host, tok, static_cast<size_t>(m) * sizeof(int32_t),
                                              cudaMemcpyDeviceToHost, stream_),
                              "copy the logits rows' argmax to the host");
   }
   return cuda::cuda_status(
-      cudaMemcpyAsync(ws_.logits_host, ws_.logits, static_cast<size_t>(m * V) * sizeof(float),
+      cuda::copy_async(ws_.logits_host, ws_.logits, static_cast<size_t>(m * V) * sizeof(float),
                       cudaMemcpyDeviceToHost, stream_),
       "copy logits to the host");
 }

@@ -31,6 +31,7 @@
 #include "gpu/gpu_workspace.h"
 #include "gpu/kv_block_pool.h"
 #include "gpu/sequence_slots.h"
+#include "gpu/step_graphs.h"
 #include "gpu/tensor_core_linear.h"
 #include "model/dspark.h"
 #include "model/model.h"
@@ -124,6 +125,8 @@ class GpuForward {
   ~GpuForward();
 
   const GpuLimits& limits() const { return lim_; }
+  // Decode steps replayed from captured graphs (null when GpuLimits::decode_graphs is 0).
+  const StepGraphs* step_graphs() const { return graphs_.get(); }
   size_t workspace_bytes() const { return ws_.device_bytes; }
 
   // One exact forward over the batch (distinct sequences, >= 1 token each). out gets one
@@ -186,12 +189,13 @@ class GpuForward {
     const int64_t* seq_page_begin = nullptr;  // [seqs]
     const int64_t* key_row_begin = nullptr;   // [seqs + 1] rows of the decoded keys per sequence
     int64_t total_keys = 0, max_keys = 0;     // entries after this step: sum and max over sequences
+    int64_t decode_keys = 0;                  // rows of decoded keys: total_keys, padded in decode steps
   };
   struct PlanIndex {                     // one per index-source layer
     const int64_t* key_begin = nullptr;  // [n]
     const int64_t* visible = nullptr;    // [n]
     const int64_t* t_mask = nullptr;     // [n] candidate source: entries its mask covers per row
-    int64_t ts = 0;                      // score columns
+    int64_t ts = 0;                      // score columns (the most visible keys, padded in decode steps)
   };
 
   GpuForward() = default;
@@ -202,6 +206,9 @@ class GpuForward {
   Status run_layer(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status head(const GpuForwardOptions& opt);
   void commit();
+  // The step's device work after the plan: the metadata upload, the layers, the head and the
+  // logits copy (graph-capturable; StepGraphs may run it more than once: idempotent on the host).
+  Status enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status journal_plan(const GpuForwardOptions& opt);    // host record + save lists (before the upload)
   Status journal_save();                                // device copies (after the upload)
   Status capture_dspark_features(int64_t l);
@@ -239,6 +246,8 @@ class GpuForward {
                        const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
                        int64_t m_max, float* y);
 
+  // Decode steps pad key and score counts to multiples of this (gpu_step_plan.cpp).
+  static constexpr int64_t kDecodeBucket = 128;
   template <class T>
   const T* put(const std::vector<T>& v);  // into the metadata arena; device address
   Status meta_fits() const;
@@ -250,7 +259,8 @@ class GpuForward {
   SequenceSlots* slots_ = nullptr;
   cudaStream_t stream_ = nullptr;
   GpuWorkspace ws_;
-  std::unique_ptr<TensorCoreLinear> tc_;  // null: tensor-core prefill off (GpuLimits::tensor_core_min_rows 0)
+  std::unique_ptr<TensorCoreLinear> tc_;
+  std::unique_ptr<StepGraphs> graphs_;  // decode steps as graphs (null: off)  // null: tensor-core prefill off (GpuLimits::tensor_core_min_rows 0)
   std::vector<cuda::DeviceWeight> expert_scratch_;  // host list of one expert matrix (expert_linear)
 
   // The step plan.

@@ -15,15 +15,20 @@ namespace ds41::gpu {
 
 template <class T>
 const T* GpuForward::put(const std::vector<T>& v) {
+  // Every list takes whole 256-byte granules, an empty one too: lists whose length changes a
+  // little from one decode step to the next (this step's compressed groups, page tables) keep the
+  // addresses of the lists after them, so consecutive steps make the same launches
+  // (gpu/step_graphs.h replays them).
   meta_off_ = (meta_off_ + 255) / 256 * 256;
   const size_t bytes = v.size() * sizeof(T);
-  if (meta_off_ + bytes > ws_.meta_bytes) {
+  const size_t reserved = std::max<size_t>((bytes + 255) / 256 * 256, 256);
+  if (meta_off_ + reserved > ws_.meta_bytes) {
     meta_overflow_ = true;
     return nullptr;
   }
   if (bytes > 0) std::memcpy(ws_.meta_host + meta_off_, v.data(), bytes);
   const T* d = reinterpret_cast<const T*>(ws_.meta_dev + meta_off_);
-  meta_off_ += bytes;
+  meta_off_ += reserved;
   return d;
 }
 
@@ -254,6 +259,15 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
   ring_write_ = put(ring_write);
   // Compressor emit schedule and page tables per KV source (MODEL_SPEC 3.4.4).
   const int64_t E = pool_->geometry().entries_per_page;
+  // A decode step (one row per sequence) pads its key and score counts to buckets: the padded keys
+  // decode as zeros and score -inf, which no top-k, candidate pool or restriction selects, so the
+  // selections are those of the exact counts while consecutive steps launch the same grids
+  // (gpu/step_graphs.h).
+  bool decode_shape = true;
+  for (const PlanSeq& q : seqs_) decode_shape = decode_shape && q.end - q.begin == 1;
+  auto bucket = [&](int64_t v, int64_t cap) {
+    return decode_shape && v > 0 ? std::min(cap, (v + kDecodeBucket - 1) / kDecodeBucket * kDecodeBucket) : v;
+  };
   sources_.assign(layout.sources.size(), PlanSource{});
   source_of_layer_.assign(c_->num_hidden_layers, -1);
   for (size_t j = 0; j < layout.sources.size(); ++j) {
@@ -347,6 +361,7 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
                                 " (max_step_key_rows)");
     if (ps.max_keys > ws_.ts_max)
       return internal_error("GPU forward: a sequence holds more compressed entries than max_context allows");
+    ps.decode_keys = bucket(ps.total_keys, lim_.max_step_key_rows);
   }
   // Index visibility per index source (MODEL_SPEC 3.4.6): keys of the KV owner after this step.
   index_.assign(c_->num_hidden_layers, PlanIndex{});
@@ -369,6 +384,7 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
         if (p.candidate_source) tm[r] = T;
       }
     }
+    pi.ts = bucket(pi.ts, ws_.ts_max);
     pi.key_begin = put(kb);
     pi.visible = put(vis);
     if (p.candidate_source) pi.t_mask = put(tm);

@@ -11,6 +11,7 @@ Status cuda_status(cudaError_t e, const char* what) {
 }
 
 Status last_launch_status(const char* kernel) {
+  if (thread_recorder()) return ok_status();  // recorded, not launched (launch.h)
   const cudaError_t mine = take_launch_error();  // a launch() that failed (launch.h)
   const cudaError_t last = cudaGetLastError();
   return cuda_status(mine != cudaSuccess ? mine : last, (std::string("launch of ") + kernel).c_str());

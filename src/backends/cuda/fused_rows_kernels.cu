@@ -192,12 +192,12 @@ Status unfused(const RowsNormRopeQuantArgs& a, cudaStream_t s) {
     DS41_RETURN_IF_ERROR(run_rms_norm(a.in, n, a.dim, a.norm_weight, a.eps, a.normed ? a.normed : x, s));
     if (a.normed)
       DS41_RETURN_IF_ERROR(
-          cuda_status(cudaMemcpyAsync(x, a.normed, static_cast<size_t>(n * a.dim) * sizeof(float),
+          cuda_status(copy_async(x, a.normed, static_cast<size_t>(n * a.dim) * sizeof(float),
                                       cudaMemcpyDeviceToDevice, s),
                       "rows_norm_rope_quant copy"));
   } else if (a.in != x) {
     DS41_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpyAsync(x, a.in, static_cast<size_t>(n * a.dim) * sizeof(float), cudaMemcpyDeviceToDevice, s),
+        copy_async(x, a.in, static_cast<size_t>(n * a.dim) * sizeof(float), cudaMemcpyDeviceToDevice, s),
         "rows_norm_rope_quant copy"));
   }
   if (a.n_freq > 0)

@@ -20,6 +20,10 @@ __global__ void paged_row_offsets_kernel(PagedRowsArgs p, const int64_t* seq_row
   dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
+  if (i >= seq_row_begin[n_seqs]) {  // padding rows past the last sequence's entries
+    out[i] = -1;
+    return;
+  }
   int64_t lo = 0, hi = n_seqs;  // last s with seq_row_begin[s] <= i
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;

@@ -24,7 +24,10 @@ struct PagedRowsArgs {
 
 // All entries of every sequence, concatenated: for i < total, s is the sequence with
 // seq_row_begin[s] <= i < seq_row_begin[s + 1] (seq_row_begin: device [n_seqs + 1], ascending),
-// k = i - seq_row_begin[s], out[i] = the byte offset of entry k of s.
+// k = i - seq_row_begin[s], out[i] = the byte offset of entry k of s; out[i] = -1 for
+// seq_row_begin[n_seqs] <= i < total (padding rows: a decode step pads its key count to a bucket so
+// that consecutive steps make the same launches, gpu/step_graphs.h; decode_rows_gather writes
+// zeros for them).
 Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begin, int64_t n_seqs,
                              int64_t total, int64_t* out, cudaStream_t stream);
 

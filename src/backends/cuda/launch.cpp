@@ -34,6 +34,67 @@ uint64_t& thread_launch_count() {
   return n;
 }
 
+LaunchRecorder*& thread_recorder() {
+  thread_local LaunchRecorder* r = nullptr;
+  return r;
+}
+
+bool& thread_capturing() {
+  thread_local bool c = false;
+  return c;
+}
+
+cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (LaunchRecorder* r = thread_recorder()) {
+    r->op(2);
+    r->value(dst);
+    r->value(src);
+    r->value(bytes);
+    r->value(kind);
+    r->value(stream);
+    return cudaSuccess;
+  }
+  return cudaMemcpyAsync(dst, src, bytes, kind, stream);
+}
+
+cudaError_t copy_2d_async(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                          cudaMemcpyKind kind, cudaStream_t stream) {
+  if (LaunchRecorder* r = thread_recorder()) {
+    r->op(3);
+    const size_t v[4] = {dpitch, spitch, width, height};
+    r->value(dst);
+    r->value(src);
+    r->add(v, sizeof(v));
+    r->value(kind);
+    r->value(stream);
+    return cudaSuccess;
+  }
+  return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream);
+}
+
+cudaError_t fill_async(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  if (LaunchRecorder* r = thread_recorder()) {
+    r->op(4);
+    r->value(dst);
+    r->value(value);
+    r->value(bytes);
+    r->value(stream);
+    return cudaSuccess;
+  }
+  return cudaMemsetAsync(dst, value, bytes, stream);
+}
+
+cudaError_t record_event(cudaEvent_t event, cudaStream_t stream) {
+  if (LaunchRecorder* r = thread_recorder()) {
+    r->op(5);
+    r->value(event);
+    r->value(stream);
+    return cudaSuccess;
+  }
+  if (thread_capturing()) return cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal);
+  return cudaEventRecord(event, stream);
+}
+
 void set_pdl_for_tests(int mode) { g_pdl_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
 
 }  // namespace ds41::cuda

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace ds41::cuda {
 
@@ -46,9 +47,64 @@ void note_launch_error(cudaError_t e);
 // the engine loop and a vision encoder thread each count their own).
 uint64_t& thread_launch_count();
 
+// ---- Launch signatures (the keys of captured decode steps: src/gpu/step_graphs.h) ----
+// While a recorder is set on the calling thread, launch() and the stream operations below do not
+// reach the device: each appends what it would do to the recorder instead (the kernel's address,
+// grid, block, shared memory, stream and every argument's bytes; a copy's or fill's addresses,
+// size and kind). Two steps with equal signatures therefore make exactly the same launches, and a
+// graph captured from one replays the other. Stream work that bypasses these functions is not
+// recorded: StepGraphs finds it (the dry pass runs inside a stream capture that must stay empty).
+class LaunchRecorder {
+ public:
+  void add(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    bytes_.insert(bytes_.end(), b, b + n);
+  }
+  template <class T>
+  void value(const T& v) {
+    add(&v, sizeof(T));
+  }
+  void op(uint32_t tag) {
+    value(tag);
+    ++ops_;
+  }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  int64_t ops() const { return ops_; }
+  void clear() {
+    bytes_.clear();
+    ops_ = 0;
+  }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  int64_t ops_ = 0;
+};
+// The calling thread's recorder (null: launches go to the device).
+LaunchRecorder*& thread_recorder();
+// Set by StepGraphs while the calling thread captures a step for real: record_event() then
+// records timing events as graph nodes (cudaEventRecordExternal).
+bool& thread_capturing();
+
+// Stream operations of a step, recorded like launch() under a recorder (cudaSuccess then).
+cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t copy_2d_async(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                          cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t fill_async(void* dst, int value, size_t bytes, cudaStream_t stream);
+cudaError_t record_event(cudaEvent_t event, cudaStream_t stream);
+
 #if defined(__CUDACC__)
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  ++thread_launch_count();
+  if (LaunchRecorder* r = thread_recorder()) {
+    r->op(1);
+    r->value(reinterpret_cast<uintptr_t>(kernel));
+    const uint32_t dims[7] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem)};
+    r->add(dims, sizeof(dims));
+    r->value(stream);
+    (r->value(static_cast<P>(args)), ...);
+    return;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -65,11 +121,20 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   // The caller's last_launch_status() reports an error, as for <<<>>>.
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
   if (e != cudaSuccess) note_launch_error(e);
-  ++thread_launch_count();
 }
 #elif defined(DS41_SIMT_EMU)  // the host SIMT emulator (simt_emu.h is included first): run the grid here
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
+  ++thread_launch_count();
+  if (LaunchRecorder* r = thread_recorder()) {
+    r->op(1);
+    r->value(reinterpret_cast<uintptr_t>(kernel));
+    const uint32_t dims[7] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem)};
+    r->add(dims, sizeof(dims));
+    r->value(stream);
+    (r->value(static_cast<P>(args)), ...);
+    return;
+  }
   emu::Launch(grid, block.x, smem, stream).run(kernel, static_cast<P>(args)...);
 }
 #endif

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/weight_dequant.h"
 
@@ -54,6 +56,7 @@ template <typename T>
 __global__ void fp8_tiles_vec_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
                                      int64_t in_dim, int64_t row_begin, int64_t n_items,
                                      T* __restrict__ out) {
+  dev::pdl_enter();
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_items) return;
   const int64_t groups = in_dim / 16;
@@ -72,6 +75,7 @@ template <typename T>
 __global__ void fp8_tiles_scalar_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ scale,
                                         int64_t in_dim, int64_t row_begin, int64_t n_items,
                                         T* __restrict__ out) {
+  dev::pdl_enter();
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_items) return;
   const int64_t r = idx / in_dim, i = idx % in_dim, o = row_begin + r;
@@ -84,6 +88,7 @@ __global__ void fp8_tiles_scalar_kernel(const uint8_t* __restrict__ w, const uin
 template <typename T>
 __global__ void fp4_rows_kernel(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scale,
                                 int64_t in_dim, int64_t row_begin, int64_t n_items, T* __restrict__ out) {
+  dev::pdl_enter();
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_items) return;
   const int64_t nb = in_dim / 32;
@@ -107,6 +112,7 @@ template <typename T>
 __global__ void engram_rows_kernel(const uint8_t* __restrict__ table, const uint8_t* __restrict__ scale,
                                    const int64_t* __restrict__ ids, int64_t table_rows, int64_t dim,
                                    int64_t n_items, T* __restrict__ out) {
+  dev::pdl_enter();
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_items) return;
   const int64_t groups = dim / 16;
@@ -190,15 +196,15 @@ Status run_fp8_tiles_dequant(const WeightDequantPlan& p, const uint8_t* w, const
   if (p.out_dtype == DType::kF32) {
     auto* o = static_cast<float*>(out);
     if (vec)
-      fp8_tiles_vec_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+      launch(fp8_tiles_vec_kernel<float>, grid, p.threads, 0, stream, w, scale, p.in_dim, p.row_begin, items, o);
     else
-      fp8_tiles_scalar_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+      launch(fp8_tiles_scalar_kernel<float>, grid, p.threads, 0, stream, w, scale, p.in_dim, p.row_begin, items, o);
   } else {
     auto* o = static_cast<__nv_bfloat16*>(out);
     if (vec)
-      fp8_tiles_vec_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+      launch(fp8_tiles_vec_kernel<__nv_bfloat16>, grid, p.threads, 0, stream, w, scale, p.in_dim, p.row_begin, items, o);
     else
-      fp8_tiles_scalar_kernel<<<grid, p.threads, 0, stream>>>(w, scale, p.in_dim, p.row_begin, items, o);
+      launch(fp8_tiles_scalar_kernel<__nv_bfloat16>, grid, p.threads, 0, stream, w, scale, p.in_dim, p.row_begin, items, o);
   }
   return last_launch_status("fp8_tiles_dequant");
 }
@@ -234,11 +240,11 @@ Status run_fp4_rows_dequant(const WeightDequantPlan& p, const uint8_t* packed, c
     return invalid_argument("run_fp4_rows_dequant: packed weights and output must be 16-byte aligned");
   const unsigned grid = blocks_for(p.work_items, p.threads);
   if (p.out_dtype == DType::kF32)
-    fp4_rows_kernel<<<grid, p.threads, 0, stream>>>(packed, scale, p.in_dim, p.row_begin, p.work_items,
-                                                    static_cast<float*>(out));
+    launch(fp4_rows_kernel<float>, grid, p.threads, 0, stream, packed, scale, p.in_dim, p.row_begin, p.work_items,
+           static_cast<float*>(out));
   else
-    fp4_rows_kernel<<<grid, p.threads, 0, stream>>>(packed, scale, p.in_dim, p.row_begin, p.work_items,
-                                                    static_cast<__nv_bfloat16*>(out));
+    launch(fp4_rows_kernel<__nv_bfloat16>, grid, p.threads, 0, stream, packed, scale, p.in_dim, p.row_begin,
+           p.work_items, static_cast<__nv_bfloat16*>(out));
   return last_launch_status("fp4_rows_dequant");
 }
 
@@ -272,11 +278,11 @@ Status run_engram_rows_dequant(const WeightDequantPlan& p, const uint8_t* table,
     return invalid_argument("run_engram_rows_dequant: table and output must be 16-byte aligned");
   const unsigned grid = blocks_for(p.work_items, p.threads);
   if (p.out_dtype == DType::kF32)
-    engram_rows_kernel<<<grid, p.threads, 0, stream>>>(table, scale, ids, p.out_dim, p.in_dim, p.work_items,
-                                                       static_cast<float*>(out));
+    launch(engram_rows_kernel<float>, grid, p.threads, 0, stream, table, scale, ids, p.out_dim, p.in_dim,
+           p.work_items, static_cast<float*>(out));
   else
-    engram_rows_kernel<<<grid, p.threads, 0, stream>>>(table, scale, ids, p.out_dim, p.in_dim, p.work_items,
-                                                       static_cast<__nv_bfloat16*>(out));
+    launch(engram_rows_kernel<__nv_bfloat16>, grid, p.threads, 0, stream, table, scale, ids, p.out_dim, p.in_dim,
+           p.work_items, static_cast<__nv_bfloat16*>(out));
   return last_launch_status("engram_rows_dequant");
 }
 

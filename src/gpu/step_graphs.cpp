@@ -1,0 +1,118 @@
+// ds41 gpu: StepGraphs (step_graphs.h): the dry pass, the signature cache, capture and replay.
+#include "gpu/step_graphs.h"
+
+#include <cstring>
+
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/launch.h"
+
+namespace ds41::gpu {
+
+uint64_t signature_hash(const std::vector<uint8_t>& bytes) {
+  // FNV-1a over 8-byte words (the tail bytes one by one): ~40 KB per decode step.
+  uint64_t h = 1469598103934665603ull;
+  const size_t n = bytes.size(), words = n / 8;
+  const uint8_t* p = bytes.data();
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t w;
+    std::memcpy(&w, p + i * 8, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (size_t i = words * 8; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h ^ n;
+}
+
+StepGraphs::StepGraphs(int64_t capacity) : capacity_(capacity) {}
+
+StepGraphs::~StepGraphs() { clear(); }
+
+void StepGraphs::clear() {
+  for (Entry& e : entries_)
+    if (e.exec) cudaGraphExecDestroy(e.exec);
+  entries_.clear();
+}
+
+Status StepGraphs::capture(cudaStream_t stream, const std::function<Status()>& enqueue, cudaGraph_t* graph) {
+  *graph = nullptr;
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                                         "begin a decode-step capture"));
+  cuda::thread_capturing() = true;
+  Status st = enqueue();
+  cuda::thread_capturing() = false;
+  const cudaError_t e = cudaStreamEndCapture(stream, graph);
+  if (!st.ok()) {
+    if (*graph) cudaGraphDestroy(*graph);
+    *graph = nullptr;
+    return st;
+  }
+  return cuda::cuda_status(e, "end a decode-step capture");
+}
+
+Status StepGraphs::run(cudaStream_t stream, const std::function<Status()>& enqueue) {
+  auto direct = [&](bool unrouted) {
+    cudaGetLastError();  // a refused capture call leaves its error behind: not this step's
+    ++stats_.direct;
+    if (unrouted) ++stats_.unrouted;
+    return enqueue();
+  };
+  if (capacity_ <= 0) return direct(false);
+
+  // 1. The dry pass: the recorder takes every launch; the capture around it must stay empty.
+  std::vector<uint8_t> key;
+  {
+    cuda::LaunchRecorder rec;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return direct(false);
+    cuda::thread_recorder() = &rec;
+    const Status st = enqueue();
+    cuda::thread_recorder() = nullptr;
+    cudaGraph_t dry = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream, &dry);
+    size_t nodes = 0;
+    if (e == cudaSuccess && dry) {
+      if (cudaGraphGetNodes(dry, nullptr, &nodes) != cudaSuccess) nodes = 1;
+      cudaGraphDestroy(dry);
+    }
+    // An error (a host-side one, or a call the capture refused): the direct run gives the real answer.
+    if (!st.ok() || e != cudaSuccess) return direct(false);
+    if (nodes > 0) return direct(true);
+    key = rec.bytes();
+  }
+
+  // 2. A graph captured for the same launches.
+  const uint64_t h = signature_hash(key);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+    if (it->hash != h || it->key != key) continue;
+    entries_.splice(entries_.begin(), entries_, it);
+    ++stats_.hits;
+    return cuda::cuda_status(cudaGraphLaunch(entries_.front().exec, stream), "replay a captured decode step");
+  }
+
+  // 3. Capture this step; reuse the least recently used graph's executable when it is full.
+  cudaGraph_t graph = nullptr;
+  if (!capture(stream, enqueue, &graph).ok()) return direct(false);
+  cudaGraphExec_t exec = nullptr;
+  if (static_cast<int64_t>(entries_.size()) >= capacity_) {
+    Entry victim = std::move(entries_.back());
+    entries_.pop_back();
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(victim.exec, graph, &info) == cudaSuccess) {
+      exec = victim.exec;
+      ++stats_.updates;
+    } else {
+      cudaGetLastError();
+      cudaGraphExecDestroy(victim.exec);
+    }
+  }
+  if (!exec) {
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+      cudaGraphDestroy(graph);
+      return direct(false);
+    }
+    ++stats_.captures;
+  }
+  cudaGraphDestroy(graph);
+  entries_.push_front(Entry{h, std::move(key), exec});
+  return cuda::cuda_status(cudaGraphLaunch(exec, stream), "launch a captured decode step");
+}
+
+}  // namespace ds41::gpu

@@ -1,0 +1,73 @@
+// ds41 gpu: StepGraphs — decode steps captured once as CUDA graphs and replayed (issue 10:
+// "decode steps of a fixed batch shape can be captured and replayed as CUDA graphs").
+//
+// A step's launches depend on its plan (row counts, score columns, arena addresses of the step's
+// metadata, which kernels run at all). Instead of trusting a hand-made key, a step is keyed by its
+// launch signature (cuda::LaunchRecorder, backends/cuda/launch.h): a dry pass runs the step's host
+// code with a recorder set, so every launch, copy, fill and timing event appends its exact
+// arguments and nothing reaches the device. Equal signatures mean equal launches, so:
+//   hit   -> cudaGraphLaunch of the graph captured for that signature (the metadata upload node
+//            copies the step's freshly planned arena; the logits copy lands in the pinned buffer);
+//   miss  -> the step is captured (cudaStreamCaptureModeThreadLocal: the vision encoder thread
+//            keeps its own stream) and instantiated, or an evicted graph of the same topology is
+//            updated in place (cudaGraphExecUpdate), then launched.
+// The dry pass runs inside a stream capture that must stay empty: stream work that bypasses
+// launch() / copy_async() / fill_async() / record_event() (a raw <<<>>>, cuBLAS) would land there
+// instead of on the device; StepGraphs then runs that step directly and counts it as `unrouted`
+// (tests require 0). Any capture or instantiation failure also falls back to the direct run.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <vector>
+
+#include "core/status.h"
+
+namespace ds41::gpu {
+
+struct StepGraphStats {
+  int64_t hits = 0;       // replays of a cached graph
+  int64_t captures = 0;   // new graphs instantiated
+  int64_t updates = 0;    // evicted graphs updated in place for a new signature
+  int64_t direct = 0;     // steps run without a graph (capture or instantiation refused)
+  int64_t unrouted = 0;   // of those: stream work outside the recorded functions
+};
+
+class StepGraphs {
+ public:
+  // capacity: graphs kept (least recently used evicted); 0 disables (every step direct).
+  explicit StepGraphs(int64_t capacity);
+  ~StepGraphs();
+  StepGraphs(const StepGraphs&) = delete;
+  StepGraphs& operator=(const StepGraphs&) = delete;
+
+  // Runs `enqueue` (which puts one step's work on `stream`, no synchronisation, no host reads of
+  // device memory) as described above. `enqueue` runs two or three times on a miss and must be
+  // idempotent on the host (it may not consume its inputs).
+  Status run(cudaStream_t stream, const std::function<Status()>& enqueue);
+
+  const StepGraphStats& stats() const { return stats_; }
+  int64_t cached() const { return static_cast<int64_t>(entries_.size()); }
+  // Drops every cached graph (e.g. when the buffers the graphs point at are freed).
+  void clear();
+
+ private:
+  struct Entry {
+    uint64_t hash = 0;
+    std::vector<uint8_t> key;
+    cudaGraphExec_t exec = nullptr;
+  };
+  Status capture(cudaStream_t stream, const std::function<Status()>& enqueue, cudaGraph_t* graph);
+
+  int64_t capacity_ = 0;
+  std::list<Entry> entries_;  // most recently used first
+  StepGraphStats stats_;
+};
+
+// 64-bit FNV-1a of a signature (the cache compares the full bytes after the hash).
+uint64_t signature_hash(const std::vector<uint8_t>& bytes);
+
+}  // namespace ds41::gpu
