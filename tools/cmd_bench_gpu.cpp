@@ -309,14 +309,18 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           per_layer.push_back(lm);
         }
         cudaProfilerStop();
-        if (graphs) {  // decode steps replayed from captured graphs (gpu/step_graphs.h), this run's steps
+        if (graphs) {  // decode segments replayed from captured graphs (gpu/step_graphs.h), this run's steps
           const gpu::StepGraphStats& g1 = graphs->stats();
           r["graphs"] = {{"capacity_in_use", graphs->cached()},
                          {"hits", g1.hits - g0.hits},
                          {"captures", g1.captures - g0.captures},
                          {"updates", g1.updates - g0.updates},
                          {"direct", g1.direct - g0.direct},
-                         {"unrouted", g1.unrouted - g0.unrouted}};
+                         {"unrouted", g1.unrouted - g0.unrouted},
+                         {"host_us_per_step",
+                          {{"dry_passes", (g1.dry_us - g0.dry_us) / static_cast<double>(a.steps)},
+                           {"captures", (g1.capture_us - g0.capture_us) / static_cast<double>(a.steps)},
+                           {"graph_launches", (g1.launch_us - g0.launch_us) / static_cast<double>(a.steps)}}}};
         } else {
           r["graphs"] = "off";
         }

@@ -127,7 +127,7 @@ Status GpuForward::compress(int64_t l, const float* x) {
   const int64_t n = n_, hd = c_->head_dim, dI = c_->index_head_dim, R = src.ratio, m = src.groups;
   const float eps = static_cast<float>(c_->rms_norm_eps);
   cudaStream_t s = stream_;
-  keys_of_source_ = -1;  // this source's keys change
+  carry_.keys_of_source = -1;  // this source's keys change
   DS41_RETURN_IF_ERROR(linear(w.c_wkv, x, n, ws_.ca));
   if (R > 1) {
     if (!w.c_wgate.present()) return internal_error("ratio > 1 compressor without wgate");
@@ -220,16 +220,16 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
   DS41_RETURN_IF_ERROR(linear(w.idx_weights_proj, x, n, ws_.wt));
   DS41_RETURN_IF_ERROR(
       cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s));
-  const bool none = pi.ts == 0 || (p.candidate_restricted && !p.candidate_source && cand_stride_ == 0);
+  const bool none = pi.ts == 0 || (p.candidate_restricted && !p.candidate_source && carry_.cand_stride == 0);
   if (p.candidate_source) {
-    cand_stride_ = pi.ts;
-    cand_t_mask_ = pi.t_mask;
+    carry_.cand_stride = pi.ts;
+    carry_.cand_t_mask = pi.t_mask;
   }
   if (none) {  // no visible key anywhere: every selection is padding
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
         cuda::fill_async(ws_.sel, 0xff, static_cast<size_t>(n * K) * sizeof(int32_t), s), "clear selection"));
   } else {
-    if (keys_of_source_ != j) {
+    if (carry_.keys_of_source != j) {
       const KvPageGeometry& g = pool_->geometry();
       cuda::PagedRowsArgs pa;
       pa.pages = src.pages;
@@ -243,7 +243,7 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
           cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.decode_keys, ws_.key_offsets, s));
       DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
                                                         src.decode_keys, ws_.keys, s));
-      keys_of_source_ = j;
+      carry_.keys_of_source = j;
     }
     cuda::IndexerDeviceArgs ia;
     ia.n = n;
@@ -264,7 +264,7 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
                                                     ws_.cand, ws_.scratch, s));
     } else if (p.candidate_restricted) {
       DS41_RETURN_IF_ERROR(
-          cuda::run_mask_restrict(ws_.scores, n, pi.ts, ws_.cand, cand_stride_, cand_t_mask_, s));
+          cuda::run_mask_restrict(ws_.scores, n, pi.ts, ws_.cand, carry_.cand_stride, carry_.cand_t_mask, s));
     }
     DS41_RETURN_IF_ERROR(cuda::run_topk_rows(ws_.scores, n, pi.ts, K, ws_.sel, ws_.scratch, s));
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -69,10 +70,11 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
   }
   int64_t graphs = f->lim_.decode_graphs;
   if (graphs < 0) {
-    graphs = 8;
+    graphs = 4;
     if (const char* e = std::getenv("DS41_GRAPHS")) graphs = std::max<int64_t>(0, std::atoll(e));
   }
-  if (graphs > 0) f->graphs_ = std::make_unique<StepGraphs>(graphs);
+  // One graph per segment (prologue, each layer, head) and signature variant.
+  if (graphs > 0) f->graphs_ = std::make_unique<StepGraphs>(graphs * (m.config().num_hidden_layers + 2));
   f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
   for (cudaEvent_t& e : f->events_)
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
@@ -142,10 +144,7 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   // A decode step (one row per sequence, no journal, nothing read back between layers, no image
   // rows uploaded from pageable memory) replays a captured graph when its launches match one.
   const bool graph = graphs_ && row_invariant_ && !journal_ && !opt.record && span_rows_ == 0 && opt.last_layer < 0;
-  if (graph)
-    st = graphs_->run(stream_, [&] { return enqueue(opt, out); });
-  else
-    st = enqueue(opt, out);
+  st = enqueue(opt, out, graph);
   // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
   Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
   if (st.ok()) st = sync;
@@ -188,22 +187,47 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   return ok_status();
 }
 
-Status GpuForward::enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out) {
-  Status st = cuda::cuda_status(
-      cuda::copy_async(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
-      "upload step metadata");
-  if (st.ok() && journal_) st = journal_save();
+// Segments: the prologue (metadata upload, embeddings, mHC init), each layer, the head. Graphed,
+// each segment is its own graph: the host records and looks up segment l + 1 while the device runs
+// segment l, so only the first segment's dry pass is exposed (one graph for the whole step left the
+// device idle during the step's whole dry pass). A segment may run more than once (dry pass,
+// capture): the host state carried between layers is restored at its start.
+Status GpuForward::enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out, bool graphed) {
   const int64_t L = c_->num_hidden_layers;
   launch_marks_.assign(static_cast<size_t>(L + 2), 0);
-  if (st.ok()) st = run_layers(opt, out);
-  if (st.ok() && opt.layer_ms)
-    st = cuda::cuda_status(cuda::record_event(events_[L], stream_), "timing event");
-  launch_marks_[L] = cuda::thread_launch_count();
-  if (st.ok()) st = head(opt);
-  if (st.ok() && opt.layer_ms)
-    st = cuda::cuda_status(cuda::record_event(events_[L + 1], stream_), "timing event");
-  launch_marks_[L + 1] = cuda::thread_launch_count();
-  return st;
+  auto segment = [&](const std::function<Status()>& body) -> Status {
+    if (!graphed) return body();
+    const Carry c = carry_;
+    return graphs_->run(stream_, [&] {
+      carry_ = c;
+      return body();
+    });
+  };
+  DS41_RETURN_IF_ERROR(segment([&]() -> Status {
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(
+        cuda::copy_async(ws_.meta_dev, ws_.meta_host, meta_off_, cudaMemcpyHostToDevice, stream_),
+        "upload step metadata"));
+    if (journal_) DS41_RETURN_IF_ERROR(journal_save());
+    return prologue();
+  }));
+  for (int64_t l = 0; l < L; ++l) {
+    DS41_RETURN_IF_ERROR(segment([&]() -> Status {
+      if (opt.layer_ms)  // every event is recorded: layers after opt.last_layer time as 0 ms
+        DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[l], stream_), "timing event"));
+      launch_marks_[static_cast<size_t>(l)] = cuda::thread_launch_count();
+      if (opt.last_layer >= 0 && l > opt.last_layer) return ok_status();
+      return run_layer(l, opt, out).with_context("layer " + std::to_string(l));
+    }));
+  }
+  return segment([&]() -> Status {
+    if (opt.layer_ms) DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[L], stream_), "timing event"));
+    launch_marks_[L] = cuda::thread_launch_count();
+    DS41_RETURN_IF_ERROR(head(opt));
+    if (opt.layer_ms)
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[L + 1], stream_), "timing event"));
+    launch_marks_[L + 1] = cuda::thread_launch_count();
+    return ok_status();
+  });
 }
 
 void GpuForward::commit() {
@@ -218,7 +242,7 @@ void GpuForward::commit() {
   new_pages_.clear();
 }
 
-Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out) {
+Status GpuForward::prologue() {
   const int64_t n = n_, H = c_->hidden_size, C = c_->hc_mult;
   // MODEL_SPEC 3.1: embed, copy into every stream, pi = one-hot(0).
   DS41_RETURN_IF_ERROR(cuda::run_embed_bf16(m_->weights().embed, c_->vocab_size, H, ids_, n, ws_.x, stream_));
@@ -236,20 +260,8 @@ Status GpuForward::run_layers(const GpuForwardOptions& opt, std::vector<model::S
     if (at != span_rows_ * H) return internal_error("image-span rows do not match the flagged positions");
     DS41_RETURN_IF_ERROR(cuda::run_scatter_rows(ws_.y, span_dst_, span_rows_, H, ws_.x, stream_));
   }
-  pi_ = ws_.pi;
-  pre_f_ = ws_.pre_f;
-  keys_of_source_ = -1;  // the step's layers start over (enqueue may run more than once)
-  cand_stride_ = 0;
-  cand_t_mask_ = nullptr;
-  DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi_, stream_));
-  for (int64_t l = 0; l < c_->num_hidden_layers; ++l) {
-    if (opt.layer_ms)  // every event is recorded: layers after opt.last_layer time as 0 ms
-      DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[l], stream_), "timing event"));
-    launch_marks_[static_cast<size_t>(l)] = cuda::thread_launch_count();
-    if (opt.last_layer >= 0 && l > opt.last_layer) continue;
-    DS41_RETURN_IF_ERROR(run_layer(l, opt, out).with_context("layer " + std::to_string(l)));
-  }
-  return ok_status();
+  carry_ = Carry{};  // the step's layers start over
+  return cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, ws_.pi, stream_);
 }
 
 Status GpuForward::hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb) {
@@ -309,14 +321,17 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   win_index_ = win_index_list_[win_list_of_layer_[l]];
   // Attention site: collapse with the previous site's pre (MODEL_SPEC 3.3, the lag); the map,
   // the collapse and the norm in one launch.
-  DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi_, w.attn_norm.ptr, ws_.x));
+  // The collapse weights entering layer l: ws_.pi for even l, ws_.pre_f for odd l (each FFN site
+  // writes its pre into the other buffer, the next layer collapses with it).
+  float* const pi = l % 2 == 0 ? ws_.pi : ws_.pre_f;
+  float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
+  DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
   DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
   // FFN site.
   DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_ffn, n, pre_f_, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
+      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
   DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f));  // expands into the streams
-  std::swap(pi_, pre_f_);  // the next layer collapses with this FFN site's pre
   return ok_status();
 }
 
@@ -326,7 +341,8 @@ Status GpuForward::head(const GpuForwardOptions& opt) {
   if (m == 0) return ok_status();
   // MODEL_SPEC 3.6: collapse with the last FFN pre, final norm, head.
   DS41_RETURN_IF_ERROR(cuda::run_gather_rows(ws_.streams, logit_rows_, m, C * H, ws_.hs, stream_));
-  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(pi_, logit_rows_, m, C, ws_.hp, stream_));
+  const float* pi = c_->num_hidden_layers % 2 == 0 ? ws_.pi : ws_.pre_f;  // the last FFN site's pre
+  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(pi, logit_rows_, m, C, ws_.hp, stream_));
   DS41_RETURN_IF_ERROR(cuda::run_hc_collapse(ws_.hs, ws_.hp, m, C, H, ws_.h, stream_));
   DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.h, m, H, m_->weights().norm.ptr,
                                           static_cast<float>(c_->rms_norm_eps), ws_.h, stream_));

@@ -202,13 +202,13 @@ class GpuForward {
   Status validate(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt) const;
   Status plan(std::span<const GpuSeqInput> batch);
   void rollback_pages();
-  Status run_layers(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status run_layer(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status head(const GpuForwardOptions& opt);
   void commit();
   // The step's device work after the plan: the metadata upload, the layers, the head and the
-  // logits copy (graph-capturable; StepGraphs may run it more than once: idempotent on the host).
-  Status enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
+  // logits copy, in segments (graphed: each replayed from its own captured graph).
+  Status enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out, bool graphed);
+  Status prologue();  // embeddings (image-span rows), mHC init
   Status journal_plan(const GpuForwardOptions& opt);    // host record + save lists (before the upload)
   Status journal_save();                                // device copies (after the upload)
   Status capture_dspark_features(int64_t l);
@@ -246,7 +246,8 @@ class GpuForward {
                        const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
                        int64_t m_max, float* y);
 
-  // Decode steps pad key and score counts to multiples of this (gpu_step_plan.cpp).
+  // Decode steps pad key and score counts to multiples of this, or of the power of two in
+  // (count / 128, count / 64] when larger (gpu_step_plan.cpp).
   static constexpr int64_t kDecodeBucket = 128;
   template <class T>
   const T* put(const std::vector<T>& v);  // into the metadata arena; device address
@@ -295,12 +296,15 @@ class GpuForward {
   std::vector<int64_t> logit_rows_host_;
   const int64_t* logit_rows_ = nullptr;
   std::vector<int32_t> new_pages_;
-  // Within the step: which source's keys are decoded in ws_.keys (-1: none), the candidate mask's stride.
-  int64_t keys_of_source_ = -1;
-  int64_t cand_stride_ = 0;
-  const int64_t* cand_t_mask_ = nullptr;
-  float* pi_ = nullptr;
-  float* pre_f_ = nullptr;
+  // Host state one layer leaves to the next within a step (enqueue restores it at the start of a
+  // segment that runs more than once): which source's keys are decoded in ws_.keys (-1: none), the
+  // candidate mask's stride and per-row extents.
+  struct Carry {
+    int64_t keys_of_source = -1;
+    int64_t cand_stride = 0;
+    const int64_t* cand_t_mask = nullptr;
+  };
+  Carry carry_;
   std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)
   std::vector<uint64_t> launch_marks_;  // cuda::thread_launch_count() at each event (layer_launches)
 

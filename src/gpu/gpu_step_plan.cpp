@@ -112,9 +112,7 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
   meta_off_ = 0;
   meta_overflow_ = false;
   new_pages_.clear();
-  keys_of_source_ = -1;
-  cand_stride_ = 0;
-  cand_t_mask_ = nullptr;
+  carry_ = Carry{};
   // Rows.
   for (const GpuSeqInput& in : batch) {
     PlanSeq ps;
@@ -266,7 +264,10 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
   bool decode_shape = true;
   for (const PlanSeq& q : seqs_) decode_shape = decode_shape && q.end - q.begin == 1;
   auto bucket = [&](int64_t v, int64_t cap) {
-    return decode_shape && v > 0 ? std::min(cap, (v + kDecodeBucket - 1) / kDecodeBucket * kDecodeBucket) : v;
+    if (!decode_shape || v <= 0) return v;
+    int64_t g = kDecodeBucket;  // 128, or the power of two in (v / 128, v / 64]: under 1.6 % padding
+    while (g * 64 <= v) g *= 2;
+    return std::min(cap, (v + g - 1) / g * g);
   };
   sources_.assign(layout.sources.size(), PlanSource{});
   source_of_layer_.assign(c_->num_hidden_layers, -1);

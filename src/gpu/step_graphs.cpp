@@ -1,6 +1,7 @@
 // ds41 gpu: StepGraphs (step_graphs.h): the dry pass, the signature cache, capture and replay.
 #include "gpu/step_graphs.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "backends/cuda/cuda_status.h"
@@ -57,10 +58,15 @@ Status StepGraphs::run(cudaStream_t stream, const std::function<Status()>& enque
   };
   if (capacity_ <= 0) return direct(false);
 
+  using Clock = std::chrono::steady_clock;
+  auto us_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+  };
+  const Clock::time_point t0 = Clock::now();
   // 1. The dry pass: the recorder takes every launch; the capture around it must stay empty.
-  std::vector<uint8_t> key;
   {
-    cuda::LaunchRecorder rec;
+    cuda::LaunchRecorder& rec = rec_;
+    rec.clear();
     if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return direct(false);
     cuda::thread_recorder() = &rec;
     const Status st = enqueue();
@@ -75,19 +81,25 @@ Status StepGraphs::run(cudaStream_t stream, const std::function<Status()>& enque
     // An error (a host-side one, or a call the capture refused): the direct run gives the real answer.
     if (!st.ok() || e != cudaSuccess) return direct(false);
     if (nodes > 0) return direct(true);
-    key = rec.bytes();
   }
 
   // 2. A graph captured for the same launches.
+  const std::vector<uint8_t>& key = rec_.bytes();
   const uint64_t h = signature_hash(key);
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->hash != h || it->key != key) continue;
     entries_.splice(entries_.begin(), entries_, it);
     ++stats_.hits;
-    return cuda::cuda_status(cudaGraphLaunch(entries_.front().exec, stream), "replay a captured decode step");
+    const Clock::time_point t1 = Clock::now();
+    stats_.dry_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
+    const Status st = cuda::cuda_status(cudaGraphLaunch(entries_.front().exec, stream), "replay a captured decode step");
+    stats_.launch_us += us_since(t1);
+    return st;
   }
+  stats_.dry_us += us_since(t0);
 
   // 3. Capture this step; reuse the least recently used graph's executable when it is full.
+  const Clock::time_point t2 = Clock::now();
   cudaGraph_t graph = nullptr;
   if (!capture(stream, enqueue, &graph).ok()) return direct(false);
   cudaGraphExec_t exec = nullptr;
@@ -111,8 +123,12 @@ Status StepGraphs::run(cudaStream_t stream, const std::function<Status()>& enque
     ++stats_.captures;
   }
   cudaGraphDestroy(graph);
-  entries_.push_front(Entry{h, std::move(key), exec});
-  return cuda::cuda_status(cudaGraphLaunch(exec, stream), "launch a captured decode step");
+  entries_.push_front(Entry{h, key, exec});
+  stats_.capture_us += us_since(t2);
+  const Clock::time_point t3 = Clock::now();
+  const Status st = cuda::cuda_status(cudaGraphLaunch(exec, stream), "launch a captured decode step");
+  stats_.launch_us += us_since(t3);
+  return st;
 }
 
 }  // namespace ds41::gpu

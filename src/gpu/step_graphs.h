@@ -1,6 +1,9 @@
 // ds41 gpu: StepGraphs — decode steps captured once as CUDA graphs and replayed (issue 10:
 // "decode steps of a fixed batch shape can be captured and replayed as CUDA graphs").
 //
+// Run per segment of a step (gpu_forward.cpp: the prologue, each layer, the head), so the host
+// records segment l + 1 while the device runs segment l.
+//
 // A step's launches depend on its plan (row counts, score columns, arena addresses of the step's
 // metadata, which kernels run at all). Instead of trusting a hand-made key, a step is keyed by its
 // launch signature (cuda::LaunchRecorder, backends/cuda/launch.h): a dry pass runs the step's host
@@ -24,6 +27,7 @@
 #include <list>
 #include <vector>
 
+#include "backends/cuda/launch.h"
 #include "core/status.h"
 
 namespace ds41::gpu {
@@ -34,6 +38,9 @@ struct StepGraphStats {
   int64_t updates = 0;    // evicted graphs updated in place for a new signature
   int64_t direct = 0;     // steps run without a graph (capture or instantiation refused)
   int64_t unrouted = 0;   // of those: stream work outside the recorded functions
+  // Host time (microseconds, summed): the dry passes with their lookups, the captures with their
+  // instantiations / updates, the graph launches.
+  double dry_us = 0, capture_us = 0, launch_us = 0;
 };
 
 class StepGraphs {
@@ -64,6 +71,7 @@ class StepGraphs {
 
   int64_t capacity_ = 0;
   std::list<Entry> entries_;  // most recently used first
+  cuda::LaunchRecorder rec_;  // the dry pass's (its buffer kept across calls)
   StepGraphStats stats_;
 };
 
