@@ -73,7 +73,7 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
     graphs = 4;
     if (const char* e = std::getenv("DS41_GRAPHS")) graphs = std::max<int64_t>(0, std::atoll(e));
   }
-  // One graph per segment (prologue, each layer, head) and signature variant.
+  // One graph per graphed segment (layers 1.., head) and signature variant (2 spare segments).
   if (graphs > 0) f->graphs_ = std::make_unique<StepGraphs>(graphs * (m.config().num_hidden_layers + 2));
   f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
   for (cudaEvent_t& e : f->events_)
@@ -188,15 +188,19 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
 }
 
 // Segments: the prologue (metadata upload, embeddings, mHC init), each layer, the head. Graphed,
-// each segment is its own graph: the host records and looks up segment l + 1 while the device runs
-// segment l, so only the first segment's dry pass is exposed (one graph for the whole step left the
-// device idle during the step's whole dry pass). A segment may run more than once (dry pass,
-// capture): the host state carried between layers is restored at its start.
+// layers 1.. and the head are each their own graph: the host records and looks up segment l + 1
+// while the device runs segment l. The prologue and layer 0 are launched directly, so the device
+// starts at once and the host's first dry pass hides behind layer 0 (H200, slice, batch 1: one
+// graph per step left the device idle for the step's whole dry pass, +0.07 ms; graphing the
+// prologue too exposed its dry pass and launch, +0.07 ms of host time before the first kernel).
+// A segment may run more than once (dry pass, capture): the host state carried between layers is
+// restored at its start.
 Status GpuForward::enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out, bool graphed) {
   const int64_t L = c_->num_hidden_layers;
   launch_marks_.assign(static_cast<size_t>(L + 2), 0);
+  int64_t seg = 0;  // segments so far: the first two run directly
   auto segment = [&](const std::function<Status()>& body) -> Status {
-    if (!graphed) return body();
+    if (!graphed || seg++ < 2) return body();
     const Carry c = carry_;
     return graphs_->run(stream_, [&] {
       carry_ = c;

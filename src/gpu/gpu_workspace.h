@@ -23,7 +23,7 @@ struct GpuLimits {
   // 0: never (the GEMV / tile kernels only).
   int64_t tensor_core_min_rows = 128;
   // Decode steps captured as CUDA graphs and replayed (gpu/step_graphs.h), one graph per segment
-  // (prologue, each layer, head): variants kept per segment (the cache holds this many times the
+  // (layers 1.., head; gpu_forward.cpp): variants kept per segment (the cache holds this many times the
   // segments, least recently used evicted); 0: launch every kernel directly. -1: 4, or DS41_GRAPHS.
   int64_t decode_graphs = -1;
 };

@@ -1,6 +1,6 @@
-// Decode steps replayed from captured CUDA graphs (gpu/step_graphs.h, one per segment: prologue,
-// layers, head) against the same steps launched kernel by kernel: two engines over one device
-// model, one with graphs (1 variant per segment, so graphs are evicted and updated in place), one
+// Decode steps replayed from captured CUDA graphs (gpu/step_graphs.h, one per segment: layers
+// 1.. and the head) against the same steps launched kernel by kernel: two engines over one device
+// model, one with graphs (2 variants per segment, so graphs are evicted and updated in place), one
 // without. Three sequences of different lengths
 // (past every window, top-k and candidate limit; different ratio-2 phases) decode 300 steps, with a
 // stretch where only two of them decode (another batch shape) and one where a fourth joins. The
@@ -42,7 +42,7 @@ TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
   const std::string dir = GetParam().small ? small_model_dir() : golden_dir();
   auto dev = load_device_model(dir);
   ASSERT_TRUE(dev);
-  auto graphed = engine_with_graphs(*dev, 1), direct = engine_with_graphs(*dev, 0);
+  auto graphed = engine_with_graphs(*dev, 2), direct = engine_with_graphs(*dev, 0);
   ASSERT_TRUE(graphed && direct);
   ASSERT_NE(graphed->executor().step_graphs(), nullptr);
   ASSERT_EQ(direct->executor().step_graphs(), nullptr);
@@ -104,15 +104,17 @@ TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
     EXPECT_EQ(*graphed->sequence_position(sides[0].ids[i]), lens[i] + done[i]);
   }
   const gpu::StepGraphStats& g = graphed->executor().step_graphs()->stats();
-  // One graph per segment: the prologue, each layer, the head.
-  const int64_t segments = steps * (dev->config().num_hidden_layers + 2);
+  // One graph per graphed segment: layers 1.. and the head (the prologue and layer 0 run directly).
+  const int64_t segments = steps * dev->config().num_hidden_layers;
   std::cout << GetParam().name << ": " << steps << " steps, " << segments << " segments, graph hits " << g.hits
             << ", captures " << g.captures << ", updates " << g.updates << ", direct " << g.direct << ", unrouted "
             << g.unrouted << "\n";
   EXPECT_EQ(g.unrouted, 0) << "stream work outside launch()/copy_async()/fill_async()/record_event()";
   EXPECT_EQ(g.direct, 0);
   EXPECT_EQ(g.hits + g.captures + g.updates, segments);
-  EXPECT_GT(g.hits, segments * 3 / 4) << "consecutive decode steps should replay their graphs";
+  // Two variants per segment (the ratio-2 emit phases alternate): new signatures (bucket, page and
+  // batch-shape changes) evict and mostly update in place; executables are rarely instantiated.
+  EXPECT_GT(g.hits, segments / 2) << "consecutive decode steps should replay their graphs";
   EXPECT_GT(g.captures, 1);
 }
 
