@@ -96,10 +96,14 @@ cudaError_t record_event(cudaEvent_t event, cudaStream_t stream);
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
   ++thread_launch_count();
+  // Only on a stream the engine created: the legacy default stream (tests, tools) keeps plain
+  // stream order, so a copy enqueued there is never overtaken.
+  const bool own_stream = stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
+  const bool pdl = own_stream && pdl_enabled();
   if (LaunchRecorder* r = thread_recorder()) {
     r->op(1);
     r->value(reinterpret_cast<uintptr_t>(kernel));
-    const uint32_t dims[7] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem)};
+    const uint32_t dims[8] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem), pdl};
     r->add(dims, sizeof(dims));
     r->value(stream);
     (r->value(static_cast<P>(args)), ...);
@@ -114,10 +118,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  // Only on a stream the engine created: the legacy default stream (tests, tools) keeps plain
-  // stream order, so a copy enqueued there is never overtaken.
-  const bool own_stream = stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
-  cfg.numAttrs = own_stream && pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl ? 1 : 0;
   // The caller's last_launch_status() reports an error, as for <<<>>>.
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
   if (e != cudaSuccess) note_launch_error(e);

@@ -39,6 +39,9 @@ TEST(LaunchRecorder, KernelArgumentsGridAndStreamAreTheSignature) {
   EXPECT_NE(record(p, 1000, 0.25f, stream), base);           // another scalar
   EXPECT_NE(record(p, 100000, 0.5f, stream), base);          // another grid
   EXPECT_NE(record(p, 1000, 0.5f, nullptr), base);           // another stream
+  set_pdl_for_tests(0);
+  EXPECT_NE(record(p, 1000, 0.5f, stream), base);            // without programmatic dependent launch
+  set_pdl_for_tests(-1);
   EXPECT_NE(gpu::signature_hash(record(p, 1001, 0.5f, stream)), gpu::signature_hash(base));
   // Recorded, not run: the host buffer is untouched.
   EXPECT_TRUE(run_scale(x, 0, 2.0f, nullptr).ok());
