@@ -130,7 +130,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   if (LaunchRecorder* r = thread_recorder()) {
     r->op(1);
     r->value(reinterpret_cast<uintptr_t>(kernel));
-    const uint32_t dims[7] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem)};
+    const uint32_t dims[8] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem), 0};
     r->add(dims, sizeof(dims));
     r->value(stream);
     (r->value(static_cast<P>(args)), ...);
