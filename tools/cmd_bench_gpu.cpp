@@ -315,6 +315,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                          {"hits", g1.hits - g0.hits},
                          {"captures", g1.captures - g0.captures},
                          {"updates", g1.updates - g0.updates},
+                         {"deferred", g1.deferred - g0.deferred},
                          {"direct", g1.direct - g0.direct},
                          {"unrouted", g1.unrouted - g0.unrouted},
                          {"host_us_per_step",

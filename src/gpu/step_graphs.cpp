@@ -31,6 +31,8 @@ void StepGraphs::clear() {
   for (Entry& e : entries_)
     if (e.exec) cudaGraphExecDestroy(e.exec);
   entries_.clear();
+  seen_.clear();
+  seen_next_ = 0;
 }
 
 Status StepGraphs::capture(cudaStream_t stream, const std::function<Status()>& enqueue, cudaGraph_t* graph) {
@@ -98,7 +100,27 @@ Status StepGraphs::run(cudaStream_t stream, const std::function<Status()>& enque
   }
   stats_.dry_us += us_since(t0);
 
-  // 3. Capture this step; reuse the least recently used graph's executable when it is full.
+  // 3. A signature seen for the first time runs directly; the second time it is captured.
+  bool again = false;
+  for (uint64_t& x : seen_)
+    if (x == h) {
+      again = true;
+      x = 0;  // forgotten: the graph takes over
+      break;
+    }
+  if (!again) {
+    const size_t ring = static_cast<size_t>(4 * capacity_);
+    if (seen_.size() < ring) {
+      seen_.push_back(h);
+    } else {
+      seen_[seen_next_] = h;
+      seen_next_ = (seen_next_ + 1) % ring;
+    }
+    ++stats_.deferred;
+    return enqueue();
+  }
+
+  // 4. Capture this step; reuse the least recently used graph's executable when it is full.
   const Clock::time_point t2 = Clock::now();
   cudaGraph_t graph = nullptr;
   if (!capture(stream, enqueue, &graph).ok()) return direct(false);

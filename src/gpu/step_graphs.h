@@ -11,9 +11,12 @@
 // arguments and nothing reaches the device. Equal signatures mean equal launches, so:
 //   hit   -> cudaGraphLaunch of the graph captured for that signature (the metadata upload node
 //            copies the step's freshly planned arena; the logits copy lands in the pinned buffer);
-//   miss  -> the step is captured (cudaStreamCaptureModeThreadLocal: the vision encoder thread
-//            keeps its own stream) and instantiated, or an evicted graph of the same topology is
-//            updated in place (cudaGraphExecUpdate), then launched.
+//   miss  -> the first time a signature is seen the segment runs directly (a capture costs
+//            0.3-0.5 ms of host time per segment on the H200 host: a serving batch whose shape
+//            changes every step must not pay it every step); seen again, it is captured
+//            (cudaStreamCaptureModeThreadLocal: the vision encoder thread keeps its own stream)
+//            and instantiated, or an evicted graph of the same topology is updated in place
+//            (cudaGraphExecUpdate), then launched.
 // The dry pass runs inside a stream capture that must stay empty: stream work that bypasses
 // launch() / copy_async() / fill_async() / record_event() (a raw <<<>>>, cuBLAS) would land there
 // instead of on the device; StepGraphs then runs that step directly and counts it as `unrouted`
@@ -36,6 +39,7 @@ struct StepGraphStats {
   int64_t hits = 0;       // replays of a cached graph
   int64_t captures = 0;   // new graphs instantiated
   int64_t updates = 0;    // evicted graphs updated in place for a new signature
+  int64_t deferred = 0;   // first sightings of a signature, run directly (captured when seen again)
   int64_t direct = 0;     // steps run without a graph (capture or instantiation refused)
   int64_t unrouted = 0;   // of those: stream work outside the recorded functions
   // Host time (microseconds, summed): the dry passes with their lookups, the captures with their
@@ -71,6 +75,8 @@ class StepGraphs {
 
   int64_t capacity_ = 0;
   std::list<Entry> entries_;  // most recently used first
+  std::vector<uint64_t> seen_;  // hashes of signatures run directly once (a ring of 4 * capacity)
+  size_t seen_next_ = 0;
   cuda::LaunchRecorder rec_;  // the dry pass's (its buffer kept across calls)
   StepGraphStats stats_;
 };
