@@ -92,8 +92,8 @@ Status StepGraphs::run(cudaStream_t stream, const std::function<Status()>& enque
     if (it->hash != h || it->key != key) continue;
     entries_.splice(entries_.begin(), entries_, it);
     ++stats_.hits;
+    stats_.dry_us += us_since(t0);
     const Clock::time_point t1 = Clock::now();
-    stats_.dry_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
     const Status st = cuda::cuda_status(cudaGraphLaunch(entries_.front().exec, stream), "replay a captured decode step");
     stats_.launch_us += us_since(t1);
     return st;

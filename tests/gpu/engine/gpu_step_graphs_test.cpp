@@ -20,21 +20,6 @@ struct Case {
   bool small;
 };
 
-std::unique_ptr<gpu::CudaEngine> engine_with_graphs(const gpu::DeviceModel& m, int64_t graphs) {
-  gpu::CudaEngineOptions o;
-  o.model_name = "test";
-  o.limits.max_step_tokens = 1024;
-  o.limits.max_step_seqs = 8;
-  o.limits.max_logit_rows = 8;
-  o.limits.max_context = 4096;
-  o.limits.decode_graphs = graphs;
-  o.max_sequences = 16;
-  o.kv_bytes = int64_t{256} << 20;
-  auto e = gpu::CudaEngine::create(&m, o);
-  EXPECT_TRUE(e.ok()) << e.status().message();
-  return e.ok() ? std::move(e).value() : nullptr;
-}
-
 class GpuStepGraphs : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
@@ -42,7 +27,7 @@ TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
   const std::string dir = GetParam().small ? small_model_dir() : golden_dir();
   auto dev = load_device_model(dir);
   ASSERT_TRUE(dev);
-  auto graphed = engine_with_graphs(*dev, 2), direct = engine_with_graphs(*dev, 0);
+  auto graphed = make_engine(*dev, 8, 4096, 1024, 128, 2), direct = make_engine(*dev, 8, 4096, 1024, 128, 0);
   ASSERT_TRUE(graphed && direct);
   ASSERT_NE(graphed->executor().step_graphs(), nullptr);
   ASSERT_EQ(direct->executor().step_graphs(), nullptr);

@@ -67,12 +67,14 @@ inline std::string small_model_dir() {
   return dir;
 }
 
-// tensor_core_min_rows: GpuLimits' (0: the GEMV / tile kernels only, no tensor-core linears).
+// tensor_core_min_rows: GpuLimits' (0: the GEMV / tile kernels only, no tensor-core linears);
+// decode_graphs: GpuLimits' (-1: the default, 0: decode steps launched kernel by kernel).
 inline std::unique_ptr<gpu::CudaEngine> make_engine(const gpu::DeviceModel& m, int64_t logit_rows,
                                                     int64_t max_context = 4096, int64_t step_tokens = 1024,
-                                                    int64_t tensor_core_min_rows = 128) {
+                                                    int64_t tensor_core_min_rows = 128, int64_t decode_graphs = -1) {
   gpu::CudaEngineOptions o;
   o.limits.tensor_core_min_rows = tensor_core_min_rows;
+  o.limits.decode_graphs = decode_graphs;
   o.model_name = "test";
   o.limits.max_step_tokens = step_tokens;
   o.limits.max_step_seqs = 8;
