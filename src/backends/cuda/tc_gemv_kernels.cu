@@ -880,13 +880,15 @@ struct Shape {
   int ks_log2;
   unsigned slots;
 };
-Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int per_sm) {
+Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int per_sm,
+            int force_l = -1) {
   const int64_t ref_warps = sm_count() * blocks_per_sm(smem_bytes(in, 2)) * kWarps;
   const int64_t target_blocks = sm_count() * std::max(1, per_sm);
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   int l = 0;
   const int64_t steps = tiles / sub;
   while (l < 3 && n_rg * groups * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
+  if (force_l >= 0) l = force_l;
   const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb, other = groups * std::max<int64_t>(1, units);
   // At most one wave: blocks are persistent over the row-group batches, and a grid past the resident
   // blocks ran its last few blocks alone afterwards (measured on the H200: wq_b at 64 rows, NB = 2,
@@ -915,6 +917,38 @@ int env_nb() {
     return (n == 2 || n == 3 || n == 4 || n == 6) ? n : 0;
   }();
   return v;
+}
+
+// DS41_TCG_EXPERT_KS / DS41_TCG_DENSE_KS = 1|2|4|8: the warps per row group of the expert / dense
+// calls (experiment switches: measurements only; KS changes the order of a row's sums). -1: unset.
+int env_ks_log2(const char* name) {
+  const char* e = std::getenv(name);
+  const int n = e != nullptr ? std::atoi(e) : 0;
+  return n == 1 ? 0 : n == 2 ? 1 : n == 4 ? 2 : n == 8 ? 3 : -1;
+}
+int env_expert_ks_log2() {
+  static const int v = env_ks_log2("DS41_TCG_EXPERT_KS");
+  return v;
+}
+int env_dense_ks_log2() {
+  static const int v = env_ks_log2("DS41_TCG_DENSE_KS");
+  return v;
+}
+
+// KS (log2) of an expert call: 2 warps per row group wherever each keeps >= 2 U steps, from the
+// expert's shape alone (row-count invariance, as shape()). shape()'s rule sizes KS for ONE weight
+// filling the GPU alone (8 warps per 16 rows of a 2304 x 5120 expert: tasks of 5 steps, a block
+// reduction every 5 steps), but an expert call always carries the top-k experts of every row (>= 6
+// units at one row): the H200 (docs/perf/README.md, session of 2026-12-03 20:49 UTC, `bench kernels
+// --row-invariant` with DS41_TCG_EXPERT_KS) measured KS = 2 against the old 8 / 4 (w1 / w2) at
+// 28.2 / 26.6 vs 32.2 / 30.4 us at one row, 176 / 170 vs 193 / 197 at 8 rows, 1,227 / 1,325 vs
+// 1,541 / 1,593 at 64 rows; KS = 1 was within 5 % of 2 except w1 at one row (33.5: too few warps).
+// DS41_TCG_EXPERT_KS forces another (measurements).
+int expert_ks_log2(int64_t in, int U, int sub) {
+  const int forced = env_expert_ks_log2();
+  if (forced >= 0) return forced;
+  const int64_t steps = in / 32 / sub;
+  return steps >> 1 >= 2 * U ? 1 : 0;
 }
 
 bool nb_fits(int nb, int64_t in) { return smem_bytes(in, nb) <= static_cast<size_t>(kMaxSmem); }
@@ -990,7 +1024,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   auto go = [&](auto kernel, int U, int sub) {
     constexpr auto K = decltype(kernel)::value;
     allow_smem<K>();
-    const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<K>(smem));
+    const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<K>(smem), env_dense_ks_log2());
     const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups));
     launch(K, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2);
   };
@@ -1025,13 +1059,13 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   // (a wide verification).
   const int nbr = pick_nb(std::max<int64_t>(1, m_max / n_experts), in_dim, (out_dim + 15) / 16, 1);
   const size_t smem = smem_bytes(in_dim, nbr);
-  // KS from the expert's shape as one group; blocks over units <= rows <= m_max.
+  // Blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
   const int64_t grid_units = std::min(m_max, units);
   auto go = [&](auto kernel, int U, int sub) {
     constexpr auto K = decltype(kernel)::value;
     allow_smem<K>();
-    const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<K>(smem));
+    const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<K>(smem), expert_ks_log2(in_dim, U, sub));
     const dim3 grid(s.slots, static_cast<unsigned>(grid_units));
     launch(K, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y, s.ks_log2);
   };
