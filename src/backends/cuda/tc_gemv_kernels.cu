@@ -209,7 +209,7 @@ struct Fp8 {
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, int) {
     return Raw{ld_w<uint2>(ra), ld_w<uint2>(rb), __ldg(sa)};
   }
-  __device__ static void prepare(Raw&) {}
+  __device__ static void prepare(Raw&, int) {}
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw& w, int) { return w.s; }
   __device__ static uint32_t scale_b(const Raw& w, int) { return w.s; }
@@ -248,6 +248,7 @@ struct Fp4 {
   struct Raw {
     uint4 a, b;
     uint32_t sa, sb;
+    uint32_t sa_hi, sb_hi;  // the next aligned scale words (read only when the rows' scales are unaligned)
   };
   __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) {
     return data + o * (in / 2) + 16 * g;
@@ -259,15 +260,20 @@ struct Fp4 {
   // A row's four scale bytes at p as one word: the aligned word(s) around p, funnel-shifted by
   // `shift` = 8 (p % 4) bits (the same for every step and row of a task: tiles % 4 == 0). Only the
   // aligned words holding bytes p .. p + 3 are read.
-  __device__ static uint32_t scales4_at(const uint8_t* p, int shift) {
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
-    const uint32_t lo = __ldg(w);
-    if (shift == 0) return lo;
-    return static_cast<uint32_t>(((static_cast<uint64_t>(__ldg(w + 1)) << 32) | lo) >> shift);  // funnel shift
+  // The loads only: the funnel shift waits for them, so it runs in prepare() when the step is used
+  // (done here, every step's load stalled the warp a memory latency: ncu's top stall, SHF.R.U64).
+  __device__ static const uint32_t* scale_word(const uint8_t* p) {
+    return reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
   }
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t* sb,
                                 int shift) {
-    return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb), scales4_at(sa, shift), scales4_at(sb, shift)};
+    const uint32_t* wa = scale_word(sa);
+    const uint32_t* wb = scale_word(sb);
+    return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb), __ldg(wa), __ldg(wb), shift ? __ldg(wa + 1) : 0u,
+               shift ? __ldg(wb + 1) : 0u};
+  }
+  __device__ static uint32_t funnel(uint32_t lo, uint32_t hi, int shift) {
+    return shift ? static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> shift) : lo;
   }
   // 4 x 4 transpose of the words of the lanes of a quad (lane g: word j of tile g -> word j = tile j's
   // word g): two exchange rounds (xor 1, xor 2) of two words each.
@@ -283,7 +289,9 @@ struct Fp4 {
     d = __shfl_xor_sync(0xffffffffu, d, 2);
     if (q) { v.x = c; v.y = d; } else { v.z = c; v.w = d; }
   }
-  __device__ static void prepare(Raw& w) {
+  __device__ static void prepare(Raw& w, int shift) {
+    w.sa = funnel(w.sa, w.sa_hi, shift);
+    w.sb = funnel(w.sb, w.sb_hi, shift);
     transpose(w.a);
     transpose(w.b);
   }
@@ -358,7 +366,7 @@ struct Bf16 {
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t*, const uint8_t*, int) {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb)};
   }
-  __device__ static void prepare(Raw&) {}
+  __device__ static void prepare(Raw&, int) {}
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw&, int) { return 127u; }
   __device__ static uint32_t scale_b(const Raw&, int) { return 127u; }
@@ -498,7 +506,7 @@ struct WarpTask {
   // The next step's loads: rows r and r + 8 (ra, rb) and their scale bytes (sa, sb), advanced by one
   // step per tile() (pointer increments, no 64-bit index arithmetic per load).
   const uint8_t *ra, *rb, *sa, *sb;
-  int s_shift;    // FP4: 8 x (scale row address % 4), see Fp4::scales4_at
+  int s_shift;    // FP4: 8 x (scale row address % 4), see Fp4::load_at / funnel
   int64_t t0, n;  // steps (D::kSub tiles each)
   typename D::Raw q[U];
 
@@ -616,7 +624,7 @@ struct WarpTask {
     typename D::Raw cur = q[u];
     if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
     advance();
-    D::prepare(cur);
+    D::prepare(cur, s_shift);
 #pragma unroll
     for (int j = 0; j < D::kSub; ++j) {
       const typename D::Q w = D::sub(cur, j);
