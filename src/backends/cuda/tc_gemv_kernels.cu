@@ -257,11 +257,11 @@ struct Fp4 {
   // max |E2M1| = 6 < 2^3: fl(w * 2^(sb-127)) can overflow from sb = 253 on (255: NaN): the fast
   // path takes sb <= 252.
   static constexpr uint32_t kMaxFastScale = 252;
-  // A row's four scale bytes at p as one word: the aligned word(s) around p, funnel-shifted by
-  // `shift` = 8 (p % 4) bits (the same for every step and row of a task: tiles % 4 == 0). Only the
-  // aligned words holding bytes p .. p + 3 are read.
-  // The loads only: the funnel shift waits for them, so it runs in prepare() when the step is used
-  // (done here, every step's load stalled the warp a memory latency: ncu's top stall, SHF.R.U64).
+  // A row's four scale bytes at p as one word: load_at reads the aligned word around p (and the next
+  // one only when `shift` = 8 (p % 4) bits is not 0; the same for every step and row of a task:
+  // tiles % 4 == 0); prepare() funnel-shifts them when the step is used. Shifting at the load waited
+  // for the loads there, so every step's loads stalled the warp a memory latency (ncu's top stall,
+  // SHF.R.U64, docs/perf/README.md).
   __device__ static const uint32_t* scale_word(const uint8_t* p) {
     return reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
   }
@@ -893,10 +893,9 @@ Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, 
   const int64_t ref_warps = sm_count() * blocks_per_sm(smem_bytes(in, 2)) * kWarps;
   const int64_t target_blocks = sm_count() * std::max(1, per_sm);
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
-  int l = 0;
   const int64_t steps = tiles / sub;
-  while (l < 3 && n_rg * groups * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
-  if (force_l >= 0) l = force_l;
+  int l = force_l >= 0 ? force_l : 0;  // force_l: a caller's own rule (experts) or a switch
+  while (force_l < 0 && l < 3 && n_rg * groups * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
   const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb, other = groups * std::max<int64_t>(1, units);
   // At most one wave: blocks are persistent over the row-group batches, and a grid past the resident
   // blocks ran its last few blocks alone afterwards (measured on the H200: wq_b at 64 rows, NB = 2,
