@@ -90,6 +90,15 @@ Status GpuForward::linear(const cuda::DeviceWeight& w, const float* x, int64_t n
   return cuda::run_linear(w, x, n, y, stream_, row_invariant_);
 }
 
+Status GpuForward::linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
+                               int64_t n, float* y, float* y2) {
+  if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) {  // prefill: the GEMMs
+    DS41_RETURN_IF_ERROR(linear(w, x, n, y));
+    return linear(w2, x, n, y2);
+  }
+  return cuda::run_linear_pair(w, w2, x, n, y, y2, stream_, row_invariant_);
+}
+
 Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
                                   float* y) {
   if (tc_ && !row_invariant_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);
@@ -108,6 +117,25 @@ Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda:
   }
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
   return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_, format);
+}
+
+Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
+                                      cuda::DeviceWeight DeviceExpert::*which,
+                                      cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
+                                      const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
+                                      const float* x, int64_t m_max, float* y, float* y2) {
+  if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {  // prefill: the tensor-core GEMMs
+    DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, x, m_max, y));
+    return expert_linear(experts, which2, d_w2, out_dim, in_dim, x, m_max, y2);
+  }
+  const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
+  const quant::WeightFormat format2 = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which2).format;
+  if (format != format2) {
+    DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, x, m_max, y));
+    return expert_linear(experts, which2, d_w2, out_dim, in_dim, x, m_max, y2);
+  }
+  return cuda::run_expert_linear_pair(d_w, d_w2, static_cast<int64_t>(experts.size()), out_dim, in_dim, ws_.offsets,
+                                      x, m_max, y, y2, stream_, format);
 }
 
 GpuForward::~GpuForward() {

@@ -242,9 +242,19 @@ class GpuForward {
   // kernels of backends/cuda/linear_kernels.h.
   Status linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y);
   Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y);
+  // Two weights over the same x (the shared expert's w1 and w3): one launch at decode sizes
+  // (cuda::run_linear_pair), else as two linear() calls.
+  Status linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n, float* y,
+                     float* y2);
   Status expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                        const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
                        int64_t m_max, float* y);
+  // Two expert matrices over the same rows (w1 and w3): one launch at decode sizes
+  // (cuda::run_expert_linear_pair), else two expert_linear calls.
+  Status expert_linear_pair(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
+                            cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
+                            const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
+                            int64_t m_max, float* y, float* y2);
 
   // Decode steps pad key and score counts to multiples of this, or of the power of two in
   // (count / 128, count / 64] when larger (gpu_step_plan.cpp).

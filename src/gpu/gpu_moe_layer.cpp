@@ -1,6 +1,6 @@
 // ds41 gpu: the MoE sublayer on the device (MODEL_SPEC 3.5) — the twin of src/model/moe_layer.cpp:
 // sqrt-softplus router (bias for selection only; gate.bias_vl on image-span rows), stable bucketing of the
-// (row, slot) pairs by expert, one grouped launch per expert matrix over the sorted rows (w1, w3), SwiGLU
+// (row, slot) pairs by expert, grouped launches over the sorted rows (w1 with w3 in one at decode sizes), SwiGLU
 // with the two clamps and the routing weight applied before w2, w2, the combine in ascending expert order
 // (the reference's order of additions), then the shared expert added. The shared expert's w1 / w3 run
 // before the SwiGLUs (one launch for both); with an expand target (the layer's FFN site) the combine,
@@ -47,14 +47,13 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
     DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
   }
   DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, ws_.perm_rows, nk, H, ws_.xs, s));
-  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w1, w.d_w1, I, H, ws_.xs, nk, ws_.g));
-  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w3, w.d_w3, I, H, ws_.xs, nk, ws_.up));
+  DS41_RETURN_IF_ERROR(expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H,
+                                          ws_.xs, nk, ws_.g, ws_.up));
   // The shared expert's w1 / w3 (they read x only) before the SwiGLUs, so that both run in one launch.
   const bool shared = w.shared.w1.present();
   const int64_t Is = shared ? w.shared.w1.out_dim : 0;
   if (shared) {
-    DS41_RETURN_IF_ERROR(linear(w.shared.w1, x, n, ws_.sg));
-    DS41_RETURN_IF_ERROR(linear(w.shared.w3, x, n, ws_.su));
+    DS41_RETURN_IF_ERROR(linear_pair(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su));
     DS41_RETURN_IF_ERROR(cuda::run_swiglu_pair({ws_.g, ws_.up, nk, I, ws_.perm_weight, ws_.act},
                                                {ws_.sg, ws_.su, n, Is, nullptr, ws_.sa}, lim, s));
   } else {

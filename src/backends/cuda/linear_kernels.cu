@@ -1383,6 +1383,20 @@ Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cu
   return dense("linear", w, 1, x, n, y, stream, row_invariant);
 }
 
+Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
+                       cudaStream_t stream, bool row_invariant) {
+  const char* fn = "linear_pair";
+  DS41_RETURN_IF_ERROR(check_weight(w, fn));
+  DS41_RETURN_IF_ERROR(check_weight(w2, fn));
+  if (n > 0 && n <= int64_t{65535} * kTileM && x && y && y2 && w.format == w2.format) {
+    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
+    if (tc_rows && tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, y, w.out_dim, stream, &w2, y2))
+      return last_launch_status(fn);
+  }
+  DS41_RETURN_IF_ERROR(run_linear(w, x, n, y, stream, row_invariant));
+  return run_linear(w2, x, n, y2, stream, row_invariant);
+}
+
 Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
                           cudaStream_t stream, bool row_invariant) {
   return dense("grouped_linear", w, groups, x, n, y, stream, row_invariant);
@@ -1408,6 +1422,22 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
   launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format);
   return last_launch_status(fn);
+}
+
+Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
+                              int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                              int64_t m_max, float* y, float* y2, cudaStream_t stream, WeightFormat format) {
+  if (!weights2 || !y2) return invalid_argument("expert_linear_pair: weights2 or y2 is null");
+  // The single call's checks (its errors name the problem) on a call that launches nothing.
+  DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, 0, y, stream, format));
+  if (m_max < 0 || m_max > (int64_t{1} << 30))
+    return invalid_argument("expert_linear_pair: m_max " + std::to_string(m_max) + " out of range");
+  if (m_max == 0) return ok_status();
+  if (!x || !y) return invalid_argument("expert_linear_pair: x or y is null");
+  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, weights2, y2))
+    return last_launch_status("expert_linear_pair");
+  DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format));
+  return run_expert_linear(weights2, n_experts, out_dim, in_dim, offsets, x, m_max, y2, stream, format);
 }
 
 }  // namespace ds41::cuda

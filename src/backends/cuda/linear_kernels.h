@@ -22,6 +22,11 @@ namespace ds41::cuda {
 // DSpark draft's BF16 heads).
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant = false);
+// Two weights of the same shape and format over the same x (the shared expert's w1 and w3): y = x .
+// w^T and y2 = x . w2^T, each as run_linear computes it; calls the tensor-core GEMV takes run as one
+// launch, others as two.
+Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
+                       cudaStream_t stream, bool row_invariant = false);
 // MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).
 Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
                           cudaStream_t stream, bool row_invariant = false);
@@ -36,6 +41,14 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
                          cudaStream_t stream, quant::WeightFormat format = quant::WeightFormat::kNone);
+
+// Two expert matrices of the same shape and format over the same rows (the MoE's w1 and w3): y =
+// x . weights^T and y2 = x . weights2^T, the contract of run_expert_linear for each. Decode-sized
+// calls of a known FP8 / FP4 format run as one launch (tc_gemv_kernels.h); everything else as two.
+Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
+                              int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                              int64_t m_max, float* y, float* y2, cudaStream_t stream,
+                              quant::WeightFormat format = quant::WeightFormat::kNone);
 
 // Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches and of the
 // tensor-core GEMV (0: the device's fill), so small shapes exercise warps that loop over many row

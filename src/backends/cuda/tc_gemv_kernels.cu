@@ -13,9 +13,11 @@
 //   (Fp4::row_pairs: the value times 2^-14, subnormal 0.5 included, as the CUDA-core WideFp4::pair).
 // - mma.sync m16n8k16 (f16 x f16, fp32 accumulation) multiplies one 32-wide K tile (two mmas);
 //   every product of an f16 weight and an f16 part is exact in fp32. The tile's sum is multiplied by
-//   ONE exact power of two, its E8M0 scale (FP8: the 32x32 tile's; FP4: each row's) times 2^e (its
-//   x row's power of two; times 2^14 for FP4), into the fp32 accumulator: one fmaf per output and
-//   tile, no overflow where y is finite. At the end the parts are added, hi + (lo + lo2).
+//   ONE exact power of two, its E8M0 scale (FP8: the 32x32 tile's; FP4: each row's), into the fp32
+//   accumulator: one fmaf per output and tile (scales in a window where nothing over- or underflows:
+//   scale_fast). At the end the parts are added, hi + (lo + lo2), and multiplied by 2^e (the x row's
+//   power of two; times 2^14 for FP4): the bits a per-tile multiplier 2^(scale + e) gives, wherever
+//   y is normal.
 // So only the order of the fp32 additions differs from the CPU op (the parity rows' 1e-5 of max|y|).
 // BF16 weights (the head, the MoE gate, the compressor: sent here by row-invariant calls only) are
 // bf16 A fragments as loaded, x's three parts are bf16 (8 + 8 + 8 significant bits: x' exactly, at
@@ -182,6 +184,22 @@ __device__ __forceinline__ T ld_w(const void* p) {
 #endif
 }
 
+// The fast path's scale window: a tile whose E8M0 scale byte sb is in [64, 191] multiplies its
+// mma sum by 2^(sb - 127), a normal float in [2^-63, 2^64], into the accumulator; x's power of two
+// 2^(e + kExp) is applied once, to the finished output (WarpTask::run, block_rows). In that window no
+// dequantized weight overflows (max |E4M3| 448 * 2^64 < 2^73), no partial sum overflows (|x'| < 2^15,
+// K <= 2^16: < 2^105) and no nonzero product leaves the normal floats (>= 2^-24 * 2^-15 * 2^-63), so
+// the accumulator holds y * 2^-(e + kExp) with the bits the former per-tile multiplier 2^(sb - 127 + e)
+// gave (an fma's rounding does not see a power-of-two scale of all its operands): the window depends
+// on the weight alone, not on x. Any other byte (NaN 255 included) sends its tile to exact_tile.
+constexpr uint32_t kFastScaleLo = 64, kFastScaleSpan = 127;
+__host__ __device__ __forceinline__ bool scale_fast(uint32_t sb) { return sb - kFastScaleLo <= kFastScaleSpan; }
+// All four bytes of v in the window: a byte b = 128 h + l is in [64, 191] iff bit 7 of h XOR (l + 64)
+// is set (l + 64 < 256: no carry between bytes).
+__host__ __device__ __forceinline__ bool scale_word_fast(uint32_t v) {
+  return ((v ^ ((v & 0x7f7f7f7fu) + 0x40404040u)) & 0x80808080u) == 0x80808080u;
+}
+
 // The formats. Per tile and lane: Q the loaded words of rows r and r + 8.
 // kofs(m, s): K offset in the tile (past 8g) of B slot s (0..3) of mma m: slots 0, 1 = b0's two
 // halves, 2, 3 = b1's.
@@ -202,14 +220,15 @@ struct Fp8 {
   };
   __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) { return data + o * in + 8 * g; }
   static constexpr int kStepBytes = 32, kScaleStep = 1;
-  // max |E4M3| = 448 < 2^9: fl(w * 2^(sb-127)) can overflow from sb = 247 on (255: NaN): the fast
-  // path takes sb <= 246.
-  static constexpr uint32_t kMaxFastScale = 246;
+  // The 16 rows of a warp share one row of 32 x 32 tiles: every lane loads the same scale byte, so
+  // the fast-path test of a step is warp-uniform without a vote.
+  static constexpr bool kUniformScale = true;
   // The step at the pointers (WarpTask advances them by kStepBytes / kScaleStep per step).
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, int) {
     return Raw{ld_w<uint2>(ra), ld_w<uint2>(rb), __ldg(sa)};
   }
   __device__ static void prepare(Raw&, int) {}
+  __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s); }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw& w, int) { return w.s; }
   __device__ static uint32_t scale_b(const Raw& w, int) { return w.s; }
@@ -254,9 +273,7 @@ struct Fp4 {
     return data + o * (in / 2) + 16 * g;
   }
   static constexpr int kStepBytes = 64, kScaleStep = 4;
-  // max |E2M1| = 6 < 2^3: fl(w * 2^(sb-127)) can overflow from sb = 253 on (255: NaN): the fast
-  // path takes sb <= 252.
-  static constexpr uint32_t kMaxFastScale = 252;
+  static constexpr bool kUniformScale = false;  // rows r and r + 8 of each lane have their own scales
   // A row's four scale bytes at p as one word: load_at reads the aligned word around p (and the next
   // one only when `shift` = 8 (p % 4) bits is not 0; the same for every step and row of a task:
   // tiles % 4 == 0); prepare() funnel-shifts them when the step is used. Shifting at the load waited
@@ -295,6 +312,8 @@ struct Fp4 {
     transpose(w.a);
     transpose(w.b);
   }
+  // After prepare(): the step's four tiles of rows r and r + 8 all on the fast path.
+  __device__ static bool step_fast(const Raw& w) { return scale_word_fast(w.sa) && scale_word_fast(w.sb); }
   __device__ static uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w)); }
   __device__ static Q sub(const Raw& w, int j) { return Q{word(w.a, j), word(w.b, j)}; }
   __device__ static uint32_t scale_a(const Raw& w, int j) { return (w.sa >> (8 * j)) & 0xffu; }
@@ -361,12 +380,13 @@ struct Bf16 {
     return data + o * in * 2 + 16 * g;
   }
   static constexpr int kStepBytes = 64, kScaleStep = 0;
-  // A weight is used as it is (the oracle's dequantization of BF16 is exact): no overflow to avoid.
-  static constexpr uint32_t kMaxFastScale = 254;
+  // A weight is used as it is (the oracle's dequantization of BF16 is exact): always the fast path.
+  static constexpr bool kUniformScale = true;
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t*, const uint8_t*, int) {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb)};
   }
   __device__ static void prepare(Raw&, int) {}
+  __device__ static constexpr bool step_fast(const Raw&) { return true; }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw&, int) { return 127u; }
   __device__ static uint32_t scale_b(const Raw&, int) { return 127u; }
@@ -479,16 +499,16 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
   __syncthreads();
 }
 
-// The multiplier 2^(sb - 127 + e) of a tile's sum (sb an E8M0 byte, e its x row's power of two plus
-// kExp) is taken on the fast path when it is a normal float (1 <= sb + e <= 254) and no weight of the
-// tile can overflow when dequantized (sb <= the format's kMaxFastScale, NaN 255 excluded): then
-// it is exact, the float with exponent bits sb + e (WarpTask::Fast). Otherwise the tile takes
-// exact_tile.
+// The multiplier 2^(sb - 127) of a tile's sum (sb its E8M0 byte) is taken on the fast path when sb is
+// in the window of scale_fast (a property of the weight alone): then it is exact, the float with
+// exponent bits sb. Otherwise the tile takes exact_tile. x row b's power of two 2^(e_b + kExp)
+// multiplies the finished output (block_rows).
 // One warp's task: W rows [o0, o0 + 16) (rows >= the end clamped for the loads; their sums unused)
 // over tiles [t0, t1), against NB rows of x (NT = ceil(3 NB / 8) mma column tiles, one decoded A
 // fragment per tile for all of them). prologue() issues the first U tiles' loads (before the block
 // stages x, so the weights' latency overlaps the staging); run() streams the rest and accumulates
-// acc[c] = sum over tiles of (column tile c's D fragment) * 2^(tile scale + its x row's e + kExp).
+// acc[c] = sum over tiles of (column tile c's D fragment) * 2^(tile scale - 127), i.e. y * 2^-(e + kExp)
+// for the column's x row.
 // A D column's value is its own x row's dot with the tile whatever the other columns hold, so a
 // row gets the same bits in any column of any NB (row-count invariance).
 template <int NB>
@@ -593,23 +613,19 @@ struct WarpTask {
       for (int i = 0; i < 4; ++i) add.v[c][i] = 0.f;
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      // The hi column of x row b: column tile j / 8, lane group (j % 8) / 2, D entry j % 2 (+2 for row r + 8).
+      // The hi column of x row b: column tile j / 8, lane group (j % 8) / 2, D entry j % 2 (+2 for row r + 8),
+      // in the accumulator's units (y * 2^-(e_b + kExp); block_rows multiplies them back).
       const int j = 3 * b, c = j >> 3, jj = j & 7;
       if (b < nb && g == (jj >> 1)) {
-        add.v[c][jj & 1] += tot[0][b];
-        add.v[c][2 + (jj & 1)] += tot[1][b];
+        add.v[c][jj & 1] += scalbnf(tot[0][b], -(ex[b] + D::kExp));
+        add.v[c][2 + (jj & 1)] += scalbnf(tot[1][b], -(ex[b] + D::kExp));
       }
     }
     return add;
   }
 
-  // Per task (NB x rows): the constants of the fast path. fast(sb) for a scale byte sb of a tile is
-  // sb <= kMaxFastScale (no dequantized weight overflows, no NaN) and 1 <= sb + e <= 254 for every
-  // e of the lane's D columns (a normal multiplier): sb in [max(0, 1 - min e), min(kMaxFastScale,
-  // 254 - max e)], tested as one unsigned compare.
+  // Per task: where the lane's B fragments are.
   struct Fast {
-    uint32_t lo, span;
-    uint32_t e0s[NT], e1s[NT];  // e << 23: 2^(sb - 127 + e) = (sb << 23) + (e << 23) as float bits (pow2_mult)
     const uint2* b;             // the lane's B fragment of the next tile (column tile 0, m = 0; m = 1 at + 4J)
     int coff[NT];               // column tile c's fragment at b + coff[c]
     int bstride;                // uint2 per tile: 2 mmas x J columns x 4 lane groups
@@ -617,38 +633,43 @@ struct WarpTask {
 
   // Step t0 + k from registers q[u] (u = k % U); the loads of step k + U (if any) issued before it
   // is multiplied; its kSub tiles one by one. The arithmetic is the one documented at the top:
-  // d = mma(m = 0) then mma(m = 1) from zero, acc = fma(d, 2^(scale + e), acc), tile by tile, for
-  // every column tile with the one decoded A fragment.
+  // d = mma(m = 0) then mma(m = 1) from zero, acc = fma(d, 2^(scale - 127), acc), tile by tile, for
+  // every column tile with the one decoded A fragment. The scale window is tested once per step (all
+  // its tiles, one vote; FP8 / BF16: uniform over the warp, no vote); a tile is tested alone only in a
+  // step that fails it (rare).
   __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, Fast& f, const int* ex,
                                        float (&acc)[NT][4]) {
     typename D::Raw cur = q[u];
     if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
     advance();
     D::prepare(cur, s_shift);
+    bool step_fast = D::step_fast(cur);
+    if constexpr (!D::kUniformScale) step_fast = __all_sync(0xffffffffu, step_fast);
 #pragma unroll
     for (int j = 0; j < D::kSub; ++j) {
       const typename D::Q w = D::sub(cur, j);
       const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
       const uint2* bp = f.b;
-      const uint2 b00 = bp[0], b10 = bp[4 * J];  // column tile 0's fragments, loaded before the vote
+      const uint2 b00 = bp[0], b10 = bp[4 * J];  // column tile 0's fragments, loaded before the branch
       f.b += f.bstride;
-      const bool fast = sc0 - f.lo <= f.span && sc1 - f.lo <= f.span;
-      if (__all_sync(0xffffffffu, fast)) {
+      bool fast = step_fast;
+      if (D::kSub > 1 && !fast) fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
+      if (fast) {
         uint32_t a0[4], a1[4];
         D::frags(w, a0, a1);
-        // acc += sum * 2^(scale + e + kExp): one exact power of two (FP8: the tile's scale; FP4:
-        // rows r and r + 8 each their own).
-        const uint32_t s0 = sc0 << 23, s1 = sc1 << 23;
+        // acc += sum * 2^(scale - 127): one exact power of two (FP8: the tile's scale; FP4: rows r
+        // and r + 8 each their own).
+        const float m0 = __uint_as_float(sc0 << 23), m1 = __uint_as_float(sc1 << 23);
 #pragma unroll
         for (int c = 0; c < NT; ++c) {
           const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
           float d[4] = {0.f, 0.f, 0.f, 0.f};
           mma_16816<D::kBf>(d, a0, b0.x, b0.y);
           mma_16816<D::kBf>(d, a1, b1.x, b1.y);
-          acc[c][0] = __fmaf_rn(d[0], __uint_as_float(s0 + f.e0s[c]), acc[c][0]);
-          acc[c][1] = __fmaf_rn(d[1], __uint_as_float(s0 + f.e1s[c]), acc[c][1]);
-          acc[c][2] = __fmaf_rn(d[2], __uint_as_float(s1 + f.e0s[c]), acc[c][2]);
-          acc[c][3] = __fmaf_rn(d[3], __uint_as_float(s1 + f.e1s[c]), acc[c][3]);
+          acc[c][0] = __fmaf_rn(d[0], m0, acc[c][0]);
+          acc[c][1] = __fmaf_rn(d[1], m0, acc[c][1]);
+          acc[c][2] = __fmaf_rn(d[2], m1, acc[c][2]);
+          acc[c][3] = __fmaf_rn(d[3], m1, acc[c][3]);
         }
       } else {
         // A scale that can overflow a dequantized weight (the oracle's fl(w * s) is then inf), a
@@ -666,19 +687,6 @@ struct WarpTask {
   __device__ __forceinline__ void run(const uint2* xs, int J, const int* ex, float (&acc)[NT][4]) {
     const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
     Fast f;
-    int emin = 1 << 20, emax = -(1 << 20);
-#pragma unroll
-    for (int c = 0; c < NT; ++c) {
-      // The power of two of the x rows of D columns 8c + 2g and 8c + 2g + 1 (3 parts per row), plus kExp.
-      const int e0 = ex[min((8 * c + 2 * g) / 3, NB - 1)] + D::kExp, e1 = ex[min((8 * c + 2 * g + 1) / 3, NB - 1)] + D::kExp;
-      emin = min(emin, min(e0, e1));
-      emax = max(emax, max(e0, e1));
-      f.e0s[c] = static_cast<uint32_t>(e0) << 23;
-      f.e1s[c] = static_cast<uint32_t>(e1) << 23;
-    }
-    const int lo = max(0, 1 - emin), hi = min(static_cast<int>(D::kMaxFastScale), 254 - emax);
-    f.lo = hi >= lo ? static_cast<uint32_t>(lo) : 256u;  // empty range: no byte passes
-    f.span = hi >= lo ? static_cast<uint32_t>(hi - lo) : 0u;
     // B column 8c + r of the mma: x column 8c + r where < J; lanes of columns >= J read column J - 1
     // (their D columns are never read: no zero fill, no predicate per tile).
     const int col0 = min(r, J - 1);
@@ -686,6 +694,8 @@ struct WarpTask {
 #pragma unroll
     for (int c = 0; c < NT; ++c) f.coff[c] = (min(8 * c + r, J - 1) - col0) * 4;
     f.bstride = 8 * J;
+    // Unrolled by U (the FP4 loop's SASS has ~5 register moves per tile for the ring; unrolling by 2U
+    // to let the registers alternate spilled at 128 registers and was 5-17 % slower on the H200).
     const int64_t full = n - n % U;
     for (int64_t i = 0; i < full; i += U) {
 #pragma unroll
@@ -746,7 +756,8 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
           for (int k = 0; k < KS; ++k) sum += red_d[((((rl << ks_log2) + k) * 32 + ln) * NT + c) * 4 + i];
           part[p] = sum;
         }
-        y[b * ldy + o] = part[0] + (part[1] + part[2]);
+        // x row b's power of two (and FP4's 2^14) on the finished sum: exact wherever y is normal.
+        y[b * ldy + o] = scalbnf(part[0] + (part[1] + part[2]), ex[b] + D::kExp);
       }
     }
     __syncthreads();
@@ -757,7 +768,8 @@ template <class D, bool kFp8, int NB>
 __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
-                    int ks_log2) {
+                    int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
+                    float* __restrict__ y2) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -767,20 +779,24 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   // Grid (x-row units of NB, slots, groups): the blocks of one slot's W rows for every unit are
   // consecutive (run together, W from L2 for all but the first). Measured neutral against slots
   // first (wq_b 8 rows 62.4 vs 62.5 us): a pair's cost is its own decode of W into fragments.
-  const int64_t grp = blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
+  // A pair (data2 set: one group, z = 1 the second weight over the same x, into y2) or z = the group.
+  const bool second = data2 != nullptr && blockIdx.z != 0;
+  const int64_t grp = second ? 0 : blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
-  block_rows<D, kFp8, NB>(data, sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb, ex,
-                      y + r0 * ldy + grp * out_rows, ldy, red_d, blockIdx.y, gridDim.y,
+  block_rows<D, kFp8, NB>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb,
+                      ex, (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy, red_d, blockIdx.y, gridDim.y,
                       [&] { stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex); });
 }
 
-// Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e.
+// Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
+// picks the matrix: 0 = weights into y, 1 = weights2 into y2 (a pair over the same rows of x: the
+// MoE's w1 and w3 in one launch).
 template <class D, bool kFp8, int NB>
 __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
-    tc_expert_kernel(const DeviceWeight* __restrict__ weights, int64_t n_experts, int64_t out_dim, int64_t in,
-                     const int64_t* __restrict__ offsets, const float* __restrict__ x, float* __restrict__ y,
-                     int ks_log2) {
+    tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
+                     int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
+                     const float* __restrict__ x, float* __restrict__ y, float* __restrict__ y2, int ks_log2) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -815,9 +831,10 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   }
   const int64_t e = lo, r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
-  const DeviceWeight dw = weights[e];
+  const bool second = blockIdx.z != 0;
+  const DeviceWeight dw = (second ? weights2 : weights)[e];
   const float* xb = x + r0 * in;
-  block_rows<D, kFp8, NB>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, y + r0 * out_dim, out_dim,
+  block_rows<D, kFp8, NB>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, (second ? y2 : y) + r0 * out_dim, out_dim,
                       red_d, blockIdx.x, gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex); });
 }
 
@@ -888,15 +905,16 @@ struct Shape {
   int ks_log2;
   unsigned slots;
 };
+// mats: matrices of one launch over the same units (an expert pair: 2); they share the slots.
 Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int per_sm,
-            int force_l = -1) {
+            int force_l = -1, int64_t mats = 1) {
   const int64_t ref_warps = sm_count() * blocks_per_sm(smem_bytes(in, 2)) * kWarps;
   const int64_t target_blocks = sm_count() * std::max(1, per_sm);
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   const int64_t steps = tiles / sub;
   int l = force_l >= 0 ? force_l : 0;  // force_l: a caller's own rule (experts) or a switch
-  while (force_l < 0 && l < 3 && n_rg * groups * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
-  const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb, other = groups * std::max<int64_t>(1, units);
+  while (force_l < 0 && l < 3 && n_rg * groups * mats * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
+  const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb, other = mats * groups * std::max<int64_t>(1, units);
   // At most one wave: blocks are persistent over the row-group batches, and a grid past the resident
   // blocks ran its last few blocks alone afterwards (measured on the H200: wq_b at 64 rows, NB = 2,
   // 32 units x 9 slots = 288 blocks for 264 resident took 548 us, at 48 rows (264 blocks) 278 us).
@@ -933,6 +951,16 @@ int env_ks_log2(const char* name) {
   const int n = e != nullptr ? std::atoi(e) : 0;
   return n == 1 ? 0 : n == 2 ? 1 : n == 4 ? 2 : n == 8 ? 3 : -1;
 }
+// DS41_TCG_PAIRS=0: a pair (try_dense / try_experts with a second weight) is refused, so the caller
+// runs two launches (measurements; a pair's experts take another KS, see expert_ks_log2).
+bool pairs_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TCG_PAIRS");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
 int env_expert_ks_log2() {
   static const int v = env_ks_log2("DS41_TCG_EXPERT_KS");
   return v;
@@ -951,11 +979,13 @@ int env_dense_ks_log2() {
 // 28.2 / 26.6 vs 32.2 / 30.4 us at one row, 176 / 170 vs 193 / 197 at 8 rows, 1,227 / 1,325 vs
 // 1,541 / 1,593 at 64 rows; KS = 1 was within 5 % of 2 except w1 at one row (33.5: too few warps).
 // DS41_TCG_EXPERT_KS forces another (measurements).
-int expert_ks_log2(int64_t in, int U, int sub) {
+// A pair (w1 with w3, twice the blocks of one matrix) takes KS = 1: at one row its 2 x 6 experts
+// then fill 216 blocks of 8 row groups, one batch each, where KS = 2 would need 432 (1.6 waves).
+int expert_ks_log2(int64_t in, int U, int sub, int64_t mats) {
   const int forced = env_expert_ks_log2();
   if (forced >= 0) return forced;
   const int64_t steps = in / 32 / sub;
-  return steps >> 1 >= 2 * U ? 1 : 0;
+  return mats == 1 && steps >> 1 >= 2 * U ? 1 : 0;
 }
 
 bool nb_fits(int nb, int64_t in) { return smem_bytes(in, nb) <= static_cast<size_t>(kMaxSmem); }
@@ -1014,7 +1044,7 @@ void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
 void set_rows_per_block_for_tests(int nb) { g_nb = (nb == 2 || nb == 3 || nb == 4 || nb == 6) ? nb : 0; }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
-               float* y, int64_t ldy, cudaStream_t stream) {
+               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2) {
   if (!enabled() || n < 1 || n > kMaxRows || w.in_dim % 32 != 0 || groups > 65535) return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0) return false;  // float4 staging
   const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows,
@@ -1025,15 +1055,22 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   if (p % (fp8 ? 8 : 16) != 0 || (!bf16 && w.scale == nullptr)) return false;
   if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
   if (smem_bytes(w.in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
-  const int nbr = pick_nb(n, w.in_dim, (out_rows + 15) / 16 * groups, groups);
+  if ((w2 == nullptr) != (y2 == nullptr) || (w2 != nullptr && !pairs_enabled())) return false;
+  if (w2 != nullptr) {  // a pair: one group, the same shape, format and alignment
+    if (groups != 1 || w2->format != w.format || w2->out_dim != w.out_dim || w2->in_dim != w.in_dim) return false;
+    if (reinterpret_cast<uintptr_t>(w2->data) % (fp8 ? 8 : 16) != 0 || (!bf16 && w2->scale == nullptr)) return false;
+  }
+  const int64_t mats = w2 != nullptr ? 2 : 1;
+  const int nbr = pick_nb(n, w.in_dim, (out_rows + 15) / 16 * groups * mats, groups);
   const size_t smem = smem_bytes(w.in_dim, nbr);
   const int64_t units = (n + nbr - 1) / nbr;
   auto go = [&](auto kernel, int U, int sub) {
     constexpr auto K = decltype(kernel)::value;
     allow_smem<K>();
-    const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<K>(smem), env_dense_ks_log2());
-    const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups));
-    launch(K, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2);
+    const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<K>(smem), env_dense_ks_log2(), mats);
+    const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats));
+    launch(K, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
+           w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2);
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
@@ -1050,7 +1087,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const DeviceWeight* weights2, float* y2) {
   // Decode and DSpark verification (about one row per used expert): every such call takes this
   // kernel, so a row's bits do not depend on the batch (row-count invariance, as try_dense).
   if (!enabled() || m_max < 1 || m_max > kMaxExpertRows || in_dim % 32 != 0 ||
@@ -1061,6 +1098,8 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   if (!fp8 && !fp4) return false;
   if (fp4 && in_dim % 128 != 0) return false;  // steps of four tiles
   if (smem_bytes(in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
+  if ((weights2 == nullptr) != (y2 == nullptr) || (weights2 != nullptr && !pairs_enabled())) return false;
+  const int64_t mats = weights2 != nullptr ? 2 : 1;
   // NB from the average rows per expert: about one in decode, so NB = 2 (measured: forcing 4 or 6
   // rows per block there is up to 2x slower); NB > 2 only where the experts average 5 rows or more
   // (a wide verification).
@@ -1072,9 +1111,11 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   auto go = [&](auto kernel, int U, int sub) {
     constexpr auto K = decltype(kernel)::value;
     allow_smem<K>();
-    const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<K>(smem), expert_ks_log2(in_dim, U, sub));
-    const dim3 grid(s.slots, static_cast<unsigned>(grid_units));
-    launch(K, grid, kThreads, smem, stream, weights, n_experts, out_dim, in_dim, offsets, x, y, s.ks_log2);
+    const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<K>(smem),
+                          expert_ks_log2(in_dim, U, sub, mats), mats);
+    const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(mats));
+    launch(K, grid, kThreads, smem, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, y, y2,
+           s.ks_log2);
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;

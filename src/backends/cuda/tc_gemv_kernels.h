@@ -32,15 +32,17 @@ inline constexpr int64_t kDecodeRows = 16;
 // Dense / grouped linear (groups column blocks of x, out_rows rows of W each), n rows of x (row
 // stride ldx, y row stride ldy). Launches and returns true when the shape is one these kernels
 // take (format FP8 tiles / FP4 rows / BF16, in % 32 == 0, aligned rows, x staging within the
-// shared memory); false: nothing launched.
+// shared memory); false: nothing launched. w2 / y2 (both or neither, groups = 1): a second weight of
+// the same shape and format over the same x, into y2 (row stride ldy), in the same launch (run_linear_pair).
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
-               float* y, int64_t ldy, cudaStream_t stream);
+               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2 = nullptr, float* y2 = nullptr);
 
 // Routed experts (the contract of run_expert_linear) with the experts' common format given by the
 // host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 65535;
-// false: nothing launched.
+// false: nothing launched. weights2 / y2 (both or neither): a second set of experts of the same
+// shape and format over the same rows of x, in the same launch (the pair run_expert_linear_pair).
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                 cudaStream_t stream);
+                 cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr);
 
 }  // namespace ds41::cuda::tcg

@@ -243,6 +243,151 @@ TEST(LinearParity, ExpertLinear) {
   }
 }
 
+// The MoE's w1 and w3 in one launch (run_expert_linear_pair, the decode path of gpu_moe_layer.cpp):
+// both outputs against the CPU op, at the released expert shape (one token's top 6 of 384, and a
+// batch of 8) and small ones; rows past offsets[E] untouched; each routed row alone through the pair
+// gives the bits it gets in the batch (row-count invariance: decode vs DSpark verification); an
+// unknown format (two single launches) agrees too.
+TEST(LinearParity, ExpertPair) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct PairCase {
+    WeightFormat format;
+    int64_t E, out, in;
+    int64_t n, k;
+  };
+  uint64_t seed = 16100;
+  for (const PairCase& c : {PairCase{WeightFormat::kFp4Rows, 384, 2304, 5120, 1, 6},
+                            PairCase{WeightFormat::kFp4Rows, 384, 2304, 5120, 8, 6},
+                            PairCase{WeightFormat::kFp4Rows, 12, 80, 1024, 6, 3},
+                            PairCase{WeightFormat::kFp8Tiles, 12, 80, 1024, 6, 3}}) {
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    const Experts w1 = make_experts(c.format, c.E, c.out, c.in, seed);
+    const Experts w3 = make_experts(c.format, c.E, c.out, c.in, seed);
+    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, 0);
+    const int64_t m = off[c.E], m_max = m + 2;
+    auto x = rand_floats(static_cast<size_t>(m_max * c.in), ++seed);
+    for (int64_t r = 0; r < m; ++r)  // rows of very different magnitudes (each its own power of two)
+      for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(3 * (r % 12) - 9));
+    std::vector<float> want1(static_cast<size_t>(m * c.out)), want3(want1.size());
+    for (int64_t e = 0; e < c.E; ++e)
+      if (off[e + 1] > off[e]) {
+        cpu.linear(w1.refs[e], x.data() + off[e] * c.in, off[e + 1] - off[e], want1.data() + off[e] * c.out);
+        cpu.linear(w3.refs[e], x.data() + off[e] * c.in, off[e + 1] - off[e], want3.data() + off[e] * c.out);
+      }
+    Dev<int64_t> doff(off);
+    Dev<float> dx(x), dy1(static_cast<size_t>(m_max * c.out)), dy3(dy1.n);
+    const std::string shape = std::string(fmt_name(c.format)) + " " + std::to_string(c.E) + "x" +
+                              dims({c.out, c.in}) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k);
+    for (WeightFormat known : {c.format, WeightFormat::kNone}) {  // one launch; two single launches
+      cudaMemset(dy1.p, 0xff, dy1.n * sizeof(float));
+      cudaMemset(dy3.p, 0xff, dy3.n * sizeof(float));
+      const Status s = run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max,
+                                              dy1.p, dy3.p, nullptr, known);
+      ASSERT_TRUE(s.ok()) << s.message();
+      auto g1 = dy1.get(), g3 = dy3.get();
+      size_t touched = 0;
+      for (size_t i = static_cast<size_t>(m * c.out); i < g1.size(); ++i)
+        touched += (bits_of(g1[i]) != 0xffffffffu) + (bits_of(g3[i]) != 0xffffffffu);
+      EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
+      g1.resize(want1.size());
+      g3.resize(want3.size());
+      const double e1 = rel_to_max(g1, want1), e3 = rel_to_max(g3, want3);
+      report(known == WeightFormat::kNone ? "expert pair (2 launches)" : "expert pair", shape + " w1 | w3",
+             std::max(e1, e3), kLinearTol, kLinearWhy);
+      EXPECT_LE(e1, kLinearTol) << shape;
+      EXPECT_LE(e3, kLinearTol) << shape;
+    }
+    // The batch through the pair, then every routed row alone through it: the same bits.
+    ASSERT_TRUE(run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p,
+                                       dy3.p, nullptr, c.format)
+                    .ok());
+    const std::vector<float> all1 = dy1.get(), all3 = dy3.get();
+    size_t differ = 0;
+    for (int64_t e = 0; e < c.E; ++e)
+      for (int64_t r = off[e]; r < off[e + 1]; ++r) {
+        std::vector<int64_t> one(static_cast<size_t>(c.E + 1), 0);
+        for (int64_t j = e + 1; j <= c.E; ++j) one[j] = 1;
+        Dev<int64_t> done(one);
+        Dev<float> o1(static_cast<size_t>(c.out)), o3(o1.n);
+        ASSERT_TRUE(run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, done.p, dx.p + r * c.in, 1,
+                                           o1.p, o3.p, nullptr, c.format)
+                        .ok());
+        const std::vector<float> a = o1.get(), b = o3.get();
+        for (int64_t i = 0; i < c.out; ++i)
+          differ += (bits_of(a[i]) != bits_of(all1[r * c.out + i])) + (bits_of(b[i]) != bits_of(all3[r * c.out + i]));
+      }
+    report("expert pair row-count invariance", shape + " each row alone vs the batch: bits differing",
+           static_cast<double>(differ), 0, "a row's order depends on the experts' shape only");
+    EXPECT_EQ(differ, 0u) << shape;
+  }
+  // Mismatched arguments are errors, not launches.
+  Dev<float> d(16);
+  EXPECT_FALSE(run_expert_linear_pair(nullptr, nullptr, 4, 16, 64, nullptr, d.p, 4, d.p, nullptr, nullptr).ok());
+}
+
+// The shared expert's w1 and w3 in one launch (run_linear_pair): both outputs against the CPU op at
+// the released shape (FP8 2304 x 5120) and a small FP4 / BF16 one, for decode rows and a row-invariant
+// verification width; each row alone through the pair gives its bits in the batch; weights of
+// different formats run as two launches.
+TEST(LinearParity, LinearPair) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct PairCase {
+    WeightFormat format;
+    int64_t out, in;
+  };
+  uint64_t seed = 16300;
+  for (const PairCase& c : {PairCase{WeightFormat::kFp8Tiles, 2304, 5120}, PairCase{WeightFormat::kFp4Rows, 208, 1024},
+                            PairCase{WeightFormat::kBF16, 96, 512}}) {
+    backends::cpu::CpuBackend cpu(&ref_pool());
+    const HostWeight h1 = make_weight(c.format, c.out, c.in, ++seed), h3 = make_weight(c.format, c.out, c.in, ++seed);
+    const DevWeight d1(h1), d3(h3);
+    const ops::WeightRef r1 = host_ref(h1, h1.data.data(), h1.scale.data()),
+                         r3 = host_ref(h3, h3.data.data(), h3.scale.data());
+    for (int64_t n : {1, 8, 24}) {
+      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(2 * (r % 9) - 8));
+      std::vector<float> want1(static_cast<size_t>(n * c.out)), want3(want1.size());
+      cpu.linear(r1, x.data(), n, want1.data());
+      cpu.linear(r3, x.data(), n, want3.data());
+      Dev<float> dx(x), y1(want1.size()), y3(want1.size());
+      const bool inv = c.format == WeightFormat::kBF16 || n > 16;  // BF16 and wide calls: as verifications
+      ASSERT_TRUE(run_linear_pair(d1.dw, d3.dw, dx.p, n, y1.p, y3.p, nullptr, inv).ok());
+      const std::vector<float> all1 = y1.get(), all3 = y3.get();
+      const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n);
+      const double err = std::max(rel_to_max(all1, want1), rel_to_max(all3, want3));
+      report("linear pair", shape + " w1 | w3", err, kLinearTol, kLinearWhy);
+      EXPECT_LE(err, kLinearTol) << shape;
+      size_t differ = 0;
+      for (int64_t r = 0; r < n; r += (n > 8 ? 5 : 1)) {
+        Dev<float> o1(static_cast<size_t>(c.out)), o3(o1.n);
+        ASSERT_TRUE(run_linear_pair(d1.dw, d3.dw, dx.p + r * c.in, 1, o1.p, o3.p, nullptr, inv).ok());
+        const std::vector<float> a = o1.get(), b = o3.get();
+        for (int64_t i = 0; i < c.out; ++i)
+          differ += (bits_of(a[i]) != bits_of(all1[r * c.out + i])) + (bits_of(b[i]) != bits_of(all3[r * c.out + i]));
+      }
+      report("linear pair row-count invariance", shape + " rows alone vs the batch: bits differing",
+             static_cast<double>(differ), 0, "a row's order depends on the weights' shape only");
+      EXPECT_EQ(differ, 0u) << shape;
+    }
+  }
+  {  // different formats: two launches, each as run_linear
+    backends::cpu::CpuBackend cpu(&ref_pool());
+    const HostWeight h1 = make_weight(WeightFormat::kFp8Tiles, 64, 256, ++seed),
+                     h3 = make_weight(WeightFormat::kBF16, 64, 256, ++seed);
+    const DevWeight d1(h1), d3(h3);
+    auto x = rand_floats(256, ++seed);
+    std::vector<float> want1(64), want3(64);
+    cpu.linear(host_ref(h1, h1.data.data(), h1.scale.data()), x.data(), 1, want1.data());
+    cpu.linear(host_ref(h3, h3.data.data(), h3.scale.data()), x.data(), 1, want3.data());
+    Dev<float> dx(x), y1(64), y3(64);
+    ASSERT_TRUE(run_linear_pair(d1.dw, d3.dw, dx.p, 1, y1.p, y3.p, nullptr).ok());
+    const double err = std::max(rel_to_max(y1.get(), want1), rel_to_max(y3.get(), want3));
+    report("linear pair", "fp8 | bf16 64x256 n=1 (two launches)", err, kLinearTol, kLinearWhy);
+    EXPECT_LE(err, kLinearTol);
+  }
+}
+
 // Small shapes for every decoder on the streaming GEMV (rows 16-byte aligned) and its fallbacks:
 // x rows n in {1, 2, 3, 5, 8, 13, 64} (every NB, partial x-row blocks), chunk counts that leave
 // lanes / batches partly empty (K tails), warps split along K (few rows, long K: KS 2..8), ragged
