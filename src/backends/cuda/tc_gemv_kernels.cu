@@ -42,7 +42,9 @@
 // with all of them. The KS partial sums are added in a fixed order through shared memory
 // (deterministic). Dense: grid = (x-row units of NB, row-group slots, groups), the units fastest so
 // the blocks reading the same W rows run together; experts: grid = (slots, units), a unit being <= NB
-// rows of x routed to one expert (found by a scan of the offsets).
+// rows of x routed to one expert (found by a scan of the offsets). A pair (two weights over the same
+// x: the MoE's w1 and w3, the shared expert's w1 and w3) adds grid z = 2, the matrix; the slots of
+// one launch are shared between both.
 #include "backends/cuda/tc_gemv_kernels.h"
 
 #include <cuda_bf16.h>
