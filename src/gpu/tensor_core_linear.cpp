@@ -81,6 +81,17 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
                                                          "tensor-core linears: grouped GEMM pointers"));
   DS41_ASSIGN_OR_RETURN(t->ptrs_host_, PinnedBuffer::allocate(static_cast<size_t>(3 * E) * sizeof(void*),
                                                               "tensor-core linears: grouped GEMM pointers"));
+  if (lim.split_parts != 2 && lim.split_parts != 3)
+    return invalid_argument("tensor-core linears: split_parts must be 2 or 3, got " +
+                            std::to_string(lim.split_parts));
+  t->shift_rows_ = std::max(lim.max_rows, lim.max_expert_rows);
+  DS41_ASSIGN_OR_RETURN(t->row_shift_, DeviceBuffer::allocate(static_cast<size_t>(t->shift_rows_) * sizeof(int32_t),
+                                                              "tensor-core linears: row shifts"));
+  t->dense_shift_at_ = E * ((ew + 31) / 32);
+  DS41_ASSIGN_OR_RETURN(t->w_shift_, DeviceBuffer::allocate(
+                                         static_cast<size_t>(t->dense_shift_at_ + (lim.max_out + 31) / 32) *
+                                             sizeof(int32_t),
+                                         "tensor-core linears: weight shifts"));
   cublasHandle_t h = nullptr;
   DS41_RETURN_IF_ERROR(blas_status(cublasCreate(&h), "create"));
   t->handle_ = h;
@@ -139,20 +150,43 @@ Status TensorCoreLinear::dequant(const cuda::DeviceWeight& w, const __nv_bfloat1
   return ok_status();
 }
 
-// y3 [rows3, out] (row-major) = x3 [rows3, in] . W^T, W [out, in] bf16 row-major. Column-major
-// views: y3' (out x rows3) = W' ^T (W' = in x out) . x3' (in x rows3).
-Status TensorCoreLinear::gemm(const __nv_bfloat16* w, int64_t out, int64_t in, const __nv_bfloat16* x3,
-                              int64_t rows3, float* y3) {
+bool TensorCoreLinear::f16(const cuda::DeviceWeight& w) const {
+  // (out_dim <= max_out: the dense weight's bands fit w_shift_.)
+  return lim_.split_parts == 2 && lim_.decode_weights && w.out_dim <= lim_.max_out && cuda::f16_split_supported(w);
+}
+
+// yp [rows_p, out] (row-major) = xp [rows_p, in] . W^T, W [out, in] 16-bit row-major. Column-major
+// views: yp' (out x rows_p) = W' ^T (W' = in x out) . xp' (in x rows_p).
+Status TensorCoreLinear::gemm(const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp,
+                              int dtype) {
   const float one = 1.0f, zero = 0.0f;
+  const cudaDataType_t t = static_cast<cudaDataType_t>(dtype);
   return blas_status(cublasGemmEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
-                                  static_cast<int>(rows3), static_cast<int>(in), &one, w, CUDA_R_16BF,
-                                  static_cast<int>(in), x3, CUDA_R_16BF, static_cast<int>(in), &zero, y3,
-                                  CUDA_R_32F, static_cast<int>(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                  static_cast<int>(rows_p), static_cast<int>(in), &one, w, t, static_cast<int>(in),
+                                  xp, t, static_cast<int>(in), &zero, yp, CUDA_R_32F, static_cast<int>(out),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "GemmEx");
 }
 
 Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y) {
   if (!accepts(w, n)) return invalid_argument("tensor-core linears: this weight / row count is not accepted");
+  if (f16(w)) {
+    const int64_t in = w.in_dim, out = w.out_dim;
+    __half* wh = wscratch_.as<__half>();
+    int32_t* wsig = w_shift_.as<int32_t>() + dense_shift_at_;
+    DS41_RETURN_IF_ERROR(cuda::run_weight_dequant_f16(w, wh, wsig, stream_));
+    const int64_t chunk = std::min({n, rows_fitting(x3_.size(), y3_.size(), in, out), shift_rows_});
+    __half* x2 = x3_.as<__half>();
+    float* y2 = y3_.as<float>();
+    int32_t* tau = row_shift_.as<int32_t>();
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+      const int64_t R = std::min(chunk, n - r0);
+      DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x + r0 * in, R, in, nullptr, 1, x2, tau, stream_));
+      DS41_RETURN_IF_ERROR(gemm(wh, out, in, x2, 2 * R, y2, CUDA_R_16F));
+      DS41_RETURN_IF_ERROR(cuda::run_sum2_scaled(y2, R, out, nullptr, 1, tau, wsig, y + r0 * out, stream_));
+    }
+    return ok_status();
+  }
   const __nv_bfloat16* wb = nullptr;
   DS41_RETURN_IF_ERROR(dequant(w, &wb));
   const int64_t in = w.in_dim, out = w.out_dim;
@@ -162,7 +196,7 @@ Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t R = std::min(chunk, n - r0);
     DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in, R, in, nullptr, 1, x3, stream_));
-    DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3, 3 * R, y3));
+    DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3, 3 * R, y3, CUDA_R_16BF));
     DS41_RETURN_IF_ERROR(cuda::run_sum3(y3, R, out, nullptr, 1, y + r0 * out, stream_));
   }
   return ok_status();
@@ -172,25 +206,42 @@ Status TensorCoreLinear::grouped_linear(const cuda::DeviceWeight& w, int64_t gro
                                         float* y) {
   if (!accepts_grouped(w, groups, n))
     return invalid_argument("tensor-core linears: this grouped weight / row count is not accepted");
-  const __nv_bfloat16* wb = nullptr;
-  DS41_RETURN_IF_ERROR(dequant(w, &wb));
+  const bool h = f16(w);
+  const int parts = h ? 2 : 3;
+  const cudaDataType_t t = h ? CUDA_R_16F : CUDA_R_16BF;
+  const void* wp = nullptr;
+  int32_t* wsig = w_shift_.as<int32_t>() + dense_shift_at_;
+  if (h) {
+    DS41_RETURN_IF_ERROR(cuda::run_weight_dequant_f16(w, wscratch_.as<__half>(), wsig, stream_));
+    wp = wscratch_.data();
+  } else {
+    const __nv_bfloat16* wb = nullptr;
+    DS41_RETURN_IF_ERROR(dequant(w, &wb));
+    wp = wb;
+  }
   const int64_t in_g = w.in_dim, out_g = w.out_dim / groups, in_t = in_g * groups, out_t = w.out_dim;
-  const int64_t chunk = std::min(n, rows_fitting(x3_.size(), y3_.size(), in_t, out_t));
-  __nv_bfloat16* x3 = x3_.as<__nv_bfloat16>();
-  float* y3 = y3_.as<float>();
+  const int64_t chunk = std::min({n, rows_fitting(x3_.size(), y3_.size(), in_t, out_t), shift_rows_});
+  float* yp = y3_.as<float>();
+  int32_t* tau = row_shift_.as<int32_t>();
   const float one = 1.0f, zero = 0.0f;
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t R = std::min(chunk, n - r0);
-    DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in_t, R, in_t, nullptr, 1, x3, stream_));
-    // Group g: y3[:, g*out_g .. ] = x3[:, g*in_g .. ] . W_g^T with W_g = rows [g*out_g, (g+1)*out_g).
+    if (h)
+      DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__half>(), tau, stream_));
+    else
+      DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__nv_bfloat16>(), stream_));
+    // Group g: yp[:, g*out_g .. ] = xp[:, g*in_g .. ] . W_g^T with W_g = rows [g*out_g, (g+1)*out_g).
     DS41_RETURN_IF_ERROR(blas_status(
         cublasGemmStridedBatchedEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_g),
-                                   static_cast<int>(3 * R), static_cast<int>(in_g), &one, wb, CUDA_R_16BF,
-                                   static_cast<int>(in_g), out_g * in_g, x3, CUDA_R_16BF, static_cast<int>(in_t),
-                                   in_g, &zero, y3, CUDA_R_32F, static_cast<int>(out_t), out_g,
+                                   static_cast<int>(parts * R), static_cast<int>(in_g), &one, wp, t,
+                                   static_cast<int>(in_g), out_g * in_g, x3_.data(), t, static_cast<int>(in_t),
+                                   in_g, &zero, yp, CUDA_R_32F, static_cast<int>(out_t), out_g,
                                    static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "GemmStridedBatchedEx"));
-    DS41_RETURN_IF_ERROR(cuda::run_sum3(y3, R, out_t, nullptr, 1, y + r0 * out_t, stream_));
+    if (h)
+      DS41_RETURN_IF_ERROR(cuda::run_sum2_scaled(yp, R, out_t, nullptr, 1, tau, wsig, y + r0 * out_t, stream_));
+    else
+      DS41_RETURN_IF_ERROR(cuda::run_sum3(yp, R, out_t, nullptr, 1, y + r0 * out_t, stream_));
   }
   return ok_status();
 }
@@ -223,9 +274,18 @@ Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w,
     return internal_error("tensor-core linears: expert offsets end at " + std::to_string(m) + " > m_max " +
                           std::to_string(m_max));
   if (m == 0) return ok_status();
-  __nv_bfloat16* x3 = x3_.as<__nv_bfloat16>();
-  float* y3 = y3_.as<float>();
-  DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x, m, in_dim, offsets, E, x3, stream_));
+  // The fp16 split when every expert takes it (one call, one numerics).
+  bool h = lim_.split_parts == 2 && lim_.decode_weights &&
+           out_dim <= std::max(lim_.expert_out, lim_.expert_in) &&  // the experts' bands fit w_shift_
+           m <= shift_rows_;
+  for (const cuda::DeviceWeight& e : w) h = h && cuda::f16_split_supported(e);
+  const int parts = h ? 2 : 3;
+  int32_t* tau = row_shift_.as<int32_t>();
+  int32_t* sig = w_shift_.as<int32_t>();
+  if (h)
+    DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x, m, in_dim, offsets, E, x3_.as<__half>(), tau, stream_));
+  else
+    DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x, m, in_dim, offsets, E, x3_.as<__nv_bfloat16>(), stream_));
   // Experts with rows, in id order; uploaded once (the batches index into the list).
   int32_t* ids = static_cast<int32_t*>(ids_host_.data());
   int64_t used = 0;
@@ -236,21 +296,27 @@ Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w,
       "upload expert ids"));
   const int64_t per = out_dim * in_dim;
   const int64_t batch = std::max<int64_t>(1, static_cast<int64_t>(wscratch_.size() / sizeof(__nv_bfloat16)) / per);
-  __nv_bfloat16* wb = wscratch_.as<__nv_bfloat16>();
   for (int64_t b0 = 0; b0 < used; b0 += batch) {
     const int64_t cnt = std::min(batch, used - b0);
-    DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_bf16(d_w, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim, wb,
-                                                        stream_));
-    DS41_RETURN_IF_ERROR(expert_gemms(off, ids, b0, cnt, out_dim, in_dim));
+    if (h)
+      DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_f16(d_w, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim,
+                                                         wscratch_.as<__half>(), sig, stream_));
+    else
+      DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_bf16(d_w, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim,
+                                                          wscratch_.as<__nv_bfloat16>(), stream_));
+    DS41_RETURN_IF_ERROR(expert_gemms(off, ids, b0, cnt, out_dim, in_dim, parts, h ? CUDA_R_16F : CUDA_R_16BF));
   }
-  return cuda::run_sum3(y3, m, out_dim, offsets, E, y, stream_);
+  if (h) return cuda::run_sum2_scaled(y3_.as<float>(), m, out_dim, offsets, E, tau, sig, y, stream_);
+  return cuda::run_sum3(y3_.as<float>(), m, out_dim, offsets, E, y, stream_);
 }
 
 Status TensorCoreLinear::expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out,
-                                      int64_t in) {
-  const __nv_bfloat16* wb = wscratch_.as<__nv_bfloat16>();
-  const __nv_bfloat16* x3 = x3_.as<__nv_bfloat16>();
-  float* y3 = y3_.as<float>();
+                                      int64_t in, int parts, int dtype) {
+  // 16-bit elements either way (bf16 or fp16): pointer arithmetic in uint16_t units.
+  const uint16_t* wb = wscratch_.as<uint16_t>();
+  const uint16_t* xp = x3_.as<uint16_t>();
+  float* yp = y3_.as<float>();
+  const cudaDataType_t t = static_cast<cudaDataType_t>(dtype);
   const int64_t per = out * in;
   if (grouped_ok_ && cnt > 1) {
     // One group per expert (its own row count), group size 1. The pointer arrays of this batch go
@@ -263,18 +329,18 @@ Status TensorCoreLinear::expert_gemms(const int64_t* off, const int32_t* ids, in
     std::vector<float> alpha(cnt, 1.0f), beta(cnt, 0.0f);
     for (int64_t j = 0; j < cnt; ++j) {
       const int64_t e = ids[b0 + j];
-      n[j] = static_cast<int>(3 * (off[e + 1] - off[e]));
+      n[j] = static_cast<int>(parts * (off[e + 1] - off[e]));
       hp[j] = wb + j * per;
-      hp[cnt + j] = x3 + 3 * off[e] * in;
-      hp[2 * cnt + j] = y3 + 3 * off[e] * out;
+      hp[cnt + j] = xp + parts * off[e] * in;
+      hp[2 * cnt + j] = yp + parts * off[e] * out;
     }
     void** dp = static_cast<void**>(ptrs_.data()) + 3 * b0;
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
         cudaMemcpyAsync(dp, hp, static_cast<size_t>(3 * cnt) * sizeof(void*), cudaMemcpyHostToDevice, stream_),
         "upload grouped GEMM pointers"));
     const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-        H(handle_), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), dp, CUDA_R_16BF, ld_w.data(),
-        dp + cnt, CUDA_R_16BF, ld_x.data(), beta.data(), dp + 2 * cnt, CUDA_R_32F, ld_y.data(),
+        H(handle_), ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), dp, t, ld_w.data(),
+        dp + cnt, t, ld_x.data(), beta.data(), dp + 2 * cnt, CUDA_R_32F, ld_y.data(),
         static_cast<int>(cnt), sizes.data(), CUBLAS_COMPUTE_32F);
     if (st == CUBLAS_STATUS_SUCCESS) return ok_status();
     if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
@@ -283,7 +349,8 @@ Status TensorCoreLinear::expert_gemms(const int64_t* off, const int32_t* ids, in
   }
   for (int64_t j = 0; j < cnt; ++j) {
     const int64_t e = ids[b0 + j], rows = off[e + 1] - off[e];
-    DS41_RETURN_IF_ERROR(gemm(wb + j * per, out, in, x3 + 3 * off[e] * in, 3 * rows, y3 + 3 * off[e] * out));
+    DS41_RETURN_IF_ERROR(
+        gemm(wb + j * per, out, in, xp + parts * off[e] * in, parts * rows, yp + parts * off[e] * out, dtype));
   }
   return ok_status();
 }

@@ -6,8 +6,13 @@
 //   - x is split into three bfloat16 parts (hi + lo + lo2 = x to fp32 precision,
 //     backends/cuda/tc_prep_kernels.h) stacked as 3n rows, ONE BF16 GEMM with fp32 accumulation
 //     multiplies them, and the three partial products are summed back;
-//   so the result differs from the CPU op only in the order of fp32 additions (the GEMV path's
-//   1e-5 parity bound holds; tests/parity/cuda/tensor_core_linear_parity_test.cpp).
+//   - or, for FP8-tile / FP4-row weights (the default, TensorCoreLimits::split_parts), the weight is
+//     decoded into fp16 with a power-of-two shift per matrix and x split into two fp16 parts with a
+//     power-of-two shift per row (11 + 11 bits: x to within one ulp), one FP16 GEMM of 2n rows,
+//     and the two products summed and unscaled (tc_prep_kernels.h has the bounds);
+//   so the result differs from the CPU op only in the order of fp32 additions (and, in the fp16
+//   split, by at most one ulp of an x element, as the CPU's own product rounding does); the
+//   parity rows are tests/gpu/model/tensor_core_linear_test.cpp.
 // Used by GpuForward for calls with >= min_rows rows (prefill chunks); decode keeps the GEMV
 // kernels (bandwidth-bound, no split needed). The routed-expert path reads the per-expert row
 // counts back to the host (one synchronisation per call): prefill steps are not graph-captured.
@@ -39,6 +44,10 @@ struct TensorCoreLimits {
   // false: BF16 weights only (the vision tower): no decode scratch is allocated, and FP8 / FP4
   // weights are not accepted.
   bool decode_weights = true;
+  // 2: FP8-tile / FP4-row weights take the two-part fp16 split (backends/cuda/tc_prep_kernels.h:
+  // 2 MMA passes); 3: every weight takes the three-part bfloat16 split (3 passes). BF16 weights
+  // always take the three parts. GpuForward reads DS41_TC_SPLIT (default 2).
+  int split_parts = 2;
 };
 
 class TensorCoreLinear {
@@ -66,15 +75,25 @@ class TensorCoreLinear {
  private:
   TensorCoreLinear() = default;
   Status dequant(const cuda::DeviceWeight& w, const __nv_bfloat16** wb);
-  Status gemm(const __nv_bfloat16* w, int64_t out, int64_t in, const __nv_bfloat16* x3, int64_t rows3, float* y3);
-  // The GEMMs of one batch of experts (ids[b0 .. b0 + cnt), weights decoded at wscratch): one
-  // grouped cuBLAS call when the library takes it, else one GEMM per expert.
-  Status expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out, int64_t in);
+  // The fp16 path for this weight (split_parts 2 and a format it takes).
+  bool f16(const cuda::DeviceWeight& w) const;
+  // y_p [rows_p, out] = x_p [rows_p, in] . W^T; 16-bit inputs of type dtype (a cudaDataType_t:
+  // CUDA_R_16BF or CUDA_R_16F), fp32 products.
+  Status gemm(const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp, int dtype);
+  // The GEMMs of one batch of experts (ids[b0 .. b0 + cnt), weights decoded at wscratch, x in
+  // `parts` stacked parts of type dtype): one grouped cuBLAS call when the library takes it, else
+  // one GEMM per expert.
+  Status expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out, int64_t in,
+                      int parts, int dtype);
 
   TensorCoreLimits lim_;
   cudaStream_t stream_ = nullptr;
   void* handle_ = nullptr;  // cublasHandle_t
   DeviceBuffer x3_, y3_, wscratch_, blas_ws_, ids_;
+  DeviceBuffer row_shift_;  // fp16 split: tau per row (max of the dense and expert row counts)
+  DeviceBuffer w_shift_;    // fp16 split: sigma per band of 32 output rows, per expert id, then the dense weight's
+  int64_t dense_shift_at_ = 0;  // where the dense weight's bands start in w_shift_
+  int64_t shift_rows_ = 0;      // rows of row_shift_
   PinnedBuffer offsets_host_, ids_host_;
   DeviceBuffer ptrs_;    // grouped GEMM: device arrays of A / B / C pointers, 3 x n_experts
   PinnedBuffer ptrs_host_;
