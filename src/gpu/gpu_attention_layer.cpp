@@ -57,7 +57,11 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   if (p.index_source) DS41_RETURN_IF_ERROR(index(l, x, ws_.q_r, opt, out).with_context("indexer"));
 
   // 3.4.7 entry sets: window rows + the selected compressed entries of the KV owner, decoded
-  // into kvf rows comp_base + r * K + j.
+  // into kvf rows comp_base + r * K + j; or, in a prefill chunk whose n * K selections outnumber the
+  // owner's entries (a 16K chunk: 8.4M selections of <= 16K entries), every entry decoded once into
+  // kvf rows comp_base + (the sequence's first entry row) + e. The same values either way (the
+  // decode is exact), so the attention's bits do not depend on the choice; decode steps and
+  // verifications keep the per-selection rows (their launch shapes stay fixed for the graphs).
   const int64_t* kv_offsets = win_offsets_;
   const int32_t* kv_index = win_index_;
   int64_t max_entries = W;
@@ -72,12 +76,25 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
     pa.page_bytes = g.page_bytes();
     pa.offset_in_page = g.kv_offset_in_page();
     pa.row_bytes = g.kv_row_bytes;
-    DS41_RETURN_IF_ERROR(cuda::run_selection_row_offsets(pa, ws_.sel, n, K, row_seq_, ws_.sel_offsets, s));
-    if (n * K > 0)
-      DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets,
-                                                        n * K, ws_.kvf + comp_base * hd, s));
-    DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, comp_base,
-                                                      ws_.kv_offsets, ws_.kv_index, s));
+    const bool table = !row_invariant_ && src.total_keys < n * K && table_decode_enabled();
+    if (table) {
+      const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
+      DS41_RETURN_IF_ERROR(
+          cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.total_keys, ws_.sel_offsets, s));
+      if (src.total_keys > 0)
+        DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets,
+                                                          src.total_keys, ws_.kvf + comp_base * hd, s));
+      DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, comp_base,
+                                                        ws_.kv_offsets, ws_.kv_index, s, row_seq_,
+                                                        src.key_row_begin, src.total_keys));
+    } else {
+      DS41_RETURN_IF_ERROR(cuda::run_selection_row_offsets(pa, ws_.sel, n, K, row_seq_, ws_.sel_offsets, s));
+      if (n * K > 0)
+        DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets,
+                                                          n * K, ws_.kvf + comp_base * hd, s));
+      DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, comp_base,
+                                                        ws_.kv_offsets, ws_.kv_index, s));
+    }
     kv_offsets = ws_.kv_offsets;
     kv_index = ws_.kv_index;
     max_entries = W + K;

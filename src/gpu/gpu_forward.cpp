@@ -3,6 +3,7 @@
 #include "gpu/gpu_forward.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,22 @@
 #include "backends/cuda/mhc_kernels.h"
 
 namespace ds41::gpu {
+
+namespace {
+std::atomic<int> g_kv_table_override{-1};
+}  // namespace
+
+void set_kv_entry_table_for_tests(int on) { g_kv_table_override.store(on); }
+
+bool GpuForward::table_decode_enabled() {
+  const int o = g_kv_table_override.load();
+  if (o >= 0) return o != 0;
+  static const bool env = [] {
+    const char* e = std::getenv("DS41_KV_TABLE");
+    return !(e && std::atoi(e) == 0);
+  }();
+  return env;
+}
 
 Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, const GpuLimits& limits,
                                                        KvBlockPool* pool, SequenceSlots* slots,
@@ -128,6 +145,16 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
                                       const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
                                       const float* x, int64_t m_max, float* y, float* y2) {
   if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {  // prefill: the tensor-core GEMMs
+    expert_scratch_.resize(experts.size());
+    expert_scratch2_.resize(experts.size());
+    for (size_t e = 0; e < experts.size(); ++e) {
+      expert_scratch_[e] = experts[e].*which;
+      expert_scratch2_[e] = experts[e].*which2;
+    }
+    if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max) &&
+        tc_->accepts_experts(expert_scratch2_, out_dim, in_dim, m_max))  // x split once for both
+      return tc_->expert_linear_pair(expert_scratch_, &expert_scratch2_, d_w, d_w2, out_dim, in_dim, ws_.offsets,
+                                     x, m_max, y, y2);
     DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, x, m_max, y));
     return expert_linear(experts, which2, d_w2, out_dim, in_dim, x, m_max, y2);
   }

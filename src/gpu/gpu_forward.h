@@ -116,6 +116,11 @@ struct GpuForwardOptions {
   std::function<void(size_t s, const float* rows, int64_t n)> logits_to;
 };
 
+// Prefill chunks decode each compressed entry of the attention's KV owner once into a table when
+// their n x K selections outnumber the entries (gpu_attention_layer.cpp); the attention's bits are
+// the same either way. Tests: 1 on, 0 per selection, -1 the default (on; DS41_KV_TABLE=0 turns it off).
+void set_kv_entry_table_for_tests(int on);
+
 class GpuForward {
  public:
   // The model, pools and slots must outlive the forward; `stream` runs every kernel.
@@ -273,6 +278,7 @@ class GpuForward {
   std::unique_ptr<TensorCoreLinear> tc_;
   std::unique_ptr<StepGraphs> graphs_;  // decode steps as graphs (null: off)  // null: tensor-core prefill off (GpuLimits::tensor_core_min_rows 0)
   std::vector<cuda::DeviceWeight> expert_scratch_;  // host list of one expert matrix (expert_linear)
+  std::vector<cuda::DeviceWeight> expert_scratch2_;  // the second matrix of a pair (expert_linear_pair)
 
   // The step plan.
   int64_t n_ = 0;
@@ -343,6 +349,8 @@ class GpuForward {
   // The running forward's rows must not depend on the batch: a verification (journal_) or a
   // decode step (one row per sequence). See linear() in gpu_forward.cpp.
   bool row_invariant_ = false;
+  // Whether prefill chunks may decode the KV owner's entries once (set_kv_entry_table_for_tests).
+  static bool table_decode_enabled();
   std::vector<std::pair<int64_t, int64_t>> jpend_;  // (plan sequence, pending row) written this call
   const int64_t* jpend_rows_ = nullptr;              // device copy of the rows to save
 };

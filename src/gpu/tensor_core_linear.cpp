@@ -77,9 +77,9 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
                                                                  "tensor-core linears: expert offsets"));
   DS41_ASSIGN_OR_RETURN(t->ids_host_, PinnedBuffer::allocate(static_cast<size_t>(E) * sizeof(int32_t),
                                                              "tensor-core linears: expert ids"));
-  DS41_ASSIGN_OR_RETURN(t->ptrs_, DeviceBuffer::allocate(static_cast<size_t>(3 * E) * sizeof(void*),
+  DS41_ASSIGN_OR_RETURN(t->ptrs_, DeviceBuffer::allocate(static_cast<size_t>(6 * E) * sizeof(void*),
                                                          "tensor-core linears: grouped GEMM pointers"));
-  DS41_ASSIGN_OR_RETURN(t->ptrs_host_, PinnedBuffer::allocate(static_cast<size_t>(3 * E) * sizeof(void*),
+  DS41_ASSIGN_OR_RETURN(t->ptrs_host_, PinnedBuffer::allocate(static_cast<size_t>(6 * E) * sizeof(void*),
                                                               "tensor-core linears: grouped GEMM pointers"));
   if (lim.split_parts != 2 && lim.split_parts != 3)
     return invalid_argument("tensor-core linears: split_parts must be 2 or 3, got " +
@@ -261,8 +261,18 @@ bool TensorCoreLinear::accepts_experts(const std::vector<cuda::DeviceWeight>& w,
 Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w, const cuda::DeviceWeight* d_w,
                                        int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
                                        int64_t m_max, float* y) {
-  if (!accepts_experts(w, out_dim, in_dim, m_max))
+  return expert_linear_pair(w, nullptr, d_w, nullptr, out_dim, in_dim, offsets, x, m_max, y, nullptr);
+}
+
+Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight>& w,
+                                            const std::vector<cuda::DeviceWeight>* w2, const cuda::DeviceWeight* d_w,
+                                            const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
+                                            const int64_t* offsets, const float* x, int64_t m_max, float* y,
+                                            float* y2) {
+  if (!accepts_experts(w, out_dim, in_dim, m_max) || (w2 && !accepts_experts(*w2, out_dim, in_dim, m_max)))
     return invalid_argument("tensor-core linears: these experts / row count are not accepted");
+  if (w2 && (w2->size() != w.size() || !d_w2 || !y2))
+    return invalid_argument("tensor-core linears: a pair needs two expert lists of one size and two outputs");
   const int64_t E = static_cast<int64_t>(w.size());
   int64_t* off = static_cast<int64_t*>(offsets_host_.data());
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
@@ -274,14 +284,17 @@ Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w,
     return internal_error("tensor-core linears: expert offsets end at " + std::to_string(m) + " > m_max " +
                           std::to_string(m_max));
   if (m == 0) return ok_status();
-  // The fp16 split when every expert takes it (one call, one numerics).
+  // The fp16 split when every expert of both matrices takes it (one call, one numerics).
   bool h = lim_.split_parts == 2 && lim_.decode_weights &&
            out_dim <= std::max(lim_.expert_out, lim_.expert_in) &&  // the experts' bands fit w_shift_
            m <= shift_rows_;
   for (const cuda::DeviceWeight& e : w) h = h && cuda::f16_split_supported(e);
+  if (w2)
+    for (const cuda::DeviceWeight& e : *w2) h = h && cuda::f16_split_supported(e);
   const int parts = h ? 2 : 3;
   int32_t* tau = row_shift_.as<int32_t>();
   int32_t* sig = w_shift_.as<int32_t>();
+  // x is split once for both matrices of a pair (the MoE's w1 and w3 read the same routed rows).
   if (h)
     DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x, m, in_dim, offsets, E, x3_.as<__half>(), tau, stream_));
   else
@@ -296,22 +309,32 @@ Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w,
       "upload expert ids"));
   const int64_t per = out_dim * in_dim;
   const int64_t batch = std::max<int64_t>(1, static_cast<int64_t>(wscratch_.size() / sizeof(__nv_bfloat16)) / per);
-  for (int64_t b0 = 0; b0 < used; b0 += batch) {
-    const int64_t cnt = std::min(batch, used - b0);
+  for (int mat = 0; mat < (w2 ? 2 : 1); ++mat) {
+    const cuda::DeviceWeight* dw = mat == 0 ? d_w : d_w2;
+    float* out = mat == 0 ? y : y2;
+    for (int64_t b0 = 0; b0 < used; b0 += batch) {
+      const int64_t cnt = std::min(batch, used - b0);
+      if (h)
+        DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_f16(dw, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim,
+                                                           wscratch_.as<__half>(), sig, stream_));
+      else
+        DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_bf16(dw, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim,
+                                                            wscratch_.as<__nv_bfloat16>(), stream_));
+      // The second matrix's pointer arrays use their own pinned slots (3 E on): the first matrix's
+      // copies may still be queued.
+      DS41_RETURN_IF_ERROR(expert_gemms(off, ids, b0, cnt, out_dim, in_dim, parts, h ? CUDA_R_16F : CUDA_R_16BF,
+                                        mat * 3 * E));
+    }
     if (h)
-      DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_f16(d_w, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim,
-                                                         wscratch_.as<__half>(), sig, stream_));
+      DS41_RETURN_IF_ERROR(cuda::run_sum2_scaled(y3_.as<float>(), m, out_dim, offsets, E, tau, sig, out, stream_));
     else
-      DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_bf16(d_w, ids_.as<int32_t>() + b0, cnt, out_dim, in_dim,
-                                                          wscratch_.as<__nv_bfloat16>(), stream_));
-    DS41_RETURN_IF_ERROR(expert_gemms(off, ids, b0, cnt, out_dim, in_dim, parts, h ? CUDA_R_16F : CUDA_R_16BF));
+      DS41_RETURN_IF_ERROR(cuda::run_sum3(y3_.as<float>(), m, out_dim, offsets, E, out, stream_));
   }
-  if (h) return cuda::run_sum2_scaled(y3_.as<float>(), m, out_dim, offsets, E, tau, sig, y, stream_);
-  return cuda::run_sum3(y3_.as<float>(), m, out_dim, offsets, E, y, stream_);
+  return ok_status();
 }
 
 Status TensorCoreLinear::expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out,
-                                      int64_t in, int parts, int dtype) {
+                                      int64_t in, int parts, int dtype, int64_t slot0) {
   // 16-bit elements either way (bf16 or fp16): pointer arithmetic in uint16_t units.
   const uint16_t* wb = wscratch_.as<uint16_t>();
   const uint16_t* xp = x3_.as<uint16_t>();
@@ -322,7 +345,7 @@ Status TensorCoreLinear::expert_gemms(const int64_t* off, const int32_t* ids, in
     // One group per expert (its own row count), group size 1. The pointer arrays of this batch go
     // to slots [3 * b0, 3 * (b0 + cnt)) so batches of one call never overwrite each other's
     // (the next call starts with a synchronisation).
-    const void** hp = static_cast<const void**>(ptrs_host_.data()) + 3 * b0;
+    const void** hp = static_cast<const void**>(ptrs_host_.data()) + slot0 + 3 * b0;
     std::vector<int> m(cnt, static_cast<int>(out)), n(cnt), k(cnt, static_cast<int>(in)), ld_w(cnt, static_cast<int>(in)),
         ld_x(cnt, static_cast<int>(in)), ld_y(cnt, static_cast<int>(out)), sizes(cnt, 1);
     std::vector<cublasOperation_t> ta(cnt, CUBLAS_OP_T), tb(cnt, CUBLAS_OP_N);
@@ -334,7 +357,7 @@ Status TensorCoreLinear::expert_gemms(const int64_t* off, const int32_t* ids, in
       hp[cnt + j] = xp + parts * off[e] * in;
       hp[2 * cnt + j] = yp + parts * off[e] * out;
     }
-    void** dp = static_cast<void**>(ptrs_.data()) + 3 * b0;
+    void** dp = static_cast<void**>(ptrs_.data()) + slot0 + 3 * b0;
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
         cudaMemcpyAsync(dp, hp, static_cast<size_t>(3 * cnt) * sizeof(void*), cudaMemcpyHostToDevice, stream_),
         "upload grouped GEMM pointers"));

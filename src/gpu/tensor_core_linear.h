@@ -71,6 +71,13 @@ class TensorCoreLinear {
                        int64_t m_max) const;
   Status expert_linear(const std::vector<cuda::DeviceWeight>& w, const cuda::DeviceWeight* d_w, int64_t out_dim,
                        int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y);
+  // Two expert matrices of one shape over the same routed rows (the MoE's w1 and w3): one offsets
+  // read-back and one split of x for both; y = x . W^T, y2 = x . W2^T, each as expert_linear.
+  // w2 null: expert_linear.
+  Status expert_linear_pair(const std::vector<cuda::DeviceWeight>& w, const std::vector<cuda::DeviceWeight>* w2,
+                            const cuda::DeviceWeight* d_w, const cuda::DeviceWeight* d_w2, int64_t out_dim,
+                            int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
+                            float* y2);
 
  private:
   TensorCoreLinear() = default;
@@ -84,7 +91,7 @@ class TensorCoreLinear {
   // `parts` stacked parts of type dtype): one grouped cuBLAS call when the library takes it, else
   // one GEMM per expert.
   Status expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out, int64_t in,
-                      int parts, int dtype);
+                      int parts, int dtype, int64_t slot0);
 
   TensorCoreLimits lim_;
   cudaStream_t stream_ = nullptr;
@@ -95,7 +102,7 @@ class TensorCoreLinear {
   int64_t dense_shift_at_ = 0;  // where the dense weight's bands start in w_shift_
   int64_t shift_rows_ = 0;      // rows of row_shift_
   PinnedBuffer offsets_host_, ids_host_;
-  DeviceBuffer ptrs_;    // grouped GEMM: device arrays of A / B / C pointers, 3 x n_experts
+  DeviceBuffer ptrs_;    // grouped GEMM: device arrays of A / B / C pointers, 3 x n_experts per matrix of a pair
   PinnedBuffer ptrs_host_;
   bool grouped_ok_ = true;  // cleared when cuBLAS refuses the grouped call (then per-expert GEMMs)
 };

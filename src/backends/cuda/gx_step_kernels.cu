@@ -53,7 +53,7 @@ __global__ void selection_row_offsets_kernel(PagedRowsArgs p, const int32_t* sel
 __global__ void __launch_bounds__(kScanThreads)
     build_sparse_index_kernel(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
                               int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets,
-                              int32_t* kv_index) {
+                              int32_t* kv_index, const int32_t* row_seq, const int64_t* seq_entry_begin) {
   dev::pdl_enter();
   __shared__ int64_t scan[kScanThreads];
   __shared__ int64_t carry;
@@ -116,22 +116,28 @@ __global__ void __launch_bounds__(kScanThreads)
     if (!sel) continue;
     int64_t o = begin + nw;
     const int32_t* sr = sel + r * k;
+    // Decoded row of selection j (value e): per selection comp_base + r k + j, or the table's
+    // comp_base + (first row of the row's sequence) + e.
+    const bool table = seq_entry_begin != nullptr;
+    const int64_t cb = table ? comp_base + seq_entry_begin[row_seq[r]] : comp_base + r * k;
     if (cache) {
 #pragma unroll
       for (int u = 0; u < kCacheSel; ++u) {
         const int64_t j = 32 * u + lane;
         const bool keep = sc[u] >= 0;  // -1 past k
         const unsigned mask = __ballot_sync(0xffffffffu, keep);
-        if (keep) kv_index[o + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(comp_base + r * k + j);
+        if (keep)
+          kv_index[o + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(cb + (table ? sc[u] : j));
         o += __popc(mask);
       }
       continue;
     }
     for (int64_t j0 = 0; j0 < k; j0 += 32) {
       const int64_t j = j0 + lane;
-      const bool keep = j < k && sr[j] >= 0;
+      const int32_t e = j < k ? sr[j] : -1;
+      const bool keep = e >= 0;
       const unsigned mask = __ballot_sync(0xffffffffu, keep);
-      if (keep) kv_index[o + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(comp_base + r * k + j);
+      if (keep) kv_index[o + __popc(mask & ((1u << lane) - 1u))] = static_cast<int32_t>(cb + (table ? e : j));
       o += __popc(mask);
     }
   }
@@ -170,12 +176,15 @@ Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int
 
 Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
                               int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
-                              cudaStream_t stream) {
-  if (n < 0 || k < 0 || comp_base < 0)
-    return invalid_argument("build_sparse_index: n, k, comp_base must be >= 0");
-  if (comp_base + n * k > INT32_MAX) return invalid_argument("build_sparse_index: entry rows exceed int32");
+                              cudaStream_t stream, const int32_t* row_seq, const int64_t* seq_entry_begin,
+                              int64_t table_rows) {
+  if (n < 0 || k < 0 || comp_base < 0 || table_rows < 0)
+    return invalid_argument("build_sparse_index: n, k, comp_base, table_rows must be >= 0");
+  if (seq_entry_begin && !row_seq) return invalid_argument("build_sparse_index: a table needs row_seq");
+  if (comp_base + (seq_entry_begin ? table_rows : n * k) > INT32_MAX)
+    return invalid_argument("build_sparse_index: entry rows exceed int32");
   launch(build_sparse_index_kernel, 1, kScanThreads, 0, stream, win_offsets, win_index, sel, n, k, comp_base,
-                                                            kv_offsets, kv_index);
+         kv_offsets, kv_index, row_seq, seq_entry_begin);
   return last_launch_status("build_sparse_index");
 }
 

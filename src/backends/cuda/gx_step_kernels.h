@@ -37,12 +37,16 @@ Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int
                                  const int32_t* row_seq, int64_t* out, cudaStream_t stream);
 
 // The entry lists of cuda::run_sparse_attention (MODEL_SPEC 3.4.7): row r attends to its window
-// entries win_index[win_offsets[r] .. win_offsets[r + 1]) followed, when sel is not null, by
-// comp_base + r * k + j for each j (ascending) with sel[r * k + j] >= 0 (the rows where the
-// selected compressed entries were decoded). kv_offsets: [n + 1], kv_index: room for
-// win_offsets[n] + n * k entries. One block (a scan over rows), a warp per row for the counts and the lists.
+// entries win_index[win_offsets[r] .. win_offsets[r + 1]) followed, when sel is not null, by one
+// entry for each j (ascending) with sel[r * k + j] >= 0: comp_base + r * k + j (the rows where the
+// selections were decoded one by one), or, with a table (seq_entry_begin not null),
+// comp_base + seq_entry_begin[row_seq[r]] + sel[r * k + j] (every entry of every sequence decoded
+// once, concatenated: table_rows rows; a prefill chunk's n * k selections name far fewer distinct
+// entries). kv_offsets: [n + 1], kv_index: room for win_offsets[n] + n * k entries. One block (a scan
+// over rows), a warp per row for the counts and the lists.
 Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
                               int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const int32_t* row_seq = nullptr,
+                              const int64_t* seq_entry_begin = nullptr, int64_t table_rows = 0);
 
 }  // namespace ds41::cuda

@@ -18,6 +18,7 @@
 #include "backends/cuda/launch.h"
 #include "backends/cuda/linear_kernels.h"
 #include "gpu/engine/gpu_test_util.h"
+#include "gpu/gpu_forward.h"
 
 namespace ds41::testing {
 namespace {
@@ -214,6 +215,44 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
   const std::vector<float> off = run(0), on = run(1);
   ASSERT_EQ(off.size(), on.size());
   EXPECT_TRUE(off == on) << "logits differ with programmatic dependent launch on";
+}
+
+// Prefill chunks decode the attention's compressed entries once into a table (each sequence's
+// entries at its own offset) instead of once per selection; the values are the same, so the
+// logits and every selection must be bit-identical. Two sequences of different lengths in one
+// step (the second one's table rows start past the first's), then a second chunk of each (entries
+// of the earlier step, a ratio-2 group pending across the call).
+TEST_P(GpuCpuParity, EntryTableIsBitIdenticalToPerSelectionDecode) {
+  auto t1 = tokens(len_, 21), t2 = tokens(len_ / 2 + 3, 22);
+  struct Back {
+    ~Back() { gpu::set_kv_entry_table_for_tests(-1); }
+  } back;
+  auto run = [&](int table) {
+    gpu::set_kv_entry_table_for_tests(table);
+    std::vector<model::SequenceOutput> all;
+    auto a = eng_->create_sequence(), b = eng_->create_sequence();
+    EXPECT_TRUE(a.ok() && b.ok());
+    const int64_t h1 = len_ / 2 + 1, h2 = static_cast<int64_t>(t2.size()) / 2;
+    for (int part = 0; part < 2; ++part) {
+      const std::span<const int32_t> s1 = part == 0 ? std::span<const int32_t>(t1).first(h1)
+                                                    : std::span<const int32_t>(t1).subspan(h1);
+      const std::span<const int32_t> s2 = part == 0 ? std::span<const int32_t>(t2).first(h2)
+                                                    : std::span<const int32_t>(t2).subspan(h2);
+      std::vector<engine::StepItem> items{{*a, s1, true}, {*b, s2, true}};
+      std::vector<model::SequenceOutput> got;
+      Status s = eng_->forward(items, model::LogitsRows::kAll, true, &got);
+      EXPECT_TRUE(s.ok()) << s.message();
+      for (auto& o : got) all.push_back(std::move(o));
+    }
+    return all;
+  };
+  const auto on = run(1), off = run(0);
+  ASSERT_EQ(on.size(), off.size());
+  const model::ModelConfig& c = cpu_.model->config();
+  for (size_t i = 0; i < on.size(); ++i) {
+    EXPECT_TRUE(on[i].logits == off[i].logits) << "output " << i << ": logits differ with the entry table";
+    EXPECT_EQ(count_selection_diffs(on[i].record, off[i].record, c, "table"), 0) << "output " << i;
+  }
 }
 
 TEST_P(GpuCpuParity, MixedBatch) {

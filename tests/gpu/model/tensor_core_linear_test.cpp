@@ -36,7 +36,7 @@ using cuda::parity::HostWeight;
 using quant::WeightFormat;
 
 constexpr double kTol = 2e-5;
-const char* kWhy = "exact bf16 products (x in 3 parts), 3K fp32 sums in the tensor core's order";
+const char* kWhy = "exact products (x in 2 fp16 / 3 bf16 parts), fp32 sums in the tensor core's order";
 
 TensorCoreLimits limits(int parts = 2) {
   TensorCoreLimits l;
@@ -203,6 +203,51 @@ TEST(TensorCoreLinear, ExpertsMatchTheCpuOp) {
                              " m=" + std::to_string(m) + split_name(parts),
                          cuda::parity::rel_to_max(got, want), kTol, kWhy);
   }
+  }
+}
+
+// A pair (the MoE's w1 / w3: one split of x, two matrices) gives each matrix the bits of its own
+// call, in both splits; the pair's second matrix uses its own grouped-GEMM pointer slots.
+TEST(TensorCoreLinear, ExpertPairEqualsTwoCallsBitForBit) {
+  DS41_SKIP_WITHOUT_GPU();
+  for (int parts : {2, 3}) {
+    auto tc = make(parts);
+    ASSERT_TRUE(tc);
+    backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool(), backends::cpu::CpuBackendOptions{false});
+    const int64_t E = 24, out = 256, in = 512;
+    uint64_t seed = 9700;
+    std::vector<HostWeight> h1, h2;
+    std::vector<std::unique_ptr<DevWeight>> dws;
+    std::vector<DeviceWeight> l1, l2;
+    for (int64_t e = 0; e < E; ++e) {
+      h1.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
+      h2.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
+      dws.push_back(std::make_unique<DevWeight>(h1.back()));
+      l1.push_back(dws.back()->dw);
+      dws.push_back(std::make_unique<DevWeight>(h2.back()));
+      l2.push_back(dws.back()->dw);
+    }
+    Dev<DeviceWeight> d1(l1), d2(l2);
+    const auto off = routing(400, 3, E, ++seed, 5);
+    const int64_t m = off[E];
+    auto x = cuda::parity::rand_floats(static_cast<size_t>(m * in), ++seed);
+    Dev<int64_t> doff(off);
+    Dev<float> dx(x), y1(static_cast<size_t>(m * out)), y2(static_cast<size_t>(m * out)),
+        s1(static_cast<size_t>(m * out)), s2(static_cast<size_t>(m * out));
+    Status s = tc->expert_linear_pair(l1, &l2, d1.p, d2.p, out, in, doff.p, dx.p, m, y1.p, y2.p);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_TRUE(tc->expert_linear(l1, d1.p, out, in, doff.p, dx.p, m, s1.p).ok());
+    ASSERT_TRUE(tc->expert_linear(l2, d2.p, out, in, doff.p, dx.p, m, s2.p).ok());
+    EXPECT_EQ(cuda::parity::count_bit_diffs(y1.get(), s1.get()), 0u) << split_name(parts);
+    EXPECT_EQ(cuda::parity::count_bit_diffs(y2.get(), s2.get()), 0u) << split_name(parts);
+    std::vector<float> want(static_cast<size_t>(m * out));
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e]) {
+        const ops::WeightRef ref = cuda::parity::host_ref(h2[e], h2[e].data.data(), h2[e].scale.data());
+        cpu.linear(ref, x.data() + off[e] * in, off[e + 1] - off[e], want.data() + off[e] * out);
+      }
+    cuda::parity::report("tc experts pair", "w3 of 24 fp4 experts 256x512 m=" + std::to_string(m) + split_name(parts),
+                         cuda::parity::rel_to_max(y2.get(), want), kTol, kWhy);
   }
 }
 

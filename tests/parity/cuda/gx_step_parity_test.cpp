@@ -151,6 +151,30 @@ TEST(GxStepKernels, SparseIndexLists) {
     EXPECT_EQ(to_host(d_idx, want_idx.size()), want_idx);
     std::printf("build_sparse_index n %lld k %lld W %lld sel %d entries %zu exact\n", (long long)n,
                 (long long)k, (long long)W, int(with_sel), want_idx.size());
+    // The table form: rows of 3 sequences (row r in sequence r % 3), each sequence's entries
+    // decoded once at comp_base + seq_begin[s] + e.
+    if (with_sel && n > 0) {
+      const std::vector<int64_t> seq_begin{0, 1000, 1500, 2600};
+      std::vector<int32_t> row_seq(n);
+      for (int64_t r = 0; r < n; ++r) row_seq[r] = static_cast<int32_t>(r % 3);
+      std::vector<int32_t> want_t;
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t e = win_off[r]; e < win_off[r + 1]; ++e) want_t.push_back(win_idx[e]);
+        for (int64_t j = 0; j < k; ++j)
+          if (sel[r * k + j] >= 0)
+            want_t.push_back(static_cast<int32_t>(comp_base + seq_begin[row_seq[r]] + sel[r * k + j]));
+      }
+      int32_t* d_rs = to_device(row_seq);
+      int64_t* d_sb = to_device(seq_begin);
+      ASSERT_TRUE(run_build_sparse_index(d_wo, d_wi, d_sel, n, k, comp_base, d_off, d_idx, nullptr, d_rs, d_sb,
+                                         seq_begin.back())
+                      .ok());
+      EXPECT_EQ(to_host(d_off, n + 1), want_off);
+      EXPECT_EQ(to_host(d_idx, want_t.size()), want_t);
+      std::printf("build_sparse_index (table) n %lld k %lld exact\n", (long long)n, (long long)k);
+      cudaFree(d_rs);
+      cudaFree(d_sb);
+    }
     for (void* q : {(void*)d_wo, (void*)d_wi, (void*)d_sel, (void*)d_off, (void*)d_idx}) cudaFree(q);
   }
 }
