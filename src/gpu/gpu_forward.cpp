@@ -83,9 +83,9 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
     const int64_t expert_elems = tl.expert_in * tl.expert_out;
     tl.weight_scratch_bytes =
         2 * std::max(dense_max, std::min<int64_t>(std::max<int64_t>(tl.n_experts, 1), 48) * expert_elems);
-    // DS41_TC_SPLIT=3: every prefill linear on the three-part bfloat16 split (the A/B switch of
-    // docs/perf; default 2: FP8 / FP4 weights on the two-part fp16 split).
-    if (const char* e = std::getenv("DS41_TC_SPLIT")) tl.split_parts = std::atoi(e) == 3 ? 3 : 2;
+    // DS41_TC_SPLIT=2: FP8 / FP4 prefill linears on the two-part fp16 split (opt-in, see
+    // TensorCoreLimits::split_parts: it moved a golden selection); default: three bfloat16 parts.
+    if (const char* e = std::getenv("DS41_TC_SPLIT")) tl.split_parts = std::atoi(e) == 2 ? 2 : 3;
     DS41_ASSIGN_OR_RETURN(f->tc_, TensorCoreLinear::create(tl, stream));
   }
   int64_t graphs = f->lim_.decode_graphs;

@@ -6,7 +6,7 @@
 //   - x is split into three bfloat16 parts (hi + lo + lo2 = x to fp32 precision,
 //     backends/cuda/tc_prep_kernels.h) stacked as 3n rows, ONE BF16 GEMM with fp32 accumulation
 //     multiplies them, and the three partial products are summed back;
-//   - or, for FP8-tile / FP4-row weights (the default, TensorCoreLimits::split_parts), the weight is
+//   - or, for FP8-tile / FP4-row weights (opt-in, TensorCoreLimits::split_parts 2), the weight is
 //     decoded into fp16 with a power-of-two shift per matrix and x split into two fp16 parts with a
 //     power-of-two shift per row (11 + 11 bits: x to within one ulp), one FP16 GEMM of 2n rows,
 //     and the two products summed and unscaled (tc_prep_kernels.h has the bounds);
@@ -44,10 +44,14 @@ struct TensorCoreLimits {
   // false: BF16 weights only (the vision tower): no decode scratch is allocated, and FP8 / FP4
   // weights are not accepted.
   bool decode_weights = true;
-  // 2: FP8-tile / FP4-row weights take the two-part fp16 split (backends/cuda/tc_prep_kernels.h:
-  // 2 MMA passes); 3: every weight takes the three-part bfloat16 split (3 passes). BF16 weights
-  // always take the three parts. GpuForward reads DS41_TC_SPLIT (default 2).
-  int split_parts = 2;
+  // 3: every weight takes the three-part bfloat16 split (3 MMA passes; the default). 2: FP8-tile /
+  // FP4-row weights take the two-part fp16 split (backends/cuda/tc_prep_kernels.h: 2 passes, ~10 %
+  // faster prefill on the H200) — opt-in: its results differ from the three parts' by float noise
+  // (x kept to one ulp instead of exactly), and that noise flipped a fake-quantization midpoint in
+  // the public golden decode after a 297-row prefill (GpuGolden.PromptsSelectionsAndDecode, e_r
+  // 0.47 on the H200), where the three parts pass. BF16 weights always take the three parts.
+  // GpuForward reads DS41_TC_SPLIT (2 opts in).
+  int split_parts = 3;
 };
 
 class TensorCoreLinear {

@@ -13,7 +13,7 @@
 // 3 * off[g]; so a group's three parts form one [3 * count, cols] matrix that one GEMM multiplies.
 // All launchers: device pointers, the stream last, no allocation or synchronisation.
 //
-// The two-part fp16 split (the default for FP8-tile and FP4-row weights, docs/gpu_kernels.md
+// The two-part fp16 split (opt-in for FP8-tile and FP4-row weights: DS41_TC_SPLIT=2, docs/gpu_kernels.md
 // "Prefill linears on tensor cores"): fp16 keeps 11 significant bits where bfloat16 keeps 8, so two
 // parts carry what three bfloat16 parts do, to within one unit in the last place of x:
 //   - each row of x is scaled by 2^tau (tau per row: max |x| of the row lands in [2^14, 2^15)),

@@ -1,8 +1,8 @@
 // Parity of the tensor-core prefill linears (gpu/tensor_core_linear.h) with the CPU reference at
 // the released widths: dense FP8-tile / FP4-row / BF16 weights, the grouped o-projection, and the
 // routed experts (384 FP4 experts, top-6 routing of 300 and 2048 tokens, empty experts, FP8 and
-// BF16 experts), each in both splits (split_parts 2: FP8 / FP4 weights on two fp16 parts; 3: three
-// bfloat16 parts). The products are exact (the weights are exact in bfloat16 / in fp16 after a
+// BF16 experts), each in both splits (split_parts 3, the default: three bfloat16 parts; 2, opt-in:
+// FP8 / FP4 weights on two fp16 parts). The products are exact (the weights are exact in bfloat16 / in fp16 after a
 // power-of-two shift per band of 32 rows; three bfloat16 parts keep fp32's 24 bits of x, two fp16
 // parts keep x to within one ulp); the fp32 additions differ: 2K or 3K of them in the tensor core's
 // order. Tolerance 2e-5 of the largest |y| (the GEMV path's is 1e-5): measured on the H200 (three
@@ -38,7 +38,7 @@ using quant::WeightFormat;
 constexpr double kTol = 2e-5;
 const char* kWhy = "exact products (x in 2 fp16 / 3 bf16 parts), fp32 sums in the tensor core's order";
 
-TensorCoreLimits limits(int parts = 2) {
+TensorCoreLimits limits(int parts = 3) {
   TensorCoreLimits l;
   l.split_parts = parts;
   l.min_rows = 128;
@@ -53,7 +53,7 @@ TensorCoreLimits limits(int parts = 2) {
   return l;
 }
 
-std::unique_ptr<TensorCoreLinear> make(int parts = 2, cudaStream_t s = nullptr) {
+std::unique_ptr<TensorCoreLinear> make(int parts = 3, cudaStream_t s = nullptr) {
   auto r = TensorCoreLinear::create(limits(parts), s);
   EXPECT_TRUE(r.ok()) << r.status().message();
   return r.ok() ? std::move(r).value() : nullptr;
