@@ -45,15 +45,12 @@ __global__ void selection_row_offsets_kernel(PagedRowsArgs p, const int32_t* sel
   out[i] = e < 0 ? -1 : paged_offset(p, row_seq[i / k], e);
 }
 
-// Row r's entry list at kv_index[begin ..): its window entries, then the decoded row of each
-// selection >= 0 in j order (per selection comp_base + r k + j, or the table's comp_base + (first
-// entry row of its sequence) + e). One warp.
-__device__ __forceinline__ void write_row_list(int64_t r, int lane, int64_t begin, const int64_t* win_offsets,
-                                               const int32_t* win_index, const int32_t* sel, int64_t k,
-                                               int64_t comp_base, int32_t* kv_index, const int32_t* row_seq,
-                                               const int64_t* seq_entry_begin) {
+// Row r's window entries copied to kv_index[begin ..) (lanes strided, four loads in flight per
+// lane); returns their count. One warp.
+__device__ __forceinline__ int64_t copy_window(int64_t r, int lane, int64_t begin, const int64_t* win_offsets,
+                                               const int32_t* win_index, int32_t* kv_index) {
   const int64_t w0 = win_offsets[r], nw = win_offsets[r + 1] - w0;
-  for (int64_t i0 = 0; i0 < nw; i0 += 4 * 32) {  // four loads in flight per lane
+  for (int64_t i0 = 0; i0 < nw; i0 += 4 * 32) {
     int32_t wv[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) wv[u] = i0 + 32 * u + lane < nw ? win_index[w0 + i0 + 32 * u + lane] : 0;
@@ -61,11 +58,66 @@ __device__ __forceinline__ void write_row_list(int64_t r, int lane, int64_t begi
     for (int u = 0; u < 4; ++u)
       if (i0 + 32 * u + lane < nw) kv_index[begin + i0 + 32 * u + lane] = wv[u];
   }
+  return nw;
+}
+
+// The decoded row of row r's selection j (value e) is base + (table ? e : j): per selection
+// base = comp_base + r k, with a table comp_base + (first entry row of the row's sequence).
+__device__ __forceinline__ int64_t selection_base(int64_t r, int64_t k, int64_t comp_base, const int32_t* row_seq,
+                                                  const int64_t* seq_entry_begin) {
+  return seq_entry_begin ? comp_base + seq_entry_begin[row_seq[r]] : comp_base + r * k;
+}
+
+// Row r's count (window length + its selections >= 0, lanes over j, 4 loads in flight) into
+// kv_offsets[r + 1]. One warp.
+__device__ __forceinline__ void count_row(int64_t r, int lane, const int64_t* win_offsets, const int32_t* sel,
+                                          int64_t k, int64_t* kv_offsets) {
+  int cnt = 0;
+  if (sel) {
+    const int32_t* sr = sel + r * k;
+#pragma unroll 4
+    for (int64_t j = lane; j < k; j += 32) cnt += sr[j] >= 0 ? 1 : 0;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+  if (lane == 0) kv_offsets[r + 1] = win_offsets[r + 1] - win_offsets[r] + cnt;
+}
+
+// An in-place inclusive scan of kv_offsets[1 .. n] by one block of kScanThreads, in chunks
+// (Hillis-Steele, carried). The counts must be visible to the block on entry.
+__device__ __forceinline__ void scan_counts(int64_t n, int64_t* kv_offsets) {
+  __shared__ int64_t scan[kScanThreads];
+  __shared__ int64_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t r0 = 0; r0 < n; r0 += kScanThreads) {
+    const int64_t r = r0 + threadIdx.x;
+    scan[threadIdx.x] = r < n ? kv_offsets[r + 1] : 0;
+    __syncthreads();
+    for (int off = 1; off < kScanThreads; off <<= 1) {
+      const int64_t v = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += v;
+      __syncthreads();
+    }
+    if (r < n) kv_offsets[r + 1] = carry + scan[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == kScanThreads - 1) carry += scan[kScanThreads - 1];
+    __syncthreads();
+  }
+}
+
+// Row r's entry list at kv_index[begin ..): its window entries, then the decoded row of each
+// selection >= 0 in j order, compacted 32 at a time (ballot + popcount of the lower lanes). One warp.
+__device__ __forceinline__ void write_row_list(int64_t r, int lane, int64_t begin, const int64_t* win_offsets,
+                                               const int32_t* win_index, const int32_t* sel, int64_t k,
+                                               int64_t comp_base, int32_t* kv_index, const int32_t* row_seq,
+                                               const int64_t* seq_entry_begin) {
+  int64_t o = begin + copy_window(r, lane, begin, win_offsets, win_index, kv_index);
   if (!sel) return;
-  int64_t o = begin + nw;
   const int32_t* sr = sel + r * k;
   const bool table = seq_entry_begin != nullptr;
-  const int64_t cb = table ? comp_base + seq_entry_begin[row_seq[r]] : comp_base + r * k;
+  const int64_t cb = selection_base(r, k, comp_base, row_seq, seq_entry_begin);
   for (int64_t j0 = 0; j0 < k; j0 += 32) {
     const int64_t j = j0 + lane;
     const int32_t e = j < k ? sr[j] : -1;
@@ -84,39 +136,12 @@ __global__ void sparse_index_count_kernel(const int64_t* win_offsets, const int3
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (r == 0 && lane == 0) kv_offsets[0] = 0;
-  if (r >= n) return;
-  int cnt = 0;
-  if (sel) {
-    const int32_t* sr = sel + r * k;
-#pragma unroll 4
-    for (int64_t j = lane; j < k; j += 32) cnt += sr[j] >= 0 ? 1 : 0;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-  if (lane == 0) kv_offsets[r + 1] = win_offsets[r + 1] - win_offsets[r] + cnt;
+  if (r < n) count_row(r, lane, win_offsets, sel, k, kv_offsets);
 }
 
 __global__ void __launch_bounds__(kScanThreads) sparse_index_scan_kernel(int64_t n, int64_t* kv_offsets) {
   dev::pdl_enter();
-  __shared__ int64_t scan[kScanThreads];
-  __shared__ int64_t carry;
-  if (threadIdx.x == 0) carry = 0;
-  __syncthreads();
-  for (int64_t r0 = 0; r0 < n; r0 += kScanThreads) {
-    const int64_t r = r0 + threadIdx.x;
-    scan[threadIdx.x] = r < n ? kv_offsets[r + 1] : 0;
-    __syncthreads();
-    for (int off = 1; off < kScanThreads; off <<= 1) {  // inclusive Hillis-Steele scan
-      const int64_t v = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
-      __syncthreads();
-      scan[threadIdx.x] += v;
-      __syncthreads();
-    }
-    if (r < n) kv_offsets[r + 1] = carry + scan[threadIdx.x];
-    __syncthreads();
-    if (threadIdx.x == kScanThreads - 1) carry += scan[kScanThreads - 1];
-    __syncthreads();
-  }
+  scan_counts(n, kv_offsets);
 }
 
 __global__ void sparse_index_write_kernel(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
@@ -131,18 +156,14 @@ __global__ void sparse_index_write_kernel(const int64_t* win_offsets, const int3
 }
 
 // One block of kScanThreads (a prefix sum over rows). Pass 1: one warp per row counts its entries
-// (window length + the selections >= 0, lanes over j, 4 loads in flight) into kv_offsets[r + 1].
-// Pass 2: an in-place inclusive scan of kv_offsets[1 .. n] in chunks of kScanThreads (Hillis-Steele,
-// carried). Pass 3: one warp per row writes its list: the window entries (lanes strided), then the
-// selections >= 0 compacted in order 32 at a time (ballot + popcount of the lower lanes). v1 had one
-// thread per row walk its whole list (~650 dependent loads at decode: ~50 us for one row).
+// into kv_offsets[r + 1]. Pass 2: scan_counts. Pass 3: one warp per row writes its list
+// (write_row_list). v1 had one thread per row walk its whole list (~650 dependent loads at decode:
+// ~50 us for one row).
 __global__ void __launch_bounds__(kScanThreads)
     build_sparse_index_kernel(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
                               int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets,
                               int32_t* kv_index, const int32_t* row_seq, const int64_t* seq_entry_begin) {
   dev::pdl_enter();
-  __shared__ int64_t scan[kScanThreads];
-  __shared__ int64_t carry;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int kWarpsScan = kScanThreads / 32;
   // A decode step has at most one row per warp: the warp's selections (up to 32 x kCacheSel) are
@@ -157,36 +178,19 @@ __global__ void __launch_bounds__(kScanThreads)
     for (int u = 0; u < kCacheSel; ++u) sc[u] = lane + 32 * u < k ? sr[lane + 32 * u] : -1;
   }
   for (int64_t r = warp; r < n; r += kWarpsScan) {
-    int cnt = 0;
-    if (cache) {
-#pragma unroll
-      for (int u = 0; u < kCacheSel; ++u) cnt += sc[u] >= 0 ? 1 : 0;
-    } else if (sel) {
-      const int32_t* sr = sel + r * k;
-#pragma unroll 4
-      for (int64_t j = lane; j < k; j += 32) cnt += sr[j] >= 0 ? 1 : 0;
+    if (!cache) {
+      count_row(r, lane, win_offsets, sel, k, kv_offsets);
+      continue;
     }
+    int cnt = 0;
+#pragma unroll
+    for (int u = 0; u < kCacheSel; ++u) cnt += sc[u] >= 0 ? 1 : 0;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
     if (lane == 0) kv_offsets[r + 1] = win_offsets[r + 1] - win_offsets[r] + cnt;
   }
-  if (threadIdx.x == 0) carry = 0;
-  __syncthreads();  // the counts (global memory, this block's writes) and carry are visible
-  for (int64_t r0 = 0; r0 < n; r0 += kScanThreads) {
-    const int64_t r = r0 + threadIdx.x;
-    scan[threadIdx.x] = r < n ? kv_offsets[r + 1] : 0;
-    __syncthreads();
-    for (int off = 1; off < kScanThreads; off <<= 1) {  // inclusive Hillis-Steele scan
-      const int64_t v = threadIdx.x >= off ? scan[threadIdx.x - off] : 0;
-      __syncthreads();
-      scan[threadIdx.x] += v;
-      __syncthreads();
-    }
-    if (r < n) kv_offsets[r + 1] = carry + scan[threadIdx.x];
-    __syncthreads();
-    if (threadIdx.x == kScanThreads - 1) carry += scan[kScanThreads - 1];
-    __syncthreads();
-  }
+  __syncthreads();  // the counts (global memory, this block's writes) are visible
+  scan_counts(n, kv_offsets);
   if (threadIdx.x == 0) kv_offsets[0] = 0;
   for (int64_t r = warp; r < n; r += kWarpsScan) {
     const int64_t begin = r == 0 ? 0 : kv_offsets[r];  // row 0's slot may not be written yet
@@ -195,20 +199,9 @@ __global__ void __launch_bounds__(kScanThreads)
                      seq_entry_begin);
       continue;
     }
-    const int64_t w0 = win_offsets[r], nw = win_offsets[r + 1] - w0;
-    for (int64_t i0 = 0; i0 < nw; i0 += 4 * 32) {  // four loads in flight per lane
-      int32_t wv[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) wv[u] = i0 + 32 * u + lane < nw ? win_index[w0 + i0 + 32 * u + lane] : 0;
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (i0 + 32 * u + lane < nw) kv_index[begin + i0 + 32 * u + lane] = wv[u];
-    }
-    int64_t o = begin + nw;
-    // Decoded row of selection j (value e): per selection comp_base + r k + j, or the table's
-    // comp_base + (first row of the row's sequence) + e.
+    int64_t o = begin + copy_window(r, lane, begin, win_offsets, win_index, kv_index);
     const bool table = seq_entry_begin != nullptr;
-    const int64_t cb = table ? comp_base + seq_entry_begin[row_seq[r]] : comp_base + r * k;
+    const int64_t cb = selection_base(r, k, comp_base, row_seq, seq_entry_begin);
 #pragma unroll
     for (int u = 0; u < kCacheSel; ++u) {
       const int64_t j = 32 * u + lane;

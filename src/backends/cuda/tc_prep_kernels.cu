@@ -104,18 +104,54 @@ __global__ void sum3_kernel(const float* __restrict__ y3, int64_t rows, int64_t 
   for (int64_t c = c0 + threadIdx.x; c < cols; c += blockDim.x) yr[c] = a0[c] + (a1[c] + a2[c]);
 }
 
-__device__ __forceinline__ void store32_bf16(__nv_bfloat16* dst, const float* v) {
-  // 32 values = 4 x 16 bytes (dst 16-byte aligned: in_dim % 32 == 0 and the buffer is aligned).
+__device__ __forceinline__ __nv_bfloat162 pack2(float a, float b, const __nv_bfloat16*) {
+  return __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ __half2 pack2(float a, float b, const __half*) { return __floats2half2_rn(a, b); }
+
+// 32 values rounded to T (bfloat16 or fp16) = 4 x 16 bytes (dst 16-byte aligned: in_dim % 32 == 0
+// and the buffer is aligned).
+template <typename T>
+__device__ __forceinline__ void store32(T* dst, const float* v) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    __nv_bfloat162 p[4];
+    decltype(pack2(0.0f, 0.0f, dst)) p[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) p[k] = __floats2bfloat162_rn(v[q * 8 + 2 * k], v[q * 8 + 2 * k + 1]);
+    for (int k = 0; k < 4; ++k) p[k] = pack2(v[q * 8 + 2 * k], v[q * 8 + 2 * k + 1], dst);
     *reinterpret_cast<uint4*>(dst + q * 8) = *reinterpret_cast<const uint4*>(p);
   }
 }
 
 constexpr int64_t kTile = 32;
+
+// The E8M0 scale byte of row o, block blk of an FP4-row (one per 32 of a row) or FP8-tile (one per
+// 32 x 32 tile) weight; in_dim % 32 == 0.
+__device__ __forceinline__ uint32_t scale_byte(const DeviceWeight& w, int64_t o, int64_t blk) {
+  const int64_t nb = w.in_dim / 32;
+  return w.format == quant::WeightFormat::kFp4Rows ? w.scale[o * nb + blk] : w.scale[(o / kTile) * nb + blk];
+}
+
+// 32 values of row o, block blk of an FP4-row or FP8-tile weight, each code's value times s.
+__device__ __forceinline__ void decode32(const DeviceWeight& w, int64_t o, int64_t blk, float s, float (&v)[32]) {
+  const int64_t in_dim = w.in_dim;
+  if (w.format == quant::WeightFormat::kFp4Rows) {
+    const uint4* p = reinterpret_cast<const uint4*>(w.data + o * (in_dim / 2) + blk * 16);
+    uint32_t b[16];
+    dev::unpack16(__ldg(p), b);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      v[2 * k] = dev::e2m1_decode(b[k] & 15u) * s;  // low nibble = even element (MODEL_SPEC 7.17)
+      v[2 * k + 1] = dev::e2m1_decode(b[k] >> 4) * s;
+    }
+  } else {
+    const uint4* p = reinterpret_cast<const uint4*>(w.data + o * in_dim + blk * 32);
+    uint32_t b[2][16];
+    dev::unpack16(__ldg(p), b[0]);
+    dev::unpack16(__ldg(p + 1), b[1]);
+#pragma unroll
+    for (int k = 0; k < 32; ++k) v[k] = dev::e4m3_decode(b[k / 16][k % 16]) * s;
+  }
+}
 
 // grid (chunks of 32-element row blocks, experts); one thread per 32 elements of a row.
 __global__ void experts_dequant_kernel(const DeviceWeight* __restrict__ weights, const int32_t* __restrict__ ids,
@@ -128,25 +164,8 @@ __global__ void experts_dequant_kernel(const DeviceWeight* __restrict__ weights,
   const DeviceWeight w = weights[ids[e]];
   const int64_t o = idx / nb, blk = idx % nb;
   float v[32];
-  if (w.format == quant::WeightFormat::kFp4Rows) {
-    const float s = dev::e8m0_decode(w.scale[o * nb + blk]);
-    const uint4* p = reinterpret_cast<const uint4*>(w.data + o * (in_dim / 2) + blk * 16);
-    uint32_t b[16];
-    dev::unpack16(__ldg(p), b);
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      v[2 * k] = dev::e2m1_decode(b[k] & 15u) * s;  // low nibble = even element (MODEL_SPEC 7.17)
-      v[2 * k + 1] = dev::e2m1_decode(b[k] >> 4) * s;
-    }
-  } else if (w.format == quant::WeightFormat::kFp8Tiles) {
-    const int64_t tiles_in = (in_dim + kTile - 1) / kTile;
-    const float s = dev::e8m0_decode(w.scale[(o / kTile) * tiles_in + blk]);
-    const uint4* p = reinterpret_cast<const uint4*>(w.data + o * in_dim + blk * 32);
-    uint32_t b[2][16];
-    dev::unpack16(__ldg(p), b[0]);
-    dev::unpack16(__ldg(p + 1), b[1]);
-#pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = dev::e4m3_decode(b[k / 16][k % 16]) * s;
+  if (w.format == quant::WeightFormat::kFp4Rows || w.format == quant::WeightFormat::kFp8Tiles) {
+    decode32(w, o, blk, dev::e8m0_decode(scale_byte(w, o, blk)), v);
   } else if (w.format == quant::WeightFormat::kBF16) {
     const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(w.data) + o * in_dim + blk * 32;
 #pragma unroll
@@ -155,7 +174,7 @@ __global__ void experts_dequant_kernel(const DeviceWeight* __restrict__ weights,
 #pragma unroll
     for (int k = 0; k < 32; ++k) v[k] = dev::nan_f32();
   }
-  store32_bf16(out + (e * out_dim + o) * in_dim + blk * 32, v);
+  store32(out + (e * out_dim + o) * in_dim + blk * 32, v);
 }
 
 
@@ -270,41 +289,6 @@ __device__ __forceinline__ float pow2_mult(uint32_t scale_byte, int sigma) {
   return __uint_as_float(static_cast<uint32_t>(k + 127) << 23);
 }
 
-__device__ __forceinline__ void store32_f16(__half* dst, const float* v) {
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    __half2 p[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) p[k] = __floats2half2_rn(v[q * 8 + 2 * k], v[q * 8 + 2 * k + 1]);
-    *reinterpret_cast<uint4*>(dst + q * 8) = *reinterpret_cast<const uint4*>(p);
-  }
-}
-
-// 32 values of row o, block blk of an FP8-tile / FP4-row weight, times 2^sigma.
-__device__ __forceinline__ void decode32_shifted(const DeviceWeight& w, int64_t o, int64_t blk, int sigma,
-                                                 float (&v)[32]) {
-  const int64_t in_dim = w.in_dim, nb = in_dim / 32;
-  if (w.format == quant::WeightFormat::kFp4Rows) {
-    const float s = pow2_mult(w.scale[o * nb + blk], sigma);
-    const uint4* p = reinterpret_cast<const uint4*>(w.data + o * (in_dim / 2) + blk * 16);
-    uint32_t b[16];
-    dev::unpack16(__ldg(p), b);
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      v[2 * k] = dev::e2m1_decode(b[k] & 15u) * s;  // low nibble = even element (MODEL_SPEC 7.17)
-      v[2 * k + 1] = dev::e2m1_decode(b[k] >> 4) * s;
-    }
-  } else {  // FP8 tiles (f16_split_supported admits nothing else)
-    const float s = pow2_mult(w.scale[(o / kTile) * nb + blk], sigma);
-    const uint4* p = reinterpret_cast<const uint4*>(w.data + o * in_dim + blk * 32);
-    uint32_t b[2][16];
-    dev::unpack16(__ldg(p), b[0]);
-    dev::unpack16(__ldg(p + 1), b[1]);
-#pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = dev::e4m3_decode(b[k / 16][k % 16]) * s;
-  }
-}
-
 // grid (chunks of 32-element row blocks, weights); one thread per 32 elements of a row. Dense:
 // ids null, the weight by value, its bands' sigmas at shifts[0 ..).
 __global__ void dequant_f16_kernel(DeviceWeight dense, const DeviceWeight* __restrict__ weights,
@@ -319,8 +303,9 @@ __global__ void dequant_f16_kernel(DeviceWeight dense, const DeviceWeight* __res
   const DeviceWeight w = ids ? weights[slot] : dense;
   const int64_t o = idx / nb, blk = idx % nb;
   float v[32];
-  decode32_shifted(w, o, blk, shifts[slot * ((out_dim + 31) / 32) + o / 32], v);
-  store32_f16(out + (e * out_dim + o) * in_dim + blk * 32, v);
+  // f16_split_supported: FP4 rows or FP8 tiles only.
+  decode32(w, o, blk, pow2_mult(scale_byte(w, o, blk), shifts[slot * ((out_dim + 31) / 32) + o / 32]), v);
+  store32(out + (e * out_dim + o) * in_dim + blk * 32, v);
 }
 
 Status check_rows(int64_t rows, int64_t cols, const char* what) {
