@@ -389,8 +389,10 @@ TEST(FusedRowsParity, SwigluPair) {
     int64_t na, da, nb, db;
   };
   // The routed rows (n * 6 x 2304, routing weights as row scales) and the shared expert's rows
-  // (n x 2304), decode n = 1 and 3; ragged small shapes; an empty first set.
-  const std::vector<C> cases = {{6, 2304, 1, 2304}, {18, 2304, 3, 2304}, {5, 33, 2, 70}, {0, 16, 3, 40}};
+  // (n x 2304), decode n = 1 and 3 and a prefill chunk of 1,000 rows (the float4 kernel, past 65,536
+  // quads); ragged small shapes (the element kernel); one set of each kind; an empty first set.
+  const std::vector<C> cases = {{6, 2304, 1, 2304}, {18, 2304, 3, 2304}, {6000, 2304, 1000, 2304},
+                                {5, 33, 2, 70},     {12, 2304, 2, 70},  {0, 16, 3, 40}};
   uint64_t seed = 2300;
   for (const C& c : cases) {
     auto ga = rand_floats(static_cast<size_t>(c.na * c.da), ++seed, 12.0f);
