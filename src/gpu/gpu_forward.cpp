@@ -86,6 +86,7 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
     // DS41_TC_SPLIT=2: FP8 / FP4 prefill linears on the two-part fp16 split (opt-in, see
     // TensorCoreLimits::split_parts: it moved a golden selection); default: three bfloat16 parts.
     if (const char* e = std::getenv("DS41_TC_SPLIT")) tl.split_parts = std::atoi(e) == 2 ? 2 : 3;
+    if (const char* e = std::getenv("DS41_TC_ACCUMULATE")) tl.accumulate_parts = std::atoi(e) != 0;
     DS41_ASSIGN_OR_RETURN(f->tc_, TensorCoreLinear::create(tl, stream));
   }
   int64_t graphs = f->lim_.decode_graphs;

@@ -158,12 +158,12 @@ bool TensorCoreLinear::f16(const cuda::DeviceWeight& w) const {
 // yp [rows_p, out] (row-major) = xp [rows_p, in] . W^T, W [out, in] 16-bit row-major. Column-major
 // views: yp' (out x rows_p) = W' ^T (W' = in x out) . xp' (in x rows_p).
 Status TensorCoreLinear::gemm(const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp,
-                              int dtype) {
-  const float one = 1.0f, zero = 0.0f;
+                              int dtype, float beta) {
+  const float one = 1.0f;
   const cudaDataType_t t = static_cast<cudaDataType_t>(dtype);
   return blas_status(cublasGemmEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
                                   static_cast<int>(rows_p), static_cast<int>(in), &one, w, t, static_cast<int>(in),
-                                  xp, t, static_cast<int>(in), &zero, yp, CUDA_R_32F, static_cast<int>(out),
+                                  xp, t, static_cast<int>(in), &beta, yp, CUDA_R_32F, static_cast<int>(out),
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "GemmEx");
 }
@@ -196,6 +196,11 @@ Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t R = std::min(chunk, n - r0);
     DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in, R, in, nullptr, 1, x3, stream_));
+    if (lim_.accumulate_parts) {
+      for (int p = 2; p >= 0; --p)  // x2 W, then + x1 W, then + x0 W
+        DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3 + p * R * in, R, y + r0 * out, CUDA_R_16BF, p == 2 ? 0.0f : 1.0f));
+      continue;
+    }
     DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3, 3 * R, y3, CUDA_R_16BF));
     DS41_RETURN_IF_ERROR(cuda::run_sum3(y3, R, out, nullptr, 1, y + r0 * out, stream_));
   }
@@ -231,6 +236,20 @@ Status TensorCoreLinear::grouped_linear(const cuda::DeviceWeight& w, int64_t gro
     else
       DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__nv_bfloat16>(), stream_));
     // Group g: yp[:, g*out_g .. ] = xp[:, g*in_g .. ] . W_g^T with W_g = rows [g*out_g, (g+1)*out_g).
+    if (!h && lim_.accumulate_parts) {  // x2 W, then + x1 W, then + x0 W, into y
+      for (int p = 2; p >= 0; --p) {
+        const float beta = p == 2 ? 0.0f : 1.0f;
+        DS41_RETURN_IF_ERROR(blas_status(
+            cublasGemmStridedBatchedEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_g),
+                                       static_cast<int>(R), static_cast<int>(in_g), &one, wp, t,
+                                       static_cast<int>(in_g), out_g * in_g,
+                                       x3_.as<__nv_bfloat16>() + p * R * in_t, t, static_cast<int>(in_t), in_g,
+                                       &beta, y + r0 * out_t, CUDA_R_32F, static_cast<int>(out_t), out_g,
+                                       static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "GemmStridedBatchedEx"));
+      }
+      continue;
+    }
     DS41_RETURN_IF_ERROR(blas_status(
         cublasGemmStridedBatchedEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_g),
                                    static_cast<int>(parts * R), static_cast<int>(in_g), &one, wp, t,

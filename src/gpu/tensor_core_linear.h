@@ -52,6 +52,12 @@ struct TensorCoreLimits {
   // 0.47 on the H200), where the three parts pass. BF16 weights always take the three parts.
   // GpuForward reads DS41_TC_SPLIT (2 opts in).
   int split_parts = 3;
+  // Three parts on a dense or grouped weight: true accumulates the parts in the GEMM epilogue
+  // (C = x2 W; C = x1 W + C; C = x0 W + C, beta 1: the sums of run_sum3's order x0 W + (x1 W + x2 W))
+  // instead of one GEMM over the stacked parts writing three outputs that run_sum3 then reads
+  // (ncu: sum3 was 5 % of a 16K prefill chunk). The experts keep the stacked form (one GEMM per
+  // expert, not three). GpuForward reads DS41_TC_ACCUMULATE (0 turns it off, for A/B runs).
+  bool accumulate_parts = true;
 };
 
 class TensorCoreLinear {
@@ -89,8 +95,9 @@ class TensorCoreLinear {
   // The fp16 path for this weight (split_parts 2 and a format it takes).
   bool f16(const cuda::DeviceWeight& w) const;
   // y_p [rows_p, out] = x_p [rows_p, in] . W^T; 16-bit inputs of type dtype (a cudaDataType_t:
-  // CUDA_R_16BF or CUDA_R_16F), fp32 products.
-  Status gemm(const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp, int dtype);
+  // CUDA_R_16BF or CUDA_R_16F), fp32 products; beta 1 adds y_p's values (fp32: fl(x W + y_p)).
+  Status gemm(const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp, int dtype,
+              float beta = 0.0f);
   // The GEMMs of one batch of experts (ids[b0 .. b0 + cnt), weights decoded at wscratch, x in
   // `parts` stacked parts of type dtype): one grouped cuBLAS call when the library takes it, else
   // one GEMM per expert.
