@@ -10,13 +10,8 @@
 // probabilities p (float, in [0, 1]) are split the same way for P.V. Errors are therefore those of
 // float sums, as in the float kernels (the parity table's tolerance says so).
 //
-// Shape: one CTA per (row, 16 G heads), G = 1 or 2 head groups of 16 — the heads are the mma's M,
-// the row's entries its N (scores) and K (P.V); 4 warps per head group, warp w owning head_dim / 4
-// channels of group w / 4. The G groups share each gathered tile: at G = 2 a row's entries cross L2
-// half as often (ncu: a 16K prefill chunk's attention was bound by the L2 -> SM traffic of the float
-// tiles, 4 CTAs per row at 64 heads). A warp's arithmetic does not depend on G (the same fragments,
-// the partial scores summed over its group's 4 warps in warp order), so the bits do not either.
-// Per tile of 16 entries:
+// Shape: one CTA per (row, 16 heads) — the heads are the mma's M, the row's entries its N (scores)
+// and K (P.V); 4 warps, warp w owning head_dim / 4 channels. Per tile of 16 entries:
 //   1. the tile's rows (float, gathered by kv_index) were prefetched into registers during the
 //      previous tile's maths; they are rounded to bf16 (exact) into shared memory;
 //   2. QK: each warp multiplies its channel quarter (3 parts of q x the tile) into a partial 16 x 16
@@ -47,81 +42,72 @@ namespace ds41::cuda {
 namespace {
 using namespace dev;
 
-constexpr int kTcThreads = 128;  // 4 warps per head group
+constexpr int kTcThreads = 128;  // 4 warps
 constexpr int kTcWarps = kTcThreads / 32;
-constexpr int kTcHeads = 16;     // heads per group: the mma's M
+constexpr int kTcHeads = 16;     // heads per CTA: the mma's M
 constexpr int kTcTile = 16;      // entries per tile: two n8 score tiles, one k16 step of P.V
 
-template <int D, int G>
+template <int D>
 constexpr size_t tc_smem_bytes() {
-  return sizeof(uint16_t) * (3 * G * kTcHeads * D + kTcTile * D) + sizeof(float) * G * kTcWarps * 32 * 8;
+  return sizeof(uint16_t) * (3 * kTcHeads * D + kTcTile * D) + sizeof(float) * kTcWarps * 32 * 8;
 }
 
-template <int D, int G>
-__global__ void __launch_bounds__(G * kTcThreads, G == 1 ? 2 : 1)
+template <int D>
+__global__ void __launch_bounds__(kTcThreads, 2)
     sparse_attention_tc_kernel(int64_t n_heads, const float* __restrict__ q, const int64_t* __restrict__ kv_offsets,
                                const int32_t* __restrict__ kv_index, const float* __restrict__ kv,
                                const float* __restrict__ sink, float scale, float* __restrict__ out) {
   dev::pdl_enter();
   static_assert(D % 64 == 0 && D <= 512, "4 warps x a multiple of 16 channels");
-  static_assert(G == 1 || G == 2, "one or two head groups per CTA");
-  constexpr int kThreads = G * kTcThreads;
   constexpr int kQuarter = D / 4;        // channels per warp
   constexpr int kKSteps = kQuarter / 16;  // QK k-steps per warp
   constexpr int kONt = kQuarter / 8;      // P.V n8 tiles per warp
-  constexpr int kLanesPerEntry = 8 * G;   // threads loading one entry of a tile
-  constexpr int kLoads = D / (4 * kLanesPerEntry);  // float4 loads per thread per tile
+  constexpr int kLoads = D / 32;          // float4 loads per thread per tile (8 threads per entry)
   extern __shared__ __align__(16) float smem[];
-  uint16_t* qs_all = reinterpret_cast<uint16_t*>(smem);  // [G][3][16][D] bf16, swizzled
-  uint16_t* ks = qs_all + 3 * G * kTcHeads * D;           // [16][D] bf16, swizzled
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem);  // [3][16][D] bf16, swizzled
+  uint16_t* ks = qs + 3 * kTcHeads * D;                // [16][D] bf16, swizzled
   float* sp = reinterpret_cast<float*>(ks + kTcTile * D);  // [warp][lane][8] partial scores
 
-  const int64_t ctas = (n_heads + G * kTcHeads - 1) / (G * kTcHeads);  // CTAs per row
-  const int64_t r = blockIdx.x / ctas;
-  const int64_t hc0 = (blockIdx.x % ctas) * G * kTcHeads;  // the CTA's first head
-  const int nh_cta = static_cast<int>(min(static_cast<int64_t>(G * kTcHeads), n_heads - hc0));
+  const int64_t groups = (n_heads + kTcHeads - 1) / kTcHeads;
+  const int64_t r = blockIdx.x / groups;
+  const int64_t h0 = (blockIdx.x % groups) * kTcHeads;
+  const int nh = static_cast<int>(min(static_cast<int64_t>(kTcHeads), n_heads - h0));
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int hg = warp >> 2, wq = warp & 3;  // this warp's head group and channel quarter
-  const int64_t h0 = hc0 + hg * kTcHeads;
-  const int nh = max(0, min(kTcHeads, nh_cta - hg * kTcHeads));  // heads of this warp's group (0: padding)
-  uint16_t* qs = qs_all + hg * 3 * kTcHeads * D;
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t k0 = kv_offsets[r], k1 = kv_offsets[r + 1];
+  float* o = out + (r * n_heads + h0) * D;
   if (k1 <= k0) {  // a row without entries yields 0 (uniform over the CTA)
-    float* oc = out + (r * n_heads + hc0) * D;
-    for (int i = tid; i < nh_cta * D; i += kThreads) oc[i] = 0.0f;
+    for (int i = tid; i < nh * D; i += kTcThreads) o[i] = 0.0f;
     return;
   }
 
-  // q of the CTA's heads, split into 3 bf16 parts per group (padding heads: zeros).
-  const float* qr = q + (r * n_heads + hc0) * D;
-  for (int i = tid; i < G * kTcHeads * D / 2; i += kThreads) {
-    const int hh = (2 * i) / D, c = (2 * i) % D;
-    const int h = hh % kTcHeads;
-    uint16_t* qg = qs_all + (hh / kTcHeads) * 3 * kTcHeads * D;
+  // q of the 16 heads, split into 3 bf16 parts (padding heads: zeros).
+  const float* qr = q + (r * n_heads + h0) * D;
+  for (int i = tid; i < kTcHeads * D / 2; i += kTcThreads) {
+    const int h = (2 * i) / D, c = (2 * i) % D;
     float x0 = 0.0f, x1 = 0.0f;
-    if (hh < nh_cta) {
-      x0 = qr[hh * D + c];
-      x1 = qr[hh * D + c + 1];
+    if (h < nh) {
+      x0 = qr[h * D + c];
+      x1 = qr[h * D + c + 1];
     }
     float a0, a1, a2, b0, b1, b2;
     split3(x0, a0, a1, a2);
     split3(x1, b0, b1, b2);
     const uint32_t e = swz(h, c, D);
-    *reinterpret_cast<uint32_t*>(qg + e) = pack_bf16(a0, b0);
-    *reinterpret_cast<uint32_t*>(qg + kTcHeads * D + e) = pack_bf16(a1, b1);
-    *reinterpret_cast<uint32_t*>(qg + 2 * kTcHeads * D + e) = pack_bf16(a2, b2);
+    *reinterpret_cast<uint32_t*>(qs + e) = pack_bf16(a0, b0);
+    *reinterpret_cast<uint32_t*>(qs + kTcHeads * D + e) = pack_bf16(a1, b1);
+    *reinterpret_cast<uint32_t*>(qs + 2 * kTcHeads * D + e) = pack_bf16(a2, b2);
   }
 
-  // Tile loads: thread -> entry tid / (8 G), float4 groups (tid % (8 G)) + 8 G i.
-  const int le = tid / kLanesPerEntry, lsub = tid % kLanesPerEntry;
+  // Tile loads: thread -> entry tid / 8, float4 groups (tid % 8) + 8 i.
+  const int le = tid >> 3, lsub = tid & 7;
   float4 pre[kLoads];
   auto load_tile = [&](int64_t e0) {
     const int64_t e = e0 + le;
     if (e < k1) {
       const float4* src = reinterpret_cast<const float4*>(kv + static_cast<int64_t>(kv_index[e]) * D);
 #pragma unroll
-      for (int i = 0; i < kLoads; ++i) pre[i] = src[lsub + kLanesPerEntry * i];
+      for (int i = 0; i < kLoads; ++i) pre[i] = src[lsub + 8 * i];
     } else {
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) pre[i] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -130,7 +116,7 @@ __global__ void __launch_bounds__(G * kTcThreads, G == 1 ? 2 : 1)
   auto store_tile = [&]() {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
-      const int c = 4 * (lsub + kLanesPerEntry * i);
+      const int c = 4 * (lsub + 8 * i);
       uint2 v;
       v.x = pack_bf16(pre[i].x, pre[i].y);
       v.y = pack_bf16(pre[i].z, pre[i].w);
@@ -152,7 +138,7 @@ __global__ void __launch_bounds__(G * kTcThreads, G == 1 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
 
-  const int cw = wq * kQuarter;  // this warp's channels
+  const int cw = warp * kQuarter;  // this warp's channels
   load_tile(k0);
   for (int64_t e0 = k0; e0 < k1; e0 += kTcTile) {
     __syncthreads();  // the previous tile's P.V (and partial-score reads) are done
@@ -182,15 +168,13 @@ __global__ void __launch_bounds__(G * kTcThreads, G == 1 ? 2 : 1)
       spw[4 + i] = s[1][i];
     }
     __syncthreads();
-    // Full scores: the group's 4 warps' partials in warp order (the same fragment positions in
-    // every warp).
+    // Full scores: the 4 warps' partials in warp order (the same fragment positions in every warp).
     float sc[2][4];
-    const float* spg = sp + hg * kTcWarps * 32 * 8;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      float v = spg[lane * 8 + i];
+      float v = sp[lane * 8 + i];
 #pragma unroll
-      for (int w = 1; w < kTcWarps; ++w) v += spg[(w * 32 + lane) * 8 + i];
+      for (int w = 1; w < kTcWarps; ++w) v += sp[(w * 32 + lane) * 8 + i];
       const int nt = i >> 2, ii = i & 3;
       const int64_t e = e0 + nt * 8 + 2 * t4 + (ii & 1);
       sc[nt][ii] = e < k1 ? v * scale : -INFINITY;
@@ -250,7 +234,6 @@ __global__ void __launch_bounds__(G * kTcThreads, G == 1 ? 2 : 1)
     }
   }
   // Denominators: the quad's partial sums.
-  float* o = out + (r * n_heads + h0) * D;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     l_run[j] += __shfl_xor_sync(kFullMask, l_run[j], 1);
@@ -272,27 +255,19 @@ __global__ void __launch_bounds__(G * kTcThreads, G == 1 ? 2 : 1)
   }
 }
 
-template <int D, int G>
+template <int D>
 Status launch_tc(const SparseAttentionArgs& a, cudaStream_t stream) {
-  const int64_t ctas = (a.n_heads + G * kTcHeads - 1) / (G * kTcHeads);
-  if (a.n * ctas > 0x7fffffff)
+  const int64_t groups = (a.n_heads + kTcHeads - 1) / kTcHeads;
+  if (a.n * groups > 0x7fffffff)
     return invalid_argument("sparse_attention_tc: n " + std::to_string(a.n) + " x head groups too large");
-  constexpr size_t smem = tc_smem_bytes<D, G>();
+  constexpr size_t smem = tc_smem_bytes<D>();
   // Per launch (cheap, and right for whichever device is current).
   DS41_RETURN_IF_ERROR(cuda_status(
-      cudaFuncSetAttribute(reinterpret_cast<const void*>(sparse_attention_tc_kernel<D, G>),
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(sparse_attention_tc_kernel<D>),
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
       "sparse_attention_tc: shared memory attribute"));
-  launch(sparse_attention_tc_kernel<D, G>, static_cast<unsigned>(a.n * ctas), G * kTcThreads, smem, stream,
-         a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
+  launch(sparse_attention_tc_kernel<D>, static_cast<unsigned>(a.n * groups), kTcThreads, smem, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out);
   return last_launch_status("sparse_attention_tc");
-}
-
-// Two head groups per CTA when the heads fill them (more than 16) and the call still has a CTA for
-// every SM twice over; else one (small calls keep their parallelism). The bits are the same.
-int choose_groups(const SparseAttentionArgs& a) {
-  const int64_t ctas2 = a.n * ((a.n_heads + 2 * kTcHeads - 1) / (2 * kTcHeads));
-  return a.n_heads > kTcHeads && ctas2 >= 264 ? 2 : 1;
 }
 
 }  // namespace
@@ -302,21 +277,17 @@ bool sparse_attention_tc_supported(const SparseAttentionArgs& a) {
          a.n_heads > 0;
 }
 
-Status run_sparse_attention_tc(const SparseAttentionArgs& a, cudaStream_t stream, int head_groups) {
+Status run_sparse_attention_tc(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (!sparse_attention_tc_supported(a))
     return invalid_argument("sparse_attention_tc: needs entries on the bf16 grid and head_dim 64, 128 or 512, got " +
                             std::to_string(a.head_dim));
   if (a.n == 0) return ok_status();
   if (reinterpret_cast<uintptr_t>(a.kv) % 16 != 0 || reinterpret_cast<uintptr_t>(a.out) % 8 != 0)
     return invalid_argument("sparse_attention_tc: kv must be 16-byte and out 8-byte aligned");
-  if (head_groups != 0 && head_groups != 1 && head_groups != 2)
-    return invalid_argument("sparse_attention_tc: head_groups must be 0 (chosen), 1 or 2, got " +
-                            std::to_string(head_groups));
-  const int G = head_groups ? head_groups : choose_groups(a);
   switch (a.head_dim) {
-    case 512: return G == 2 ? launch_tc<512, 2>(a, stream) : launch_tc<512, 1>(a, stream);
-    case 128: return G == 2 ? launch_tc<128, 2>(a, stream) : launch_tc<128, 1>(a, stream);
-    default: return G == 2 ? launch_tc<64, 2>(a, stream) : launch_tc<64, 1>(a, stream);
+    case 512: return launch_tc<512>(a, stream);
+    case 128: return launch_tc<128>(a, stream);
+    default: return launch_tc<64>(a, stream);
   }
 }
 

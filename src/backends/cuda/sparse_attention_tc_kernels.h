@@ -14,8 +14,7 @@ namespace ds41::cuda {
 // 512 (4 warps x multiples of 16 channels; the released width is 512).
 bool sparse_attention_tc_supported(const SparseAttentionArgs& a);
 // The kernel itself (run_sparse_attention dispatches to it; exposed for the parity table and the
-// benchmark). kv 16-byte aligned, out 8-byte aligned. head_groups: 16-head groups per CTA, 1 or 2
-// (the same bits either way; the parity table runs both), 0 lets the launcher choose.
-Status run_sparse_attention_tc(const SparseAttentionArgs& a, cudaStream_t stream, int head_groups = 0);
+// benchmark). kv 16-byte aligned, out 8-byte aligned.
+Status run_sparse_attention_tc(const SparseAttentionArgs& a, cudaStream_t stream);
 
 }  // namespace ds41::cuda
