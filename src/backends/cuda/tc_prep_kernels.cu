@@ -111,15 +111,19 @@ __device__ __forceinline__ __half2 pack2(float a, float b, const __half*) { retu
 
 // 32 values rounded to T (bfloat16 or fp16) = 4 x 16 bytes (dst 16-byte aligned: in_dim % 32 == 0
 // and the buffer is aligned).
+// The 16-byte chunk q (values 8 q .. 8 q + 7) of 32 values rounded to T.
+template <typename T>
+__device__ __forceinline__ uint4 pack8(const float* v, int q, const T* tag) {
+  decltype(pack2(0.0f, 0.0f, tag)) p[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) p[k] = pack2(v[q * 8 + 2 * k], v[q * 8 + 2 * k + 1], tag);
+  return *reinterpret_cast<const uint4*>(p);
+}
+
 template <typename T>
 __device__ __forceinline__ void store32(T* dst, const float* v) {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    decltype(pack2(0.0f, 0.0f, dst)) p[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) p[k] = pack2(v[q * 8 + 2 * k], v[q * 8 + 2 * k + 1], dst);
-    *reinterpret_cast<uint4*>(dst + q * 8) = *reinterpret_cast<const uint4*>(p);
-  }
+  for (int q = 0; q < 4; ++q) *reinterpret_cast<uint4*>(dst + q * 8) = pack8(v, q, dst);
 }
 
 constexpr int64_t kTile = 32;
@@ -153,30 +157,42 @@ __device__ __forceinline__ void decode32(const DeviceWeight& w, int64_t o, int64
   }
 }
 
-// grid (chunks of 32-element row blocks, experts); one thread per 32 elements of a row.
-__global__ void experts_dequant_kernel(const DeviceWeight* __restrict__ weights, const int32_t* __restrict__ ids,
-                                       int64_t out_dim, int64_t in_dim, __nv_bfloat16* __restrict__ out) {
+// grid (chunks of 32-element row blocks, experts); one thread per 32 elements of a row. A block's
+// items are consecutive 32-element blocks of one expert's rows, so its output is one contiguous
+// range: the 64 bytes of each thread go through shared memory and leave as consecutive 16-byte
+// stores (a warp's store instruction covering 512 contiguous bytes instead of 32 half sectors).
+constexpr int kDequantThreads = 256;
+__global__ void __launch_bounds__(kDequantThreads)
+    experts_dequant_kernel(const DeviceWeight* __restrict__ weights, const int32_t* __restrict__ ids,
+                           int64_t out_dim, int64_t in_dim, __nv_bfloat16* __restrict__ out) {
   dev::pdl_enter();
+  __shared__ uint4 stage[kDequantThreads * 4];
   const int64_t e = blockIdx.y;
-  const int64_t nb = in_dim / 32;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= out_dim * nb) return;
-  const DeviceWeight w = weights[ids[e]];
-  const int64_t o = idx / nb, blk = idx % nb;
-  float v[32];
-  if (w.format == quant::WeightFormat::kFp4Rows || w.format == quant::WeightFormat::kFp8Tiles) {
-    decode32(w, o, blk, dev::e8m0_decode(scale_byte(w, o, blk)), v);
-  } else if (w.format == quant::WeightFormat::kBF16) {
-    const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(w.data) + o * in_dim + blk * 32;
+  const int64_t nb = in_dim / 32, items = out_dim * nb;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kDequantThreads;
+  const int64_t idx = first + threadIdx.x;
+  if (idx < items) {
+    const DeviceWeight w = weights[ids[e]];
+    const int64_t o = idx / nb, blk = idx % nb;
+    float v[32];
+    if (w.format == quant::WeightFormat::kFp4Rows || w.format == quant::WeightFormat::kFp8Tiles) {
+      decode32(w, o, blk, dev::e8m0_decode(scale_byte(w, o, blk)), v);
+    } else if (w.format == quant::WeightFormat::kBF16) {
+      const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(w.data) + o * in_dim + blk * 32;
 #pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = __bfloat162float(p[k]);
-  } else {
+      for (int k = 0; k < 32; ++k) v[k] = __bfloat162float(p[k]);
+    } else {
 #pragma unroll
-    for (int k = 0; k < 32; ++k) v[k] = dev::nan_f32();
+      for (int k = 0; k < 32; ++k) v[k] = dev::nan_f32();
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) stage[threadIdx.x * 4 + q] = pack8(v, q, out);
   }
-  store32(out + (e * out_dim + o) * in_dim + blk * 32, v);
+  __syncthreads();
+  const int64_t chunks = 4 * min(static_cast<int64_t>(kDequantThreads), items - first);
+  uint4* dst = reinterpret_cast<uint4*>(out + (e * out_dim * nb + first) * 32);
+  for (int64_t k = threadIdx.x; k < chunks; k += kDequantThreads) dst[k] = stage[k];
 }
-
 
 // ---- The two-part fp16 split (tc_prep_kernels.h) ----
 
@@ -345,8 +361,9 @@ Status run_experts_dequant_bf16(const DeviceWeight* weights, const int32_t* ids,
                             " (in_dim must be a positive multiple of 32)");
   if (count == 0) return ok_status();
   const int64_t items = out_dim * (in_dim / 32);
-  const dim3 grid(static_cast<unsigned>((items + 255) / 256), static_cast<unsigned>(count));
-  launch(experts_dequant_kernel, grid, 256, 0, stream, weights, ids, out_dim, in_dim, out);
+  const dim3 grid(static_cast<unsigned>((items + kDequantThreads - 1) / kDequantThreads),
+                  static_cast<unsigned>(count));
+  launch(experts_dequant_kernel, grid, kDequantThreads, 0, stream, weights, ids, out_dim, in_dim, out);
   return last_launch_status("experts_dequant_kernel");
 }
 

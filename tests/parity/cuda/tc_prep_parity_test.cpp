@@ -67,7 +67,7 @@ int band_sigma(const HostWeight& w, int64_t b) {
 
 TEST(TcPrepParity, ExpertsDequantBf16BitExact) {
   DS41_SKIP_WITHOUT_GPU();
-  const int64_t out = 70, in = 128;  // 70 rows: a ragged last FP8 tile row
+  const int64_t out = 70, in = 320;  // 70 rows: a ragged last FP8 tile row; 700 items: 3 blocks, the last partial
   std::vector<HostWeight> hw = {parity::make_weight(WeightFormat::kFp4Rows, out, in, 11),
                                 parity::make_weight(WeightFormat::kFp8Tiles, out, in, 12),
                                 parity::make_weight(WeightFormat::kBF16, out, in, 13)};
