@@ -198,7 +198,8 @@ Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int
     DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in, R, in, nullptr, 1, x3, stream_));
     if (lim_.accumulate_parts) {
       for (int p = 2; p >= 0; --p)  // x2 W, then + x1 W, then + x0 W
-        DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3 + p * R * in, R, y + r0 * out, CUDA_R_16BF, p == 2 ? 0.0f : 1.0f));
+        DS41_RETURN_IF_ERROR(
+            gemm(wb, out, in, x3 + p * R * in, R, y + r0 * out, CUDA_R_16BF, p == 2 ? 0.0f : 1.0f));
       continue;
     }
     DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3, 3 * R, y3, CUDA_R_16BF));
@@ -228,35 +229,31 @@ Status TensorCoreLinear::grouped_linear(const cuda::DeviceWeight& w, int64_t gro
   const int64_t chunk = std::min({n, rows_fitting(x3_.size(), y3_.size(), in_t, out_t), shift_rows_});
   float* yp = y3_.as<float>();
   int32_t* tau = row_shift_.as<int32_t>();
-  const float one = 1.0f, zero = 0.0f;
+  // Group g: yo[:, g*out_g .. ] (+)= xp[:, g*in_g .. ] . W_g^T with W_g = rows [g*out_g, (g+1)*out_g),
+  // for `cols` rows of x (16-bit elements either way).
+  auto batched = [&](const uint16_t* xp, int64_t cols, float beta, float* yo) {
+    const float one = 1.0f;
+    return blas_status(
+        cublasGemmStridedBatchedEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_g),
+                                   static_cast<int>(cols), static_cast<int>(in_g), &one, wp, t,
+                                   static_cast<int>(in_g), out_g * in_g, xp, t, static_cast<int>(in_t), in_g,
+                                   &beta, yo, CUDA_R_32F, static_cast<int>(out_t), out_g,
+                                   static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "GemmStridedBatchedEx");
+  };
+  const uint16_t* xparts = x3_.as<uint16_t>();
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t R = std::min(chunk, n - r0);
     if (h)
       DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__half>(), tau, stream_));
     else
       DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__nv_bfloat16>(), stream_));
-    // Group g: yp[:, g*out_g .. ] = xp[:, g*in_g .. ] . W_g^T with W_g = rows [g*out_g, (g+1)*out_g).
     if (!h && lim_.accumulate_parts) {  // x2 W, then + x1 W, then + x0 W, into y
-      for (int p = 2; p >= 0; --p) {
-        const float beta = p == 2 ? 0.0f : 1.0f;
-        DS41_RETURN_IF_ERROR(blas_status(
-            cublasGemmStridedBatchedEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_g),
-                                       static_cast<int>(R), static_cast<int>(in_g), &one, wp, t,
-                                       static_cast<int>(in_g), out_g * in_g,
-                                       x3_.as<__nv_bfloat16>() + p * R * in_t, t, static_cast<int>(in_t), in_g,
-                                       &beta, y + r0 * out_t, CUDA_R_32F, static_cast<int>(out_t), out_g,
-                                       static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "GemmStridedBatchedEx"));
-      }
+      for (int p = 2; p >= 0; --p)
+        DS41_RETURN_IF_ERROR(batched(xparts + p * R * in_t, R, p == 2 ? 0.0f : 1.0f, y + r0 * out_t));
       continue;
     }
-    DS41_RETURN_IF_ERROR(blas_status(
-        cublasGemmStridedBatchedEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_g),
-                                   static_cast<int>(parts * R), static_cast<int>(in_g), &one, wp, t,
-                                   static_cast<int>(in_g), out_g * in_g, x3_.data(), t, static_cast<int>(in_t),
-                                   in_g, &zero, yp, CUDA_R_32F, static_cast<int>(out_t), out_g,
-                                   static_cast<int>(groups), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-        "GemmStridedBatchedEx"));
+    DS41_RETURN_IF_ERROR(batched(xparts, parts * R, 0.0f, yp));
     if (h)
       DS41_RETURN_IF_ERROR(cuda::run_sum2_scaled(yp, R, out_t, nullptr, 1, tau, wsig, y + r0 * out_t, stream_));
     else

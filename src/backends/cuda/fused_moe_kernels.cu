@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(kThreads)
 
 bool swiglu_quads_fit(const SwigluRows& x) {
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return x.n == 0 || (x.dim % 4 == 0 && x.n * (x.dim / 4) < (int64_t{1} << 32) - 1024 && al(x.g) && al(x.u) && al(x.out));
+  return x.n == 0 || (x.dim % 4 == 0 && x.n * (x.dim / 4) < (int64_t{1} << 32) - 1024 && al(x.g) && al(x.u) &&
+                      al(x.out));
 }
 
 }  // namespace
@@ -229,7 +230,8 @@ Status run_swiglu_pair(const SwigluRows& a, const SwigluRows& b, float limit, cu
     return run_swiglu(b.g, b.u, b.n, b.dim, limit, b.row_scale, b.out, stream);
   }
   if (swiglu_quads_fit(a) && swiglu_quads_fit(b)) {
-    const int64_t qa = (a.n * (a.dim / 4) + kThreads - 1) / kThreads, qb = (b.n * (b.dim / 4) + kThreads - 1) / kThreads;
+    const int64_t qa = (a.n * (a.dim / 4) + kThreads - 1) / kThreads;
+    const int64_t qb = (b.n * (b.dim / 4) + kThreads - 1) / kThreads;
     if (qa + qb == 0) return ok_status();
     launch(swiglu_pair_quads_kernel, dim3(static_cast<unsigned>(qa + qb)), dim3(kThreads), 0, stream, a, b,
            static_cast<uint32_t>(qa), limit);

@@ -247,6 +247,22 @@ struct DevWeight {
   }
 };
 
+// Weights on the device and the device array of their descriptors (the weight list that
+// run_experts_dequant_bf16 / _f16 index by expert id).
+struct DevWeightList {
+  std::vector<std::unique_ptr<DevWeight>> weights;
+  std::unique_ptr<Dev<DeviceWeight>> list;
+  explicit DevWeightList(const std::vector<HostWeight>& hw) {
+    std::vector<DeviceWeight> d;
+    for (const HostWeight& h : hw) {
+      weights.push_back(std::make_unique<DevWeight>(h));
+      d.push_back(weights.back()->dw);
+    }
+    list = std::make_unique<Dev<DeviceWeight>>(d);
+  }
+  const DeviceWeight* p() const { return list->p; }
+};
+
 inline ops::WeightRef host_ref(const HostWeight& w, const uint8_t* data, const uint8_t* scale) {
   ops::WeightRef r;
   r.format = w.format;

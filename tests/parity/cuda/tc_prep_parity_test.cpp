@@ -27,7 +27,7 @@ namespace ds41::cuda {
 namespace {
 
 using parity::Dev;
-using parity::DevWeight;
+using parity::DevWeightList;
 using parity::HostWeight;
 using quant::WeightFormat;
 
@@ -67,22 +67,17 @@ int band_sigma(const HostWeight& w, int64_t b) {
 
 TEST(TcPrepParity, ExpertsDequantBf16BitExact) {
   DS41_SKIP_WITHOUT_GPU();
-  const int64_t out = 70, in = 320;  // 70 rows: a ragged last FP8 tile row; 700 items: 3 blocks, the last partial
+  // 70 rows: a ragged last FP8 tile row; 700 items of 32: 3 blocks of the decode, the last partial.
+  const int64_t out = 70, in = 320;
   std::vector<HostWeight> hw = {parity::make_weight(WeightFormat::kFp4Rows, out, in, 11),
                                 parity::make_weight(WeightFormat::kFp8Tiles, out, in, 12),
                                 parity::make_weight(WeightFormat::kBF16, out, in, 13)};
-  std::vector<std::unique_ptr<DevWeight>> dws;
-  std::vector<DeviceWeight> list;
-  for (const HostWeight& h : hw) {
-    dws.push_back(std::make_unique<DevWeight>(h));
-    list.push_back(dws.back()->dw);
-  }
-  Dev<DeviceWeight> d_list(list);
+  const DevWeightList d_list(hw);
   const std::vector<int32_t> ids = {2, 0, 1};
   Dev<int32_t> d_ids(ids);
   Dev<uint16_t> d_out(ids.size() * out * in);
-  ASSERT_TRUE(run_experts_dequant_bf16(d_list.p, d_ids.p, 3, out, in, reinterpret_cast<__nv_bfloat16*>(d_out.p),
-                                       nullptr)
+  ASSERT_TRUE(run_experts_dequant_bf16(d_list.p(), d_ids.p, 3, out, in,
+                                       reinterpret_cast<__nv_bfloat16*>(d_out.p), nullptr)
                   .ok());
   const auto got = d_out.get();
   size_t bad = 0;
@@ -105,20 +100,15 @@ TEST(TcPrepParity, Fp16DequantWithBandShiftsBitExact) {
     const int64_t per_band = h.format == WeightFormat::kFp4Rows ? 32 * (in / 32) : in / 32;
     h.scale[2 * per_band + 1] = 255;
   }
-  std::vector<std::unique_ptr<DevWeight>> dws;
-  std::vector<DeviceWeight> list;
-  for (const HostWeight& h : hw) {
-    dws.push_back(std::make_unique<DevWeight>(h));
-    list.push_back(dws.back()->dw);
-  }
-  Dev<DeviceWeight> d_list(list);
+  const DevWeightList d_list(hw);
   const std::vector<int32_t> ids = {1, 0};
   Dev<int32_t> d_ids(ids);
   const int64_t bands = out / 32;
   Dev<uint16_t> d_out(ids.size() * out * in);
   Dev<int32_t> d_shift(hw.size() * bands);
   ASSERT_TRUE(
-      run_experts_dequant_f16(d_list.p, d_ids.p, 2, out, in, reinterpret_cast<__half*>(d_out.p), d_shift.p, nullptr)
+      run_experts_dequant_f16(d_list.p(), d_ids.p, 2, out, in, reinterpret_cast<__half*>(d_out.p), d_shift.p,
+                              nullptr)
           .ok());
   const auto got = d_out.get();
   const auto shifts = d_shift.get();
@@ -138,7 +128,7 @@ TEST(TcPrepParity, Fp16DequantWithBandShiftsBitExact) {
   // One dense weight (by value) into the dense slot.
   Dev<uint16_t> d_dense(out * in);
   Dev<int32_t> d_dshift(bands);
-  ASSERT_TRUE(run_weight_dequant_f16(list[1], reinterpret_cast<__half*>(d_dense.p), d_dshift.p, nullptr).ok());
+  ASSERT_TRUE(run_weight_dequant_f16(d_list.weights[1]->dw, reinterpret_cast<__half*>(d_dense.p), d_dshift.p, nullptr).ok());
   const auto dg = d_dense.get();
   const auto ds = d_dshift.get();
   check(hw[1], dg.data(), ds.data());
