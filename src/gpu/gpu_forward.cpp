@@ -87,6 +87,8 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
     // TensorCoreLimits::split_parts: it moved a golden selection); default: three bfloat16 parts.
     if (const char* e = std::getenv("DS41_TC_SPLIT")) tl.split_parts = std::atoi(e) == 2 ? 2 : 3;
     if (const char* e = std::getenv("DS41_TC_ACCUMULATE")) tl.accumulate_parts = std::atoi(e) != 0;
+    // DS41_TC_EXPERT_STREAMS=n: the routed experts' GEMMs over n streams (0: in order on the engine stream).
+    if (const char* e = std::getenv("DS41_TC_EXPERT_STREAMS")) tl.expert_streams = std::clamp(std::atoi(e), 0, 16);
     DS41_ASSIGN_OR_RETURN(f->tc_, TensorCoreLinear::create(tl, stream));
   }
   int64_t graphs = f->lim_.decode_graphs;

@@ -102,10 +102,56 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
       cublasSetMathMode(h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                                      CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
       "set math mode"));
+  if (lim.expert_streams < 0 || lim.expert_streams > 16)
+    return invalid_argument("tensor-core linears: expert_streams must be in [0, 16], got " +
+                            std::to_string(lim.expert_streams));
+  if (lim.expert_streams > 0 && lim.n_experts > 0 && lim.decode_weights) {
+    auto ev = [](cudaEvent_t* e) {
+      return cuda::cuda_status(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "tensor-core linears: event");
+    };
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&t->decode_stream_, cudaStreamNonBlocking),
+                                           "tensor-core linears: decode stream"));
+    DS41_RETURN_IF_ERROR(ev(&t->fork_));
+    DS41_RETURN_IF_ERROR(ev(&t->summed_));
+    for (cudaEvent_t& e : t->decoded_) DS41_RETURN_IF_ERROR(ev(&e));
+    t->xs_.resize(static_cast<size_t>(lim.expert_streams));
+    t->lane_load_.assign(t->xs_.size(), 0.0);
+    for (ExpertStream& x : t->xs_) {
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&x.stream, cudaStreamNonBlocking),
+                                             "tensor-core linears: expert stream"));
+      for (cudaEvent_t& e : x.freed) DS41_RETURN_IF_ERROR(ev(&e));
+      DS41_ASSIGN_OR_RETURN(x.ws, DeviceBuffer::allocate(t->blas_ws_.size(), "cuBLAS workspace (expert stream)"));
+      cublasHandle_t xh = nullptr;
+      DS41_RETURN_IF_ERROR(blas_status(cublasCreate(&xh), "create (expert stream)"));
+      x.handle = xh;
+      // The engine handle's configuration: the same heuristics pick the same kernels.
+      DS41_RETURN_IF_ERROR(blas_status(cublasSetStream(xh, x.stream), "set stream"));
+      DS41_RETURN_IF_ERROR(blas_status(cublasSetWorkspace(xh, x.ws.data(), x.ws.size()), "set workspace"));
+      DS41_RETURN_IF_ERROR(blas_status(
+          cublasSetMathMode(xh, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+          "set math mode"));
+    }
+  }
   return t;
 }
 
 TensorCoreLinear::~TensorCoreLinear() {
+  // The engine stream's work (joined with the expert streams' at the end of every call) first.
+  if (!xs_.empty()) cudaStreamSynchronize(stream_);
+  for (ExpertStream& x : xs_) {
+    if (x.stream) cudaStreamSynchronize(x.stream);
+    if (x.handle) cublasDestroy(H(x.handle));
+    for (cudaEvent_t e : x.freed)
+      if (e) cudaEventDestroy(e);
+    if (x.stream) cudaStreamDestroy(x.stream);
+  }
+  for (cudaEvent_t e : {fork_, decoded_[0], decoded_[1], summed_})
+    if (e) cudaEventDestroy(e);
+  if (decode_stream_) {
+    cudaStreamSynchronize(decode_stream_);
+    cudaStreamDestroy(decode_stream_);
+  }
   if (handle_) cublasDestroy(H(handle_));
 }
 
@@ -159,9 +205,14 @@ bool TensorCoreLinear::f16(const cuda::DeviceWeight& w) const {
 // views: yp' (out x rows_p) = W' ^T (W' = in x out) . xp' (in x rows_p).
 Status TensorCoreLinear::gemm(const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp,
                               int dtype, float beta) {
+  return gemm_on(handle_, w, out, in, xp, rows_p, yp, dtype, beta);
+}
+
+Status TensorCoreLinear::gemm_on(void* handle, const void* w, int64_t out, int64_t in, const void* xp,
+                                 int64_t rows_p, float* yp, int dtype, float beta) {
   const float one = 1.0f;
   const cudaDataType_t t = static_cast<cudaDataType_t>(dtype);
-  return blas_status(cublasGemmEx(H(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
+  return blas_status(cublasGemmEx(H(handle), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
                                   static_cast<int>(rows_p), static_cast<int>(in), &one, w, t, static_cast<int>(in),
                                   xp, t, static_cast<int>(in), &beta, yp, CUDA_R_32F, static_cast<int>(out),
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -323,6 +374,11 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
       cudaMemcpyAsync(ids_.data(), ids, static_cast<size_t>(used) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
       "upload expert ids"));
+  if (!h && !xs_.empty()) {
+    const cuda::DeviceWeight* dws[2] = {d_w, d_w2};
+    float* outs[2] = {y, y2};
+    return expert_gemms_streams(off, ids, used, w2 ? 2 : 1, dws, outs, out_dim, in_dim, offsets, E);
+  }
   const int64_t per = out_dim * in_dim;
   const int64_t batch = std::max<int64_t>(1, static_cast<int64_t>(wscratch_.size() / sizeof(__nv_bfloat16)) / per);
   for (int mat = 0; mat < (w2 ? 2 : 1); ++mat) {
@@ -345,6 +401,71 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
       DS41_RETURN_IF_ERROR(cuda::run_sum2_scaled(y3_.as<float>(), m, out_dim, offsets, E, tau, sig, out, stream_));
     else
       DS41_RETURN_IF_ERROR(cuda::run_sum3(y3_.as<float>(), m, out_dim, offsets, E, out, stream_));
+  }
+  return ok_status();
+}
+
+// The pipeline (TensorCoreLimits::expert_streams): the scratch holds nbuf buffers of `batch`
+// experts each. Job j (a batch of one matrix) is decoded on decode_stream_ into buffer j % nbuf
+// once every expert stream has issued its GEMMs of job j - nbuf (their `freed` events), then each
+// expert stream waits for that decode and runs the GEMMs of its experts. An expert goes to the
+// stream with the fewest rows so far (ties: the lowest index; the assignment depends on the row
+// counts only). A matrix's sum3 runs on the engine stream once every expert stream is done with
+// it; the pair's second matrix writes its own half of y3_ when both fit, otherwise its GEMMs wait
+// for the first matrix's sum3. The engine stream ends the call joined with every stream.
+Status TensorCoreLinear::expert_gemms_streams(const int64_t* off, const int32_t* ids, int64_t used, int mats,
+                                              const cuda::DeviceWeight* const* dws, float* const* outs,
+                                              int64_t out, int64_t in, const int64_t* offsets, int64_t E) {
+  constexpr int parts = 3;
+  const int64_t m = off[E];
+  const int64_t per = out * in;
+  const int64_t slots = static_cast<int64_t>(wscratch_.size() / sizeof(__nv_bfloat16)) / per;  // >= 1 (accepts)
+  const int nbuf = slots >= 2 ? 2 : 1;
+  const int64_t batch = std::max<int64_t>(1, slots / nbuf);
+  const bool own_half = static_cast<size_t>(2 * parts * m * out) * sizeof(float) <= y3_.size();
+  auto wait = [](cudaStream_t s, cudaEvent_t e) {
+    return cuda::cuda_status(cudaStreamWaitEvent(s, e, 0), "tensor-core linears: stream wait");
+  };
+  auto record = [](cudaEvent_t e, cudaStream_t s) {
+    return cuda::cuda_status(cudaEventRecord(e, s), "tensor-core linears: event record");
+  };
+  // Fork: the split rows, the ids and the outputs' previous readers are ordered before here.
+  DS41_RETURN_IF_ERROR(record(fork_, stream_));
+  DS41_RETURN_IF_ERROR(wait(decode_stream_, fork_));
+  for (ExpertStream& x : xs_) DS41_RETURN_IF_ERROR(wait(x.stream, fork_));
+  const uint16_t* xp = x3_.as<uint16_t>();
+  int64_t job = 0;
+  for (int mat = 0; mat < mats; ++mat) {
+    float* yp = y3_.as<float>() + (mat == 1 && own_half ? parts * m * out : 0);
+    if (mat == 1 && !own_half)  // y3_ is read by the first matrix's sum3
+      for (ExpertStream& x : xs_) DS41_RETURN_IF_ERROR(wait(x.stream, summed_));
+    std::fill(lane_load_.begin(), lane_load_.end(), 0.0);
+    for (int64_t b0 = 0; b0 < used; b0 += batch, ++job) {
+      const int64_t cnt = std::min(batch, used - b0);
+      const int buf = static_cast<int>(job % nbuf);
+      uint16_t* wb = wscratch_.as<uint16_t>() + buf * batch * per;
+      if (job >= nbuf)
+        for (ExpertStream& x : xs_) DS41_RETURN_IF_ERROR(wait(decode_stream_, x.freed[buf]));
+      DS41_RETURN_IF_ERROR(cuda::run_experts_dequant_bf16(dws[mat], ids_.as<int32_t>() + b0, cnt, out, in,
+                                                          reinterpret_cast<__nv_bfloat16*>(wb), decode_stream_));
+      DS41_RETURN_IF_ERROR(record(decoded_[buf], decode_stream_));
+      for (ExpertStream& x : xs_) DS41_RETURN_IF_ERROR(wait(x.stream, decoded_[buf]));
+      for (int64_t j = 0; j < cnt; ++j) {
+        const int64_t e = ids[b0 + j], rows = off[e + 1] - off[e];
+        size_t lane = 0;
+        for (size_t i = 1; i < xs_.size(); ++i)
+          if (lane_load_[i] < lane_load_[lane]) lane = i;
+        lane_load_[lane] += static_cast<double>(rows);
+        DS41_RETURN_IF_ERROR(gemm_on(xs_[lane].handle, wb + j * per, out, in, xp + parts * off[e] * in,
+                                     parts * rows, yp + parts * off[e] * out, CUDA_R_16BF));
+      }
+      for (ExpertStream& x : xs_) DS41_RETURN_IF_ERROR(record(x.freed[buf], x.stream));
+    }
+    // Join this matrix's GEMMs (each stream's last record covers its earlier work), then sum.
+    const int last = static_cast<int>((job - 1) % nbuf);
+    for (ExpertStream& x : xs_) DS41_RETURN_IF_ERROR(wait(stream_, x.freed[last]));
+    DS41_RETURN_IF_ERROR(cuda::run_sum3(yp, m, out, offsets, E, outs[mat], stream_));
+    if (mat == 0 && mats == 2 && !own_half) DS41_RETURN_IF_ERROR(record(summed_, stream_));
   }
   return ok_status();
 }

@@ -58,6 +58,15 @@ struct TensorCoreLimits {
   // (ncu: sum3 was 5 % of a 16K prefill chunk). The experts keep the stacked form (one GEMM per
   // expert, not three). GpuForward reads DS41_TC_ACCUMULATE (0 turns it off, for A/B runs).
   bool accumulate_parts = true;
+  // Routed experts on the three bfloat16 parts: n >= 1 spreads the per-expert GEMMs over n streams
+  // (each its own cuBLAS handle and workspace, configured as the engine's), with the experts'
+  // decode into the weight scratch on its own stream, double-buffered, so that one batch's decode
+  // runs under the previous batch's GEMMs and small experts' GEMMs (a few rows: latency-bound
+  // launches of ~100 CTAs) run side by side. Each GEMM is the same cuBLAS call on the same data as
+  // in order, so the bits do not depend on n (TensorCoreLinear.ExpertStreamsKeepTheBits). 0: every
+  // launch on the engine stream in order (a grouped cuBLAS call when the library takes it).
+  // GpuForward reads DS41_TC_EXPERT_STREAMS.
+  int expert_streams = 4;
 };
 
 class TensorCoreLinear {
@@ -103,6 +112,14 @@ class TensorCoreLinear {
   // one GEMM per expert.
   Status expert_gemms(const int64_t* off, const int32_t* ids, int64_t b0, int64_t cnt, int64_t out, int64_t in,
                       int parts, int dtype, int64_t slot0);
+  // The three-part expert GEMMs of `mats` matrices (dws / outs) on the expert streams (see
+  // TensorCoreLimits::expert_streams): x3_ already holds the split rows, ids_ the `used` expert ids.
+  Status expert_gemms_streams(const int64_t* off, const int32_t* ids, int64_t used, int mats,
+                              const cuda::DeviceWeight* const* dws, float* const* outs, int64_t out, int64_t in,
+                              const int64_t* offsets, int64_t E);
+  // gemm() on a given cuBLAS handle (an expert stream's).
+  Status gemm_on(void* handle, const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp,
+                 int dtype, float beta = 0.0f);
 
   TensorCoreLimits lim_;
   cudaStream_t stream_ = nullptr;
@@ -116,6 +133,18 @@ class TensorCoreLinear {
   DeviceBuffer ptrs_;    // grouped GEMM: device arrays of A / B / C pointers, 3 x n_experts per matrix of a pair
   PinnedBuffer ptrs_host_;
   bool grouped_ok_ = true;  // cleared when cuBLAS refuses the grouped call (then per-expert GEMMs)
+  // The expert streams: a stream, a cuBLAS handle on it with its own workspace, and per scratch
+  // buffer the event "this stream's GEMMs of the batch in that buffer are issued before here".
+  struct ExpertStream {
+    cudaStream_t stream = nullptr;
+    void* handle = nullptr;
+    DeviceBuffer ws;
+    cudaEvent_t freed[2] = {nullptr, nullptr};
+  };
+  std::vector<ExpertStream> xs_;
+  cudaStream_t decode_stream_ = nullptr;  // the experts' decode into the scratch buffers
+  cudaEvent_t fork_ = nullptr, decoded_[2] = {nullptr, nullptr}, summed_ = nullptr;
+  std::vector<double> lane_load_;  // per expert stream: rows assigned (host scratch, sized once)
 };
 
 }  // namespace ds41::gpu

@@ -251,6 +251,83 @@ TEST(TensorCoreLinear, ExpertPairEqualsTwoCallsBitForBit) {
   }
 }
 
+// The expert streams (TensorCoreLimits::expert_streams): the GEMMs spread over 1, 3 or 4 streams
+// with the decode double-buffered on its own stream give the bits of the in-order run, call after
+// call. A scratch of 5 experts makes ~20 decode jobs per matrix, so a decode overwriting a buffer
+// whose GEMMs are still queued would show as wrong bits; skewed row counts (empty experts, single
+// rows, 300-row experts) put a different number of GEMMs on each stream. Both pair layouts: the
+// second matrix in its own half of the partial products (out < in), and waiting for the first
+// matrix's sum (out == in, a y3 buffer too small for both).
+TEST(TensorCoreLinear, ExpertStreamsKeepTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool(), backends::cpu::CpuBackendOptions{false});
+  for (const auto& [out, in] : {std::pair<int64_t, int64_t>{256, 512}, {256, 256}}) {
+    const int64_t E = 40;
+    std::vector<int64_t> off(E + 1, 0);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t rows = e % 5 == 0 ? 0 : e % 7 == 1 ? 1 : e % 11 == 2 ? 300 : 3 + (e * 13) % 37;
+      off[e + 1] = off[e] + rows;
+    }
+    const int64_t m = off[E];
+    uint64_t seed = 9900 + static_cast<uint64_t>(in);
+    std::vector<HostWeight> h1, h2;
+    std::vector<std::unique_ptr<DevWeight>> dws;
+    std::vector<DeviceWeight> l1, l2;
+    for (int64_t e = 0; e < E; ++e) {
+      h1.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
+      h2.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
+      dws.push_back(std::make_unique<DevWeight>(h1.back()));
+      l1.push_back(dws.back()->dw);
+      dws.push_back(std::make_unique<DevWeight>(h2.back()));
+      l2.push_back(dws.back()->dw);
+    }
+    Dev<DeviceWeight> d1(l1), d2(l2);
+    auto x = cuda::parity::rand_floats(static_cast<size_t>(m * in), ++seed);
+    Dev<int64_t> doff(off);
+    Dev<float> dx(x);
+    std::vector<float> ref1, ref2;
+    for (int streams : {1, 4, 3}) {
+      TensorCoreLimits l;
+      l.min_rows = 128;
+      l.max_rows = 128;
+      l.max_in = in;
+      l.max_out = out;
+      l.n_experts = E;
+      l.expert_out = out;
+      l.expert_in = in;
+      l.max_expert_rows = m;
+      l.weight_scratch_bytes = 5 * out * in * static_cast<int64_t>(sizeof(uint16_t));
+      l.expert_streams = streams;
+      auto r = TensorCoreLinear::create(l, nullptr);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      auto tc = std::move(r).value();
+      for (int call = 0; call < 3; ++call) {
+        Dev<float> y1(static_cast<size_t>(m * out)), y2(static_cast<size_t>(m * out));
+        Status s = tc->expert_linear_pair(l1, &l2, d1.p, d2.p, out, in, doff.p, dx.p, m, y1.p, y2.p);
+        ASSERT_TRUE(s.ok()) << s.message();
+        auto g1 = y1.get(), g2 = y2.get();
+        if (ref1.empty()) {
+          ref1 = g1;
+          ref2 = g2;
+          std::vector<float> want(static_cast<size_t>(m * out));
+          for (int64_t e = 0; e < E; ++e)
+            if (off[e + 1] > off[e]) {
+              const ops::WeightRef ref = cuda::parity::host_ref(h2[e], h2[e].data.data(), h2[e].scale.data());
+              cpu.linear(ref, x.data() + off[e] * in, off[e + 1] - off[e], want.data() + off[e] * out);
+            }
+          cuda::parity::report("tc expert streams",
+                               "w3 of 40 fp4 experts " + cuda::parity::dims({out, in}) + " m=" + std::to_string(m) +
+                                   ", 1 stream, scratch of 5",
+                               cuda::parity::rel_to_max(g2, want), kTol, kWhy);
+          continue;
+        }
+        EXPECT_EQ(cuda::parity::count_bit_diffs(g1, ref1), 0u) << streams << " streams, call " << call << ", " << in;
+        EXPECT_EQ(cuda::parity::count_bit_diffs(g2, ref2), 0u) << streams << " streams, call " << call << ", " << in;
+      }
+    }
+  }
+}
+
 // x rows whose magnitudes fp16 alone cannot hold: row r % 6 = 0 plain, 1 x 1e20, 2 x 1e-15,
 // 3 each element x 10^U(-20, 20), 4 zeros, 5 plain with one +inf (rows of kind 5 only when
 // with_inf).
