@@ -146,7 +146,8 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
                                       cuda::DeviceWeight DeviceExpert::*which,
                                       cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
                                       const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
-                                      const float* x, int64_t m_max, float* y, float* y2) {
+                                      const float* x, const int64_t* x_rows, float* gathered, int64_t m_max,
+                                      float* y, float* y2) {
   if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {  // prefill: the tensor-core GEMMs
     expert_scratch_.resize(experts.size());
     expert_scratch2_.resize(experts.size());
@@ -155,12 +156,15 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
       expert_scratch2_[e] = experts[e].*which2;
     }
     if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max) &&
-        tc_->accepts_experts(expert_scratch2_, out_dim, in_dim, m_max))  // x split once for both
+        tc_->accepts_experts(expert_scratch2_, out_dim, in_dim, m_max))  // x split once for both, from the token rows
       return tc_->expert_linear_pair(expert_scratch_, &expert_scratch2_, d_w, d_w2, out_dim, in_dim, ws_.offsets,
-                                     x, m_max, y, y2);
-    DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, x, m_max, y));
-    return expert_linear(experts, which2, d_w2, out_dim, in_dim, x, m_max, y2);
+                                     x, m_max, y, y2, x_rows);
+    DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream_));
+    DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, gathered, m_max, y));
+    return expert_linear(experts, which2, d_w2, out_dim, in_dim, gathered, m_max, y2);
   }
+  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream_));
+  x = gathered;
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
   const quant::WeightFormat format2 = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which2).format;
   if (format != format2) {

@@ -255,11 +255,13 @@ class GpuForward {
                        const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
                        int64_t m_max, float* y);
   // Two expert matrices over the same rows (w1 and w3): one launch at decode sizes
-  // (cuda::run_expert_linear_pair), else two expert_linear calls.
+  // (cuda::run_expert_linear_pair), else two expert_linear calls. The routed rows are token rows
+  // x[x_rows[i]], i < m_max: the tensor-core path splits them straight from x; the other paths
+  // gather them into `gathered` [m_max, in_dim] first.
   Status expert_linear_pair(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                             cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
                             const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
-                            int64_t m_max, float* y, float* y2);
+                            const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2);
 
   // Decode steps pad key and score counts to multiples of this, or of the power of two in
   // (count / 128, count / 64] when larger (gpu_step_plan.cpp).

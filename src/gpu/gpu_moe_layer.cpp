@@ -46,9 +46,9 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
     ra.counters = ws_.counters;
     DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
   }
-  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, ws_.perm_rows, nk, H, ws_.xs, s));
-  DS41_RETURN_IF_ERROR(expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H,
-                                          ws_.xs, nk, ws_.g, ws_.up));
+  // The routed rows x[perm_rows[i]]: split straight from x on the tensor cores, gathered into xs otherwise.
+  DS41_RETURN_IF_ERROR(expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
+                                          ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up));
   // The shared expert's w1 / w3 (they read x only) before the SwiGLUs, so that both run in one launch.
   const bool shared = w.shared.w1.present();
   const int64_t Is = shared ? w.shared.w1.out_dim : 0;

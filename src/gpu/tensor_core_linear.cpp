@@ -335,7 +335,7 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
                                             const std::vector<cuda::DeviceWeight>* w2, const cuda::DeviceWeight* d_w,
                                             const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
                                             const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                                            float* y2) {
+                                            float* y2, const int64_t* x_rows) {
   if (!accepts_experts(w, out_dim, in_dim, m_max) || (w2 && !accepts_experts(*w2, out_dim, in_dim, m_max)))
     return invalid_argument("tensor-core linears: these experts / row count are not accepted");
   if (w2 && (w2->size() != w.size() || !d_w2 || !y2))
@@ -363,9 +363,10 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
   int32_t* sig = w_shift_.as<int32_t>();
   // x is split once for both matrices of a pair (the MoE's w1 and w3 read the same routed rows).
   if (h)
-    DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x, m, in_dim, offsets, E, x3_.as<__half>(), tau, stream_));
+    DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x, m, in_dim, offsets, E, x3_.as<__half>(), tau, stream_, x_rows));
   else
-    DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x, m, in_dim, offsets, E, x3_.as<__nv_bfloat16>(), stream_));
+    DS41_RETURN_IF_ERROR(
+        cuda::run_split3_bf16(x, m, in_dim, offsets, E, x3_.as<__nv_bfloat16>(), stream_, x_rows));
   // Experts with rows, in id order; uploaded once (the batches index into the list).
   int32_t* ids = static_cast<int32_t*>(ids_host_.data());
   int64_t used = 0;

@@ -92,11 +92,12 @@ class TensorCoreLinear {
                        int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y);
   // Two expert matrices of one shape over the same routed rows (the MoE's w1 and w3): one offsets
   // read-back and one split of x for both; y = x . W^T, y2 = x . W2^T, each as expert_linear.
-  // w2 null: expert_linear.
+  // w2 null: expert_linear. x_rows (device int64 [m], optional): routed row i is x row x_rows[i]
+  // (the MoE's permutation: the split reads the token rows, no gathered copy); null: row i.
   Status expert_linear_pair(const std::vector<cuda::DeviceWeight>& w, const std::vector<cuda::DeviceWeight>* w2,
                             const cuda::DeviceWeight* d_w, const cuda::DeviceWeight* d_w2, int64_t out_dim,
                             int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                            float* y2);
+                            float* y2, const int64_t* x_rows = nullptr);
 
  private:
   TensorCoreLinear() = default;

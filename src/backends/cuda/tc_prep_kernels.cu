@@ -35,7 +35,8 @@ __device__ __forceinline__ void group_of(const int64_t* off, int64_t groups, int
 
 // One block per input row.
 __global__ void split3_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
-                              const int64_t* __restrict__ off, int64_t groups, __nv_bfloat16* __restrict__ out) {
+                              const int64_t* __restrict__ off, int64_t groups, __nv_bfloat16* __restrict__ out,
+                              const int64_t* __restrict__ rows_of) {
   dev::pdl_enter();
   const int64_t r = blockIdx.x;
   int64_t b = 0, cnt = 0;
@@ -44,7 +45,7 @@ __global__ void split3_kernel(const float* __restrict__ x, int64_t rows, int64_t
   __nv_bfloat16* o0 = out + (3 * b + i) * cols;
   __nv_bfloat16* o1 = out + (3 * b + cnt + i) * cols;
   __nv_bfloat16* o2 = out + (3 * b + 2 * cnt + i) * cols;
-  const float* xr = x + r * cols;
+  const float* xr = x + (rows_of ? rows_of[r] : r) * cols;
   auto part3 = [](float v, __nv_bfloat16* h, __nv_bfloat16* l, __nv_bfloat16* l2) {
     *h = __float2bfloat16_rn(v);
     *l = __float2bfloat16_rn(0.0f);
@@ -201,14 +202,14 @@ constexpr int kSplitThreads = 256;
 // One block per input row: the row's max |x| (finite values), tau, then the two parts.
 __global__ void split2_f16_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
                                   const int64_t* __restrict__ off, int64_t groups, __half* __restrict__ out,
-                                  int32_t* __restrict__ row_shift) {
+                                  int32_t* __restrict__ row_shift, const int64_t* __restrict__ rows_of) {
   dev::pdl_enter();
   __shared__ float red[kSplitThreads / 32];
   const int64_t r = blockIdx.x;
   int64_t b = 0, cnt = 0;
   group_of(off, groups, rows, r, &b, &cnt);
   const int64_t i = r - b;
-  const float* xr = x + r * cols;
+  const float* xr = x + (rows_of ? rows_of[r] : r) * cols;
   float m = 0.0f;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float a = fabsf(xr[c]);
@@ -335,11 +336,11 @@ Status check_rows(int64_t rows, int64_t cols, const char* what) {
 }  // namespace
 
 Status run_split3_bf16(const float* x, int64_t rows, int64_t cols, const int64_t* offsets, int64_t groups,
-                       __nv_bfloat16* out, cudaStream_t stream) {
+                       __nv_bfloat16* out, cudaStream_t stream, const int64_t* rows_of) {
   DS41_RETURN_IF_ERROR(check_rows(rows, cols, "split3"));
   if (offsets && groups <= 0) return invalid_argument("split3: groups must be > 0 with offsets");
   if (rows == 0) return ok_status();
-  launch(split3_kernel, static_cast<unsigned>(rows), 256, 0, stream, x, rows, cols, offsets, groups, out);
+  launch(split3_kernel, static_cast<unsigned>(rows), 256, 0, stream, x, rows, cols, offsets, groups, out, rows_of);
   return last_launch_status("split3_kernel");
 }
 
@@ -374,12 +375,12 @@ bool f16_split_supported(const DeviceWeight& w) {
 }
 
 Status run_split2_f16(const float* x, int64_t rows, int64_t cols, const int64_t* offsets, int64_t groups,
-                      __half* out, int32_t* row_shift, cudaStream_t stream) {
+                      __half* out, int32_t* row_shift, cudaStream_t stream, const int64_t* rows_of) {
   DS41_RETURN_IF_ERROR(check_rows(rows, cols, "split2"));
   if (offsets && groups <= 0) return invalid_argument("split2: groups must be > 0 with offsets");
   if (rows == 0) return ok_status();
   launch(split2_f16_kernel, static_cast<unsigned>(rows), kSplitThreads, 0, stream, x, rows, cols, offsets, groups,
-         out, row_shift);
+         out, row_shift, rows_of);
   return last_launch_status("split2_f16_kernel");
 }
 

@@ -45,8 +45,10 @@ namespace ds41::cuda {
 // x [rows, cols] fp32 -> out [3 * rows, cols] bf16 stacked per group. offsets: device int64
 // [groups + 1] (offsets[0] == 0, rows == offsets[groups]) or null (one group). Non-finite x: hi
 // carries it, lo and lo2 are 0 (so an inf stays inf instead of becoming inf - inf = NaN).
+// rows_of (device int64 [rows], optional): row r of the split is x row rows_of[r] (the MoE's routed
+// rows split straight from the token rows, without a gathered copy); null: row r.
 Status run_split3_bf16(const float* x, int64_t rows, int64_t cols, const int64_t* offsets, int64_t groups,
-                       __nv_bfloat16* out, cudaStream_t stream);
+                       __nv_bfloat16* out, cudaStream_t stream, const int64_t* rows_of = nullptr);
 
 // y [rows, cols] = y3_hi + (y3_lo + y3_lo2) for the stacked [3 * rows, cols] fp32 products.
 Status run_sum3(const float* y3, int64_t rows, int64_t cols, const int64_t* offsets, int64_t groups, float* y,
@@ -68,7 +70,7 @@ bool f16_split_supported(const DeviceWeight& w);
 // starting at row 2 * off[g]) and row_shift[r] = tau of row r (x scaled by 2^tau). Non-finite x:
 // hi carries it, lo is 0, and it is left out of the row's max.
 Status run_split2_f16(const float* x, int64_t rows, int64_t cols, const int64_t* offsets, int64_t groups,
-                      __half* out, int32_t* row_shift, cudaStream_t stream);
+                      __half* out, int32_t* row_shift, cudaStream_t stream, const int64_t* rows_of = nullptr);
 
 // y [rows, cols] = (y2_hi + y2_lo) 2^-(row_shift[r] + group_shift[g * bands + c / 32]) for the
 // stacked [2 * rows, cols] fp32 products; g is the row's group (0 without offsets), bands =

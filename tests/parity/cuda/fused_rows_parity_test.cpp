@@ -243,6 +243,60 @@ TEST(FusedRowsParity, HcSite) {
   }
 }
 
+// A full group of 8 rows on the vector path takes the staged loop of hc_map_partial_block (x tiles
+// in shared memory, the next tile prefetched); a partial group takes the row-by-row loop. With the
+// same group and split count (n = 8 vs 7, 16 vs 15: ceil(n / 8) groups either way) both must give
+// the shared rows the same bits: the same products in the same order per (row, fn row, lane).
+TEST(FusedRowsParity, HcMapFullGroupEqualsPartialGroup) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, c, h;
+  };
+  const std::vector<C> cases = {{8, 4, 5120}, {16, 4, 640}, {8, 8, 260}, {16, 3, 1000}};
+  uint64_t seed = 1400;
+  for (const C& c : cases) {
+    const int64_t F = c.c * c.h, M = (2 + c.c) * c.c;
+    auto streams = rand_floats(static_cast<size_t>(c.n * F), ++seed, 4.0f);
+    auto fn = rand_floats(static_cast<size_t>(M * F), ++seed, 1.7f / std::sqrt(static_cast<float>(F) / 3.0f));
+    auto base = rand_floats(static_cast<size_t>(M), ++seed);
+    std::vector<float> scale = {0.8f, 1.3f, 2.0f};
+    Dev<float> ds(streams), dfn(fn), dscale(scale), dbase(base);
+    std::vector<float> got[2][3];
+    for (int v = 0; v < 2; ++v) {
+      const int64_t n = c.n - v;  // v = 1: the last group is partial
+      const size_t ws_bytes = hc_map_workspace_bytes(n, c.c, c.h);
+      Dev<float> pre(n * c.c), post(n * c.c), comb(n * c.c * c.c);
+      Dev<uint8_t> ws(ws_bytes);
+      HcMapDeviceArgs d;
+      d.n = n;
+      d.c = c.c;
+      d.h = c.h;
+      d.sinkhorn_iters = 20;
+      d.streams = ds.p;
+      d.fn = dfn.p;
+      d.scale = dscale.p;
+      d.base = dbase.p;
+      d.pre = pre.p;
+      d.post = post.p;
+      d.comb = comb.p;
+      d.workspace = ws.p;
+      d.workspace_bytes = ws_bytes;
+      ASSERT_TRUE(run_hc_map(d, nullptr).ok());
+      got[v][0] = pre.get();
+      got[v][1] = post.get();
+      got[v][2] = comb.get();
+    }
+    size_t bad = 0;
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float> full = got[0][k];
+      full.resize(got[1][k].size());  // the rows both calls computed
+      bad += count_bit_diffs(full, got[1][k]);
+    }
+    report("hc_map full vs partial group", dims({c.n, c.c, c.h}), static_cast<double>(bad), 0,
+           "staged full-group loop vs row-by-row loop: the same products and order; pre, post, comb bit for bit");
+  }
+}
+
 }  // namespace
 }  // namespace ds41::cuda::parity
 

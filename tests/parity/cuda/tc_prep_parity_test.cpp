@@ -138,6 +138,40 @@ TEST(TcPrepParity, Fp16DequantWithBandShiftsBitExact) {
               (long long)out, (long long)in, bad, bad_shift);
 }
 
+// The MoE's routed rows split straight from the token rows (rows_of: a permutation with repeats,
+// each token routed to several experts) equal the split of the gathered rows, bit for bit, in both
+// splits (three bfloat16 parts; two fp16 parts with their row shifts), on both column paths.
+TEST(TcPrepParity, SplitWithRowIndexEqualsGatheredSplit) {
+  DS41_SKIP_WITHOUT_GPU();
+  for (const int64_t cols : {int64_t{128}, int64_t{102}}) {
+    const int64_t tokens = 9;
+    const std::vector<int64_t> off = {0, 5, 5, 12, 18};  // 18 routed rows in 4 groups (one empty)
+    const int64_t rows = off.back(), groups = static_cast<int64_t>(off.size()) - 1;
+    std::vector<int64_t> idx(rows);
+    for (int64_t r = 0; r < rows; ++r) idx[r] = (r * 7 + 3) % tokens;
+    auto x = parity::rand_floats(static_cast<size_t>(tokens * cols), 77 + cols);
+    for (int64_t i = 0; i < tokens * cols; i += 5) x[i] *= std::ldexp(1.0f, static_cast<int>(i % 40) - 20);
+    std::vector<float> xg(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(&xg[r * cols], &x[idx[r] * cols], static_cast<size_t>(cols) * sizeof(float));
+    Dev<float> dx(x), dxg(xg);
+    Dev<int64_t> doff(off), didx(idx);
+    Dev<uint16_t> a3(3 * rows * cols), b3(3 * rows * cols), a2(2 * rows * cols), b2(2 * rows * cols);
+    Dev<int32_t> ta(rows), tb(rows);
+    ASSERT_TRUE(run_split3_bf16(dx.p, rows, cols, doff.p, groups, reinterpret_cast<__nv_bfloat16*>(a3.p), nullptr,
+                                didx.p).ok());
+    ASSERT_TRUE(run_split3_bf16(dxg.p, rows, cols, doff.p, groups, reinterpret_cast<__nv_bfloat16*>(b3.p), nullptr)
+                    .ok());
+    ASSERT_TRUE(run_split2_f16(dx.p, rows, cols, doff.p, groups, reinterpret_cast<__half*>(a2.p), ta.p, nullptr,
+                               didx.p).ok());
+    ASSERT_TRUE(
+        run_split2_f16(dxg.p, rows, cols, doff.p, groups, reinterpret_cast<__half*>(b2.p), tb.p, nullptr).ok());
+    EXPECT_EQ(a3.get(), b3.get()) << "split3 cols " << cols;
+    EXPECT_EQ(a2.get(), b2.get()) << "split2 cols " << cols;
+    EXPECT_EQ(ta.get(), tb.get()) << "split2 row shifts cols " << cols;
+  }
+}
+
 TEST(TcPrepParity, SplitAndSumExact) {
   DS41_SKIP_WITHOUT_GPU();
   for (const int64_t cols : {int64_t{96}, int64_t{102}}) {  // the four-column path and the scalar one
