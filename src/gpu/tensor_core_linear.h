@@ -18,6 +18,9 @@
 // counts back to the host (one synchronisation per call): prefill steps are not graph-captured.
 //
 // Thread model: one per engine stream (not thread-safe). Buffers are allocated once at creation.
+// With expert streams (TensorCoreLimits::expert_streams) it also owns a decode stream and n GEMM
+// streams with their cuBLAS handles; every call returns with the engine stream joined to them, so
+// callers see plain stream order.
 #pragma once
 
 #include <cuda_bf16.h>
