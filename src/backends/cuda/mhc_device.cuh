@@ -165,6 +165,17 @@ __device__ __forceinline__ void hc_map_partial_block(const HcMapDeviceArgs& a, i
     for (int jj = 0; jj < kJ; ++jj) acc[rr][jj] = 0.0f;
   }
   const int64_t t_end = min((s + 1) * steps, (F + kTileCols - 1) / kTileCols);
+  // Row rr's products with a tile (x: the row's 4 columns of this lane, w: the warp's fn rows),
+  // shared by every loop below, so all paths make the same operations in the same order.
+  auto row_products = [&](int rr, const float* x, const float (*w)[4]) {
+#pragma unroll
+    for (int jj = 0; jj < kJ; ++jj)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[rr][jj] = __fmaf_rn(x[q], w[jj][q], acc[rr][jj]);
+    if (warp == 0)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) ss[rr] += static_cast<double>(x[q]) * static_cast<double>(x[q]);
+  };
   // A full group on the vector path takes the staged loop below (uniform over the block).
   const bool staged = kVec && nr == kHcRows;
   for (int64_t t = staged ? t_end : s * steps; t < t_end; ++t) {
@@ -194,15 +205,7 @@ __device__ __forceinline__ void hc_map_partial_block(const HcMapDeviceArgs& a, i
         for (int q = 0; q < 4; ++q) x[q] = c0 + q < F ? f[c0 + q] : 0.0f;
       }
     };
-    auto row_math = [&](int rr, const float* x) {
-#pragma unroll
-      for (int jj = 0; jj < kJ; ++jj)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[rr][jj] = __fmaf_rn(x[q], w[jj][q], acc[rr][jj]);
-      if (warp == 0)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) ss[rr] += static_cast<double>(x[q]) * static_cast<double>(x[q]);
-    };
+    auto row_math = [&](int rr, const float* x) { row_products(rr, x, w); };
     if (nr == kHcRows) {
       // A full group (prefill): every row's loads first, then the arithmetic. With a `break` between
       // the rows the loads could not be issued ahead of the previous row's FMAs, so each tile made
@@ -260,13 +263,7 @@ __device__ __forceinline__ void hc_map_partial_block(const HcMapDeviceArgs& a, i
       for (int rr = 0; rr < kHcRows; ++rr) {
         const float4 v = xs[buf][rr][lane];
         const float x[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int jj = 0; jj < kJ; ++jj)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) acc[rr][jj] = __fmaf_rn(x[q], w[jj][q], acc[rr][jj]);
-        if (warp == 0)
-#pragma unroll
-          for (int q = 0; q < 4; ++q) ss[rr] += static_cast<double>(x[q]) * static_cast<double>(x[q]);
+        row_products(rr, x, w);
       }
     }
   }
