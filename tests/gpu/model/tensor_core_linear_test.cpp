@@ -206,6 +206,26 @@ TEST(TensorCoreLinear, ExpertsMatchTheCpuOp) {
   }
 }
 
+// E FP4 experts of two matrices (a pair's w1 / w3), seeds drawn alternately from *seed, on the
+// host and on the device (l1 / l2: the device weights' descriptors).
+struct PairWeights {
+  std::vector<HostWeight> h1, h2;
+  std::vector<std::unique_ptr<DevWeight>> dws;
+  std::vector<DeviceWeight> l1, l2;
+};
+PairWeights pair_weights(int64_t E, int64_t out, int64_t in, uint64_t* seed) {
+  PairWeights p;
+  for (int64_t e = 0; e < E; ++e) {
+    p.h1.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++*seed));
+    p.h2.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++*seed));
+    p.dws.push_back(std::make_unique<DevWeight>(p.h1.back()));
+    p.l1.push_back(p.dws.back()->dw);
+    p.dws.push_back(std::make_unique<DevWeight>(p.h2.back()));
+    p.l2.push_back(p.dws.back()->dw);
+  }
+  return p;
+}
+
 // A pair (the MoE's w1 / w3: one split of x, two matrices) gives each matrix the bits of its own
 // call, in both splits; the pair's second matrix uses its own grouped-GEMM pointer slots.
 TEST(TensorCoreLinear, ExpertPairEqualsTwoCallsBitForBit) {
@@ -216,17 +236,9 @@ TEST(TensorCoreLinear, ExpertPairEqualsTwoCallsBitForBit) {
     backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool(), backends::cpu::CpuBackendOptions{false});
     const int64_t E = 24, out = 256, in = 512;
     uint64_t seed = 9700;
-    std::vector<HostWeight> h1, h2;
-    std::vector<std::unique_ptr<DevWeight>> dws;
-    std::vector<DeviceWeight> l1, l2;
-    for (int64_t e = 0; e < E; ++e) {
-      h1.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
-      h2.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
-      dws.push_back(std::make_unique<DevWeight>(h1.back()));
-      l1.push_back(dws.back()->dw);
-      dws.push_back(std::make_unique<DevWeight>(h2.back()));
-      l2.push_back(dws.back()->dw);
-    }
+    const PairWeights pw = pair_weights(E, out, in, &seed);
+    const std::vector<HostWeight>& h2 = pw.h2;
+    const std::vector<DeviceWeight>& l1 = pw.l1, &l2 = pw.l2;
     Dev<DeviceWeight> d1(l1), d2(l2);
     const auto off = routing(400, 3, E, ++seed, 5);
     const int64_t m = off[E];
@@ -270,17 +282,9 @@ TEST(TensorCoreLinear, ExpertStreamsKeepTheBits) {
     }
     const int64_t m = off[E];
     uint64_t seed = 9900 + static_cast<uint64_t>(in);
-    std::vector<HostWeight> h1, h2;
-    std::vector<std::unique_ptr<DevWeight>> dws;
-    std::vector<DeviceWeight> l1, l2;
-    for (int64_t e = 0; e < E; ++e) {
-      h1.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
-      h2.push_back(cuda::parity::make_weight(WeightFormat::kFp4Rows, out, in, ++seed));
-      dws.push_back(std::make_unique<DevWeight>(h1.back()));
-      l1.push_back(dws.back()->dw);
-      dws.push_back(std::make_unique<DevWeight>(h2.back()));
-      l2.push_back(dws.back()->dw);
-    }
+    const PairWeights pw = pair_weights(E, out, in, &seed);
+    const std::vector<HostWeight>& h2 = pw.h2;
+    const std::vector<DeviceWeight>& l1 = pw.l1, &l2 = pw.l2;
     Dev<DeviceWeight> d1(l1), d2(l2);
     auto x = cuda::parity::rand_floats(static_cast<size_t>(m * in), ++seed);
     Dev<int64_t> doff(off);
