@@ -33,28 +33,6 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   const int64_t W = c_->sliding_window, K = c_->index_topk;
   const float eps = static_cast<float>(c_->rms_norm_eps);
   const DeviceVec& inv = m_->rope_inv_freq(p.yarn_rope);
-  cudaStream_t s = stream_;
-
-  // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
-  DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
-  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
-  DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));
-  DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.q, n, nh, hd, pos_, inv.ptr, inv.size, false, s));
-  // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
-  float* kv = ws_.kvf;
-  DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
-  // Earlier calls' window rows (kvf rows [n, n + ring_rows_)), decoded before this call's rows take
-  // their ring slots; then in one launch the norm, the rotation, the ring update (packed from the
-  // unquantized rows, as the reference's kvp) and Q_win in place.
-  uint8_t* ring = slots_->ring_layer_base(l);
-  if (ring_rows_ > 0)
-    DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ring, ring_read_, ring_rows_,
-                                                      ws_.kvf + n * hd, s));
-  DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(
-      cuda::window_kv_rows(n, hd, kv, w.kv_norm.ptr, eps, pos_, inv.ptr, inv.size, ring, ring_write_, true), s));
-
-  if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
-  if (p.index_source) DS41_RETURN_IF_ERROR(index(l, x, ws_.q_r, opt, out).with_context("indexer"));
 
   // 3.4.7 entry sets: window rows + the selected compressed entries of the KV owner, decoded
   // into kvf rows comp_base + r * K + j; or, in a prefill chunk whose n * K selections outnumber the
@@ -62,10 +40,15 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   // kvf rows comp_base + (the sequence's first entry row) + e. The same values either way (the
   // decode is exact), so the attention's bits do not depend on the choice; decode steps and
   // verifications keep the per-selection rows (their launch shapes stay fixed for the graphs).
+  // They read the selections (ws_.sel) and the owner's pages only: a layer that is no index source
+  // reads the selections of an earlier layer, so its entries are decoded on the side stream with the
+  // window rows (kvf rows from comp_base on, after the window's [0, comp_base)).
   const int64_t* kv_offsets = win_offsets_;
   const int32_t* kv_index = win_index_;
   int64_t max_entries = W;
-  if (p.ratio > 0) {
+  auto entries = [&]() -> Status {
+    if (p.ratio == 0) return ok_status();
+    cudaStream_t s = stream_;
     const PlanSource& src = sources_[source_of_layer_[p.kv_owner]];
     const KvPageGeometry& g = pool_->geometry();
     const int64_t comp_base = n + ring_rows_;
@@ -98,6 +81,45 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
     kv_offsets = ws_.kv_offsets;
     kv_index = ws_.kv_index;
     max_entries = W + K;
+    return ok_status();
+  };
+
+  // Two chains that share no buffer until the indexer scores keys: the window KV and the compressor
+  // (ws_.kvf, the rings, the compressor buffers and pages) on the side stream, the query path with
+  // the indexer's queries (ws_.q_r, ws_.q, ws_.qi, ws_.wt) on the main one (gpu_forward.h "Side
+  // stream"; without it: the query path, then the window KV, as the reference).
+  DS41_RETURN_IF_ERROR(concurrently(
+      [&]() -> Status {
+        // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
+        cudaStream_t s = stream_;
+        float* kv = ws_.kvf;
+        DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
+        // Earlier calls' window rows (kvf rows [n, n + ring_rows_)), decoded before this call's rows take
+        // their ring slots; then in one launch the norm, the rotation, the ring update (packed from the
+        // unquantized rows, as the reference's kvp) and Q_win in place.
+        uint8_t* ring = slots_->ring_layer_base(l);
+        if (ring_rows_ > 0)
+          DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ring, ring_read_, ring_rows_,
+                                                            ws_.kvf + n * hd, s));
+        DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(
+            cuda::window_kv_rows(n, hd, kv, w.kv_norm.ptr, eps, pos_, inv.ptr, inv.size, ring, ring_write_, true),
+            s));
+        if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
+        return p.index_source ? ok_status() : entries();
+      },
+      [&]() -> Status {
+        // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
+        cudaStream_t s = stream_;
+        DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
+        DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
+        DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));
+        DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.q, n, nh, hd, pos_, inv.ptr, inv.size, false, s));
+        if (p.index_source) DS41_RETURN_IF_ERROR(index_queries(l, x, ws_.q_r).with_context("indexer"));
+        return ok_status();
+      }));
+  if (p.index_source) {
+    DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));
+    DS41_RETURN_IF_ERROR(entries());
   }
   return attention_output(w, n, kv_offsets, kv_index, max_entries, inv, y);
 }
@@ -204,19 +226,12 @@ Status GpuForward::compress(int64_t l, const float* x) {
   return ok_status();
 }
 
-// 3.4.6: indexer query, head weights, scores over the visible keys of the KV owner (decoded once
-// per owner and step), the candidate pool (candidate source) or its restriction (later index
-// sources), top-k into ws_.sel (read by this layer and the following ones up to the next index
-// source).
-Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuForwardOptions& opt,
-                         std::vector<model::SequenceOutput>* out) {
-  const model::LayerPlan& p = m_->schedule().layers[l];
+// 3.4.6 the indexer's queries: Q_idx(rotate(idx_wq_b q_r)) per head into ws_.qi and the head
+// weights idx_weights_proj x / sqrt(heads) into ws_.wt (they read the query path's q_r and x only).
+Status GpuForward::index_queries(int64_t l, const float* x, const float* q_r) {
   const DeviceLayer& w = m_->weights().layers[l];
-  const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim, K = c_->index_topk;
+  const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim;
   const DeviceVec& inv = m_->rope_inv_freq(true);
-  const PlanIndex& pi = index_[l];
-  const int64_t j = source_of_layer_[p.kv_owner];
-  const PlanSource& src = sources_[j];
   cudaStream_t s = stream_;
   DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
   {  // rotate every head, Q_idx in place: one launch
@@ -235,8 +250,20 @@ Status GpuForward::index(int64_t l, const float* x, const float* q_r, const GpuF
     DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
   }
   DS41_RETURN_IF_ERROR(linear(w.idx_weights_proj, x, n, ws_.wt));
-  DS41_RETURN_IF_ERROR(
-      cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s));
+  return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s);
+}
+
+// 3.4.6: scores of the queries (index_queries) over the visible keys of the KV owner (decoded once
+// per owner and step), the candidate pool (candidate source) or its restriction (later index
+// sources), top-k into ws_.sel (read by this layer and the following ones up to the next index
+// source).
+Status GpuForward::index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out) {
+  const model::LayerPlan& p = m_->schedule().layers[l];
+  const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim, K = c_->index_topk;
+  const PlanIndex& pi = index_[l];
+  const int64_t j = source_of_layer_[p.kv_owner];
+  const PlanSource& src = sources_[j];
+  cudaStream_t s = stream_;
   const bool none = pi.ts == 0 || (p.candidate_restricted && !p.candidate_source && carry_.cand_stride == 0);
   if (p.candidate_source) {
     carry_.cand_stride = pi.ts;

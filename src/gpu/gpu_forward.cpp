@@ -98,6 +98,14 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
   }
   // One graph per graphed segment (layers 1.., head) and signature variant (2 spare segments).
   if (graphs > 0) f->graphs_ = std::make_unique<StepGraphs>(graphs * (m.config().num_hidden_layers + 2));
+  const int64_t side = f->lim_.side_stream >= 0 ? f->lim_.side_stream : (cuda::switch_on("DS41_SIDE_STREAM") ? 1 : 0);
+  if (side > 0 && stream != nullptr) {
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&f->side_, cudaStreamNonBlocking),
+                                           "create the side stream"));
+    for (cudaEvent_t* e : {&f->fork_ev_, &f->join_ev_})
+      DS41_RETURN_IF_ERROR(
+          cuda::cuda_status(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "create a side-stream event"));
+  }
   f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
   for (cudaEvent_t& e : f->events_)
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
@@ -178,6 +186,36 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
 GpuForward::~GpuForward() {
   for (cudaEvent_t e : events_)
     if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : {fork_ev_, join_ev_})
+    if (e) cudaEventDestroy(e);
+  if (side_) cudaStreamDestroy(side_);
+}
+
+// No call of the forward may take the tensor-core GEMMs (TensorCoreLinear's split buffers, weight
+// scratch and cuBLAS handle serve one stream): row-invariant forwards never do (linear()), nor do
+// forwards whose every linear, routed rows included, is below tensor_core_min_rows.
+bool GpuForward::side_ok() const {
+  if (side_ == nullptr) return false;
+  if (row_invariant_ || !tc_) return true;
+  const int64_t k = std::max({c_->num_experts_per_tok, c_->dspark_num_experts_per_tok, int64_t{1}});
+  return n_ * k < lim_.tensor_core_min_rows;
+}
+
+Status GpuForward::concurrently(const std::function<Status()>& side, const std::function<Status()>& main) {
+  if (!side_ok()) {  // in order on the main stream
+    DS41_RETURN_IF_ERROR(main());
+    return side();
+  }
+  const cudaStream_t m = stream_;
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, m, fork_ev_), "fork the side stream"));
+  stream_ = side_;
+  Status st = side();
+  stream_ = m;
+  if (st.ok()) st = main();
+  // Joined whatever happened: a capture needs every forked stream back, and the next step must not
+  // race the side stream's leftovers.
+  const Status joined = cuda::cuda_status(cuda::stream_wait(m, side_, join_ev_), "join the side stream");
+  return st.ok() ? joined : st;
 }
 
 Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,

@@ -237,8 +237,8 @@ class GpuForward {
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                    std::vector<model::SequenceOutput>* out);
   Status compress(int64_t l, const float* x);
-  Status index(int64_t l, const float* x, const float* q_r, const GpuForwardOptions& opt,
-               std::vector<model::SequenceOutput>* out);
+  Status index_queries(int64_t l, const float* x, const float* q_r);
+  Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
              const float* expand_comb = nullptr);
@@ -355,6 +355,21 @@ class GpuForward {
   static bool table_decode_enabled();
   std::vector<std::pair<int64_t, int64_t>> jpend_;  // (plan sequence, pending row) written this call
   const int64_t* jpend_rows_ = nullptr;              // device copy of the rows to save
+
+  // Side stream. A batch-1 decode layer is a chain of ~25 kernels, many of them a few blocks wide
+  // (norms, the router, the ring decode, small GEMVs) that leave the GPU nearly idle while they
+  // run. Two chains of a layer that share no buffer run concurrently: the window KV and the
+  // compressor beside the query path (attention), the shared expert beside the router and the
+  // routed experts (MoE). concurrently() forks the side stream off the main one, enqueues `side`
+  // there (stream_ is the side stream meanwhile) and `main` on the main stream, and joins before it
+  // returns, also on error. The kernels, their arguments and the buffers they write are the same as
+  // in order, so every result keeps its bits; a captured graph holds the two branches. Only where no
+  // call can reach the tensor-core GEMMs (their scratch and cuBLAS handle are single-stream):
+  // side_ok(). Kernels on either stream keep the PDL contract (launch.h): each waits before reading.
+  bool side_ok() const;
+  Status concurrently(const std::function<Status()>& side, const std::function<Status()>& main);
+  cudaStream_t side_ = nullptr;                                // null: off (GpuLimits::side_stream)
+  cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
 };
 
 }  // namespace ds41::gpu

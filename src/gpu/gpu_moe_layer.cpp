@@ -2,9 +2,11 @@
 // sqrt-softplus router (bias for selection only; gate.bias_vl on image-span rows), stable bucketing of the
 // (row, slot) pairs by expert, grouped launches over the sorted rows (w1 with w3 in one at decode sizes), SwiGLU
 // with the two clamps and the routing weight applied before w2, w2, the combine in ascending expert order
-// (the reference's order of additions), then the shared expert added. The shared expert's w1 / w3 run
-// before the SwiGLUs (one launch for both); with an expand target (the layer's FFN site) the combine,
-// the shared add and the mHC expand are one launch (backends/cuda/fused_moe_kernels.h).
+// (the reference's order of additions), then the shared expert added. Where the forward has a side
+// stream (decode steps, verifications, drafts: gpu_forward.h "Side stream") the shared expert runs
+// there beside the router and the routed experts; otherwise its w1 / w3 run before the SwiGLUs (one
+// launch for both). With an expand target (the layer's FFN site) the combine, the shared add and the
+// mHC expand are one launch (backends/cuda/fused_moe_kernels.h).
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -23,44 +25,66 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
-  cudaStream_t s = stream_;
-  DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
-  {  // router + bucketing: one launch at decode sizes
-    cuda::MoeRouteArgs ra;
-    ra.logits = ws_.gate_logits;
-    ra.n = n;
-    ra.n_experts = E;
-    ra.k = k;
-    ra.bias = w.gate_bias.ptr;
-    ra.bias_vl = w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr;
-    ra.vl = vl;
-    ra.temp = static_cast<float>(c_->gate_temp);
-    ra.route_scale = static_cast<float>(c_->routed_scaling_factor);
-    ra.experts = ws_.experts;
-    ra.weights = ws_.route_w;
-    ra.offsets = ws_.offsets;
-    ra.perm_rows = ws_.perm_rows;
-    ra.perm_weight = ws_.perm_weight;
-    ra.slot_pos = ws_.slot_pos;
-    ra.workspace = ws_.scratch;
-    ra.counters = ws_.counters;
-    DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
-  }
-  // The routed rows x[perm_rows[i]]: split straight from x on the tensor cores, gathered into xs otherwise.
-  DS41_RETURN_IF_ERROR(expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
-                                          ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up));
-  // The shared expert's w1 / w3 (they read x only) before the SwiGLUs, so that both run in one launch.
   const bool shared = w.shared.w1.present();
   const int64_t Is = shared ? w.shared.w1.out_dim : 0;
-  if (shared) {
+  // The router, the bucketing and the routed experts' w1 / w3 (and, with `swiglu`, their SwiGLU and
+  // w2), on the stream current when called.
+  auto routed = [&](bool swiglu) -> Status {
+    cudaStream_t s = stream_;
+    DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
+    {  // router + bucketing: one launch at decode sizes
+      cuda::MoeRouteArgs ra;
+      ra.logits = ws_.gate_logits;
+      ra.n = n;
+      ra.n_experts = E;
+      ra.k = k;
+      ra.bias = w.gate_bias.ptr;
+      ra.bias_vl = w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr;
+      ra.vl = vl;
+      ra.temp = static_cast<float>(c_->gate_temp);
+      ra.route_scale = static_cast<float>(c_->routed_scaling_factor);
+      ra.experts = ws_.experts;
+      ra.weights = ws_.route_w;
+      ra.offsets = ws_.offsets;
+      ra.perm_rows = ws_.perm_rows;
+      ra.perm_weight = ws_.perm_weight;
+      ra.slot_pos = ws_.slot_pos;
+      ra.workspace = ws_.scratch;
+      ra.counters = ws_.counters;
+      DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
+    }
+    // The routed rows x[perm_rows[i]]: split straight from x on the tensor cores, gathered into xs otherwise.
+    DS41_RETURN_IF_ERROR(expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
+                                            ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up));
+    if (!swiglu) return ok_status();
+    DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.g, ws_.up, nk, I, lim, ws_.perm_weight, ws_.act, s));
+    return expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm);
+  };
+  if (shared && side_ok()) {
+    // The shared expert (ws_.sg / su / sa / sout, from x alone) on the side stream beside the router
+    // and the routed experts (gpu_forward.h "Side stream"): its SwiGLU is then its own launch, the
+    // same operations as the pair kernel's second set.
+    DS41_RETURN_IF_ERROR(concurrently(
+        [&]() -> Status {
+          DS41_RETURN_IF_ERROR(linear_pair(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su));
+          DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.sg, ws_.su, n, Is, lim, nullptr, ws_.sa, stream_));
+          return linear(w.shared.w2, ws_.sa, n, ws_.sout);
+        },
+        [&] { return routed(true); }));
+  } else if (shared) {
+    // In order: the shared expert's w1 / w3 (they read x only) before the SwiGLUs, so that both run
+    // in one launch.
+    DS41_RETURN_IF_ERROR(routed(false));
+    cudaStream_t s = stream_;
     DS41_RETURN_IF_ERROR(linear_pair(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su));
     DS41_RETURN_IF_ERROR(cuda::run_swiglu_pair({ws_.g, ws_.up, nk, I, ws_.perm_weight, ws_.act},
                                                {ws_.sg, ws_.su, n, Is, nullptr, ws_.sa}, lim, s));
+    DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm));
+    DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
   } else {
-    DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.g, ws_.up, nk, I, lim, ws_.perm_weight, ws_.act, s));
+    DS41_RETURN_IF_ERROR(routed(true));
   }
-  DS41_RETURN_IF_ERROR(expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm));
-  if (shared) DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
+  cudaStream_t s = stream_;
   if (!expand_post) {
     DS41_RETURN_IF_ERROR(cuda::run_moe_combine(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, y, s));
     if (shared) DS41_RETURN_IF_ERROR(cuda::run_add_inplace(y, ws_.sout, n * H, s));

@@ -26,6 +26,11 @@ struct GpuLimits {
   // (layers 1.., head; gpu_forward.cpp): variants kept per segment (the cache holds this many times the
   // segments, least recently used evicted); 0: launch every kernel directly. -1: 4, or DS41_GRAPHS.
   int64_t decode_graphs = -1;
+  // Forwards without a tensor-core GEMM (decode steps, DSpark verifications and drafts, small
+  // prefill chunks) enqueue two independent chains of a layer on a second stream, joined before
+  // their results are read (gpu_forward.h "Side stream"): the same kernels on the same buffers, so
+  // the same bits. 1 on, 0 off, -1: on unless DS41_SIDE_STREAM=0.
+  int64_t side_stream = -1;
 };
 
 // The limits with every 0 resolved from the config.

@@ -95,6 +95,18 @@ cudaError_t record_event(cudaEvent_t event, cudaStream_t stream) {
   return cudaEventRecord(event, stream);
 }
 
+cudaError_t stream_wait(cudaStream_t waiter, cudaStream_t signaler, cudaEvent_t event) {
+  if (LaunchRecorder* r = thread_recorder()) {
+    r->op(6);
+    r->value(event);
+    r->value(waiter);
+    r->value(signaler);
+    return cudaSuccess;
+  }
+  const cudaError_t e = cudaEventRecord(event, signaler);
+  return e != cudaSuccess ? e : cudaStreamWaitEvent(waiter, event, 0);
+}
+
 void set_pdl_for_tests(int mode) { g_pdl_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
 
 }  // namespace ds41::cuda

@@ -91,6 +91,11 @@ cudaError_t copy_2d_async(void* dst, size_t dpitch, const void* src, size_t spit
                           cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t fill_async(void* dst, int value, size_t bytes, cudaStream_t stream);
 cudaError_t record_event(cudaEvent_t event, cudaStream_t stream);
+// A fork or join between two streams of a step: `waiter`'s later work waits for everything enqueued on
+// `signaler` so far (cudaEventRecord of `event` on signaler, cudaStreamWaitEvent on waiter; inside a
+// stream capture both become graph edges and the waiter joins the capture). Recorded like launch()
+// under a recorder. `event` is reusable right after the call (the wait takes the record it sees).
+cudaError_t stream_wait(cudaStream_t waiter, cudaStream_t signaler, cudaEvent_t event);
 
 #if defined(__CUDACC__)
 template <class... P, class... A>

@@ -7,7 +7,7 @@
 //     counts, Engram look-back, position) equals the plain decode's bit for bit. On the golden model
 //     the walk (candidates, accepted lengths, bonus tokens) also matches walk.* where it overlaps.
 //   - BatchOfSequencesLossless: three sequences in every speculative_step call (WideBatchLossless:
-//     seven);
+//     seven), the speculative engine with the side stream, the plain one in order on one stream;
 //     BatchTokenBudgetIsRespectedAndLossless: the same under a batch token budget (MODEL_SPEC
 //     3.10.9): each call verifies exactly min(budget, B x items) candidates, outputs unchanged;
 //   - StateAfterEachVerifyLength: one speculative step per verify length 0..B, the state against the
@@ -44,8 +44,9 @@ int32_t argmax_of(const float* z, int64_t V) {
   return best;
 }
 
-std::unique_ptr<gpu::CudaEngine> spec_engine(const gpu::DeviceModel& m, bool spec) {
-  auto e = make_engine(m, 64, 4096, 512);
+// side: GpuLimits::side_stream (-1: the default, on).
+std::unique_ptr<gpu::CudaEngine> spec_engine(const gpu::DeviceModel& m, bool spec, int64_t side = -1) {
+  auto e = make_engine(m, 64, 4096, 512, 128, -1, side);
   if (e && spec) {
     Status st = e->enable_speculative();
     EXPECT_TRUE(st.ok()) << st.message();
@@ -342,8 +343,11 @@ void batch_lossless(int64_t budget, std::vector<size_t> lens = {}) {
   const int64_t V = dev->config().vocab_size, n = emulator_sizes() ? 2 : 120;
   if (lens.empty()) lens = emulator_sizes() ? std::vector<size_t>{9, 12} : std::vector<size_t>{44, 31, 20};
   for (size_t& l : lens) l = std::min(l, full.size());
-  auto spec = spec_engine(*dev, true);
-  auto plain = spec_engine(*dev, false);
+  // The plain engine enqueues every layer in order on one stream, the speculative one runs its
+  // decode steps, verifications and drafts with the side stream: the tokens and the packed states
+  // must still agree bit for bit.
+  auto spec = spec_engine(*dev, true, 1);
+  auto plain = spec_engine(*dev, false, 0);
   const int64_t B = spec->speculative_block();
   const size_t ns = lens.size();
   std::vector<engine::SeqId> ss(ns), sp(ns);

@@ -7,7 +7,9 @@
 // steps cross key and score buckets (128: the plan pads decode steps' counts to them), page
 // boundaries and the ratio-2 emit phases, so signatures change and graphs are captured, replayed,
 // evicted and updated; a replay that used a stale argument (a count, an arena address, a page table)
-// would part the logits or the packed state. Both must be bit-identical.
+// would part the logits or the packed state. Both must be bit-identical. The graphed engine also
+// runs two chains of each layer on a side stream (gpu_forward.h "Side stream"), the direct one
+// everything in order on one stream: their bits must not differ either.
 #include <gtest/gtest.h>
 
 #include "gpu/engine/gpu_test_util.h"
@@ -27,7 +29,9 @@ TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
   const std::string dir = GetParam().small ? small_model_dir() : golden_dir();
   auto dev = load_device_model(dir);
   ASSERT_TRUE(dev);
-  auto graphed = make_engine(*dev, 8, 4096, 1024, 128, 2), direct = make_engine(*dev, 8, 4096, 1024, 128, 0);
+  // The direct engine also runs without the side stream (GpuLimits::side_stream): the graphed one's
+  // captured fork / join branches must give the bits of the kernels launched in order.
+  auto graphed = make_engine(*dev, 8, 4096, 1024, 128, 2, 1), direct = make_engine(*dev, 8, 4096, 1024, 128, 0, 0);
   ASSERT_TRUE(graphed && direct);
   ASSERT_NE(graphed->executor().step_graphs(), nullptr);
   ASSERT_EQ(direct->executor().step_graphs(), nullptr);

@@ -86,6 +86,28 @@ TEST(LaunchRecorder, CopiesFillsAndEventsAreRecordedNotRun) {
   EXPECT_EQ(sig1, sig3);
 }
 
+// A fork / join between the engine's streams (GpuForward::concurrently) is part of the signature:
+// a graph captured with the side stream's branch must not replay a step enqueued in order.
+TEST(LaunchRecorder, StreamWaitsAreRecordedNotRun) {
+  auto* main = reinterpret_cast<cudaStream_t>(0x20);
+  auto* side = reinterpret_cast<cudaStream_t>(0x28);
+  auto* ev = reinterpret_cast<cudaEvent_t>(0x30);
+  auto sig = [&](cudaStream_t waiter, cudaStream_t signaler, cudaEvent_t e) {
+    Recording r;
+    EXPECT_EQ(stream_wait(waiter, signaler, e), cudaSuccess);  // no device: the real calls would fail
+    EXPECT_EQ(r.rec.ops(), 1);
+    return r.rec.bytes();
+  };
+  const auto fork = sig(side, main, ev);
+  EXPECT_EQ(sig(side, main, ev), fork);
+  EXPECT_NE(sig(main, side, ev), fork);  // a join is not a fork
+  EXPECT_NE(sig(side, main, reinterpret_cast<cudaEvent_t>(0x38)), fork);
+  Recording r;
+  const uint64_t before = thread_launch_count();
+  EXPECT_EQ(stream_wait(side, main, ev), cudaSuccess);
+  EXPECT_EQ(thread_launch_count(), before);  // not a kernel (kernels per layer count launches only)
+}
+
 TEST(StepGraphs, DisabledRunsTheStepDirectly) {
   gpu::StepGraphs g(0);
   int runs = 0;
