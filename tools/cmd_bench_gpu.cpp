@@ -121,6 +121,68 @@ std::map<std::string, double> decode_bytes(const gpu::DeviceModel& m, int64_t l,
   return b;
 }
 
+// Bytes of the weights a block reads for `rows` rows: the dense ones, and the routed experts'
+// expected distinct count among rows * k draws of E (decode_bytes' rule).
+double block_weight_bytes(const gpu::DeviceLayer& w, double rows, double E, double k) {
+  double b = 0;
+  for (const cuda::DeviceWeight* x :
+       {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_a, &w.wo_b, &w.c_wkv, &w.c_wgate, &w.idx_wk, &w.idx_wq_b,
+        &w.idx_weights_proj, &w.gate, &w.shared.w1, &w.shared.w2, &w.shared.w3})
+    b += static_cast<double>(weight_bytes(*x));
+  if (w.engram) b += static_cast<double>(weight_bytes(w.engram->wkv));
+  if (!w.experts.empty() && E > 0)
+    b += E * (1.0 - std::pow(1.0 - k / E, rows)) *
+         static_cast<double>(weight_bytes(w.experts[0].w1) + weight_bytes(w.experts[0].w2) +
+                             weight_bytes(w.experts[0].w3));
+  return b;
+}
+
+// The HBM floor of DSpark's two costs against a plain step's (issue 17's targets: a draft <= 15 %
+// of a plain batch-1 step, a 6-row verification <= 1.3x), from the bytes each must read: a plain
+// step (one row: every layer of decode_bytes, the head), a verification (the B + 1 rows of one
+// sequence: decode_bytes at B + 1 rows, so the routed experts are the distinct ones of (B + 1) x k
+// draws, and the head once), a draft (the three stages at B rows, B x k_d draws of E_d experts each,
+// the head and the Markov factors once). Also the same for the 40-layer model, the slice's layers
+// scaled by released_layers / slice layers (the draft does not change).
+nlohmann::ordered_json speculative_floor(const gpu::DeviceModel& m, int64_t context, double bw, double plain_ms,
+                                         double draft_ms, double verify_ms, int64_t released_layers) {
+  const model::ModelConfig& c = m.config();
+  const int64_t L = c.num_hidden_layers, Bd = c.dspark_block_size;
+  double plain = 0, verify = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    for (auto& [k, x] : decode_bytes(m, l, 1, context)) plain += x;
+    for (auto& [k, x] : decode_bytes(m, l, Bd + 1, context)) verify += x;
+  }
+  const double head = static_cast<double>(weight_bytes(m.weights().head));
+  double draft = head;
+  if (m.weights().dspark) {
+    const gpu::DeviceDspark& d = *m.weights().dspark;
+    for (const gpu::DeviceLayer& st : d.stages)
+      draft += block_weight_bytes(st, static_cast<double>(Bd), static_cast<double>(c.dspark_n_routed_experts),
+                                  static_cast<double>(c.dspark_num_experts_per_tok));
+    for (const cuda::DeviceWeight* x : {&d.markov_head, &d.confidence_proj}) draft += static_cast<double>(weight_bytes(*x));
+  }
+  const double scale = static_cast<double>(released_layers) / static_cast<double>(std::max<int64_t>(L, 1));
+  const double plain40 = plain * scale + head, verify40 = verify * scale + head;
+  plain += head;
+  verify += head;
+  return {{"what", "bytes each must read (weights it touches, KV rows) / the copy bandwidth of this run"},
+          {"plain_step_bytes", plain},
+          {"draft_bytes", draft},
+          {"verify_bytes", verify},
+          {"plain_floor_ms", plain / bw * 1e3},
+          {"draft_floor_ms", draft / bw * 1e3},
+          {"verify_floor_ms", verify / bw * 1e3},
+          {"draft_vs_plain_floor", draft / plain},
+          {"verify_vs_plain_floor", verify / plain},
+          {"plain_roofline_ratio", plain_ms / (plain / bw * 1e3)},
+          {"draft_roofline_ratio", draft_ms / (draft / bw * 1e3)},
+          {"verify_roofline_ratio", verify_ms / (verify / bw * 1e3)},
+          {"released_layers", released_layers},
+          {"draft_vs_plain_floor_released", draft / plain40},
+          {"verify_vs_plain_floor_released", verify40 / plain40}};
+}
+
 // HBM bandwidth of a device-to-device copy (bytes read + written per second).
 Result<double> copy_bandwidth() {
   const size_t bytes = size_t{1} << 30;
@@ -464,6 +526,8 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                               {"measured_tokens_per_s_per_seq", stats.tokens_per_step() / (sm * 1e-3)},
                               {"projected_tokens_per_s_per_seq", proj},
                               {"phases", phases}};
+          if (B == 1)  // the floors are those of one sequence
+            r["speculative"]["floor"] = speculative_floor(*m, ctx, bw, plain, dm, sm - dm, 40);
         }
       }
       runs.push_back(r);
