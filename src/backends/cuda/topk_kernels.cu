@@ -4,11 +4,15 @@
 // (radix_select.cuh) computes that order's k-th element exactly.
 //
 // topk_rows: one CTA per row (radix select over the row, then the ascending emit), no workspace;
-//   rows of up to 10240 scores are first copied into shared memory.
+//   rows of up to 10240 scores are first copied into shared memory. Long rows of calls of at most
+//   64 rows (decode steps at long contexts) take two launches: the k best of each chunk of the row
+//   (many CTAs), then the k best of the chunks' candidates (topk_chunks_kernel, topk_merge_kernel);
+//   the same selection, with the candidates in the workspace.
 // candidate_pool: one CTA per row; block maxima (std::max semantics: NaN ignored) go to the
 // workspace row, the block holding the newest visible entry is forced to +inf, the keep_blocks best
 // blocks are selected like top-k and their entries' mask bytes set (all other bytes cleared).
 // mask_restrict: elementwise.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -67,6 +71,71 @@ __global__ void __launch_bounds__(1024) topk_rows_kernel(const float* __restrict
   for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
 }
 
+// Long rows of a small call (a decode step's index top-k at 32K-128K context: one CTA over 131,073
+// scores took 0.9-1.0 ms on the H200) in two launches. Phase 1: CTA (c, r) selects the k best of
+// chunk c of row r with the same radix select and writes their global indices, ascending, into
+// cand[r][c][0..k) (-1 padded). Every entry of the row's k best is among its chunk's k best (fewer
+// than k entries of its chunk beat it in the total order, since fewer than k of the row do). Phase
+// 2: one CTA per row selects the k best of the row's g x k candidates, list position as index:
+// the lists are in ascending global index, so ties fall as in the row and the emit order is the
+// row's ascending index order. The same set and order as topk_rows_kernel, bit for bit.
+__global__ void __launch_bounds__(1024) topk_chunks_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
+                                                           int64_t chunk, int32_t* __restrict__ cand) {
+  dev::pdl_enter();
+  __shared__ sel::SelectShared sh;
+  extern __shared__ float smem[];  // the chunk's scores (chunk <= kMaxCachedScores)
+  const int64_t c = blockIdx.x, g = gridDim.x, r = blockIdx.y;
+  const int64_t b0 = c * chunk, e0 = b0 + chunk < t ? b0 + chunk : t, m = e0 > b0 ? e0 - b0 : 0;
+  const float* row = scores + r * t + b0;
+  int32_t* o = cand + (r * g + c) * k;
+  constexpr int kLoads = 8;
+  for (int64_t base = threadIdx.x; base < m; base += kLoads * blockDim.x) {
+    float x[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t i = base + j * blockDim.x;
+      x[j] = i < m ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t i = base + j * blockDim.x;
+      if (i < m) smem[i] = x[j];
+    }
+  }
+  __syncthreads();
+  auto load = [&](int64_t i) { return smem[i]; };
+  auto emit = [o, b0](int64_t i, bool s, int64_t pos) {
+    if (s) o[pos] = static_cast<int32_t>(b0 + i);
+  };
+  const sel::Threshold th = sel::select_threshold(load, m, k, sh);
+  const int64_t taken = sel::select_emit(load, m, th, sh, emit);
+  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+}
+
+__global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
+                                                          int64_t g, const int32_t* __restrict__ cand,
+                                                          int32_t* __restrict__ out) {
+  dev::pdl_enter();
+  __shared__ sel::SelectShared sh;
+  extern __shared__ float smem[];  // the candidates' scores (-inf for padding)
+  const int64_t r = blockIdx.x, m = g * k;
+  const float* row = scores + r * t;
+  const int32_t* cr = cand + r * m;
+  int32_t* o = out + r * k;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+    const int32_t j = cr[i];
+    smem[i] = j >= 0 ? row[j] : -INFINITY;
+  }
+  __syncthreads();
+  auto load = [&](int64_t i) { return smem[i]; };
+  auto emit = [o, cr](int64_t i, bool s, int64_t pos) {
+    if (s) o[pos] = cr[i];
+  };
+  const sel::Threshold th = sel::select_threshold(load, m, k, sh);
+  const int64_t taken = sel::select_emit(load, m, th, sh, emit);
+  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+}
+
 // bs: the workspace row (written and read here: plain loads, no read-only cache path).
 __global__ void candidate_pool_kernel(const float* __restrict__ scores, const int64_t* __restrict__ visible,
                                       int64_t t, int64_t block, int64_t keep, float* ws,
@@ -118,9 +187,32 @@ Status check_rows(const char* fn, int64_t n, int64_t t) {
   return ok_status();
 }
 
+// The two-launch path: rows of more than kChunkedMinScores scores in calls of at most
+// kChunkedMaxRows rows (larger calls have a CTA per row to fill the GPU), g chunks of at least
+// kMinChunk scores with g x k candidates and each chunk within the cached size; else g = 1 (one
+// launch). DS41_TOPK_CHUNKS=0: always one launch (A/B measurements).
+constexpr int64_t kChunkedMinScores = 12288, kChunkedMaxRows = 64, kMinChunk = 2048;
+struct Chunks {
+  int64_t g = 1, chunk = 0;
+};
+Chunks chunks_for(int64_t n, int64_t t, int64_t k) {
+  static const bool allowed = switch_on("DS41_TOPK_CHUNKS");
+  Chunks c;
+  if (!allowed || n > kChunkedMaxRows || t <= kChunkedMinScores || k <= 0 || k > kMaxCachedScores / 2) return c;
+  const int64_t g = std::min(kMaxCachedScores / k, (t + kMinChunk - 1) / kMinChunk);
+  const int64_t chunk = (t + g - 1) / g;
+  if (g < 2 || chunk > kMaxCachedScores) return c;
+  c.g = g;
+  c.chunk = chunk;
+  return c;
+}
+
 }  // namespace
 
-size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k) { return 0; }
+size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k) {
+  const Chunks c = chunks_for(std::min(n, kChunkedMaxRows), t, k);
+  return c.g > 1 ? static_cast<size_t>(std::min(n, kChunkedMaxRows) * c.g * k) * sizeof(int32_t) : 0;
+}
 
 Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32_t* out, void* workspace,
                      cudaStream_t stream) {
@@ -130,6 +222,18 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   if (!out || (t > 0 && !scores)) return invalid_argument("topk_rows: null scores or out");
   // DS41_TOPK_CACHE=0 reads the row from global memory in every pass (A/B measurements). 1024
   // threads below 8192 scores measured slower on the H200 (2048 scores: 28.6 against 16.8 us).
+  const Chunks ch = chunks_for(n, t, k);
+  if (ch.g > 1) {
+    if (!workspace) return invalid_argument("topk_rows: the chunked path needs topk_workspace_bytes of workspace");
+    int32_t* cand = static_cast<int32_t*>(workspace);
+    launch(topk_chunks_kernel, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)), threads_for(ch.chunk),
+           static_cast<size_t>(ch.chunk) * sizeof(float), stream, scores, t, k, ch.chunk, cand);
+    DS41_RETURN_IF_ERROR(last_launch_status("topk_rows (chunks)"));
+    launch(topk_merge_kernel, static_cast<unsigned>(n), threads_for(ch.g * k),
+           static_cast<size_t>(ch.g * k) * sizeof(float), stream, scores, t, k, ch.g,
+           static_cast<const int32_t*>(cand), out);
+    return last_launch_status("topk_rows (merge)");
+  }
   static const bool cache_allowed = switch_on("DS41_TOPK_CACHE");
   const bool cached = cache_allowed && t <= kMaxCachedScores;
   const int threads = threads_for(t);

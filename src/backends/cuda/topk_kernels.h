@@ -14,6 +14,8 @@
 namespace ds41::cuda {
 
 // As ops::Backend::topk_rows over scores [n, t] (row stride t): ascending indices, -1 padded.
+// workspace: topk_workspace_bytes(n, t, k) (nonzero for long rows of calls of at most 64 rows: the
+// chunks' candidates; a call of more rows needs no more than 64 rows' worth).
 size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k);
 Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32_t* out, void* workspace,
                      cudaStream_t stream);

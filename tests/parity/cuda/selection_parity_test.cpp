@@ -91,6 +91,16 @@ TEST(SelectionParity, TopkRows) {
       {6, 3000, 2048, Gen::kTies},     // the k-th score is a zero: +-0 ties by index
       {6, 2000, 1500, Gen::kSpecial},  // the k-th among +-0 / subnormals
       {4, 9000, 512, Gen::kTies},      // cached in shared memory with 1024 threads (8192 <= t <= 10240)
+      // Two launches (chunks' k best, then the k best of the candidates): decode-sized calls of long
+      // rows, up to the released 128K context's ratio-1 scores; ties across chunk borders, +-0,
+      // NaN / inf, all -inf rows, rows with fewer than k selectable entries (sparse, indexer-like).
+      {1, 131073, 512, Gen::kTies},
+      {3, 131073, 512, Gen::kIndexerLike},
+      {5, 65537, 512, Gen::kSpecial},
+      {2, 12289, 512, Gen::kSparse},
+      {64, 16385, 512, Gen::kTies},  // the most rows the chunked path takes
+      {65, 16385, 512, Gen::kGauss},  // one more: one launch
+      {3, 40000, 2048, Gen::kTies},   // k = 2048: 5 chunks
   };
   for (const TopkCase& c : cases) {
     std::mt19937 rng(static_cast<uint32_t>(c.t * 3 + c.k + static_cast<int>(c.gen)));
