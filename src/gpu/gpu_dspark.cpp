@@ -282,6 +282,7 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
         hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x));
     DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y)
                              .with_context("DSpark stage " + std::to_string(s) + " attention"));
+    DS41_RETURN_IF_ERROR(join_pending());  // the site's map, if it ran on the side stream
     DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, st));
     DS41_RETURN_IF_ERROR(
         hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));

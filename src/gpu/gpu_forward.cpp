@@ -223,7 +223,14 @@ Status GpuForward::concurrently(const std::function<Status()>& side, const std::
   // Joined whatever happened: a capture needs every forked stream back, and the next step must not
   // race the side stream's leftovers.
   const Status joined = cuda::cuda_status(cuda::stream_wait(m, side_, join_ev_), "join the side stream");
+  side_pending_ = false;
   return st.ok() ? joined : st;
+}
+
+Status GpuForward::join_pending() {
+  if (!side_pending_) return ok_status();
+  side_pending_ = false;
+  return cuda::cuda_status(cuda::stream_wait(stream_, side_, join_ev_), "join the side stream");
 }
 
 Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,
@@ -331,7 +338,9 @@ Status GpuForward::enqueue(const GpuForwardOptions& opt, std::vector<model::Sequ
         DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[l], stream_), "timing event"));
       launch_marks_[static_cast<size_t>(l)] = cuda::thread_launch_count();
       if (opt.last_layer >= 0 && l > opt.last_layer) return ok_status();
-      return run_layer(l, opt, out).with_context("layer " + std::to_string(l));
+      const Status st = run_layer(l, opt, out).with_context("layer " + std::to_string(l));
+      const Status joined = join_pending();  // a segment (a captured graph) ends with the streams joined
+      return st.ok() ? joined : st;
     }));
   }
   return segment([&]() -> Status {
@@ -423,6 +432,19 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
   s.x = x;
   s.counters = ws_.counters;
   s.counters_size = ws_.counters_size;
+  static const bool split = cuda::switch_on("DS41_HC_SPLIT");
+  if (split && side_ok()) {
+    cuda::HcSiteArgs m = s;  // the map beside the main stream's kernels: its own partials and counters
+    m.map.workspace = ws_.hc_scratch;
+    m.map.workspace_bytes = ws_.hc_scratch_bytes;
+    m.counters = ws_.hc_counters;
+    if (cuda::hc_site_fused(m)) {
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, stream_, fork_ev_), "fork the side stream"));
+      side_pending_ = true;  // joined before the expand reads post / comb (join_pending)
+      DS41_RETURN_IF_ERROR(cuda::run_hc_site(m, side_, cuda::HcSitePart::kMap));
+      return cuda::run_hc_site(s, stream_, cuda::HcSitePart::kCollapse);
+    }
+  }
   return cuda::run_hc_site(s, stream_);
 }
 
@@ -442,6 +464,7 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
   DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
+  DS41_RETURN_IF_ERROR(join_pending());  // the site's map, if it ran on the side stream
   DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
   // FFN site.
   DS41_RETURN_IF_ERROR(

@@ -366,10 +366,17 @@ class GpuForward {
   // in order, so every result keeps its bits; a captured graph holds the two branches. Only where no
   // call can reach the tensor-core GEMMs (their scratch and cuBLAS handle are single-stream):
   // side_ok(). Kernels on either stream keep the PDL contract (launch.h): each waits before reading.
+  // The mHC sites (hc_site) also put their map on the side stream and only the collapse + norm on
+  // the main one: the map's pre / post / comb are read only at the expand (and the next site's
+  // collapse), so the side work stays pending until join_pending() there, or until a
+  // concurrently() joins; its partials and counters are ws_.hc_scratch / ws_.hc_counters, since
+  // the router and the attention use ws_.scratch / ws_.counters meanwhile. DS41_HC_SPLIT=0: one launch.
   bool side_ok() const;
   Status concurrently(const std::function<Status()>& side, const std::function<Status()>& main);
+  Status join_pending();
   cudaStream_t side_ = nullptr;                                // null: off (GpuLimits::side_stream)
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
+  bool side_pending_ = false;  // side-stream work not yet joined into the main stream
 };
 
 }  // namespace ds41::gpu

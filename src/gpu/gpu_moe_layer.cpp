@@ -84,6 +84,7 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   } else {
     DS41_RETURN_IF_ERROR(routed(true));
   }
+  DS41_RETURN_IF_ERROR(join_pending());  // the FFN site's map (post / comb), if it ran on the side stream
   cudaStream_t s = stream_;
   if (!expand_post) {
     DS41_RETURN_IF_ERROR(cuda::run_moe_combine(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, y, s));

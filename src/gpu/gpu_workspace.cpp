@@ -140,6 +140,11 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
     cv.take(w.logits, L * V);
     w.counters_size = cuda::hc_site_counter_count(N);
     cv.take(w.counters, w.counters_size);
+    cv.take(w.hc_counters, w.counters_size);
+    w.hc_scratch_bytes = cuda::hc_map_workspace_bytes(N, C, H);
+    uint8_t* hs = nullptr;
+    cv.take(hs, static_cast<int64_t>(w.hc_scratch_bytes));
+    w.hc_scratch = hs;
     uint8_t* sc = nullptr;
     cv.take(sc, static_cast<int64_t>(w.scratch_bytes));
     w.scratch = sc;
@@ -153,9 +158,9 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
   Carver cv;
   cv.base = w.dev.as<uint8_t>();
   carve(cv);
-  DS41_RETURN_IF_ERROR(
-      cuda::cuda_status(cudaMemset(w.counters, 0, static_cast<size_t>(w.counters_size) * sizeof(uint32_t)),
-                        "zero the fused-kernel counters"));
+  for (uint32_t* c : {w.counters, w.hc_counters})
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemset(c, 0, static_cast<size_t>(w.counters_size) * sizeof(uint32_t)),
+                                           "zero the fused-kernel counters"));
   // Metadata: a generous bound of what the step plan writes (rows, window lists, per source and
   // per index layer lists, page tables); the plan checks that it fits.
   const int64_t n_layers = c.num_hidden_layers;

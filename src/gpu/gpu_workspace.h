@@ -82,6 +82,11 @@ struct GpuWorkspace {
   // of the stream run one at a time (a PDL kernel touches them only after its wait), so they share.
   uint32_t* counters = nullptr;
   int64_t counters_size = 0;
+  // The mHC map's own split-K partials and counters when it runs on the side stream beside kernels
+  // of the main stream that use `scratch` / `counters` (gpu_forward.h "Side stream").
+  void* hc_scratch = nullptr;
+  size_t hc_scratch_bytes = 0;
+  uint32_t* hc_counters = nullptr;
   // Step metadata: pinned host arena and its device twin.
   uint8_t* meta_host = nullptr;
   uint8_t* meta_dev = nullptr;

@@ -262,23 +262,30 @@ Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t str
 
 int64_t hc_site_counter_count(int64_t n) { return std::max<int64_t>(1, (n + hc::kHcRows - 1) / hc::kHcRows); }
 
-Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream) {
+bool hc_site_fused(const HcSiteArgs& s) {
+  const HcMapDeviceArgs& a = s.map;
+  return s.collapse_w && s.x && s.counters && s.counters_size >= hc_site_counter_count(a.n) && a.h <= kMaxSiteH &&
+         a.c >= 1 && a.c <= hc::kMaxC && a.n > 0 && a.n <= 0x7fffffff && a.sinkhorn_iters >= 1 &&
+         s.collapse_w != a.pre && s.collapse_w != a.post && s.collapse_w != a.comb && a.streams && a.fn &&
+         a.scale && a.base && a.pre && a.post && a.comb &&
+         reinterpret_cast<uintptr_t>(a.workspace) % alignof(double) == 0 && a.workspace &&
+         a.workspace_bytes >= hc_map_workspace_bytes(a.n, a.c, a.h);
+}
+
+Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream, HcSitePart part) {
   const HcMapDeviceArgs& a = s.map;
   if (!s.collapse_w || !s.x) return invalid_argument("hc_site: collapse_w / x is null");
-  const bool fused = s.counters && s.counters_size >= hc_site_counter_count(a.n) && a.h <= kMaxSiteH &&
-                     a.c >= 1 && a.c <= hc::kMaxC && a.n > 0 && a.n <= 0x7fffffff && a.sinkhorn_iters >= 1 &&
-                     s.collapse_w != a.pre && s.collapse_w != a.post && s.collapse_w != a.comb && a.streams &&
-                     a.fn && a.scale && a.base && a.pre && a.post && a.comb &&
-                     reinterpret_cast<uintptr_t>(a.workspace) % alignof(double) == 0 && a.workspace &&
-                     a.workspace_bytes >= hc_map_workspace_bytes(a.n, a.c, a.h);
-  if (!fused) {
+  if (!hc_site_fused(s)) {
+    if (part != HcSitePart::kBoth) return invalid_argument("hc_site: a part alone needs the fused shape");
     DS41_RETURN_IF_ERROR(run_hc_map(a, stream));
     DS41_RETURN_IF_ERROR(run_hc_collapse(a.streams, s.collapse_w, a.n, a.c, a.h, s.x, stream));
     return run_rms_norm(s.x, a.n, a.h, s.norm_weight, s.eps, s.x, stream);
   }
   const hc::HcSplit sp = hc::hc_split(a.n, a.c, a.h);
-  const int64_t map_blocks = sp.groups * sp.splits;
-  const dim3 grid(static_cast<unsigned>(map_blocks + a.n));
+  // The kernel's blocks [0, map_blocks) are the map's, the rest one collapse block per row: a part
+  // alone is the grid of its blocks (the collapse alone: map_blocks 0, so every block collapses).
+  const int64_t map_blocks = part == HcSitePart::kCollapse ? 0 : sp.groups * sp.splits;
+  const dim3 grid(static_cast<unsigned>(part == HcSitePart::kMap ? map_blocks : map_blocks + a.n));
   const size_t smem = static_cast<size_t>(a.h) * sizeof(float);
   const int sum_threads = rms_norm_sum_threads(a.n, a.h);
   const bool vec = (a.c * a.h) % 4 == 0 &&

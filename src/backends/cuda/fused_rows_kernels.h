@@ -79,6 +79,12 @@ struct HcSiteArgs {
   int64_t counters_size = 0;  // entries of counters; fewer than hc_site_counter_count(n): unfused
 };
 int64_t hc_site_counter_count(int64_t n);
-Status run_hc_site(const HcSiteArgs& a, cudaStream_t stream);
+// Which blocks of the site run (the same kernel, the same code per block): both parts in one launch,
+// or the map's split-K blocks alone / the collapse + norm blocks alone, so that the two can run on
+// two streams (the map's outputs are read only at the expand; gpu_forward.h "Side stream"). The
+// parts need the fused shape (hc_site_fused); kBoth falls back to the unfused sequence otherwise.
+enum class HcSitePart { kBoth, kMap, kCollapse };
+bool hc_site_fused(const HcSiteArgs& a);
+Status run_hc_site(const HcSiteArgs& a, cudaStream_t stream, HcSitePart part = HcSitePart::kBoth);
 
 }  // namespace ds41::cuda

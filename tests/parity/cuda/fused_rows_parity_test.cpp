@@ -240,6 +240,27 @@ TEST(FusedRowsParity, HcSite) {
              "hc_map + hc_collapse + rms_norm: the same code / fp order; pre, post, comb, x bit for bit, "
              "counters zero after");
     }
+    // The two parts in two launches (the map on the side stream, the collapse on the main one:
+    // gpu_forward.h "Side stream"): the same blocks' code, so the same bits; a shape without the
+    // fused kernel refuses a part.
+    Out p(c.n, c.c, c.h, ws_bytes);
+    HcSiteArgs sp = s;
+    sp.map = args(p);
+    sp.x = p.x.p;
+    if (!hc_site_fused(sp)) {
+      EXPECT_FALSE(run_hc_site(sp, nullptr, HcSitePart::kMap).ok()) << shape;
+      continue;
+    }
+    const Status sm = run_hc_site(sp, nullptr, HcSitePart::kMap);
+    const Status sc = run_hc_site(sp, nullptr, HcSitePart::kCollapse);
+    ASSERT_TRUE(sm.ok() && sc.ok()) << sm.message() << sc.message();
+    const size_t bad = count_bit_diffs(p.pre.get(), u.pre.get()) + count_bit_diffs(p.post.get(), u.post.get()) +
+                       count_bit_diffs(p.comb.get(), u.comb.get()) + count_bit_diffs(p.x.get(), u.x.get());
+    size_t left = 0;
+    for (uint32_t v : counters.get()) left += v != 0;
+    report("hc_site map | collapse", shape, static_cast<double>(bad + left), 0,
+           "the two parts in two launches: pre, post, comb, x bit for bit, counters zero after");
+    EXPECT_EQ(bad + left, 0u) << shape;
   }
 }
 
