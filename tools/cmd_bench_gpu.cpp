@@ -355,6 +355,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           std::memcpy(logits.data() + i * c.vocab_size, rows + (n - 1) * c.vocab_size,
                       static_cast<size_t>(c.vocab_size) * sizeof(float));
         };
+        std::vector<gpu::GpuForward::HostTimes> host_times;  // per timed step
         const gpu::StepGraphs* graphs = eng->executor().step_graphs();
         const gpu::StepGraphStats g0 = graphs ? graphs->stats() : gpu::StepGraphStats{};
         cudaProfilerStart();
@@ -369,6 +370,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           step_ms.push_back(
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
           per_layer.push_back(lm);
+          host_times.push_back(eng->executor().last_host_times());
         }
         cudaProfilerStop();
         if (graphs) {  // decode segments replayed from captured graphs (gpu/step_graphs.h), this run's steps
@@ -388,6 +390,32 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           r["graphs"] = "off";
         }
         const std::vector<double> step_ms_in_order = step_ms;  // paired with per_layer
+        {  // The calling thread's work per step (issue 11: host time < 5 % of a batch-1 step with graphs):
+           // the step's wall time less the wait for the device, and the executor's parts, medians.
+          auto median = [](std::vector<double> v) {
+            std::sort(v.begin(), v.end());
+            return v.empty() ? 0.0 : v[v.size() / 2];
+          };
+          std::vector<double> plan, enq, wait, outs, busy, share;
+          for (size_t t = 0; t < host_times.size() && t < step_ms_in_order.size(); ++t) {
+            const gpu::GpuForward::HostTimes& h = host_times[t];
+            plan.push_back(h.plan_us);
+            enq.push_back(h.enqueue_us);
+            wait.push_back(h.wait_us);
+            outs.push_back(h.outputs_us);
+            const double b = step_ms_in_order[t] * 1e3 - h.wait_us;
+            busy.push_back(b);
+            share.push_back(b / (step_ms_in_order[t] * 1e3));
+          }
+          r["host"] = {{"what", "microseconds per step on the calling thread, medians: busy = the step's wall time "
+                                "less the wait for the device (plan + enqueue + outputs + the engine's own work)"},
+                       {"plan_us", median(plan)},
+                       {"enqueue_us", median(enq)},
+                       {"wait_us", median(wait)},
+                       {"outputs_us", median(outs)},
+                       {"busy_us", median(busy)},
+                       {"busy_share_of_step", median(share)}};
+        }
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];
         // Kernels launched (cuda::launch(), PDL) per step: the layers, the head, and the few before

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -235,6 +236,12 @@ Status GpuForward::join_pending() {
 
 Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out) {
+  using Clock = std::chrono::steady_clock;
+  const auto us = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::micro>(b - a).count();
+  };
+  const Clock::time_point t0 = Clock::now();
+  host_times_ = HostTimes{};
   out->clear();
   DS41_RETURN_IF_ERROR(validate(batch, opt));
   if (batch.empty()) return ok_status();
@@ -262,9 +269,15 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   // A decode step (one row per sequence, no journal, nothing read back between layers, no image
   // rows uploaded from pageable memory) replays a captured graph when its launches match one.
   const bool graph = graphs_ && row_invariant_ && !journal_ && !opt.record && span_rows_ == 0 && opt.last_layer < 0;
+  const Clock::time_point t1 = Clock::now();
   st = enqueue(opt, out, graph);
+  const Clock::time_point t2 = Clock::now();
   // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
   Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
+  const Clock::time_point t3 = Clock::now();
+  host_times_.plan_us = us(t0, t1);
+  host_times_.enqueue_us = us(t1, t2);
+  host_times_.wait_us = us(t2, t3);
   if (st.ok()) st = sync;
   journal_ = nullptr;
   if (!st.ok()) {
@@ -302,6 +315,7 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
       opt.logits_to(s, ws_.logits_host + first * V, static_cast<int64_t>(i - first));
   }
   commit();
+  host_times_.outputs_us = us(t3, Clock::now());
   return ok_status();
 }
 

@@ -132,6 +132,14 @@ class GpuForward {
   const GpuLimits& limits() const { return lim_; }
   // Decode steps replayed from captured graphs (null when GpuLimits::decode_graphs is 0).
   const StepGraphs* step_graphs() const { return graphs_.get(); }
+  // Host time of the last run() (microseconds): the plan (validation, step plan, journal), the
+  // enqueue (metadata upload, dry passes, graph launches, direct launches), the wait for the device
+  // (cudaStreamSynchronize) and the outputs (logits rows, commit). Everything but `wait` is work of
+  // the calling thread (benchmarks: the host's share of a decode step).
+  struct HostTimes {
+    double plan_us = 0, enqueue_us = 0, wait_us = 0, outputs_us = 0;
+  };
+  const HostTimes& last_host_times() const { return host_times_; }
   size_t workspace_bytes() const { return ws_.device_bytes; }
 
   // One exact forward over the batch (distinct sequences, >= 1 token each). out gets one
@@ -377,6 +385,7 @@ class GpuForward {
   cudaStream_t side_ = nullptr;                                // null: off (GpuLimits::side_stream)
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // side-stream work not yet joined into the main stream
+  HostTimes host_times_;
 };
 
 }  // namespace ds41::gpu
