@@ -85,6 +85,26 @@ std::string layer_kind(const model::LayerPlan& p) {
   return k;
 }
 
+// A block's dense weights (attention projections, compressor, indexer, router, shared expert,
+// Engram projection) in their checkpoint formats.
+double dense_weight_bytes(const gpu::DeviceLayer& w) {
+  double dense = 0;
+  for (const cuda::DeviceWeight* x :
+       {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_a, &w.wo_b, &w.c_wkv, &w.c_wgate, &w.idx_wk, &w.idx_wq_b,
+        &w.idx_weights_proj, &w.gate, &w.shared.w1, &w.shared.w2, &w.shared.w3})
+    dense += static_cast<double>(weight_bytes(*x));
+  if (w.engram) dense += static_cast<double>(weight_bytes(w.engram->wkv));
+  return dense;
+}
+
+// Routed experts (w.experts non-empty): the expected number of distinct experts among rows * k draws
+// of E, times one expert's bytes.
+double routed_expert_bytes(const gpu::DeviceLayer& w, double rows, double E, double k) {
+  const double touched = E * (1.0 - std::pow(1.0 - k / E, rows));
+  return touched * static_cast<double>(weight_bytes(w.experts[0].w1) + weight_bytes(w.experts[0].w2) +
+                                       weight_bytes(w.experts[0].w3));
+}
+
 // Bytes one decode step must read in layer l for `batch` sequences at `context` tokens.
 std::map<std::string, double> decode_bytes(const gpu::DeviceModel& m, int64_t l, int64_t batch,
                                            int64_t context) {
@@ -93,20 +113,10 @@ std::map<std::string, double> decode_bytes(const gpu::DeviceModel& m, int64_t l,
   const gpu::DeviceLayer& w = m.weights().layers[l];
   const model::KvLayout& kv = m.kv_layout();
   std::map<std::string, double> b;
-  double dense = 0;
-  for (const cuda::DeviceWeight* x :
-       {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_a, &w.wo_b, &w.c_wkv, &w.c_wgate, &w.idx_wk, &w.idx_wq_b,
-        &w.idx_weights_proj, &w.gate, &w.shared.w1, &w.shared.w2, &w.shared.w3})
-    dense += static_cast<double>(weight_bytes(*x));
-  if (w.engram) dense += static_cast<double>(weight_bytes(w.engram->wkv));
-  b["dense_weights"] = dense;
-  // Routed experts: the expected number of distinct experts among batch * k draws.
-  const double E = static_cast<double>(c.n_routed_experts), k = static_cast<double>(c.num_experts_per_tok);
-  const double touched = E * (1.0 - std::pow(1.0 - k / E, static_cast<double>(batch)));
+  b["dense_weights"] = dense_weight_bytes(w);
   if (!w.experts.empty())
-    b["routed_experts"] =
-        touched * static_cast<double>(weight_bytes(w.experts[0].w1) + weight_bytes(w.experts[0].w2) +
-                                      weight_bytes(w.experts[0].w3));
+    b["routed_experts"] = routed_expert_bytes(w, static_cast<double>(batch), static_cast<double>(c.n_routed_experts),
+                                              static_cast<double>(c.num_experts_per_tok));
   b["window_rows"] = static_cast<double>(batch * std::min(c.sliding_window, context) * kv.window_row_bytes);
   if (p.ratio > 0) {
     const int64_t entries = context / p.ratio;
@@ -121,20 +131,9 @@ std::map<std::string, double> decode_bytes(const gpu::DeviceModel& m, int64_t l,
   return b;
 }
 
-// Bytes of the weights a block reads for `rows` rows: the dense ones, and the routed experts'
-// expected distinct count among rows * k draws of E (decode_bytes' rule).
+// Bytes of the weights a block reads for `rows` rows: the dense ones and the routed experts'.
 double block_weight_bytes(const gpu::DeviceLayer& w, double rows, double E, double k) {
-  double b = 0;
-  for (const cuda::DeviceWeight* x :
-       {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_a, &w.wo_b, &w.c_wkv, &w.c_wgate, &w.idx_wk, &w.idx_wq_b,
-        &w.idx_weights_proj, &w.gate, &w.shared.w1, &w.shared.w2, &w.shared.w3})
-    b += static_cast<double>(weight_bytes(*x));
-  if (w.engram) b += static_cast<double>(weight_bytes(w.engram->wkv));
-  if (!w.experts.empty() && E > 0)
-    b += E * (1.0 - std::pow(1.0 - k / E, rows)) *
-         static_cast<double>(weight_bytes(w.experts[0].w1) + weight_bytes(w.experts[0].w2) +
-                             weight_bytes(w.experts[0].w3));
-  return b;
+  return dense_weight_bytes(w) + (w.experts.empty() || E <= 0 ? 0.0 : routed_expert_bytes(w, rows, E, k));
 }
 
 // The HBM floor of DSpark's two costs against a plain step's (issue 17's targets: a draft <= 15 %

@@ -73,12 +73,6 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int f, int) { return cudaStreamCreateWithFlags(s, f); }
-cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-  *least = 0;
-  *greatest = 0;
-  return cudaSuccess;
-}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete[] reinterpret_cast<char*>(s);
   return cudaSuccess;

@@ -2,7 +2,6 @@
 #include "gpu/cuda_engine.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <unordered_set>
 
@@ -22,17 +21,8 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
   e->model_ = model;
   const model::ModelConfig& c = model->config();
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaSetDevice(model->device()), "select the model's device"));
-  // DS41_ENGINE_PRIORITY=1: the engine stream at the device's greatest priority (measurements: its
-  // blocks are scheduled before the side stream's and the vision encoder's).
-  int prio_least = 0, prio_greatest = 0;
-  if (std::getenv("DS41_ENGINE_PRIORITY") != nullptr && std::strcmp(std::getenv("DS41_ENGINE_PRIORITY"), "1") == 0 &&
-      cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest) == cudaSuccess) {
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(
-        cudaStreamCreateWithPriority(&e->stream_, cudaStreamNonBlocking, prio_greatest), "create the engine stream"));
-  } else {
-    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking),
-                                           "create the engine stream"));
-  }
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking),
+                                         "create the engine stream"));
   const GpuLimits lim = resolve_limits(c, model->schedule(), opt.limits);
   e->info_.model_name = opt.model_name;
   e->info_.device = "cuda:" + std::to_string(model->device());

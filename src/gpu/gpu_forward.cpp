@@ -209,18 +209,12 @@ Status GpuForward::concurrently(const std::function<Status()>& side, const std::
   }
   const cudaStream_t m = stream_;
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, m, fork_ev_), "fork the side stream"));
-  // DS41_SIDE_ORDER=main: the main chain enqueued first (measurements).
-  static const bool main_first = [] {
-    const char* e = std::getenv("DS41_SIDE_ORDER");
-    return e != nullptr && std::strcmp(e, "main") == 0;
-  }();
-  Status st = main_first ? main() : ok_status();
-  if (st.ok()) {
-    stream_ = side_;
-    st = side();
-    stream_ = m;
-  }
-  if (st.ok() && !main_first) st = main();
+  // The side chain is enqueued first (the main chain first, or the engine stream at the highest
+  // priority, measured the same on the H200: docs/perf, session of 2026-12-04 19:20 UTC).
+  stream_ = side_;
+  Status st = side();
+  stream_ = m;
+  if (st.ok()) st = main();
   // Joined whatever happened: a capture needs every forked stream back, and the next step must not
   // race the side stream's leftovers.
   const Status joined = cuda::cuda_status(cuda::stream_wait(m, side_, join_ev_), "join the side stream");

@@ -29,6 +29,34 @@ int threads_for(int64_t t) { return t >= 8192 ? 1024 : 256; }
 
 constexpr int64_t kMaxCachedScores = 10240;  // 40 KB of dynamic shared memory (no opt-in)
 
+// row[0, m) into shared memory, every thread's kLoads loads in flight together; then a barrier.
+__device__ void cache_row(const float* __restrict__ row, int64_t m, float* smem) {
+  constexpr int kLoads = 8;
+  for (int64_t base = threadIdx.x; base < m; base += kLoads * blockDim.x) {
+    float x[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t i = base + j * blockDim.x;
+      x[j] = i < m ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int64_t i = base + j * blockDim.x;
+      if (i < m) smem[i] = x[j];
+    }
+  }
+  __syncthreads();
+}
+
+// The k best of load(0..m) emitted in ascending order (radix_select.cuh), o[taken..k) = -1.
+template <typename Load, typename Emit>
+__device__ void select_padded(const Load& load, int64_t m, int64_t k, sel::SelectShared& sh, const Emit& emit,
+                              int32_t* o) {
+  const sel::Threshold th = sel::select_threshold(load, m, k, sh);
+  const int64_t taken = sel::select_emit(load, m, th, sh, emit);
+  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+}
+
 // cached (t <= kMaxCachedScores): the row is copied into shared memory first (every thread's loads
 // in flight together), and the four histogram passes and the emit read it there; otherwise they
 // read the row from global memory (through L2) each time. The same selection either way.
@@ -43,32 +71,12 @@ __global__ void __launch_bounds__(1024) topk_rows_kernel(const float* __restrict
   auto emit = [o](int64_t i, bool s, int64_t pos) {
     if (s) o[pos] = static_cast<int32_t>(i);
   };
-  int64_t taken;
   if (cached) {
-    constexpr int kLoads = 8;
-    for (int64_t base = threadIdx.x; base < t; base += kLoads * blockDim.x) {
-      float x[kLoads];
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const int64_t i = base + j * blockDim.x;
-        x[j] = i < t ? row[i] : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < kLoads; ++j) {
-        const int64_t i = base + j * blockDim.x;
-        if (i < t) smem[i] = x[j];
-      }
-    }
-    __syncthreads();
-    auto load = [&](int64_t i) { return smem[i]; };
-    const sel::Threshold th = sel::select_threshold(load, t, k, sh);
-    taken = sel::select_emit(load, t, th, sh, emit);
+    cache_row(row, t, smem);
+    select_padded([&](int64_t i) { return smem[i]; }, t, k, sh, emit, o);
   } else {
-    auto load = [row](int64_t i) { return row[i]; };
-    const sel::Threshold th = sel::select_threshold(load, t, k, sh);
-    taken = sel::select_emit(load, t, th, sh, emit);
+    select_padded([row](int64_t i) { return row[i]; }, t, k, sh, emit, o);
   }
-  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
 }
 
 // Long rows of a small call (a decode step's index top-k at 32K-128K context: one CTA over 131,073
@@ -88,28 +96,12 @@ __global__ void __launch_bounds__(1024) topk_chunks_kernel(const float* __restri
   const int64_t b0 = c * chunk, e0 = b0 + chunk < t ? b0 + chunk : t, m = e0 > b0 ? e0 - b0 : 0;
   const float* row = scores + r * t + b0;
   int32_t* o = cand + (r * g + c) * k;
-  constexpr int kLoads = 8;
-  for (int64_t base = threadIdx.x; base < m; base += kLoads * blockDim.x) {
-    float x[kLoads];
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int64_t i = base + j * blockDim.x;
-      x[j] = i < m ? row[i] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int64_t i = base + j * blockDim.x;
-      if (i < m) smem[i] = x[j];
-    }
-  }
-  __syncthreads();
+  cache_row(row, m, smem);
   auto load = [&](int64_t i) { return smem[i]; };
   auto emit = [o, b0](int64_t i, bool s, int64_t pos) {
     if (s) o[pos] = static_cast<int32_t>(b0 + i);
   };
-  const sel::Threshold th = sel::select_threshold(load, m, k, sh);
-  const int64_t taken = sel::select_emit(load, m, th, sh, emit);
-  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+  select_padded(load, m, k, sh, emit, o);
 }
 
 __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
@@ -131,9 +123,7 @@ __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restric
   auto emit = [o, cr](int64_t i, bool s, int64_t pos) {
     if (s) o[pos] = cr[i];
   };
-  const sel::Threshold th = sel::select_threshold(load, m, k, sh);
-  const int64_t taken = sel::select_emit(load, m, th, sh, emit);
-  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+  select_padded(load, m, k, sh, emit, o);
 }
 
 // bs: the workspace row (written and read here: plain loads, no read-only cache path).
