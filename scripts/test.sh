@@ -37,16 +37,17 @@ san_flags() {
   esac
 }
 
-# configure_san DIR KIND: a CUDA-off build tree with the sanitizer's flags.
+# configure_san DIR KIND [CMAKE ARGS...]: a CUDA-off build tree with the sanitizer's flags.
 configure_san() {
   local dir=$1 flags
   flags=$(san_flags "$2")
+  shift 2
   # The build type's -O2 -g1 follows these flags and wins. Cutting it to -DNDEBUG (sanitizer trees
   # at -O1) made GCC 12 crash in IPA constant propagation (internal compiler error) on the CPU
   # backend's -O3 files compiled against the -O1 precompiled header: CI of 2026-12-03 failed so.
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDS41_CUDA=OFF \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
-    -DCMAKE_EXE_LINKER_FLAGS="${flags%% *}" >/dev/null
+    -DCMAKE_EXE_LINKER_FLAGS="${flags%% *}" "$@" >/dev/null
 }
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
@@ -71,11 +72,12 @@ if [ "$short_tsan" = 1 ]; then
   # read by server threads, the prefix cache's block reads off the loop thread: BlockPrefetcher,
   # image encoding off the loop thread: ImageEncoder, CpuEngine::encode_images during step()),
   # the places shared by many threads.
-  configure_san build-tsan-ci tsan
   # ds41 itself too: this tree is configured without CUDA, so it checks that the binary still
   # builds for users without the CUDA toolkit (the plain build above has CUDA on when nvcc exists).
-  ninja -C build-tsan-ci ds41_core_tests ds41_kvcache_tests ds41_engine_tests ds41
-  build-tsan-ci/tests/unit/core/ds41_core_tests --gtest_filter='ThreadPool.*'
-  build-tsan-ci/tests/unit/kvcache/ds41_kvcache_tests --gtest_filter='AsyncWriter*:KvStore*'
-  build-tsan-ci/tests/unit/engine/ds41_engine_tests --gtest_filter='EngineLoop*:BlockPrefetcher*:ImageEncoder*:CpuEngineConcurrency*'
+  # Nothing of it runs here, so its own sources build at -O0 -g0 (tools/CMakeLists.txt).
+  # ds41_tsan_ci_tests holds only the test files run below (tests/tsan/CMakeLists.txt).
+  configure_san build-tsan-ci tsan "-DDS41_TOOL_COMPILE_OPTIONS=-O0;-g0"
+  ninja -C build-tsan-ci ds41_tsan_ci_tests ds41
+  build-tsan-ci/tests/tsan/ds41_tsan_ci_tests \
+    --gtest_filter='ThreadPool.*:AsyncWriter*:KvStore*:EngineLoop*:BlockPrefetcher*:ImageEncoder*:CpuEngineConcurrency*'
 fi
