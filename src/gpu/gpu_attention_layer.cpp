@@ -273,6 +273,21 @@ Status GpuForward::index(int64_t l, const GpuForwardOptions& opt, std::vector<mo
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
         cuda::fill_async(ws_.sel, 0xff, static_cast<size_t>(n * K) * sizeof(int32_t), s), "clear selection"));
   } else {
+    cuda::IndexerDeviceArgs ia;
+    ia.n = n;
+    ia.n_heads = nih;
+    ia.head_dim = dI;
+    ia.t_stride = pi.ts;
+    ia.q = ws_.qi;
+    ia.w = ws_.wt;
+    ia.key_begin = pi.key_begin;
+    ia.visible = pi.visible;
+    ia.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)));
+    ia.out = ws_.scores;
+    // Decode-shaped calls score the packed Q_idx rows in the pool directly (the same bits); the others
+    // (prefill chunks: the tensor cores) read float keys decoded once per source and step. The choice
+    // depends on the step's shape only, so it is the same for every index layer of the step.
+    const bool packed = cuda::indexer_scores_packed_supported(ia);
     if (carry_.keys_of_source != j) {
       const KvPageGeometry& g = pool_->geometry();
       cuda::PagedRowsArgs pa;
@@ -285,22 +300,17 @@ Status GpuForward::index(int64_t l, const GpuForwardOptions& opt, std::vector<mo
       const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
       DS41_RETURN_IF_ERROR(
           cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.decode_keys, ws_.key_offsets, s));
-      DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
-                                                        src.decode_keys, ws_.keys, s));
+      if (!packed)
+        DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
+                                                          src.decode_keys, ws_.keys, s));
       carry_.keys_of_source = j;
     }
-    cuda::IndexerDeviceArgs ia;
-    ia.n = n;
-    ia.n_heads = nih;
-    ia.head_dim = dI;
-    ia.t_stride = pi.ts;
-    ia.q = ws_.qi;
-    ia.w = ws_.wt;
-    ia.keys = ws_.keys;
-    ia.key_begin = pi.key_begin;
-    ia.visible = pi.visible;
-    ia.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dI)));
-    ia.out = ws_.scores;
+    if (packed) {
+      ia.key_base = pool_->base();
+      ia.key_offsets = ws_.key_offsets;
+    } else {
+      ia.keys = ws_.keys;
+    }
     DS41_RETURN_IF_ERROR(cuda::run_indexer_scores(ia, s));
     if (p.candidate_source) {
       DS41_RETURN_IF_ERROR(cuda::run_candidate_pool(ws_.scores, pi.visible, n, pi.ts,

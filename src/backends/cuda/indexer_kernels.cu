@@ -18,6 +18,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/fake_quant_device.cuh"
 #include "backends/cuda/indexer_dot.cuh"
 #include "backends/cuda/indexer_kernels.h"
 #include "backends/cuda/indexer_tc_kernels.h"
@@ -135,7 +136,85 @@ __global__ void __launch_bounds__(kThreads)
   *o = static_cast<float>(sc);
 }
 
+// The split kernel over packed keys: the CTA's 32 keys' Q_idx rows (68 bytes each at head_dim 128)
+// are staged in shared memory by all threads (consecutive threads read consecutive bytes of a row:
+// coalesced, where a lane reading its own float key made every load instruction touch 32 lines,
+// ~4,096 L1 wavefronts per warp and key tile), then lane j decodes key j into registers with
+// fake_quant_device's decode_code<kIdx> (the float run_decode_rows_gather writes) and
+// computes indexer_scores_split_kernel's values from there: the same bits. Rows of 68 bytes are 17
+// words apart, an odd number: a warp's word reads of its 32 rows are conflict-free.
+constexpr int kPackedD = 128;
+constexpr int kPackedRowBytes = kPackedD / 2 + kPackedD / 32;  // 68
+
+__global__ void __launch_bounds__(kThreads)
+    indexer_scores_packed_kernel(int64_t n_heads, int64_t t_stride, int64_t tiles, const float* __restrict__ q,
+                                 const float* __restrict__ w, const uint8_t* __restrict__ key_base,
+                                 const int64_t* __restrict__ key_offsets, const int64_t* __restrict__ key_begin,
+                                 const int64_t* __restrict__ visible, float scale, float* __restrict__ out) {
+  dev::pdl_enter();
+  extern __shared__ __align__(16) float smem[];
+  float* q_s = smem;                    // [n_heads][128]
+  float* w_s = smem + n_heads * kPackedD;  // [n_heads]
+  float* v_s = w_s + n_heads;           // [kSplitKeys][vstride]
+  const int64_t vstride = n_heads | 1;
+  uint8_t* k_s = reinterpret_cast<uint8_t*>(v_s + kSplitKeys * vstride);  // [kSplitKeys][68]
+  const int64_t r = blockIdx.x / tiles, t0 = (blockIdx.x % tiles) * kSplitKeys;
+  const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+  const int64_t vis = min(visible[r], t_stride);
+  const int64_t nk = max(int64_t{0}, min(static_cast<int64_t>(kSplitKeys), vis - t0));
+  const int64_t* offs = key_offsets + key_begin[r] + t0;
+  for (int64_t i = threadIdx.x; i < nk * kPackedRowBytes; i += blockDim.x) {
+    const int64_t j = i / kPackedRowBytes, c = i - j * kPackedRowBytes;
+    const int64_t off = offs[j];
+    k_s[i] = off < 0 ? uint8_t{0} : key_base[off + c];  // zero codes, scale byte 0: the zero key
+  }
+  stage_queries(q, w, r, n_heads, kPackedD, q_s, w_s);  // ends with the barrier
+  const int64_t t = t0 + lane;
+  const bool live = t < vis;
+  const int64_t hp = (n_heads + kHeadGroups - 1) / kHeadGroups;
+  const int64_t h0 = g * hp, h1 = min(n_heads, h0 + hp);
+  if (live && h0 < h1) {
+    float kr[kPackedD];
+    const uint32_t* kw = reinterpret_cast<const uint32_t*>(k_s + lane * kPackedRowBytes);
+    const uint32_t sw = kw[kPackedD / 8];  // the four E8M0 bytes (one per 32 channels)
+#pragma unroll
+    for (int c = 0; c < kPackedD / 8; ++c) {
+      const uint32_t word = kw[c];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        kr[8 * c + j] = fq::decode_code<fq::kIdx>((word >> (4 * j)) & 15u, (sw >> (8 * (c / 4))) & 0xffu);
+    }
+    float* vr = v_s + lane * vstride;
+    for (int64_t h = h0; h < h1; ++h) {
+      const float v = dot_like_cpu<kPackedD>(q_s + h * kPackedD, kr, kPackedD);
+      vr[h] = (v < 0.0f ? 0.0f : v) * scale;  // head_values' arithmetic
+    }
+  }
+  __syncthreads();
+  if (g != 0 || t >= t_stride) return;
+  float* o = out + r * t_stride + t;
+  if (!live) {
+    *o = -INFINITY;
+    return;
+  }
+  const float* vr = v_s + lane * vstride;
+  double sc = 0.0;
+  for (int64_t h = 0; h < n_heads; ++h) sc += static_cast<double>(vr[h]) * static_cast<double>(w_s[h]);
+  *o = static_cast<float>(sc);
+}
+
+size_t packed_smem(int64_t n_heads) {
+  return sizeof(float) * static_cast<size_t>(n_heads * kPackedD + n_heads + kSplitKeys * (n_heads | 1)) +
+         static_cast<size_t>(kSplitKeys * kPackedRowBytes);
+}
+
 }  // namespace
+
+bool indexer_scores_packed_supported(const IndexerDeviceArgs& a) {
+  static const bool allowed = switch_on("DS41_PACKED_INDEXER");
+  return allowed && a.head_dim == kPackedD && a.n_heads >= kHeadGroups && a.n < kTcMinRows &&
+         packed_smem(a.n_heads) <= kMaxSmem;
+}
 
 Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
   if (a.n < 0 || a.t_stride < 0)
@@ -149,6 +228,21 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
     return invalid_argument("indexer_scores: n_heads x head_dim " + std::to_string(a.n_heads * a.head_dim) +
                             " does not fit the shared-memory query tile (48 KiB)");
   if (a.n == 0 || a.t_stride == 0) return ok_status();
+  if (a.key_base != nullptr || a.key_offsets != nullptr) {  // packed keys
+    if (!a.key_base || !a.key_offsets || !a.q || !a.w || !a.key_begin || !a.visible || !a.out)
+      return invalid_argument("indexer_scores: packed keys need key_base, key_offsets, q, w, key_begin, visible, out");
+    if (a.head_dim != kPackedD || a.n_heads < kHeadGroups || packed_smem(a.n_heads) > kMaxSmem)
+      return invalid_argument("indexer_scores: packed keys need head_dim 128 and 4.." +
+                              std::to_string((kMaxSmem / sizeof(float)) / (kPackedD + 2)) + " heads, got " +
+                              std::to_string(a.n_heads) + " x " + std::to_string(a.head_dim));
+    const int64_t tiles = (a.t_stride + kSplitKeys - 1) / kSplitKeys;
+    if (a.n * tiles > 0x7fffffff)
+      return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " +
+                              std::to_string(a.t_stride) + " too large for one grid");
+    launch(indexer_scores_packed_kernel, static_cast<unsigned>(a.n * tiles), kThreads, packed_smem(a.n_heads), stream,
+           a.n_heads, a.t_stride, tiles, a.q, a.w, a.key_base, a.key_offsets, a.key_begin, a.visible, a.scale, a.out);
+    return last_launch_status("indexer_scores (packed keys)");
+  }
   if (!a.q || !a.w || !a.keys || !a.key_begin || !a.visible || !a.out)
     return invalid_argument("indexer_scores: null q, w, keys, key_begin, visible or out");
   // Prefill-shaped calls (rows of one sequence share their keys) take the tensor cores: the same

@@ -24,7 +24,19 @@ struct IndexerDeviceArgs {
   const int64_t* visible = nullptr;    // [n]
   float scale = 1.0f;
   float* out = nullptr;  // [n, t_stride]
+  // Packed keys instead of `keys` (indexer_scores_packed_supported): key key_begin[r] + t is the Q_idx
+  // row (MODEL_SPEC 3.9 / 5.2: head_dim / 2 bytes of E2M1 codes, low nibble first, then head_dim / 32
+  // E8M0 scale bytes) at key_base + key_offsets[key_begin[r] + t] (a negative offset: a zero key), as
+  // run_decode_rows_gather(kIdx) reads them; the scores are the bits of the float path over the keys it
+  // decodes. No float copy of the keys is written or read.
+  const uint8_t* key_base = nullptr;
+  const int64_t* key_offsets = nullptr;
 };
 Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream);
+
+// Whether run_indexer_scores takes packed keys for this call: head_dim 128 (the released width; a lane
+// decodes its key into registers), at least 4 heads, fewer than 32 rows (prefill-shaped calls take the
+// tensor cores over float keys), and DS41_PACKED_INDEXER not 0.
+bool indexer_scores_packed_supported(const IndexerDeviceArgs& a);
 
 }  // namespace ds41::cuda

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "backends/cuda/block_scan.cuh"
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/linear_decode.cuh"
@@ -584,22 +585,9 @@ __device__ __forceinline__ void persist_run(const WView& w, int64_t out_rows, in
 // between lanes), filled by cp.async (16 bytes, bypassing L1) S - 1 batches ahead of the one being
 // decoded; the scale bytes ride along in registers (one small array per stage). A warp thus keeps
 // S - 1 batches in flight while it decodes, and no loaded weight holds a register before its decode.
-#if defined(__CUDA_ARCH__)
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-#else  // the host SIMT emulator: a plain copy
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
-#endif
+using dev::cp_async16;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
 
 template <int R, int U, int S>
 constexpr int kRingChunksPerWarp = S * R * U * 32;  // 16-byte slots
@@ -1377,6 +1365,7 @@ void set_persist_ring_for_tests(int mode) { g_persist_ring = mode < 0 ? -1 : (mo
 void set_persist_u_for_tests(int u) { g_persist_u = (u >= 3 && u <= 5) ? u : 0; }
 void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 void set_tc_gemv_rows_per_block_for_tests(int nb) { tcg::set_rows_per_block_for_tests(nb); }
+void set_tc_gemv_ring_for_tests(int mode) { tcg::set_ring_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {

@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
@@ -202,6 +203,11 @@ __host__ __device__ __forceinline__ bool scale_word_fast(uint32_t v) {
   return ((v ^ ((v & 0x7f7f7f7fu) + 0x40404040u)) & 0x80808080u) == 0x80808080u;
 }
 
+// The aligned 32-bit word around byte p (scale bytes: one aligned load or copy serves four).
+__device__ __forceinline__ const uint32_t* aligned_word(const uint8_t* p) {
+  return reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
+}
+
 // The formats. Per tile and lane: Q the loaded words of rows r and r + 8.
 // kofs(m, s): K offset in the tile (past 8g) of B slot s (0..3) of mma m: slots 0, 1 = b0's two
 // halves, 2, 3 = b1's.
@@ -228,6 +234,24 @@ struct Fp8 {
   // The step at the pointers (WarpTask advances them by kStepBytes / kScaleStep per step).
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, int) {
     return Raw{ld_w<uint2>(ra), ld_w<uint2>(rb), __ldg(sa)};
+  }
+  // The shared-memory ring (WarpTask with kRing): a warp's stage holds the step's two 8-byte pieces
+  // of every lane ([0, 256) rows r, [256, 512) rows r + 8) and the aligned word around the step's
+  // scale byte (copied by lane 0, read by all after the warp's barrier).
+  static constexpr int kRingStageBytes = 528;
+  __device__ static void ring_copy(uint8_t* st, const uint8_t* ra, const uint8_t* rb, const uint8_t* sa,
+                                   const uint8_t*, int) {
+    const int lane = threadIdx.x & 31;
+    dev::cp_async8_l2_256(st + 8 * lane, ra);
+    dev::cp_async8_l2_256(st + 256 + 8 * lane, rb);
+    if (lane == 0) dev::cp_async4(st + 512, aligned_word(sa));
+  }
+  // sa: the address of the step's scale byte (its place in the word).
+  __device__ static Raw ring_read(const uint8_t* st, const uint8_t* sa, int) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(st + 512);
+    return Raw{*reinterpret_cast<const uint2*>(st + 8 * lane), *reinterpret_cast<const uint2*>(st + 256 + 8 * lane),
+               (w >> (8 * static_cast<int>(reinterpret_cast<uintptr_t>(sa) & 3u))) & 0xffu};
   }
   __device__ static void prepare(Raw&, int) {}
   __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s); }
@@ -281,15 +305,39 @@ struct Fp4 {
   // tiles % 4 == 0); prepare() funnel-shifts them when the step is used. Shifting at the load waited
   // for the loads there, so every step's loads stalled the warp a memory latency (ncu's top stall,
   // SHF.R.U64, docs/perf/README.md).
-  __device__ static const uint32_t* scale_word(const uint8_t* p) {
-    return reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
-  }
+  __device__ static const uint32_t* scale_word(const uint8_t* p) { return aligned_word(p); }
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t* sb,
                                 int shift) {
     const uint32_t* wa = scale_word(sa);
     const uint32_t* wb = scale_word(sb);
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb), __ldg(wa), __ldg(wb), shift ? __ldg(wa + 1) : 0u,
                shift ? __ldg(wb + 1) : 0u};
+  }
+  // The shared-memory ring (WarpTask with kRing): a warp's stage holds the step's 16-byte pieces of
+  // every lane ([0, 512) rows r, [512, 1024) rows r + 8) and, at 1024 + 8 row, the 16 rows' scale
+  // words (and the next ones when shift != 0), copied by the first lane of each quad and read by its
+  // four lanes after the warp's barrier.
+  static constexpr int kRingStageBytes = 1152;
+  __device__ static void ring_copy(uint8_t* st, const uint8_t* ra, const uint8_t* rb, const uint8_t* sa,
+                                   const uint8_t* sb, int shift) {
+    const int lane = threadIdx.x & 31, r = lane >> 2;
+    dev::cp_async16_l2_256(st + 16 * lane, ra);
+    dev::cp_async16_l2_256(st + 512 + 16 * lane, rb);
+    if ((lane & 3) == 0) {
+      uint8_t* w = st + 1024 + 8 * r;  // row r; row r + 8 at + 64
+      dev::cp_async4(w, scale_word(sa));
+      dev::cp_async4(w + 64, scale_word(sb));
+      if (shift) {
+        dev::cp_async4(w + 4, scale_word(sa) + 1);
+        dev::cp_async4(w + 68, scale_word(sb) + 1);
+      }
+    }
+  }
+  __device__ static Raw ring_read(const uint8_t* st, const uint8_t*, int shift) {
+    const int lane = threadIdx.x & 31, r = lane >> 2;
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 1024 + 8 * r);
+    return Raw{*reinterpret_cast<const uint4*>(st + 16 * lane), *reinterpret_cast<const uint4*>(st + 512 + 16 * lane),
+               w[0], w[16], shift ? w[1] : 0u, shift ? w[17] : 0u};
   }
   __device__ static uint32_t funnel(uint32_t lo, uint32_t hi, int shift) {
     return shift ? static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> shift) : lo;
@@ -522,7 +570,10 @@ struct Cols {
   static constexpr int kMinBlocks = NB <= 3 ? 2 : 1;
 };
 
-template <class D, bool kFp8, int NB>
+// kRing: the weights stream through a shared-memory ring of `rd` stages per warp (2, 4 or 8; filled by
+// cp.async rd - 1 steps ahead of the one multiplied) instead of the U-step register ring: more bytes
+// in flight per SM without registers. The same bytes reach the same arithmetic, so the same bits.
+template <class D, bool kFp8, int NB, bool kRing = false>
 struct WarpTask {
   static constexpr int U = D::kU, NT = Cols<NB>::NT;
   // The next step's loads: rows r and r + 8 (ra, rb) and their scale bytes (sa, sb), advanced by one
@@ -530,7 +581,9 @@ struct WarpTask {
   const uint8_t *ra, *rb, *sa, *sb;
   int s_shift;    // FP4: 8 x (scale row address % 4), see Fp4::load_at / funnel
   int64_t t0, n;  // steps (D::kSub tiles each)
-  typename D::Raw q[U];
+  typename D::Raw q[kRing ? 1 : U];
+  uint8_t* ring = nullptr;  // kRing: this warp's rd stages of D::kRingStageBytes
+  int rd = 0;
 
   __device__ __forceinline__ void prologue(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc,
                                            int64_t in, int64_t o0, int64_t row_end, int64_t t_begin,
@@ -552,10 +605,20 @@ struct WarpTask {
       sb = sc + ob * tiles + t0 * D::kScaleStep;
     }
     s_shift = 8 * static_cast<int>(reinterpret_cast<uintptr_t>(sa) & 3u);  // tiles % 4 == 0 on the FP4 path
+    if constexpr (kRing) {
+      // Steps 0 .. rd - 1 into stages 0 .. rd - 1, one cp.async group each (empty past n): tile(k)
+      // then waits for all but the newest rd - 1 groups, i.e. up to step k's.
+      for (int u = 0; u < rd; ++u) {
+        if (u < n) D::ring_copy(ring + u * D::kRingStageBytes, ra, rb, sa, sb, s_shift);
+        dev::cp_async_commit();
+        advance();
+      }
+    } else {
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (u < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
-      advance();
+      for (int u = 0; u < U; ++u) {
+        if (u < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
+        advance();
+      }
     }
   }
 
@@ -641,9 +704,18 @@ struct WarpTask {
   // step that fails it (rare).
   __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, Fast& f, const int* ex,
                                        float (&acc)[NT][4]) {
-    typename D::Raw cur = q[u];
-    if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
-    advance();
+    typename D::Raw cur;
+    uint8_t* st = nullptr;
+    if constexpr (kRing) {
+      dev::cp_async_wait_ring(rd);
+      __syncwarp();  // the stage's scale words were copied by other lanes
+      st = ring + (k & (rd - 1)) * D::kRingStageBytes;
+      cur = D::ring_read(st, sa - rd * D::kScaleStep, s_shift);  // sa is rd steps ahead
+    } else {
+      cur = q[u];
+      if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
+      advance();
+    }
     D::prepare(cur, s_shift);
     bool step_fast = D::step_fast(cur);
     if constexpr (!D::kUniformScale) step_fast = __all_sync(0xffffffffu, step_fast);
@@ -684,6 +756,12 @@ struct WarpTask {
           for (int i = 0; i < 4; ++i) acc[c][i] += add.v[c][i];
       }
     }
+    if constexpr (kRing) {  // step k + rd into the stage just read
+      __syncwarp();          // every lane has read it
+      if (k + rd < n) D::ring_copy(st, ra, rb, sa, sb, s_shift);
+      dev::cp_async_commit();
+      advance();
+    }
   }
 
   __device__ __forceinline__ void run(const uint2* xs, int J, const int* ex, float (&acc)[NT][4]) {
@@ -712,10 +790,11 @@ struct WarpTask {
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
 // partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
 // weight loads are issued before stage() (the block's x staging; called once by every thread).
-template <class D, bool kFp8, int NB, class Stage>
+template <class D, bool kFp8, int NB, bool kRing, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
-                           int64_t ldy, float* red_d, int64_t slot, int64_t n_slots, Stage stage) {
+                           int64_t ldy, float* red_d, uint8_t* ring, int ring_depth, int64_t slot, int64_t n_slots,
+                           Stage stage) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int KS = 1 << ks_log2, RPB = kWarps >> ks_log2;
   const int kp = warp & (KS - 1), rgl = warp >> ks_log2;
@@ -726,7 +805,11 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   // global (w_row0 % 16 == 0 is required by the host), payload rows too. The loads of a warp's next
   // task are issued as soon as its current one is multiplied, before the block's reduction.
   constexpr int NT = Cols<NB>::NT;
-  WarpTask<D, kFp8, NB> task;
+  WarpTask<D, kFp8, NB, kRing> task;
+  if constexpr (kRing) {
+    task.ring = ring + warp * ring_depth * D::kRingStageBytes;
+    task.rd = ring_depth;
+  }
   if (slot < n_rgb && slot * RPB + rgl < n_rg)
     task.prologue(data, sc, in, w_row0 + (slot * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
   stage();
@@ -764,14 +847,17 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
     }
     __syncthreads();
   }
+  if constexpr (kRing) dev::cp_async_wait<0>();  // no copy outlives the block (all are empty by now)
 }
 
-template <class D, bool kFp8, int NB>
+// ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
+// reduction's (smem_bytes(in, NB) + kWarps x ring_depth x D::kRingStageBytes in all).
+template <class D, bool kFp8, int NB, bool kRing>
 __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
-                    float* __restrict__ y2) {
+                    float* __restrict__ y2, int ring_depth) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -786,19 +872,22 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   const int64_t grp = second ? 0 : blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
-  block_rows<D, kFp8, NB>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2, smem_u2, nb,
-                      ex, (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy, red_d, blockIdx.y, gridDim.y,
-                      [&] { stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex); });
+  uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
+  block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
+                                 smem_u2, nb, ex, (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy, red_d, ring,
+                                 ring_depth, blockIdx.y, gridDim.y,
+                                 [&] { stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex); });
 }
 
 // Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
 // picks the matrix: 0 = weights into y, 1 = weights2 into y2 (a pair over the same rows of x: the
 // MoE's w1 and w3 in one launch).
-template <class D, bool kFp8, int NB>
+template <class D, bool kFp8, int NB, bool kRing>
 __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
-                     const float* __restrict__ x, float* __restrict__ y, float* __restrict__ y2, int ks_log2) {
+                     const float* __restrict__ x, float* __restrict__ y, float* __restrict__ y2, int ks_log2,
+                     int ring_depth) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -836,8 +925,10 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   const bool second = blockIdx.z != 0;
   const DeviceWeight dw = (second ? weights2 : weights)[e];
   const float* xb = x + r0 * in;
-  block_rows<D, kFp8, NB>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex, (second ? y2 : y) + r0 * out_dim, out_dim,
-                      red_d, blockIdx.x, gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex); });
+  uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
+  block_rows<D, kFp8, NB, kRing>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex,
+                                 (second ? y2 : y) + r0 * out_dim, out_dim, red_d, ring, ring_depth, blockIdx.x,
+                                 gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -990,6 +1081,36 @@ int expert_ks_log2(int64_t in, int U, int sub, int64_t mats) {
   return mats == 1 && steps >> 1 >= 2 * U ? 1 : 0;
 }
 
+// The shared-memory weight ring (WarpTask kRing): DS41_TCG_RING unset or 0: the register ring; 1: the
+// shared-memory ring wherever a depth (8, else 4 stages, more than the register ring's U steps) keeps
+// the blocks per SM of the register kernel; 2, 4 or 8: that depth wherever the shared memory fits
+// (measurements). FP8 / FP4 at up to 3 x rows per block (decode); the bits are the register ring's
+// (LinearParity.TensorCoreGemvRingKeepsTheBits). Off by default until the H200 has measured it.
+int g_ring = -1;
+int ring_mode() {
+  if (g_ring >= 0) return g_ring;
+  static const int v = [] {
+    const char* e = std::getenv("DS41_TCG_RING");
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return (n == 1 || n == 2 || n == 4 || n == 8) ? n : 0;
+  }();
+  return v;
+}
+
+// The ring's stages per warp for a call the register kernel K would run with `smem` bytes (0: take K).
+template <auto K, auto KR>
+int ring_depth(size_t smem, int U, int stage_bytes) {
+  const int mode = ring_mode();
+  if (mode == 0 || stage_bytes == 0) return 0;
+  auto bytes = [&](int d) { return smem + static_cast<size_t>(kWarps) * d * stage_bytes; };
+  if (mode >= 2) return bytes(mode) <= static_cast<size_t>(kMaxSmem) ? mode : 0;
+  allow_smem<KR>();
+  const int base = resident_blocks<K>(smem);
+  for (int d : {8, 4})
+    if (d > U && bytes(d) <= static_cast<size_t>(kMaxSmem) && resident_blocks<KR>(bytes(d)) >= base) return d;
+  return 0;
+}
+
 bool nb_fits(int nb, int64_t in) { return smem_bytes(in, nb) <= static_cast<size_t>(kMaxSmem); }
 
 // rows: x rows of the call (experts: the average per expert); row_groups: 16-row groups of W over
@@ -1044,6 +1165,7 @@ bool enabled() {
 void set_enabled_for_tests(int mode) { g_mode = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
 void set_rows_per_block_for_tests(int nb) { g_nb = (nb == 2 || nb == 3 || nb == 4 || nb == 6) ? nb : 0; }
+void set_ring_for_tests(int mode) { g_ring = (mode == 0 || mode == 1 || mode == 2 || mode == 4 || mode == 8) ? mode : -1; }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2) {
@@ -1066,22 +1188,38 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const int nbr = pick_nb(n, w.in_dim, (out_rows + 15) / 16 * groups * mats, groups);
   const size_t smem = smem_bytes(w.in_dim, nbr);
   const int64_t units = (n + nbr - 1) / nbr;
-  auto go = [&](auto kernel, int U, int sub) {
+  // kernel: the register ring; ring_kernel: the shared-memory ring (stage_bytes 0: none). U (the
+  // register ring's) sizes KS in both, so both give the same bits.
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {
     constexpr auto K = decltype(kernel)::value;
+    constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<K>(smem), env_dense_ks_log2(), mats);
-    const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats));
-    launch(K, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
-           w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2);
+    const int rd = ring_depth<K, KR>(smem, U, stage_bytes);
+    auto run = [&](auto kt, size_t sm) {
+      constexpr auto KK = decltype(kt)::value;
+      allow_smem<KK>();
+      const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<KK>(sm), env_dense_ks_log2(), mats);
+      const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats));
+      launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
+             w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd);
+    };
+    if (rd > 0)
+      run(ring_kernel, smem + static_cast<size_t>(kWarps) * rd * stage_bytes);
+    else
+      run(kernel, smem);
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
+    constexpr bool kR = NB <= 3;  // the ring for decode-sized blocks only
     if (fp8) {
-      go(KernelT<tc_dense_kernel<Fp8, true, NB>>{}, Fp8::kU, Fp8::kSub);
+      go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8, true, NB, kR>>{}, Fp8::kU,
+         Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
     } else if (fp4) {
-      go(KernelT<tc_dense_kernel<Fp4, false, NB>>{}, Fp4::kU, Fp4::kSub);
+      go(KernelT<tc_dense_kernel<Fp4, false, NB, false>>{}, KernelT<tc_dense_kernel<Fp4, false, NB, kR>>{}, Fp4::kU,
+         Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
     } else {
-      go(KernelT<tc_dense_kernel<Bf16, false, NB>>{}, Bf16::kU, Bf16::kSub);
+      go(KernelT<tc_dense_kernel<Bf16, false, NB, false>>{}, KernelT<tc_dense_kernel<Bf16, false, NB, false>>{},
+         Bf16::kU, Bf16::kSub, 0);
     }
   });
   return true;
@@ -1110,21 +1248,34 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   // Blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
   const int64_t grid_units = std::min(m_max, units);
-  auto go = [&](auto kernel, int U, int sub) {
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {  // as try_dense's
     constexpr auto K = decltype(kernel)::value;
+    constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<K>(smem),
-                          expert_ks_log2(in_dim, U, sub, mats), mats);
-    const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(mats));
-    launch(K, grid, kThreads, smem, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, y, y2,
-           s.ks_log2);
+    const int rd = ring_depth<K, KR>(smem, U, stage_bytes);
+    auto run = [&](auto kt, size_t sm) {
+      constexpr auto KK = decltype(kt)::value;
+      allow_smem<KK>();
+      const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<KK>(sm),
+                            expert_ks_log2(in_dim, U, sub, mats), mats);
+      const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(mats));
+      launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, y, y2,
+             s.ks_log2, rd);
+    };
+    if (rd > 0)
+      run(ring_kernel, smem + static_cast<size_t>(kWarps) * rd * stage_bytes);
+    else
+      run(kernel, smem);
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
+    constexpr bool kR = NB <= 3;
     if (fp8) {
-      go(KernelT<tc_expert_kernel<Fp8, true, NB>>{}, Fp8::kU, Fp8::kSub);
+      go(KernelT<tc_expert_kernel<Fp8, true, NB, false>>{}, KernelT<tc_expert_kernel<Fp8, true, NB, kR>>{}, Fp8::kU,
+         Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
     } else {
-      go(KernelT<tc_expert_kernel<Fp4, false, NB>>{}, Fp4::kU, Fp4::kSub);
+      go(KernelT<tc_expert_kernel<Fp4, false, NB, false>>{}, KernelT<tc_expert_kernel<Fp4, false, NB, kR>>{},
+         Fp4::kU, Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
     }
   });
   return true;

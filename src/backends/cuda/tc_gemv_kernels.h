@@ -23,6 +23,9 @@ void set_slot_cap_for_tests(int cap);  // caps the blocks along W rows (0: the d
 // Forces the x rows per block (2, 3, 4 or 6; 0: the launcher's choice, or DS41_TCG_NB). A row's
 // bits do not depend on it (LinearParity.DecodeGemvRowCountInvariance).
 void set_rows_per_block_for_tests(int nb);
+// The shared-memory weight ring (DS41_TCG_RING): -1 the environment, 0 off (the register ring), 1 where
+// it keeps the blocks per SM, 2 / 4 / 8 stages forced. A row's bits do not depend on it.
+void set_ring_for_tests(int mode);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)

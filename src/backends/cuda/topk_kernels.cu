@@ -127,9 +127,36 @@ __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restric
 }
 
 // bs: the workspace row (written and read here: plain loads, no read-only cache path).
+// Block b's score in the pool of a row of t scores (sc) whose last visible block is `forced`: its
+// maximum in index order (std::max semantics), +inf for the forced block.
+__device__ __forceinline__ float pool_block_score(const float* __restrict__ sc, int64_t t, int64_t block, int64_t b,
+                                                  int64_t forced) {
+  float m = -INFINITY;
+  const int64_t e = min(t, (b + 1) * block);
+  for (int64_t i = b * block; i < e; ++i) {
+    const float x = sc[i];
+    m = m < x ? x : m;  // std::max(m, x)
+  }
+  return b == forced ? INFINITY : m;
+}
+
+// Launch 1 of the two-launch pool (long rows): the block scores of every row into ws by a CTA per
+// (row, 256 blocks), where one CTA per row read the whole row itself (at 128K scores, 146 us of one
+// SM's loads with a load in flight per thread).
+__global__ void candidate_block_scores_kernel(const float* __restrict__ scores, const int64_t* __restrict__ visible,
+                                              int64_t t, int64_t block, int64_t tiles, float* __restrict__ ws) {
+  dev::pdl_enter();
+  const int64_t nb = (t + block - 1) / block;
+  const int64_t r = blockIdx.x / tiles, b = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  if (b >= nb) return;
+  const int64_t vis = visible[r];
+  ws[r * nb + b] = pool_block_score(scores + r * t, t, block, b, vis > 0 ? (vis - 1) / block : -1);
+}
+
+// scored: the block scores are in ws already (launch 1); else this CTA computes them.
 __global__ void candidate_pool_kernel(const float* __restrict__ scores, const int64_t* __restrict__ visible,
                                       int64_t t, int64_t block, int64_t keep, float* ws,
-                                      uint8_t* __restrict__ mask) {
+                                      uint8_t* __restrict__ mask, bool scored) {
   dev::pdl_enter();
   __shared__ sel::SelectShared sh;
   const int64_t r = blockIdx.x;
@@ -139,15 +166,8 @@ __global__ void candidate_pool_kernel(const float* __restrict__ scores, const in
   uint8_t* mr = mask + r * t;
   const int64_t vis = visible[r];
   const int64_t forced = vis > 0 ? (vis - 1) / block : -1;
-  for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
-    float m = -INFINITY;
-    const int64_t e = min(t, (b + 1) * block);
-    for (int64_t i = b * block; i < e; ++i) {
-      const float x = sc[i];
-      m = m < x ? x : m;  // std::max(m, x)
-    }
-    bs[b] = b == forced ? INFINITY : m;
-  }
+  if (!scored)
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) bs[b] = pool_block_score(sc, t, block, b, forced);
   __syncthreads();  // bs is visible to the whole CTA
   auto load = [bs](int64_t b) { return bs[b]; };
   const sel::Threshold th = sel::select_threshold(load, nb, keep, sh);
@@ -248,7 +268,20 @@ Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n
   if (!scores || !visible || !mask || !workspace)
     return invalid_argument("candidate_pool: null scores, visible, mask or workspace");
   const int64_t nb = (t + block - 1) / block;
-  launch(candidate_pool_kernel, static_cast<unsigned>(n), threads_for(nb), 0, stream, scores, visible, t, block, keep_blocks, static_cast<float*>(workspace), mask);
+  // Long rows in calls of at most kChunkedMaxRows rows (as the top-k): the block scores by many CTAs
+  // first (the same values: the same function per block). DS41_POOL_SPLIT=0: one launch.
+  static const bool split_allowed = switch_on("DS41_POOL_SPLIT");
+  const bool split = split_allowed && n <= kChunkedMaxRows && t > kChunkedMinScores;
+  float* ws = static_cast<float*>(workspace);
+  if (split) {
+    constexpr int kScoreThreads = 256;
+    const int64_t tiles = (nb + kScoreThreads - 1) / kScoreThreads;
+    launch(candidate_block_scores_kernel, static_cast<unsigned>(n * tiles), kScoreThreads, 0, stream, scores, visible,
+           t, block, tiles, ws);
+    DS41_RETURN_IF_ERROR(last_launch_status("candidate_pool (block scores)"));
+  }
+  launch(candidate_pool_kernel, static_cast<unsigned>(n), threads_for(nb), 0, stream, scores, visible, t, block,
+         keep_blocks, ws, mask, split);
   return last_launch_status("candidate_pool");
 }
 

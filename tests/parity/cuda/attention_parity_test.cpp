@@ -331,9 +331,12 @@ struct IdxCase {
 // (raw floats: not exact in bf16, so the certificate must send them to the CPU-order dot), and
 // block 3 of every `spread_every`-th key scaled by 2^`spread` (a span the certificate refuses, while
 // the values stay on the grid).
+// packed: the keys as packed Q_idx rows (run_indexer_scores' key_base / key_offsets) at scattered
+// 4-byte-aligned offsets, as pages place them, every 41st key's offset -1 (a zero key).
 struct IdxTcKnobs {
   bool tc = false;
   int raw_every = 0, spread_every = 0, spread = 0;
+  bool packed = false;
 };
 
 void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTcKnobs& k = {}) {
@@ -361,6 +364,22 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
     if (k.spread_every > 0)
       for (int64_t r = 1; r < total_keys; r += k.spread_every)
         for (int64_t i = std::min<int64_t>(96, D); i < D; ++i) keys[r * D + i] = std::ldexp(keys[r * D + i], k.spread);
+    std::vector<int64_t> key_off;  // packed: each key's byte offset (-1: a zero key)
+    std::vector<uint8_t> packed;
+    if (k.packed) {
+      const int64_t rb = quant::idx_row_bytes(D);
+      for (int64_t r = 0; r < total_keys; ++r) {
+        if (r % 41 == 40) {
+          key_off.push_back(-1);
+          std::fill(&keys[r * D], &keys[(r + 1) * D], 0.0f);
+          continue;
+        }
+        if (r % 13 == 0) packed.resize(packed.size() + 4 * (1 + r % 5), 0xa5);  // a page's other bytes
+        key_off.push_back(static_cast<int64_t>(packed.size()));
+        packed.resize(packed.size() + rb);
+        quant::q_idx_encode(&keys[r * D], D, packed.data() + key_off.back());
+      }
+    }
     std::vector<int64_t> begin(n), vis(n);
     std::vector<float> want(n * T, -INFINITY);
     int64_t kb = 0;
@@ -409,6 +428,17 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
     ga.visible = dvis->p;
     ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     ga.out = dout.p;
+    std::unique_ptr<DevBuf<uint8_t>> dpacked;
+    std::unique_ptr<DevBuf<int64_t>> doff;
+    if (k.packed) {
+      dpacked = upload(packed);
+      doff = upload(key_off);
+      ASSERT_TRUE(dpacked->p && doff->p);
+      ga.keys = nullptr;
+      ga.key_base = dpacked->p;
+      ga.key_offsets = doff->p;
+      ASSERT_TRUE(indexer_scores_packed_supported(ga)) << c.name;
+    }
     if (k.tc) {
       ASSERT_TRUE(indexer_scores_tc_supported(ga)) << c.name;
       KC_OK(run_indexer_scores_tc(ga, nullptr));
@@ -417,7 +447,7 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
     }
     auto got = from_dev(dout.p, want.size());
     const int64_t bad = bit_mismatches(got, want);
-    report(k.tc ? "indexer_scores_tc" : "indexer_scores",
+    report(k.tc ? "indexer_scores_tc" : k.packed ? "indexer_scores packed keys" : "indexer_scores",
            std::string(c.name) + " n=" + std::to_string(n) + " T=" + std::to_string(T) + " " +
                std::to_string(H) + "x" + std::to_string(D),
            static_cast<double>(bad), 0,
@@ -469,6 +499,45 @@ TEST(AttentionParity, IndexerScoresTensorCoresSmall) {
   backends::cpu::CpuBackend cpu(&pool);
   check_indexer({"tc emu", 4, 128, {300, 150}, 20, 9}, cpu, {true, 5, 2, 20});
   check_indexer({"tc emu verification rows", 4, 128, {260, 129, 300, 1, 200}, 6, 2}, cpu, {true, 7, 3, 20});
+}
+
+// Decode-shaped calls over the packed Q_idx rows (no float copy of the keys): bit for bit against the
+// CPU over the decoded keys. The released 32 heads past 2,048 blocks of 8 keys, a DSpark verification's
+// rows, 8 and 5 heads (head groups of unequal size), zero keys (offset -1) and scattered rows.
+TEST(AttentionParity, IndexerScoresPackedKeys) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  IdxTcKnobs packed;
+  packed.packed = true;
+  check_indexer({"packed released 32x128", 32, 128, {17000, 3000}, 6, 5}, cpu, packed);
+  check_indexer({"packed verification 6 rows x 3 sequences", 32, 128, {4100, 129, 1}, 6, 3}, cpu, packed);
+  check_indexer({"packed 8 heads", 8, 128, {2100, 700}, 3, 40}, cpu, packed);
+}
+
+// Cheap enough for the host emulator.
+TEST(AttentionParity, IndexerScoresPackedKeysSmall) {
+  KC_SKIP_WITHOUT_GPU();
+  ThreadPool pool(pool_threads());
+  backends::cpu::CpuBackend cpu(&pool);
+  IdxTcKnobs packed;
+  packed.packed = true;
+  check_indexer({"packed emu 8 heads", 8, 128, {300, 70}, 3, 9}, cpu, packed);
+  check_indexer({"packed emu 5 heads", 5, 128, {130, 1}, 2, 1}, cpu, packed);
+  IndexerDeviceArgs bad;  // packed keys of another width: a clear error, nothing launched
+  bad.n = 1;
+  bad.n_heads = 8;
+  bad.head_dim = 64;
+  bad.t_stride = 4;
+  bad.key_base = reinterpret_cast<const uint8_t*>(16);
+  bad.key_offsets = reinterpret_cast<const int64_t*>(16);
+  bad.q = bad.w = reinterpret_cast<const float*>(16);
+  bad.key_begin = bad.visible = reinterpret_cast<const int64_t*>(16);
+  bad.out = reinterpret_cast<float*>(16);
+  EXPECT_FALSE(indexer_scores_packed_supported(bad));
+  const Status st = run_indexer_scores(bad, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("head_dim 128"), std::string::npos) << st.message();
 }
 
 // ---------------------------------------------------------------------------------------------

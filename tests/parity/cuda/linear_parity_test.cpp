@@ -859,6 +859,140 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
   }
 }
 
+// The tensor-core GEMV's shared-memory weight ring (tc_gemv_kernels.cu, DS41_TCG_RING): the weights
+// reach the same arithmetic through cp.async stages instead of registers, so every row's bits equal
+// the register ring's. Ring depths forced and the launcher's rule (1); tasks shorter than the ring
+// (K 256 / 512: fewer steps per warp than stages), long ones (K 2048 / 4096, split across warps), many
+// row groups per block (1 and 3 blocks: the next task's copies issued before the reduction), scales
+// one byte off alignment (FP4: the ring's second scale words; FP8: the byte's place in its word),
+// grouped FP8, experts and expert pairs.
+struct RingDense {
+  WeightFormat format;
+  int64_t out, in, groups;
+};
+struct RingPlan {
+  std::vector<RingDense> dense;
+  std::vector<int64_t> ns;
+  std::vector<int> rings, caps, nbs;
+  int64_t expert_in;
+  std::vector<int> expert_rings;
+};
+
+void check_tc_gemv_ring(const RingPlan& plan, uint64_t seed) {
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_ring_for_tests(-1);
+      set_persist_slot_cap_for_tests(0);
+      set_tc_gemv_rows_per_block_for_tests(0);
+    }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  for (const RingDense& c : plan.dense) {
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    const int64_t ldx = c.in * c.groups;
+    for (int64_t n : plan.ns) {
+      auto x = rand_floats(static_cast<size_t>(n * ldx), ++seed);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t k = 0; k < ldx; ++k) x[r * ldx + k] = std::ldexp(x[r * ldx + k], static_cast<int>(4 * r - 9));
+      Dev<float> dx(x);
+      auto run = [&](int ring, int cap, int nb) {
+        set_tc_gemv_ring_for_tests(ring);
+        set_persist_slot_cap_for_tests(cap);
+        set_tc_gemv_rows_per_block_for_tests(nb);
+        Dev<float> dy(static_cast<size_t>(n * c.out));
+        const Status st = c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, dx.p, n, dy.p, nullptr, true)
+                                       : run_linear(dw.dw, dx.p, n, dy.p, nullptr, true);
+        EXPECT_TRUE(st.ok()) << st.message();
+        return dy.get();
+      };
+      const std::vector<float> regs = run(0, 0, 0);
+      size_t differ = 0;
+      for (int ring : plan.rings)
+        for (int cap : plan.caps)
+          for (int nb : plan.nbs) {
+            const std::vector<float> got = run(ring, cap, nb);
+            for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(regs[i]);
+          }
+      report("linear tc-gemv ring",
+             std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " g=" + std::to_string(c.groups) +
+                 " n=" + std::to_string(n) + " rings x blocks x rows per block vs registers: bits differing",
+             static_cast<double>(differ), 0, "the same bytes reach the same arithmetic");
+      EXPECT_EQ(differ, 0u);
+    }
+  }
+  set_persist_slot_cap_for_tests(0);
+  set_tc_gemv_rows_per_block_for_tests(0);
+  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles})
+    for (size_t shift : {size_t{0}, size_t{1}}) {
+      const int64_t E = 9, out = 80, in = plan.expert_in;
+      const Experts w1 = make_experts(f, E, out, in, seed, shift);
+      const Experts w3 = make_experts(f, E, out, in, seed, shift);
+      const std::vector<int64_t> off = {0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
+      const int64_t m = off[E];
+      auto x = rand_floats(static_cast<size_t>(m * in), ++seed);
+      Dev<int64_t> doff(off);
+      Dev<float> dx(x);
+      auto run = [&](int ring, bool pair) {
+        set_tc_gemv_ring_for_tests(ring);
+        Dev<float> dy(static_cast<size_t>(m * out)), dy3(static_cast<size_t>(m * out));
+        const Status st = pair ? run_expert_linear_pair(w1.dweights->p, w3.dweights->p, E, out, in, doff.p, dx.p, m,
+                                                        dy.p, dy3.p, nullptr, f)
+                               : run_expert_linear(w1.dweights->p, E, out, in, doff.p, dx.p, m, dy.p, nullptr, f);
+        EXPECT_TRUE(st.ok()) << st.message();
+        std::vector<float> got = dy.get();
+        if (pair) {
+          const std::vector<float> g3 = dy3.get();
+          got.insert(got.end(), g3.begin(), g3.end());
+        }
+        return got;
+      };
+      size_t differ = 0;
+      for (bool pair : {false, true}) {
+        const std::vector<float> regs = run(0, pair);
+        for (int ring : plan.expert_rings) {
+          const std::vector<float> got = run(ring, pair);
+          for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(regs[i]);
+        }
+      }
+      report("expert_linear tc-gemv ring",
+             std::string(fmt_name(f)) + " 9 experts 80x" + std::to_string(in) + " m=9" + (shift ? " scales +1B" : "") +
+                 " single and pair, rings vs registers: bits differing",
+             static_cast<double>(differ), 0, "the same bytes reach the same arithmetic");
+      EXPECT_EQ(differ, 0u);
+    }
+}
+
+TEST(LinearParity, TensorCoreGemvRingKeepsTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  RingPlan plan;
+  plan.dense = {{WeightFormat::kFp8Tiles, 77, 2048, 1}, {WeightFormat::kFp8Tiles, 1040, 256, 1},
+                {WeightFormat::kFp4Rows, 45, 4096, 1}, {WeightFormat::kFp4Rows, 300, 512, 1},
+                {WeightFormat::kFp8Tiles, 128, 512, 4}};
+  plan.ns = {1, 3, 7};
+  plan.rings = {1, 2, 4, 8};
+  plan.caps = {0, 1, 3};
+  plan.nbs = {0, 3};
+  plan.expert_in = 1024;
+  plan.expert_rings = {1, 2, 4, 8};
+  check_tc_gemv_ring(plan, 14000);
+}
+
+// Cheap enough for the host emulator (~10 minutes): one depth per path, short and split tasks.
+TEST(LinearParity, TensorCoreGemvRingKeepsTheBitsSmall) {
+  DS41_SKIP_WITHOUT_GPU();
+  RingPlan plan;
+  plan.dense = {{WeightFormat::kFp8Tiles, 40, 256, 1}, {WeightFormat::kFp4Rows, 24, 512, 1}};
+  plan.ns = {1, 3};
+  plan.rings = {2, 8};
+  plan.caps = {0, 1};
+  plan.nbs = {0};
+  plan.expert_in = 256;
+  plan.expert_rings = {4};
+  check_tc_gemv_ring(plan, 14500);
+}
+
 // The same invariance for the scale-free formats (BF16: the head, the MoE gate and the compressor, on
 // the tensor-core GEMV for row-invariant calls; F32 on the CUDA cores): a DSpark verification runs the head and the gate over B x (1 + candidates) rows where the
 // plain decode step runs B, and greedy losslessness (MODEL_SPEC 3.10.7) needs the same logits bits

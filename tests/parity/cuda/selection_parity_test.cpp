@@ -198,6 +198,9 @@ TEST(SelectionParity, CandidatePool) {
       {5, 1000, 8, 2048, Gen::kGauss},         // below the limit: every finite block
       {6, 5000, 8, 5, Gen::kTies},             // heavy block-score ties
       {3, 3000, 3, 100, Gen::kSpecial},
+      // Past 12,288 scores in calls of <= 64 rows (the first three too) the block scores come from a
+      // launch of their own: 128K keys with ties across its CTAs' borders.
+      {2, 131073, 8, 2048, Gen::kTies},
   };
   for (const Case& c : cases) {
     std::mt19937 rng(static_cast<uint32_t>(c.t + c.keep));
