@@ -323,8 +323,10 @@ class GpuForward {
   const int64_t* logit_rows_ = nullptr;
   std::vector<int32_t> new_pages_;
   // Host state one layer leaves to the next within a step (enqueue restores it at the start of a
-  // segment that runs more than once): which source's keys are decoded in ws_.keys (-1: none), the
-  // candidate mask's stride and per-row extents.
+  // segment that runs more than once): which source's keys are ready (-1: none): their pool offsets in
+  // ws_.key_offsets, and for steps that score float keys (prefill-shaped: not
+  // cuda::indexer_scores_packed_supported) the keys decoded in ws_.keys; the candidate mask's stride
+  // and per-row extents.
   struct Carry {
     int64_t keys_of_source = -1;
     int64_t cand_stride = 0;
