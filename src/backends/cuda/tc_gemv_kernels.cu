@@ -1085,7 +1085,8 @@ int expert_ks_log2(int64_t in, int U, int sub, int64_t mats) {
 // shared-memory ring wherever a depth (8, else 4 stages, more than the register ring's U steps) keeps
 // the blocks per SM of the register kernel; 2, 4 or 8: that depth wherever the shared memory fits
 // (measurements). FP8 / FP4 at up to 3 x rows per block (decode); the bits are the register ring's
-// (LinearParity.TensorCoreGemvRingKeepsTheBits). Off by default until the H200 has measured it.
+// (LinearParity.TensorCoreGemvRingKeepsTheBits). Off by default: the H200 measured it slower at every
+// shape it takes (one row: wq_b 18.0 -> 23.9 us, experts w1 24.6 -> 28.5; docs/perf/README.md).
 int g_ring = -1;
 int ring_mode() {
   if (g_ring >= 0) return g_ring;
