@@ -45,6 +45,16 @@ __device__ __forceinline__ void stage_queries(const float* __restrict__ q, const
 
 // f(h, relu(q_h . key) * scale) for the heads [h0, h1) in order: dot_f32's arithmetic, the key in
 // registers for head_dim kD (the released 128), else read through L1.
+// The same from a key already in registers (kD channels; the packed kernel decodes it there).
+template <int kD, typename F>
+__device__ __forceinline__ void head_values_regs(const float* q_s, const float (&kr)[kD], int64_t h0, int64_t h1,
+                                                 float scale, F&& f) {
+  for (int64_t h = h0; h < h1; ++h) {
+    const float v = dot_like_cpu<kD>(q_s + h * kD, kr, kD);
+    f(h, (v < 0.0f ? 0.0f : v) * scale);  // std::max(v, 0.0f) * scale, NaN kept
+  }
+}
+
 template <int kD, typename F>
 __device__ __forceinline__ void head_values(const float* q_s, const float* __restrict__ kp, int64_t d, int64_t h0,
                                             int64_t h1, float scale, F&& f) {
@@ -52,10 +62,7 @@ __device__ __forceinline__ void head_values(const float* q_s, const float* __res
     float kr[kD];
 #pragma unroll
     for (int i = 0; i < kD; ++i) kr[i] = kp[i];
-    for (int64_t h = h0; h < h1; ++h) {
-      const float v = dot_like_cpu<kD>(q_s + h * kD, kr, kD);
-      f(h, (v < 0.0f ? 0.0f : v) * scale);  // std::max(v, 0.0f) * scale, NaN kept
-    }
+    head_values_regs<kD>(q_s, kr, h0, h1, scale, f);
   } else {
     for (int64_t h = h0; h < h1; ++h) {
       const float v = dot_like_cpu<0>(q_s + h * d, kp, d);
@@ -99,6 +106,20 @@ __global__ void __launch_bounds__(kThreads)
 constexpr int kHeadGroups = kThreads / 32;
 constexpr int64_t kSplitKeys = 32;
 
+// Warp 0's end of the split kernels: key t's score from its per-head values vr (the double sum over
+// heads in head order, as indexer_scores_kernel), -inf past the row's visible keys.
+__device__ __forceinline__ void split_score(int64_t t, int64_t t_stride, bool live, const float* vr,
+                                            const float* w_s, int64_t n_heads, float* out_row) {
+  if (t >= t_stride) return;
+  if (!live) {
+    out_row[t] = -INFINITY;
+    return;
+  }
+  double sc = 0.0;
+  for (int64_t h = 0; h < n_heads; ++h) sc += static_cast<double>(vr[h]) * static_cast<double>(w_s[h]);
+  out_row[t] = static_cast<float>(sc);
+}
+
 template <int kD>
 __global__ void __launch_bounds__(kThreads)
     indexer_scores_split_kernel(int64_t n_heads, int64_t d, int64_t t_stride, int64_t tiles,
@@ -124,16 +145,7 @@ __global__ void __launch_bounds__(kThreads)
     head_values<kD>(q_s, keys + (key_begin[r] + t) * d, d, h0, h1, scale, [&](int64_t h, float v) { vr[h] = v; });
   }
   __syncthreads();
-  if (g != 0 || t >= t_stride) return;
-  float* o = out + r * t_stride + t;
-  if (!live) {
-    *o = -INFINITY;
-    return;
-  }
-  const float* vr = v_s + lane * vstride;
-  double sc = 0.0;
-  for (int64_t h = 0; h < n_heads; ++h) sc += static_cast<double>(vr[h]) * static_cast<double>(w_s[h]);
-  *o = static_cast<float>(sc);
+  if (g == 0) split_score(t, t_stride, live, v_s + lane * vstride, w_s, n_heads, out + r * t_stride);
 }
 
 // The split kernel over packed keys: the CTA's 32 keys' Q_idx rows (68 bytes each at head_dim 128)
@@ -185,22 +197,10 @@ __global__ void __launch_bounds__(kThreads)
         kr[8 * c + j] = fq::decode_code<fq::kIdx>((word >> (4 * j)) & 15u, (sw >> (8 * (c / 4))) & 0xffu);
     }
     float* vr = v_s + lane * vstride;
-    for (int64_t h = h0; h < h1; ++h) {
-      const float v = dot_like_cpu<kPackedD>(q_s + h * kPackedD, kr, kPackedD);
-      vr[h] = (v < 0.0f ? 0.0f : v) * scale;  // head_values' arithmetic
-    }
+    head_values_regs<kPackedD>(q_s, kr, h0, h1, scale, [&](int64_t h, float v) { vr[h] = v; });
   }
   __syncthreads();
-  if (g != 0 || t >= t_stride) return;
-  float* o = out + r * t_stride + t;
-  if (!live) {
-    *o = -INFINITY;
-    return;
-  }
-  const float* vr = v_s + lane * vstride;
-  double sc = 0.0;
-  for (int64_t h = 0; h < n_heads; ++h) sc += static_cast<double>(vr[h]) * static_cast<double>(w_s[h]);
-  *o = static_cast<float>(sc);
+  if (g == 0) split_score(t, t_stride, live, v_s + lane * vstride, w_s, n_heads, out + r * t_stride);
 }
 
 size_t packed_smem(int64_t n_heads) {
