@@ -265,9 +265,9 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
     return failed_precondition("--speculative dspark: the model has no DSpark stages (num_nextn_predict_layers 0)");
   const int64_t Bd = spec ? c.dspark_block_size : 0;
   const int64_t max_b = decode ? *std::max_element(batches.begin(), batches.end()) : 1;
-  // Speculative steps after the plain ones (two per timed step: one plain, one profiled) advance
-  // each sequence by up to Bd + 1 positions.
-  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + a.steps + 1 + 2 * a.steps * (Bd + 1);
+  // The plain steps (timed, then as served: --steps each) and the speculative steps after them (two
+  // per timed step: one plain, one profiled; each advances a sequence by up to Bd + 1 positions).
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + 2 * a.steps + 1 + 2 * a.steps * (Bd + 1);
   gpu::CudaEngineOptions eo;
   eo.model_name = "bench";
   eo.limits.max_step_tokens = std::max(a.chunk, max_b * (Bd + 1));
@@ -314,7 +314,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
         DS41_ASSIGN_OR_RETURN(engine::SeqId id, eng->create_sequence());
         seqs.push_back(id);
       }
-      std::vector<int32_t> toks(ctx + a.steps + 1);
+      std::vector<int32_t> toks(ctx + 2 * a.steps + 1);
       for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
       // Context: prefill in chunks (timed for the prefill bench).
       std::vector<double> layer_sum(L + 1, 0.0);
@@ -414,6 +414,61 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                        {"outputs_us", median(outs)},
                        {"busy_us", median(busy)},
                        {"busy_share_of_step", median(share)}};
+          // The same steps as a server runs them (issue 11's host-time row): no layer timing events
+          // and no launch counts, the device span timed by two events around the step's work; the
+          // wall time less that span is the host's part the device waits for (plan, the time to
+          // the first kernel, the outputs after the last).
+          eng->set_device_span(true);
+          const gpu::StepGraphStats s0 = graphs ? graphs->stats() : gpu::StepGraphStats{};
+          std::vector<double> sp, se, sw, so, sb, ss, sd, sx, sxs, swall;
+          for (int64_t t = 0; t < a.steps; ++t) {
+            std::vector<engine::StepItem> items;
+            for (int64_t s = 0; s < B; ++s)
+              items.push_back({seqs[s], std::span<const int32_t>(&toks[ctx + a.steps + t], 1), true});
+            std::vector<model::SequenceOutput> out;
+            const auto q0 = std::chrono::steady_clock::now();
+            DS41_RETURN_IF_ERROR(eng->forward(items, model::LogitsRows::kLast, false, &out, nullptr, nullptr, sink));
+            const double wall = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - q0).count();
+            const gpu::GpuForward::HostTimes& h = eng->executor().last_host_times();
+            sp.push_back(h.plan_us);
+            se.push_back(h.enqueue_us);
+            sw.push_back(h.wait_us);
+            so.push_back(h.outputs_us);
+            sb.push_back(wall - h.wait_us);
+            ss.push_back((wall - h.wait_us) / wall);
+            sd.push_back(h.device_us);
+            sx.push_back(wall - h.device_us);
+            sxs.push_back((wall - h.device_us) / wall);
+            swall.push_back(wall);
+          }
+          eng->set_device_span(false);
+          nlohmann::ordered_json served{
+              {"what", "the same decode steps without layer timing (as served), medians: busy = wall less the "
+                       "wait (the calling thread's work); exposed = wall less the device span (the part the "
+                       "device waits for the host)"},
+              {"step_us", median(swall)},
+              {"plan_us", median(sp)},
+              {"enqueue_us", median(se)},
+              {"wait_us", median(sw)},
+              {"outputs_us", median(so)},
+              {"busy_us", median(sb)},
+              {"busy_share_of_step", median(ss)},
+              {"device_span_us", median(sd)},
+              {"exposed_us", median(sx)},
+              {"exposed_share_of_step", median(sxs)}};
+          if (graphs) {
+            const gpu::StepGraphStats& s1 = graphs->stats();
+            const double n = static_cast<double>(a.steps);
+            served["graphs_host_us_per_step"] = {{"dry_passes", (s1.dry_us - s0.dry_us) / n},
+                                                 {"of_which_capture_checks", (s1.check_us - s0.check_us) / n},
+                                                 {"of_which_keys", (s1.key_us - s0.key_us) / n},
+                                                 {"captures", (s1.capture_us - s0.capture_us) / n},
+                                                 {"graph_launches", (s1.launch_us - s0.launch_us) / n},
+                                                 {"hits", s1.hits - s0.hits},
+                                                 {"captured", s1.captures - s0.captures},
+                                                 {"deferred", s1.deferred - s0.deferred}};
+          }
+          r["host_served"] = served;
         }
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];

@@ -142,6 +142,8 @@ class CudaEngine final : public engine::Engine {
   const KvBlockPool& pool() const { return pool_; }
   const DeviceModel& device_model() const { return *model_; }
   const GpuForward& executor() const { return *fwd_; }
+  // Benchmarks: each forward times its device span (GpuForward::HostTimes::device_us).
+  void set_device_span(bool on) { fwd_->set_device_span(on); }
   // The vision tower (null without vision_config or with CudaEngineOptions::vision false); tests
   // and benchmarks run it directly (vit_out, timing).
   GpuVisionTower* vision_tower() { return vision_.get(); }

@@ -28,6 +28,34 @@ std::atomic<int> g_kv_table_override{-1};
 
 void set_kv_entry_table_for_tests(int on) { g_kv_table_override.store(on); }
 
+namespace {
+// Decode-step segments (enqueue()): DS41_GRAPH_DIRECT (1: the prologue launched directly, 2: layer 0
+// too) and DS41_GRAPH_LAYERS (0: the layers after 0 and the head in one segment; k: k layers each,
+// the head its own), read once.
+int64_t graph_direct_segments() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("DS41_GRAPH_DIRECT");
+    return e ? std::clamp<int64_t>(std::atoll(e), 1, 2) : int64_t{1};
+  }();
+  return v;
+}
+int64_t graph_layers_per_segment() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("DS41_GRAPH_LAYERS");
+    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
+  }();
+  return v;
+}
+}  // namespace
+
+int64_t GpuForward::graphed_segments_per_step(int64_t layers) {
+  const int64_t per = graph_layers_per_segment();
+  const int64_t rest = layers - 1;  // the layers after layer 0
+  // The prologue, layer 0, then the rest with the head (per == 0) or in segments of per and the head.
+  const int64_t all = 1 + (layers > 0 ? 1 : 0) + (per == 0 ? 1 : (rest > 0 ? (rest + per - 1) / per : 0) + 1);
+  return all - std::min(all, graph_direct_segments());
+}
+
 bool GpuForward::table_decode_enabled() {
   const int o = g_kv_table_override.load();
   if (o >= 0) return o != 0;
@@ -97,8 +125,9 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
     graphs = 4;
     if (const char* e = std::getenv("DS41_GRAPHS")) graphs = std::max<int64_t>(0, std::atoll(e));
   }
-  // One graph per graphed segment (layers 1.., head) and signature variant (2 spare segments).
-  if (graphs > 0) f->graphs_ = std::make_unique<StepGraphs>(graphs * (m.config().num_hidden_layers + 2));
+  // One graph per graphed segment and signature variant (2 spare segments).
+  if (graphs > 0)
+    f->graphs_ = std::make_unique<StepGraphs>(graphs * (graphed_segments_per_step(m.config().num_hidden_layers) + 2));
   const int64_t side = f->lim_.side_stream >= 0 ? f->lim_.side_stream : (cuda::switch_on("DS41_SIDE_STREAM") ? 1 : 0);
   if (side > 0 && stream != nullptr) {
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&f->side_, cudaStreamNonBlocking),
@@ -109,6 +138,8 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
   }
   f->events_.assign(static_cast<size_t>(m.config().num_hidden_layers + 2), nullptr);
   for (cudaEvent_t& e : f->events_)
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
+  for (cudaEvent_t& e : f->span_ev_)
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaEventCreate(&e), "create a timing event"));
   return f;
 }
@@ -187,7 +218,7 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
 GpuForward::~GpuForward() {
   for (cudaEvent_t e : events_)
     if (e) cudaEventDestroy(e);
-  for (cudaEvent_t e : {fork_ev_, join_ev_})
+  for (cudaEvent_t e : {fork_ev_, join_ev_, span_ev_[0], span_ev_[1]})
     if (e) cudaEventDestroy(e);
   if (side_) cudaStreamDestroy(side_);
 }
@@ -264,7 +295,10 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   // rows uploaded from pageable memory) replays a captured graph when its launches match one.
   const bool graph = graphs_ && row_invariant_ && !journal_ && !opt.record && span_rows_ == 0 && opt.last_layer < 0;
   const Clock::time_point t1 = Clock::now();
+  const bool span = device_span_ && span_ev_[0] != nullptr;
+  if (span) cudaEventRecord(span_ev_[0], stream_);
   st = enqueue(opt, out, graph);
+  if (span && st.ok()) cudaEventRecord(span_ev_[1], stream_);
   const Clock::time_point t2 = Clock::now();
   // The pinned arena is rewritten by the next plan: wait for the upload and the logits copy.
   Status sync = cuda::cuda_status(cudaStreamSynchronize(stream_), "GPU forward");
@@ -273,6 +307,10 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   host_times_.enqueue_us = us(t1, t2);
   host_times_.wait_us = us(t2, t3);
   if (st.ok()) st = sync;
+  if (span && st.ok()) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, span_ev_[0], span_ev_[1]) == cudaSuccess) host_times_.device_us = 1e3 * ms;
+  }
   journal_ = nullptr;
   if (!st.ok()) {
     // Host mirrors stay as they were; device rows written by the failed step are beyond them.
@@ -313,25 +351,46 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
   return ok_status();
 }
 
-// Segments: the prologue (metadata upload, embeddings, mHC init), each layer, the head. Graphed,
-// layers 1.. and the head are each their own graph: the host records and looks up segment l + 1
-// while the device runs segment l. The prologue and layer 0 are launched directly, so the device
-// starts at once and the host's first dry pass hides behind layer 0 (H200, slice, batch 1: one
-// graph per step left the device idle for the step's whole dry pass, +0.07 ms; graphing the
-// prologue too exposed its dry pass and launch, +0.07 ms of host time before the first kernel).
+// Segments: the prologue (metadata upload, embeddings, mHC init), layer 0, then the other layers
+// and the head together. Graphed, every segment but the prologue is replayed from its own graph:
+// the prologue is launched directly, so the device starts at once and layer 0's dry pass (and its
+// graph launch) hides behind it; the rest's dry pass hides behind layer 0 (H200, slice, batch 1,
+// 4K: the calling thread's time per served step 241 -> see docs/perf, session of 2026-12-05 02:36
+// UTC; one graph per layer and prologue + layer 0 direct, as before, cost 31 direct launches and
+// nine graph launches per step). Switches (measurement): DS41_GRAPH_DIRECT=2 launches layer 0
+// directly too; DS41_GRAPH_LAYERS=k puts the layers after 0 in segments of k and the head in its own.
 // A segment may run more than once (dry pass, capture): the host state carried between layers is
 // restored at its start.
 Status GpuForward::enqueue(const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out, bool graphed) {
   const int64_t L = c_->num_hidden_layers;
+  const int64_t direct_segments = graph_direct_segments(), per_segment = graph_layers_per_segment();
   launch_marks_.assign(static_cast<size_t>(L + 2), 0);
-  int64_t seg = 0;  // segments so far: the first two run directly
+  int64_t seg = 0;  // segments so far
   auto segment = [&](const std::function<Status()>& body) -> Status {
-    if (!graphed || seg++ < 2) return body();
+    if (!graphed || seg++ < direct_segments) return body();
     const Carry c = carry_;
     return graphs_->run(stream_, [&] {
       carry_ = c;
       return body();
     });
+  };
+  auto layer = [&](int64_t l) -> Status {
+    if (opt.layer_ms)  // every event is recorded: layers after opt.last_layer time as 0 ms
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[l], stream_), "timing event"));
+    launch_marks_[static_cast<size_t>(l)] = cuda::thread_launch_count();
+    if (opt.last_layer >= 0 && l > opt.last_layer) return ok_status();
+    const Status st = run_layer(l, opt, out).with_context("layer " + std::to_string(l));
+    const Status joined = join_pending();  // a segment (a captured graph) ends with the streams joined
+    return st.ok() ? joined : st;
+  };
+  auto head_unit = [&]() -> Status {
+    if (opt.layer_ms) DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[L], stream_), "timing event"));
+    launch_marks_[L] = cuda::thread_launch_count();
+    DS41_RETURN_IF_ERROR(head(opt));
+    if (opt.layer_ms)
+      DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[L + 1], stream_), "timing event"));
+    launch_marks_[L + 1] = cuda::thread_launch_count();
+    return ok_status();
   };
   DS41_RETURN_IF_ERROR(segment([&]() -> Status {
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
@@ -340,26 +399,18 @@ Status GpuForward::enqueue(const GpuForwardOptions& opt, std::vector<model::Sequ
     if (journal_) DS41_RETURN_IF_ERROR(journal_save());
     return prologue();
   }));
-  for (int64_t l = 0; l < L; ++l) {
+  if (L > 0) DS41_RETURN_IF_ERROR(segment([&] { return layer(0); }));
+  if (per_segment == 0)
+    return segment([&]() -> Status {
+      for (int64_t l = 1; l < L; ++l) DS41_RETURN_IF_ERROR(layer(l));
+      return head_unit();
+    });
+  for (int64_t l0 = 1; l0 < L; l0 += per_segment)
     DS41_RETURN_IF_ERROR(segment([&]() -> Status {
-      if (opt.layer_ms)  // every event is recorded: layers after opt.last_layer time as 0 ms
-        DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[l], stream_), "timing event"));
-      launch_marks_[static_cast<size_t>(l)] = cuda::thread_launch_count();
-      if (opt.last_layer >= 0 && l > opt.last_layer) return ok_status();
-      const Status st = run_layer(l, opt, out).with_context("layer " + std::to_string(l));
-      const Status joined = join_pending();  // a segment (a captured graph) ends with the streams joined
-      return st.ok() ? joined : st;
+      for (int64_t l = l0; l < std::min(L, l0 + per_segment); ++l) DS41_RETURN_IF_ERROR(layer(l));
+      return ok_status();
     }));
-  }
-  return segment([&]() -> Status {
-    if (opt.layer_ms) DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[L], stream_), "timing event"));
-    launch_marks_[L] = cuda::thread_launch_count();
-    DS41_RETURN_IF_ERROR(head(opt));
-    if (opt.layer_ms)
-      DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::record_event(events_[L + 1], stream_), "timing event"));
-    launch_marks_[L + 1] = cuda::thread_launch_count();
-    return ok_status();
-  });
+  return segment(head_unit);
 }
 
 void GpuForward::commit() {

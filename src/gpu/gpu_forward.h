@@ -132,14 +132,21 @@ class GpuForward {
   const GpuLimits& limits() const { return lim_; }
   // Decode steps replayed from captured graphs (null when GpuLimits::decode_graphs is 0).
   const StepGraphs* step_graphs() const { return graphs_.get(); }
+  // The segments of a decode step replayed from graphs (enqueue(); the rest launch directly), for a
+  // model of `layers` layers.
+  static int64_t graphed_segments_per_step(int64_t layers);
   // Host time of the last run() (microseconds): the plan (validation, step plan, journal), the
   // enqueue (metadata upload, dry passes, graph launches, direct launches), the wait for the device
   // (cudaStreamSynchronize) and the outputs (logits rows, commit). Everything but `wait` is work of
   // the calling thread (benchmarks: the host's share of a decode step).
+  // device_us (with set_device_span): the device's time from the step's first work to its last
+  // (events around the enqueue; 0 otherwise): the wall time less device_us is the host's exposed part.
   struct HostTimes {
-    double plan_us = 0, enqueue_us = 0, wait_us = 0, outputs_us = 0;
+    double plan_us = 0, enqueue_us = 0, wait_us = 0, outputs_us = 0, device_us = 0;
   };
   const HostTimes& last_host_times() const { return host_times_; }
+  // Benchmarks: time each step's device span (two events per step) into HostTimes::device_us.
+  void set_device_span(bool on) { device_span_ = on; }
   size_t workspace_bytes() const { return ws_.device_bytes; }
 
   // One exact forward over the batch (distinct sequences, >= 1 token each). out gets one
@@ -388,6 +395,8 @@ class GpuForward {
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // side-stream work not yet joined into the main stream
   HostTimes host_times_;
+  bool device_span_ = false;
+  cudaEvent_t span_ev_[2] = {nullptr, nullptr};
 };
 
 }  // namespace ds41::gpu

@@ -43,8 +43,11 @@ struct StepGraphStats {
   int64_t direct = 0;     // steps run without a graph (capture or instantiation refused)
   int64_t unrouted = 0;   // of those: stream work outside the recorded functions
   // Host time (microseconds, summed): the dry passes with their lookups, the captures with their
-  // instantiations / updates, the graph launches.
+  // instantiations / updates, the graph launches. Parts of dry_us: check_us, the empty stream
+  // capture around each dry pass (begin, end, node count, destroy); key_us, the signature's hash
+  // and the cache lookup.
   double dry_us = 0, capture_us = 0, launch_us = 0;
+  double check_us = 0, key_us = 0;
 };
 
 class StepGraphs {
@@ -74,6 +77,9 @@ class StepGraphs {
   Status capture(cudaStream_t stream, const std::function<Status()>& enqueue, cudaGraph_t* graph);
 
   int64_t capacity_ = 0;
+  // DS41_GRAPH_CHECK=0 (measurement only): the dry pass runs without the empty capture around it,
+  // so stream work outside the recorded functions would reach the device during it.
+  bool check_ = true;
   std::list<Entry> entries_;  // most recently used first
   std::vector<uint64_t> seen_;  // hashes of signatures run directly once (a ring of 4 * capacity)
   size_t seen_next_ = 0;
@@ -81,7 +87,7 @@ class StepGraphs {
   StepGraphStats stats_;
 };
 
-// 64-bit FNV-1a of a signature (the cache compares the full bytes after the hash).
+// 64-bit XXH3 of a signature (the cache compares the full bytes after the hash).
 uint64_t signature_hash(const std::vector<uint8_t>& bytes);
 
 }  // namespace ds41::gpu

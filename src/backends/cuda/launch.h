@@ -68,6 +68,18 @@ class LaunchRecorder {
     value(tag);
     ++ops_;
   }
+  // One operation: its tag and the bytes of every value, in order, appended with one resize (the
+  // same bytes as op(tag) and value(v)... : a kernel launch records ~10 values, ~250 launches a step).
+  template <class... T>
+  void record(uint32_t tag, const T&... v) {
+    const size_t at = bytes_.size();
+    bytes_.resize(at + sizeof(tag) + (sizeof(T) + ... + size_t{0}));
+    uint8_t* w = bytes_.data() + at;
+    std::memcpy(w, &tag, sizeof(tag));
+    w += sizeof(tag);
+    ((std::memcpy(w, &v, sizeof(T)), w += sizeof(T)), ...);
+    ++ops_;
+  }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
   int64_t ops() const { return ops_; }
   void clear() {
@@ -106,12 +118,8 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   const bool own_stream = stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread;
   const bool pdl = own_stream && pdl_enabled();
   if (LaunchRecorder* r = thread_recorder()) {
-    r->op(1);
-    r->value(reinterpret_cast<uintptr_t>(kernel));
     const uint32_t dims[8] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem), pdl};
-    r->add(dims, sizeof(dims));
-    r->value(stream);
-    (r->value(static_cast<P>(args)), ...);
+    r->record(1u, reinterpret_cast<uintptr_t>(kernel), dims, stream, static_cast<P>(args)...);
     return;
   }
   cudaLaunchConfig_t cfg = {};
@@ -133,12 +141,8 @@ template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A&&... args) {
   ++thread_launch_count();
   if (LaunchRecorder* r = thread_recorder()) {
-    r->op(1);
-    r->value(reinterpret_cast<uintptr_t>(kernel));
     const uint32_t dims[8] = {grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<uint32_t>(smem), 0};
-    r->add(dims, sizeof(dims));
-    r->value(stream);
-    (r->value(static_cast<P>(args)), ...);
+    r->record(1u, reinterpret_cast<uintptr_t>(kernel), dims, stream, static_cast<P>(args)...);
     return;
   }
   emu::Launch(grid, block.x, smem, stream).run(kernel, static_cast<P>(args)...);

@@ -1,5 +1,5 @@
-// Decode steps replayed from captured CUDA graphs (gpu/step_graphs.h, one per segment: layers
-// 1.. and the head) against the same steps launched kernel by kernel: two engines over one device
+// Decode steps replayed from captured CUDA graphs (gpu/step_graphs.h, one per segment: layer 0,
+// the other layers with the head) against the same steps launched kernel by kernel: two engines over one device
 // model, one with graphs (2 variants per segment, so graphs are evicted and updated in place), one
 // without. Three sequences of different lengths
 // (past every window, top-k and candidate limit; different ratio-2 phases) decode 300 steps, with a
@@ -93,8 +93,9 @@ TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
     EXPECT_EQ(*graphed->sequence_position(sides[0].ids[i]), lens[i] + done[i]);
   }
   const gpu::StepGraphStats& g = graphed->executor().step_graphs()->stats();
-  // One graph per graphed segment: layers 1.. and the head (the prologue and layer 0 run directly).
-  const int64_t segments = steps * dev->config().num_hidden_layers;
+  // One graph per graphed segment (by default layer 0, and the other layers with the head; the
+  // prologue runs directly).
+  const int64_t segments = steps * gpu::GpuForward::graphed_segments_per_step(dev->config().num_hidden_layers);
   std::cout << GetParam().name << ": " << steps << " steps, " << segments << " segments, graph hits " << g.hits
             << ", captures " << g.captures << ", updates " << g.updates << ", deferred " << g.deferred << ", direct " << g.direct << ", unrouted "
             << g.unrouted << "\n";
