@@ -354,10 +354,12 @@ Status GpuForward::run(std::span<const GpuSeqInput> batch, const GpuForwardOptio
 // Segments: the prologue (metadata upload, embeddings, mHC init), layer 0, then the other layers
 // and the head together. Graphed, every segment but the prologue is replayed from its own graph:
 // the prologue is launched directly, so the device starts at once and layer 0's dry pass (and its
-// graph launch) hides behind it; the rest's dry pass hides behind layer 0 (H200, slice, batch 1,
-// 4K: the calling thread's time per served step 241 -> see docs/perf, session of 2026-12-05 02:36
-// UTC; one graph per layer and prologue + layer 0 direct, as before, cost 31 direct launches and
-// nine graph launches per step). Switches (measurement): DS41_GRAPH_DIRECT=2 launches layer 0
+// graph launch) hides behind it; the rest's dry pass hides behind layer 0. H200, slice, batch 1,
+// 4K, same run: the enqueue 182-312 -> 116-118 us per served step, the calling thread's time 6.1 %
+// of the step (docs/perf, session of 2026-12-05 02:36 UTC); the old layout (prologue + layer 0
+// direct, one graph per layer and the head) cost ~31 direct launches and nine graph launches per
+// step, and the device waits ~10-20 us longer now (layer 0's dry pass after the prologue's kernels).
+// Switches (measurement): DS41_GRAPH_DIRECT=2 launches layer 0
 // directly too; DS41_GRAPH_LAYERS=k puts the layers after 0 in segments of k and the head in its own.
 // A segment may run more than once (dry pass, capture): the host state carried between layers is
 // restored at its start.

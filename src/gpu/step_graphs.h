@@ -1,8 +1,8 @@
 // ds41 gpu: StepGraphs — decode steps captured once as CUDA graphs and replayed (issue 10:
 // "decode steps of a fixed batch shape can be captured and replayed as CUDA graphs").
 //
-// Run per segment of a step (gpu_forward.cpp: layers 1.. and the head; the prologue and layer 0
-// are launched directly), so the host records segment l + 1 while the device runs segment l.
+// Run per segment of a step (gpu_forward.cpp: layer 0, then the other layers with the head; the
+// prologue is launched directly), so the host records a segment while the device runs the one before.
 //
 // A step's launches depend on its plan (row counts, score columns, arena addresses of the step's
 // metadata, which kernels run at all). Instead of trusting a hand-made key, a step is keyed by its
