@@ -16,7 +16,7 @@ uint64_t signature_hash(const std::vector<uint8_t>& bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
-StepGraphs::StepGraphs(int64_t capacity) : capacity_(capacity), check_(cuda::switch_on("DS41_GRAPH_CHECK")) {}
+StepGraphs::StepGraphs(int64_t capacity) : capacity_(capacity) {}
 
 StepGraphs::~StepGraphs() { clear(); }
 
@@ -63,14 +63,14 @@ Status StepGraphs::run(cudaStream_t stream, const std::function<Status()>& enque
     cuda::LaunchRecorder& rec = rec_;
     rec.clear();
     Clock::time_point tc = Clock::now();
-    if (check_ && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return direct(false);
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return direct(false);
     stats_.check_us += us_since(tc);
     cuda::thread_recorder() = &rec;
     const Status st = enqueue();
     cuda::thread_recorder() = nullptr;
     tc = Clock::now();
     cudaGraph_t dry = nullptr;
-    const cudaError_t e = check_ ? cudaStreamEndCapture(stream, &dry) : cudaSuccess;
+    const cudaError_t e = cudaStreamEndCapture(stream, &dry);
     size_t nodes = 0;
     if (e == cudaSuccess && dry) {
       if (cudaGraphGetNodes(dry, nullptr, &nodes) != cudaSuccess) nodes = 1;
