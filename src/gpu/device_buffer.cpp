@@ -8,15 +8,11 @@
 #include "backends/cuda/cuda_status.h"
 
 namespace ds41::gpu {
-namespace {
-
-std::string gib(size_t b) {
+std::string gib_text(uint64_t b) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
   return buf;
 }
-
-}  // namespace
 
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) cudaFree(ptr_);
@@ -41,8 +37,8 @@ Result<DeviceBuffer> DeviceBuffer::allocate(size_t bytes, const std::string& wha
     b.ptr_ = nullptr;
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    return resource_exhausted("out of device memory allocating " + what + ": needs " + gib(bytes) + ", " +
-                              gib(free_b) + " free of " + gib(total_b) + " (" + cudaGetErrorString(e) + ")");
+    return resource_exhausted("out of device memory allocating " + what + ": needs " + gib_text(bytes) + ", " +
+                              gib_text(free_b) + " free of " + gib_text(total_b) + " (" + cudaGetErrorString(e) + ")");
   }
   b.size_ = bytes;
   return b;
@@ -72,7 +68,7 @@ Result<PinnedBuffer> PinnedBuffer::allocate(size_t bytes, const std::string& wha
   if (e != cudaSuccess) {
     cudaGetLastError();
     b.ptr_ = nullptr;
-    return resource_exhausted("out of pinned host memory allocating " + what + ": needs " + gib(bytes) +
+    return resource_exhausted("out of pinned host memory allocating " + what + ": needs " + gib_text(bytes) +
                               " (" + cudaGetErrorString(e) + ")");
   }
   b.size_ = bytes;

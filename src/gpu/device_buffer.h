@@ -11,6 +11,9 @@
 
 namespace ds41::gpu {
 
+// "12.34 GiB": byte counts in the device path's error messages.
+std::string gib_text(uint64_t bytes);
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

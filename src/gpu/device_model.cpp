@@ -28,14 +28,8 @@
 namespace ds41::gpu {
 namespace {
 
-constexpr uint64_t kAlign = 256;
-uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-std::string gib(uint64_t b) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
-  return buf;
-}
+constexpr uint64_t kWeightAlign = 256;
+uint64_t align_up(uint64_t x) { return (x + kWeightAlign - 1) / kWeightAlign * kWeightAlign; }
 
 bool has_safetensors(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -209,12 +203,12 @@ Result<std::unique_ptr<DeviceModel>> DeviceModel::load(const std::string& dir, c
   DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo"));
   if (plan.device_bytes > free_b) {
     std::string m2 = "out of device memory loading " + where + ": the weights need " +
-                     gib(plan.device_bytes) + " on the device (linear weights " + gib(plan.linear_bytes) +
-                     ", embedding " + gib(plan.embed_bytes) + ", Engram tables " +
-                     (opt.engram_host_pinned ? "0 (host-pinned: " + gib(plan.engram_bytes) + ")"
-                                             : gib(plan.engram_bytes)) +
-                     ", vectors " + gib(plan.small_bytes) + ") but only " + gib(free_b) + " of " +
-                     gib(total_b) + " is free on CUDA device " + std::to_string(opt.device);
+                     gib_text(plan.device_bytes) + " on the device (linear weights " + gib_text(plan.linear_bytes) +
+                     ", embedding " + gib_text(plan.embed_bytes) + ", Engram tables " +
+                     (opt.engram_host_pinned ? "0 (host-pinned: " + gib_text(plan.engram_bytes) + ")"
+                                             : gib_text(plan.engram_bytes)) +
+                     ", vectors " + gib_text(plan.small_bytes) + ") but only " + gib_text(free_b) + " of " +
+                     gib_text(total_b) + " is free on CUDA device " + std::to_string(opt.device);
     if (!opt.engram_host_pinned && plan.engram_bytes > 0)
       m2 += " (--engram-host-pinned keeps the Engram tables in host memory)";
     return resource_exhausted(m2);

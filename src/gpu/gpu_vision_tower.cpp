@@ -20,7 +20,7 @@
 namespace ds41::gpu {
 namespace {
 
-constexpr size_t kAlign = 256;
+constexpr size_t kTowerAlign = 256;
 
 // Rows [first, first + rows) of a BF16 [out, in] weight as its own linear (as model's row_slice).
 cuda::DeviceWeight row_slice(const cuda::DeviceWeight& w, int64_t first, int64_t rows) {
@@ -66,7 +66,7 @@ Result<std::unique_ptr<GpuVisionTower>> GpuVisionTower::create(const DeviceModel
   auto carve = [&](uint8_t* base) {
     size_t off = 0;
     auto take = [&](auto*& p, int64_t count) {
-      off = (off + kAlign - 1) / kAlign * kAlign;
+      off = (off + kTowerAlign - 1) / kTowerAlign * kTowerAlign;
       p = base ? reinterpret_cast<std::remove_reference_t<decltype(p)>>(base + off) : nullptr;
       off += static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(*p);
     };

@@ -15,7 +15,7 @@
 namespace ds41::gpu {
 namespace {
 
-constexpr size_t kAlign = 256;
+constexpr size_t kWorkspaceAlign = 256;
 
 int64_t min_ratio(const model::LayerSchedule& s) {
   int64_t r = 0;
@@ -36,7 +36,7 @@ struct Carver {
   size_t off = 0;
   template <class T>
   void take(T*& p, int64_t count) {
-    off = (off + kAlign - 1) / kAlign * kAlign;
+    off = (off + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
     p = base ? reinterpret_cast<T*>(base + off) : nullptr;
     off += static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
   }
@@ -170,7 +170,7 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
            8 * std::max<int64_t>(1, static_cast<int64_t>(c.engram_layer_ids.size())) *
                std::max<int64_t>(cols, 1)) +
       S * W * 8 + L * 8 +
-      n_layers * (G * R * 16 + G * 8 * 3 + N * 16 + S * (pages_per_seq * 4 + 24) + N * 24 + 64 * kAlign) +
+      n_layers * (G * R * 16 + G * 8 * 3 + N * 16 + S * (pages_per_seq * 4 + 24) + N * 24 + 64 * kWorkspaceAlign) +
       (1 << 20));
   DS41_ASSIGN_OR_RETURN(w.meta_pinned, PinnedBuffer::allocate(w.meta_bytes, "GPU step metadata (pinned)"));
   DS41_ASSIGN_OR_RETURN(w.meta_buf, DeviceBuffer::allocate(w.meta_bytes, "GPU step metadata"));

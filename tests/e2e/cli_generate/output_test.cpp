@@ -11,7 +11,6 @@
 namespace ds41::testing_cli {
 namespace {
 
-const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 
 class GenerateOutput : public ::testing::Test {
  protected:

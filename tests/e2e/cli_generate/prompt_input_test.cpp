@@ -13,7 +13,6 @@
 namespace ds41::testing_cli {
 namespace {
 
-const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 const std::string kTokFile = kTok + "/tokenizer.json";
 
 void write_file(const std::string& path, const std::string& text) {

@@ -12,7 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST(BenchKernels, RejectsOtherDevicesAndBadTokenCounts) {
   RunResult cpu = run_ds41("bench kernels --device cpu --json");

@@ -12,7 +12,6 @@
 namespace ds41::testing_cli {
 namespace {
 
-const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 
 struct UsageCase {
   std::string args, must_mention;

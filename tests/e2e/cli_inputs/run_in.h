@@ -31,6 +31,11 @@ inline RunResult run_ds41_in(const std::string& cwd, const std::string& args) {
   return r;
 }
 
+// The shared tokenizer folder, and "s contains part" (the folders' test files share these: one
+// unity translation unit may hold several of them, CMakeLists.txt "Unity builds").
+inline const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
+inline bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 inline std::string dump(const RunResult& r) {
   return "exit " + std::to_string(r.exit_code) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
 }

@@ -7,7 +7,6 @@
 namespace ds41::testing_cli {
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST(CliUx, VersionPrintsVersionAndGitRevision) {
   RunResult r = run_ds41("--version");

@@ -10,7 +10,6 @@
 namespace ds41::testing_cli {
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST(BenchUx, BenchLoadDropsThePageCacheOnlyWithTheFlag) {
   const std::string dir = fresh_dir("bench_load_ux");

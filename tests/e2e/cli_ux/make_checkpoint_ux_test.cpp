@@ -10,9 +10,7 @@
 namespace ds41::testing_cli {
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 
 TEST(MakeCheckpointUx, PlainProgressLinesAndTheTokenizerNote) {
   const std::string dir = fresh_dir("mk_plain");

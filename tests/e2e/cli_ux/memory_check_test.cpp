@@ -13,7 +13,6 @@
 namespace ds41::testing_cli {
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 class MemoryCheck : public ::testing::Test {
  protected:
@@ -32,7 +31,6 @@ class MemoryCheck : public ::testing::Test {
 };
 std::string* MemoryCheck::root_ = nullptr;
 
-const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 
 TEST_F(MemoryCheck, GenerateRefusesALayoutThatCannotFitWithTheNumbers) {
   const auto t0 = std::chrono::steady_clock::now();

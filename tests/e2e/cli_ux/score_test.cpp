@@ -12,10 +12,8 @@
 namespace ds41::testing_cli {
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 const std::string kGold = std::string(DS41_SHARED_DIR) + "/golden/v41-tiny-public";
-const std::string kTok = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
 
 TEST(ScoreUx, ManifestAsInputAndSaysWhereItWrote) {
   const std::string dir = fresh_dir("score_manifest");

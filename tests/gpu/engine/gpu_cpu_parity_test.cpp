@@ -23,12 +23,12 @@
 namespace ds41::testing {
 namespace {
 
-struct Case {
+struct ParityCase {
   const char* name;
   bool small;
 };
 
-class GpuCpuParity : public ::testing::TestWithParam<Case> {
+class GpuCpuParity : public ::testing::TestWithParam<ParityCase> {
  protected:
   void SetUp() override {
     DS41_SKIP_WITHOUT_GPU();
@@ -294,7 +294,7 @@ TEST_P(GpuCpuParity, MixedBatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuCpuParity, ::testing::Values(Case{"tiny", false}, Case{"small", true}),
+INSTANTIATE_TEST_SUITE_P(Models, GpuCpuParity, ::testing::Values(ParityCase{"tiny", false}, ParityCase{"small", true}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

@@ -37,14 +37,14 @@
 namespace ds41::testing {
 namespace {
 
-struct Case {
+struct ReplayCase {
   const char* name;
   bool small;
 };
 
 using Blocks = std::vector<std::vector<uint8_t>>;
 
-class GpuDecoderReplay : public ::testing::TestWithParam<Case> {
+class GpuDecoderReplay : public ::testing::TestWithParam<ReplayCase> {
  protected:
   void SetUp() override {
     DS41_SKIP_WITHOUT_GPU();
@@ -390,7 +390,7 @@ TEST_P(GpuDecoderReplay, FailureAfterTheFirstPassLeavesTheSequenceFresh) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuDecoderReplay,
-                         ::testing::Values(Case{"golden", false}, Case{"small", true}),
+                         ::testing::Values(ReplayCase{"golden", false}, ReplayCase{"small", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The tiny preset with its second Engram layer moved after the last KV source (layer 4 -> 5): the

@@ -29,11 +29,6 @@
 namespace ds41::testing {
 namespace {
 
-bool emulator_sizes() {
-  const char* e = std::getenv("DS41_DSPARK_TEST_SMALL");
-  return e && std::string(e) == "1";
-}
-
 // The logits row after feeding `tokens` to a fork of `base` (the fork is freed).
 std::vector<float> next_logits(gpu::CudaEngine& e, engine::SeqId base, std::vector<int32_t> tokens) {
   auto f = e.fork_sequence(base);

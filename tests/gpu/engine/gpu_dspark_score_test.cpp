@@ -21,11 +21,6 @@
 namespace ds41::testing {
 namespace {
 
-bool emulator_sizes() {
-  const char* e = std::getenv("DS41_DSPARK_TEST_SMALL");
-  return e && std::string(e) == "1";
-}
-
 TEST(GpuDsparkScore, GoldenArraysWithinTolerances) {
   DS41_SKIP_WITHOUT_GPU();
   GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");

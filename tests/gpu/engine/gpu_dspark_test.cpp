@@ -32,11 +32,6 @@
 namespace ds41::testing {
 namespace {
 
-bool emulator_sizes() {
-  const char* e = std::getenv("DS41_DSPARK_TEST_SMALL");
-  return e && std::string(e) == "1";
-}
-
 int32_t argmax_of(const float* z, int64_t V) {
   int32_t best = 0;
   for (int64_t i = 1; i < V; ++i)

@@ -9,7 +9,7 @@
 namespace ds41::testing {
 namespace {
 
-constexpr double kTolLogits = 5e-3;  // golden README table
+constexpr double kTolGoldenLogits = 5e-3;  // golden README table
 
 TEST(GpuGolden, PromptsSelectionsAndDecode) {
   DS41_SKIP_WITHOUT_GPU();
@@ -34,7 +34,7 @@ TEST(GpuGolden, PromptsSelectionsAndDecode) {
     ASSERT_TRUE(st.ok()) << st.message();
     auto gl = gold.get<float>(P + ".logits");
     ASSERT_EQ(static_cast<int64_t>(out[0].logits.size()), S * V);
-    expect_rows_close(gl.v, out[0].logits, V, kTolLogits, "gpu " + P + " logits");
+    expect_rows_close(gl.v, out[0].logits, V, kTolGoldenLogits, "gpu " + P + " logits");
     EXPECT_EQ(out[0].record.hash_ids, gold.get<int32_t>(P + ".engram_hash_ids").v);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string L = P + ".layer" + std::to_string(l);
@@ -79,7 +79,7 @@ TEST(GpuGolden, PromptsSelectionsAndDecode) {
     ASSERT_EQ(*eng->sequence_position(s2), 297 + t + 1);
     got.insert(got.end(), so.logits.begin(), so.logits.end());
   }
-  expect_rows_close(dl.v, got, V, kTolLogits, "gpu decode logits");
+  expect_rows_close(dl.v, got, V, kTolGoldenLogits, "gpu decode logits");
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ namespace {
 
 constexpr int64_t kB = 128;
 
-struct Case {
+struct ExportCase {
   const char* name;
   bool small;
 };
@@ -39,7 +39,7 @@ std::vector<std::span<const uint8_t>> spans(const Blocks& b) {
   return std::vector<std::span<const uint8_t>>(b.begin(), b.end());
 }
 
-class GpuStateExport : public ::testing::TestWithParam<Case> {
+class GpuStateExport : public ::testing::TestWithParam<ExportCase> {
  protected:
   void SetUp() override {
     DS41_SKIP_WITHOUT_GPU();
@@ -349,7 +349,7 @@ TEST_P(GpuStateExport, BadPayloadsGiveTheCpuErrorsAndLeaveTheSequenceFresh) {
   EXPECT_EQ(gpu_->pool().pages().free_pages(), gpu_->pool().pages().total_pages());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuStateExport, ::testing::Values(Case{"golden", false}, Case{"small", true}),
+INSTANTIATE_TEST_SUITE_P(Models, GpuStateExport, ::testing::Values(ExportCase{"golden", false}, ExportCase{"small", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

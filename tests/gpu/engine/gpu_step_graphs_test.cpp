@@ -17,12 +17,12 @@
 namespace ds41::testing {
 namespace {
 
-struct Case {
+struct GraphCase {
   const char* name;
   bool small;
 };
 
-class GpuStepGraphs : public ::testing::TestWithParam<Case> {};
+class GpuStepGraphs : public ::testing::TestWithParam<GraphCase> {};
 
 TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
   DS41_SKIP_WITHOUT_GPU();
@@ -109,7 +109,7 @@ TEST_P(GpuStepGraphs, ReplayIsBitIdenticalToDirectLaunches) {
   EXPECT_GT(g.captures, 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, GpuStepGraphs, ::testing::Values(Case{"tiny", false}, Case{"small", true}),
+INSTANTIATE_TEST_SUITE_P(Models, GpuStepGraphs, ::testing::Values(GraphCase{"tiny", false}, GraphCase{"small", true}),
                          [](const auto& i) { return std::string(i.param.name); });
 
 }  // namespace

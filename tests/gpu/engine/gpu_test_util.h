@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -27,6 +28,12 @@ namespace ds41::testing {
 // bit difference into one quantization step; 5e-3 is the bound the CPU reference itself meets
 // against independent float32 implementations (golden README), with a wide margin to real bugs.
 constexpr double kTolGpuLogits = 5e-3;
+
+// The DSpark tests at emulator sizes (DS41_DSPARK_TEST_SMALL=1: scripts/cuda-host-emu/run_engine.sh).
+inline bool emulator_sizes() {
+  const char* e = std::getenv("DS41_DSPARK_TEST_SMALL");
+  return e && std::string(e) == "1";
+}
 
 struct CpuAndGpu {
   TestModel cpu;

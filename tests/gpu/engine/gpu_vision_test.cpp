@@ -28,7 +28,7 @@ std::string vision_dir() { return std::string(DS41_SHARED_DIR) + "/golden/v41-ti
 constexpr int kImages = 6;
 // Golden README "Vision set": the tower's arrays per row, the logits per row.
 constexpr double kTolTower = 1e-4;
-constexpr double kTolLogits = 5e-3;
+constexpr double kTolVisionLogits = 5e-3;
 // GPU tower vs the CPU tower: both float32 with exact products (BF16 weights; the GPU splits the
 // activations into three bf16 parts), sums in other orders and a float32 online softmax; the CPU
 // meets the goldens at <= 5.2e-6 (docs/vision.md), so 2e-5 still leaves a 5x margin to the
@@ -236,7 +236,7 @@ TEST(GpuVision, PromptsWithImagesMatchTheGoldensAndTheCpuEngine) {
     const double cpu_vs_golden = max_row_error(gl.v, cpu_all, V);
     std::printf("cpu reference %slogits (GPU tower's span rows) vs golden max e_r %.3g\n", pre.c_str(), cpu_vs_golden);
     check("gpu " + pre + "logits vs golden", max_row_error(gl.v, out[0].logits, V),
-          std::max(kTolLogits, cpu_vs_golden + kTolGpuLogits));
+          std::max(kTolVisionLogits, cpu_vs_golden + kTolGpuLogits));
     // Routing: spans select with bias_vl (golden README: it changes 28-100% of span selections).
     int64_t differ = 0, rows = 0;
     for (const auto& [l, ex] : out[0].record.router_experts) {
@@ -269,7 +269,7 @@ TEST(GpuVision, PromptsWithImagesMatchTheGoldensAndTheCpuEngine) {
     ASSERT_TRUE(
         eng->forward(std::span<const engine::StepItem>(&it2, 1), model::LogitsRows::kAll, false, &out2).ok());
     check("gpu " + pre + "logits (golden span rows) vs golden", max_row_error(gl.v, out2[0].logits, V),
-          kTolLogits);
+          kTolVisionLogits);
     // (c) Against the CPU engine on the same tokens and span rows: the last row (step()).
     auto cs = ceng.create_sequence();
     ASSERT_TRUE(cs.ok());
@@ -294,7 +294,7 @@ TEST(GpuVision, PromptsWithImagesMatchTheGoldensAndTheCpuEngine) {
         want_cpu.insert(want_cpu.end(), so.logits.begin(), so.logits.end());
       }
       check("gpu decode.logits vs golden", max_row_error(g.get<float>("decode.logits").v, got, V),
-            kTolLogits);
+            kTolVisionLogits);
       check("gpu decode.logits vs cpu engine", max_row_error(want_cpu, got, V), kTolGpuLogits);
     }
   }

@@ -20,23 +20,13 @@
 #include "model/model.h"
 #include "model/model_weights.h"
 #include "quant/weight_formats.h"
+#include "gpu/model/device_test_util.h"
 
 namespace ds41::gpu {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
 const std::string kGolden = std::string(DS41_SHARED_DIR) + "/golden/v41-tiny-public";
 const std::string kTokenizer = std::string(DS41_SHARED_DIR) + "/tokenizer-v41";
-
-std::vector<uint8_t> from_device(const void* p, uint64_t bytes) {
-  std::vector<uint8_t> h(bytes);
-  if (bytes) {
-    EXPECT_EQ(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  return h;
-}
 
 uint64_t payload(const cuda::DeviceWeight& w) {
   return static_cast<uint64_t>(quant::weight_payload_bytes(w.format, w.out_dim, w.in_dim));

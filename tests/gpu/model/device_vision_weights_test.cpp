@@ -12,23 +12,13 @@
 #include "gpu/device_model.h"
 #include "model/loader/safetensors.h"
 #include "model/vision_weights.h"
+#include "gpu/model/device_test_util.h"
 
 namespace ds41::gpu {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
-
 const std::string kShared = DS41_SHARED_DIR;
 const std::string kVision = kShared + "/golden/v41-tiny-vision-public";
-
-std::vector<uint8_t> from_device(const void* p, size_t bytes) {
-  std::vector<uint8_t> h(bytes);
-  if (bytes) {
-    EXPECT_EQ(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  return h;
-}
 
 DeviceLoadOptions options(LoadFormat f, uint64_t seed = 0) {
   DeviceLoadOptions o;

@@ -17,8 +17,6 @@
 namespace ds41::engine {
 namespace {
 
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) { return looptest::random_prompt_with_repeats(n, seed); }
-
 class CpuEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { tm_ = new ds41::testing::TestModel(ds41::testing::load_golden_model(2)); }
@@ -59,7 +57,7 @@ TEST_F(CpuEngineTest, InfoFromTheConfig) {
 }
 
 TEST_F(CpuEngineTest, LogitsDoNotDependOnTheBatchBitwise) {
-  auto a = random_prompt(160, 1), b = random_prompt(95, 2), c = random_prompt(210, 3);
+  auto a = looptest::random_prompt_with_repeats(160, 1), b = looptest::random_prompt_with_repeats(95, 2), c = looptest::random_prompt_with_repeats(210, 3);
   std::span<const int32_t> A(a), B(b), C(c);
   // Alone: a in two chunks, then two decodes.
   const SeqId alone = make();
@@ -82,7 +80,7 @@ TEST_F(CpuEngineTest, LogitsDoNotDependOnTheBatchBitwise) {
 }
 
 TEST_F(CpuEngineTest, ChunkedPrefillThroughStepEqualsOneShot) {
-  auto a = random_prompt(230, 4);
+  auto a = looptest::random_prompt_with_repeats(230, 4);
   std::span<const int32_t> A(a);
   const SeqId one = make();
   auto ref = step({{one, A, true}})[0];
@@ -103,7 +101,7 @@ TEST_F(CpuEngineTest, ChunkedPrefillThroughStepEqualsOneShot) {
 }
 
 TEST_F(CpuEngineTest, ForkContinuesIdentically) {
-  auto a = random_prompt(180, 5);
+  auto a = looptest::random_prompt_with_repeats(180, 5);
   std::span<const int32_t> A(a);
   const SeqId s = make();
   step({{s, A.subspan(0, 151), false}});
@@ -130,7 +128,7 @@ TEST_F(CpuEngineTest, ForkContinuesIdentically) {
 }
 
 TEST_F(CpuEngineTest, StateBytesMatchBytesForTokensExactly) {
-  auto a = random_prompt(203, 6);
+  auto a = looptest::random_prompt_with_repeats(203, 6);
   std::span<const int32_t> A(a);
   const SeqId s = make();
   EXPECT_EQ(*eng_->sequence_bytes(s), eng_->bytes_for_tokens(0));
@@ -145,7 +143,7 @@ TEST_F(CpuEngineTest, StateBytesMatchBytesForTokensExactly) {
 
 TEST_F(CpuEngineTest, ErrorsLeaveEverySequenceUnchanged) {
   CpuEngine eng(tm_->model.get(), "tiny", 160);  // a context we can reach
-  auto a = random_prompt(150, 7), b = random_prompt(60, 8);
+  auto a = looptest::random_prompt_with_repeats(150, 7), b = looptest::random_prompt_with_repeats(60, 8);
   std::span<const int32_t> A(a), B(b);
   const SeqId sa = *eng.create_sequence(), sb = *eng.create_sequence(), ref = *eng.create_sequence();
   StepOutput out;
@@ -194,7 +192,7 @@ TEST_F(CpuEngineTest, LoopOutputEqualsEachRequestAlone) {
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 3; ++i) {
     GenerationRequest r;
-    r.prompt = random_prompt(60 + 45 * i, 20 + i);
+    r.prompt = looptest::random_prompt_with_repeats(60 + 45 * i, 20 + i);
     r.max_tokens = 8;
     r.ignore_eos = true;
     r.sampling.temperature = 0.8;

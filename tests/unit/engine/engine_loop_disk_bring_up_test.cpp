@@ -34,15 +34,15 @@ using namespace std::chrono_literals;
 using looptest::greedy;
 using looptest::random_prompt;
 
-struct Outcome {
+struct BringUpOutcome {
   std::vector<int32_t> tokens;
   TokenEvent last;
   bool done = false;  // the final event arrived
 };
 
 // The stream's events until its final one, or until `timeout` passed (0: what is there now).
-Outcome collect(RequestStream& s, std::chrono::milliseconds timeout) {
-  Outcome o;
+BringUpOutcome collect_until(RequestStream& s, std::chrono::milliseconds timeout) {
+  BringUpOutcome o;
   const auto end = std::chrono::steady_clock::now() + timeout;
   std::vector<TokenEvent> evs;
   for (bool first = true; !o.done; first = false) {
@@ -110,19 +110,19 @@ class EngineLoopDiskBringUp : public ::testing::Test {
     return lc;
   }
   // One request through a fresh loop over `eng` with `lc`, collected to its end (60 s at most).
-  static Outcome serve_one(Engine& eng, const LoopConfig& lc, GenerationRequest r) {
+  static BringUpOutcome serve_one(Engine& eng, const LoopConfig& lc, GenerationRequest r) {
     EngineLoop loop(&eng, lc);
     auto s = loop.submit(std::move(r));
     EXPECT_TRUE(s.ok());
     EXPECT_TRUE(loop.start().ok());
-    Outcome o = s.ok() ? collect(**s, 60s) : Outcome{};
+    BringUpOutcome o = s.ok() ? collect_until(**s, 60s) : BringUpOutcome{};
     loop.stop(1000ms);
     return o;
   }
   // One request through a loop without a cache: the reference output.
   std::vector<int32_t> cold(GenerationRequest r) {
     CpuEngine eng(tm_->model.get(), "tiny");
-    const Outcome o = serve_one(eng, LoopConfig{}, std::move(r));
+    const BringUpOutcome o = serve_one(eng, LoopConfig{}, std::move(r));
     EXPECT_TRUE(o.done);
     return o.tokens;
   }
@@ -133,7 +133,7 @@ class EngineLoopDiskBringUp : public ::testing::Test {
     auto s = loop.submit(std::move(r));
     ASSERT_TRUE(s.ok());
     ASSERT_TRUE(loop.start().ok());
-    ASSERT_TRUE(collect(**s, 60s).done);
+    ASSERT_TRUE(collect_until(**s, 60s).done);
     loop.stop(1000ms);
     ASSERT_TRUE(pc_->drain_writes(10000));
     ASSERT_EQ(pc_->disk()->block_count(), disk_blocks);
@@ -152,7 +152,7 @@ class EngineLoopDiskBringUp : public ::testing::Test {
   }
   // Submits `reqs` before the loop starts (they are admitted in its first step) and holds the
   // persistent tier's reads until release_after() returned; the outcomes in submission order.
-  std::vector<Outcome> together(std::vector<GenerationRequest> reqs, const std::function<void(
+  std::vector<BringUpOutcome> together(std::vector<GenerationRequest> reqs, const std::function<void(
                                                                          std::vector<RequestStream*>&)>& held) {
     gate_.hold();
     EngineLoop loop(eng_.get(), loop_config());
@@ -169,8 +169,8 @@ class EngineLoopDiskBringUp : public ::testing::Test {
     EXPECT_TRUE(gate_.wait_held(1, 10s)) << "no block read started";
     held(raw);
     gate_.release();
-    std::vector<Outcome> out;
-    for (auto& s : streams) out.push_back(collect(*s, 60s));
+    std::vector<BringUpOutcome> out;
+    for (auto& s : streams) out.push_back(collect_until(*s, 60s));
     loop.stop(1000ms);
     return out;
   }
@@ -207,12 +207,12 @@ TEST_F(EngineLoopDiskBringUp, OtherRequestsRunWhileABlockReadIsHeld) {
   ASSERT_TRUE(b.ok());
   // B (no cache hit) prefills and decodes to its end while A's read is still held. On a loop
   // that reads the disk on its own thread, B never gets a step here.
-  const Outcome ob = collect(**b, 30s);
+  const BringUpOutcome ob = collect_until(**b, 30s);
   const bool a_still_held = gate_.waiting() >= 1;
-  const Outcome a_early = collect(**a, 0ms);
+  const BringUpOutcome a_early = collect_until(**a, 0ms);
   const int64_t steps_during_hold = loop.stats().steps - steps_before_b;
   gate_.release();
-  const Outcome oa = collect(**a, 60s);
+  const BringUpOutcome oa = collect_until(**a, 60s);
   loop.stop(1000ms);
 
   EXPECT_TRUE(ob.done) << "B made no progress while A's block read was held";
@@ -246,7 +246,7 @@ TEST_F(EngineLoopDiskBringUp, FailedOrCorruptReadsAreAShorterRestoreWithAnExactA
     make_cache(config());
     warm(greedy(p, 5));
     faults_.inject(kvcache::FaultKind::kFailRead, 0, -1);
-    const Outcome o = serve_one(*eng_, loop_config(), greedy(p, 5));
+    const BringUpOutcome o = serve_one(*eng_, loop_config(), greedy(p, 5));
     faults_.clear();
     ASSERT_TRUE(o.done);
     EXPECT_EQ(o.tokens, cold_p);
@@ -266,7 +266,7 @@ TEST_F(EngineLoopDiskBringUp, FailedOrCorruptReadsAreAShorterRestoreWithAnExactA
     make_cache(c);
     warm(greedy(p, 5));
     faults_.inject(kvcache::FaultKind::kCorruptRead, 1, 1);  // block 0 reads fine, block 1 corrupt
-    const Outcome o = serve_one(*eng_, loop_config(), greedy(p, 5));
+    const BringUpOutcome o = serve_one(*eng_, loop_config(), greedy(p, 5));
     faults_.clear();
     ASSERT_TRUE(o.done);
     EXPECT_EQ(o.tokens, cold_p);
@@ -292,7 +292,7 @@ TEST_F(EngineLoopDiskBringUp, AbortWhileParkedOnAReadReleasesCleanly) {
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(gate_.wait_held(1, 10s));
   (*a)->cancel();
-  const Outcome oa = collect(**a, 10s);  // while the read is still held
+  const BringUpOutcome oa = collect_until(**a, 10s);  // while the read is still held
   EXPECT_TRUE(oa.done);
   EXPECT_EQ(oa.last.finish, FinishReason::kAbort);
   EXPECT_TRUE(oa.tokens.empty());
@@ -303,7 +303,7 @@ TEST_F(EngineLoopDiskBringUp, AbortWhileParkedOnAReadReleasesCleanly) {
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(gate_.wait_held(2, 10s));
   gate_.release();
-  const Outcome oc = collect(**c, 60s);
+  const BringUpOutcome oc = collect_until(**c, 60s);
   loop.stop(1000ms);
   ASSERT_TRUE(oc.done);
   EXPECT_EQ(oc.tokens, cold_p);
@@ -329,7 +329,7 @@ TEST_F(EngineLoopDiskBringUp, StopWithAReadInFlightDoesNotWaitForTheDisk) {
     ASSERT_TRUE(gate_.wait_held(1, 10s));
     auto stopped = std::async(std::launch::async, [&] { loop->stop(drain); });
     const bool returned = stopped.wait_for(10s) == std::future_status::ready;
-    const Outcome oa = collect(**a, 1000ms);
+    const BringUpOutcome oa = collect_until(**a, 1000ms);
     gate_.release();  // lets a loop stuck in the read (the synchronous design) finish
     stopped.wait();
     loop.reset();
@@ -359,7 +359,7 @@ TEST_F(EngineLoopDiskBringUp, SameDiskOnlyPrefixAdmittedTogetherIsReadOnce) {
   });
   ASSERT_EQ(out.size(), 2u);
   EXPECT_FALSE(second_reader) << "the second request started its own read of the same blocks";
-  for (const Outcome& o : out) {
+  for (const BringUpOutcome& o : out) {
     ASSERT_TRUE(o.done);
     EXPECT_EQ(o.tokens, cold_p);
     EXPECT_EQ(o.last.cached_tokens, 299);
@@ -408,11 +408,11 @@ TEST_F(EngineLoopDiskBringUp, AbortOfTheFirstLeavesTheSharedReadToTheSecond) {
   const auto cold_p = cold(greedy(p, 4));
   warm(greedy(p, 4));
   const uint64_t hits0 = counter("ds41_kv_disk_hits_total");
-  Outcome aborted;
+  BringUpOutcome aborted;
   bool reread = true;
   const auto out = together({greedy(p, 4), greedy(p, 4)}, [&](std::vector<RequestStream*>& s) {
     s[0]->cancel();
-    aborted = collect(*s[0], 10s);  // while the read is still held
+    aborted = collect_until(*s[0], 10s);  // while the read is still held
     reread = gate_.wait_held(2, 500ms);
   });
   ASSERT_EQ(out.size(), 2u);
@@ -440,7 +440,7 @@ TEST_F(EngineLoopDiskBringUp, AFailedSharedReadIsAShorterRestoreForBoth) {
   const auto out = together({greedy(p, 4), greedy(p, 4)}, [](std::vector<RequestStream*>&) {});
   faults_.clear();
   ASSERT_EQ(out.size(), 2u);
-  for (const Outcome& o : out) {
+  for (const BringUpOutcome& o : out) {
     ASSERT_TRUE(o.done);
     EXPECT_EQ(o.tokens, cold_p);
     EXPECT_EQ(o.last.cached_tokens, 0);

@@ -27,7 +27,7 @@ using looptest::collect;
 using looptest::greedy;
 using looptest::Outcome;
 
-constexpr int64_t kH = 4;  // span row width of these tests
+constexpr int64_t kEncSpanH = 4;  // span row width of these tests
 
 // The text model of FakeEngine; encode_images blocks on a gate (until open() or the timeout) and
 // counts the steps that ran while an encode was in progress. Only encode_images runs off the loop
@@ -51,8 +51,8 @@ class GatedTowerEngine final : public Engine {
       size_t flagged = 0;
       for (size_t t = 0; t < it.tokens.size(); ++t)
         if (!it.image_span.empty() && it.image_span[t])
-          fed_[it.seq].push_back(it.span_embeds[flagged++ * kH]);
-      if (it.span_embeds.size() != flagged * kH) return invalid_argument("span rows do not match the flags");
+          fed_[it.seq].push_back(it.span_embeds[flagged++ * kEncSpanH]);
+      if (it.span_embeds.size() != flagged * kEncSpanH) return invalid_argument("span rows do not match the flags");
     }
     return text_.step(items, out);
   }
@@ -68,8 +68,8 @@ class GatedTowerEngine final : public Engine {
     std::vector<std::vector<float>> out;
     for (const image::PreparedImage* p : images) {
       const int64_t n = p->plan.n_tokens;  // the image tag is in plan.orig_w
-      std::vector<float> rows(n * kH);
-      for (int64_t r = 0; r < n; ++r) rows[r * kH] = static_cast<float>(p->plan.orig_w * 1000 + r);
+      std::vector<float> rows(n * kEncSpanH);
+      for (int64_t r = 0; r < n; ++r) rows[r * kEncSpanH] = static_cast<float>(p->plan.orig_w * 1000 + r);
       out.push_back(std::move(rows));
     }
     ++encoded_;

@@ -12,7 +12,7 @@
 namespace ds41::engine {
 namespace {
 
-constexpr int64_t kH = 4;  // span row width of this test
+constexpr int64_t kImgSpanH = 4;  // span row width of this test
 
 // Records, per sequence, every fed token with its flag and (for flagged ones) the first value
 // of its span row. encode_images gives image k rows whose values encode (image tag, row).
@@ -47,10 +47,10 @@ class ImageRecordingEngine final : public Engine {
       size_t flagged = 0;
       for (size_t t = 0; t < it.tokens.size(); ++t) {
         const bool f = !it.image_span.empty() && it.image_span[t];
-        fed_[it.seq].push_back({it.tokens[t], f ? it.span_embeds[flagged * kH] : -1.0f});
+        fed_[it.seq].push_back({it.tokens[t], f ? it.span_embeds[flagged * kImgSpanH] : -1.0f});
         flagged += f;
       }
-      if (it.span_embeds.size() != flagged * kH) return invalid_argument("span rows do not match the flags");
+      if (it.span_embeds.size() != flagged * kImgSpanH) return invalid_argument("span rows do not match the flags");
       if (!it.want_logits) continue;
       out->row[i] = static_cast<int64_t>(out->logits.size()) / info_.vocab_size;
       std::vector<float> row(info_.vocab_size, 0.0f);
@@ -66,8 +66,8 @@ class ImageRecordingEngine final : public Engine {
     for (const image::PreparedImage* p : images) {
       ++encoded_;
       const int64_t n = p->plan.n_tokens;  // the test stores the image tag in plan.orig_w
-      std::vector<float> rows(n * kH);
-      for (int64_t r = 0; r < n; ++r) rows[r * kH] = static_cast<float>(p->plan.orig_w * 1000 + r);
+      std::vector<float> rows(n * kImgSpanH);
+      for (int64_t r = 0; r < n; ++r) rows[r * kImgSpanH] = static_cast<float>(p->plan.orig_w * 1000 + r);
       out.push_back(std::move(rows));
     }
     return out;

@@ -68,7 +68,7 @@ std::vector<int32_t> prompt_of(int64_t n, int32_t salt, int64_t vocab = 64) {
   return p;
 }
 
-GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
+GenerationRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens) {
   GenerationRequest r;
   r.prompt = std::move(prompt);
   r.max_tokens = max_tokens;
@@ -86,7 +86,7 @@ TEST(EngineLoop, GreedyTokensInOrderWithExactlyOneFinalEvent) {
   std::vector<std::shared_ptr<RequestStream>> streams;
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 12; ++i) {
-    reqs.push_back(greedy(prompt_of(5 + i * 11, i), 3 + i));
+    reqs.push_back(greedy_request(prompt_of(5 + i * 11, i), 3 + i));
     auto s = loop.submit(reqs.back());
     ASSERT_TRUE(s.ok()) << s.status().message();
     streams.push_back(*s);
@@ -188,7 +188,7 @@ TEST(EngineLoop, StopTokenIdsFinishWithStop) {
   FakeEngine eng;
   EngineLoop loop(&eng, LoopConfig{});
   ASSERT_TRUE(loop.start().ok());
-  auto r = greedy(prompt_of(10, 1), 50);
+  auto r = greedy_request(prompt_of(10, 1), 50);
   const auto ref = reference(r.prompt, 50, r.sampling, 64);
   r.stop_token_ids = {ref[3]};
   const int64_t first = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
@@ -199,7 +199,7 @@ TEST(EngineLoop, StopTokenIdsFinishWithStop) {
 
 TEST(EngineLoop, EosStopsUnlessIgnored) {
   FakeEngine eng;
-  auto r = greedy(prompt_of(10, 2), 40);
+  auto r = greedy_request(prompt_of(10, 2), 40);
   const auto ref = reference(r.prompt, 40, r.sampling, 64);
   eng.mutable_info().eos_token_id = ref[5];
   const int64_t first = std::find(ref.begin(), ref.end(), ref[5]) - ref.begin();
@@ -218,7 +218,7 @@ TEST(EngineLoop, LogprobsComeWithEachToken) {
   FakeEngine eng;
   EngineLoop loop(&eng, LoopConfig{});
   ASSERT_TRUE(loop.start().ok());
-  auto r = greedy(prompt_of(10, 3), 4);
+  auto r = greedy_request(prompt_of(10, 3), 4);
   r.sampling.top_logprobs = 5;
   Collected c = drain(**loop.submit(r));
   ASSERT_EQ(c.events.size(), 4u);
@@ -244,7 +244,7 @@ TEST(EngineLoop, CancelMidPrefillFreesTheSequence) {
     if (n == 3) victim->cancel();                          // after 3 of its ~32 prefill chunks
     if (n == 4) live_after_cancel = eng.live_sequences();  // loop thread: no race
   };
-  auto s = loop.submit(greedy(prompt_of(2000, 5), 5));
+  auto s = loop.submit(greedy_request(prompt_of(2000, 5), 5));
   ASSERT_TRUE(s.ok());
   victim = *s;
   ASSERT_TRUE(loop.start().ok());
@@ -253,7 +253,7 @@ TEST(EngineLoop, CancelMidPrefillFreesTheSequence) {
   EXPECT_EQ(c.finals, 1);
   EXPECT_TRUE(c.tokens.empty());
   // Another request runs after it: the cancelled one's sequence was freed at the next step.
-  Collected d = drain(**loop.submit(greedy(prompt_of(10, 6), 2)));
+  Collected d = drain(**loop.submit(greedy_request(prompt_of(10, 6), 2)));
   EXPECT_EQ(d.finish, FinishReason::kLength);
   loop.stop(1000ms);
   EXPECT_EQ(live_after_cancel.load(), 1);  // at step 4 only the new request's sequence lives
@@ -271,10 +271,10 @@ TEST(EngineLoop, StopWithTimeoutAbortsWhatIsLeft) {
   eng.step_delay = 2ms;
   EngineLoop loop(&eng, LoopConfig{});
   ASSERT_TRUE(loop.start().ok());
-  auto r = greedy(prompt_of(10, 7), 1'000'000);
+  auto r = greedy_request(prompt_of(10, 7), 1'000'000);
   r.ignore_eos = true;
   auto s = *loop.submit(r);
-  auto quick = *loop.submit(greedy(prompt_of(10, 8), 2));
+  auto quick = *loop.submit(greedy_request(prompt_of(10, 8), 2));
   std::vector<TokenEvent> evs;
   ASSERT_TRUE(s->next(&evs, 5000ms));  // it is running
   const auto t0 = std::chrono::steady_clock::now();
@@ -284,7 +284,7 @@ TEST(EngineLoop, StopWithTimeoutAbortsWhatIsLeft) {
   EXPECT_EQ(c.finish, FinishReason::kAbort);
   EXPECT_EQ(drain(*quick).finish, FinishReason::kLength);  // finished within the drain time
   EXPECT_EQ(eng.live_sequences(), 0);
-  auto after = loop.submit(greedy(prompt_of(3, 1), 1));
+  auto after = loop.submit(greedy_request(prompt_of(3, 1), 1));
   ASSERT_FALSE(after.ok());
   EXPECT_EQ(after.status().code(), StatusCode::kUnavailable);
 }
@@ -294,10 +294,10 @@ TEST(EngineLoop, FullQueueIsResourceExhausted) {
   LoopConfig cfg;
   cfg.max_queue = 2;
   EngineLoop loop(&eng, cfg);  // not started: requests stay queued
-  auto a = loop.submit(greedy(prompt_of(3, 1), 1));
-  auto b = loop.submit(greedy(prompt_of(3, 2), 1));
+  auto a = loop.submit(greedy_request(prompt_of(3, 1), 1));
+  auto b = loop.submit(greedy_request(prompt_of(3, 2), 1));
   ASSERT_TRUE(a.ok() && b.ok());
-  auto c = loop.submit(greedy(prompt_of(3, 3), 1));
+  auto c = loop.submit(greedy_request(prompt_of(3, 3), 1));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(c.status().message().find("max_queue 2"), std::string::npos) << c.status().message();
@@ -318,18 +318,18 @@ TEST(EngineLoop, SubmitRefusesWhatCanNeverRunWithTheNumbers) {
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.status().message().find(needle), std::string::npos) << s.status().message();
   };
-  expect_invalid(greedy(prompt_of(70, 1), 20), "90 tokens");       // state: 1900 > 1800 bytes
-  expect_invalid(greedy(prompt_of(70, 1), 31), "context of 100");  // 101 positions
-  expect_invalid(greedy({}, 1), "no tokens");
-  expect_invalid(greedy({1, 64}, 1), "id 64");
-  expect_invalid(greedy({1}, 0), "max_tokens");
-  auto r = greedy({1}, 1);
+  expect_invalid(greedy_request(prompt_of(70, 1), 20), "90 tokens");       // state: 1900 > 1800 bytes
+  expect_invalid(greedy_request(prompt_of(70, 1), 31), "context of 100");  // 101 positions
+  expect_invalid(greedy_request({}, 1), "no tokens");
+  expect_invalid(greedy_request({1, 64}, 1), "id 64");
+  expect_invalid(greedy_request({1}, 0), "max_tokens");
+  auto r = greedy_request({1}, 1);
   r.sampling.top_p = 0;
   expect_invalid(r, "top_p");
-  r = greedy({1}, 1);
+  r = greedy_request({1}, 1);
   r.sampling.top_logprobs = 21;
   expect_invalid(r, "top_logprobs");
-  EXPECT_TRUE(loop.submit(greedy(prompt_of(70, 1), 10)).ok());
+  EXPECT_TRUE(loop.submit(greedy_request(prompt_of(70, 1), 10)).ok());
 }
 
 TEST(EngineLoop, PreemptionRecomputesExactly) {
@@ -342,7 +342,7 @@ TEST(EngineLoop, PreemptionRecomputesExactly) {
   std::vector<GenerationRequest> reqs;
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 6; ++i) {
-    reqs.push_back(greedy(prompt_of(30 + i, 10 + i), 70));
+    reqs.push_back(greedy_request(prompt_of(30 + i, 10 + i), 70));
     streams.push_back(*loop.submit(reqs.back()));
   }
   ASSERT_TRUE(loop.start().ok());

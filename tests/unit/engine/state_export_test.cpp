@@ -18,8 +18,6 @@ namespace {
 
 constexpr int64_t kB = 128;
 
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed) { return looptest::random_prompt_with_repeats(n, seed); }
-
 class StateExportTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { tm_ = new ds41::testing::TestModel(ds41::testing::load_golden_model(2)); }
@@ -75,7 +73,7 @@ TEST_F(StateExportTest, BlockPayloadIsTheGlobalBytesPerTokenTimesTheBlock) {
 TEST_F(StateExportTest, ImportAtNContinuesBitIdentically) {
   for (int64_t N : {100, 128, 256, 257, 300, 383}) {
     SCOPED_TRACE("N = " + std::to_string(N));
-    auto t = random_prompt(N + 60, static_cast<uint32_t>(N));
+    auto t = looptest::random_prompt_with_repeats(N + 60, static_cast<uint32_t>(N));
     std::span<const int32_t> T(t);
     const SeqId a = *eng_->create_sequence();
     // Chunks that straddle block and pair boundaries.
@@ -113,7 +111,7 @@ TEST_F(StateExportTest, ImportAtNContinuesBitIdentically) {
 
 TEST_F(StateExportTest, BlocksOnlyPlusReplayIsTheModelsEncoderReplay) {
   const int64_t N = 256;
-  auto t = random_prompt(N + 20, 11);
+  auto t = looptest::random_prompt_with_repeats(N + 20, 11);
   std::span<const int32_t> T(t);
   const SeqId a = *eng_->create_sequence();
   run(a, T.subspan(0, N));
@@ -136,7 +134,7 @@ TEST_F(StateExportTest, BlocksOnlyPlusReplayIsTheModelsEncoderReplay) {
 
 TEST_F(StateExportTest, ImportErrorsLeaveTheSequenceFresh) {
   const int64_t N = 300;
-  auto t = random_prompt(N, 12);
+  auto t = looptest::random_prompt_with_repeats(N, 12);
   const SeqId a = *eng_->create_sequence();
   run(a, std::span<const int32_t>(t));
   std::vector<std::vector<uint8_t>> blocks;

@@ -12,7 +12,7 @@
 namespace ds41::engram {
 namespace {
 
-EngramConfig released_config() {
+EngramConfig released_constants_config() {
   EngramConfig c;
   c.layer_ids = {1, 14};
   c.num_embeddings = {384006168, 384016682};
@@ -26,7 +26,7 @@ EngramConfig released_config() {
 }
 
 TEST(EngramHashConstants, ReleasedConfigMatchesModelSpec) {
-  auto r = compute_engram_hash_constants(released_config());
+  auto r = compute_engram_hash_constants(released_constants_config());
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   const EngramHashConstants& c = *r;
   // MODEL_SPEC 3.2.2, layer 1 then layer 14, n = 2, 3, 4.
@@ -80,7 +80,7 @@ TEST(EngramHashConstants, TinyGoldenConfig) {
 }
 
 TEST(EngramHashConstants, WrongRowTotalIsAnError) {
-  EngramConfig c = released_config();
+  EngramConfig c = released_constants_config();
   c.num_embeddings[1] += 1;
   auto r = compute_engram_hash_constants(c);
   ASSERT_FALSE(r.ok());
@@ -88,14 +88,14 @@ TEST(EngramHashConstants, WrongRowTotalIsAnError) {
   EXPECT_NE(r.status().message().find("layer 14"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("384016682"), std::string::npos) << r.status().message();
 
-  EngramConfig d = released_config();
+  EngramConfig d = released_constants_config();
   d.n_heads = 7;  // a different head count gives different sums
   EXPECT_FALSE(compute_engram_hash_constants(d).ok());
 }
 
 TEST(EngramHashConstants, InvalidConfigsAreErrors) {
   auto bad = [](auto mutate) {
-    EngramConfig c = released_config();
+    EngramConfig c = released_constants_config();
     mutate(c);
     return compute_engram_hash_constants(c).status();
   };

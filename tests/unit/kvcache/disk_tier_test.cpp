@@ -17,9 +17,9 @@
 namespace ds41::kvcache {
 namespace {
 
-constexpr int64_t kHour = 3600 * kNsPerSecond;
-constexpr size_t kPayload = 4000;
-constexpr uint64_t kFileBytes = kBlockHeaderBytes + kPayload;
+constexpr int64_t kDiskHour = 3600 * kNsPerSecond;
+constexpr size_t kDiskPayload = 4000;
+constexpr uint64_t kFileBytes = kBlockHeaderBytes + kDiskPayload;
 
 class DiskTierTest : public ::testing::Test {
  protected:
@@ -38,7 +38,7 @@ class DiskTierTest : public ::testing::Test {
     return t.ok() ? std::move(*t) : nullptr;
   }
   static BlockKey key(uint64_t i) { return BlockKey{i * 7919 + 1, i}; }
-  static std::vector<uint8_t> payload(uint64_t i) { return testing::make_payload(i, kPayload); }
+  static std::vector<uint8_t> payload(uint64_t i) { return testing::make_payload(i, kDiskPayload); }
   void expect_block(DiskTier& t, uint64_t i) {
     auto b = t.get(key(i));
     ASSERT_TRUE(b.has_value()) << "block " << i << " missing";
@@ -85,7 +85,7 @@ TEST_F(DiskTierTest, IndexIsRebuiltOnRestart) {
 TEST_F(DiskTierTest, YoungBlocksAreNeverEvictedWritesAreRefused) {
   auto t = open(config(4));
   for (uint64_t i = 0; i < 4; ++i) ASSERT_TRUE(t->put(key(i), 128, payload(i)).ok());
-  clock_.advance_ns(71 * kHour);
+  clock_.advance_ns(71 * kDiskHour);
   auto s = t->put(key(4), 128, payload(4));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
   EXPECT_NE(s.message().find("retention"), std::string::npos);
@@ -106,7 +106,7 @@ TEST_F(DiskTierTest, LruEvictionAboveRetention) {
     ASSERT_TRUE(t->put(key(i), 128, payload(i)).ok());
     clock_.advance_ns(1 * kNsPerSecond);
   }
-  clock_.advance_ns(73 * kHour);
+  clock_.advance_ns(73 * kDiskHour);
   // Use blocks 0 and 2 (in that order): LRU order becomes 1, 3, 0, 2.
   expect_block(*t, 0);
   clock_.advance_ns(kNsPerSecond);
@@ -131,9 +131,9 @@ TEST_F(DiskTierTest, LruEvictionAboveRetention) {
 TEST_F(DiskTierTest, MixedAgesEvictOnlyOldBlocks) {
   auto t = open(config(6));
   for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(t->put(key(i), 128, payload(i)).ok());  // will be old
-  clock_.advance_ns(71 * kHour);
+  clock_.advance_ns(71 * kDiskHour);
   for (uint64_t i = 3; i < 6; ++i) ASSERT_TRUE(t->put(key(i), 128, payload(i)).ok());  // stay young
-  clock_.advance_ns(2 * kHour);
+  clock_.advance_ns(2 * kDiskHour);
   // Make a young block the least recently used of all: it still must not be evicted.
   clock_.advance_ns(kNsPerSecond);
   for (uint64_t i : {0, 1, 2}) expect_block(*t, i);
@@ -148,7 +148,7 @@ TEST_F(DiskTierTest, LruAccessTimesSurviveRestartThroughAtime) {
   {
     auto t = open(config(3));
     for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(t->put(key(i), 128, payload(i)).ok());
-    clock_.advance_ns(80 * kHour);
+    clock_.advance_ns(80 * kDiskHour);
     expect_block(*t, 0);  // stamps atime
   }
   auto t = open(config(3));
@@ -222,7 +222,7 @@ TEST_F(DiskTierTest, EvictionRespectsAnotherProcessesRecentUse) {
   ASSERT_TRUE(a->put(key(0), 128, payload(0)).ok());
   clock_.advance_ns(kNsPerSecond);
   ASSERT_TRUE(a->put(key(1), 128, payload(1)).ok());
-  clock_.advance_ns(100 * kHour);
+  clock_.advance_ns(100 * kDiskHour);
   expect_block(*b, 0);  // b uses block 0: stamps its atime; a's index does not know
   clock_.advance_ns(kNsPerSecond);
   ASSERT_TRUE(a->put(key(2), 128, payload(2)).ok());
@@ -239,7 +239,7 @@ TEST_F(DiskTierTest, StaleTempFilesAreRemovedFreshOnesKept) {
   std::string stale_b = c.dir + "/blocks/ab/.abcdef.host.1.2.3.tmp";
   std::string fresh_b = c.dir + "/blocks/07/.07cdef.host.1.2.4.tmp";
   for (const auto& p : {stale, fresh, stale_b, fresh_b}) std::ofstream(p) << "x";
-  int64_t old_ns = clock_.now_unix_ns() - 2 * kHour;
+  int64_t old_ns = clock_.now_unix_ns() - 2 * kDiskHour;
   for (const auto& p : {stale, stale_b}) ASSERT_TRUE(PosixIo::instance().set_times(p, old_ns, old_ns).ok());
   for (const auto& p : {fresh, fresh_b})
     ASSERT_TRUE(PosixIo::instance().set_times(p, clock_.now_unix_ns(), clock_.now_unix_ns()).ok());

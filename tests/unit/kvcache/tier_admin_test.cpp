@@ -16,9 +16,9 @@
 namespace ds41::kvcache {
 namespace {
 
-constexpr int64_t kHour = 3600 * kNsPerSecond;
+constexpr int64_t kAdminHour = 3600 * kNsPerSecond;
 constexpr int64_t kMinute = 60 * kNsPerSecond;
-constexpr int64_t kRetention = 72 * kHour;
+constexpr int64_t kRetention = 72 * kAdminHour;
 
 class TierAdminTest : public ::testing::Test {
  protected:
@@ -60,7 +60,7 @@ class TierAdminTest : public ::testing::Test {
       total += file_bytes(i);
       clock_.advance_ns(kMinute);
     }
-    clock_.advance_ns(100 * kHour);
+    clock_.advance_ns(100 * kAdminHour);
     for (int i = n_old; i < n_old + n_young; ++i) {
       put(*t, i);
       total += file_bytes(i);
@@ -87,10 +87,10 @@ TEST_F(TierAdminTest, UsageSplitsRetainedFromEvictable) {
   // Clock now: start + 5 min + 100 h + 4 min. Block 0 was written at start, block 8 at +8 min+100h.
   const int64_t start = 1'700'000'000'000'000'000LL;
   EXPECT_EQ(u.oldest_created_ns, start);
-  EXPECT_EQ(u.newest_created_ns, start + 5 * kMinute + 100 * kHour + 3 * kMinute);
+  EXPECT_EQ(u.newest_created_ns, start + 5 * kMinute + 100 * kAdminHour + 3 * kMinute);
   EXPECT_EQ(u.lru_access_ns, start);
   // Ageing: 73 h later every block is past retention.
-  clock_.advance_ns(73 * kHour);
+  clock_.advance_ns(73 * kAdminHour);
   EXPECT_EQ(t->usage().retained_blocks, 0u);
 }
 
@@ -266,7 +266,7 @@ TEST_F(TierAdminTest, VerifyKeepsBlocksOfAnotherFingerprint) {
 
 TEST_F(TierAdminTest, VerifyDoesNotStampAccessTimes) {
   populate(3, 0);
-  clock_.advance_ns(kHour);
+  clock_.advance_ns(kAdminHour);
   auto t = open(config(1ULL << 40));
   auto before = t->list_blocks();
   for (int i = 0; i < 3; ++i)

@@ -16,15 +16,12 @@
 #include "quant/e2m1.h"
 #include "quant/e4m3.h"
 #include "quant/e8m0.h"
+#include "support/float_bits.h"
 
 namespace ds41::quant {
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using ds41::testing::bits;
 
 // Random row: each block of 16 gets its own magnitude 10^U(-9, 4), with sprinkled zeros/-0.
 std::vector<float> random_row(std::mt19937& rng, int64_t n) {

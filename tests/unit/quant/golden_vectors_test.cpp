@@ -15,6 +15,7 @@
 #include "quant/e2m1.h"
 #include "quant/e4m3.h"
 #include "quant/fake_quant.h"
+#include "support/float_bits.h"
 
 namespace ds41::quant {
 namespace {
@@ -31,11 +32,7 @@ std::vector<uint8_t> read_all(const std::string& path) {
 
 uint32_t rd32(const uint8_t* p) { return p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24; }
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using ds41::testing::bits;
 
 struct OpVectors {
   uint32_t op = 0, n = 0, rows = 0, row_bytes = 0;

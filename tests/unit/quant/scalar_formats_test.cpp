@@ -12,15 +12,12 @@
 #include "quant/e2m1.h"
 #include "quant/e4m3.h"
 #include "quant/e8m0.h"
+#include "support/float_bits.h"
 
 namespace ds41::quant {
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using ds41::testing::bits;
 bool same_bits(float a, float b) { return bits(a) == bits(b); }
 
 // Independent E4M3 decode: value = (-1)^s * 2^(E-7) * (1 + M/8) for E > 0, 2^-6 * M/8 for E = 0,

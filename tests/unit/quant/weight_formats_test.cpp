@@ -13,15 +13,12 @@
 #include "quant/e2m1.h"
 #include "quant/e4m3.h"
 #include "quant/e8m0.h"
+#include "support/float_bits.h"
 
 namespace ds41::quant {
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using ds41::testing::bits;
 
 uint8_t random_finite_e4m3(std::mt19937& rng) {
   for (;;) {
