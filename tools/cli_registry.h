@@ -33,8 +33,10 @@ struct Registrar {
 }  // namespace ds41::cli
 
 #define DS41_CLI_CONCAT2_(a, b) a##b
+// Registrars are named by __COUNTER__, not __LINE__: a unity batch of tools/ holds several command
+// files, whose registrations may sit on the same line number.
 #define DS41_CLI_CONCAT_(a, b) DS41_CLI_CONCAT2_(a, b)
 #define DS41_REGISTER_COMMAND(name, fn) \
-  static ::ds41::cli::Registrar DS41_CLI_CONCAT_(ds41_cmd_reg_, __LINE__)(::ds41::cli::commands(), name, fn)
+  static ::ds41::cli::Registrar DS41_CLI_CONCAT_(ds41_cmd_reg_, __COUNTER__)(::ds41::cli::commands(), name, fn)
 #define DS41_REGISTER_BENCH(name, fn) \
-  static ::ds41::cli::Registrar DS41_CLI_CONCAT_(ds41_bench_reg_, __LINE__)(::ds41::cli::benches(), name, fn)
+  static ::ds41::cli::Registrar DS41_CLI_CONCAT_(ds41_bench_reg_, __COUNTER__)(::ds41::cli::benches(), name, fn)

@@ -24,6 +24,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_forward {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct BenchArgs {
   std::string preset = "tiny", model_dir, tokenizer_dir, work_dir = "/tmp/ds41-bench";
@@ -143,8 +144,9 @@ void setup_bench(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_forward
 }  // namespace
 
-DS41_REGISTER_BENCH("forward", setup_bench);
+DS41_REGISTER_BENCH("forward", ::ds41::cli::cmd_bench_forward::setup_bench);
 
 }  // namespace ds41::cli

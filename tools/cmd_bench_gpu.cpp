@@ -37,6 +37,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_gpu {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct GpuBenchArgs {
   std::string model_dir, preset, tokenizer_dir, load_format = "dummy", batches = "1", contexts = "4096";
@@ -672,9 +673,10 @@ void setup_prefill(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_gpu
 }  // namespace
 
-DS41_REGISTER_BENCH("decode", setup_decode);
-DS41_REGISTER_BENCH("prefill", setup_prefill);
+DS41_REGISTER_BENCH("decode", ::ds41::cli::cmd_bench_gpu::setup_decode);
+DS41_REGISTER_BENCH("prefill", ::ds41::cli::cmd_bench_gpu::setup_prefill);
 
 }  // namespace ds41::cli

@@ -44,6 +44,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_kernels {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct KernelsBenchArgs {
   std::string device = "cuda";
@@ -677,8 +678,9 @@ void setup_bench(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_kernels
 }  // namespace
 
-DS41_REGISTER_BENCH("kernels", setup_bench);
+DS41_REGISTER_BENCH("kernels", ::ds41::cli::cmd_bench_kernels::setup_bench);
 
 }  // namespace ds41::cli

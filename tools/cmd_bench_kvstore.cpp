@@ -34,6 +34,7 @@
 
 namespace ds41 {
 namespace {
+namespace cmd_bench_kvstore {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 using namespace ds41::kvcache;  // the tier this command drives
 
@@ -661,5 +662,6 @@ void setup(CLI::App& parent, int& exit_code) {
 
 DS41_REGISTER_BENCH("kvstore", setup);
 
+}  // namespace cmd_bench_kvstore
 }  // namespace
 }  // namespace ds41

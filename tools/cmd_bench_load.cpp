@@ -50,6 +50,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_load {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 using ojson = nlohmann::ordered_json;
 
@@ -409,7 +410,7 @@ int run_bench_load(const BenchLoadArgs& a) {
   if (!a.drop_caches && log_level() < LogLevel::kError)
     std::cerr << "ds41 bench load: the page cache is not dropped, so \"cold\" reads may come from memory; "
                  "--drop-caches drops the whole machine's page cache before each cold read (needs root)\n";
-  auto drop_caches = [&] { return a.drop_caches && ::ds41::cli::drop_caches(); };
+  auto drop_caches = [&] { return a.drop_caches && ::ds41::cli::cmd_bench_load::drop_caches(); };
   uint64_t checksum = 0, checksum_single = 0;
   const int threads =
       a.threads > 0 ? a.threads : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
@@ -547,7 +548,8 @@ void setup(CLI::App& parent, int& exit_code) {
   sub->callback([args, &exit_code] { exit_code = run_bench_load(*args); });
 }
 
+}  // namespace cmd_bench_load
 }  // namespace
 }  // namespace ds41::cli
 
-DS41_REGISTER_BENCH("load", ds41::cli::setup);
+DS41_REGISTER_BENCH("load", ::ds41::cli::cmd_bench_load::setup);

@@ -39,6 +39,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_prefix_restore {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct PrefixRestoreArgs {
   std::string preset = "small", model_dir, tokenizer_dir, work_dir = "/tmp/ds41-bench", dir = "/tmp";
@@ -277,8 +278,9 @@ void setup_prefix_restore(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_prefix_restore
 }  // namespace
 
-DS41_REGISTER_BENCH("prefix-restore", setup_prefix_restore);
+DS41_REGISTER_BENCH("prefix-restore", ::ds41::cli::cmd_bench_prefix_restore::setup_prefix_restore);
 
 }  // namespace ds41::cli

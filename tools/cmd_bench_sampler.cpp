@@ -25,6 +25,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_sampler {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 constexpr int64_t kReleasedVocab = 129280;
 
@@ -191,8 +192,9 @@ void setup_bench(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_sampler
 }  // namespace
 
-DS41_REGISTER_BENCH("sampler", setup_bench);
+DS41_REGISTER_BENCH("sampler", ::ds41::cli::cmd_bench_sampler::setup_bench);
 
 }  // namespace ds41::cli

@@ -45,6 +45,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_serve {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 using Json = nlohmann::ordered_json;
 using SteadyClock = std::chrono::steady_clock;
@@ -624,8 +625,9 @@ void setup_bench_serve(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_serve
 }  // namespace
 
-DS41_REGISTER_BENCH("serve", setup_bench_serve);
+DS41_REGISTER_BENCH("serve", ::ds41::cli::cmd_bench_serve::setup_bench_serve);
 
 }  // namespace ds41::cli

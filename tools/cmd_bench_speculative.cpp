@@ -23,6 +23,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_speculative {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct SpecBenchArgs {
   std::string model_dir, tokenizer_dir, preset = "small", work_dir = "/tmp/ds41-bench";
@@ -161,8 +162,9 @@ void setup_bench(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_speculative
 }  // namespace
 
-DS41_REGISTER_BENCH("speculative", setup_bench);
+DS41_REGISTER_BENCH("speculative", ::ds41::cli::cmd_bench_speculative::setup_bench);
 
 }  // namespace ds41::cli

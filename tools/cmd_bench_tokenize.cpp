@@ -23,6 +23,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_tokenize {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 namespace fs = std::filesystem;
 
@@ -213,7 +214,8 @@ void setup_bench_tokenize(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_tokenize
 }  // namespace
 }  // namespace ds41::cli
 
-DS41_REGISTER_BENCH("tokenize", ds41::cli::setup_bench_tokenize);
+DS41_REGISTER_BENCH("tokenize", ::ds41::cli::cmd_bench_tokenize::setup_bench_tokenize);

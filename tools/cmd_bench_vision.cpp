@@ -34,6 +34,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_bench_vision {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct VisionBenchArgs {
   std::string model_dir, tokenizer_dir, preset = "tiny-vision", work_dir = "/tmp/ds41-bench";
@@ -304,8 +305,9 @@ void setup_bench(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_bench_vision
 }  // namespace
 
-DS41_REGISTER_BENCH("vision", setup_bench);
+DS41_REGISTER_BENCH("vision", ::ds41::cli::cmd_bench_vision::setup_bench);
 
 }  // namespace ds41::cli

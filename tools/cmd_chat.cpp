@@ -19,6 +19,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_chat {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 using Json = nlohmann::json;
 
@@ -234,8 +235,9 @@ void setup_chat(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_chat
 }  // namespace
 
-DS41_REGISTER_COMMAND("chat", setup_chat);
+DS41_REGISTER_COMMAND("chat", ::ds41::cli::cmd_chat::setup_chat);
 
 }  // namespace ds41::cli

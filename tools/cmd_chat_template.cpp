@@ -21,6 +21,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_chat_template {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct ChatTemplateArgs {
   std::string model_dir, tokenizer_file, messages_file = "-";
@@ -93,7 +94,8 @@ void setup_chat_template(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_chat_template
 }  // namespace
 }  // namespace ds41::cli
 
-DS41_REGISTER_COMMAND("chat-template", ds41::cli::setup_chat_template);
+DS41_REGISTER_COMMAND("chat-template", ::ds41::cli::cmd_chat_template::setup_chat_template);

@@ -50,6 +50,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_generate {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 // Ctrl-C during generation: the first SIGINT ends the decode loop after the current step (the
 // output and the timing line are still printed, exit 130); the handler resets, so a second one
@@ -629,8 +630,9 @@ void setup_generate(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_generate
 }  // namespace
 
-DS41_REGISTER_COMMAND("generate", setup_generate);
+DS41_REGISTER_COMMAND("generate", ::ds41::cli::cmd_generate::setup_generate);
 
 }  // namespace ds41::cli

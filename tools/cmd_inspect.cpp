@@ -22,6 +22,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_inspect {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 using ojson = nlohmann::ordered_json;
 
@@ -300,7 +301,8 @@ void setup(CLI::App& parent, int& exit_code) {
   sub->callback([args, &exit_code] { exit_code = run_inspect(*args); });
 }
 
+}  // namespace cmd_inspect
 }  // namespace
 }  // namespace ds41::cli
 
-DS41_REGISTER_COMMAND("inspect", ds41::cli::setup);
+DS41_REGISTER_COMMAND("inspect", ::ds41::cli::cmd_inspect::setup);

@@ -32,6 +32,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_kv {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 using namespace ds41::kvcache;  // the tier this command drives
 
@@ -452,7 +453,8 @@ void setup(CLI::App& parent, int& exit_code) {
   gc->callback([ga, &exit_code] { exit_code = run_kv(*ga); });
 }
 
+}  // namespace cmd_kv
 }  // namespace
 }  // namespace ds41::cli
 
-DS41_REGISTER_COMMAND("kv", ds41::cli::setup);
+DS41_REGISTER_COMMAND("kv", ::ds41::cli::cmd_kv::setup);

@@ -22,6 +22,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_make_checkpoint {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct MakeArgs {
   std::string preset, out;
@@ -124,7 +125,8 @@ void setup(CLI::App& parent, int& exit_code) {
   sub->callback([args, &exit_code] { exit_code = run_make_checkpoint(*args); });
 }
 
+}  // namespace cmd_make_checkpoint
 }  // namespace
 }  // namespace ds41::cli
 
-DS41_REGISTER_COMMAND("make-checkpoint", ds41::cli::setup);
+DS41_REGISTER_COMMAND("make-checkpoint", ::ds41::cli::cmd_make_checkpoint::setup);

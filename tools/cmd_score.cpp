@@ -46,6 +46,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_score {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct ScoreArgs {
   std::string model_dir, tokenizer_dir, input, out, replay, dump_dir;
@@ -679,8 +680,9 @@ void setup_score(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_score
 }  // namespace
 
-DS41_REGISTER_COMMAND("score", setup_score);
+DS41_REGISTER_COMMAND("score", ::ds41::cli::cmd_score::setup_score);
 
 }  // namespace ds41::cli

@@ -21,6 +21,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_serve {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct ServeArgs {
   EngineArgs engine;
@@ -207,8 +208,9 @@ void setup_serve(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_serve
 }  // namespace
 
-DS41_REGISTER_COMMAND("serve", setup_serve);
+DS41_REGISTER_COMMAND("serve", ::ds41::cli::cmd_serve::setup_serve);
 
 }  // namespace ds41::cli

@@ -16,6 +16,7 @@
 
 namespace ds41::cli {
 namespace {
+namespace cmd_tokenize {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 struct TokenizeArgs {
   std::string model_dir, tokenizer_file, text;
@@ -123,7 +124,8 @@ void setup_tokenize(CLI::App& parent, int& exit_code) {
   });
 }
 
+}  // namespace cmd_tokenize
 }  // namespace
 }  // namespace ds41::cli
 
-DS41_REGISTER_COMMAND("tokenize", ds41::cli::setup_tokenize);
+DS41_REGISTER_COMMAND("tokenize", ::ds41::cli::cmd_tokenize::setup_tokenize);
