@@ -5,7 +5,7 @@
 # synchronous) and a host cuBLAS (cublas_host.cpp), so the executor's logic — step plan, buffer
 # layouts and strides, the vision tower, image spans — runs against the goldens on a machine
 # without a GPU. It checks logic, not the device: timing, occupancy, races, real cuBLAS / libdevice
-# rounding are not emulated. Needs a configured ./build with DS41_CUDA=ON and the test targets
+# rounding are not emulated. Needs a configured ./build (or DS41_BUILD_DIR) with DS41_CUDA=ON and the test targets
 # built (ninja -C build ds41_gpu_engine_tests ds41_gpu_model_tests), g++ >= 12, the CUDA headers.
 # Slow: a forward of the golden tiny model takes tens of seconds (GpuVision.* about 10 minutes).
 #   scripts/cuda-host-emu/run_engine.sh engine|model ['--gtest_filter=GpuVision.*']
@@ -33,13 +33,16 @@ g++ -std=c++20 -O2 -I"$cuda_inc" -c "$emu/cublas_host.cpp" -o "$out/cublas_host.
 g++ "${fl[@]}" -c "$root/src/backends/cuda/cuda_status.cpp" -o "$out/cuda_status.o" &
 g++ "${fl[@]}" -c "$root/src/backends/cuda/launch.cpp" -o "$out/launch.o" &  # the PDL switch, launch errors and counts
 for p in $(jobs -p); do wait "$p"; done
-b=$root/build/src
+bdir=${DS41_BUILD_DIR:-$root/build}  # a configured CUDA tree with the test target built
+b=$bdir/src
 libs=("$b/gpu/libds41_gpu.a" "$b/engine/libds41_engine.a" "$b/model/libds41_model.a"
       "$b/backends/cpu/libds41_backend_cpu.a" "$b/ops/libds41_ops.a" "$b/kvcache/libds41_kvcache.a"
       "$b/engram/libds41_engram.a" "$b/text/libds41_text.a" "$b/image/libds41_image.a"
       "$b/quant/libds41_quant.a" "$b/core/libds41_core.a")
-g++ -o "$out/gpu_${which}_tests_emu" "$root"/build/tests/gpu/"$which"/CMakeFiles/ds41_gpu_"$which"_tests.dir/*.o \
+# The test objects, unity batches included (CMakeLists.txt "Unity builds": .../Unity/unity_N_cxx.cxx.o).
+mapfile -t tobjs < <(find "$bdir/tests/gpu/$which/CMakeFiles/ds41_gpu_${which}_tests.dir" -name "*.o")
+g++ -o "$out/gpu_${which}_tests_emu" "${tobjs[@]}" \
   -Wl,--start-group "${libs[@]}" "$out"/*.o -Wl,--end-group -lgtest -lgtest_main -lgmock -lxxhash -lhiredis \
   -luring -lpcre2-8 -lutf8proc -lpng16 -ljpeg -lwebpdemux -lwebp -lgif -lpthread -ldl 2>&1 | grep -v "warning:" || true
-cd "$root/build"
+cd "$bdir"
 exec "$out/gpu_${which}_tests_emu" "$@"

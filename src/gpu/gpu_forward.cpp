@@ -56,6 +56,18 @@ int64_t GpuForward::graphed_segments_per_step(int64_t layers) {
   return all - std::min(all, graph_direct_segments());
 }
 
+// DS41_ROUTED_ROWS_GATHER=1 (measurement): the decode MoE gathers its routed rows into a copy before the
+// w1 / w3 pair, as before 2026-12-05, instead of the GEMV reading them through the permutation.
+namespace {
+bool routed_rows_gather() {
+  static const bool v = [] {
+    const char* e = std::getenv("DS41_ROUTED_ROWS_GATHER");
+    return e && std::atoi(e) == 1;
+  }();
+  return v;
+}
+}  // namespace
+
 bool GpuForward::table_decode_enabled() {
   const int o = g_kv_table_override.load();
   if (o >= 0) return o != 0;
@@ -203,16 +215,22 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
     DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, gathered, m_max, y));
     return expert_linear(experts, which2, d_w2, out_dim, in_dim, gathered, m_max, y2);
   }
-  DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream_));
-  x = gathered;
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
   const quant::WeightFormat format2 = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which2).format;
   if (format != format2) {
-    DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, x, m_max, y));
-    return expert_linear(experts, which2, d_w2, out_dim, in_dim, x, m_max, y2);
+    DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream_));
+    DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, gathered, m_max, y));
+    return expert_linear(experts, which2, d_w2, out_dim, in_dim, gathered, m_max, y2);
   }
-  return cuda::run_expert_linear_pair(d_w, d_w2, static_cast<int64_t>(experts.size()), out_dim, in_dim, ws_.offsets,
-                                      x, m_max, y, y2, stream_, format);
+  // Decode-sized: the tensor-core GEMV reads the routed rows through x_rows (no gather launch);
+  // other calls gather into `gathered` first (linear_kernels.h run_expert_linear_pair_rows).
+  if (routed_rows_gather()) {
+    DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream_));
+    return cuda::run_expert_linear_pair(d_w, d_w2, static_cast<int64_t>(experts.size()), out_dim, in_dim,
+                                        ws_.offsets, gathered, m_max, y, y2, stream_, format);
+  }
+  return cuda::run_expert_linear_pair_rows(d_w, d_w2, static_cast<int64_t>(experts.size()), out_dim, in_dim,
+                                           ws_.offsets, x, x_rows, gathered, m_max, y, y2, stream_, format);
 }
 
 GpuForward::~GpuForward() {

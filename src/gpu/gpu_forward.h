@@ -270,9 +270,10 @@ class GpuForward {
                        const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
                        int64_t m_max, float* y);
   // Two expert matrices over the same rows (w1 and w3): one launch at decode sizes
-  // (cuda::run_expert_linear_pair), else two expert_linear calls. The routed rows are token rows
-  // x[x_rows[i]], i < m_max: the tensor-core path splits them straight from x; the other paths
-  // gather them into `gathered` [m_max, in_dim] first.
+  // (cuda::run_expert_linear_pair_rows), else two expert_linear calls. The routed rows are token rows
+  // x[x_rows[i]], i < m_max: the tensor-core GEMMs of prefill split them straight from x, and so does
+  // the decode GEMV (its staging reads them through x_rows); the other paths gather them into
+  // `gathered` [m_max, in_dim] first.
   Status expert_linear_pair(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                             cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
                             const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,

@@ -53,7 +53,8 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
       ra.counters = ws_.counters;
       DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
     }
-    // The routed rows x[perm_rows[i]]: split straight from x on the tensor cores, gathered into xs otherwise.
+    // The routed rows x[perm_rows[i]]: read straight from x by the prefill GEMMs' split and by the decode
+    // GEMV's staging (no gather launch); gathered into xs for the other paths.
     DS41_RETURN_IF_ERROR(expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
                                             ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up));
     if (!swiglu) return ok_status();

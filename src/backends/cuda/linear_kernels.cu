@@ -26,6 +26,7 @@
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device_sm_count.h"
+#include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/linear_decode.cuh"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/tc_gemv_kernels.h"
@@ -1427,6 +1428,25 @@ Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* w
     return last_launch_status("expert_linear_pair");
   DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format));
   return run_expert_linear(weights2, n_experts, out_dim, in_dim, offsets, x, m_max, y2, stream, format);
+}
+
+Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
+                                   int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                                   const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
+                                   cudaStream_t stream, WeightFormat format) {
+  if (!x_rows || !gathered) return invalid_argument("expert_linear_pair_rows: x_rows or gathered is null");
+  if (!weights2 || !y2) return invalid_argument("expert_linear_pair_rows: weights2 or y2 is null");
+  DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, 0, y, stream, format));
+  if (m_max < 0 || m_max > (int64_t{1} << 30))
+    return invalid_argument("expert_linear_pair_rows: m_max " + std::to_string(m_max) + " out of range");
+  if (m_max == 0) return ok_status();
+  if (!x || !y) return invalid_argument("expert_linear_pair_rows: x or y is null");
+  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, weights2, y2,
+                       x_rows))
+    return last_launch_status("expert_linear_pair_rows");
+  DS41_RETURN_IF_ERROR(run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream));
+  return run_expert_linear_pair(weights, weights2, n_experts, out_dim, in_dim, offsets, gathered, m_max, y, y2,
+                                stream, format);
 }
 
 }  // namespace ds41::cuda

@@ -50,6 +50,16 @@ Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* w
                               int64_t m_max, float* y, float* y2, cudaStream_t stream,
                               quant::WeightFormat format = quant::WeightFormat::kNone);
 
+// run_expert_linear_pair over routed rows read through x_rows: routed row r is x[x_rows[r]] (rows of
+// in_dim floats; the MoE's routing permutation, gpu_moe_layer.cpp). The tensor-core GEMV stages those
+// rows straight from x (no gathered copy, no launch for it: the same floats, so the same bits as
+// gathering first); a call it does not take gathers them into `gathered` ([m_max, in_dim]) and runs as
+// run_expert_linear_pair.
+Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
+                                   int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                                   const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
+                                   cudaStream_t stream, quant::WeightFormat format);
+
 // Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches and of the
 // tensor-core GEMV (0: the device's fill), so small shapes exercise warps that loop over many row
 // groups. Not thread-safe.

@@ -464,15 +464,22 @@ struct Bf16 {
 // holds y itself (no intermediate overflow or underflow where y and the oracle's products are
 // normal). Two passes over x with float4 loads, several in flight per thread: the row maxima, then
 // the parts. A row's parts and e depend on that row alone (row-count invariance).
+// rows (nullable): row b of the block is x + rows[b] * ldx instead of x + b * ldx (the routed rows of
+// a decode MoE read straight from the token rows through the routing permutation: no gathered copy,
+// the same floats, so the same bits).
 template <class D, int NB>
 __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t in, uint2* xs, float* red,
-                        int* ex) {
+                        int* ex, const int64_t* __restrict__ rows = nullptr) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ const float* xrow[NB];  // the block's row starts, looked up once
+  if (tid < nb) xrow[tid] = x + (rows ? rows[tid] : static_cast<int64_t>(tid)) * ldx;
+  __syncthreads();
+  auto row = [&](int b) { return xrow[b]; };
   const int q4 = static_cast<int>(in / 4);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
     if (b >= nb) break;  // block-uniform
-    const float4* xr = reinterpret_cast<const float4*>(x + b * ldx);
+    const float4* xr = reinterpret_cast<const float4*>(row(b));
     float m = 0.f;
     for (int i0 = tid; i0 < q4; i0 += 4 * kThreads) {
       float4 v[4];
@@ -515,7 +522,7 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
       const int i = i0 + j * kThreads;
       bb[j] = i / q8;
       uu[j] = i - bb[j] * q8;
-      const float4* p = reinterpret_cast<const float4*>(x + bb[j] * ldx) + 2 * uu[j];
+      const float4* p = i < units ? reinterpret_cast<const float4*>(row(bb[j])) + 2 * uu[j] : nullptr;
       v[j][0] = i < units ? __ldg(p) : make_float4(0.f, 0.f, 0.f, 0.f);
       v[j][1] = i < units ? __ldg(p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -886,8 +893,8 @@ template <class D, bool kFp8, int NB, bool kRing>
 __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
-                     const float* __restrict__ x, float* __restrict__ y, float* __restrict__ y2, int ks_log2,
-                     int ring_depth) {
+                     const float* __restrict__ x, const int64_t* __restrict__ x_rows, float* __restrict__ y,
+                     float* __restrict__ y2, int ks_log2, int ring_depth) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -924,11 +931,13 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
   const bool second = blockIdx.z != 0;
   const DeviceWeight dw = (second ? weights2 : weights)[e];
-  const float* xb = x + r0 * in;
+  // Routed row r of the call: x_rows ? x[x_rows[r]] : x[r].
+  const float* xb = x_rows ? x : x + r0 * in;
+  const int64_t* rb = x_rows ? x_rows + r0 : nullptr;
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
   block_rows<D, kFp8, NB, kRing>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex,
                                  (second ? y2 : y) + r0 * out_dim, out_dim, red_d, ring, ring_depth, blockIdx.x,
-                                 gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex); });
+                                 gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex, rb); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1228,7 +1237,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                 cudaStream_t stream, const DeviceWeight* weights2, float* y2) {
+                 cudaStream_t stream, const DeviceWeight* weights2, float* y2, const int64_t* x_rows) {
   // Decode and DSpark verification (about one row per used expert): every such call takes this
   // kernel, so a row's bits do not depend on the batch (row-count invariance, as try_dense).
   if (!enabled() || m_max < 1 || m_max > kMaxExpertRows || in_dim % 32 != 0 ||
@@ -1260,8 +1269,8 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<KK>(sm),
                             expert_ks_log2(in_dim, U, sub, mats), mats);
       const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(mats));
-      launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, y, y2,
-             s.ks_log2, rd);
+      launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
+             y2, s.ks_log2, rd);
     };
     if (rd > 0)
       run(ring_kernel, smem + static_cast<size_t>(kWarps) * rd * stage_bytes);

@@ -44,8 +44,10 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 // host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 65535;
 // false: nothing launched. weights2 / y2 (both or neither): a second set of experts of the same
 // shape and format over the same rows of x, in the same launch (the pair run_expert_linear_pair).
+// x_rows (nullable): routed row r is x[x_rows[r]] (rows of in_dim floats) instead of x[r].
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                 cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr);
+                 cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr,
+                 const int64_t* x_rows = nullptr);
 
 }  // namespace ds41::cuda::tcg

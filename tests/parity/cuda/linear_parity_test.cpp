@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -323,6 +324,83 @@ TEST(LinearParity, ExpertPair) {
   // Mismatched arguments are errors, not launches.
   Dev<float> d(16);
   EXPECT_FALSE(run_expert_linear_pair(nullptr, nullptr, 4, 16, 64, nullptr, d.p, 4, d.p, nullptr, nullptr).ok());
+}
+
+// The routed rows read through the routing permutation (run_expert_linear_pair_rows, the decode MoE of
+// gpu_moe_layer.cpp): routed row r is x[rows[r]] (token rows, each used by several experts, in the
+// permuted order the router writes). Bit for bit what the pair gives on the gathered rows, on the
+// tensor-core GEMV (released shape, one token and a batch; small FP8 / FP4) and on a call it does not
+// take (BF16 experts: the gather, then the CUDA-core pair), where `gathered` holds the rows after.
+struct RowsCase {
+  WeightFormat format;
+  int64_t E, out, in;
+  int64_t n, k;
+};
+void expert_pair_through_row_index(const std::vector<RowsCase>& cases, uint64_t seed) {
+  for (const RowsCase& c : cases) {
+    const Experts w1 = make_experts(c.format, c.E, c.out, c.in, seed);
+    const Experts w3 = make_experts(c.format, c.E, c.out, c.in, ++seed);
+    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, 0);
+    const int64_t m = off[c.E];
+    ASSERT_EQ(m, c.n * c.k);
+    auto x = rand_floats(static_cast<size_t>(c.n * c.in), ++seed);
+    for (int64_t t = 0; t < c.n; ++t)  // token rows of different magnitudes
+      for (int64_t i = 0; i < c.in; ++i) x[t * c.in + i] = std::ldexp(x[t * c.in + i], static_cast<int>(5 * (t % 5) - 8));
+    // rows: each token k times, in a scrambled order (as the bucketing by expert leaves them).
+    std::vector<int64_t> rows(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) rows[i] = i % c.n;
+    std::mt19937_64 rng(++seed);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    std::vector<float> gathered(static_cast<size_t>(m * c.in));
+    for (int64_t i = 0; i < m; ++i)
+      std::copy(x.begin() + rows[i] * c.in, x.begin() + (rows[i] + 1) * c.in, gathered.begin() + i * c.in);
+    Dev<int64_t> doff(off), drows(rows);
+    Dev<float> dx(x), dg(gathered), dscratch(gathered.size()), a1(static_cast<size_t>(m * c.out)), a3(a1.n),
+        b1(a1.n), b3(a1.n);
+    ASSERT_TRUE(run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dg.p, m, a1.p, a3.p,
+                                       nullptr, c.format)
+                    .ok());
+    cudaMemset(dscratch.p, 0, dscratch.n * sizeof(float));
+    const Status s = run_expert_linear_pair_rows(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p,
+                                                 drows.p, dscratch.p, m, b1.p, b3.p, nullptr, c.format);
+    ASSERT_TRUE(s.ok()) << s.message();
+    const auto ga1 = a1.get(), ga3 = a3.get(), gb1 = b1.get(), gb3 = b3.get();
+    size_t differ = 0;
+    for (size_t i = 0; i < ga1.size(); ++i)
+      differ += (bits_of(ga1[i]) != bits_of(gb1[i])) + (bits_of(ga3[i]) != bits_of(gb3[i]));
+    const std::string shape = std::string(fmt_name(c.format)) + " " + std::to_string(c.E) + "x" +
+                              dims({c.out, c.in}) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k);
+    report("expert pair through the row index", shape + " vs the gathered rows: bits differing",
+           static_cast<double>(differ), 0, "the same floats staged: bit-identical");
+    EXPECT_EQ(differ, 0u) << shape;
+    // The tensor-core GEMV leaves `gathered` alone; the other path fills it with the rows.
+    const auto sc = dscratch.get();
+    const bool filled = std::equal(sc.begin(), sc.end(), gathered.begin(),
+                                   [](float p, float q) { return bits_of(p) == bits_of(q); });
+    if (c.format == WeightFormat::kBF16) EXPECT_TRUE(filled) << shape << ": the fallback gathers the rows";
+  }
+}
+TEST(LinearParity, ExpertPairThroughRowIndex) {
+  DS41_SKIP_WITHOUT_GPU();
+  expert_pair_through_row_index({RowsCase{WeightFormat::kFp4Rows, 384, 2304, 5120, 1, 6},
+                                 RowsCase{WeightFormat::kFp4Rows, 384, 2304, 5120, 8, 6}},
+                                16900);
+}
+// The same at small shapes (host SIMT emulator), and the argument errors.
+TEST(LinearParity, ExpertPairThroughRowIndexSmall) {
+  DS41_SKIP_WITHOUT_GPU();
+  expert_pair_through_row_index({RowsCase{WeightFormat::kFp4Rows, 12, 80, 1024, 6, 3},
+                                 RowsCase{WeightFormat::kFp8Tiles, 12, 80, 1024, 6, 3},
+                                 RowsCase{WeightFormat::kBF16, 6, 100, 256, 4, 2}},
+                                16950);
+  Dev<float> d(16);
+  Dev<int64_t> r(4);
+  EXPECT_FALSE(run_expert_linear_pair_rows(nullptr, nullptr, 4, 16, 64, nullptr, d.p, nullptr, d.p, 4, d.p, d.p,
+                                           nullptr, WeightFormat::kNone)
+                   .ok());
+  EXPECT_FALSE(run_expert_linear_pair_rows(nullptr, nullptr, 4, 16, 64, nullptr, d.p, r.p, nullptr, 4, d.p, d.p,
+                                           nullptr, WeightFormat::kNone)
+                   .ok());
 }
 
 // The shared expert's w1 and w3 in one launch (run_linear_pair): both outputs against the CPU op at
