@@ -266,9 +266,10 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
     return failed_precondition("--speculative dspark: the model has no DSpark stages (num_nextn_predict_layers 0)");
   const int64_t Bd = spec ? c.dspark_block_size : 0;
   const int64_t max_b = decode ? *std::max_element(batches.begin(), batches.end()) : 1;
-  // The plain steps (timed, then as served: --steps each) and the speculative steps after them (two
-  // per timed step: one plain, one profiled; each advances a sequence by up to Bd + 1 positions).
-  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + 2 * a.steps + 1 + 2 * a.steps * (Bd + 1);
+  // The plain steps (timed, then as served with rows, then as served greedily: --steps each) and the
+  // speculative steps after them (two per timed step: one plain, one profiled; each advances a
+  // sequence by up to Bd + 1 positions).
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + 3 * a.steps + 1 + 2 * a.steps * (Bd + 1);
   gpu::CudaEngineOptions eo;
   eo.model_name = "bench";
   eo.limits.max_step_tokens = std::max(a.chunk, max_b * (Bd + 1));
@@ -315,7 +316,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
         DS41_ASSIGN_OR_RETURN(engine::SeqId id, eng->create_sequence());
         seqs.push_back(id);
       }
-      std::vector<int32_t> toks(ctx + 2 * a.steps + 1);
+      std::vector<int32_t> toks(ctx + 3 * a.steps + 1);
       for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
       // Context: prefill in chunks (timed for the prefill bench).
       std::vector<double> layer_sum(L + 1, 0.0);
@@ -470,6 +471,43 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                                                  {"deferred", s1.deferred - s0.deferred}};
           }
           r["host_served"] = served;
+          // The same served steps with every item drawn greedily (engine.h StepItem::greedy_only,
+          // what EngineLoop asks for temperature-0 requests without penalties or logprobs): through
+          // CudaEngine::step, one token per sequence crosses to the host (the checked argmax on the
+          // device) instead of the logits rows, and the host scans no row.
+          eng->set_device_span(true);
+          std::vector<double> gb, gs, gx, gxs, gw, go;
+          engine::StepOutput gout;
+          for (int64_t t = 0; t < a.steps; ++t) {
+            std::vector<engine::StepItem> items;
+            for (int64_t s = 0; s < B; ++s) {
+              engine::StepItem it{seqs[s], std::span<const int32_t>(&toks[ctx + 2 * a.steps + t], 1), true};
+              it.greedy_only = true;
+              items.push_back(it);
+            }
+            const auto q0 = std::chrono::steady_clock::now();
+            DS41_RETURN_IF_ERROR(eng->step(items, &gout));
+            const double wall = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - q0).count();
+            if (static_cast<int64_t>(gout.token.size()) != B)
+              return internal_error("bench decode: a greedy-only step returned no tokens");
+            const gpu::GpuForward::HostTimes& h = eng->executor().last_host_times();
+            gb.push_back(wall - h.wait_us);
+            gs.push_back((wall - h.wait_us) / wall);
+            gx.push_back(wall - h.device_us);
+            gxs.push_back((wall - h.device_us) / wall);
+            go.push_back(h.outputs_us);
+            gw.push_back(wall);
+          }
+          eng->set_device_span(false);
+          r["host_served_greedy"] = {
+              {"what", "host_served's steps drawn greedily through CudaEngine::step (StepItem::greedy_only): "
+                       "one token per sequence crosses to the host instead of the logits rows, medians"},
+              {"step_us", median(gw)},
+              {"outputs_us", median(go)},
+              {"busy_us", median(gb)},
+              {"busy_share_of_step", median(gs)},
+              {"exposed_us", median(gx)},
+              {"exposed_share_of_step", median(gxs)}};
         }
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];

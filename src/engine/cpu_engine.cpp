@@ -99,6 +99,7 @@ Status CpuEngine::step(std::span<const StepItem> items, StepOutput* out) {
   const int64_t V = info_.vocab_size;
   out->vocab = V;
   out->logits.clear();
+  out->token.clear();  // rows for greedy_only items too (engine.h)
   out->row.assign(items.size(), -1);
   if (items.empty()) return ok_status();
   // Validate everything before any state moves: an error leaves every sequence unchanged.

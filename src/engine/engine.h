@@ -61,6 +61,13 @@ struct StepItem {
   // flagged tokens' embeddings (as model::SequenceInput).
   std::span<const uint8_t> image_span = {};
   std::span<const float> span_embeds = {};
+  // The caller draws this item's token greedily from the raw logits row (temperature 0, nothing
+  // applied to the row, no logprobs): the engine may return that token in StepOutput::token
+  // instead of the row — engine::Sampler's greedy draw (argmax_token: the first of equal maxima;
+  // a row holding NaN or +inf, or every logit -inf, is StepOutput::kInvalidRow). The GPU engine does
+  // so when every logits item of the step asks it (the argmax on the device: 4 bytes per row cross
+  // to the host instead of the 517 KB row, and no host scan of it); the CPU engine returns rows.
+  bool greedy_only = false;
 };
 
 // Speculative decoding (MODEL_SPEC 3.10; engine/speculative.h): one draft + verification step of
@@ -96,9 +103,13 @@ struct SpecBatchOptions {
 };
 
 struct StepOutput {
+  static constexpr int32_t kInvalidRow = -2;
   int64_t vocab = 0;
   std::vector<float> logits;  // [rows, vocab]
-  std::vector<int64_t> row;   // per item: its row in logits, or -1 (want_logits false)
+  std::vector<int64_t> row;   // per item: its row in logits, or -1 (want_logits false, or a token below)
+  // Per item (or empty: none): the greedy token the engine drew for a StepItem::greedy_only item
+  // (>= 0), kInvalidRow for a row the sampler refuses, -1 where the row (or nothing) was returned.
+  std::vector<int32_t> token;
 };
 
 class Engine {

@@ -668,6 +668,10 @@ void EngineLoop::Impl::step_once() {
     s.seq = r->seq;
     s.tokens = std::span<const int32_t>(r->tokens).subspan(r->computed, n);
     s.want_logits = r->computed + n == size;
+    // Drawn greedily from the raw row (the speculative eligibility below, less the length checks):
+    // the engine may draw it itself (engine.h StepItem::greedy_only).
+    s.greedy_only = s.want_logits && r->req.sampling.temperature == 0 && !r->penalties.active() &&
+                    r->req.sampling.top_logprobs < 0;
     if (!r->req.images.empty()) {
       // The flags of this slice, and the span rows of its flagged prompt positions (positions
       // after the prompt, re-prefilled after a preemption, carry no image). After a restore the
@@ -720,6 +724,7 @@ void EngineLoop::Impl::step_once() {
   StepOutput& out = step_out;
   out.logits.clear();
   out.row.clear();
+  out.token.clear();
   Status st = items.empty() ? ok_status() : engine->step(items, &out);
   std::vector<SpecStepResult> spec_out;
   Status spec_st =
@@ -798,8 +803,19 @@ void EngineLoop::Impl::step_once() {
       std::vector<TopLogprob> top;
     };
     std::vector<Drawn> drawn(items.size());
+    // An item's token: drawn by the engine (StepOutput::token, greedy_only items), or from its row.
+    const auto engine_token = [&](size_t i) { return i < out.token.size() ? out.token[i] : -1; };
+    const auto has_draw = [&](size_t i) { return out.row[i] >= 0 || engine_token(i) != -1; };
     const auto draw_rows = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
+        if (const int32_t et = engine_token(static_cast<size_t>(i)); et != -1) {
+          if (et == StepOutput::kInvalidRow)  // the sampler's refusal, found on the device
+            drawn[i].status = invalid_argument(
+                "sampler: the logits row holds NaN or +inf, or every logit is -inf (not valid logits)");
+          else
+            drawn[i].tok = et;
+          continue;
+        }
         if (out.row[i] < 0) continue;
         Req* r = reqs[i];
         float* row = out.logits.data() + out.row[i] * V;
@@ -833,7 +849,7 @@ void EngineLoop::Impl::step_once() {
           if (r->computed == r->snap_at) r->snap_at = -1;
         }
       }
-      if (out.row[i] < 0) continue;
+      if (!has_draw(i)) continue;
       if (!drawn[i].status.ok()) {  // a NaN/inf row: this request ends with an error, the others go on
         finish(*r, FinishReason::kError, drawn[i].status.message());
         done.push_back(r);

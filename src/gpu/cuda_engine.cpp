@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unordered_set>
 
+#include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/cuda_status.h"
 #include "engine/speculative.h"
 #include "engine/state_codec.h"
@@ -223,8 +224,13 @@ Status CudaEngine::forward(std::span<const engine::StepItem> items, model::Logit
 
 Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
                                   const GpuForwardOptions& fo_in, std::vector<model::SequenceOutput>* out,
-                                  const LogitsSink& logits_to) {
+                                  const LogitsSink& logits_to, std::vector<int32_t>* item_argmax) {
   out->assign(items.size(), model::SequenceOutput{});
+  if (item_argmax) {
+    if (rows != model::LogitsRows::kLast || logits_to)
+      return internal_error("CUDA engine: per-item argmax needs last-row logits and no logits sink");
+    item_argmax->assign(items.size(), -1);
+  }
   if (items.empty()) return ok_status();
   DS41_RETURN_IF_ERROR(validate(items));
   const GpuLimits& lim = fwd_->limits();
@@ -274,7 +280,21 @@ Status CudaEngine::forward_rounds(std::span<const engine::StepItem> items, model
     GpuForwardOptions fo = fo_in;
     if (logits_to)  // batch index -> item
       fo.logits_to = [&](size_t b, const float* r, int64_t n) { logits_to(which[b], r, n); };
+    std::vector<int32_t> amax;
+    if (item_argmax) {
+      fo.argmax = &amax;
+      fo.argmax_checked = true;
+    }
     DS41_RETURN_IF_ERROR(fwd_->run(batch, fo, &res));
+    if (item_argmax) {  // one token per logits row, the rows in batch order (kLast: one per finishing item)
+      size_t k = 0;
+      for (size_t b = 0; b < batch.size(); ++b) {
+        if (batch[b].logits == model::LogitsRows::kNone) continue;
+        if (k >= amax.size()) return internal_error("CUDA engine: the forward returned fewer argmax tokens than rows");
+        (*item_argmax)[which[b]] = amax[k++];
+      }
+      if (k != amax.size()) return internal_error("CUDA engine: the forward returned more argmax tokens than rows");
+    }
     if (fwd_->dspark_enabled() && fo.last_layer < 0) {  // MODEL_SPEC 3.10.3: every row is committed
       std::vector<GpuContextRows> cr;
       int64_t row = 0;
@@ -299,8 +319,33 @@ Status CudaEngine::step(std::span<const engine::StepItem> items, engine::StepOut
   const int64_t V = info_.vocab_size;
   out->vocab = V;
   out->logits.clear();
+  out->token.clear();
   out->row.assign(items.size(), -1);
   if (items.empty()) return ok_status();
+  // Every logits item drawn greedily (StepItem::greedy_only): the checked argmax on the device, one
+  // token per item crosses to the host (engine.h).
+  bool any_logits = false, all_greedy = true;
+  for (const engine::StepItem& it : items) {
+    any_logits = any_logits || it.want_logits;
+    all_greedy = all_greedy && (!it.want_logits || it.greedy_only);
+  }
+  if (any_logits && all_greedy) {
+    std::vector<model::SequenceOutput> res;
+    std::vector<int32_t> amax;
+    DS41_RETURN_IF_ERROR(forward_rounds(items, model::LogitsRows::kLast, GpuForwardOptions{}, &res, {}, &amax));
+    out->token.assign(items.size(), -1);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].want_logits) continue;
+      if (amax[i] == cuda::kArgmaxInvalidRow) {
+        out->token[i] = engine::StepOutput::kInvalidRow;
+      } else if (amax[i] < 0 || amax[i] >= V) {
+        return internal_error("GPU forward returned no greedy token for item " + std::to_string(i));
+      } else {
+        out->token[i] = amax[i];
+      }
+    }
+    return ok_status();
+  }
   // Items without want_logits are run in the same forwards; their logits are not computed.
   // The rows go from the pinned arena straight into out->logits (a caller that keeps its StepOutput
   // across steps reuses its pages: no fresh vector per sequence and step).

@@ -153,9 +153,12 @@ class CudaEngine final : public engine::Engine {
   Result<GpuSequence*> find(engine::SeqId seq) const;
   Status validate(std::span<const engine::StepItem> items) const;
   // forward() with the executor's options: items split into rounds within the forward's limits.
+  // item_argmax (rows kLast only): per item, the checked argmax of its last logits row
+  // (GpuForwardOptions::argmax_checked: cuda::kArgmaxInvalidRow for a row the sampler refuses), -1
+  // for an item without one; no logits rows cross to the host.
   Status forward_rounds(std::span<const engine::StepItem> items, model::LogitsRows rows,
                         const GpuForwardOptions& fo, std::vector<model::SequenceOutput>* out,
-                        const LogitsSink& logits_to = {});
+                        const LogitsSink& logits_to = {}, std::vector<int32_t>* item_argmax = nullptr);
   void release(GpuSequence& s);
   // speculative_step per group of items: the drafts (no state change; cap = the item's own verify
   // length after verify_len and the threshold), then, with the lengths chosen under the budget

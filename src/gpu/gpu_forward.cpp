@@ -569,7 +569,7 @@ Status GpuForward::head(const GpuForwardOptions& opt) {
     if (wsb + static_cast<size_t>(m) * sizeof(int32_t) > ws_.scratch_bytes)
       return internal_error("GPU forward: the scratch holds no argmax of " + std::to_string(m) + " logits rows");
     int32_t* tok = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws_.scratch) + wsb);
-    DS41_RETURN_IF_ERROR(cuda::run_argmax_rows(ws_.logits, m, V, tok, ws_.scratch, stream_));
+    DS41_RETURN_IF_ERROR(cuda::run_argmax_rows(ws_.logits, m, V, tok, ws_.scratch, stream_, opt.argmax_checked));
     return cuda::cuda_status(cuda::copy_async(ws_.logits_host, tok, static_cast<size_t>(m) * sizeof(int32_t),
                                              cudaMemcpyDeviceToHost, stream_),
                              "copy the logits rows' argmax to the host");

@@ -108,6 +108,9 @@ struct GpuForwardOptions {
   // value, the lowest index on ties: engine::argmax_token) and only those tokens cross to the host,
   // one per logits row in row order; SequenceOutput::logits stays empty (positions are filled).
   std::vector<int32_t>* argmax = nullptr;
+  // With argmax: engine::Sampler's greedy draw instead (CudaEngine::step for StepItem::greedy_only):
+  // a row holding NaN or +inf, or every logit -inf, gives cuda::kArgmaxInvalidRow.
+  bool argmax_checked = false;
   // Consumers with their own logits buffer (CudaEngine::step, bench decode): each sequence's logits
   // rows are handed over straight from the pinned arena, `logits_to(s, rows, n)` for sequence s of
   // the batch (n rows of vocab floats, valid during the call), and SequenceOutput::logits stays

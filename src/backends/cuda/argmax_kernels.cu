@@ -20,12 +20,17 @@ constexpr int64_t kSlice = 4096;  // entries per CTA of pass 1
 struct Best {
   float v;
   int32_t i;  // -1: no non-NaN entry
+  // The checked mode's row validity (engine/sampler.h Sampler::sample): a NaN or +inf entry seen;
+  // an entry above -inf seen.
+  uint32_t bad, live;
 };
 
 __device__ __forceinline__ Best better(Best a, Best b) {
-  if (a.i < 0) return b;
-  if (b.i < 0) return a;
-  return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
+  const uint32_t bad = a.bad | b.bad, live = a.live | b.live;
+  Best r = a.i < 0 ? b : (b.i < 0 ? a : ((b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a));
+  r.bad = bad;
+  r.live = live;
+  return r;
 }
 
 __device__ __forceinline__ Best warp_best(Best b) {
@@ -33,6 +38,8 @@ __device__ __forceinline__ Best warp_best(Best b) {
     Best o;
     o.v = __shfl_xor_sync(0xffffffffu, b.v, off);
     o.i = __shfl_xor_sync(0xffffffffu, b.i, off);
+    o.bad = __shfl_xor_sync(0xffffffffu, b.bad, off);
+    o.live = __shfl_xor_sync(0xffffffffu, b.live, off);
     b = better(b, o);
   }
   return b;
@@ -45,16 +52,18 @@ __global__ void __launch_bounds__(kArgThreads)
   const int64_t r = blockIdx.y, s = blockIdx.x;
   const int64_t b0 = s * kSlice, b1 = min(t, b0 + kSlice);
   const float* row = x + r * t;
-  Best b{0.0f, -1};
+  Best b{0.0f, -1, 0, 0};
   for (int64_t i = b0 + threadIdx.x; i < b1; i += kArgThreads) {
     const float v = row[i];
-    if (!isnan(v)) b = better(b, Best{v, static_cast<int32_t>(i)});
+    b.bad |= !(v < INFINITY);  // NaN or +inf
+    b.live |= v > -INFINITY;
+    if (!isnan(v)) b = better(b, Best{v, static_cast<int32_t>(i), 0, 0});
   }
   b = warp_best(b);
   if ((threadIdx.x & 31) == 0) wb[threadIdx.x >> 5] = b;
   __syncthreads();
   if (threadIdx.x < 32) {
-    Best c = threadIdx.x < kArgThreads / 32 ? wb[threadIdx.x] : Best{0.0f, -1};
+    Best c = threadIdx.x < kArgThreads / 32 ? wb[threadIdx.x] : Best{0.0f, -1, 0, 0};
     c = warp_best(c);
     if (threadIdx.x == 0) part[r * slices + s] = c;
   }
@@ -62,13 +71,18 @@ __global__ void __launch_bounds__(kArgThreads)
 
 __global__ void __launch_bounds__(32)
     argmax_finish_kernel(const float* __restrict__ x, int64_t t, int64_t slices, const Best* __restrict__ part,
-                         int32_t* __restrict__ out) {
+                         int32_t* __restrict__ out, bool checked) {
   dev::pdl_enter();
   const int64_t r = blockIdx.x;
-  Best b{0.0f, -1};
+  Best b{0.0f, -1, 0, 0};
   for (int64_t s = threadIdx.x; s < slices; s += 32) b = better(b, part[r * slices + s]);
   b = warp_best(b);
-  if (threadIdx.x == 0) out[r] = (b.i < 0 || isnan(x[r * t])) ? 0 : b.i;
+  if (threadIdx.x == 0) {
+    if (checked && (b.bad || !b.live))
+      out[r] = kArgmaxInvalidRow;
+    else
+      out[r] = (b.i < 0 || isnan(x[r * t])) ? 0 : b.i;
+  }
 }
 
 int64_t slices_of(int64_t t) { return (t + kSlice - 1) / kSlice; }
@@ -80,7 +94,8 @@ size_t argmax_workspace_bytes(int64_t n, int64_t t) {
   return static_cast<size_t>(n * slices_of(t)) * sizeof(Best);
 }
 
-Status run_argmax_rows(const float* x, int64_t n, int64_t t, int32_t* out, void* workspace, cudaStream_t stream) {
+Status run_argmax_rows(const float* x, int64_t n, int64_t t, int32_t* out, void* workspace, cudaStream_t stream,
+                       bool checked) {
   if (n < 0 || n > 65535) return invalid_argument("argmax_rows: n " + std::to_string(n) + " outside [0, 65535]");
   if (t < 1 || t >= (int64_t{1} << 31))
     return invalid_argument("argmax_rows: t " + std::to_string(t) + " outside [1, 2^31)");
@@ -91,7 +106,8 @@ Status run_argmax_rows(const float* x, int64_t n, int64_t t, int32_t* out, void*
   launch(argmax_slices_kernel, dim3(static_cast<unsigned>(slices), static_cast<unsigned>(n)), dim3(kArgThreads), 0,
          stream, x, t, slices, part);
   DS41_RETURN_IF_ERROR(last_launch_status("argmax_slices"));
-  launch(argmax_finish_kernel, dim3(static_cast<unsigned>(n)), dim3(32), 0, stream, x, t, slices, part, out);
+  launch(argmax_finish_kernel, dim3(static_cast<unsigned>(n)), dim3(32), 0, stream, x, t, slices, part, out,
+         checked);
   return last_launch_status("argmax_finish");
 }
 

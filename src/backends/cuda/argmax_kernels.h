@@ -18,6 +18,12 @@ namespace ds41::cuda {
 // Workspace of run_argmax_rows for n rows of t entries (bytes; 8-byte aligned).
 size_t argmax_workspace_bytes(int64_t n, int64_t t);
 // out[r] = argmax_lowest(x[r * t .. r * t + t)), r < n; t in [1, 2^31).
-Status run_argmax_rows(const float* x, int64_t n, int64_t t, int32_t* out, void* workspace, cudaStream_t stream);
+// checked: the greedy draw of engine::Sampler instead (a served temperature-0 step: engine.h
+// StepItem::greedy_only): a row holding NaN or +inf, or whose every entry is -inf, gives
+// kArgmaxInvalidRow (the sampler refuses it); any other row the same index (it holds no NaN, so
+// argmax_lowest is the first maximum, engine::argmax_token's).
+inline constexpr int32_t kArgmaxInvalidRow = -2;
+Status run_argmax_rows(const float* x, int64_t n, int64_t t, int32_t* out, void* workspace, cudaStream_t stream,
+                       bool checked = false);
 
 }  // namespace ds41::cuda

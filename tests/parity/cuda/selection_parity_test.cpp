@@ -5,6 +5,7 @@
 // newest block and block-score ties; the candidate-mask restriction. Skips without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -178,6 +179,26 @@ TEST(SelectionParity, ArgmaxRows) {
     report("argmax_rows", std::to_string(c.n) + "x" + std::to_string(c.t) + " " + gen_name(c.gen) + " " + tw,
            static_cast<double>(bad), 0.0, "an index choice: exact (model::argmax_lowest)");
     EXPECT_EQ(got, want) << c.twist;
+    // The checked mode (a served greedy draw): engine::Sampler's refusals (NaN or +inf anywhere,
+    // every entry -inf) as kArgmaxInvalidRow, else engine::argmax_token's index (src/engine/sampler.cpp).
+    std::vector<int32_t> want_checked(c.n);
+    for (int64_t r = 0; r < c.n; ++r) {
+      const float* row = &x[r * c.t];
+      bool bad = false, live = false;
+      for (int64_t i = 0; i < c.t; ++i) {
+        bad = bad || !(row[i] < INFINITY);
+        live = live || row[i] > -INFINITY;
+      }
+      // engine::argmax_token: std::max_element, the first of equal maxima.
+      want_checked[r] = (bad || !live) ? kArgmaxInvalidRow : static_cast<int32_t>(std::max_element(row, row + c.t) - row);
+    }
+    KC_OK(run_argmax_rows(dx->p, c.n, c.t, dout.p, ws.p, nullptr, true));
+    const std::vector<int32_t> got_checked = from_dev(dout.p, static_cast<size_t>(c.n));
+    int64_t bad_checked = 0;
+    for (int64_t r = 0; r < c.n; ++r) bad_checked += got_checked[r] != want_checked[r];
+    report("argmax_rows checked", std::to_string(c.n) + "x" + std::to_string(c.t) + " " + gen_name(c.gen) + " " + tw,
+           static_cast<double>(bad_checked), 0.0, "the sampler's greedy draw and refusals: exact");
+    EXPECT_EQ(got_checked, want_checked) << c.twist << " (checked)";
   }
   EXPECT_FALSE(run_argmax_rows(nullptr, 1, 0, nullptr, nullptr, nullptr).ok());
   EXPECT_FALSE(run_argmax_rows(nullptr, -1, 10, nullptr, nullptr, nullptr).ok());

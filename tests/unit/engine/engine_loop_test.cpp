@@ -76,6 +76,88 @@ GenerationRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens
   return r;
 }
 
+// Greedy draws by the engine (StepItem::greedy_only, StepOutput::token: the GPU engine's argmax on
+// the device): a batch mixing pure greedy requests (drawn by the engine), greedy ones with a penalty or
+// logprobs and sampled ones (drawn from rows by the loop) gives every request the tokens, logprobs and
+// finish it gets when the engine returns rows only; only the pure greedy items were drawn by the engine.
+TEST(EngineLoop, EngineDrawnGreedyTokensEqualTheLoopsDraws) {
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    GenerationRequest r = greedy_request(prompt_of(7 + i * 9, i), 4 + i % 5);
+    if (i % 4 == 1) r.sampling.presence_penalty = 0.5;  // greedy, but the row is changed first
+    if (i % 4 == 2) r.sampling.top_logprobs = 2;        // greedy, but logprobs are read from the row
+    if (i % 4 == 3) {                                   // sampled
+      r.sampling.temperature = 0.8;
+      r.sampling.seed = 900 + i;
+    }
+    reqs.push_back(r);
+  }
+  auto run = [&](bool engine_draws, int64_t* drawn) {
+    FakeEngine eng;
+    eng.draws_greedy = engine_draws;
+    LoopConfig cfg;
+    cfg.max_batch_tokens = 64;
+    cfg.max_running = 12;
+    EngineLoop loop(&eng, cfg);
+    EXPECT_TRUE(loop.start().ok());
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const GenerationRequest& r : reqs) {
+      auto s = loop.submit(r);
+      EXPECT_TRUE(s.ok()) << s.status().message();
+      streams.push_back(*s);
+    }
+    std::vector<Collected> got;
+    for (auto& s : streams) got.push_back(drain(*s));
+    loop.stop(1000ms);
+    *drawn = eng.greedy_drawn.load();
+    return got;
+  };
+  int64_t drawn_rows = 0, drawn_engine = 0;
+  const std::vector<Collected> rows = run(false, &drawn_rows), engine = run(true, &drawn_engine);
+  EXPECT_EQ(drawn_rows, 0);
+  int64_t pure_greedy_tokens = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(engine[i].tokens, rows[i].tokens) << "request " << i;
+    EXPECT_EQ(engine[i].tokens, reference(reqs[i].prompt, reqs[i].max_tokens, reqs[i].sampling, 64)) << i;
+    EXPECT_EQ(engine[i].finish, FinishReason::kLength) << i;
+    ASSERT_EQ(engine[i].events.size(), rows[i].events.size()) << i;
+    for (size_t e = 0; e < engine[i].events.size(); ++e) {
+      EXPECT_EQ(engine[i].events[e].logprob, rows[i].events[e].logprob) << i;
+      EXPECT_EQ(engine[i].events[e].top.size(), rows[i].events[e].top.size()) << i;
+    }
+    if (i % 4 == 0) pure_greedy_tokens += reqs[i].max_tokens;
+  }
+  // Every token of a pure greedy request, and no other, was the engine's draw.
+  EXPECT_EQ(drawn_engine, pure_greedy_tokens);
+}
+
+// A row the sampler refuses (a NaN logit), found by the engine's greedy draw: that request ends with an
+// error naming the problem, the others in the batch go on, and the loop keeps serving.
+TEST(EngineLoop, EngineDrawnInvalidRowEndsOnlyThatRequest) {
+  FakeEngine eng;
+  eng.draws_greedy = true;
+  const std::vector<int32_t> poisoned = prompt_of(20, 3), fine = prompt_of(33, 4);
+  eng.nan_at_length = static_cast<int64_t>(poisoned.size()) + 2;  // the third draw of `poisoned`
+  LoopConfig cfg;
+  cfg.max_batch_tokens = 64;
+  cfg.max_running = 4;
+  EngineLoop loop(&eng, cfg);
+  ASSERT_TRUE(loop.start().ok());
+  auto a = loop.submit(greedy_request(poisoned, 6));
+  auto b = loop.submit(greedy_request(fine, 6));
+  ASSERT_TRUE(a.ok() && b.ok());
+  const Collected ca = drain(**a), cb = drain(**b);
+  EXPECT_EQ(ca.finish, FinishReason::kError);
+  EXPECT_EQ(ca.tokens.size(), 2u);
+  EXPECT_NE(ca.events.back().error.find("NaN"), std::string::npos) << ca.events.back().error;
+  EXPECT_EQ(cb.finish, FinishReason::kLength);
+  EXPECT_EQ(cb.tokens, reference(fine, 6, greedy_request(fine, 6).sampling, 64));
+  auto c = loop.submit(greedy_request(prompt_of(9, 5), 3));  // still serving
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(drain(**c).finish, FinishReason::kLength);
+  loop.stop(1000ms);
+}
+
 TEST(EngineLoop, GreedyTokensInOrderWithExactlyOneFinalEvent) {
   FakeEngine eng;
   LoopConfig cfg;

@@ -3,7 +3,9 @@
 // state bytes are base + per_token * tokens, and every step's batch is recorded.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/sampler.h"
 
 namespace ds41::testing {
 
@@ -27,6 +30,12 @@ class FakeEngine final : public engine::Engine {
   engine::EngineInfo& mutable_info() { return info_; }
   int64_t base_bytes = 1000, bytes_per_token = 10;
   std::chrono::milliseconds step_delay{0};
+  // As the GPU engine: StepItem::greedy_only items get their greedy token in StepOutput::token
+  // (the sampler's draw; kInvalidRow for a row it refuses) instead of the row.
+  bool draws_greedy = false;
+  // The row after a history of this length holds a NaN (index 3): the sampler refuses it.
+  int64_t nan_at_length = -1;
+  std::atomic<int64_t> greedy_drawn{0};
 
   const engine::EngineInfo& info() const override { return info_; }
   Result<engine::SeqId> create_sequence() override {
@@ -68,13 +77,25 @@ class FakeEngine final : public engine::Engine {
     out->vocab = info_.vocab_size;
     out->logits.clear();
     out->row.assign(items.size(), -1);
+    out->token.assign(items.size(), -1);
     for (size_t i = 0; i < items.size(); ++i) {
       auto& h = seqs_[items[i].seq];
       h.insert(h.end(), items[i].tokens.begin(), items[i].tokens.end());
       rec.push_back({items[i].seq, static_cast<int64_t>(items[i].tokens.size())});
       if (!items[i].want_logits) continue;
+      auto row = logits_for(h, info_.vocab_size);
+      if (static_cast<int64_t>(h.size()) == nan_at_length) row[3] = std::nanf("");
+      if (draws_greedy && items[i].greedy_only) {
+        bool bad = false, live = false;
+        for (const float v : row) {
+          bad = bad || !(v < INFINITY);
+          live = live || v > -INFINITY;
+        }
+        out->token[i] = (bad || !live) ? engine::StepOutput::kInvalidRow : engine::argmax_token(row);
+        ++greedy_drawn;
+        continue;
+      }
       out->row[i] = static_cast<int64_t>(out->logits.size()) / info_.vocab_size;
-      const auto row = logits_for(h, info_.vocab_size);
       out->logits.insert(out->logits.end(), row.begin(), row.end());
     }
     std::lock_guard<std::mutex> lk(mu_);
