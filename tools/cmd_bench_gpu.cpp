@@ -250,6 +250,42 @@ Result<std::unique_ptr<gpu::DeviceModel>> load_model(const GpuBenchArgs& a) {
   return gpu::DeviceModel::load(a.model_dir, o);
 }
 
+// Host times of decode steps run as served (host_served, host_served_greedy): per step the wall time
+// and the executor's parts; to_json gives their medians. busy = wall less the wait for the device
+// (the calling thread's work); exposed = wall less the device span (what the device waits for).
+struct ServedSteps {
+  std::vector<double> plan, enqueue, wait, outputs, busy, busy_share, device, exposed, exposed_share, wall;
+  void add(double wall_us, const gpu::GpuForward::HostTimes& h) {
+    plan.push_back(h.plan_us);
+    enqueue.push_back(h.enqueue_us);
+    wait.push_back(h.wait_us);
+    outputs.push_back(h.outputs_us);
+    busy.push_back(wall_us - h.wait_us);
+    busy_share.push_back((wall_us - h.wait_us) / wall_us);
+    device.push_back(h.device_us);
+    exposed.push_back(wall_us - h.device_us);
+    exposed_share.push_back((wall_us - h.device_us) / wall_us);
+    wall.push_back(wall_us);
+  }
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  }
+  nlohmann::ordered_json to_json(const std::string& what) const {
+    return {{"what", what},
+            {"step_us", median(wall)},
+            {"plan_us", median(plan)},
+            {"enqueue_us", median(enqueue)},
+            {"wait_us", median(wait)},
+            {"outputs_us", median(outputs)},
+            {"busy_us", median(busy)},
+            {"busy_share_of_step", median(busy_share)},
+            {"device_span_us", median(device)},
+            {"exposed_us", median(exposed)},
+            {"exposed_share_of_step", median(exposed_share)}};
+  }
+};
+
 Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
   DS41_ASSIGN_OR_RETURN(std::vector<int64_t> batches, parse_list(a.batches, "--batch"));
   DS41_ASSIGN_OR_RETURN(std::vector<int64_t> contexts, parse_list(a.contexts, "--context"));
@@ -393,10 +429,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
         const std::vector<double> step_ms_in_order = step_ms;  // paired with per_layer
         {  // The calling thread's work per step (issue 11: host time < 5 % of a batch-1 step with graphs):
            // the step's wall time less the wait for the device, and the executor's parts, medians.
-          auto median = [](std::vector<double> v) {
-            std::sort(v.begin(), v.end());
-            return v.empty() ? 0.0 : v[v.size() / 2];
-          };
+          const auto median = &ServedSteps::median;
           std::vector<double> plan, enq, wait, outs, busy, share;
           for (size_t t = 0; t < host_times.size() && t < step_ms_in_order.size(); ++t) {
             const gpu::GpuForward::HostTimes& h = host_times[t];
@@ -422,7 +455,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           // the first kernel, the outputs after the last).
           eng->set_device_span(true);
           const gpu::StepGraphStats s0 = graphs ? graphs->stats() : gpu::StepGraphStats{};
-          std::vector<double> sp, se, sw, so, sb, ss, sd, sx, sxs, swall;
+          ServedSteps rows_steps;
           for (int64_t t = 0; t < a.steps; ++t) {
             std::vector<engine::StepItem> items;
             for (int64_t s = 0; s < B; ++s)
@@ -431,33 +464,12 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
             const auto q0 = std::chrono::steady_clock::now();
             DS41_RETURN_IF_ERROR(eng->forward(items, model::LogitsRows::kLast, false, &out, nullptr, nullptr, sink));
             const double wall = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - q0).count();
-            const gpu::GpuForward::HostTimes& h = eng->executor().last_host_times();
-            sp.push_back(h.plan_us);
-            se.push_back(h.enqueue_us);
-            sw.push_back(h.wait_us);
-            so.push_back(h.outputs_us);
-            sb.push_back(wall - h.wait_us);
-            ss.push_back((wall - h.wait_us) / wall);
-            sd.push_back(h.device_us);
-            sx.push_back(wall - h.device_us);
-            sxs.push_back((wall - h.device_us) / wall);
-            swall.push_back(wall);
+            rows_steps.add(wall, eng->executor().last_host_times());
           }
           eng->set_device_span(false);
-          nlohmann::ordered_json served{
-              {"what", "the same decode steps without layer timing (as served), medians: busy = wall less the "
-                       "wait (the calling thread's work); exposed = wall less the device span (the part the "
-                       "device waits for the host)"},
-              {"step_us", median(swall)},
-              {"plan_us", median(sp)},
-              {"enqueue_us", median(se)},
-              {"wait_us", median(sw)},
-              {"outputs_us", median(so)},
-              {"busy_us", median(sb)},
-              {"busy_share_of_step", median(ss)},
-              {"device_span_us", median(sd)},
-              {"exposed_us", median(sx)},
-              {"exposed_share_of_step", median(sxs)}};
+          nlohmann::ordered_json served = rows_steps.to_json(
+              "the same decode steps without layer timing (as served), medians: busy = wall less the wait (the "
+              "calling thread's work); exposed = wall less the device span (the part the device waits for the host)");
           if (graphs) {
             const gpu::StepGraphStats& s1 = graphs->stats();
             const double n = static_cast<double>(a.steps);
@@ -476,7 +488,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           // CudaEngine::step, one token per sequence crosses to the host (the checked argmax on the
           // device) instead of the logits rows, and the host scans no row.
           eng->set_device_span(true);
-          std::vector<double> gb, gs, gx, gxs, gw, go;
+          ServedSteps greedy_steps;
           engine::StepOutput gout;
           for (int64_t t = 0; t < a.steps; ++t) {
             std::vector<engine::StepItem> items;
@@ -490,24 +502,12 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
             const double wall = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - q0).count();
             if (static_cast<int64_t>(gout.token.size()) != B)
               return internal_error("bench decode: a greedy-only step returned no tokens");
-            const gpu::GpuForward::HostTimes& h = eng->executor().last_host_times();
-            gb.push_back(wall - h.wait_us);
-            gs.push_back((wall - h.wait_us) / wall);
-            gx.push_back(wall - h.device_us);
-            gxs.push_back((wall - h.device_us) / wall);
-            go.push_back(h.outputs_us);
-            gw.push_back(wall);
+            greedy_steps.add(wall, eng->executor().last_host_times());
           }
           eng->set_device_span(false);
-          r["host_served_greedy"] = {
-              {"what", "host_served's steps drawn greedily through CudaEngine::step (StepItem::greedy_only): "
-                       "one token per sequence crosses to the host instead of the logits rows, medians"},
-              {"step_us", median(gw)},
-              {"outputs_us", median(go)},
-              {"busy_us", median(gb)},
-              {"busy_share_of_step", median(gs)},
-              {"exposed_us", median(gx)},
-              {"exposed_share_of_step", median(gxs)}};
+          r["host_served_greedy"] = greedy_steps.to_json(
+              "host_served's steps drawn greedily through CudaEngine::step (StepItem::greedy_only): one token per "
+              "sequence crosses to the host instead of the logits rows, medians");
         }
         std::sort(step_ms.begin(), step_ms.end());
         r["step_ms_median"] = step_ms[step_ms.size() / 2];

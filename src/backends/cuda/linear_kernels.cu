@@ -1414,20 +1414,36 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
   return last_launch_status(fn);
 }
 
-Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
-                              int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
-                              int64_t m_max, float* y, float* y2, cudaStream_t stream, WeightFormat format) {
-  if (!weights2 || !y2) return invalid_argument("expert_linear_pair: weights2 or y2 is null");
+// The expert pair's checks and launches (run_expert_linear_pair, run_expert_linear_pair_rows): x_rows
+// (nullable) makes routed row r x[x_rows[r]], staged through the index by the tensor-core GEMV, or
+// gathered into `gathered` first where that kernel does not take the call.
+static Status expert_pair(const char* fn, const DeviceWeight* weights, const DeviceWeight* weights2,
+                          int64_t n_experts, int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                          const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
+                          cudaStream_t stream, WeightFormat format) {
+  if (!weights2 || !y2) return invalid_argument(std::string(fn) + ": weights2 or y2 is null");
   // The single call's checks (its errors name the problem) on a call that launches nothing.
   DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, 0, y, stream, format));
   if (m_max < 0 || m_max > (int64_t{1} << 30))
-    return invalid_argument("expert_linear_pair: m_max " + std::to_string(m_max) + " out of range");
+    return invalid_argument(std::string(fn) + ": m_max " + std::to_string(m_max) + " out of range");
   if (m_max == 0) return ok_status();
-  if (!x || !y) return invalid_argument("expert_linear_pair: x or y is null");
-  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, weights2, y2))
-    return last_launch_status("expert_linear_pair");
+  if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
+  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, weights2, y2,
+                       x_rows))
+    return last_launch_status(fn);
+  if (x_rows) {
+    DS41_RETURN_IF_ERROR(run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream));
+    x = gathered;
+  }
   DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format));
   return run_expert_linear(weights2, n_experts, out_dim, in_dim, offsets, x, m_max, y2, stream, format);
+}
+
+Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
+                              int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                              int64_t m_max, float* y, float* y2, cudaStream_t stream, WeightFormat format) {
+  return expert_pair("expert_linear_pair", weights, weights2, n_experts, out_dim, in_dim, offsets, x, nullptr, nullptr,
+                     m_max, y, y2, stream, format);
 }
 
 Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
@@ -1435,18 +1451,8 @@ Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeig
                                    const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
                                    cudaStream_t stream, WeightFormat format) {
   if (!x_rows || !gathered) return invalid_argument("expert_linear_pair_rows: x_rows or gathered is null");
-  if (!weights2 || !y2) return invalid_argument("expert_linear_pair_rows: weights2 or y2 is null");
-  DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, 0, y, stream, format));
-  if (m_max < 0 || m_max > (int64_t{1} << 30))
-    return invalid_argument("expert_linear_pair_rows: m_max " + std::to_string(m_max) + " out of range");
-  if (m_max == 0) return ok_status();
-  if (!x || !y) return invalid_argument("expert_linear_pair_rows: x or y is null");
-  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, weights2, y2,
-                       x_rows))
-    return last_launch_status("expert_linear_pair_rows");
-  DS41_RETURN_IF_ERROR(run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream));
-  return run_expert_linear_pair(weights, weights2, n_experts, out_dim, in_dim, offsets, gathered, m_max, y, y2,
-                                stream, format);
+  return expert_pair("expert_linear_pair_rows", weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows,
+                     gathered, m_max, y, y2, stream, format);
 }
 
 }  // namespace ds41::cuda

@@ -474,12 +474,11 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
   __shared__ const float* xrow[NB];  // the block's row starts, looked up once
   if (tid < nb) xrow[tid] = x + (rows ? rows[tid] : static_cast<int64_t>(tid)) * ldx;
   __syncthreads();
-  auto row = [&](int b) { return xrow[b]; };
   const int q4 = static_cast<int>(in / 4);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
     if (b >= nb) break;  // block-uniform
-    const float4* xr = reinterpret_cast<const float4*>(row(b));
+    const float4* xr = reinterpret_cast<const float4*>(xrow[b]);
     float m = 0.f;
     for (int i0 = tid; i0 < q4; i0 += 4 * kThreads) {
       float4 v[4];
@@ -522,7 +521,7 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
       const int i = i0 + j * kThreads;
       bb[j] = i / q8;
       uu[j] = i - bb[j] * q8;
-      const float4* p = i < units ? reinterpret_cast<const float4*>(row(bb[j])) + 2 * uu[j] : nullptr;
+      const float4* p = i < units ? reinterpret_cast<const float4*>(xrow[bb[j]]) + 2 * uu[j] : nullptr;
       v[j][0] = i < units ? __ldg(p) : make_float4(0.f, 0.f, 0.f, 0.f);
       v[j][1] = i < units ? __ldg(p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
     }

@@ -85,13 +85,11 @@ class FakeEngine final : public engine::Engine {
       if (!items[i].want_logits) continue;
       auto row = logits_for(h, info_.vocab_size);
       if (static_cast<int64_t>(h.size()) == nan_at_length) row[3] = std::nanf("");
-      if (draws_greedy && items[i].greedy_only) {
-        bool bad = false, live = false;
-        for (const float v : row) {
-          bad = bad || !(v < INFINITY);
-          live = live || v > -INFINITY;
-        }
-        out->token[i] = (bad || !live) ? engine::StepOutput::kInvalidRow : engine::argmax_token(row);
+      if (draws_greedy && items[i].greedy_only) {  // the sampler's greedy draw, or its refusal
+        auto greedy = engine::Sampler::create(engine::SamplerParams{});
+        if (!greedy.ok()) return greedy.status();
+        const Result<int32_t> tok = greedy->sample(row);
+        out->token[i] = tok.ok() ? *tok : engine::StepOutput::kInvalidRow;
         ++greedy_drawn;
         continue;
       }
