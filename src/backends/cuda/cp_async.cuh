@@ -2,7 +2,8 @@
 // background, in per-thread groups (commit_group; wait_group N: all but the newest N of the
 // thread's groups have landed and are visible to it; other threads see them after a barrier, e.g.
 // __syncwarp for a warp's own stages). Under the host SIMT emulator a copy is a plain immediate copy.
-// Used by the shared-memory rings of the decode GEMVs (linear_kernels.cu, tc_gemv_kernels.cu).
+// Used by the shared-memory rings of the decode GEMVs (linear_kernels.cu; tc_gemv_kernels.cu for the
+// scale words beside its bulk copies, bulk_copy.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,12 +48,13 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {}
 #endif
 
-// wait_group depth - 1 for a runtime ring depth of 2, 4 or 8 stages (the immediate must be a
+// wait_group depth - 1 for a runtime ring depth of 2, 3, 4 or 8 stages (the immediate must be a
 // constant): the oldest of the newest `depth` groups has landed. Other depths wait for all.
 __device__ __forceinline__ void cp_async_wait_ring(int depth) {
   switch (depth) {
     case 8: cp_async_wait<7>(); break;
     case 4: cp_async_wait<3>(); break;
+    case 3: cp_async_wait<2>(); break;
     case 2: cp_async_wait<1>(); break;
     default: cp_async_wait<0>(); break;
   }

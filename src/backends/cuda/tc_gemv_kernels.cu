@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/quant_device.cuh"
@@ -87,6 +88,8 @@ constexpr int64_t kMaxRows = 2 * 65535;     // rows of x of a dense call (grid x
 constexpr int64_t kMaxExpertRows = 65535;  // routed rows of an expert call (grid y: one unit each at most)
 constexpr int kMaxSmem = 200 * 1024;    // staged x of a block, at most
 constexpr int kMaxExperts = 2048;       // unit scan in shared memory
+constexpr int kMaxRingDepth = 4;        // stages per warp of the shared-memory weight ring
+constexpr int kRingBarBytes = kWarps * kMaxRingDepth * 8;  // their mbarriers, first in the ring's region
 
 // ---------------------------------------------------------------------------------------------
 // mma.sync m16n8k16, f16 inputs, f32 accumulation: d += A (16 x 16) . B (16 x 8). Fragments (PTX
@@ -235,24 +238,35 @@ struct Fp8 {
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, int) {
     return Raw{ld_w<uint2>(ra), ld_w<uint2>(rb), __ldg(sa)};
   }
-  // The shared-memory ring (WarpTask with kRing): a warp's stage holds the step's two 8-byte pieces
-  // of every lane ([0, 256) rows r, [256, 512) rows r + 8) and the aligned word around the step's
-  // scale byte (copied by lane 0, read by all after the warp's barrier).
-  static constexpr int kRingStageBytes = 528;
-  __device__ static void ring_copy(uint8_t* st, const uint8_t* ra, const uint8_t* rb, const uint8_t* sa,
-                                   const uint8_t*, int) {
-    const int lane = threadIdx.x & 31;
-    dev::cp_async8_l2_256(st + 8 * lane, ra);
-    dev::cp_async8_l2_256(st + 256 + 8 * lane, rb);
-    if (lane == 0) dev::cp_async4(st + 512, aligned_word(sa));
+  // The shared-memory ring (WarpTask with kRing): a stage holds kRingSteps steps of the warp's 16
+  // rows, one bulk copy per row (row i at i x kRingRowStride: 32 bytes of pad put the four rows of a
+  // half-warp's 8-byte reads on distinct banks), then the aligned words around the steps' scale
+  // bytes (the 16 rows share them; cp.async, one word per lane).
+  static constexpr int kRingSteps = 8, kRingRowStride = kRingSteps * kStepBytes + 32;
+  static constexpr int kRingStageBytes = 16 * kRingRowStride + 16;  // <= 3 words hold 8 bytes at any place
+  __host__ __device__ static constexpr int64_t row_bytes(int64_t in) { return in; }
+  // The scale byte of tile t of the warp's row of tiles.
+  __device__ static const uint8_t* ring_scale_at(const uint8_t* sc, int64_t tiles, int64_t o0, int64_t, int64_t t,
+                                                 int) {
+    return sc + (o0 >> 5) * tiles + t;
   }
-  // sa: the address of the step's scale byte (its place in the word).
-  __device__ static Raw ring_read(const uint8_t* st, const uint8_t* sa, int) {
+  __device__ static void ring_scales(uint8_t* area, const uint8_t* sc, int64_t tiles, int64_t o0, int64_t row_end,
+                                     int64_t t, int steps) {
     const int lane = threadIdx.x & 31;
-    const uint32_t w = *reinterpret_cast<const uint32_t*>(st + 512);
-    return Raw{*reinterpret_cast<const uint2*>(st + 8 * lane), *reinterpret_cast<const uint2*>(st + 256 + 8 * lane),
-               (w >> (8 * static_cast<int>(reinterpret_cast<uintptr_t>(sa) & 3u))) & 0xffu};
+    const uint8_t* s = ring_scale_at(sc, tiles, o0, row_end, t, 0);
+    const int words = (static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u) + steps + 3) >> 2;
+    if (lane < words) dev::cp_async4(area + 4 * lane, aligned_word(s) + lane);
   }
+  // Step j of the stage at st: the lane's pieces of rows r and r + 8 and the step's scale byte, byte
+  // aux + j of the words (aux: the stage's first scale byte's place in its word).
+  __device__ static Raw ring_read(const uint8_t* st, int j, int aux) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+    const uint8_t* p = st + r * kRingRowStride + kStepBytes * j + 8 * g;
+    return Raw{*reinterpret_cast<const uint2*>(p), *reinterpret_cast<const uint2*>(p + 8 * kRingRowStride),
+               st[16 * kRingRowStride + aux + j]};
+  }
+  // aux of ring_read for a stage whose first scale byte is at s.
+  __device__ static int ring_aux(const uint8_t* s, int) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u); }
   __device__ static void prepare(Raw&, int) {}
   __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s); }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
@@ -313,32 +327,40 @@ struct Fp4 {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb), __ldg(wa), __ldg(wb), shift ? __ldg(wa + 1) : 0u,
                shift ? __ldg(wb + 1) : 0u};
   }
-  // The shared-memory ring (WarpTask with kRing): a warp's stage holds the step's 16-byte pieces of
-  // every lane ([0, 512) rows r, [512, 1024) rows r + 8) and, at 1024 + 8 row, the 16 rows' scale
-  // words (and the next ones when shift != 0), copied by the first lane of each quad and read by its
-  // four lanes after the warp's barrier.
-  static constexpr int kRingStageBytes = 1152;
-  __device__ static void ring_copy(uint8_t* st, const uint8_t* ra, const uint8_t* rb, const uint8_t* sa,
-                                   const uint8_t* sb, int shift) {
-    const int lane = threadIdx.x & 31, r = lane >> 2;
-    dev::cp_async16_l2_256(st + 16 * lane, ra);
-    dev::cp_async16_l2_256(st + 512 + 16 * lane, rb);
-    if ((lane & 3) == 0) {
-      uint8_t* w = st + 1024 + 8 * r;  // row r; row r + 8 at + 64
-      dev::cp_async4(w, scale_word(sa));
-      dev::cp_async4(w + 64, scale_word(sb));
-      if (shift) {
-        dev::cp_async4(w + 4, scale_word(sa) + 1);
-        dev::cp_async4(w + 68, scale_word(sb) + 1);
-      }
+  // The shared-memory ring (WarpTask with kRing): a stage holds kRingSteps steps of the warp's 16
+  // rows, one bulk copy per row (row i at i x kRingRowStride: 64 bytes of pad put the two rows of a
+  // quarter-warp's 16-byte reads on distinct banks), then each row's scale words (kRingWords per row:
+  // the steps' words and, when the rows' scales are not 4-byte aligned, the next; cp.async).
+  static constexpr int kRingSteps = 4, kRingRowStride = kRingSteps * kStepBytes + 64;
+  static constexpr int kRingWords = kRingSteps + 1;
+  static constexpr int kRingStageBytes = 16 * kRingRowStride + 16 * 4 * kRingWords;
+  __host__ __device__ static constexpr int64_t row_bytes(int64_t in) { return in / 2; }
+  // Row o0 + i's scale byte of tile t (rows past the end clamped, as the loads).
+  __device__ static const uint8_t* ring_scale_at(const uint8_t* sc, int64_t tiles, int64_t o0, int64_t row_end,
+                                                 int64_t t, int i) {
+    return sc + min(o0 + i, row_end - 1) * tiles + t;
+  }
+  __device__ static void ring_scales(uint8_t* area, const uint8_t* sc, int64_t tiles, int64_t o0, int64_t row_end,
+                                     int64_t t, int steps) {
+    const int lane = threadIdx.x & 31;
+    // tiles % 4 == 0: every row's scale bytes have the first row's place in their words.
+    const int wpr = steps + ((reinterpret_cast<uintptr_t>(ring_scale_at(sc, tiles, o0, row_end, t, 0)) & 3u) ? 1 : 0);
+    for (int q = lane; q < 16 * wpr; q += 32) {
+      const int i = q / wpr, w = q - i * wpr;
+      dev::cp_async4(area + 4 * (i * kRingWords + w), scale_word(ring_scale_at(sc, tiles, o0, row_end, t, i)) + w);
     }
   }
-  __device__ static Raw ring_read(const uint8_t* st, const uint8_t*, int shift) {
-    const int lane = threadIdx.x & 31, r = lane >> 2;
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 1024 + 8 * r);
-    return Raw{*reinterpret_cast<const uint4*>(st + 16 * lane), *reinterpret_cast<const uint4*>(st + 512 + 16 * lane),
-               w[0], w[16], shift ? w[1] : 0u, shift ? w[17] : 0u};
+  // Step j of the stage at st: the lane's 16-byte pieces of rows r and r + 8 and their scale words
+  // (and the next ones when aux = shift != 0), as load_at gives them.
+  __device__ static Raw ring_read(const uint8_t* st, int j, int aux) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+    const uint8_t* p = st + r * kRingRowStride + kStepBytes * j + 16 * g;
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * kRingRowStride) + r * kRingWords + j;
+    const uint32_t* wb = w + 8 * kRingWords;
+    return Raw{*reinterpret_cast<const uint4*>(p), *reinterpret_cast<const uint4*>(p + 8 * kRingRowStride), w[0],
+               wb[0], aux ? w[1] : 0u, aux ? wb[1] : 0u};
   }
+  __device__ static int ring_aux(const uint8_t*, int shift) { return shift; }
   __device__ static uint32_t funnel(uint32_t lo, uint32_t hi, int shift) {
     return shift ? static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> shift) : lo;
   }
@@ -576,9 +598,12 @@ struct Cols {
   static constexpr int kMinBlocks = NB <= 3 ? 2 : 1;
 };
 
-// kRing: the weights stream through a shared-memory ring of `rd` stages per warp (2, 4 or 8; filled by
-// cp.async rd - 1 steps ahead of the one multiplied) instead of the U-step register ring: more bytes
-// in flight per SM without registers. The same bytes reach the same arithmetic, so the same bits.
+// kRing: the weights stream through a shared-memory ring of `rd` stages per warp (2, 3 or 4) of
+// D::kRingSteps steps each, filled by the bulk copy engine (one copy per W row and stage, completing
+// on the stage's mbarrier; the scale words by cp.async, one group per stage) up to rd - 1 stages ahead
+// of the one multiplied, instead of the U-step register ring: 4-5 KB per stage in flight per warp
+// without registers or per-lane load instructions. The same bytes reach the same arithmetic, so the
+// same bits.
 template <class D, bool kFp8, int NB, bool kRing = false>
 struct WarpTask {
   static constexpr int U = D::kU, NT = Cols<NB>::NT;
@@ -589,7 +614,14 @@ struct WarpTask {
   int64_t t0, n;  // steps (D::kSub tiles each)
   typename D::Raw q[kRing ? 1 : U];
   uint8_t* ring = nullptr;  // kRing: this warp's rd stages of D::kRingStageBytes
+  uint64_t* bars = nullptr;  // kRing: the stages' mbarriers
   int rd = 0;
+  // kRing: the task's rows and scales (issue()), the stage of the next step (slot, its first step
+  // k0, the step's place j in it) and the parity each stage's next wait expects (bit per stage).
+  const uint8_t *w_data = nullptr, *w_sc = nullptr;
+  int64_t w_in = 0, w_o0 = 0, w_row_end = 0, r_k0 = 0;
+  int r_slot = 0, r_j = 0, r_aux = 0;
+  uint32_t parity = 0;
 
   __device__ __forceinline__ void prologue(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc,
                                            int64_t in, int64_t o0, int64_t row_end, int64_t t_begin,
@@ -612,13 +644,17 @@ struct WarpTask {
     }
     s_shift = 8 * static_cast<int>(reinterpret_cast<uintptr_t>(sa) & 3u);  // tiles % 4 == 0 on the FP4 path
     if constexpr (kRing) {
-      // Steps 0 .. rd - 1 into stages 0 .. rd - 1, one cp.async group each (empty past n): tile(k)
-      // then waits for all but the newest rd - 1 groups, i.e. up to step k's.
-      for (int u = 0; u < rd; ++u) {
-        if (u < n) D::ring_copy(ring + u * D::kRingStageBytes, ra, rb, sa, sb, s_shift);
-        dev::cp_async_commit();
-        advance();
-      }
+      // Stages 0 .. rd - 1 of the task (steps [u P, (u + 1) P), P = D::kRingSteps), one cp.async group
+      // each (empty past n): a stage's first tile() then waits for all but the newest rd - 1 groups.
+      w_data = data;
+      w_sc = sc;
+      w_in = in;
+      w_o0 = o0;
+      w_row_end = row_end;
+      r_k0 = 0;
+      r_slot = 0;
+      r_j = 0;
+      for (int u = 0; u < rd; ++u) issue(u, static_cast<int64_t>(u) * D::kRingSteps);
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -626,6 +662,40 @@ struct WarpTask {
         advance();
       }
     }
+  }
+
+  // kRing: steps [k, k + P) of the task (those < n) into stage u: the bulk copies of its 16 rows (lane
+  // i < 16 copies row o0 + i, clamped as the loads) on the stage's barrier, announced by lane 0
+  // first; the scale words by cp.async. One cp.async group per call, also when nothing is left.
+  __device__ __forceinline__ void issue(int u, int64_t k) {
+    const int lane = threadIdx.x & 31;
+    const int steps = static_cast<int>(min(static_cast<int64_t>(D::kRingSteps), n - k));
+    if (steps > 0) {
+      uint8_t* st = ring + u * D::kRingStageBytes;
+      const unsigned bytes = static_cast<unsigned>(steps * D::kStepBytes);
+      const int64_t step0 = (t0 + k) * D::kStepBytes;
+      const uint8_t* row0 = w_data + min(w_o0, w_row_end - 1) * D::row_bytes(w_in) + step0;
+      if ((reinterpret_cast<uintptr_t>(row0) & 15u) == 0) {
+        if (lane == 0) dev::mbar_arrive_expect_tx(bars + u, 16 * bytes);
+        __syncwarp();
+        if (lane < 16)
+          dev::bulk_copy_g2s(st + lane * D::kRingRowStride,
+                             w_data + min(w_o0 + lane, w_row_end - 1) * D::row_bytes(w_in) + step0, bytes, bars + u);
+      } else {
+        // W not 16-byte aligned (the host's FP8 check asks for 8; an expert's rows are read on the
+        // device): the warp copies the rows itself, then lane 0 arrives with nothing to expect.
+        const int per_row = static_cast<int>(bytes / 8);
+        for (int q = lane; q < 16 * per_row; q += 32) {
+          const int i = q / per_row, c = q - i * per_row;
+          *reinterpret_cast<uint2*>(st + i * D::kRingRowStride + 8 * c) = ld_nc<uint2>(
+              w_data + min(w_o0 + i, w_row_end - 1) * D::row_bytes(w_in) + step0 + 8 * c);
+        }
+        __syncwarp();
+        if (lane == 0) dev::mbar_arrive_expect_tx(bars + u, 0);
+      }
+      D::ring_scales(st + 16 * D::kRingRowStride, w_sc, w_in / 32, w_o0, w_row_end, (t0 + k) * D::kSub, steps);
+    }
+    dev::cp_async_commit();
   }
 
   __device__ __forceinline__ void advance() {
@@ -713,10 +783,15 @@ struct WarpTask {
     typename D::Raw cur;
     uint8_t* st = nullptr;
     if constexpr (kRing) {
-      dev::cp_async_wait_ring(rd);
-      __syncwarp();  // the stage's scale words were copied by other lanes
-      st = ring + (k & (rd - 1)) * D::kRingStageBytes;
-      cur = D::ring_read(st, sa - rd * D::kScaleStep, s_shift);  // sa is rd steps ahead
+      st = ring + r_slot * D::kRingStageBytes;
+      if (r_j == 0) {  // the stage's first step: its rows (barrier) and scale words (cp.async group)
+        dev::mbar_wait_parity(bars + r_slot, (parity >> r_slot) & 1u);
+        parity ^= 1u << r_slot;
+        dev::cp_async_wait_ring(rd);
+        __syncwarp();  // the scale words were copied by other lanes
+        r_aux = D::ring_aux(D::ring_scale_at(w_sc, w_in / 32, w_o0, w_row_end, (t0 + r_k0) * D::kSub, 0), s_shift);
+      }
+      cur = D::ring_read(st, r_j, r_aux);
     } else {
       cur = q[u];
       if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
@@ -762,11 +837,14 @@ struct WarpTask {
           for (int i = 0; i < 4; ++i) acc[c][i] += add.v[c][i];
       }
     }
-    if constexpr (kRing) {  // step k + rd into the stage just read
-      __syncwarp();          // every lane has read it
-      if (k + rd < n) D::ring_copy(st, ra, rb, sa, sb, s_shift);
-      dev::cp_async_commit();
-      advance();
+    if constexpr (kRing) {  // the stage's last step: refill it with the stage rd further on
+      if (++r_j == D::kRingSteps || k + 1 == n) {
+        __syncwarp();  // every lane has read it
+        issue(r_slot, r_k0 + static_cast<int64_t>(rd) * D::kRingSteps);
+        r_k0 += D::kRingSteps;
+        r_j = 0;
+        r_slot = r_slot + 1 == rd ? 0 : r_slot + 1;
+      }
     }
   }
 
@@ -812,9 +890,14 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   // task are issued as soon as its current one is multiplied, before the block's reduction.
   constexpr int NT = Cols<NB>::NT;
   WarpTask<D, kFp8, NB, kRing> task;
-  if constexpr (kRing) {
-    task.ring = ring + warp * ring_depth * D::kRingStageBytes;
+  if constexpr (kRing) {  // the ring's region: the warps' barriers, then their stages
+    task.bars = reinterpret_cast<uint64_t*>(ring) + warp * kMaxRingDepth;
+    task.ring = ring + kRingBarBytes + warp * ring_depth * D::kRingStageBytes;
     task.rd = ring_depth;
+    if (lane == 0)
+      for (int u = 0; u < ring_depth; ++u) dev::mbar_init(task.bars + u, 1);
+    dev::mbar_init_fence();
+    __syncwarp();
   }
   if (slot < n_rgb && slot * RPB + rgl < n_rg)
     task.prologue(data, sc, in, w_row0 + (slot * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
@@ -857,7 +940,7 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
 }
 
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
-// reduction's (smem_bytes(in, NB) + kWarps x ring_depth x D::kRingStageBytes in all).
+// reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
 template <class D, bool kFp8, int NB, bool kRing>
 __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
@@ -1089,34 +1172,42 @@ int expert_ks_log2(int64_t in, int U, int sub, int64_t mats) {
   return mats == 1 && steps >> 1 >= 2 * U ? 1 : 0;
 }
 
-// The shared-memory weight ring (WarpTask kRing): DS41_TCG_RING unset or 0: the register ring; 1: the
-// shared-memory ring wherever a depth (8, else 4 stages, more than the register ring's U steps) keeps
-// the blocks per SM of the register kernel; 2, 4 or 8: that depth wherever the shared memory fits
+// The shared-memory weight ring (WarpTask kRing, filled by the bulk copy engine): DS41_TCG_RING unset
+// or 0: the register ring; 1: the deepest ring of 4, 3 or 2 stages that keeps the register kernel's
+// blocks per SM, else the deepest that fits; 2, 3 or 4: that depth wherever the shared memory fits
 // (measurements). FP8 / FP4 at up to 3 x rows per block (decode); the bits are the register ring's
-// (LinearParity.TensorCoreGemvRingKeepsTheBits). Off by default: the H200 measured it slower at every
-// shape it takes (one row: wq_b 18.0 -> 23.9 us, experts w1 24.6 -> 28.5; docs/perf/README.md).
+// (LinearParity.TensorCoreGemvRingKeepsTheBits). Off by default until measured (an earlier ring filled
+// by per-lane cp.async was slower at every shape: docs/perf/README.md, session of 2026-12-04 23:07).
 int g_ring = -1;
+bool ring_mode_valid(int n) { return n == 0 || n == 1 || n == 2 || n == 3 || n == 4; }
 int ring_mode() {
   if (g_ring >= 0) return g_ring;
   static const int v = [] {
     const char* e = std::getenv("DS41_TCG_RING");
     const int n = e != nullptr ? std::atoi(e) : 0;
-    return (n == 1 || n == 2 || n == 4 || n == 8) ? n : 0;
+    return ring_mode_valid(n) ? n : 0;
   }();
   return v;
 }
 
+// Dynamic shared memory of a ring kernel: the register kernel's `smem`, the barriers, d stages per warp.
+size_t ring_smem(size_t smem, int d, int stage_bytes) {
+  return smem + kRingBarBytes + static_cast<size_t>(kWarps) * d * stage_bytes;
+}
+
 // The ring's stages per warp for a call the register kernel K would run with `smem` bytes (0: take K).
 template <auto K, auto KR>
-int ring_depth(size_t smem, int U, int stage_bytes) {
+int ring_depth(size_t smem, int stage_bytes) {
   const int mode = ring_mode();
   if (mode == 0 || stage_bytes == 0) return 0;
-  auto bytes = [&](int d) { return smem + static_cast<size_t>(kWarps) * d * stage_bytes; };
-  if (mode >= 2) return bytes(mode) <= static_cast<size_t>(kMaxSmem) ? mode : 0;
+  auto fits = [&](int d) { return ring_smem(smem, d, stage_bytes) <= static_cast<size_t>(kMaxSmem); };
+  if (mode >= 2) return fits(mode) ? mode : 0;
   allow_smem<KR>();
   const int base = resident_blocks<K>(smem);
-  for (int d : {8, 4})
-    if (d > U && bytes(d) <= static_cast<size_t>(kMaxSmem) && resident_blocks<KR>(bytes(d)) >= base) return d;
+  for (int d = kMaxRingDepth; d >= 2; --d)
+    if (fits(d) && resident_blocks<KR>(ring_smem(smem, d, stage_bytes)) >= base) return d;
+  for (int d = kMaxRingDepth; d >= 2; --d)
+    if (fits(d)) return d;
   return 0;
 }
 
@@ -1174,7 +1265,7 @@ bool enabled() {
 void set_enabled_for_tests(int mode) { g_mode = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
 void set_rows_per_block_for_tests(int nb) { g_nb = (nb == 2 || nb == 3 || nb == 4 || nb == 6) ? nb : 0; }
-void set_ring_for_tests(int mode) { g_ring = (mode == 0 || mode == 1 || mode == 2 || mode == 4 || mode == 8) ? mode : -1; }
+void set_ring_for_tests(int mode) { g_ring = ring_mode_valid(mode) ? mode : -1; }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2) {
@@ -1203,7 +1294,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    const int rd = ring_depth<K, KR>(smem, U, stage_bytes);
+    const int rd = ring_depth<K, KR>(smem, stage_bytes);
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
@@ -1213,7 +1304,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd);
     };
     if (rd > 0)
-      run(ring_kernel, smem + static_cast<size_t>(kWarps) * rd * stage_bytes);
+      run(ring_kernel, ring_smem(smem, rd, stage_bytes));
     else
       run(kernel, smem);
   };
@@ -1261,7 +1352,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    const int rd = ring_depth<K, KR>(smem, U, stage_bytes);
+    const int rd = ring_depth<K, KR>(smem, stage_bytes);
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
@@ -1272,7 +1363,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
              y2, s.ks_log2, rd);
     };
     if (rd > 0)
-      run(ring_kernel, smem + static_cast<size_t>(kWarps) * rd * stage_bytes);
+      run(ring_kernel, ring_smem(smem, rd, stage_bytes));
     else
       run(kernel, smem);
   };

@@ -24,7 +24,7 @@ void set_slot_cap_for_tests(int cap);  // caps the blocks along W rows (0: the d
 // bits do not depend on it (LinearParity.DecodeGemvRowCountInvariance).
 void set_rows_per_block_for_tests(int nb);
 // The shared-memory weight ring (DS41_TCG_RING): -1 the environment, 0 off (the register ring), 1 where
-// it keeps the blocks per SM, 2 / 4 / 8 stages forced. A row's bits do not depend on it.
+// it keeps the blocks per SM, 2 / 3 / 4 stages forced. A row's bits do not depend on it.
 void set_ring_for_tests(int mode);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant

@@ -157,7 +157,9 @@ struct Experts {
   std::unique_ptr<Dev<DeviceWeight>> dweights;
 };
 
-Experts make_experts(WeightFormat f, int64_t E, int64_t out, int64_t in, uint64_t& seed, size_t shift = 0) {
+// shift: the scales start that many bytes past an aligned address; data_shift: the payload likewise.
+Experts make_experts(WeightFormat f, int64_t E, int64_t out, int64_t in, uint64_t& seed, size_t shift = 0,
+                     size_t data_shift = 0) {
   Experts x;
   x.all = make_weight(f, E * out, in, ++seed);
   const size_t pb = static_cast<size_t>(quant::weight_payload_bytes(f, out, in));
@@ -165,14 +167,16 @@ Experts make_experts(WeightFormat f, int64_t E, int64_t out, int64_t in, uint64_
   if (f == WeightFormat::kFp8Tiles) x.all.scale = rand_e8m0(sb * E, ++seed, 118, 124);
   std::vector<uint8_t> scales(shift, 0);
   scales.insert(scales.end(), x.all.scale.begin(), x.all.scale.end());
-  x.ddata = std::make_unique<Dev<uint8_t>>(x.all.data);
+  std::vector<uint8_t> data(data_shift, 0);
+  data.insert(data.end(), x.all.data.begin(), x.all.data.end());
+  x.ddata = std::make_unique<Dev<uint8_t>>(data);
   x.dscale = std::make_unique<Dev<uint8_t>>(std::max<size_t>(scales.size(), 1));
   if (!scales.empty()) x.dscale->put(scales);
   std::vector<DeviceWeight> dws(E);
   x.refs.resize(E);
   const HostWeight one{f, out, in, {}, {}};
   for (int64_t e = 0; e < E; ++e) {
-    dws[e] = DeviceWeight{f, out, in, x.ddata->p + e * pb, sb ? x.dscale->p + shift + e * sb : nullptr};
+    dws[e] = DeviceWeight{f, out, in, x.ddata->p + data_shift + e * pb, sb ? x.dscale->p + shift + e * sb : nullptr};
     x.refs[e] = host_ref(one, x.all.data.data() + e * pb, sb ? x.all.scale.data() + e * sb : nullptr);
   }
   x.dweights = std::make_unique<Dev<DeviceWeight>>(dws);
@@ -938,12 +942,14 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
 }
 
 // The tensor-core GEMV's shared-memory weight ring (tc_gemv_kernels.cu, DS41_TCG_RING): the weights
-// reach the same arithmetic through cp.async stages instead of registers, so every row's bits equal
-// the register ring's. Ring depths forced and the launcher's rule (1); tasks shorter than the ring
-// (K 256 / 512: fewer steps per warp than stages), long ones (K 2048 / 4096, split across warps), many
-// row groups per block (1 and 3 blocks: the next task's copies issued before the reduction), scales
-// one byte off alignment (FP4: the ring's second scale words; FP8: the byte's place in its word),
-// grouped FP8, experts and expert pairs.
+// reach the same arithmetic through stages filled by the bulk copy engine (rows) and cp.async (scale
+// words) instead of registers, so every row's bits equal the register ring's. Ring depths forced and
+// the launcher's rule (1); tasks shorter than one stage (K 256 / 512: fewer steps per warp than a
+// stage holds, the last stage partial), long ones (K 2048 / 4096: stages refilled around the ring,
+// split across warps), many row groups per block (1 and 3 blocks: the next task's stages issued
+// before the reduction, the barriers' phases carried across tasks), rows past the end (77, 45: the
+// clamped rows' copies), scales one byte off alignment (FP4: the rows' extra scale words; FP8: the
+// byte's place in its word), grouped FP8, experts and expert pairs.
 struct RingDense {
   WeightFormat format;
   int64_t out, in, groups;
@@ -1003,10 +1009,13 @@ void check_tc_gemv_ring(const RingPlan& plan, uint64_t seed) {
   set_persist_slot_cap_for_tests(0);
   set_tc_gemv_rows_per_block_for_tests(0);
   for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles})
-    for (size_t shift : {size_t{0}, size_t{1}}) {
+    for (size_t shift : {size_t{0}, size_t{1}, size_t{2}}) {
+      if (shift == 2 && f != WeightFormat::kFp8Tiles) continue;
+      // shift 2: FP8 payload 8 bytes past 16-byte alignment (the ring copies those rows itself).
       const int64_t E = 9, out = 80, in = plan.expert_in;
-      const Experts w1 = make_experts(f, E, out, in, seed, shift);
-      const Experts w3 = make_experts(f, E, out, in, seed, shift);
+      const size_t data_shift = shift == 2 ? 8 : 0, scale_shift = shift == 1 ? 1 : 0;
+      const Experts w1 = make_experts(f, E, out, in, seed, scale_shift, data_shift);
+      const Experts w3 = make_experts(f, E, out, in, seed, scale_shift, data_shift);
       const std::vector<int64_t> off = {0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
       const int64_t m = off[E];
       auto x = rand_floats(static_cast<size_t>(m * in), ++seed);
@@ -1035,7 +1044,8 @@ void check_tc_gemv_ring(const RingPlan& plan, uint64_t seed) {
         }
       }
       report("expert_linear tc-gemv ring",
-             std::string(fmt_name(f)) + " 9 experts 80x" + std::to_string(in) + " m=9" + (shift ? " scales +1B" : "") +
+             std::string(fmt_name(f)) + " 9 experts 80x" + std::to_string(in) + " m=9" +
+                 (shift == 1 ? " scales +1B" : shift == 2 ? " payload +8B" : "") +
                  " single and pair, rings vs registers: bits differing",
              static_cast<double>(differ), 0, "the same bytes reach the same arithmetic");
       EXPECT_EQ(differ, 0u);
@@ -1049,25 +1059,27 @@ TEST(LinearParity, TensorCoreGemvRingKeepsTheBits) {
                 {WeightFormat::kFp4Rows, 45, 4096, 1}, {WeightFormat::kFp4Rows, 300, 512, 1},
                 {WeightFormat::kFp8Tiles, 128, 512, 4}};
   plan.ns = {1, 3, 7};
-  plan.rings = {1, 2, 4, 8};
+  plan.rings = {1, 2, 3, 4};
   plan.caps = {0, 1, 3};
   plan.nbs = {0, 3};
   plan.expert_in = 1024;
-  plan.expert_rings = {1, 2, 4, 8};
+  plan.expert_rings = {1, 2, 3, 4};
   check_tc_gemv_ring(plan, 14000);
 }
 
-// Cheap enough for the host emulator (~10 minutes): one depth per path, short and split tasks.
+// Cheap enough for the host emulator: short tasks (one partial stage) and long ones (stages refilled
+// around rings of 2 and 3), one and several row groups per block.
 TEST(LinearParity, TensorCoreGemvRingKeepsTheBitsSmall) {
   DS41_SKIP_WITHOUT_GPU();
   RingPlan plan;
-  plan.dense = {{WeightFormat::kFp8Tiles, 40, 256, 1}, {WeightFormat::kFp4Rows, 24, 512, 1}};
+  plan.dense = {{WeightFormat::kFp8Tiles, 40, 256, 1}, {WeightFormat::kFp4Rows, 24, 512, 1},
+                {WeightFormat::kFp8Tiles, 20, 2048, 1}, {WeightFormat::kFp4Rows, 18, 2048, 1}};
   plan.ns = {1, 3};
-  plan.rings = {2, 8};
+  plan.rings = {2, 3};
   plan.caps = {0, 1};
   plan.nbs = {0};
-  plan.expert_in = 256;
-  plan.expert_rings = {4};
+  plan.expert_in = 1024;
+  plan.expert_rings = {3};
   check_tc_gemv_ring(plan, 14500);
 }
 
