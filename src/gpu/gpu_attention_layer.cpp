@@ -29,7 +29,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
                              std::vector<model::SequenceOutput>* out) {
   const model::LayerPlan& p = m_->schedule().layers[l];
   const DeviceLayer& w = m_->weights().layers[l];
-  const int64_t n = n_, nh = c_->num_attention_heads, hd = c_->head_dim, qr = c_->q_lora_rank;
+  const int64_t n = n_, hd = c_->head_dim, qr = c_->q_lora_rank;
   const int64_t W = c_->sliding_window, K = c_->index_topk;
   const float eps = static_cast<float>(c_->rms_norm_eps);
   const DeviceVec& inv = m_->rope_inv_freq(p.yarn_rope);
@@ -112,8 +112,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         cudaStream_t s = stream_;
         DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
         DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
-        DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));
-        DS41_RETURN_IF_ERROR(cuda::run_rope(ws_.q, n, nh, hd, pos_, inv.ptr, inv.size, false, s));
+        DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
         if (p.index_source) DS41_RETURN_IF_ERROR(index_queries(l, x, ws_.q_r).with_context("indexer"));
         return ok_status();
       }));
@@ -147,11 +146,12 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.max_entries_per_row = max_entries;
   a.workspace = ws_.scratch;
   a.workspace_bytes = ws_.scratch_bytes;
-  // Undo the query rotation on the output (7.9; inside the decode combine), then the grouped
-  // output projection (3.4.8).
+  // Rotate the query (3.4.2; inside the decode kernel's load of q), undo the rotation on the output
+  // (7.9; inside the decode combine), then the grouped output projection (3.4.8).
   a.rope_pos = pos_;
   a.rope_inv_freq = inv.ptr;
   a.rope_n_freq = inv.size;
+  a.rotate_q = true;
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
   DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
   return linear(w.wo_b, ws_.z, n, y);

@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(kThreads)
                                   const int32_t* __restrict__ kv_index, const float* __restrict__ kv,
                                   const float* __restrict__ sink, float scale, float* __restrict__ out,
                                   int64_t splits, int64_t chunk, float* __restrict__ part_acc,
-                                  float* __restrict__ part_ml) {
+                                  float* __restrict__ part_ml, const int64_t* __restrict__ q_pos,
+                                  const float* __restrict__ q_inv_freq, int64_t q_n_freq) {
   dev::pdl_enter();
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ float acc_s[kSplitHeads * kMaxDim];
@@ -205,13 +206,30 @@ __global__ void __launch_bounds__(kThreads)
   }
   const bool seed = warp == 0 && sp == 0;
   float qr[kSplitHeads][kLaneDims], acc[kSplitHeads][kLaneDims], m[kSplitHeads], l[kSplitHeads];
+  // q_n_freq > 0: q rotated forward as it is loaded, run_rope's arithmetic (rope_kernel): channel
+  // c >= off pairs with c ^ 1 (off is even, so the partner is the adjacent lane), angle
+  // float(pos) * inv_freq[(c - off) / 2] in float, its sin / cos in double rounded to float.
+  const int64_t q_off = d - 2 * q_n_freq;
+  const float q_p = q_n_freq > 0 ? static_cast<float>(q_pos[r]) : 0.0f;
 #pragma unroll
   for (int h = 0; h < kSplitHeads; ++h) {
     const float* qh = q + (r * n_heads + h0 + h) * d;
 #pragma unroll
     for (int j = 0; j < kLaneDims; ++j) {
       const int64_t c = lane + 32 * j;
-      qr[h][j] = (h < nh && c < d) ? qh[c] : 0.0f;
+      float v = (h < nh && c < d) ? qh[c] : 0.0f;
+      if (q_n_freq > 0 && 32 * j + 31 >= q_off) {  // uniform over the warp: every lane shuffles
+        const float partner = __shfl_xor_sync(0xffffffffu, v, 1);
+        if (c >= q_off && c < d) {
+          const float ang = __fmul_rn(q_p, q_inv_freq[(c - q_off) >> 1]);
+          double sn, cn;
+          sincos(static_cast<double>(ang), &sn, &cn);
+          const float cc = static_cast<float>(cn), ss = static_cast<float>(sn);
+          v = ((c - q_off) & 1) == 0 ? __fsub_rn(__fmul_rn(v, cc), __fmul_rn(partner, ss))
+                                     : __fadd_rn(__fmul_rn(partner, ss), __fmul_rn(v, cc));
+        }
+      }
+      qr[h][j] = v;
       acc[h][j] = 0.0f;
     }
     m[h] = seed && h < nh ? sink[h0 + h] : -INFINITY;
@@ -480,8 +498,16 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   const int64_t chunk = (a.max_entries_per_row + splits - 1) / splits;
   float* part_acc = splits > 1 ? static_cast<float*>(a.workspace) : nullptr;
   float* part_ml = splits > 1 ? part_acc + a.n * splits * a.n_heads * a.head_dim : nullptr;
-  launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
-      std::max<int64_t>(chunk, 1), part_acc, part_ml);
+  // The forward rotation of q inside the split kernel where its pairs sit on adjacent lanes (an even
+  // head_dim - 2 n_freq), else a run_rope launch in place first.
+  const bool rotate_in_kernel = a.rotate_q && (a.head_dim - 2 * a.rope_n_freq) % 2 == 0;
+  if (a.rotate_q && !rotate_in_kernel)
+    DS41_RETURN_IF_ERROR(run_rope(const_cast<float*>(a.q), a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq,
+                                  a.rope_n_freq, false, stream));
+  launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream,
+         a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
+         std::max<int64_t>(chunk, 1), part_acc, part_ml, rotate_in_kernel ? a.rope_pos : nullptr,
+         rotate_in_kernel ? a.rope_inv_freq : nullptr, rotate_in_kernel ? a.rope_n_freq : int64_t{0});
   DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
   if (splits == 1) return rotate_back();
   launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream,
@@ -505,6 +531,8 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.rope_n_freq < 0 || 2 * a.rope_n_freq > a.head_dim || (a.rope_n_freq > 0 && (!a.rope_pos || !a.rope_inv_freq)))
     return invalid_argument("sparse_attention: rope_n_freq " + std::to_string(a.rope_n_freq) +
                             " (want 2 * rope_n_freq <= head_dim, rope_pos and rope_inv_freq set)");
+  if (a.rotate_q && a.rope_n_freq == 0)
+    return invalid_argument("sparse_attention: rotate_q needs rope_n_freq > 0 (the rotation's frequencies)");
   if (a.n == 0) return ok_status();
   if (!a.q || !a.kv_offsets || !a.sink || !a.out || (a.max_entries_per_row > 0 && (!a.kv_index || !a.kv)))
     return invalid_argument("sparse_attention: null q, kv_offsets, kv_index, kv, sink or out");
@@ -530,6 +558,10 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   }
   if (a.n <= kSplitMaxRows) return run_sparse_attention_decode(a, decode_splits(a.n, a.n_heads, a.max_entries_per_row), stream);
   static const bool tc_allowed = switch_on("DS41_TC_ATTENTION");
+  // The other paths rotate q in place first (rotate_q).
+  if (a.rotate_q)
+    DS41_RETURN_IF_ERROR(run_rope(const_cast<float*>(a.q), a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq,
+                                  a.rope_n_freq, false, stream));
   if (tc_allowed && sparse_attention_tc_supported(a)) {
     DS41_RETURN_IF_ERROR(run_sparse_attention_tc(a, stream));
     return rotate_back();

@@ -48,6 +48,11 @@ struct SparseAttentionArgs {
   const int64_t* rope_pos = nullptr;
   const float* rope_inv_freq = nullptr;
   int64_t rope_n_freq = 0;
+  // With rope_n_freq > 0: q is rotated forward first (MODEL_SPEC 3.4.2), exactly as
+  // run_rope(q, n, n_heads, head_dim, rope_pos, rope_inv_freq, rope_n_freq, /*inverse=*/false):
+  // inside the decode path's split kernel as it loads q (one launch less; q unchanged), a run_rope
+  // launch in place on the other paths (q must then be writable).
+  bool rotate_q = false;
 };
 // Workspace run_sparse_attention needs for any call with up to n rows and up to max_entries_per_row
 // entries per row (so it can be sized once from the step limits), row_invariant calls included; 0

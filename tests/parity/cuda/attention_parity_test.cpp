@@ -16,6 +16,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/compressor_kernels.h"
+#include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/indexer_kernels.h"
 #include "backends/cuda/indexer_tc_kernels.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
@@ -291,6 +292,100 @@ TEST(AttentionParity, SparseAttentionRowInvariant) {
   report("sparse_attention row_invariant", "n=" + std::to_string(n) + " vs CPU", err, 1e-4,
          "float vs double sums of <= 700 convex weights: <= 700*2^-24 ~ 4e-5 of max|v| worst case");
   EXPECT_LE(err, 1e-4);
+}
+
+// SparseAttentionArgs::rotate_q: the query's forward rotation (MODEL_SPEC 3.4.2) inside the decode
+// kernel's load of q, or a run_rope launch on the other paths, gives the bits of run_rope(q) followed
+// by the unrotated call, on every path: split decode (several splits and one), row_invariant in two
+// passes, the float kernel past 16 rows, the tensor-core kernel (released width, not on the
+// emulator), an odd rope offset (the pairs straddle lanes: run_rope first) and a rope region that
+// starts inside a lane's 32-channel slice. The decode path leaves q as it was.
+TEST(AttentionParity, SparseAttentionRotatesQ) {
+  KC_SKIP_WITHOUT_GPU();
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct RotCase {
+    const char* name;
+    int64_t n, H, D, n_freq, max_e;
+    bool row_invariant, grid;
+  };
+  std::vector<RotCase> cases = {
+      {"decode splits", 2, 4, 128, 32, 300, false, false},
+      {"decode one split", 3, 40, 100, 10, 20, false, false},
+      {"odd rope offset", 2, 3, 63, 8, 50, false, false},
+      {"row_invariant two passes", 70, 2, 64, 16, 90, true, false},
+      {"float kernel", 20, 3, 96, 24, 60, false, false},
+  };
+  if (!emu) {
+    cases.push_back({"released width decode", 1, 64, 512, 32, 640, false, true});
+    cases.push_back({"released width tensor cores", 40, 64, 512, 32, 640, false, true});
+  }
+  std::mt19937 rng(777);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const RotCase& c : cases) {
+    const int64_t kv_rows = 4 * c.max_e;
+    std::vector<float> q(c.n * c.H * c.D), kv(kv_rows * c.D), sink(c.H), inv(c.n_freq);
+    for (float& v : q) v = nd(rng);
+    for (float& v : kv) v = nd(rng);
+    for (float& v : sink) v = nd(rng);
+    for (int64_t i = 0; i < c.n_freq; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / c.n_freq);
+    quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()));
+    std::vector<int64_t> offs(c.n + 1, 0), pos(c.n);
+    std::vector<int32_t> index;
+    for (int64_t r = 0; r < c.n; ++r) {
+      const int64_t e = r == 1 ? 0 : r % 3 == 0 ? c.max_e : 1 + static_cast<int64_t>(rng() % c.max_e);
+      for (int64_t j = 0; j < e; ++j) index.push_back(static_cast<int32_t>(rng() % kv_rows));
+      offs[r + 1] = static_cast<int64_t>(index.size());
+      pos[r] = 37 + 1001 * r;
+    }
+    auto dq = upload(q), dq_ref = upload(q), dkv = upload(kv), dsink = upload(sink), dinv = upload(inv);
+    auto doffs = upload(offs), dpos = upload(pos);
+    auto dindex = upload(index.empty() ? std::vector<int32_t>{0} : index);
+    DevBuf<float> dout(c.n * c.H * c.D), dref(c.n * c.H * c.D);
+    SparseAttentionArgs a;
+    a.n = c.n;
+    a.n_heads = c.H;
+    a.head_dim = c.D;
+    a.kv_offsets = doffs->p;
+    a.kv_index = dindex->p;
+    a.kv = dkv->p;
+    a.sink = dsink->p;
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)));
+    a.max_entries_per_row = c.max_e;
+    a.entries_on_bf16_grid = c.grid;
+    a.row_invariant = c.row_invariant;
+    a.rope_pos = dpos->p;
+    a.rope_inv_freq = dinv->p;
+    a.rope_n_freq = c.n_freq;
+    a.workspace_bytes = sparse_attention_workspace_bytes(c.n, c.H, c.D, c.max_e);
+    DevBuf<uint8_t> dws(std::max<size_t>(a.workspace_bytes, 1));
+    a.workspace = dws.p;
+    SparseAttentionArgs ref = a;
+    KC_OK(run_rope(dq_ref->p, c.n, c.H, c.D, dpos->p, dinv->p, c.n_freq, false, nullptr));
+    ref.q = dq_ref->p;
+    ref.out = dref.p;
+    KC_OK(run_sparse_attention(ref, nullptr));
+    a.q = dq->p;
+    a.out = dout.p;
+    a.rotate_q = true;
+    KC_OK(run_sparse_attention(a, nullptr));
+    const int64_t differ = bit_mismatches(from_dev(dout.p, dout.n), from_dev(dref.p, dref.n));
+    report("sparse_attention rotate_q",
+           std::string(c.name) + " n=" + std::to_string(c.n) + " " + std::to_string(c.H) + "x" + std::to_string(c.D) +
+               " freq " + std::to_string(c.n_freq) + ": bits differing from run_rope + the call",
+           static_cast<double>(differ), 0, "run_rope's arithmetic on the loaded pairs");
+    EXPECT_EQ(differ, 0) << c.name;
+    const bool decode_path = c.row_invariant || c.n <= 16;
+    if (decode_path && (c.D - 2 * c.n_freq) % 2 == 0)
+      EXPECT_EQ(bit_mismatches(from_dev(dq->p, dq->n), q), 0) << c.name << ": the decode path leaves q unchanged";
+  }
+  SparseAttentionArgs bad;
+  bad.n = 1;
+  bad.n_heads = 1;
+  bad.head_dim = 8;
+  bad.rotate_q = true;
+  const Status st = run_sparse_attention(bad, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("rotate_q"), std::string::npos) << st.message();
 }
 
 // A call whose width the tensor-core kernel does not take falls back to the float kernel, even
