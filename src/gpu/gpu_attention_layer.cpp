@@ -71,12 +71,23 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
                                                         ws_.kv_offsets, ws_.kv_index, s, row_seq_,
                                                         src.key_row_begin, src.total_keys));
     } else {
-      DS41_RETURN_IF_ERROR(cuda::run_selection_row_offsets(pa, ws_.sel, n, K, row_seq_, ws_.sel_offsets, s));
-      if (n * K > 0)
-        DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets,
-                                                          n * K, ws_.kvf + comp_base * hd, s));
-      DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, comp_base,
-                                                        ws_.kv_offsets, ws_.kv_index, s));
+      // Decode-shaped calls: the selections' rows and the entry lists in one launch.
+      cuda::SelectedEntriesArgs se;
+      se.pages = pa;
+      se.sel = ws_.sel;
+      se.n = n;
+      se.k = K;
+      se.row_seq = row_seq_;
+      se.op = FakeQuantOp::kKv;
+      se.channels = hd;
+      se.base = pool_->base();
+      se.rows = ws_.kvf + comp_base * hd;
+      se.win_offsets = win_offsets_;
+      se.win_index = win_index_;
+      se.comp_base = comp_base;
+      se.kv_offsets = ws_.kv_offsets;
+      se.kv_index = ws_.kv_index;
+      DS41_RETURN_IF_ERROR(cuda::run_selected_entries(se, ws_.sel_offsets, s));
     }
     kv_offsets = ws_.kv_offsets;
     kv_index = ws_.kv_index;

@@ -1,6 +1,10 @@
 // ds41 backends/cuda: the GPU executor's index-list kernels (gx_step_kernels.h).
+#include <string>
+
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/fake_quant_device.cuh"
 #include "backends/cuda/gx_step_kernels.h"
+#include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
 
@@ -159,11 +163,11 @@ __global__ void sparse_index_write_kernel(const int64_t* win_offsets, const int3
 // into kv_offsets[r + 1]. Pass 2: scan_counts. Pass 3: one warp per row writes its list
 // (write_row_list). v1 had one thread per row walk its whole list (~650 dependent loads at decode:
 // ~50 us for one row).
-__global__ void __launch_bounds__(kScanThreads)
-    build_sparse_index_kernel(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
-                              int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets,
-                              int32_t* kv_index, const int32_t* row_seq, const int64_t* seq_entry_begin) {
-  dev::pdl_enter();
+// The body of build_sparse_index_kernel, also block 0 of selected_entries_kernel (kScanThreads threads).
+__device__ __forceinline__ void build_index_block(const int64_t* win_offsets, const int32_t* win_index,
+                                                  const int32_t* sel, int64_t n, int64_t k, int64_t comp_base,
+                                                  int64_t* kv_offsets, int32_t* kv_index, const int32_t* row_seq,
+                                                  const int64_t* seq_entry_begin) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int kWarpsScan = kScanThreads / 32;
   // A decode step has at most one row per warp: the warp's selections (up to 32 x kCacheSel) are
@@ -212,6 +216,33 @@ __global__ void __launch_bounds__(kScanThreads)
       o += __popc(mask);
     }
   }
+}
+
+__global__ void __launch_bounds__(kScanThreads)
+    build_sparse_index_kernel(const int64_t* win_offsets, const int32_t* win_index, const int32_t* sel,
+                              int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets,
+                              int32_t* kv_index, const int32_t* row_seq, const int64_t* seq_entry_begin) {
+  dev::pdl_enter();
+  build_index_block(win_offsets, win_index, sel, n, k, comp_base, kv_offsets, kv_index, row_seq, seq_entry_begin);
+}
+
+// run_selected_entries: block 0 builds the lists (build_index_block); blocks 1.. decode element
+// e = (selection i, channel c) of the selected rows, selection_row_offsets_kernel's offset computed
+// in place and decode_rows_gather_kernel's decode (zeros for padding selections).
+template <int kOp>
+__global__ void __launch_bounds__(kScanThreads) selected_entries_kernel(SelectedEntriesArgs a) {
+  dev::pdl_enter();
+  if (blockIdx.x == 0) {
+    build_index_block(a.win_offsets, a.win_index, a.sel, a.n, a.k, a.comp_base, a.kv_offsets, a.kv_index, nullptr,
+                      nullptr);
+    return;
+  }
+  const int64_t e = static_cast<int64_t>(blockIdx.x - 1) * blockDim.x + threadIdx.x;
+  if (e >= a.n * a.k * a.channels) return;
+  const int64_t i = e / a.channels, c = e % a.channels;
+  const int32_t sv = a.sel[i];
+  const int64_t off = sv < 0 ? -1 : paged_offset(a.pages, a.row_seq[i / a.k], sv);
+  a.rows[e] = off < 0 ? 0.0f : fq::decode_elem<kOp>(a.base + off, a.channels, c);
 }
 
 unsigned blocks_for(int64_t total) { return static_cast<unsigned>((total + kThreads - 1) / kThreads); }
@@ -267,6 +298,34 @@ Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_ind
   launch(build_sparse_index_kernel, 1, kScanThreads, 0, stream, win_offsets, win_index, sel, n, k, comp_base,
          kv_offsets, kv_index, row_seq, seq_entry_begin);
   return last_launch_status("build_sparse_index");
+}
+
+Status run_selected_entries(const SelectedEntriesArgs& a, int64_t* offsets_scratch, cudaStream_t stream) {
+  DS41_RETURN_IF_ERROR(check_paged(a.pages));
+  const int iop = static_cast<int>(a.op);
+  if (iop < 0 || iop > 2) return invalid_argument("selected_entries: op " + std::to_string(iop) + " unknown");
+  if (a.channels <= 0 || a.channels % fq::block_of(iop) || a.channels > (int64_t{1} << 24))
+    return invalid_argument("selected_entries: channels " + std::to_string(a.channels) +
+                            " must be a positive multiple of the op's block (MODEL_SPEC 3.9)");
+  if (a.n < 0 || a.k < 0 || a.comp_base < 0)
+    return invalid_argument("selected_entries: n, k and comp_base must be >= 0");
+  if (a.n >= kWideRows || a.n * a.k == 0) {  // a prefill chunk (or nothing selected): the three launches
+    if (a.n * a.k > 0) {
+      if (!offsets_scratch) return invalid_argument("selected_entries: a wide call needs the offsets scratch");
+      DS41_RETURN_IF_ERROR(run_selection_row_offsets(a.pages, a.sel, a.n, a.k, a.row_seq, offsets_scratch, stream));
+      DS41_RETURN_IF_ERROR(
+          run_decode_rows_gather(a.op, a.channels, a.base, offsets_scratch, a.n * a.k, a.rows, stream));
+    }
+    return run_build_sparse_index(a.win_offsets, a.win_index, a.sel, a.n, a.k, a.comp_base, a.kv_offsets,
+                                  a.kv_index, stream);
+  }
+  if (a.comp_base + a.n * a.k > INT32_MAX) return invalid_argument("selected_entries: entry rows exceed int32");
+  const int64_t decode_blocks = (a.n * a.k * a.channels + kScanThreads - 1) / kScanThreads;
+  if (decode_blocks + 1 > 0x7fffffff) return invalid_argument("selected_entries: n x k x channels too large");
+  fq::dispatch_op(iop, [&]<int kOp>() {
+    launch(selected_entries_kernel<kOp>, static_cast<unsigned>(decode_blocks + 1), kScanThreads, 0, stream, a);
+  });
+  return last_launch_status("selected_entries");
 }
 
 }  // namespace ds41::cuda

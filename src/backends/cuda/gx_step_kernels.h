@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/fake_quant_kernels.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -48,5 +49,28 @@ Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_ind
                               int64_t n, int64_t k, int64_t comp_base, int64_t* kv_offsets, int32_t* kv_index,
                               cudaStream_t stream, const int32_t* row_seq = nullptr,
                               const int64_t* seq_entry_begin = nullptr, int64_t table_rows = 0);
+
+// A decode step's selected entries in one launch (MODEL_SPEC 3.4.7): the rows of run_selection_row_offsets
+// + run_decode_rows_gather(op, channels, base, those offsets, n * k, rows) and the lists of
+// run_build_sparse_index(win_offsets, win_index, sel, n, k, comp_base, kv_offsets, kv_index) (no
+// table), bit for bit: one block builds the lists while the others decode the selected rows straight
+// from the pages (each element computes its row's offset; none is stored). Calls of 256 rows or
+// more (prefill chunks) run the three launches, with offsets_scratch (n * k) for the offsets.
+struct SelectedEntriesArgs {
+  PagedRowsArgs pages;                  // the KV owner's pages (its Q_kv rows)
+  const int32_t* sel = nullptr;         // [n, k] entry of the row's sequence, < 0 padding
+  int64_t n = 0, k = 0;
+  const int32_t* row_seq = nullptr;     // [n] the row's sequence (of the step)
+  FakeQuantOp op = FakeQuantOp::kKv;
+  int64_t channels = 0;                 // per row
+  const uint8_t* base = nullptr;        // the pool's bytes
+  float* rows = nullptr;                // [n * k, channels] the decoded rows (zeros for padding)
+  const int64_t* win_offsets = nullptr;  // as run_build_sparse_index
+  const int32_t* win_index = nullptr;
+  int64_t comp_base = 0;
+  int64_t* kv_offsets = nullptr;
+  int32_t* kv_index = nullptr;
+};
+Status run_selected_entries(const SelectedEntriesArgs& a, int64_t* offsets_scratch, cudaStream_t stream);
 
 }  // namespace ds41::cuda

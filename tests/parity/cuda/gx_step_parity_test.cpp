@@ -7,11 +7,14 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/gx_step_kernels.h"
+#include "backends/cuda/kv_rows_kernels.h"
+#include "quant/fake_quant.h"
 
 namespace ds41::cuda {
 namespace {
@@ -177,6 +180,107 @@ TEST(GxStepKernels, SparseIndexLists) {
     }
     for (void* q : {(void*)d_wo, (void*)d_wi, (void*)d_sel, (void*)d_off, (void*)d_idx}) cudaFree(q);
   }
+}
+
+// run_selected_entries (one launch) against the three launches it replaces: the decoded rows bit for
+// bit (random pool bytes: every scale and code pattern, NaNs included), the offsets and the lists
+// exactly. Sequences with no entries, -1 padding, scrambled pages, k not a multiple of the warp, the
+// released decode shape (512 selections of 512 channels), several rows per sequence, and a wide call
+// (the three launches through the scratch) and k = 0.
+TEST(GxStepKernels, SelectedEntriesEqualTheThreeLaunches) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 g(23);
+  for (auto [n, k, hd, seqs] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 512, 512, 1},
+                                {3, 37, 64, 2},
+                                {40, 8, 128, 5},
+                                {300, 16, 64, 7},
+                                {2, 0, 64, 1}}) {
+    Paged p;
+    p.E = 16;
+    p.row = quant::kv_row_bytes(hd);
+    p.off = 48;
+    p.page_bytes = p.off + p.E * p.row + 16;
+    int32_t next = 0;
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t c = (s % 3 == 2) ? 0 : 1 + static_cast<int64_t>(g() % 700);
+      p.counts.push_back(c);
+      p.page_begin.push_back(static_cast<int64_t>(p.pages.size()));
+      for (int64_t i = 0; i < (c + p.E - 1) / p.E; ++i) p.pages.push_back(next++);
+    }
+    std::shuffle(p.pages.begin(), p.pages.end(), g);
+    std::vector<uint8_t> pool(static_cast<size_t>(std::max<int32_t>(next, 1) * p.page_bytes));
+    for (auto& b : pool) b = static_cast<uint8_t>(g());
+    std::vector<int32_t> sel(n * k), row_seq(n);
+    for (int64_t r = 0; r < n; ++r) {
+      row_seq[r] = static_cast<int32_t>(g() % seqs);
+      const int64_t c = p.counts[row_seq[r]];
+      for (int64_t j = 0; j < k; ++j) sel[r * k + j] = (c == 0 || g() % 5 == 0) ? -1 : static_cast<int32_t>(g() % c);
+    }
+    std::vector<int64_t> win_off{0};
+    std::vector<int32_t> win_idx;
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t w = 1 + static_cast<int64_t>(g() % 128);
+      for (int64_t i = 0; i < w; ++i) win_idx.push_back(static_cast<int32_t>(g() % 100000));
+      win_off.push_back(static_cast<int64_t>(win_idx.size()));
+    }
+    const int64_t comp_base = n + 129, rows = std::max<int64_t>(n * k, 1);
+    int32_t* d_pages = to_device(p.pages);
+    int64_t* d_pb = to_device(p.page_begin);
+    uint8_t* d_pool = to_device(pool);
+    int32_t* d_sel = to_device(sel);
+    int32_t* d_rs = to_device(row_seq);
+    int64_t* d_wo = to_device(win_off);
+    int32_t* d_wi = to_device(win_idx);
+    int64_t* d_so = to_device(std::vector<int64_t>(rows, -7));
+    float* d_ref = to_device(std::vector<float>(rows * hd, 3.0f));
+    float* d_got = to_device(std::vector<float>(rows * hd, 5.0f));
+    int64_t* d_off_ref = to_device(std::vector<int64_t>(n + 1, -7));
+    int64_t* d_off_got = to_device(std::vector<int64_t>(n + 1, -9));
+    int32_t* d_idx_ref = to_device(std::vector<int32_t>(win_idx.size() + n * k + 1, -7));
+    int32_t* d_idx_got = to_device(std::vector<int32_t>(win_idx.size() + n * k + 1, -9));
+    const PagedRowsArgs a{d_pages, d_pb, p.E, p.page_bytes, p.off, p.row};
+    if (n * k > 0) {
+      ASSERT_TRUE(run_selection_row_offsets(a, d_sel, n, k, d_rs, d_so, nullptr).ok());
+      ASSERT_TRUE(run_decode_rows_gather(FakeQuantOp::kKv, hd, d_pool, d_so, n * k, d_ref, nullptr).ok());
+    }
+    ASSERT_TRUE(run_build_sparse_index(d_wo, d_wi, d_sel, n, k, comp_base, d_off_ref, d_idx_ref, nullptr).ok());
+    SelectedEntriesArgs se;
+    se.pages = a;
+    se.sel = d_sel;
+    se.n = n;
+    se.k = k;
+    se.row_seq = d_rs;
+    se.op = FakeQuantOp::kKv;
+    se.channels = hd;
+    se.base = d_pool;
+    se.rows = d_got;
+    se.win_offsets = d_wo;
+    se.win_index = d_wi;
+    se.comp_base = comp_base;
+    se.kv_offsets = d_off_got;
+    se.kv_index = d_idx_got;
+    int64_t* d_scratch = to_device(std::vector<int64_t>(rows, -7));
+    ASSERT_TRUE(run_selected_entries(se, d_scratch, nullptr).ok());
+    const std::vector<float> ref = to_host(d_ref, rows * hd), got = to_host(d_got, rows * hd);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n * k * hd; ++i) differ += std::memcmp(&ref[i], &got[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << "n " << n << " k " << k;
+    EXPECT_EQ(to_host(d_off_got, n + 1), to_host(d_off_ref, n + 1));
+    const size_t entries = static_cast<size_t>(to_host(d_off_ref + n, 1)[0]);
+    EXPECT_EQ(to_host(d_idx_got, entries), to_host(d_idx_ref, entries));
+    std::printf("selected_entries n %lld k %lld channels %lld: %lld of %lld decoded floats differ, %zu entries\n",
+                (long long)n, (long long)k, (long long)hd, (long long)differ, (long long)(n * k * hd), entries);
+    for (void* q : {(void*)d_pages, (void*)d_pb, (void*)d_pool, (void*)d_sel, (void*)d_rs, (void*)d_wo, (void*)d_wi,
+                    (void*)d_so, (void*)d_ref, (void*)d_got, (void*)d_off_ref, (void*)d_off_got, (void*)d_idx_ref,
+                    (void*)d_idx_got, (void*)d_scratch})
+      cudaFree(q);
+  }
+  SelectedEntriesArgs bad;
+  bad.pages = PagedRowsArgs{nullptr, nullptr, 16, 1000, 0, 68};
+  bad.channels = 100;  // not a multiple of Q_kv's block
+  bad.n = 1;
+  bad.k = 1;
+  EXPECT_FALSE(run_selected_entries(bad, nullptr, nullptr).ok());
 }
 
 }  // namespace
