@@ -122,10 +122,11 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
         cudaStream_t s = stream_;
         DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
+        if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging
+          return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
         DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
         DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
-        if (p.index_source) DS41_RETURN_IF_ERROR(index_queries(l, x, ws_.q_r).with_context("indexer"));
-        return ok_status();
+        return index_queries(l, x, ws_.q_r).with_context("indexer");
       }));
   if (p.index_source) {
     DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));

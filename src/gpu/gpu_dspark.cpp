@@ -183,13 +183,12 @@ Status GpuForward::dspark_commit(std::span<const GpuContextRows> rows) {
 Status GpuForward::draft_attention(int64_t s, const int64_t* ring_read, int64_t ctx_rows, const int64_t* kv_offsets,
                                    const int32_t* kv_index, const float* x, float* y) {
   const DeviceLayer& w = m_->weights().dspark->stages[s];
-  const int64_t n = n_, hd = c_->head_dim, qr = c_->q_lora_rank;
+  const int64_t n = n_, hd = c_->head_dim;
   const float eps = static_cast<float>(c_->rms_norm_eps);
   const DeviceVec& inv = m_->rope_inv_freq(false);
   cudaStream_t st = stream_;
   DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
-  DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, st));
-  DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
+  DS41_RETURN_IF_ERROR(linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr));  // rotated in attention_output
   float* kv = ws_.kvf;  // block rows [0, n), then the decoded context rows
   DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
   // norm, rotation, Q_win in place: one launch

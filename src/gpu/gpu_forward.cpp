@@ -165,6 +165,15 @@ Status GpuForward::linear(const cuda::DeviceWeight& w, const float* x, int64_t n
   return cuda::run_linear(w, x, n, y, stream_, row_invariant_);
 }
 
+Status GpuForward::linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight) {
+  const float eps = static_cast<float>(c_->rms_norm_eps);
+  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the norm, then the GEMM
+    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(x, n, w.in_dim, norm_weight, eps, x, stream_));
+    return tc_->linear(w, x, n, y);
+  }
+  return cuda::run_linear_normed(w, x, n, y, norm_weight, eps, stream_, row_invariant_);
+}
+
 Status GpuForward::linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
                                int64_t n, float* y, float* y2) {
   if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) {  // prefill: the GEMMs

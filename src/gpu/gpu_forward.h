@@ -264,6 +264,10 @@ class GpuForward {
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.
   Status linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y);
+  // y = RMSNorm(x; norm_weight) . W^T (the query path's q_r into wq_b): the norm inside the decode GEMV's
+  // staging of x where it takes the call (cuda::run_linear_normed), else x normalized in place first (the
+  // prefill GEMMs too): x holds the raw rows only until this call.
+  Status linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight);
   Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y);
   // Two weights over the same x (the shared expert's w1 and w3): one launch at decode sizes
   // (cuda::run_linear_pair), else as two linear() calls.

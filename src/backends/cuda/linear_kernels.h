@@ -25,6 +25,13 @@ Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cu
 // Two weights of the same shape and format over the same x (the shared expert's w1 and w3): y = x .
 // w^T and y2 = x . w2^T, each as run_linear computes it; calls the tensor-core GEMV takes run as one
 // launch, others as two.
+// y = RMSNorm(x; norm_weight, eps) . W^T (MODEL_SPEC 3.4.2's q_r = RMSNorm(wq_a x) into wq_b): the bits of
+// run_rms_norm(x, n, in, norm_weight, eps, x) followed by run_linear(w, x, n, y). Where the tensor-core GEMV
+// takes the call (decode-sized or row_invariant, a dense FP8 / FP4 / BF16 weight) the norm happens inside
+// its staging of x (one launch, x untouched); otherwise x is normalized in place first (x may be
+// overwritten: the caller must not read the raw rows afterwards).
+Status run_linear_normed(const DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight, float eps,
+                         cudaStream_t stream, bool row_invariant = false);
 Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
                        cudaStream_t stream, bool row_invariant = false);
 // MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).

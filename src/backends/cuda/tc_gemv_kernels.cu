@@ -65,6 +65,7 @@
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
+#include "backends/cuda/rms_norm_device.cuh"
 
 // nvcc's __noinline__ (the host SIMT emulator compiles this file with g++, where libstdc++ spells
 // __attribute__((__noinline__)) itself, so the macro cannot be defined there).
@@ -491,11 +492,31 @@ struct Bf16 {
 // the same floats, so the same bits).
 template <class D, int NB>
 __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t in, uint2* xs, float* red,
-                        int* ex, const int64_t* __restrict__ rows = nullptr) {
+                        int* ex, const int64_t* __restrict__ rows = nullptr, RowNorm norm = RowNorm{}) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __shared__ const float* xrow[NB];  // the block's row starts, looked up once
+  __shared__ float ninv[NB];         // norm: each row's 1 / rms, as run_rms_norm computes it
   if (tid < nb) xrow[tid] = x + (rows ? rows[tid] : static_cast<int64_t>(tid)) * ldx;
   __syncthreads();
+  const bool normed = norm.weight != nullptr;  // block-uniform
+  if (normed) {
+    __shared__ double nscratch[32];
+    for (int b = 0; b < nb; ++b) {
+      const float* xr = xrow[b];
+      const float inv = dev::rms_inv_like_rms_norm([&](int64_t i) { return xr[i]; }, in, norm.sum_threads, norm.eps,
+                                                   nscratch);
+      if (tid == 0) ninv[b] = inv;
+    }
+    __syncthreads();
+  }
+  // x's value at k of row b as staged: itself, or run_rms_norm's fl(fl(x inv) w[k]).
+  auto val4 = [&](float4 v, int b, int64_t k4) {
+    if (!normed) return v;
+    const float inv = ninv[b];
+    const float4 w = __ldg(reinterpret_cast<const float4*>(norm.weight) + k4);
+    return make_float4(__fmul_rn(v.x, inv) * w.x, __fmul_rn(v.y, inv) * w.y, __fmul_rn(v.z, inv) * w.z,
+                       __fmul_rn(v.w, inv) * w.w);
+  };
   const int q4 = static_cast<int>(in / 4);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
@@ -509,6 +530,9 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
         const int i = i0 + j * kThreads;
         v[j] = i < q4 ? __ldg(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (i0 + j * kThreads < q4) v[j] = val4(v[j], b, i0 + j * kThreads);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         m = fmaxf(m, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
@@ -552,6 +576,8 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
       const int i = i0 + j * kThreads;
       if (i >= units) break;
       const int b = bb[j], u = uu[j], t = u >> 2, g = u & 3;
+      v[j][0] = val4(v[j][0], b, 2 * u);
+      v[j][1] = val4(v[j][1], b, 2 * u + 1);
       const float i0f = inv_s[b][0], i1f = inv_s[b][1];
       const float f[8] = {v[j][0].x * i0f * i1f, v[j][0].y * i0f * i1f, v[j][0].z * i0f * i1f, v[j][0].w * i0f * i1f,
                           v[j][1].x * i0f * i1f, v[j][1].y * i0f * i1f, v[j][1].z * i0f * i1f, v[j][1].w * i0f * i1f};
@@ -946,7 +972,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
-                    float* __restrict__ y2, int ring_depth) {
+                    float* __restrict__ y2, int ring_depth, RowNorm norm) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -965,7 +991,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
                                  smem_u2, nb, ex, (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy, red_d, ring,
                                  ring_depth, blockIdx.y, gridDim.y,
-                                 [&] { stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex); });
+                                 [&] { stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex, nullptr, norm); });
 }
 
 // Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
@@ -1268,8 +1294,13 @@ void set_rows_per_block_for_tests(int nb) { g_nb = (nb == 2 || nb == 3 || nb == 
 void set_ring_for_tests(int mode) { g_ring = ring_mode_valid(mode) ? mode : -1; }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
-               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2) {
+               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm) {
   if (!enabled() || n < 1 || n > kMaxRows || w.in_dim % 32 != 0 || groups > 65535) return false;
+  // A norm: one weight over whole rows (ldx = in), its weight vector 16-byte aligned (float4 loads).
+  if (norm != nullptr && (groups != 1 || w2 != nullptr || ldx != w.in_dim || norm->weight == nullptr ||
+                          reinterpret_cast<uintptr_t>(norm->weight) % 16 != 0 || norm->sum_threads < 32 ||
+                          norm->sum_threads % 32 != 0 || norm->sum_threads > 1024))
+    return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || ldx % 4 != 0) return false;  // float4 staging
   const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows,
              bf16 = w.format == WeightFormat::kBF16;
@@ -1301,7 +1332,8 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
       const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<KK>(sm), env_dense_ks_log2(), mats);
       const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats));
       launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
-             w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd);
+             w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
+             norm != nullptr ? *norm : RowNorm{});
     };
     if (rd > 0)
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));

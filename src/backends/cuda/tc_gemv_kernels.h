@@ -37,8 +37,18 @@ inline constexpr int64_t kDecodeRows = 16;
 // take (format FP8 tiles / FP4 rows / BF16, in % 32 == 0, aligned rows, x staging within the
 // shared memory); false: nothing launched. w2 / y2 (both or neither, groups = 1): a second weight of
 // the same shape and format over the same x, into y2 (row stride ldy), in the same launch (run_linear_pair).
+// norm (optional; one weight, groups = 1, ldx = in): x's rows are first RMS-normalized as run_rms_norm
+// with this weight and eps would (its float64 sum of squares in the order of sum_threads threads,
+// elementwise_kernels.h rms_norm_sum_threads, then fl(fl(x inv) weight[k])), inside the staging of
+// every block: the same bits as run_rms_norm followed by the plain call, without the launch.
+struct RowNorm {
+  const float* weight = nullptr;  // [in] device, 16-byte aligned
+  float eps = 0.0f;
+  int sum_threads = 0;
+};
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
-               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2 = nullptr, float* y2 = nullptr);
+               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2 = nullptr, float* y2 = nullptr,
+               const RowNorm* norm = nullptr);
 
 // Routed experts (the contract of run_expert_linear) with the experts' common format given by the
 // host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 65535;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "kernel_parity_util.h"
 #include "ops/weight_ref.h"
@@ -939,6 +940,73 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
            static_cast<double>(differ), 0, "a row's order depends on the expert's shape only");
     EXPECT_EQ(differ, 0u);
   }
+}
+
+// run_linear_normed (the query path's RMSNorm inside wq_b's staging of x): the bits of run_rms_norm
+// followed by run_linear, on the fused path (decode-sized calls and row_invariant ones, FP8 / FP4 /
+// BF16; x left as it was) and on the fallback (the norm in place, then the plain call: 40 rows without
+// row invariance); rows whose magnitudes differ by 2^40 (each row its own 1 / rms and power of two),
+// a zero row, the two sums-of-squares layouts (n < 128 and a 130-row row_invariant call).
+TEST(LinearParity, LinearNormedEqualsNormThenLinear) {
+  DS41_SKIP_WITHOUT_GPU();
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct NormCase {
+    WeightFormat f;
+    int64_t out, in;
+    std::vector<int64_t> ns;
+    bool row_invariant;
+  };
+  std::vector<NormCase> cases = {{WeightFormat::kFp8Tiles, 48, 256, {1, 3, 7}, false},
+                                 {WeightFormat::kFp4Rows, 40, 512, {1, 2}, false},
+                                 {WeightFormat::kBF16, 24, 256, {1, 5}, true},
+                                 {WeightFormat::kFp8Tiles, 32, 256, {40}, false}};
+  if (!emu) {
+    cases.push_back({WeightFormat::kFp8Tiles, 32768, 1280, {1, 6}, true});  // wq_b at the released width
+    cases.push_back({WeightFormat::kFp8Tiles, 64, 1280, {130}, true});
+  }
+  uint64_t seed = 15000;
+  set_tc_gemv_for_tests(1);
+  for (const NormCase& c : cases) {
+    const HostWeight hw = make_weight(c.f, c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    std::vector<float> nw = rand_floats(static_cast<size_t>(c.in), ++seed);
+    for (float& v : nw) v = 1.0f + 0.25f * v;
+    Dev<float> dnw(nw);
+    for (int64_t n : c.ns) {
+      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t k = 0; k < c.in; ++k)
+          x[r * c.in + k] = r == 1 ? 0.0f : std::ldexp(x[r * c.in + k], static_cast<int>(40 * (r % 3) - 40));
+      const float eps = 1e-6f;
+      Dev<float> dref_x(x), dx(x), dref(static_cast<size_t>(n * c.out)), dy(static_cast<size_t>(n * c.out));
+      ASSERT_TRUE(run_rms_norm(dref_x.p, n, c.in, dnw.p, eps, dref_x.p, nullptr).ok());
+      ASSERT_TRUE(run_linear(dw.dw, dref_x.p, n, dref.p, nullptr, c.row_invariant).ok());
+      const Status st = run_linear_normed(dw.dw, dx.p, n, dy.p, dnw.p, eps, nullptr, c.row_invariant);
+      ASSERT_TRUE(st.ok()) << st.message();
+      const std::vector<float> want = dref.get(), got = dy.get();
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
+      const bool fused = c.row_invariant || n <= 16;
+      size_t x_changed = 0;
+      if (fused) {
+        const std::vector<float> xa = dx.get();
+        for (size_t i = 0; i < xa.size(); ++i) x_changed += bits_of(xa[i]) != bits_of(x[i]);
+      }
+      report("linear_normed", std::string(fmt_name(c.f)) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
+                                  (c.row_invariant ? " row_invariant" : "") + (fused ? " fused" : " fallback") +
+                                  ": bits differing from rms_norm + linear",
+             static_cast<double>(differ), 0, "run_rms_norm's sums and products inside the staging");
+      EXPECT_EQ(differ, 0u);
+      EXPECT_EQ(x_changed, 0u) << "the fused path leaves x as it was";
+    }
+  }
+  set_tc_gemv_for_tests(-1);
+  Dev<float> dx(16), dy(16);
+  const HostWeight hw = make_weight(WeightFormat::kFp8Tiles, 16, 32, 1);
+  DevWeight dw(hw);
+  const Status st = run_linear_normed(dw.dw, dx.p, 1, dy.p, nullptr, 1e-6f, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("norm_weight"), std::string::npos) << st.message();
 }
 
 // The tensor-core GEMV's shared-memory weight ring (tc_gemv_kernels.cu, DS41_TCG_RING): the weights
