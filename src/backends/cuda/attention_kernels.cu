@@ -205,12 +205,25 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const bool seed = warp == 0 && sp == 0;
-  float qr[kSplitHeads][kLaneDims], acc[kSplitHeads][kLaneDims], m[kSplitHeads], l[kSplitHeads];
   // q_n_freq > 0: q rotated forward as it is loaded, run_rope's arithmetic (rope_kernel): channel
   // c >= off pairs with c ^ 1 (off is even, so the partner is the adjacent lane), angle
-  // float(pos) * inv_freq[(c - off) / 2] in float, its sin / cos in double rounded to float.
+  // float(pos) * inv_freq[(c - off) / 2] in float, its cos / sin in double rounded to float, computed
+  // once per CTA into shared memory (in the lanes' q loads the double sincos took the kernel from
+  // 128 to 172 registers: one CTA per SM instead of two, measured on an H100).
+  __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
   const int64_t q_off = d - 2 * q_n_freq;
-  const float q_p = q_n_freq > 0 ? static_cast<float>(q_pos[r]) : 0.0f;
+  if (q_n_freq > 0) {  // CTA-uniform
+    const float p = static_cast<float>(q_pos[r]);
+    for (int64_t i = tid; i < q_n_freq; i += kThreads) {
+      const float ang = __fmul_rn(p, q_inv_freq[i]);
+      double sn, cn;
+      sincos(static_cast<double>(ang), &sn, &cn);
+      q_cs[2 * i] = static_cast<float>(cn);
+      q_cs[2 * i + 1] = static_cast<float>(sn);
+    }
+    __syncthreads();
+  }
+  float qr[kSplitHeads][kLaneDims], acc[kSplitHeads][kLaneDims], m[kSplitHeads], l[kSplitHeads];
 #pragma unroll
   for (int h = 0; h < kSplitHeads; ++h) {
     const float* qh = q + (r * n_heads + h0 + h) * d;
@@ -221,10 +234,8 @@ __global__ void __launch_bounds__(kThreads)
       if (q_n_freq > 0 && 32 * j + 31 >= q_off) {  // uniform over the warp: every lane shuffles
         const float partner = __shfl_xor_sync(0xffffffffu, v, 1);
         if (c >= q_off && c < d) {
-          const float ang = __fmul_rn(q_p, q_inv_freq[(c - q_off) >> 1]);
-          double sn, cn;
-          sincos(static_cast<double>(ang), &sn, &cn);
-          const float cc = static_cast<float>(cn), ss = static_cast<float>(sn);
+          const int64_t f = (c - q_off) >> 1;
+          const float cc = q_cs[2 * f], ss = q_cs[2 * f + 1];
           v = ((c - q_off) & 1) == 0 ? __fsub_rn(__fmul_rn(v, cc), __fmul_rn(partner, ss))
                                      : __fadd_rn(__fmul_rn(partner, ss), __fmul_rn(v, cc));
         }
@@ -500,7 +511,8 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   float* part_ml = splits > 1 ? part_acc + a.n * splits * a.n_heads * a.head_dim : nullptr;
   // The forward rotation of q inside the split kernel where its pairs sit on adjacent lanes (an even
   // head_dim - 2 n_freq), else a run_rope launch in place first.
-  const bool rotate_in_kernel = a.rotate_q && (a.head_dim - 2 * a.rope_n_freq) % 2 == 0;
+  static const bool fused_rope = switch_on("DS41_Q_ROPE_FUSED");  // measurements: 0 = run_rope first
+  const bool rotate_in_kernel = a.rotate_q && fused_rope && (a.head_dim - 2 * a.rope_n_freq) % 2 == 0;
   if (a.rotate_q && !rotate_in_kernel)
     DS41_RETURN_IF_ERROR(run_rope(const_cast<float*>(a.q), a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq,
                                   a.rope_n_freq, false, stream));
