@@ -1367,6 +1367,7 @@ void set_persist_u_for_tests(int u) { g_persist_u = (u >= 3 && u <= 5) ? u : 0; 
 void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 void set_tc_gemv_rows_per_block_for_tests(int nb) { tcg::set_rows_per_block_for_tests(nb); }
 void set_tc_gemv_ring_for_tests(int mode) { tcg::set_ring_for_tests(mode); }
+void set_tc_gemv_fp8_wide_for_tests(int mode) { tcg::set_fp8_wide_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {

@@ -86,5 +86,8 @@ void set_tc_gemv_rows_per_block_for_tests(int nb);
 // The tensor-core GEMV's shared-memory weight ring (tcg::set_ring_for_tests): -1 the environment
 // (DS41_TCG_RING), 0 off, 1 where it keeps the blocks per SM, 2 / 3 / 4 stages forced.
 void set_tc_gemv_ring_for_tests(int mode);
+// The tensor-core GEMV's FP8 16-byte pieces (tcg::set_fp8_wide_for_tests): -1 the environment
+// (DS41_TCG_FP8_WIDE), 0 off, 1 on.
+void set_tc_gemv_fp8_wide_for_tests(int mode);
 
 }  // namespace ds41::cuda

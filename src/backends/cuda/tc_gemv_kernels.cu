@@ -223,6 +223,8 @@ struct Fp8 {
   static constexpr int kExp = 0;
   static constexpr bool kBf = false;
   __host__ __device__ static constexpr int kofs(int m, int s) { return 4 * m + s; }
+  // The float4 of x (index within the row) holding half h of lane group g's 8 K of tile t: K 8g .. 8g + 7.
+  __host__ __device__ static constexpr int64_t x_float4(int64_t t, int g, int h) { return 8 * t + 2 * g + h; }
   // A step = one tile: rows r and r + 8 at bytes [8g, 8g + 8) (four lanes read a row's 32 bytes),
   // the tile's scale byte (all lanes the same address).
   static constexpr int kSub = 1;
@@ -299,6 +301,7 @@ struct Fp4 {
   static constexpr int kExp = 14;  // E2M1 decoded as value * 2^-14
   static constexpr bool kBf = false;
   __host__ __device__ static constexpr int kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
+  __host__ __device__ static constexpr int64_t x_float4(int64_t t, int g, int h) { return 8 * t + 2 * g + h; }
   // A step = four tiles (128 K): lane g loads bytes [16g, 16g + 16) of the rows' 64-byte span, i.e.
   // tile g whole (four lanes read a row's 64 contiguous bytes: a quarter of the L1 wavefronts of
   // 4-byte loads per tile), and the rows' four scale bytes (one 32-bit load each); prepare()
@@ -432,6 +435,52 @@ struct Fp4 {
   }
 };
 
+// FP8 tiles read as 16-byte pieces (opt-in, DS41_TCG_FP8_WIDE=1; in % 64 == 0): a step = two tiles,
+// lane g loads bytes [16g, 16g + 16) of the rows' 64-byte span (rows r and r + 8: a quarter of the
+// load instructions of Fp8's 8-byte pieces, which read 15-22 % slower in the H100 probe,
+// tools/probes/gemv_read_probe.cu) and the two tiles' scale bytes (one 16-bit load: the 16 rows share
+// them). prepare() transposes the 4 x 4 words of the lane quad (Fp4::transpose) so that lane g holds
+// words g and 4 + g of tile 0 (.x, .y) and of tile 1 (.z, .w): the tile's K offsets [4g, 4g + 4) and
+// [16 + 4g, 16 + 4g + 4), which the four lanes partition; x is staged in that order (x_float4), and
+// from there the tile is Fp8's (the same fragments of another K permutation, the same per-tile sums
+// and scales). A row's bits depend on the weight's shape and the switch only (row-count invariance);
+// they may differ from Fp8's in the last place (another split of the tile's K among the mmas).
+struct Fp8x2 {
+  static constexpr int kU = 2;  // steps (2 tiles each) in flight per warp: 64 bytes per lane, as Fp8
+  using Q = Fp8::Q;
+  static constexpr int kExp = 0;
+  static constexpr bool kBf = false;
+  __host__ __device__ static constexpr int kofs(int m, int s) { return 4 * m + s; }
+  __host__ __device__ static constexpr int64_t x_float4(int64_t t, int g, int h) { return 8 * t + g + 4 * h; }
+  static constexpr int kSub = 2;
+  struct Raw {
+    uint4 a, b;
+    uint32_t s;  // tile 0's scale byte in bits 0-7, tile 1's in bits 8-15
+  };
+  __device__ static const uint8_t* row_ptr(const uint8_t* data, int64_t in, int64_t o, int g) {
+    return data + o * in + 16 * g;
+  }
+  static constexpr int kStepBytes = 64, kScaleStep = 2;
+  static constexpr bool kUniformScale = true;
+  __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t* sa, const uint8_t*, int) {
+    return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb),
+               static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(sa)))};
+  }
+  __device__ static void prepare(Raw& w, int) {
+    Fp4::transpose(w.a);
+    Fp4::transpose(w.b);
+  }
+  __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s & 0xffu) && scale_fast(w.s >> 8); }
+  __device__ static Q sub(const Raw& w, int j) {
+    return j == 0 ? Q{make_uint2(w.a.x, w.a.y), make_uint2(w.b.x, w.b.y)}
+                  : Q{make_uint2(w.a.z, w.a.w), make_uint2(w.b.z, w.b.w)};
+  }
+  __device__ static uint32_t scale_a(const Raw& w, int j) { return (w.s >> (8 * j)) & 0xffu; }
+  __device__ static uint32_t scale_b(const Raw& w, int j) { return (w.s >> (8 * j)) & 0xffu; }
+  __device__ static float dequant(const Q& q, int row, int idx, uint32_t sb) { return Fp8::dequant(q, row, idx, sb); }
+  __device__ static void frags(const Q& q, uint32_t (&a0)[4], uint32_t (&a1)[4]) { Fp8::frags(q, a0, a1); }
+};
+
 // BF16 (the head, the MoE gate): the weights are already mma inputs (bf16 A fragments as loaded) and
 // x's parts are bf16 (3 x 8 significant bits: x' exactly). No scale: every tile's multiplier is 2^e
 // (its "scale byte" is 127, so the fast path's test and multiplier are the FP8 / FP4 ones).
@@ -443,6 +492,7 @@ struct Bf16 {
   static constexpr int kExp = 0;
   static constexpr bool kBf = true;
   __host__ __device__ static constexpr int kofs(int m, int s) { return 4 * m + s; }
+  __host__ __device__ static constexpr int64_t x_float4(int64_t t, int g, int h) { return 8 * t + 2 * g + h; }
   // A step = one tile: rows r and r + 8 at bytes [16g, 16g + 16) (bf16 K offsets 8g .. 8g + 7; four
   // lanes read a row's 64 bytes). No scale loads.
   static constexpr int kSub = 1;
@@ -567,17 +617,19 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
       const int i = i0 + j * kThreads;
       bb[j] = i / q8;
       uu[j] = i - bb[j] * q8;
-      const float4* p = i < units ? reinterpret_cast<const float4*>(xrow[bb[j]]) + 2 * uu[j] : nullptr;
-      v[j][0] = i < units ? __ldg(p) : make_float4(0.f, 0.f, 0.f, 0.f);
-      v[j][1] = i < units ? __ldg(p + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+      // The lane group's 8 K of the tile: two float4 of x (D::x_float4: K 8g .. 8g + 7, or Fp8x2's
+      // 4g .. 4g + 3 and 16 + 4g .. 16 + 4g + 3).
+      const float4* p = i < units ? reinterpret_cast<const float4*>(xrow[bb[j]]) : nullptr;
+      v[j][0] = i < units ? __ldg(p + D::x_float4(uu[j] >> 2, uu[j] & 3, 0)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[j][1] = i < units ? __ldg(p + D::x_float4(uu[j] >> 2, uu[j] & 3, 1)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int i = i0 + j * kThreads;
       if (i >= units) break;
       const int b = bb[j], u = uu[j], t = u >> 2, g = u & 3;
-      v[j][0] = val4(v[j][0], b, 2 * u);
-      v[j][1] = val4(v[j][1], b, 2 * u + 1);
+      v[j][0] = val4(v[j][0], b, D::x_float4(t, g, 0));
+      v[j][1] = val4(v[j][1], b, D::x_float4(t, g, 1));
       const float i0f = inv_s[b][0], i1f = inv_s[b][1];
       const float f[8] = {v[j][0].x * i0f * i1f, v[j][0].y * i0f * i1f, v[j][0].z * i0f * i1f, v[j][0].w * i0f * i1f,
                           v[j][1].x * i0f * i1f, v[j][1].y * i0f * i1f, v[j][1].z * i0f * i1f, v[j][1].w * i0f * i1f};
@@ -662,7 +714,7 @@ struct WarpTask {
     if constexpr (D::kScaleStep == 0) {  // BF16: no scales
       sa = sb = sc;
     } else if constexpr (kFp8) {
-      sa = sc + (o0 >> 5) * ((in + 31) >> 5) + t0;  // the 16 rows share one row of tiles
+      sa = sc + (o0 >> 5) * ((in + 31) >> 5) + t0 * D::kScaleStep;  // the 16 rows share one row of tiles
       sb = sa;
     } else {
       sa = sc + oa * tiles + t0 * D::kScaleStep;
@@ -1237,6 +1289,19 @@ int ring_depth(size_t smem, int stage_bytes) {
   return 0;
 }
 
+// DS41_TCG_FP8_WIDE=1: dense FP8 calls with in % 64 == 0 read 16-byte pieces (Fp8x2); off by default
+// until measured faster (tests: set_fp8_wide_for_tests). The choice depends on the weight and the
+// switch only, so a row keeps its bits across row counts either way.
+int g_fp8_wide = -1;
+bool fp8_wide() {
+  if (g_fp8_wide >= 0) return g_fp8_wide != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TCG_FP8_WIDE");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 bool nb_fits(int nb, int64_t in) { return smem_bytes(in, nb) <= static_cast<size_t>(kMaxSmem); }
 
 // rows: x rows of the call (experts: the average per expert); row_groups: 16-row groups of W over
@@ -1292,6 +1357,7 @@ void set_enabled_for_tests(int mode) { g_mode = mode < 0 ? -1 : (mode ? 1 : 0); 
 void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
 void set_rows_per_block_for_tests(int nb) { g_nb = (nb == 2 || nb == 3 || nb == 4 || nb == 6) ? nb : 0; }
 void set_ring_for_tests(int mode) { g_ring = ring_mode_valid(mode) ? mode : -1; }
+void set_fp8_wide_for_tests(int mode) { g_fp8_wide = mode < 0 ? -1 : (mode ? 1 : 0); }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm) {
@@ -1316,6 +1382,11 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     if (reinterpret_cast<uintptr_t>(w2->data) % (fp8 ? 8 : 16) != 0 || (!bf16 && w2->scale == nullptr)) return false;
   }
   const int64_t mats = w2 != nullptr ? 2 : 1;
+  // Fp8x2: 16-byte loads of the payload (16-byte aligned rows), 16-bit loads of the scale pairs.
+  const bool wide = fp8 && fp8_wide() && w.in_dim % 64 == 0 && p % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(w.scale) % 2 == 0 &&
+                    (w2 == nullptr || (reinterpret_cast<uintptr_t>(w2->data) % 16 == 0 &&
+                                       reinterpret_cast<uintptr_t>(w2->scale) % 2 == 0));
   const int nbr = pick_nb(n, w.in_dim, (out_rows + 15) / 16 * groups * mats, groups);
   const size_t smem = smem_bytes(w.in_dim, nbr);
   const int64_t units = (n + nbr - 1) / nbr;
@@ -1343,7 +1414,10 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
     constexpr bool kR = NB <= 3;  // the ring for decode-sized blocks only
-    if (fp8) {
+    if (fp8 && wide) {
+      go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{},
+         Fp8x2::kU, Fp8x2::kSub, 0);
+    } else if (fp8) {
       go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8, true, NB, kR>>{}, Fp8::kU,
          Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
     } else if (fp4) {

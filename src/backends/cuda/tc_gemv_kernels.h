@@ -26,6 +26,8 @@ void set_rows_per_block_for_tests(int nb);
 // The shared-memory weight ring (DS41_TCG_RING): -1 the environment, 0 off (the register ring), 1 where
 // it keeps the blocks per SM, 2 / 3 / 4 stages forced. A row's bits do not depend on it.
 void set_ring_for_tests(int mode);
+// FP8 dense calls through 16-byte pieces (Fp8x2, DS41_TCG_FP8_WIDE=1): -1 the environment, 0 off, 1 on.
+void set_fp8_wide_for_tests(int mode);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)

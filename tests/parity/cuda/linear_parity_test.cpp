@@ -942,6 +942,88 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
   }
 }
 
+// The FP8 16-byte pieces (Fp8x2, DS41_TCG_FP8_WIDE=1): within the parity tolerance of the CPU op (ragged
+// rows, split K, x ~1e30 and ~1e-30 with mixed magnitudes, rows of different powers of two, 1 and 3
+// blocks, grouped FP8; wq_b and wo_b at the released widths on a device), a row's bits the same alone
+// and in a call of 7 rows, and a tile whose scale byte leaves the fast window (the exact path of the
+// pair's second tile); K % 64 != 0 keeps the 8-byte pieces.
+TEST(LinearParity, TensorCoreGemvFp8WidePieces) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_fp8_wide_for_tests(-1);
+      set_persist_slot_cap_for_tests(0);
+    }
+  } reset;
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct Case {
+    const char* what;
+    int64_t out, in, groups;
+    float xscale;
+    bool mixed, bad_scale;
+  };
+  std::vector<Case> cases = {{"ragged, split K", 77, 2048, 1, 1.0f, false, false},
+                             {"many rows", 1040, 256, 1, 1.0f, false, false},
+                             {"x ~1e30", 48, 512, 1, 1e30f, false, false},
+                             {"x ~1e-30, mixed", 40, 1024, 1, 1e-30f, true, false},
+                             {"scale 200 in tile 3 (exact path)", 32, 256, 1, 1.0f, false, true},
+                             {"K % 64 != 0 (8-byte pieces)", 40, 224, 1, 1.0f, false, false},
+                             {"grouped 4 x 32", 128, 512, 4, 1.0f, false, false}};
+  if (!emu) {
+    cases.push_back({"wq_b", 32768, 1280, 1, 1.0f, false, false});
+    cases.push_back({"wo_b", 5120, 8192, 1, 1.0f, false, false});
+  }
+  uint64_t seed = 16000;
+  set_tc_gemv_for_tests(1);
+  set_tc_gemv_fp8_wide_for_tests(1);
+  for (const Case& c : cases) {
+    backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+    HostWeight hw = make_weight(WeightFormat::kFp8Tiles, c.out, c.in, ++seed);
+    if (c.bad_scale) hw.scale[3] = 200;  // 2^73 x max E4M3 still finite in float: the exact path's arithmetic
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    const int64_t ldx = c.in * c.groups;
+    for (int64_t n : {1, 3, 7}) {
+      auto x = rand_floats(static_cast<size_t>(n * ldx), ++seed, c.xscale);
+      if (c.mixed)
+        for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1048576.0f;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t k = 0; k < ldx; ++k) x[r * ldx + k] = std::ldexp(x[r * ldx + k], static_cast<int>(5 * r - 12));
+      std::vector<float> want(static_cast<size_t>(n * c.out));
+      if (c.groups > 1)
+        cpu.grouped_linear(ref, c.groups, x.data(), n, want.data());
+      else
+        cpu.linear(ref, x.data(), n, want.data());
+      Dev<float> dx(x), dy(want.size());
+      for (int cap : {0, 1, 3}) {
+        set_persist_slot_cap_for_tests(cap);
+        const Status st = c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, dx.p, n, dy.p, nullptr, true)
+                                       : run_linear(dw.dw, dx.p, n, dy.p, nullptr, true);
+        ASSERT_TRUE(st.ok()) << st.message();
+        const std::vector<float> got = dy.get();
+        report("linear fp8 wide", std::string(c.what) + " " + dims({c.out, c.in}) + " n=" + std::to_string(n) +
+                                      (cap ? " " + std::to_string(cap) + " blocks" : std::string()),
+               rel_to_max(got, want), kLinearTol, kLinearWhy);
+        if (n == 7 && cap == 0) {  // each row alone: the same bits
+          size_t differ = 0;
+          for (int64_t r = 0; r < n; ++r) {
+            Dev<float> d1(std::vector<float>(x.begin() + r * ldx, x.begin() + (r + 1) * ldx)), y1(c.out);
+            ASSERT_TRUE((c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, d1.p, 1, y1.p, nullptr, true)
+                                      : run_linear(dw.dw, d1.p, 1, y1.p, nullptr, true))
+                            .ok());
+            const std::vector<float> one = y1.get();
+            for (int64_t i = 0; i < c.out; ++i) differ += bits_of(one[i]) != bits_of(got[r * c.out + i]);
+          }
+          report("linear fp8 wide", std::string(c.what) + " rows alone vs n=7: bits differing",
+                 static_cast<double>(differ), 0, "KS and the pieces from the weight's shape only");
+        }
+      }
+      set_persist_slot_cap_for_tests(0);
+    }
+  }
+}
+
 // run_linear_normed (the query path's RMSNorm inside wq_b's staging of x): the bits of run_rms_norm
 // followed by run_linear, on the fused path (decode-sized calls and row_invariant ones, FP8 / FP4 /
 // BF16; x left as it was) and on the fallback (the norm in place, then the plain call: 40 rows without
