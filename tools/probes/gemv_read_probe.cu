@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 #include <cstdlib>
+#include <type_traits>
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
@@ -23,9 +24,17 @@ __device__ __forceinline__ uint4 ldnc16(const uint8_t* p) {
   uint4 v; asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)); return v;
 }
 
-// tasks: (row group of 16, K split ks of KS); warps loop over tasks.
+__device__ __forceinline__ uint2 ld_piece(const uint8_t* p, uint2) { return ldnc8(p); }
+__device__ __forceinline__ uint4 ld_piece(const uint8_t* p, uint4) { return ldnc16(p); }
+__device__ __forceinline__ uint32_t fold(uint2 a, uint2 b) { return a.x + a.y * 3 + b.x * 5 + b.y; }
+__device__ __forceinline__ uint32_t fold(uint4 a, uint4 b) {
+  return a.x + a.y * 3 + a.z + a.w * 7 + b.x * 5 + b.y + b.z + b.w;
+}
+
+// tasks: (row group of 16, K split ks of KS); warps loop over tasks. PIECE bytes per lane and row.
 template <int U, int PIECE>
 __global__ void __launch_bounds__(256) reg_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t rb, int KS, uint32_t* out) {
+  using P = std::conditional_t<PIECE == 8, uint2, uint4>;
   const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
   const int64_t warp = (blockIdx.x * 256 + threadIdx.x) >> 5, nwarps = (gridDim.x * 256) >> 5;
   const int64_t groups = rows / 16, tasks = groups * KS;
@@ -37,29 +46,21 @@ __global__ void __launch_bounds__(256) reg_kernel(const uint8_t* __restrict__ w,
     const int64_t s0 = steps_all * ks / KS, s1 = steps_all * (ks + 1) / KS, n = s1 - s0;
     const uint8_t* pa = w + (rg * 16 + r) * rb + s0 * STEP + PIECE * g;
     const uint8_t* pb = pa + 8 * rb;
-    if constexpr (PIECE == 8) {
-      uint2 qa[U], qb[U];
+    P qa[U], qb[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) if (u < n) { qa[u] = ldnc8(pa + u * STEP); qb[u] = ldnc8(pb + u * STEP); }
-      for (int64_t k = 0; k < n; k += U) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (k + u < n) {
-            acc ^= qa[u].x + qa[u].y * 3 + qb[u].x * 5 + qb[u].y;
-            if (k + u + U < n) { qa[u] = ldnc8(pa + (k + u + U) * STEP); qb[u] = ldnc8(pb + (k + u + U) * STEP); }
-          }
-        }
+    for (int u = 0; u < U; ++u)
+      if (u < n) {
+        qa[u] = ld_piece(pa + u * STEP, P{});
+        qb[u] = ld_piece(pb + u * STEP, P{});
       }
-    } else {
-      uint4 qa[U], qb[U];
+    for (int64_t k = 0; k < n; k += U) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) if (u < n) { qa[u] = ldnc16(pa + u * STEP); qb[u] = ldnc16(pb + u * STEP); }
-      for (int64_t k = 0; k < n; k += U) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (k + u < n) {
-            acc ^= qa[u].x + qa[u].y * 3 + qa[u].z + qa[u].w * 7 + qb[u].x * 5 + qb[u].y + qb[u].z + qb[u].w;
-            if (k + u + U < n) { qa[u] = ldnc16(pa + (k + u + U) * STEP); qb[u] = ldnc16(pb + (k + u + U) * STEP); }
+      for (int u = 0; u < U; ++u) {
+        if (k + u < n) {
+          acc ^= fold(qa[u], qb[u]);
+          if (k + u + U < n) {
+            qa[u] = ld_piece(pa + (k + u + U) * STEP, P{});
+            qb[u] = ld_piece(pb + (k + u + U) * STEP, P{});
           }
         }
       }

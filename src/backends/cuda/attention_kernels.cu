@@ -489,6 +489,12 @@ size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head
 
 namespace {
 
+// SparseAttentionArgs::rotate_q where the kernel does not rotate q itself: run_rope on q in place.
+Status rotate_q_in_place(const SparseAttentionArgs& a, cudaStream_t stream) {
+  return run_rope(const_cast<float*>(a.q), a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq, a.rope_n_freq,
+                  false, stream);
+}
+
 // The decode path (split kernel + combine) with the given splits; a: validated by the caller.
 Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits, cudaStream_t stream) {
   const int64_t split_groups = (a.n_heads + kSplitHeads - 1) / kSplitHeads;
@@ -513,9 +519,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   // head_dim - 2 n_freq), else a run_rope launch in place first.
   static const bool fused_rope = switch_on("DS41_Q_ROPE_FUSED");  // measurements: 0 = run_rope first
   const bool rotate_in_kernel = a.rotate_q && fused_rope && (a.head_dim - 2 * a.rope_n_freq) % 2 == 0;
-  if (a.rotate_q && !rotate_in_kernel)
-    DS41_RETURN_IF_ERROR(run_rope(const_cast<float*>(a.q), a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq,
-                                  a.rope_n_freq, false, stream));
+  if (a.rotate_q && !rotate_in_kernel) DS41_RETURN_IF_ERROR(rotate_q_in_place(a, stream));
   launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream,
          a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
          std::max<int64_t>(chunk, 1), part_acc, part_ml, rotate_in_kernel ? a.rope_pos : nullptr,
@@ -571,9 +575,7 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.n <= kSplitMaxRows) return run_sparse_attention_decode(a, decode_splits(a.n, a.n_heads, a.max_entries_per_row), stream);
   static const bool tc_allowed = switch_on("DS41_TC_ATTENTION");
   // The other paths rotate q in place first (rotate_q).
-  if (a.rotate_q)
-    DS41_RETURN_IF_ERROR(run_rope(const_cast<float*>(a.q), a.n, a.n_heads, a.head_dim, a.rope_pos, a.rope_inv_freq,
-                                  a.rope_n_freq, false, stream));
+  if (a.rotate_q) DS41_RETURN_IF_ERROR(rotate_q_in_place(a, stream));
   if (tc_allowed && sparse_attention_tc_supported(a)) {
     DS41_RETURN_IF_ERROR(run_sparse_attention_tc(a, stream));
     return rotate_back();
