@@ -27,6 +27,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/linear_decode.cuh"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/tc_gemv_kernels.h"
@@ -713,14 +714,6 @@ __device__ __forceinline__ void persist_body(const WView& w, int64_t out_rows, i
 // over the launch's `warps`: the whole matrix when it is small, the first rows of a large one.
 constexpr int64_t kPrefetchBytes = int64_t{24} << 20;
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  (void)p;
-#endif
-}
-
 __device__ __forceinline__ void prefetch_rows_l2(const WView& w, int64_t row_bytes, int64_t w_row0, int64_t out_rows,
                                                  int R, int64_t rg_first, int64_t rg_step, int64_t warps) {
   const int lane = threadIdx.x & 31;
@@ -729,7 +722,7 @@ __device__ __forceinline__ void prefetch_rows_l2(const WView& w, int64_t row_byt
   for (int64_t rg = rg_first; rg * R < out_rows && budget > 0; rg += rg_step) {
     for (int r = 0; r < R && rg * R + r < out_rows; ++r) {
       const uint8_t* base = w.data + (w_row0 + rg * R + r) * row_bytes;
-      for (int64_t l = lane; l < lines; l += 32) prefetch_l2(base + (l << 7));
+      for (int64_t l = lane; l < lines; l += 32) dev::prefetch_l2(base + (l << 7));
     }
     budget -= R * lines;
   }
@@ -1368,6 +1361,7 @@ void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 void set_tc_gemv_rows_per_block_for_tests(int nb) { tcg::set_rows_per_block_for_tests(nb); }
 void set_tc_gemv_ring_for_tests(int mode) { tcg::set_ring_for_tests(mode); }
 void set_tc_gemv_fp8_wide_for_tests(int mode) { tcg::set_fp8_wide_for_tests(mode); }
+void set_tc_gemv_early_for_tests(int before_wait, int l2_mb) { tcg::set_early_for_tests(before_wait, l2_mb); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {

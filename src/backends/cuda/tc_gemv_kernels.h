@@ -28,6 +28,9 @@ void set_rows_per_block_for_tests(int nb);
 void set_ring_for_tests(int mode);
 // FP8 dense calls through 16-byte pieces (Fp8x2, DS41_TCG_FP8_WIDE=1): -1 the environment, 0 off, 1 on.
 void set_fp8_wide_for_tests(int mode);
+// The early start (DS41_TCG_EARLY, DS41_TCG_L2_MB): before_wait -1 the environment, 0 / 1; l2_mb the
+// megabytes a launch prefetches into L2 ahead of its loads (-1 the environment, 0 none). No value changes.
+void set_early_for_tests(int before_wait, int l2_mb);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)
