@@ -21,7 +21,8 @@ namespace ds41::gpu {
 // The MoE of n_ rows through block w with E routed experts, top-k (the text layers, or a DSpark
 // stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
 Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
-                            float* y, const float* expand_post, const float* expand_comb) {
+                            float* y, const float* expand_post, const float* expand_comb,
+                            const cuda::L2Regions* ahead) {
   const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
@@ -85,6 +86,7 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   } else {
     DS41_RETURN_IF_ERROR(routed(true));
   }
+  if (ahead != nullptr) DS41_RETURN_IF_ERROR(l2_ahead(*ahead));  // during the combine and what follows
   DS41_RETURN_IF_ERROR(join_pending());  // the FFN site's map (post / comb), if it ran on the side stream
   cudaStream_t s = stream_;
   if (!expand_post) {
@@ -101,10 +103,10 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out, const float* expand_post,
-                       const float* expand_comb) {
+                       const float* expand_comb, const cuda::L2Regions* ahead) {
   const int64_t n = n_, k = c_->num_experts_per_tok, nk = n * k;
   DS41_RETURN_IF_ERROR(
-      moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post, expand_comb));
+      moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post, expand_comb, ahead));
   cudaStream_t s = stream_;
   if (!opt.record) return ok_status();
   std::vector<int32_t> ex(nk);
