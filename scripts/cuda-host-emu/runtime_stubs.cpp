@@ -12,6 +12,10 @@ cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { std::
 cudaError_t cudaMemset(void* d, int v, size_t n) { std::memset(d, v, n); return cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) { std::memmove(d, s, n); return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+// Streams: everything is synchronous here; a stream is a distinct non-null handle.
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { static char h; *s = reinterpret_cast<cudaStream_t>(&h); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) { *v = a == cudaDevAttrMultiProcessorCount ? 132 : 0; return cudaSuccess; }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }

@@ -56,17 +56,23 @@ TEST(L2Prefetch, ChangesNothing) {
   dw.in_dim = 96;  // payload 6144 B, scales 2 x 3 B: odd sizes
   dw.data = reinterpret_cast<const uint8_t*>(w.p) + 3;
   dw.scale = reinterpret_cast<const uint8_t*>(w.p) + 7001;
+  cudaStream_t stream = nullptr;  // our own: launch() asks for PDL only there
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct StreamGone {
+    cudaStream_t s;
+    ~StreamGone() { cudaStreamDestroy(s); }
+  } stream_gone{stream};
   for (int64_t cap : {int64_t{1} << 20, int64_t{24} << 20, int64_t{1} << 40}) {
     L2Regions r;
     ASSERT_TRUE(r.add(reinterpret_cast<const uint8_t*>(w.p) + 5, static_cast<int64_t>(n * sizeof(float)) - 9));
     ASSERT_TRUE(r.add(dw));
     ASSERT_TRUE(r.add(w.p, 1));  // one byte: no whole 16-byte unit
     // producer -> prefetch -> consumer on one stream (PDL): a *= 2, prefetch, a *= 0.5
-    ASSERT_TRUE(run_scale(a.p, 4096, 2.0f, nullptr).ok());
-    const Status st = run_l2_prefetch(r, cap, nullptr);
+    ASSERT_TRUE(run_scale(a.p, 4096, 2.0f, stream).ok());
+    const Status st = run_l2_prefetch(r, cap, stream);
     ASSERT_TRUE(st.ok()) << st.message();
-    ASSERT_TRUE(run_scale(a.p, 4096, 0.5f, nullptr).ok());
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_TRUE(run_scale(a.p, 4096, 0.5f, stream).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   }
   const std::vector<float> got = w.get(), ga = a.get();
   size_t differ = 0;

@@ -1251,6 +1251,12 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
   const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
   set_tc_gemv_for_tests(1);
   uint64_t seed = 17000;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct StreamGone {
+    cudaStream_t s;
+    ~StreamGone() { cudaStreamDestroy(s); }
+  } stream_gone{stream};
   struct Mode {
     int before_wait, l2_mb;
   };
@@ -1270,12 +1276,14 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
       std::vector<float> half(big + x.size(), 0.25f);
       for (size_t i = 0; i < x.size(); ++i) half[big + i] = x[i] * 0.5f;
       Dev<float> dx(x), dhalf(half);
+      // A stream of our own: launch() asks for PDL only there (never on the legacy stream).
       auto run = [&](const float* px, int cap) {
         set_persist_slot_cap_for_tests(cap);
         Dev<float> dy(static_cast<size_t>(n * c.out));
-        const Status st = c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, px, n, dy.p, nullptr, true)
-                                       : run_linear(dw.dw, px, n, dy.p, nullptr, true);
+        const Status st = c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, px, n, dy.p, stream, true)
+                                       : run_linear(dw.dw, px, n, dy.p, stream, true);
         EXPECT_TRUE(st.ok()) << st.message();
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         return dy.get();
       };
       for (int cap : {0, 1, 3}) {
@@ -1286,10 +1294,11 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
           set_tc_gemv_early_for_tests(m.before_wait, m.l2_mb);
           const std::vector<float> got = run(dx.p, cap);
           for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
-          ASSERT_TRUE(run_scale(dhalf.p, static_cast<int64_t>(half.size()), 2.0f, nullptr).ok());
+          ASSERT_TRUE(run_scale(dhalf.p, static_cast<int64_t>(half.size()), 2.0f, stream).ok());
           const std::vector<float> chained = run(dhalf.p + big, cap);
           for (size_t i = 0; i < chained.size(); ++i) differ_chained += bits_of(chained[i]) != bits_of(want[i]);
-          ASSERT_TRUE(run_scale(dhalf.p, static_cast<int64_t>(half.size()), 0.5f, nullptr).ok());
+          ASSERT_TRUE(run_scale(dhalf.p, static_cast<int64_t>(half.size()), 0.5f, stream).ok());
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         }
         report("linear tc-gemv early start",
                std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " g=" + std::to_string(c.groups) +
