@@ -546,8 +546,8 @@ cuda::L2Regions GpuForward::regions(std::initializer_list<const cuda::DeviceWeig
 Status GpuForward::l2_ahead(const cuda::L2Regions& r) {
   static const int64_t cap = [] {
     const char* e = std::getenv("DS41_L2_AHEAD_MB");
-    const int64_t mb = e != nullptr ? std::atoll(e) : 24;
-    return (mb >= 0 && mb <= 1024 ? mb : 24) << 20;
+    const int64_t mb = e != nullptr ? std::atoll(e) : 0;  // opt-in until measured on a device
+    return (mb >= 0 && mb <= 1024 ? mb : 0) << 20;
   }();
   if (cap <= 0 || n_ > 64 || r.count == 0) return ok_status();
   return cuda::run_l2_prefetch(r, cap, stream_);

@@ -270,7 +270,7 @@ class GpuForward {
 
   // Weights into L2 ahead of their GEMVs (backends/cuda/l2_prefetch_kernels.h): at the start of a
   // chain of small kernels that leaves HBM idle (the attention with the indexer, the mHC sites with
-  // the router), the first DS41_L2_AHEAD_MB (default 24; 0: off) of the weights the chain's end reads,
+  // the router), the first DS41_L2_AHEAD_MB (e.g. 24; unset or 0: off, until measured) of the weights the chain's end reads,
   // in their order. Decode-shaped forwards only (n <= 64: each weight is read once per step by a
   // GEMV); no value changes.
   static cuda::L2Regions regions(std::initializer_list<const cuda::DeviceWeight*> ws);

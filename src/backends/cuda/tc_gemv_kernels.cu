@@ -1356,24 +1356,27 @@ bool fp8_wide() {
   return on;
 }
 
-// DS41_TCG_L2_MB (default 32; 0: none): the megabytes of W a launch prefetches into L2 ahead of its
-// register ring, shared evenly by its warps (each warp's share, from its current task's next steps;
-// the old CUDA-core GEMV prefetched up to 24 MB of its first rows the same way). Larger than about
-// half of L2 it would evict lines before their loads. DS41_TCG_EARLY=0: the dense kernel waits for
-// the previous kernel before its first loads (as before). Neither changes a value (measurements).
+// DS41_TCG_L2_MB (0 or unset: none; e.g. 32): the megabytes of W a launch prefetches into L2 ahead of
+// its register ring, shared evenly by its warps (each warp's share, from its current task's next
+// steps; the old CUDA-core GEMV prefetched up to 24 MB of its first rows the same way). Larger than
+// about half of L2 it would evict lines before their loads. DS41_TCG_EARLY=1: the dense kernel issues
+// its first loads before its PDL wait. Neither changes a value; both opt-in until measured on a device.
 int g_l2_mb = -1, g_early = -1;
 int l2_mb() {
   if (g_l2_mb >= 0) return g_l2_mb;
   static const int v = [] {
     const char* e = std::getenv("DS41_TCG_L2_MB");
-    const int n = e != nullptr ? std::atoi(e) : 32;
-    return n >= 0 && n <= 256 ? n : 32;
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return n >= 0 && n <= 256 ? n : 0;
   }();
   return v;
 }
 bool early_on() {
   if (g_early >= 0) return g_early != 0;
-  static const bool on = switch_on("DS41_TCG_EARLY");
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TCG_EARLY");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
   return on;
 }
 Early early_for(const dim3& grid, bool dense) {
