@@ -35,22 +35,26 @@ int64_t L2Regions::total() const {
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int64_t kChunk = int64_t{32} << 10;  // bytes per bulk prefetch
+constexpr int kThreads = 32;
+constexpr int kMaxBlocks = 64;
+constexpr int64_t kChunk = int64_t{16} << 10;  // bytes per bulk prefetch
 
-// Thread t prefetches chunks t, t + kThreads, ... of the regions laid end to end (up to cap bytes):
-// cp.async.bulk.prefetch.L2 on sm_90 (16-byte aligned, whole 16-byte units inside the region), one
-// prefetch.global.L2 per 128-byte line otherwise.
+// Chunk c of the regions laid end to end (up to cap bytes) goes to global thread c % (threads of the
+// grid): cp.async.bulk.prefetch.L2 on sm_90 (16-byte aligned, whole 16-byte units inside the region),
+// one prefetch.global.L2 per 128-byte line otherwise. Many small blocks, not one: each SM's copy
+// engine walks its own bulk prefetches line by line, so one block would take ~100 us for 24 MB.
 __global__ void __launch_bounds__(kThreads) l2_prefetch_kernel(L2Regions r, int64_t cap) {
   // After the previous kernel (its own loads keep the bandwidth), and the next kernel may start now:
   // nothing here is read by anyone.
   dev::pdl_wait();
   dev::pdl_trigger();
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x,
+                stride = static_cast<int64_t>(gridDim.x) * kThreads;
   int64_t at = 0;  // bytes of the earlier regions
   for (int i = 0; i < r.count && at < cap; ++i) {
     const int64_t len = min(r.bytes[i], cap - at);
     const uintptr_t base = reinterpret_cast<uintptr_t>(r.ptr[i]);
-    for (int64_t off = static_cast<int64_t>(threadIdx.x) * kChunk; off < len; off += kThreads * kChunk) {
+    for (int64_t off = tid * kChunk; off < len; off += stride * kChunk) {
       const uintptr_t a = base + off, e = base + min(len, off + kChunk);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       const uintptr_t a16 = (a + 15) & ~uintptr_t{15}, n16 = e > a16 ? (e - a16) & ~uintptr_t{15} : 0;
@@ -75,7 +79,9 @@ Status run_l2_prefetch(const L2Regions& r, int64_t cap_bytes, cudaStream_t strea
       return invalid_argument("l2_prefetch: region " + std::to_string(i) + " is null");
   }
   if (cap_bytes <= 0 || r.count == 0 || r.total() == 0) return ok_status();
-  launch(l2_prefetch_kernel, dim3(1), dim3(kThreads), 0, stream, r, cap_bytes);
+  const int64_t bytes = std::min(cap_bytes, r.total()), chunks = (bytes + kChunk - 1) / kChunk;
+  const int blocks = static_cast<int>(std::min<int64_t>(kMaxBlocks, (chunks + kThreads - 1) / kThreads));
+  launch(l2_prefetch_kernel, dim3(blocks), dim3(kThreads), 0, stream, r, cap_bytes);
   return last_launch_status("l2_prefetch");
 }
 
