@@ -166,7 +166,14 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.rope_inv_freq = inv.ptr;
   a.rope_n_freq = inv.size;
   a.rotate_q = true;
-  if (prefetch_out) DS41_RETURN_IF_ERROR(l2_ahead(regions({&w.wo_a, &w.wo_b})));  // during the attention
+  // wo_a / wo_b into L2 during the attention: carried by its first kernel, or a launch of its own.
+  const cuda::L2Regions wo = regions({&w.wo_a, &w.wo_b});
+  if (prefetch_out && l2_ahead_ride()) {
+    a.ahead = &wo;
+    a.ahead_cap = l2_ahead_cap();
+  } else if (prefetch_out) {
+    DS41_RETURN_IF_ERROR(l2_ahead(wo));
+  }
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
   DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
   return linear(w.wo_b, ws_.z, n, y);

@@ -543,13 +543,23 @@ cuda::L2Regions GpuForward::regions(std::initializer_list<const cuda::DeviceWeig
   return r;
 }
 
-Status GpuForward::l2_ahead(const cuda::L2Regions& r) {
+int64_t GpuForward::l2_ahead_cap() const {
   static const int64_t cap = [] {
     const char* e = std::getenv("DS41_L2_AHEAD_MB");
     const int64_t mb = e != nullptr ? std::atoll(e) : 0;  // opt-in until measured on a device
     return (mb >= 0 && mb <= 1024 ? mb : 0) << 20;
   }();
-  if (cap <= 0 || n_ > 64 || r.count == 0) return ok_status();
+  return n_ <= 64 ? cap : 0;
+}
+
+bool GpuForward::l2_ahead_ride() {
+  static const bool on = cuda::switch_on("DS41_L2_AHEAD_RIDE");
+  return on;
+}
+
+Status GpuForward::l2_ahead(const cuda::L2Regions& r) {
+  const int64_t cap = l2_ahead_cap();
+  if (cap <= 0 || r.count == 0) return ok_status();
   return cuda::run_l2_prefetch(r, cap, stream_);
 }
 
@@ -570,9 +580,12 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
   // The FFN side's weights stream into L2 during the expand, the site and the router.
-  DS41_RETURN_IF_ERROR(l2_ahead(regions({&w.gate, &w.shared.w1, &w.shared.w3, &w.shared.w2})));
+  const cuda::L2Regions ffn = regions({&w.gate, &w.shared.w1, &w.shared.w3, &w.shared.w2});
+  const bool ride = l2_ahead_ride() && l2_ahead_cap() > 0;
+  if (!ride) DS41_RETURN_IF_ERROR(l2_ahead(ffn));
   DS41_RETURN_IF_ERROR(join_pending());  // the site's map, if it ran on the side stream
-  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
+  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_,
+                                           ride ? &ffn : nullptr, l2_ahead_cap()));
   // FFN site.
   DS41_RETURN_IF_ERROR(
       hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));

@@ -273,7 +273,13 @@ class GpuForward {
   // the router), the first DS41_L2_AHEAD_MB (e.g. 24; unset or 0: off, until measured) of the weights the chain's end reads,
   // in their order. Decode-shaped forwards only (n <= 64: each weight is read once per step by a
   // GEMV); no value changes.
+  // l2_ahead_cap(): the bytes per point (0: off, or a forward that is not decode-shaped).
+  // DS41_L2_AHEAD_RIDE (default on; 0: a launch of its own at every point): the chain's first kernel
+  // carries the prefetch where it can (the decode attention's split kernel, the expand, the combine +
+  // expand), no launch more; l2_ahead() launches run_l2_prefetch.
   static cuda::L2Regions regions(std::initializer_list<const cuda::DeviceWeight*> ws);
+  int64_t l2_ahead_cap() const;
+  static bool l2_ahead_ride();
   Status l2_ahead(const cuda::L2Regions& r);
 
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile

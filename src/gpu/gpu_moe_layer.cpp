@@ -86,7 +86,9 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   } else {
     DS41_RETURN_IF_ERROR(routed(true));
   }
-  if (ahead != nullptr) DS41_RETURN_IF_ERROR(l2_ahead(*ahead));  // during the combine and what follows
+  // `ahead` into L2 during the combine and what follows: carried by the combine + expand, or a launch.
+  const bool ride = ahead != nullptr && expand_post != nullptr && l2_ahead_ride();
+  if (ahead != nullptr && !ride) DS41_RETURN_IF_ERROR(l2_ahead(*ahead));
   DS41_RETURN_IF_ERROR(join_pending());  // the FFN site's map (post / comb), if it ran on the side stream
   cudaStream_t s = stream_;
   if (!expand_post) {
@@ -98,7 +100,7 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   // operations as combine, add, expand).
   return cuda::run_moe_combine_expand(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H,
                                       shared ? ws_.sout : nullptr, y, ws_.streams, expand_post, expand_comb,
-                                      c_->hc_mult, s);
+                                      c_->hc_mult, s, ride ? ahead : nullptr, l2_ahead_cap());
 }
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,

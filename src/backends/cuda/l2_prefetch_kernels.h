@@ -28,6 +28,9 @@ struct L2Regions {
   int64_t total() const;
 };
 
+// The regions' own errors: a region with bytes < 0, a null pointer with bytes > 0, a count out of range.
+Status check_l2_regions(const L2Regions& r);
+
 // One small launch (PDL: it waits for the previous kernel, then lets the next one start before it
 // issues its prefetches): the first cap_bytes of r, in order. cap_bytes <= 0 or no regions: nothing
 // is launched. Errors: a region with bytes < 0 or a null pointer with bytes > 0.
