@@ -129,16 +129,14 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         return index_queries(l, x, ws_.q_r).with_context("indexer");
       }));
   if (p.index_source) {
-    DS41_RETURN_IF_ERROR(l2_ahead(regions({&w.wo_a, &w.wo_b})));  // streams during the indexer's kernels
     DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));
     DS41_RETURN_IF_ERROR(entries());
   }
-  return attention_output(w, n, kv_offsets, kv_index, max_entries, inv, y, !p.index_source);
+  return attention_output(w, n, kv_offsets, kv_index, max_entries, inv, y);
 }
 
 Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets,
-                                    const int32_t* kv_index, int64_t max_entries, const DeviceVec& inv, float* y,
-                                    bool prefetch_out) {
+                                    const int32_t* kv_index, int64_t max_entries, const DeviceVec& inv, float* y) {
   const int64_t nh = c_->num_attention_heads, hd = c_->head_dim;
   cudaStream_t s = stream_;
   cuda::SparseAttentionArgs a;
@@ -166,14 +164,6 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.rope_inv_freq = inv.ptr;
   a.rope_n_freq = inv.size;
   a.rotate_q = true;
-  // wo_a / wo_b into L2 during the attention: carried by its first kernel, or a launch of its own.
-  const cuda::L2Regions wo = regions({&w.wo_a, &w.wo_b});
-  if (prefetch_out && l2_ahead_ride()) {
-    a.ahead = &wo;
-    a.ahead_cap = l2_ahead_cap();
-  } else if (prefetch_out) {
-    DS41_RETURN_IF_ERROR(l2_ahead(wo));
-  }
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
   DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
   return linear(w.wo_b, ws_.z, n, y);

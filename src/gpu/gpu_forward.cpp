@@ -536,33 +536,6 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
   return cuda::run_hc_site(s, stream_);
 }
 
-cuda::L2Regions GpuForward::regions(std::initializer_list<const cuda::DeviceWeight*> ws) {
-  cuda::L2Regions r;
-  for (const cuda::DeviceWeight* w : ws)
-    if (w != nullptr && !r.add(*w)) break;
-  return r;
-}
-
-int64_t GpuForward::l2_ahead_cap() const {
-  static const int64_t cap = [] {
-    const char* e = std::getenv("DS41_L2_AHEAD_MB");
-    const int64_t mb = e != nullptr ? std::atoll(e) : 0;  // opt-in until measured on a device
-    return (mb >= 0 && mb <= 1024 ? mb : 0) << 20;
-  }();
-  return n_ <= 64 ? cap : 0;
-}
-
-bool GpuForward::l2_ahead_ride() {
-  static const bool on = cuda::switch_on("DS41_L2_AHEAD_RIDE");
-  return on;
-}
-
-Status GpuForward::l2_ahead(const cuda::L2Regions& r) {
-  const int64_t cap = l2_ahead_cap();
-  if (cap <= 0 || r.count == 0) return ok_status();
-  return cuda::run_l2_prefetch(r, cap, stream_);
-}
-
 Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
                              std::vector<model::SequenceOutput>* out) {
   const DeviceLayer& w = m_->weights().layers[l];
@@ -579,24 +552,12 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
   DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
-  // The FFN side's weights stream into L2 during the expand, the site and the router.
-  const cuda::L2Regions ffn = regions({&w.gate, &w.shared.w1, &w.shared.w3, &w.shared.w2});
-  const bool ride = l2_ahead_ride() && l2_ahead_cap() > 0;
-  if (!ride) DS41_RETURN_IF_ERROR(l2_ahead(ffn));
   DS41_RETURN_IF_ERROR(join_pending());  // the site's map, if it ran on the side stream
-  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_,
-                                           ride ? &ffn : nullptr, l2_ahead_cap()));
+  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
   // FFN site.
   DS41_RETURN_IF_ERROR(
       hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
-  // The next layer's query path streams into L2 during the combine and the next attention site (not
-  // ahead of an Engram layer: its own projections are read first).
-  cuda::L2Regions next;
-  if (l + 1 < static_cast<int64_t>(m_->weights().layers.size()) && !c_->is_engram_layer(l + 1)) {
-    const DeviceLayer& nw = m_->weights().layers[l + 1];
-    next = regions({&nw.wq_a, &nw.wq_b, &nw.wkv});
-  }
-  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, &next));  // expands into the streams
+  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f));  // expands into the streams
   return ok_status();
 }
 

@@ -22,12 +22,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <span>
 #include <vector>
 
-#include "backends/cuda/l2_prefetch_kernels.h"
 #include "core/status.h"
 #include "gpu/device_model.h"
 #include "gpu/gpu_workspace.h"
@@ -244,19 +242,14 @@ class GpuForward {
                  const float* collapse_w, const float* norm_weight, float* x);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
-  // prefetch_out: wo_a / wo_b into L2 ahead of the attention kernels (l2_ahead; an index source has
-  // done it before its indexer).
   Status attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets, const int32_t* kv_index,
-                          int64_t max_entries, const DeviceVec& inv, float* y, bool prefetch_out = true);
+                          int64_t max_entries, const DeviceVec& inv, float* y);
   Status draft_attention(int64_t s, const int64_t* ring_read, int64_t ctx_rows, const int64_t* kv_offsets,
                          const int32_t* kv_index, const float* x, float* y);
   // The MoE of n_ rows into y. With expand_post / expand_comb set it also expands y into ws_.streams
   // (run_hc_expand with that post / comb), fused with the combine and the shared expert's add.
-  // ahead: weights of what follows (the next layer's query path) prefetched into L2 after the
-  // experts' GEMVs, before the combine (l2_ahead).
   Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y,
-                  const float* expand_post = nullptr, const float* expand_comb = nullptr,
-                  const cuda::L2Regions* ahead = nullptr);
+                  const float* expand_post = nullptr, const float* expand_comb = nullptr);
 
   Status engram_stage(int64_t l);
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
@@ -266,21 +259,7 @@ class GpuForward {
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
-             const float* expand_comb = nullptr, const cuda::L2Regions* ahead = nullptr);
-
-  // Weights into L2 ahead of their GEMVs (backends/cuda/l2_prefetch_kernels.h): at the start of a
-  // chain of small kernels that leaves HBM idle (the attention with the indexer, the mHC sites with
-  // the router), the first DS41_L2_AHEAD_MB (e.g. 24; unset or 0: off, until measured) of the weights the chain's end reads,
-  // in their order. Decode-shaped forwards only (n <= 64: each weight is read once per step by a
-  // GEMV); no value changes.
-  // l2_ahead_cap(): the bytes per point (0: off, or a forward that is not decode-shaped).
-  // DS41_L2_AHEAD_RIDE (default on; 0: a launch of its own at every point): the chain's first kernel
-  // carries the prefetch where it can (the decode attention's split kernel, the expand, the combine +
-  // expand), no launch more; l2_ahead() launches run_l2_prefetch.
-  static cuda::L2Regions regions(std::initializer_list<const cuda::DeviceWeight*> ws);
-  int64_t l2_ahead_cap() const;
-  static bool l2_ahead_ride();
-  Status l2_ahead(const cuda::L2Regions& r);
+             const float* expand_comb = nullptr);
 
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.

@@ -24,7 +24,6 @@
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
 #include "backends/cuda/launch.h"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
@@ -175,12 +174,8 @@ __global__ void __launch_bounds__(kThreads)
                                   const float* __restrict__ sink, float scale, float* __restrict__ out,
                                   int64_t splits, int64_t chunk, float* __restrict__ part_acc,
                                   float* __restrict__ part_ml, const int64_t* __restrict__ q_pos,
-                                  const float* __restrict__ q_inv_freq, int64_t q_n_freq, L2Regions ahead,
-                                  int64_t ahead_cap) {
+                                  const float* __restrict__ q_inv_freq, int64_t q_n_freq) {
   dev::pdl_enter();
-  if (ahead_cap > 0 && threadIdx.x < 32)  // the next weights into L2 (SparseAttentionArgs::ahead), warp 0 of each CTA
-    dev::l2_prefetch_chunks(ahead, ahead_cap, static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x,
-                            static_cast<int64_t>(gridDim.x) * 32);
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ float acc_s[kSplitHeads * kMaxDim];
   const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
@@ -528,8 +523,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream,
          a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
          std::max<int64_t>(chunk, 1), part_acc, part_ml, rotate_in_kernel ? a.rope_pos : nullptr,
-         rotate_in_kernel ? a.rope_inv_freq : nullptr, rotate_in_kernel ? a.rope_n_freq : int64_t{0},
-         a.ahead != nullptr ? *a.ahead : L2Regions{}, a.ahead != nullptr ? a.ahead_cap : int64_t{0});
+         rotate_in_kernel ? a.rope_inv_freq : nullptr, rotate_in_kernel ? a.rope_n_freq : int64_t{0});
   DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
   if (splits == 1) return rotate_back();
   launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream,
@@ -555,12 +549,7 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
                             " (want 2 * rope_n_freq <= head_dim, rope_pos and rope_inv_freq set)");
   if (a.rotate_q && a.rope_n_freq == 0)
     return invalid_argument("sparse_attention: rotate_q needs rope_n_freq > 0 (the rotation's frequencies)");
-  if (a.ahead != nullptr) DS41_RETURN_IF_ERROR(check_l2_regions(*a.ahead));
-  // The paths without the split kernel prefetch `ahead` in a launch of its own first.
-  auto ahead_alone = [&]() -> Status {
-    return a.ahead != nullptr ? run_l2_prefetch(*a.ahead, a.ahead_cap, stream) : ok_status();
-  };
-  if (a.n == 0) return ahead_alone();
+  if (a.n == 0) return ok_status();
   if (!a.q || !a.kv_offsets || !a.sink || !a.out || (a.max_entries_per_row > 0 && (!a.kv_index || !a.kv)))
     return invalid_argument("sparse_attention: null q, kv_offsets, kv_index, kv, sink or out");
   // The inverse rotation where it is not fused into the split combine.
@@ -579,14 +568,12 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
       p.kv_offsets = a.kv_offsets + r0;
       p.out = a.out + r0 * a.n_heads * a.head_dim;
       if (p.rope_pos) p.rope_pos = a.rope_pos + r0;
-      if (r0 > 0) p.ahead = nullptr;  // the first pass carries the prefetch
       DS41_RETURN_IF_ERROR(run_sparse_attention_decode(p, splits, stream));
     }
     return ok_status();
   }
   if (a.n <= kSplitMaxRows) return run_sparse_attention_decode(a, decode_splits(a.n, a.n_heads, a.max_entries_per_row), stream);
   static const bool tc_allowed = switch_on("DS41_TC_ATTENTION");
-  DS41_RETURN_IF_ERROR(ahead_alone());
   // The other paths rotate q in place first (rotate_q).
   if (a.rotate_q) DS41_RETURN_IF_ERROR(rotate_q_in_place(a, stream));
   if (tc_allowed && sparse_attention_tc_supported(a)) {

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/cuda/l2_prefetch_kernels.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -54,11 +53,6 @@ struct SparseAttentionArgs {
   // inside the decode path's split kernel as it loads q (one launch less; q unchanged), a run_rope
   // launch in place on the other paths (q must then be writable).
   bool rotate_q = false;
-  // Optional: the first ahead_cap bytes of these regions prefetched into L2 by the same launch (the
-  // decode split kernel's blocks; other paths launch run_l2_prefetch first): the output projection's
-  // weights while the attention runs (l2_prefetch_kernels.h).
-  const L2Regions* ahead = nullptr;
-  int64_t ahead_cap = 0;
 };
 // Workspace run_sparse_attention needs for any call with up to n rows and up to max_entries_per_row
 // entries per row (so it can be sized once from the step limits), row_invariant calls included; 0

@@ -18,7 +18,6 @@
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/launch.h"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/moe_device.cuh"
 #include "backends/cuda/moe_kernels.h"
@@ -97,12 +96,8 @@ __global__ void __launch_bounds__(kThreads)
     moe_combine_expand_kernel(const float* __restrict__ out_perm, const int64_t* __restrict__ slot_pos,
                               const int32_t* __restrict__ experts, int64_t k, int64_t h,
                               const float* __restrict__ add, float* __restrict__ y, float* streams,
-                              const float* __restrict__ post, const float* __restrict__ comb, int64_t c,
-                              L2Regions ahead, int64_t ahead_cap) {
+                              const float* __restrict__ post, const float* __restrict__ comb, int64_t c) {
   dev::pdl_enter();
-  if (ahead_cap > 0 && blockIdx.y == 0 && threadIdx.x < 32)  // the next weights into L2, warp 0 of row 0's blocks
-    dev::l2_prefetch_chunks(ahead, ahead_cap, static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x,
-                            static_cast<int64_t>(gridDim.x) * 32);
   // Every load of a round is issued before the arithmetic that waits for it (ncu: 7 us per call at
   // one row when thread 0's sort and each thread's sum, stream and comb loads were one L2 round trip
   // per loop iteration); the operations and their order are unchanged.
@@ -262,22 +257,20 @@ Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
 
 Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
                               int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
-                              const float* post, const float* comb, int64_t c, cudaStream_t stream,
-                              const L2Regions* ahead, int64_t ahead_cap) {
+                              const float* post, const float* comb, int64_t c, cudaStream_t stream) {
   if (n < 0) return invalid_argument("moe_combine_expand: n is negative");
-  if (ahead != nullptr) DS41_RETURN_IF_ERROR(check_l2_regions(*ahead));
   if (k <= 0 || k > moe::kMaxK) return invalid_argument("moe_combine_expand: k out of range");
   if (h <= 0) return invalid_argument("moe_combine_expand: h must be positive");
   if (c <= 0 || c > kMaxHcC) return invalid_argument("moe_combine_expand: c outside [1, 8]");
-  if (n == 0) return ahead != nullptr ? run_l2_prefetch(*ahead, ahead_cap, stream) : ok_status();
+  if (n == 0) return ok_status();
   if (n > 65535) {  // grid.y: the unfused sequence
     DS41_RETURN_IF_ERROR(run_moe_combine(out_perm, slot_pos, experts, n, k, h, y, stream));
     if (add) DS41_RETURN_IF_ERROR(run_add_inplace(y, add, n * h, stream));
-    return run_hc_expand(streams, y, post, comb, n, c, h, stream, ahead, ahead_cap);
+    return run_hc_expand(streams, y, post, comb, n, c, h, stream);
   }
   const dim3 grid(grid_1d(h, kThreads), static_cast<unsigned>(n));
   launch(moe_combine_expand_kernel, grid, dim3(kThreads), 0, stream, out_perm, slot_pos, experts, k, h, add,
-         y, streams, post, comb, c, ahead != nullptr ? *ahead : L2Regions{}, ahead != nullptr ? ahead_cap : int64_t{0});
+         y, streams, post, comb, c);
   return last_launch_status("moe_combine_expand");
 }
 

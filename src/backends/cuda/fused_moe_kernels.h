@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/cuda/l2_prefetch_kernels.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -41,12 +40,9 @@ Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 // run_moe_combine(out_perm, slot_pos, experts, n, k, h, y), then y += add (nullable: the shared
 // expert's output), then run_hc_expand(streams, y, post, comb, n, c, h): one launch, one thread per
 // (row, channel).
-// ahead (optional): the first ahead_cap bytes of those regions prefetched into L2 by the same launch
-// (l2_prefetch_kernels.h: the next layer's weights during the combine and the next site).
 Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
                               int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
-                              const float* post, const float* comb, int64_t c, cudaStream_t stream,
-                              const L2Regions* ahead = nullptr, int64_t ahead_cap = 0);
+                              const float* post, const float* comb, int64_t c, cudaStream_t stream);
 
 // Two run_swiglu calls (the routed experts' rows and the shared expert's) in one launch: out_a =
 // swiglu(g_a, u_a) over n_a x dim_a (row_scale_a nullable), out_b likewise, the same limit.

@@ -1361,7 +1361,7 @@ void set_tc_gemv_for_tests(int mode) { tcg::set_enabled_for_tests(mode); }
 void set_tc_gemv_rows_per_block_for_tests(int nb) { tcg::set_rows_per_block_for_tests(nb); }
 void set_tc_gemv_ring_for_tests(int mode) { tcg::set_ring_for_tests(mode); }
 void set_tc_gemv_fp8_wide_for_tests(int mode) { tcg::set_fp8_wide_for_tests(mode); }
-void set_tc_gemv_early_for_tests(int before_wait, int l2_mb) { tcg::set_early_for_tests(before_wait, l2_mb); }
+void set_tc_gemv_early_for_tests(int before_wait) { tcg::set_early_for_tests(before_wait); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {

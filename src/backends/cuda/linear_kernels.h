@@ -89,9 +89,8 @@ void set_tc_gemv_ring_for_tests(int mode);
 // The tensor-core GEMV's FP8 16-byte pieces (tcg::set_fp8_wide_for_tests): -1 the environment
 // (DS41_TCG_FP8_WIDE), 0 off, 1 on.
 void set_tc_gemv_fp8_wide_for_tests(int mode);
-// The tensor-core GEMV's early start (DS41_TCG_EARLY, DS41_TCG_L2_MB): the dense kernel's first loads
-// before its PDL wait (-1 the environment, 0, 1) and the megabytes of W a launch prefetches into L2
-// (-1 the environment, 0 none). No value changes.
-void set_tc_gemv_early_for_tests(int before_wait, int l2_mb);
+// The tensor-core GEMV's early start (DS41_TCG_EARLY, default on): the dense kernel's first weight
+// loads before its PDL wait (-1 the environment, 0 off, 1 on). No value changes.
+void set_tc_gemv_early_for_tests(int before_wait);
 
 }  // namespace ds41::cuda

@@ -21,7 +21,6 @@
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/launch.h"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
@@ -64,12 +63,8 @@ __global__ void hc_collapse_kernel(const float* __restrict__ streams, const floa
 }
 
 __global__ void hc_expand_kernel(float* streams, const float* __restrict__ y, const float* __restrict__ post,
-                                 const float* __restrict__ comb, int64_t c, int64_t h, int64_t total,
-                                 L2Regions ahead, int64_t ahead_cap) {
+                                 const float* __restrict__ comb, int64_t c, int64_t h, int64_t total) {
   dev::pdl_enter();
-  if (ahead_cap > 0 && threadIdx.x < 32)  // the next weights into L2 (l2_prefetch_kernels.h), warp 0 of each block
-    dev::l2_prefetch_chunks(ahead, ahead_cap, static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x,
-                            static_cast<int64_t>(gridDim.x) * 32);
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const int64_t r = t / h, i = t % h;
@@ -180,13 +175,11 @@ Status run_hc_collapse(const float* streams, const float* weights, int64_t n, in
 }
 
 Status run_hc_expand(float* streams, const float* y, const float* post, const float* comb, int64_t n,
-                     int64_t c, int64_t h, cudaStream_t stream, const L2Regions* ahead, int64_t ahead_cap) {
+                     int64_t c, int64_t h, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_nch("hc_expand", n, c, h));
-  if (ahead != nullptr) DS41_RETURN_IF_ERROR(check_l2_regions(*ahead));
-  if (n == 0) return ahead != nullptr ? run_l2_prefetch(*ahead, ahead_cap, stream) : ok_status();
+  if (n == 0) return ok_status();
   const int64_t total = n * h;
-  launch(hc_expand_kernel, grid_1d(total, kThreads), kThreads, 0, stream, streams, y, post, comb, c, h, total,
-         ahead != nullptr ? *ahead : L2Regions{}, ahead != nullptr ? ahead_cap : int64_t{0});
+  launch(hc_expand_kernel, grid_1d(total, kThreads), kThreads, 0, stream, streams, y, post, comb, c, h, total);
   return last_launch_status("hc_expand");
 }
 

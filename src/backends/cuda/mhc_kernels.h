@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/cuda/l2_prefetch_kernels.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -36,11 +35,8 @@ size_t hc_map_workspace_bytes(int64_t n, int64_t c, int64_t h);
 Status run_hc_map(const HcMapDeviceArgs& a, cudaStream_t stream);
 Status run_hc_collapse(const float* streams, const float* weights, int64_t n, int64_t c, int64_t h,
                        float* out, cudaStream_t stream);
-// ahead (optional): the first ahead_cap bytes of those regions prefetched into L2 by the same launch
-// (l2_prefetch_kernels.h: the next GEMVs' weights while the chain this kernel starts runs).
 Status run_hc_expand(float* streams, const float* y, const float* post, const float* comb, int64_t n,
-                     int64_t c, int64_t h, cudaStream_t stream, const L2Regions* ahead = nullptr,
-                     int64_t ahead_cap = 0);
+                     int64_t c, int64_t h, cudaStream_t stream);
 // MODEL_SPEC 3.1: streams[r, c, :] = e[r, :] for every c; pi[r, :] = one-hot(0).
 Status run_hc_init(const float* e, int64_t n, int64_t c, int64_t h, float* streams, float* pi,
                    cudaStream_t stream);

@@ -62,7 +62,6 @@
 #include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/device_sm_count.h"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
@@ -436,7 +435,7 @@ struct Fp4 {
   }
 };
 
-// FP8 tiles read as 16-byte pieces (opt-in, DS41_TCG_FP8_WIDE=1; in % 64 == 0): a step = two tiles,
+// FP8 tiles read as 16-byte pieces (the default where in % 64 == 0; DS41_TCG_FP8_WIDE=0: Fp8): a step = two tiles,
 // lane g loads bytes [16g, 16g + 16) of the rows' 64-byte span (rows r and r + 8: a quarter of the
 // load instructions of Fp8's 8-byte pieces, which read 15-22 % slower in the H100 probe,
 // tools/probes/gemv_read_probe.cu) and the two tiles' scale bytes (one 16-bit load: the 16 rows share
@@ -743,34 +742,6 @@ struct WarpTask {
     }
   }
 
-  // L2 prefetch of a task's steps [s_begin, s_end) (rows [o0, o0 + 16) < row_end): up to `lines`
-  // 128-byte lines of payload in K order over the 16 rows, then (FP4) the rows' own scale bytes. No
-  // data reaches a register, so a whole task is in flight at once whatever the register ring holds,
-  // and a kernel may issue it before its PDL wait (the weights are written by no kernel); the ring's
-  // loads then hit L2. Changes no value.
-  __device__ __forceinline__ static void prefetch_steps(const uint8_t* __restrict__ data,
-                                                        const uint8_t* __restrict__ sc, int64_t in, int64_t o0,
-                                                        int64_t row_end, int64_t s_begin, int64_t s_end, int lines) {
-    if (lines <= 0 || s_end <= s_begin) return;
-    const int lane = threadIdx.x & 31;
-    const int64_t o = o0 + (lane & 15);
-    if (o >= row_end) return;
-    const uint8_t* row = D::row_ptr(data, in, o, 0);
-    const uintptr_t end = reinterpret_cast<uintptr_t>(row + s_end * D::kStepBytes);
-    // lane l: lines l / 16, + 2, + 4, ... of row l % 16 (so `lines` counts in K order over the rows)
-    const int per_lane = (lines - (lane >> 4) + 31) >> 5;
-    uintptr_t a = ((reinterpret_cast<uintptr_t>(row + s_begin * D::kStepBytes) >> 7) + (lane >> 4)) << 7;
-    for (int i = 0; i < per_lane && a < end; ++i, a += 256) dev::prefetch_l2(reinterpret_cast<const void*>(a));
-    if constexpr (!kFp8 && D::kScaleStep > 0) {  // FP4: each row its own scale bytes (FP8: one row of tiles)
-      if (lane < 16) {
-        const uint8_t* srow = sc + o * (in / 32);
-        const uintptr_t se = reinterpret_cast<uintptr_t>(srow + s_end * D::kScaleStep - 1) >> 7;
-        for (uintptr_t b = reinterpret_cast<uintptr_t>(srow + s_begin * D::kScaleStep) >> 7; b <= se; ++b)
-          dev::prefetch_l2(reinterpret_cast<const void*>(b << 7));
-      }
-    }
-  }
-
   // kRing: steps [k, k + P) of the task (those < n) into stage u: the bulk copies of its 16 rows (lane
   // i < 16 copies row o0 + i, clamped as the loads) on the stage's barrier, announced by lane 0
   // first; the scale words by cp.async. One cp.async group per call, also when nothing is left.
@@ -981,13 +952,12 @@ struct WarpTask {
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
 // partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
 // weight loads are issued before stage() (the block's x staging; called once by every thread; the
-// dense kernel's PDL wait is in it), and each task's rest is prefetched into L2 with its first
-// loads, and the next task's at the top of each iteration (WarpTask::prefetch_steps, <= l2_lines lines).
+// dense kernel's PDL wait is in it with the early start).
 template <class D, bool kFp8, int NB, bool kRing, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
                            int64_t ldy, float* red_d, uint8_t* ring, int ring_depth, int64_t slot, int64_t n_slots,
-                           int l2_lines, Stage stage) {
+                           Stage stage) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int KS = 1 << ks_log2, RPB = kWarps >> ks_log2;
   const int kp = warp & (KS - 1), rgl = warp >> ks_log2;
@@ -1008,21 +978,11 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
     dev::mbar_init_fence();
     __syncwarp();
   }
-  using Task = WarpTask<D, kFp8, NB, kRing>;
-  if (slot < n_rgb && slot * RPB + rgl < n_rg) {
+  if (slot < n_rgb && slot * RPB + rgl < n_rg)
     task.prologue(data, sc, in, w_row0 + (slot * RPB + rgl) * 16, w_row0 + out_rows, t0, t1);
-    if constexpr (!kRing)  // the ring's bulk copies are whole stages in flight already
-      Task::prefetch_steps(data, sc, in, w_row0 + (slot * RPB + rgl) * 16, w_row0 + out_rows, t0 + Task::U, t1,
-                           l2_lines);
-  }
   stage();
   for (int64_t rgb = slot; rgb < n_rgb; rgb += n_slots) {
     const int64_t rg = rgb * RPB + rgl, rg_next = (rgb + n_slots) * RPB + rgl;
-    // The next task's rest, a whole task ahead (its first U steps: prologue()); decode-sized blocks
-    // only (at NB >= 4 its registers cost FP8 its second block per SM: 125 -> 137).
-    if constexpr (!kRing && NB <= 3)
-      if (rgb + n_slots < n_rgb && rg_next < n_rg)
-        Task::prefetch_steps(data, sc, in, w_row0 + rg_next * 16, w_row0 + out_rows, t0 + Task::U, t1, l2_lines);
     float acc[NT][4];
 #pragma unroll
     for (int c = 0; c < NT; ++c)
@@ -1058,11 +1018,9 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   if constexpr (kRing) dev::cp_async_wait<0>();  // no copy outlives the block (all are empty by now)
 }
 
-// The early start of a launch (host: early_for): l2_lines, the 128-byte lines of its task each warp
-// prefetches into L2 with the task's first loads (WarpTask::prefetch_steps; 0: none); before_wait
-// (dense kernel): the first task's loads and prefetches are issued before the PDL wait.
+// The dense kernel's early start (host: early_on): before_wait, the first task's weight loads are
+// issued before the PDL wait.
 struct Early {
-  int l2_lines = 0;
   bool before_wait = false;
 };
 
@@ -1094,7 +1052,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
   block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
                                  smem_u2, nb, ex, (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy, red_d, ring,
-                                 ring_depth, blockIdx.y, gridDim.y, early.l2_lines, [&] {
+                                 ring_depth, blockIdx.y, gridDim.y, [&] {
                                    if (early.before_wait) dev::pdl_enter();
                                    stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex, nullptr, norm);
                                  });
@@ -1108,7 +1066,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
                      const float* __restrict__ x, const int64_t* __restrict__ x_rows, float* __restrict__ y,
-                     float* __restrict__ y2, int ks_log2, int ring_depth, int l2_lines) {
+                     float* __restrict__ y2, int ks_log2, int ring_depth) {
   dev::pdl_enter();  // offsets (the routing's) say which weights: nothing to load before the wait
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -1151,7 +1109,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
   block_rows<D, kFp8, NB, kRing>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex,
                                  (second ? y2 : y) + r0 * out_dim, out_dim, red_d, ring, ring_depth, blockIdx.x,
-                                 gridDim.x, l2_lines, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex, rb); });
+                                 gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex, rb); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1343,48 +1301,26 @@ int ring_depth(size_t smem, int stage_bytes) {
   return 0;
 }
 
-// DS41_TCG_FP8_WIDE=1: dense FP8 calls with in % 64 == 0 read 16-byte pieces (Fp8x2); off by default
-// until measured faster (tests: set_fp8_wide_for_tests). The choice depends on the weight and the
-// switch only, so a row keeps its bits across row counts either way.
+// Dense FP8 calls with in % 64 == 0 read 16-byte pieces (Fp8x2) unless DS41_TCG_FP8_WIDE=0 (tests:
+// set_fp8_wide_for_tests). Measured on the H100 (docs/perf/README.md, session of 2026-12-05 11:51 UTC):
+// wo_b 34.1 -> 27.2 us, wq_b 21.1 -> 19.5 us at one row; batch-1 decode 3.261 -> 3.071 ms. The choice
+// depends on the weight and the switch only, so a row keeps its bits across row counts either way.
 int g_fp8_wide = -1;
 bool fp8_wide() {
   if (g_fp8_wide >= 0) return g_fp8_wide != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TCG_FP8_WIDE");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
+  static const bool on = switch_on("DS41_TCG_FP8_WIDE");
   return on;
 }
 
-// DS41_TCG_L2_MB (0 or unset: none; e.g. 32): the megabytes of W a launch prefetches into L2 ahead of
-// its register ring, shared evenly by its warps (each warp's share, from its current task's next
-// steps; the old CUDA-core GEMV prefetched up to 24 MB of its first rows the same way). Larger than
-// about half of L2 it would evict lines before their loads. DS41_TCG_EARLY=1: the dense kernel issues
-// its first loads before its PDL wait. Neither changes a value; both opt-in until measured on a device.
-int g_l2_mb = -1, g_early = -1;
-int l2_mb() {
-  if (g_l2_mb >= 0) return g_l2_mb;
-  static const int v = [] {
-    const char* e = std::getenv("DS41_TCG_L2_MB");
-    const int n = e != nullptr ? std::atoi(e) : 0;
-    return n >= 0 && n <= 256 ? n : 0;
-  }();
-  return v;
-}
+// DS41_TCG_EARLY (default on; 0: off): the dense kernel issues its first task's weight loads before its
+// PDL wait, so a block that lands while the previous kernel drains starts streaming at once. Measured
+// on the H100 (docs/perf/README.md, session of 2026-12-05 11:51 UTC): 0.5-1.3 us less per dense GEMV
+// at one row. (A prefetch of each warp's whole task into L2, tried with it, was slower: removed.)
+int g_early = -1;
 bool early_on() {
   if (g_early >= 0) return g_early != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TCG_EARLY");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
+  static const bool on = switch_on("DS41_TCG_EARLY");
   return on;
-}
-Early early_for(const dim3& grid, bool dense) {
-  Early e;
-  const int64_t warps = static_cast<int64_t>(grid.x) * grid.y * grid.z * kWarps;
-  e.l2_lines = static_cast<int>(std::min<int64_t>(1 << 20, (static_cast<int64_t>(l2_mb()) << 20) / 128 / std::max<int64_t>(1, warps)));
-  e.before_wait = dense && early_on();
-  return e;
 }
 
 bool nb_fits(int nb, int64_t in) { return smem_bytes(in, nb) <= static_cast<size_t>(kMaxSmem); }
@@ -1443,10 +1379,7 @@ void set_slot_cap_for_tests(int cap) { g_slot_cap = cap > 0 ? cap : 0; }
 void set_rows_per_block_for_tests(int nb) { g_nb = (nb == 2 || nb == 3 || nb == 4 || nb == 6) ? nb : 0; }
 void set_ring_for_tests(int mode) { g_ring = ring_mode_valid(mode) ? mode : -1; }
 void set_fp8_wide_for_tests(int mode) { g_fp8_wide = mode < 0 ? -1 : (mode ? 1 : 0); }
-void set_early_for_tests(int before_wait, int l2_mb) {
-  g_early = before_wait < 0 ? -1 : (before_wait ? 1 : 0);
-  g_l2_mb = l2_mb < 0 ? -1 : std::min(l2_mb, 256);
-}
+void set_early_for_tests(int before_wait) { g_early = before_wait < 0 ? -1 : (before_wait ? 1 : 0); }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm) {
@@ -1493,7 +1426,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
       const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats));
       launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
-             norm != nullptr ? *norm : RowNorm{}, early_for(grid, true));
+             norm != nullptr ? *norm : RowNorm{}, Early{early_on()});
     };
     if (rd > 0)
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
@@ -1555,7 +1488,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
                             expert_ks_log2(in_dim, U, sub, mats), mats);
       const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(mats));
       launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
-             y2, s.ks_log2, rd, early_for(grid, false).l2_lines);
+             y2, s.ks_log2, rd);
     };
     if (rd > 0)
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));

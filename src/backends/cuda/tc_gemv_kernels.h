@@ -26,11 +26,12 @@ void set_rows_per_block_for_tests(int nb);
 // The shared-memory weight ring (DS41_TCG_RING): -1 the environment, 0 off (the register ring), 1 where
 // it keeps the blocks per SM, 2 / 3 / 4 stages forced. A row's bits do not depend on it.
 void set_ring_for_tests(int mode);
-// FP8 dense calls through 16-byte pieces (Fp8x2, DS41_TCG_FP8_WIDE=1): -1 the environment, 0 off, 1 on.
+// FP8 dense calls through 16-byte pieces (Fp8x2, the default; DS41_TCG_FP8_WIDE=0 off): -1 the
+// environment, 0 off, 1 on.
 void set_fp8_wide_for_tests(int mode);
-// The early start (DS41_TCG_EARLY, DS41_TCG_L2_MB): before_wait -1 the environment, 0 / 1; l2_mb the
-// megabytes a launch prefetches into L2 ahead of its loads (-1 the environment, 0 none). No value changes.
-void set_early_for_tests(int before_wait, int l2_mb);
+// The dense kernel's early start (DS41_TCG_EARLY, default on): its first weight loads before its PDL
+// wait. -1 the environment, 0 off, 1 on. No value changes.
+void set_early_for_tests(int before_wait);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)

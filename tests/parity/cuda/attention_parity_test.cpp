@@ -367,12 +367,6 @@ TEST(AttentionParity, SparseAttentionRotatesQ) {
     a.q = dq->p;
     a.out = dout.p;
     a.rotate_q = true;
-    // Carrying an L2 prefetch of the entries (SparseAttentionArgs::ahead; the split kernel's blocks, a
-    // launch of its own on the other paths): no value changes.
-    L2Regions ahead;
-    ASSERT_TRUE(ahead.add(dkv->p, static_cast<int64_t>(kv.size() * sizeof(float)) - 7));
-    a.ahead = &ahead;
-    a.ahead_cap = int64_t{1} << 20;
     KC_OK(run_sparse_attention(a, nullptr));
     const int64_t differ = bit_mismatches(from_dev(dout.p, dout.n), from_dev(dref.p, dref.n));
     report("sparse_attention rotate_q",

@@ -446,18 +446,9 @@ TEST(FusedRowsParity, MoeCombineExpand) {
     const Status st = run_moe_combine_expand(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, fy.p,
                                              fs.p, dpost.p, dcomb.p, c.c, nullptr);
     ASSERT_TRUE(st.ok()) << st.message();
-    // The same launch carrying an L2 prefetch (GpuForward::l2_ahead's ride): the same bits.
-    Dev<float> ry(static_cast<size_t>(n * h)), rs(streams);
-    L2Regions ahead;
-    ASSERT_TRUE(ahead.add(dop.p, static_cast<int64_t>(out_perm.size() * sizeof(float)) - 5));
-    ASSERT_TRUE(run_moe_combine_expand(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, ry.p, rs.p, dpost.p,
-                                       dcomb.p, c.c, nullptr, &ahead, int64_t{1} << 20)
-                    .ok());
-    const size_t bad = count_bit_diffs(fy.get(), uy.get()) + count_bit_diffs(fs.get(), us.get()) +
-                       count_bit_diffs(ry.get(), uy.get()) + count_bit_diffs(rs.get(), us.get());
-    report("moe_combine_expand", dims({n, k, h, c.c}) + (c.add ? " +shared" : "") + " (also + L2 prefetch)",
-           static_cast<double>(bad), 0,
-           "combine's sorted fp32 sum, the add, hc_expand's fp32 order: y and streams bit for bit");
+    const size_t bad = count_bit_diffs(fy.get(), uy.get()) + count_bit_diffs(fs.get(), us.get());
+    report("moe_combine_expand", dims({n, k, h, c.c}) + (c.add ? " +shared" : ""), static_cast<double>(bad),
+           0, "combine's sorted fp32 sum, the add, hc_expand's fp32 order: y and streams bit for bit");
   }
 }
 

@@ -1117,11 +1117,13 @@ void check_tc_gemv_ring(const RingPlan& plan, uint64_t seed) {
     ~Reset() {
       set_tc_gemv_for_tests(-1);
       set_tc_gemv_ring_for_tests(-1);
+      set_tc_gemv_fp8_wide_for_tests(-1);
       set_persist_slot_cap_for_tests(0);
       set_tc_gemv_rows_per_block_for_tests(0);
     }
   } reset;
   set_tc_gemv_for_tests(1);
+  set_tc_gemv_fp8_wide_for_tests(0);  // the ring serves the 8-byte FP8 pieces only
   for (const RingDense& c : plan.dense) {
     HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
     DevWeight dw(hw);
@@ -1233,34 +1235,30 @@ TEST(LinearParity, TensorCoreGemvRingKeepsTheBitsSmall) {
   check_tc_gemv_ring(plan, 14500);
 }
 
-// The tensor-core GEMV's early start (DS41_TCG_EARLY, DS41_TCG_L2_MB): the dense kernel's first weight
-// loads and L2 prefetches before its PDL wait, each warp task's rest (and the next task's) prefetched
-// into L2. Every row's bits equal those with neither (FP8, FP4, BF16, grouped, many row groups per
-// block through 1 and 3 blocks, experts and expert pairs), and x written by the kernel just before
-// (a slow one: x at the end of a 128 MB buffer it doubles) is the x the GEMV reads: a load of x
-// before the wait would see the old values.
+// The tensor-core GEMV's early start (DS41_TCG_EARLY): the dense kernel's first weight loads before
+// its PDL wait. Every row's bits equal those without it (FP8 through 8- and 16-byte pieces, FP4,
+// BF16, grouped, many row groups per block through 1 and 3 blocks), and x written by the kernel just
+// before on the same stream (a slow one: x at the end of a 128 MB buffer it doubles) is the x the GEMV
+// reads: a load of x before the wait would see the old values.
 TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
   DS41_SKIP_WITHOUT_GPU();
   struct Reset {
     ~Reset() {
       set_tc_gemv_for_tests(-1);
-      set_tc_gemv_early_for_tests(-1, -1);
+      set_tc_gemv_early_for_tests(-1);
+      set_tc_gemv_fp8_wide_for_tests(-1);
       set_persist_slot_cap_for_tests(0);
     }
   } reset;
   const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
   set_tc_gemv_for_tests(1);
   uint64_t seed = 17000;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;  // our own: launch() asks for PDL only there (never on the legacy stream)
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   struct StreamGone {
     cudaStream_t s;
     ~StreamGone() { cudaStreamDestroy(s); }
   } stream_gone{stream};
-  struct Mode {
-    int before_wait, l2_mb;
-  };
-  const std::vector<Mode> modes = {{1, 32}, {1, 256}, {0, 32}, {1, 0}};
   for (const RingDense& c : std::vector<RingDense>{{WeightFormat::kFp8Tiles, 77, 2048, 1},
                                                    {WeightFormat::kFp8Tiles, 1040, 256, 1},
                                                    {WeightFormat::kFp4Rows, 45, 4096, 1},
@@ -1276,7 +1274,6 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
       std::vector<float> half(big + x.size(), 0.25f);
       for (size_t i = 0; i < x.size(); ++i) half[big + i] = x[i] * 0.5f;
       Dev<float> dx(x), dhalf(half);
-      // A stream of our own: launch() asks for PDL only there (never on the legacy stream).
       auto run = [&](const float* px, int cap) {
         set_persist_slot_cap_for_tests(cap);
         Dev<float> dy(static_cast<size_t>(n * c.out));
@@ -1286,67 +1283,31 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
         EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         return dy.get();
       };
-      for (int cap : {0, 1, 3}) {
-        set_tc_gemv_early_for_tests(0, 0);
-        const std::vector<float> want = run(dx.p, cap);
-        size_t differ = 0, differ_chained = 0;
-        for (const Mode& m : modes) {
-          set_tc_gemv_early_for_tests(m.before_wait, m.l2_mb);
+      for (int wide : {0, 1}) {
+        if (wide == 1 && c.format != WeightFormat::kFp8Tiles) continue;
+        set_tc_gemv_fp8_wide_for_tests(wide);
+        for (int cap : {0, 1, 3}) {
+          set_tc_gemv_early_for_tests(0);
+          const std::vector<float> want = run(dx.p, cap);
+          set_tc_gemv_early_for_tests(1);
           const std::vector<float> got = run(dx.p, cap);
+          size_t differ = 0, differ_chained = 0;
           for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
           ASSERT_TRUE(run_scale(dhalf.p, static_cast<int64_t>(half.size()), 2.0f, stream).ok());
           const std::vector<float> chained = run(dhalf.p + big, cap);
           for (size_t i = 0; i < chained.size(); ++i) differ_chained += bits_of(chained[i]) != bits_of(want[i]);
           ASSERT_TRUE(run_scale(dhalf.p, static_cast<int64_t>(half.size()), 0.5f, stream).ok());
           ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          report("linear tc-gemv early start",
+                 std::string(fmt_name(c.format)) + (wide ? " (16-byte pieces)" : "") + " " + dims({c.out, c.in}) +
+                     " g=" + std::to_string(c.groups) + " n=" + std::to_string(n) + " cap=" + std::to_string(cap) +
+                     " early vs not: bits differing (plain, x written just before)",
+                 static_cast<double>(differ + differ_chained), 0, "loads issued earlier; x read after the wait");
+          EXPECT_EQ(differ, 0u);
+          EXPECT_EQ(differ_chained, 0u);
         }
-        report("linear tc-gemv early start",
-               std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " g=" + std::to_string(c.groups) +
-                   " n=" + std::to_string(n) + " cap=" + std::to_string(cap) +
-                   " early / L2 modes vs neither: bits differing (plain, x written just before)",
-               static_cast<double>(differ + differ_chained), 0, "loads and L2 hints change no value; x after the wait");
-        EXPECT_EQ(differ, 0u);
-        EXPECT_EQ(differ_chained, 0u);
       }
     }
-  }
-  set_persist_slot_cap_for_tests(0);
-  for (WeightFormat f : {WeightFormat::kFp4Rows, WeightFormat::kFp8Tiles}) {
-    const int64_t E = 9, out = 80, in = 1024;
-    const Experts w1 = make_experts(f, E, out, in, seed);
-    const Experts w3 = make_experts(f, E, out, in, seed);
-    const std::vector<int64_t> off = {0, 2, 3, 3, 3, 6, 7, 7, 7, 9};
-    const int64_t m = off[E];
-    auto x = rand_floats(static_cast<size_t>(m * in), ++seed);
-    Dev<int64_t> doff(off);
-    Dev<float> dx(x);
-    auto run = [&](bool pair) {
-      Dev<float> dy(static_cast<size_t>(m * out)), dy3(static_cast<size_t>(m * out));
-      const Status st = pair ? run_expert_linear_pair(w1.dweights->p, w3.dweights->p, E, out, in, doff.p, dx.p, m,
-                                                      dy.p, dy3.p, nullptr, f)
-                             : run_expert_linear(w1.dweights->p, E, out, in, doff.p, dx.p, m, dy.p, nullptr, f);
-      EXPECT_TRUE(st.ok()) << st.message();
-      std::vector<float> got = dy.get();
-      if (pair) {
-        const std::vector<float> g3 = dy3.get();
-        got.insert(got.end(), g3.begin(), g3.end());
-      }
-      return got;
-    };
-    size_t differ = 0;
-    for (bool pair : {false, true}) {
-      set_tc_gemv_early_for_tests(0, 0);
-      const std::vector<float> want = run(pair);
-      for (const Mode& md : modes) {
-        set_tc_gemv_early_for_tests(md.before_wait, md.l2_mb);
-        const std::vector<float> got = run(pair);
-        for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
-      }
-    }
-    report("expert_linear tc-gemv early start",
-           std::string(fmt_name(f)) + " 9 experts 80x1024 m=9 single and pair, L2 modes vs none: bits differing",
-           static_cast<double>(differ), 0, "L2 hints change no value");
-    EXPECT_EQ(differ, 0u);
   }
 }
 
