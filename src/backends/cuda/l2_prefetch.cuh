@@ -1,8 +1,9 @@
 // ds41 backends/cuda: L2 prefetch of global memory (prefetch.global.L2): a hint that brings a
 // 128-byte line into L2 and hands nothing to the thread, so no register waits for it and a kernel
 // may issue it before its PDL wait (pdl.cuh) for data no earlier kernel of the stream writes (the
-// weights). Used by the decode GEMVs (linear_kernels.cu, tc_gemv_kernels.cu) to put a warp's whole
-// next task in flight at once. A no-op under the host SIMT emulator.
+// weights). Used by the CUDA-core persistent GEMV (linear_kernels.cu) for its first W rows. (Whole
+// tasks of the tensor-core GEMV prefetched this way measured slower on the H100: docs/gpu_kernels.md.)
+// A no-op under the host SIMT emulator.
 #pragma once
 
 namespace ds41::cuda::dev {

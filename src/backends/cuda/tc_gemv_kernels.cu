@@ -1018,12 +1018,6 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   if constexpr (kRing) dev::cp_async_wait<0>();  // no copy outlives the block (all are empty by now)
 }
 
-// The dense kernel's early start (host: early_on): before_wait, the first task's weight loads are
-// issued before the PDL wait.
-struct Early {
-  bool before_wait = false;
-};
-
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
 // reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
 template <class D, bool kFp8, int NB, bool kRing>
@@ -1031,11 +1025,11 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
-                    float* __restrict__ y2, int ring_depth, RowNorm norm, Early early) {
-  // PDL (pdl.cuh): with early.before_wait the first task's weight loads and L2 prefetches go out
-  // before the wait (the weights are written by no kernel), so they stream while the previous
-  // kernel finishes; x, the norm and y are touched only after it (in the staging).
-  if (!early.before_wait) dev::pdl_enter();
+                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early) {
+  // PDL (pdl.cuh): with `early` (early_on) the first task's weight loads go out before the wait (the
+  // weights are written by no kernel), so they stream while the previous kernel finishes; x, the norm
+  // and y are touched only after it (in the staging).
+  if (!early) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * NB];
@@ -1053,7 +1047,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
                                  smem_u2, nb, ex, (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy, red_d, ring,
                                  ring_depth, blockIdx.y, gridDim.y, [&] {
-                                   if (early.before_wait) dev::pdl_enter();
+                                   if (early) dev::pdl_enter();
                                    stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex, nullptr, norm);
                                  });
 }
@@ -1426,7 +1420,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
       const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats));
       launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
-             norm != nullptr ? *norm : RowNorm{}, Early{early_on()});
+             norm != nullptr ? *norm : RowNorm{}, early_on());
     };
     if (rd > 0)
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
