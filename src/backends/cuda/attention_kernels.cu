@@ -328,6 +328,187 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The split kernel for head_dim = 128 kJ (kJ = 1..4) with 16-byte aligned q and kv rows (the released
+// 512 and every width the model uses): the same CTAs, splits, per-warp online softmax and warp-order
+// merge, with less work per entry (ncu on the H200: the scalar kernel issued ~480 instructions per
+// entry and warp, most of them the 64-bit addressing of 16 scalar loads per lane, and was instruction
+// bound at 26-33 us per layer):
+// - lane owns channels 128 j + 4 lane + [0, 4) (a float4 per j): a row is kJ 16-byte loads per lane
+//   with the addressing computed once per row;
+// - the q . v dot is four fmaf chains per head (channels 4 lane + 128 j + i in chain i), then the
+//   warp's xor tree (identical in every lane, so the branch below is warp-uniform);
+// - the rescale of (l, acc) by exp(m - m') runs only when the maximum grows (corr = 1 otherwise,
+//   which the scalar kernel multiplies by), and acc += p v is one fmaf per channel;
+// - the warps' states meet in shared memory once (one barrier) and each thread merges its channels
+//   over the warps in warp order with the scalar kernel's expressions (sum = 0 + a_0 f_0 + a_1 f_1 ...).
+// The query's rotation (q_n_freq > 0) is rope_kernel's arithmetic on the pairs (c, c + 1), both in the
+// lane's float4 (q_off is even). Float sums in another order than the scalar kernel and fused
+// multiply-adds: the same tolerance to the CPU op (convex weights, float accumulation), run to run
+// bit-identical, and a row's result does not depend on the other rows of the call.
+template <int kJ>
+__global__ void __launch_bounds__(kThreads, 2)
+    sparse_attention_split_vec_kernel(int64_t n_heads, const float* __restrict__ q,
+                                      const int64_t* __restrict__ kv_offsets, const int32_t* __restrict__ kv_index,
+                                      const float* __restrict__ kv, const float* __restrict__ sink, float scale,
+                                      float* __restrict__ out, int64_t splits, int64_t chunk,
+                                      float* __restrict__ part_acc, float* __restrict__ part_ml,
+                                      const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
+                                      int64_t q_n_freq) {
+  constexpr int kD = 128 * kJ;
+  dev::pdl_enter();
+  __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
+  __shared__ __align__(16) float acc_w[kWarps][kSplitHeads][kD];
+  __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
+  const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
+  const int64_t rs = blockIdx.x / groups, r = rs / splits, sp = rs % splits;
+  const int64_t h0 = (blockIdx.x % groups) * kSplitHeads;
+  const int nh = static_cast<int>(min(static_cast<int64_t>(kSplitHeads), n_heads - h0));
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t k0 = kv_offsets[r], k1 = kv_offsets[r + 1];
+  if (splits == 1 && k1 <= k0) {  // a row without entries yields 0 (uniform over the CTA)
+    float* o = out + (r * n_heads + h0) * kD;
+    for (int64_t i = tid; i < nh * kD; i += kThreads) o[i] = 0.0f;
+    return;
+  }
+  if (k1 <= k0) return;  // split: the combine writes the zeros
+  const int64_t e0 = splits == 1 ? k0 : k0 + sp * chunk;
+  const int64_t e1 = sp == splits - 1 ? k1 : min(k1, e0 + chunk);
+  if (e1 <= e0) {  // a split past the row's end: empty state
+    float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
+    if (tid < nh) {
+      ml[2 * tid] = -INFINITY;
+      ml[2 * tid + 1] = 0.0f;
+    }
+    return;
+  }
+  const bool seed = warp == 0 && sp == 0;
+  const int64_t q_off = kD - 2 * q_n_freq;
+  if (q_n_freq > 0) {  // CTA-uniform; the scalar kernel's table
+    const float p = static_cast<float>(q_pos[r]);
+    for (int64_t i = tid; i < q_n_freq; i += kThreads) {
+      const float ang = __fmul_rn(p, q_inv_freq[i]);
+      double sn, cn;
+      sincos(static_cast<double>(ang), &sn, &cn);
+      q_cs[2 * i] = static_cast<float>(cn);
+      q_cs[2 * i + 1] = static_cast<float>(sn);
+    }
+    __syncthreads();
+  }
+  float4 qr[kSplitHeads][kJ], acc[kSplitHeads][kJ];
+  float m[kSplitHeads], l[kSplitHeads];
+  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int h = 0; h < kSplitHeads; ++h) {
+    const float4* qh = reinterpret_cast<const float4*>(q + (r * n_heads + h0 + h) * kD) + lane;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+      float4 v = h < nh ? qh[32 * j] : zero4;
+      if (q_n_freq > 0) {
+        const int64_t c0 = 128 * j + 4 * lane;
+        float* vv = reinterpret_cast<float*>(&v);
+#pragma unroll
+        for (int pr = 0; pr < 2; ++pr) {  // the pair (c, c + 1), c = c0 + 2 pr (even: q_off is even)
+          const int64_t c = c0 + 2 * pr;
+          if (c >= q_off) {
+            const int64_t f = (c - q_off) >> 1;
+            const float cc = q_cs[2 * f], ss = q_cs[2 * f + 1], e = vv[2 * pr], o = vv[2 * pr + 1];
+            vv[2 * pr] = __fsub_rn(__fmul_rn(e, cc), __fmul_rn(o, ss));
+            vv[2 * pr + 1] = __fadd_rn(__fmul_rn(e, ss), __fmul_rn(o, cc));
+          }
+        }
+      }
+      qr[h][j] = v;
+      acc[h][j] = zero4;
+    }
+    m[h] = seed && h < nh ? sink[h0 + h] : -INFINITY;
+    l[h] = seed ? 1.0f : 0.0f;
+  }
+  float4 v[kJ], vn[kJ];
+  auto load_row = [&](float4* dst, int32_t row) {
+    const float4* vp = reinterpret_cast<const float4*>(kv + static_cast<int64_t>(row) * kD) + lane;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) dst[j] = vp[32 * j];
+  };
+  int64_t e = e0 + warp;
+  if (e < e1) load_row(v, kv_index[e]);
+  int32_t idx_next = e + kWarps < e1 ? kv_index[e + kWarps] : 0;
+  for (; e < e1; e += kWarps) {
+    if (e + kWarps < e1) {
+      load_row(vn, idx_next);
+      idx_next = e + 2 * kWarps < e1 ? kv_index[e + 2 * kWarps] : 0;
+    }
+#pragma unroll
+    for (int h = 0; h < kSplitHeads; ++h) {
+      float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        c0 = __fmaf_rn(qr[h][j].x, v[j].x, c0);
+        c1 = __fmaf_rn(qr[h][j].y, v[j].y, c1);
+        c2 = __fmaf_rn(qr[h][j].z, v[j].z, c2);
+        c3 = __fmaf_rn(qr[h][j].w, v[j].w, c3);
+      }
+      const float s = warp_sum((c0 + c1) + (c2 + c3)) * scale;
+      const float new_m = fmaxf(m[h], s);
+      if (new_m != m[h]) {  // warp-uniform: s is the same in every lane
+        const float corr = expf(m[h] - new_m);
+        l[h] = l[h] * corr;
+#pragma unroll
+        for (int j = 0; j < kJ; ++j)
+          acc[h][j] = make_float4(acc[h][j].x * corr, acc[h][j].y * corr, acc[h][j].z * corr, acc[h][j].w * corr);
+        m[h] = new_m;
+      }
+      const float p = s == -INFINITY ? 0.0f : expf(s - new_m);
+      l[h] = l[h] + p;
+#pragma unroll
+      for (int j = 0; j < kJ; ++j)
+        acc[h][j] = make_float4(__fmaf_rn(p, v[j].x, acc[h][j].x), __fmaf_rn(p, v[j].y, acc[h][j].y),
+                                __fmaf_rn(p, v[j].z, acc[h][j].z), __fmaf_rn(p, v[j].w, acc[h][j].w));
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) v[j] = vn[j];
+  }
+#pragma unroll
+  for (int h = 0; h < kSplitHeads; ++h) {
+    if (lane == 0) {
+      m_s[warp][h] = m[h];
+      l_s[warp][h] = l[h];
+    }
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) reinterpret_cast<float4*>(acc_w[warp][h])[32 * j + lane] = acc[h][j];
+  }
+  __syncthreads();
+  float big_m[kSplitHeads], big_l[kSplitHeads];
+#pragma unroll
+  for (int h = 0; h < kSplitHeads; ++h) {
+    big_m[h] = m_s[0][h];
+    for (int w = 1; w < kWarps; ++w) big_m[h] = fmaxf(big_m[h], m_s[w][h]);
+    big_l[h] = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (m_s[w][h] != -INFINITY) big_l[h] += l_s[w][h] * expf(m_s[w][h] - big_m[h]);
+  }
+  float* o = splits == 1 ? out + (r * n_heads + h0) * kD : part_acc + ((r * splits + sp) * n_heads + h0) * kD;
+  for (int i = tid; i < nh * kD / 4; i += kThreads) {  // a float4 of head h's channels
+    const int h = (4 * i) / kD, c = 4 * i - h * kD;
+    float4 a = zero4;
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = m_s[w][h] == -INFINITY ? 0.0f : expf(m_s[w][h] - big_m[h]);
+      const float4 x = reinterpret_cast<const float4*>(acc_w[w][h])[c / 4];
+      a = make_float4(a.x + x.x * f, a.y + x.y * f, a.z + x.z * f, a.w + x.w * f);
+    }
+    if (splits == 1) {
+      const float L = h == 0 ? big_l[0] : big_l[kSplitHeads - 1];
+      a = make_float4(a.x / L, a.y / L, a.z / L, a.w / L);
+    }
+    reinterpret_cast<float4*>(o + h * kD)[c / 4] = a;
+  }
+  if (splits == 1) return;
+  float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
+  if (tid < nh) {
+    ml[2 * tid] = tid == 0 ? big_m[0] : big_m[kSplitHeads - 1];
+    ml[2 * tid + 1] = tid == 0 ? big_l[0] : big_l[kSplitHeads - 1];
+  }
+}
+
 // One CTA per (row, head): M = max_s m_s, L = sum_s l_s exp(m_s - M), out = sum_s exp(m_s - M)
 // acc_s / L, splits in order, those with m_s = -inf skipped (a split past the row's end); a row
 // without entries yields 0. The split weights exp(m_s - M) and L are computed once per CTA (the
@@ -520,10 +701,32 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   static const bool fused_rope = switch_on("DS41_Q_ROPE_FUSED");  // measurements: 0 = run_rope first
   const bool rotate_in_kernel = a.rotate_q && fused_rope && (a.head_dim - 2 * a.rope_n_freq) % 2 == 0;
   if (a.rotate_q && !rotate_in_kernel) DS41_RETURN_IF_ERROR(rotate_q_in_place(a, stream));
-  launch(sparse_attention_split_kernel, static_cast<unsigned>(a.n * splits * split_groups), kThreads, 0, stream,
-         a.n_heads, a.head_dim, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale, a.out, splits,
-         std::max<int64_t>(chunk, 1), part_acc, part_ml, rotate_in_kernel ? a.rope_pos : nullptr,
-         rotate_in_kernel ? a.rope_inv_freq : nullptr, rotate_in_kernel ? a.rope_n_freq : int64_t{0});
+  const unsigned grid = static_cast<unsigned>(a.n * splits * split_groups);
+  const int64_t* rp = rotate_in_kernel ? a.rope_pos : nullptr;
+  const float* rf = rotate_in_kernel ? a.rope_inv_freq : nullptr;
+  const int64_t rn = rotate_in_kernel ? a.rope_n_freq : int64_t{0};
+  // The vector kernel where the width and alignment allow (DS41_ATTN_SPLIT_VEC=0: the scalar one,
+  // measurements).
+  static const bool vec_allowed = switch_on("DS41_ATTN_SPLIT_VEC");
+  const bool vec = vec_allowed && a.head_dim % 128 == 0 && a.head_dim <= kMaxDim &&
+                   (reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.kv) |
+                    reinterpret_cast<uintptr_t>(a.out) | reinterpret_cast<uintptr_t>(part_acc)) % 16 == 0;
+  if (vec) {
+    auto go = [&](auto kernel) {
+      launch(kernel, grid, kThreads, 0, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
+             a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf, rn);
+    };
+    switch (a.head_dim / 128) {
+      case 1: go(sparse_attention_split_vec_kernel<1>); break;
+      case 2: go(sparse_attention_split_vec_kernel<2>); break;
+      case 3: go(sparse_attention_split_vec_kernel<3>); break;
+      default: go(sparse_attention_split_vec_kernel<4>); break;
+    }
+  } else {
+    launch(sparse_attention_split_kernel, grid, kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets,
+           a.kv_index, a.kv, a.sink, a.scale, a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf,
+           rn);
+  }
   DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
   if (splits == 1) return rotate_back();
   launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream,

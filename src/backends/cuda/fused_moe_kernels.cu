@@ -1,6 +1,7 @@
 // ds41 backends/cuda: fused MoE kernels of the decode step (fused_moe_kernels.h).
 //
-// moe_route: grid n, 256 threads. Block r routes row r with moe::route_row (router_kernel's code).
+// moe_route: grid n, 256 threads. Block r routes row r with moe::route_row (router_kernel's code;
+//   one warp picks the experts where E <= 512 and k <= 8).
 //   Each block fences its row's experts / weights and counts itself; the last one resets the
 //   counter and buckets all pairs (n * k <= 256) as one bucketing chunk: the pair's rank among
 //   earlier pairs of its expert, a shared-memory histogram, an exclusive scan over the experts,
@@ -39,9 +40,10 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
   const int64_t E = a.n_experts, k = a.k;
   moe::route_row(a.logits, E, a.bias, a.bias_vl, a.vl, k, a.temp, a.route_scale, a.experts, a.weights,
                  blockIdx.x, sm);
-  __threadfence();  // this row's experts / weights, visible before it is counted or read below
+  const bool alone = gridDim.x == 1;  // a one-row call is its own last block: no count, no fence
+  if (!alone) __threadfence();  // this row's experts / weights, visible before it is counted or read below
   __syncthreads();
-  if (gridDim.x > 1) {  // a one-row call is its own last block: no count
+  if (!alone) {
     if (threadIdx.x == 0) {
       const uint32_t done = atomicAdd(&a.counters[0], 1u);
       last = done + 1 == static_cast<uint32_t>(a.n);
@@ -55,7 +57,8 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
   int* cnt = reinterpret_cast<int*>(sm.bs);  // the router's scratch, free now: E ints
   const int t = threadIdx.x;
   const int64_t pairs = a.n * k;
-  const int e = t < pairs ? __ldcg(a.experts + t) : -1;
+  // Alone: the pairs are this block's picks, still in shared memory (no L2 round trip).
+  const int e = t < pairs ? (alone ? sm.sel[t] : __ldcg(a.experts + t)) : -1;
   const bool valid = e >= 0 && e < E;
   ex[t] = valid ? e : -1;
   for (int64_t i = t; i < E; i += blockDim.x) cnt[i] = 0;
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a) {
     } else {
       const int64_t pos = static_cast<int64_t>(cnt[e]) + rank;
       a.perm_rows[pos] = t / k;
-      a.perm_weight[pos] = __ldcg(a.weights + t);
+      a.perm_weight[pos] = alone ? sm.wsel[t] : __ldcg(a.weights + t);
       a.slot_pos[t] = pos;
     }
   }

@@ -33,9 +33,46 @@ struct RouterSmem {
   float wv[kThreads / 32];
   int wi[kThreads / 32];
   int sel[kMaxK];
+  float wsel[kMaxK];  // the selected experts' weights (route_row's last step), for a caller in the block
 };
 
-// Row r's routing by one kThreads-thread block (every thread calls it: barriers).
+// The one-warp selection (route_row): up to kWarpPer experts per lane, up to kWarpMaxK picks.
+constexpr int kWarpPer = 16;
+constexpr int64_t kWarpMaxK = 8;
+
+// The best remaining (value, index) of the lane's experts e = lane + 32 i (ascending e, so the scan
+// meets them in index order), -inf ones skipped, then the warp's best by the xor tree: every lane
+// ends with the same (v, i) since better() is a total order on distinct indices.
+__device__ __forceinline__ void warp_best(const float (&v)[kWarpPer], int lane, int64_t E, float ninf, float& bv,
+                                          int& bi) {
+  bv = 0.0f;
+  bi = -1;
+#pragma unroll
+  for (int i = 0; i < kWarpPer; ++i) {
+    const int e = lane + 32 * i;
+    if (e < E && v[i] != ninf && better(v[i], e, bv, bi)) {
+      bv = v[i];
+      bi = e;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+}
+
+// Row r's routing by one kThreads-thread block (every thread calls it: barriers). The k picks are
+// the k best of the biased scores in the house tie order (score desc, index asc), -inf never picked
+// (a pick without a selectable expert is -1), as the CPU's best_k. Up to 32 kWarpPer experts and
+// kWarpMaxK picks one warp selects from registers: k rounds of a lane scan and a 5-level xor tree,
+// no block barrier between picks (ncu on the H200: the block-wide rounds, two barriers and a serial
+// warp scan each, made the router a 12 us single-block kernel on the decode's critical path);
+// larger shapes take the block-wide rounds. The same picks either way for every input without NaN.
 __device__ __forceinline__ void route_row(const float* __restrict__ logits, int64_t E,
                                           const float* __restrict__ bias, const float* __restrict__ bias_vl,
                                           const uint8_t* __restrict__ vl, int64_t k, float temp,
@@ -56,43 +93,66 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float ninf = -__int_as_float(0x7f800000);
-  for (int64_t j = 0; j < k; ++j) {
-    float bv = 0.0f;
-    int bi = -1;
-    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-      const float v = bs[e];
-      if (v == ninf) continue;  // -inf (and already selected) entries are never selected
-      if (better(v, static_cast<int>(e), bv, bi)) {
-        bv = v;
-        bi = static_cast<int>(e);
-      }
-    }
+  if (E <= 32 * kWarpPer && k <= kWarpMaxK) {
+    if (warp == 0) {
+      float v[kWarpPer];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
+      for (int i = 0; i < kWarpPer; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? bs[e] : ninf;
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        float bv;
+        int bi;
+        warp_best(v, lane, E, ninf, bv, bi);
+        if (lane == 0) sel[j] = bi;
+        if (bi >= 0 && (bi & 31) == lane) {  // the owner drops the pick from its scan
+#pragma unroll
+          for (int i = 0; i < kWarpPer; ++i)
+            if (i == (bi >> 5)) v[i] = ninf;
+        }
       }
     }
-    if (lane == 0) {
-      wv[warp] = bv;
-      wi[warp] = bi;
-    }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      float v = wv[0];
-      int i = wi[0];
-      for (int w = 1; w < kThreads / 32; ++w)
-        if (better(wv[w], wi[w], v, i)) {
-          v = wv[w];
-          i = wi[w];
+  } else {
+    for (int64_t j = 0; j < k; ++j) {
+      float bv = 0.0f;
+      int bi = -1;
+      for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = bs[e];
+        if (v == ninf) continue;  // -inf (and already selected) entries are never selected
+        if (better(v, static_cast<int>(e), bv, bi)) {
+          bv = v;
+          bi = static_cast<int>(e);
         }
-      sel[j] = i;
-      if (i >= 0) bs[i] = ninf;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (lane == 0) {
+        wv[warp] = bv;
+        wi[warp] = bi;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float v = wv[0];
+        int i = wi[0];
+        for (int w = 1; w < kThreads / 32; ++w)
+          if (better(wv[w], wi[w], v, i)) {
+            v = wv[w];
+            i = wi[w];
+          }
+        sel[j] = i;
+        if (i >= 0) bs[i] = ninf;
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
   if (threadIdx.x == 0) {
     float sum = 0.0f;
@@ -100,8 +160,10 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
       if (sel[j] >= 0) sum = __fadd_rn(sum, sc[sel[j]]);
     for (int64_t j = 0; j < k; ++j) {
       const int i = sel[j];
+      const float w = i >= 0 ? __fmul_rn(__fdiv_rn(sc[i], __fadd_rn(sum, 1e-20f)), route_scale) : 0.0f;
       experts[r * k + j] = i;
-      weights[r * k + j] = i >= 0 ? __fmul_rn(__fdiv_rn(sc[i], __fadd_rn(sum, 1e-20f)), route_scale) : 0.0f;
+      weights[r * k + j] = w;
+      sm.wsel[j] = w;
     }
   }
 }

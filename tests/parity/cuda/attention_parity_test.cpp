@@ -64,6 +64,10 @@ const AttnCase kAttnSplitCases[] = {
     {"split sink dominates", 2, 8, 64, 200, 1, 90, 0.2f, 8.0f},
     {"split peaky", 1, 4, 32, 100, 200, 200, 6.0f, 1.0f},
     {"split n=16 few heads", 16, 3, 32, 200, 0, 70, 1.0f, 1.0f},  // 2 splits (32 CTAs)
+    // Widths of 128 k: the vector kernel (float4 lanes), each of its instantiations below 512.
+    {"split vec 128 empty rows", 3, 5, 128, 400, 0, 200, 1.0f, 1.0f},  // half head group, empty row
+    {"split vec 256 peaky", 2, 4, 256, 300, 100, 170, 5.0f, 1.0f},
+    {"split vec 384 sink dominates", 1, 3, 384, 200, 90, 90, 0.2f, 8.0f},
 };
 
 // Tensor-core kernel (more than 16 rows, entries on the bf16 grid: sparse_attention_tc_kernels.cu):

@@ -332,10 +332,12 @@ TEST(FusedRowsParity, MoeRoute) {
   };
   // The released router (384 experts, top 6) at decode rows 1 / 3 and the largest one-chunk batch
   // (42 rows = 252 pairs), DSpark's (128, top 3), past the chunk (43 rows: the unfused sequence), tied
-  // scores, image rows with bias_vl, and -inf biases leaving fewer than k selectable experts.
+  // scores, image rows with bias_vl, and -inf biases leaving fewer than k selectable experts; one warp
+  // selects up to 512 experts and 8 picks, larger shapes take the block-wide rounds.
   const std::vector<C> cases = {{1, 384, 6, false, false, false}, {3, 384, 6, true, false, false},
                                 {42, 384, 6, false, true, false}, {43, 384, 6, false, false, false},
-                                {2, 128, 3, false, false, false}, {5, 8, 6, false, true, true}};
+                                {2, 128, 3, false, false, false}, {5, 8, 6, false, true, true},
+                                {2, 600, 10, true, true, true}};  // the block-wide selection (E > 512, k > 8)
   uint64_t seed = 1700;
   for (const C& c : cases) {
     const int64_t n = c.n, E = c.E, k = c.k, nk = n * k;

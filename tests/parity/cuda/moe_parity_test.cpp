@@ -33,7 +33,9 @@ TEST(MoeParity, Router) {
   const std::vector<C> cases = {
       {300, 384, 6, true, true, false, 1.0f, 1.5f}, {1, 384, 6, false, false, false, 1.0f, 1.5f},
       {8, 384, 6, true, false, true, 1.0f, 1.5f},   {300, 384, 6, false, true, true, 0.7f, 1.5f},
-      {50, 128, 3, true, false, false, 1.0f, 1.5f}, {4, 8, 2, true, true, false, 1.0f, 1.0f}};
+      {50, 128, 3, true, false, false, 1.0f, 1.5f}, {4, 8, 2, true, true, false, 1.0f, 1.0f},
+      // Past the one-warp selection (E > 512 or k > 8): the block-wide rounds.
+      {6, 640, 6, true, false, true, 1.0f, 1.5f},   {5, 96, 12, false, true, false, 1.0f, 1.5f}};
   CpuBackend cpu(nullptr);
   uint64_t seed = 300;
   for (const C& c : cases) {
