@@ -34,27 +34,29 @@ struct RouterSmem {
   int wi[kThreads / 32];
   int sel[kMaxK];
   float wsel[kMaxK];  // the selected experts' weights (route_row's last step), for a caller in the block
+  float cand_v[(kThreads / 32) * 8];  // the two-stage selection's candidates: warp w's picks at 8 w
+  int cand_i[(kThreads / 32) * 8];
+  float cand_v2[8];
 };
 
-// The one-warp selection (route_row): up to kWarpPer experts per lane, up to kWarpMaxK picks.
-constexpr int kWarpPer = 16;
-constexpr int64_t kWarpMaxK = 8;
+// The two-stage selection (route_row): each thread holds at most kPickPer experts (e = t, t + 256),
+// each warp picks its own k best, then warp 0 picks the k best of those 8 k candidates.
+constexpr int kPickPer = 2;
+constexpr int64_t kPickMaxK = 8;
+constexpr int kPickCands = (kThreads / 32) * static_cast<int>(kPickMaxK);
 
-// The best remaining (value, index) of the lane's experts e = lane + 32 i (ascending e, so the scan
-// meets them in index order), -inf ones skipped, then the warp's best by the xor tree: every lane
-// ends with the same (v, i) since better() is a total order on distinct indices.
-__device__ __forceinline__ void warp_best(const float (&v)[kWarpPer], int lane, int64_t E, float ninf, float& bv,
+// One pick of a warp: the best (v, i) over the lanes' pairs (value, index), -1 indices never (the
+// xor tree leaves the same (v, i) in every lane: better() is a total order on distinct indices).
+__device__ __forceinline__ void warp_pick(const float (&v)[kPickPer], const int (&id)[kPickPer], float& bv,
                                           int& bi) {
-  bv = 0.0f;
-  bi = -1;
+  bv = v[0];
+  bi = id[0];
 #pragma unroll
-  for (int i = 0; i < kWarpPer; ++i) {
-    const int e = lane + 32 * i;
-    if (e < E && v[i] != ninf && better(v[i], e, bv, bi)) {
-      bv = v[i];
-      bi = e;
+  for (int u = 1; u < kPickPer; ++u)
+    if (better(v[u], id[u], bv, bi)) {
+      bv = v[u];
+      bi = id[u];
     }
-  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -66,18 +68,38 @@ __device__ __forceinline__ void warp_best(const float (&v)[kWarpPer], int lane, 
   }
 }
 
+// k picks of one warp over its lanes' pairs (an entry with index -1 is none): pick j to out_v / out_i
+// [j] (lane 0 writes), the owner lane drops it before the next pick.
+__device__ __forceinline__ void warp_picks(float (&v)[kPickPer], int (&id)[kPickPer], int64_t k, float* out_v,
+                                           int* out_i) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t j = 0; j < k; ++j) {
+    float bv;
+    int bi;
+    warp_pick(v, id, bv, bi);
+    if (lane == 0) {
+      out_v[j] = bv;
+      out_i[j] = bi;
+    }
+#pragma unroll
+    for (int u = 0; u < kPickPer; ++u)
+      if (bi >= 0 && id[u] == bi) id[u] = -1;
+  }
+}
+
 // Row r's routing by one kThreads-thread block (every thread calls it: barriers). The k picks are
 // the k best of the biased scores in the house tie order (score desc, index asc), -inf never picked
-// (a pick without a selectable expert is -1), as the CPU's best_k. Up to 32 kWarpPer experts and
-// kWarpMaxK picks one warp selects from registers: k rounds of a lane scan and a 5-level xor tree,
-// no block barrier between picks (ncu on the H200: the block-wide rounds, two barriers and a serial
-// warp scan each, made the router a 12 us single-block kernel on the decode's critical path);
-// larger shapes take the block-wide rounds. The same picks either way for every input without NaN.
+// (a pick without a selectable expert is -1), as the CPU's best_k. two_stage (up to 512 experts and
+// 8 picks): every warp picks the k best of its experts at once, then warp 0 the k best of their
+// 8 k picks: two barriers in all. Otherwise k block-wide rounds, each a warp tree, a barrier, thread
+// 0's scan of the warps' bests and a barrier (ncu: the router as a 12 us single-block kernel on the
+// decode's critical path). The same picks either way for every input without NaN.
 __device__ __forceinline__ void route_row(const float* __restrict__ logits, int64_t E,
                                           const float* __restrict__ bias, const float* __restrict__ bias_vl,
                                           const uint8_t* __restrict__ vl, int64_t k, float temp,
                                           float route_scale, int32_t* __restrict__ experts,
-                                          float* __restrict__ weights, int64_t r, RouterSmem& sm) {
+                                          float* __restrict__ weights, int64_t r, RouterSmem& sm,
+                                          bool two_stage) {
   float* sc = sm.sc;
   float* bs = sm.bs;
   float* wv = sm.wv;
@@ -93,25 +115,29 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float ninf = -__int_as_float(0x7f800000);
-  if (E <= 32 * kWarpPer && k <= kWarpMaxK) {
-    if (warp == 0) {
-      float v[kWarpPer];
+  if (E <= kPickPer * static_cast<int64_t>(blockDim.x) && k <= kPickMaxK && blockDim.x == kThreads &&
+      two_stage) {
+    float v[kPickPer];
+    int id[kPickPer];
 #pragma unroll
-      for (int i = 0; i < kWarpPer; ++i) {
-        const int e = lane + 32 * i;
-        v[i] = e < E ? bs[e] : ninf;
-      }
-      for (int64_t j = 0; j < k; ++j) {
-        float bv;
-        int bi;
-        warp_best(v, lane, E, ninf, bv, bi);
-        if (lane == 0) sel[j] = bi;
-        if (bi >= 0 && (bi & 31) == lane) {  // the owner drops the pick from its scan
+    for (int u = 0; u < kPickPer; ++u) {
+      const int e = threadIdx.x + u * kThreads;
+      const bool ok = e < E && bs[e] != ninf;  // -inf is never picked
+      v[u] = ok ? bs[e] : 0.0f;
+      id[u] = ok ? e : -1;
+    }
+    warp_picks(v, id, k, sm.cand_v + warp * kPickMaxK, sm.cand_i + warp * kPickMaxK);
+    __syncthreads();
+    if (warp == 0) {  // the k best of the warps' picks (every global pick is among its warp's k best)
 #pragma unroll
-          for (int i = 0; i < kWarpPer; ++i)
-            if (i == (bi >> 5)) v[i] = ninf;
-        }
+      for (int u = 0; u < kPickPer; ++u) {
+        const int c = lane + 32 * u, w = c / static_cast<int>(kPickMaxK), j = c % static_cast<int>(kPickMaxK);
+        const bool ok = c < kPickCands && j < k;
+        v[u] = ok ? sm.cand_v[c] : 0.0f;
+        id[u] = ok ? sm.cand_i[c] : -1;
+        (void)w;
       }
+      warp_picks(v, id, k, sm.cand_v2, sel);
     }
     __syncthreads();
   } else {

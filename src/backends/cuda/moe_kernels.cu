@@ -33,10 +33,10 @@ using moe::kThreads;
 __global__ void __launch_bounds__(kThreads)
     router_kernel(const float* __restrict__ logits, int64_t E, const float* __restrict__ bias,
                   const float* __restrict__ bias_vl, const uint8_t* __restrict__ vl, int64_t k, float temp,
-                  float route_scale, int32_t* __restrict__ experts, float* __restrict__ weights) {
+                  float route_scale, int32_t* __restrict__ experts, float* __restrict__ weights, bool two_stage) {
   dev::pdl_enter();
   __shared__ moe::RouterSmem sm;
-  moe::route_row(logits, E, bias, bias_vl, vl, k, temp, route_scale, experts, weights, blockIdx.x, sm);
+  moe::route_row(logits, E, bias, bias_vl, vl, k, temp, route_scale, experts, weights, blockIdx.x, sm, two_stage);
 }
 
 // Bucketing pass 1: per chunk, counts[chunk][e] and each pair's rank inside its chunk.
@@ -168,13 +168,25 @@ Status check_moe(const char* fn, int64_t n, int64_t k, int64_t E) {
 
 }  // namespace
 
+namespace {
+int g_two_stage = -1;
+}  // namespace
+
+bool router_two_stage() {
+  if (g_two_stage >= 0) return g_two_stage != 0;
+  static const bool on = switch_on("DS41_ROUTE_TWO_STAGE");
+  return on;
+}
+void set_router_two_stage_for_tests(int mode) { g_two_stage = mode; }
+
 Status run_router(const float* logits, int64_t n, int64_t n_experts, const float* bias, const float* bias_vl,
                   const uint8_t* vl, int64_t k, float temp, float route_scale, int32_t* experts,
                   float* weights, cudaStream_t stream) {
   DS41_RETURN_IF_ERROR(check_moe("router", n, k, n_experts));
   if (n == 0) return ok_status();
   launch(router_kernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, n_experts, bias, bias_vl, vl, k,
-                                                                   temp, route_scale, experts, weights);
+                                                                   temp, route_scale, experts, weights,
+         router_two_stage());
   return last_launch_status("router");
 }
 

@@ -338,6 +338,8 @@ TEST(FusedRowsParity, MoeRoute) {
                                 {42, 384, 6, false, true, false}, {43, 384, 6, false, false, false},
                                 {2, 128, 3, false, false, false}, {5, 8, 6, false, true, true},
                                 {2, 600, 10, true, true, true}};  // the block-wide selection (E > 512, k > 8)
+  for (int two_stage : {1, 0}) {  // both selections of route_row
+  set_router_two_stage_for_tests(two_stage);
   uint64_t seed = 1700;
   for (const C& c : cases) {
     const int64_t n = c.n, E = c.E, k = c.k, nk = n * k;
@@ -391,8 +393,8 @@ TEST(FusedRowsParity, MoeRoute) {
     a.slot_pos = f.sp.p;
     a.workspace = dws.p;
     a.counters = counters.p;
-    const std::string shape =
-        dims({n, E, k}) + (c.vl ? " vl" : "") + (c.ties ? " ties" : "") + (c.masked ? " -inf" : "");
+    const std::string shape = dims({n, E, k}) + (c.vl ? " vl" : "") + (c.ties ? " ties" : "") +
+                              (c.masked ? " -inf" : "") + (two_stage ? " two-stage" : " block rounds");
     for (int rep = 0; rep < 2; ++rep) {
       const Status st = run_moe_route(a, nullptr);
       ASSERT_TRUE(st.ok()) << st.message();
@@ -409,6 +411,8 @@ TEST(FusedRowsParity, MoeRoute) {
           "equal; counter zero after");
     }
   }
+  }
+  set_router_two_stage_for_tests(-1);
 }
 
 TEST(FusedRowsParity, MoeCombineExpand) {
