@@ -9,7 +9,8 @@
 //   kHeads heads; m is seeded with the sink and l with exp(sink - sink) = 1; scores are warp dot
 //   products, P.V keeps kHeads x ceil(head_dim / 256) float accumulators per thread.
 // - split (up to 16 rows: decode): one CTA per (row, kSplitHeads heads), its warps splitting the
-//   row's entries (no barrier in the loop, the next row prefetched), merged at the end.
+//   row's entries (no barrier in the loop, the next row prefetched), merged at the end; head_dim
+//   128 k with aligned rows takes sparse_attention_split_vec_kernel (float4 lanes, fmaf).
 //
 // Float accumulation (the CPU uses double): the output is a convex combination of <= 640 entries, so
 // the float sums add a relative error of at most ~640 * 2^-24 ~ 4e-5 of max|v| (typically ~1e-6);
