@@ -17,6 +17,8 @@
 //   hc::hc_map_finish_row, hc_map_finish_kernel's code. Bit-identical to run_hc_map +
 //   run_hc_collapse + run_rms_norm.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -181,6 +183,77 @@ __global__ void __launch_bounds__(hc::kThreads)
   }
 }
 
+// The collapse + norm part alone at C = 4 with float4 columns (h % 1024 == 0, 16-byte aligned
+// streams / x / norm weight; hc_site_collapse_quads): one block per row as the kernel's collapse
+// blocks, the same operations per element in the same order (v = 0 + w0 s0 + w1 s1 + w2 s2 + w3 s3
+// in fp32, rms_inv_like_rms_norm, fl(fl(v inv) weight)), so the same bits. Why: ncu (H100, --set full)
+// put the scalar collapse block at 12.4 us, 19.6 K warp instructions over its 8 warps, most of them
+// the 64-bit addressing and bounds checks of one scalar load per stream and element; here a thread
+// issues 4 x kQ 16-byte loads with 32-bit offsets before it adds.
+constexpr int kCollapseQ = 5;  // quads per thread in flight (times the 4 streams): h = 5120 in one round
+__global__ void __launch_bounds__(hc::kThreads)
+    hc_collapse_norm_quads_kernel(HcSiteArgs s, int sum_threads) {
+  dev::pdl_enter();
+  extern __shared__ __align__(16) float smem[];
+  __shared__ double scratch[32];
+  const HcMapDeviceArgs& a = s.map;
+  const int64_t r = blockIdx.x;
+  const int H4 = static_cast<int>(a.h >> 2), t = threadIdx.x, T = blockDim.x;
+  const float4* S = reinterpret_cast<const float4*>(a.streams + r * 4 * a.h);
+  float4* sm4 = reinterpret_cast<float4*>(smem);
+  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = s.collapse_w[r * 4 + j];
+  auto comb = [&](float s0, float s1, float s2, float s3) {
+    float v = 0.0f;
+    v = __fadd_rn(v, __fmul_rn(w[0], s0));
+    v = __fadd_rn(v, __fmul_rn(w[1], s1));
+    v = __fadd_rn(v, __fmul_rn(w[2], s2));
+    v = __fadd_rn(v, __fmul_rn(w[3], s3));
+    return v;
+  };
+  for (int q0 = t; q0 < H4; q0 += kCollapseQ * T) {
+    float4 sv[kCollapseQ][4];
+#pragma unroll
+    for (int q = 0; q < kCollapseQ; ++q) {
+      const int i = q0 + q * T;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sv[q][j] = i < H4 ? S[j * H4 + i] : zero4;
+    }
+#pragma unroll
+    for (int q = 0; q < kCollapseQ; ++q) {
+      const int i = q0 + q * T;
+      if (i >= H4) break;
+      sm4[i] = make_float4(comb(sv[q][0].x, sv[q][1].x, sv[q][2].x, sv[q][3].x),
+                           comb(sv[q][0].y, sv[q][1].y, sv[q][2].y, sv[q][3].y),
+                           comb(sv[q][0].z, sv[q][1].z, sv[q][2].z, sv[q][3].z),
+                           comb(sv[q][0].w, sv[q][1].w, sv[q][2].w, sv[q][3].w));
+    }
+  }
+  __syncthreads();
+  const float inv = dev::rms_inv_like_rms_norm([&](int64_t i) { return smem[i]; }, a.h, sum_threads, s.eps, scratch);
+  float4* x4 = reinterpret_cast<float4*>(s.x + r * a.h);
+  const float4* nw4 = reinterpret_cast<const float4*>(s.norm_weight);
+  const float4 ones = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+  for (int q0 = t; q0 < H4; q0 += kCollapseQ * T) {
+    float4 nw[kCollapseQ];
+#pragma unroll
+    for (int q = 0; q < kCollapseQ; ++q) {
+      const int i = q0 + q * T;
+      nw[q] = (i < H4 && nw4) ? nw4[i] : ones;
+    }
+#pragma unroll
+    for (int q = 0; q < kCollapseQ; ++q) {
+      const int i = q0 + q * T;
+      if (i >= H4) break;
+      const float4 v = sm4[i];
+      x4[i] = make_float4(__fmul_rn(v.x, inv) * nw[q].x, __fmul_rn(v.y, inv) * nw[q].y,
+                          __fmul_rn(v.z, inv) * nw[q].z, __fmul_rn(v.w, inv) * nw[q].w);
+    }
+  }
+}
+
 Status bad(const std::string& what) { return invalid_argument("rows_norm_rope_quant: " + what); }
 
 // The unfused sequence (shapes the kernel does not take).
@@ -272,6 +345,22 @@ bool hc_site_fused(const HcSiteArgs& s) {
          a.workspace_bytes >= hc_map_workspace_bytes(a.n, a.c, a.h);
 }
 
+namespace {
+int g_collapse_quads = -1;
+}  // namespace
+
+bool hc_site_collapse_quads(const HcSiteArgs& s) {
+  const bool on = g_collapse_quads >= 0 ? g_collapse_quads != 0 : [] {
+    const char* e = std::getenv("DS41_HC_COLLAPSE_QUADS");  // opt-in until measured on a device
+    static const bool v = e != nullptr && std::strcmp(e, "1") == 0;
+    return v;
+  }();
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return on && hc_site_fused(s) && s.map.c == 4 && s.map.h % (4 * hc::kThreads) == 0 && al(s.map.streams) &&
+         al(s.x) && al(s.norm_weight);
+}
+void set_hc_collapse_quads_for_tests(int mode) { g_collapse_quads = mode; }
+
 Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream, HcSitePart part) {
   const HcMapDeviceArgs& a = s.map;
   if (!s.collapse_w || !s.x) return invalid_argument("hc_site: collapse_w / x is null");
@@ -280,6 +369,11 @@ Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream, HcSitePart part) {
     DS41_RETURN_IF_ERROR(run_hc_map(a, stream));
     DS41_RETURN_IF_ERROR(run_hc_collapse(a.streams, s.collapse_w, a.n, a.c, a.h, s.x, stream));
     return run_rms_norm(s.x, a.n, a.h, s.norm_weight, s.eps, s.x, stream);
+  }
+  if (part == HcSitePart::kCollapse && hc_site_collapse_quads(s)) {
+    launch(hc_collapse_norm_quads_kernel, dim3(static_cast<unsigned>(a.n)), dim3(hc::kThreads),
+           static_cast<size_t>(a.h) * sizeof(float), stream, s, rms_norm_sum_threads(a.n, a.h));
+    return last_launch_status("hc_site collapse");
   }
   const hc::HcSplit sp = hc::hc_split(a.n, a.c, a.h);
   // The kernel's blocks [0, map_blocks) are the map's, the rest one collapse block per row: a part

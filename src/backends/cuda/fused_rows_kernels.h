@@ -86,5 +86,10 @@ int64_t hc_site_counter_count(int64_t n);
 enum class HcSitePart { kBoth, kMap, kCollapse };
 bool hc_site_fused(const HcSiteArgs& a);
 Status run_hc_site(const HcSiteArgs& a, cudaStream_t stream, HcSitePart part = HcSitePart::kBoth);
+// Whether the collapse part alone (HcSitePart::kCollapse) runs the float4 kernel: C = 4, h % 1024 == 0,
+// 16-byte aligned streams / x / norm weight, and DS41_HC_COLLAPSE_QUADS=1 (opt-in: written and
+// checked bit for bit on the host emulator, not yet timed on a device). The same bits either way.
+bool hc_site_collapse_quads(const HcSiteArgs& a);
+void set_hc_collapse_quads_for_tests(int mode);  // -1 the environment, 0 off, 1 on
 
 }  // namespace ds41::cuda

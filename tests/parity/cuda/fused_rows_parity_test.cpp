@@ -173,11 +173,12 @@ TEST(FusedRowsParity, HcSite) {
   };
   // Released C = 4, h = 5120 at decode rows (1, 2, 17: one and three row groups), prefill rows past
   // run_rms_norm's register layout (130, a narrower h to keep the emulator quick), C = 3 / 8 / 2
-  // (the other finish / partial instantiations, unaligned columns), and h past the fused kernel's
-  // shared-memory row (the unfused sequence).
+  // (the other finish / partial instantiations, unaligned columns), h past the fused kernel's
+  // shared-memory row (the unfused sequence), and 2048 / 1024 for the collapse's float4 kernel
+  // (h = 5120 takes it in one round of 5 quads per thread, 2048 and 1024 in a partial round).
   const std::vector<C> cases = {{1, 4, 5120, true},  {2, 4, 5120, true}, {17, 4, 5120, true},
                                 {130, 4, 640, true}, {3, 3, 33, false},  {9, 8, 260, true},
-                                {2, 2, 12300, true}};
+                                {2, 2, 12300, true}, {3, 4, 2048, false}, {1, 4, 1024, true}};
   uint64_t seed = 1300;
   for (const C& c : cases) {
     const int64_t F = c.c * c.h, M = (2 + c.c) * c.c;
@@ -243,24 +244,32 @@ TEST(FusedRowsParity, HcSite) {
     // The two parts in two launches (the map on the side stream, the collapse on the main one:
     // gpu_forward.h "Side stream"): the same blocks' code, so the same bits; a shape without the
     // fused kernel refuses a part.
-    Out p(c.n, c.c, c.h, ws_bytes);
-    HcSiteArgs sp = s;
-    sp.map = args(p);
-    sp.x = p.x.p;
-    if (!hc_site_fused(sp)) {
-      EXPECT_FALSE(run_hc_site(sp, nullptr, HcSitePart::kMap).ok()) << shape;
-      continue;
+    // The collapse part alone also through its float4 kernel (C = 4, h % 1024 == 0: hc_site_collapse_quads).
+    for (int quads : {0, 1}) {
+      set_hc_collapse_quads_for_tests(quads);
+      Out p(c.n, c.c, c.h, ws_bytes);
+      HcSiteArgs sp = s;
+      sp.map = args(p);
+      sp.x = p.x.p;
+      if (!hc_site_fused(sp)) {
+        EXPECT_FALSE(run_hc_site(sp, nullptr, HcSitePart::kMap).ok()) << shape;
+        break;
+      }
+      EXPECT_EQ(hc_site_collapse_quads(sp), quads == 1 && c.c == 4 && c.h % 1024 == 0) << shape;
+      const Status sm = run_hc_site(sp, nullptr, HcSitePart::kMap);
+      const Status sc = run_hc_site(sp, nullptr, HcSitePart::kCollapse);
+      ASSERT_TRUE(sm.ok() && sc.ok()) << sm.message() << sc.message();
+      const size_t bad = count_bit_diffs(p.pre.get(), u.pre.get()) +
+                         count_bit_diffs(p.post.get(), u.post.get()) +
+                         count_bit_diffs(p.comb.get(), u.comb.get()) + count_bit_diffs(p.x.get(), u.x.get());
+      size_t left = 0;
+      for (uint32_t v : counters.get()) left += v != 0;
+      report(hc_site_collapse_quads(sp) ? "hc_site map | collapse quads" : "hc_site map | collapse", shape,
+             static_cast<double>(bad + left), 0,
+             "the two parts in two launches: pre, post, comb, x bit for bit, counters zero after");
+      EXPECT_EQ(bad + left, 0u) << shape;
     }
-    const Status sm = run_hc_site(sp, nullptr, HcSitePart::kMap);
-    const Status sc = run_hc_site(sp, nullptr, HcSitePart::kCollapse);
-    ASSERT_TRUE(sm.ok() && sc.ok()) << sm.message() << sc.message();
-    const size_t bad = count_bit_diffs(p.pre.get(), u.pre.get()) + count_bit_diffs(p.post.get(), u.post.get()) +
-                       count_bit_diffs(p.comb.get(), u.comb.get()) + count_bit_diffs(p.x.get(), u.x.get());
-    size_t left = 0;
-    for (uint32_t v : counters.get()) left += v != 0;
-    report("hc_site map | collapse", shape, static_cast<double>(bad + left), 0,
-           "the two parts in two launches: pre, post, comb, x bit for bit, counters zero after");
-    EXPECT_EQ(bad + left, 0u) << shape;
+    set_hc_collapse_quads_for_tests(-1);
   }
 }
 
