@@ -168,6 +168,93 @@ constexpr int64_t kInvariantRowsPerPass = 64;  // row_invariant calls: rows per 
 constexpr int64_t kMinSplitEntries = 32; // entries per split at least (4 per warp)
 constexpr int kCombineThreads = 128;
 
+// A split CTA's place (the block order is (row, split, head group): the head groups of one split,
+// which read the same entries, run side by side for L2 reuse) and its entries [e0, e1). The last
+// split takes whatever is left, so entries past splits * chunk (a row longer than
+// max_entries_per_row claimed) are never dropped.
+struct SplitCta {
+  int64_t r, sp, h0, e0, e1;
+  int nh;
+};
+// False when the CTA has no entries, after writing what it owes: a row without entries at one split
+// yields 0 (d channels per head; uniform over the CTA); a split past the row's end (only sp > 0: chunk
+// >= 1) the empty state M = -inf, L = 0; with splits, an empty row is left to the combine (zeros).
+__device__ __forceinline__ bool split_cta(int64_t n_heads, int64_t d, const int64_t* __restrict__ kv_offsets,
+                                          float* __restrict__ out, int64_t splits, int64_t chunk,
+                                          float* __restrict__ part_ml, SplitCta& c) {
+  const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
+  const int64_t rs = blockIdx.x / groups;
+  c.r = rs / splits;
+  c.sp = rs % splits;
+  c.h0 = (blockIdx.x % groups) * kSplitHeads;
+  c.nh = static_cast<int>(min(static_cast<int64_t>(kSplitHeads), n_heads - c.h0));
+  const int tid = threadIdx.x;
+  const int64_t k0 = kv_offsets[c.r], k1 = kv_offsets[c.r + 1];
+  if (k1 <= k0) {
+    if (splits == 1) {
+      float* o = out + (c.r * n_heads + c.h0) * d;
+      for (int64_t i = tid; i < c.nh * d; i += kThreads) o[i] = 0.0f;
+    }
+    return false;
+  }
+  c.e0 = splits == 1 ? k0 : k0 + c.sp * chunk;
+  c.e1 = c.sp == splits - 1 ? k1 : min(k1, c.e0 + chunk);
+  if (c.e1 <= c.e0) {
+    float* ml = part_ml + ((c.r * splits + c.sp) * n_heads + c.h0) * 2;
+    if (tid < c.nh) {
+      ml[2 * tid] = -INFINITY;
+      ml[2 * tid + 1] = 0.0f;
+    }
+    return false;
+  }
+  return true;
+}
+
+// q_n_freq > 0: the query's rotation table of row r, run_rope's angle float(pos) * inv_freq[i] in
+// float and its cos / sin in double rounded to float, at q_cs[2i], q_cs[2i + 1], computed once per CTA
+// (in the lanes' q loads the double sincos took the kernel from 128 to 172 registers: one CTA per SM
+// instead of two, measured on an H100). Every thread calls it (a barrier when q_n_freq > 0).
+__device__ __forceinline__ void q_rope_table(const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
+                                             int64_t q_n_freq, int64_t r, float* q_cs) {
+  if (q_n_freq <= 0) return;  // CTA-uniform
+  const float p = static_cast<float>(q_pos[r]);
+  for (int64_t i = threadIdx.x; i < q_n_freq; i += kThreads) {
+    const float ang = __fmul_rn(p, q_inv_freq[i]);
+    double sn, cn;
+    sincos(static_cast<double>(ang), &sn, &cn);
+    q_cs[2 * i] = static_cast<float>(cn);
+    q_cs[2 * i + 1] = static_cast<float>(sn);
+  }
+  __syncthreads();
+}
+
+// The warps' softmax states merged per head, in warp order: M = max_w m_w, L = sum_w l_w exp(m_w - M)
+// (warps that saw nothing, m_w = -inf, skipped).
+__device__ __forceinline__ void merge_warp_ml(const float (&m_s)[kWarps][kSplitHeads],
+                                              const float (&l_s)[kWarps][kSplitHeads], float (&big_m)[kSplitHeads],
+                                              float (&big_l)[kSplitHeads]) {
+#pragma unroll
+  for (int h = 0; h < kSplitHeads; ++h) {
+    big_m[h] = m_s[0][h];
+    for (int w = 1; w < kWarps; ++w) big_m[h] = fmaxf(big_m[h], m_s[w][h]);
+    big_l[h] = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (m_s[w][h] != -INFINITY) big_l[h] += l_s[w][h] * expf(m_s[w][h] - big_m[h]);
+  }
+}
+
+// A split's (M, L) per head into the workspace for the combine.
+__device__ __forceinline__ void write_split_ml(float* __restrict__ part_ml, int64_t n_heads, int64_t splits,
+                                               const SplitCta& c, const float (&big_m)[kSplitHeads],
+                                               const float (&big_l)[kSplitHeads]) {
+  float* ml = part_ml + ((c.r * splits + c.sp) * n_heads + c.h0) * 2;
+  const int tid = threadIdx.x;
+  if (tid < c.nh) {
+    ml[2 * tid] = tid == 0 ? big_m[0] : big_m[kSplitHeads - 1];
+    ml[2 * tid + 1] = tid == 0 ? big_l[0] : big_l[kSplitHeads - 1];
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     sparse_attention_split_kernel(int64_t n_heads, int64_t d, const float* __restrict__ q,
                                   const int64_t* __restrict__ kv_offsets,
@@ -179,51 +266,18 @@ __global__ void __launch_bounds__(kThreads)
   dev::pdl_enter();
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ float acc_s[kSplitHeads * kMaxDim];
-  const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
-  // Block order (row, split, head group): the head groups of one split, which read the same
-  // entries, run side by side (L2 reuse).
-  const int64_t rs = blockIdx.x / groups, r = rs / splits, sp = rs % splits;
-  const int64_t h0 = (blockIdx.x % groups) * kSplitHeads;
-  const int nh = static_cast<int>(min(static_cast<int64_t>(kSplitHeads), n_heads - h0));
+  __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
+  SplitCta cta;
+  if (!split_cta(n_heads, d, kv_offsets, out, splits, chunk, part_ml, cta)) return;
+  const int64_t r = cta.r, sp = cta.sp, h0 = cta.h0, e0 = cta.e0, e1 = cta.e1;
+  const int nh = cta.nh;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t k0 = kv_offsets[r], k1 = kv_offsets[r + 1];
-  if (splits == 1 && k1 <= k0) {  // a row without entries yields 0 (uniform over the CTA)
-    float* o = out + (r * n_heads + h0) * d;
-    for (int64_t i = tid; i < nh * d; i += kThreads) o[i] = 0.0f;
-    return;
-  }
-  if (k1 <= k0) return;  // split: the combine writes the zeros
-  const int64_t e0 = splits == 1 ? k0 : k0 + sp * chunk;
-  // The last split takes whatever is left, so entries past splits * chunk (a row longer than
-  // max_entries_per_row claimed) are never dropped.
-  const int64_t e1 = sp == splits - 1 ? k1 : min(k1, e0 + chunk);
-  if (e1 <= e0) {  // a split past the row's end (only sp > 0: chunk >= 1): empty state
-    float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
-    if (tid < nh) {
-      ml[2 * tid] = -INFINITY;
-      ml[2 * tid + 1] = 0.0f;
-    }
-    return;
-  }
   const bool seed = warp == 0 && sp == 0;
   // q_n_freq > 0: q rotated forward as it is loaded, run_rope's arithmetic (rope_kernel): channel
-  // c >= off pairs with c ^ 1 (off is even, so the partner is the adjacent lane), angle
-  // float(pos) * inv_freq[(c - off) / 2] in float, its cos / sin in double rounded to float, computed
-  // once per CTA into shared memory (in the lanes' q loads the double sincos took the kernel from
-  // 128 to 172 registers: one CTA per SM instead of two, measured on an H100).
-  __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
+  // c >= off pairs with c ^ 1 (off is even, so the partner is the adjacent lane), the angles' cos /
+  // sin from q_rope_table.
   const int64_t q_off = d - 2 * q_n_freq;
-  if (q_n_freq > 0) {  // CTA-uniform
-    const float p = static_cast<float>(q_pos[r]);
-    for (int64_t i = tid; i < q_n_freq; i += kThreads) {
-      const float ang = __fmul_rn(p, q_inv_freq[i]);
-      double sn, cn;
-      sincos(static_cast<double>(ang), &sn, &cn);
-      q_cs[2 * i] = static_cast<float>(cn);
-      q_cs[2 * i + 1] = static_cast<float>(sn);
-    }
-    __syncthreads();
-  }
+  q_rope_table(q_pos, q_inv_freq, q_n_freq, r, q_cs);
   float qr[kSplitHeads][kLaneDims], acc[kSplitHeads][kLaneDims], m[kSplitHeads], l[kSplitHeads];
 #pragma unroll
   for (int h = 0; h < kSplitHeads; ++h) {
@@ -290,14 +344,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   __syncthreads();
   float big_m[kSplitHeads], big_l[kSplitHeads];
-#pragma unroll
-  for (int h = 0; h < kSplitHeads; ++h) {
-    big_m[h] = m_s[0][h];
-    for (int w = 1; w < kWarps; ++w) big_m[h] = fmaxf(big_m[h], m_s[w][h]);
-    big_l[h] = 0.0f;
-    for (int w = 0; w < kWarps; ++w)
-      if (m_s[w][h] != -INFINITY) big_l[h] += l_s[w][h] * expf(m_s[w][h] - big_m[h]);
-  }
+  merge_warp_ml(m_s, l_s, big_m, big_l);
   for (int w = 0; w < kWarps; ++w) {  // deterministic merge in warp order
     if (warp == w) {
 #pragma unroll
@@ -322,11 +369,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   float* pa = part_acc + ((r * splits + sp) * n_heads + h0) * d;
   for (int64_t i = tid; i < nh * d; i += kThreads) pa[i] = acc_s[(i / d) * kMaxDim + i % d];
-  float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
-  if (tid < nh) {
-    ml[2 * tid] = tid == 0 ? big_m[0] : big_m[kSplitHeads - 1];
-    ml[2 * tid + 1] = tid == 0 ? big_l[0] : big_l[kSplitHeads - 1];
-  }
+  write_split_ml(part_ml, n_heads, splits, cta, big_m, big_l);
 }
 
 // The split kernel for head_dim = 128 kJ (kJ = 1..4) with 16-byte aligned q and kv rows (the released
@@ -360,41 +403,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ __align__(16) float acc_w[kWarps][kSplitHeads][kD];
   __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
-  const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
-  const int64_t rs = blockIdx.x / groups, r = rs / splits, sp = rs % splits;
-  const int64_t h0 = (blockIdx.x % groups) * kSplitHeads;
-  const int nh = static_cast<int>(min(static_cast<int64_t>(kSplitHeads), n_heads - h0));
+  SplitCta cta;
+  if (!split_cta(n_heads, kD, kv_offsets, out, splits, chunk, part_ml, cta)) return;
+  const int64_t r = cta.r, sp = cta.sp, h0 = cta.h0, e0 = cta.e0, e1 = cta.e1;
+  const int nh = cta.nh;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t k0 = kv_offsets[r], k1 = kv_offsets[r + 1];
-  if (splits == 1 && k1 <= k0) {  // a row without entries yields 0 (uniform over the CTA)
-    float* o = out + (r * n_heads + h0) * kD;
-    for (int64_t i = tid; i < nh * kD; i += kThreads) o[i] = 0.0f;
-    return;
-  }
-  if (k1 <= k0) return;  // split: the combine writes the zeros
-  const int64_t e0 = splits == 1 ? k0 : k0 + sp * chunk;
-  const int64_t e1 = sp == splits - 1 ? k1 : min(k1, e0 + chunk);
-  if (e1 <= e0) {  // a split past the row's end: empty state
-    float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
-    if (tid < nh) {
-      ml[2 * tid] = -INFINITY;
-      ml[2 * tid + 1] = 0.0f;
-    }
-    return;
-  }
   const bool seed = warp == 0 && sp == 0;
   const int64_t q_off = kD - 2 * q_n_freq;
-  if (q_n_freq > 0) {  // CTA-uniform; the scalar kernel's table
-    const float p = static_cast<float>(q_pos[r]);
-    for (int64_t i = tid; i < q_n_freq; i += kThreads) {
-      const float ang = __fmul_rn(p, q_inv_freq[i]);
-      double sn, cn;
-      sincos(static_cast<double>(ang), &sn, &cn);
-      q_cs[2 * i] = static_cast<float>(cn);
-      q_cs[2 * i + 1] = static_cast<float>(sn);
-    }
-    __syncthreads();
-  }
+  q_rope_table(q_pos, q_inv_freq, q_n_freq, r, q_cs);
   float4 qr[kSplitHeads][kJ], acc[kSplitHeads][kJ];
   float m[kSplitHeads], l[kSplitHeads];
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -479,14 +495,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   float big_m[kSplitHeads], big_l[kSplitHeads];
-#pragma unroll
-  for (int h = 0; h < kSplitHeads; ++h) {
-    big_m[h] = m_s[0][h];
-    for (int w = 1; w < kWarps; ++w) big_m[h] = fmaxf(big_m[h], m_s[w][h]);
-    big_l[h] = 0.0f;
-    for (int w = 0; w < kWarps; ++w)
-      if (m_s[w][h] != -INFINITY) big_l[h] += l_s[w][h] * expf(m_s[w][h] - big_m[h]);
-  }
+  merge_warp_ml(m_s, l_s, big_m, big_l);
   float* o = splits == 1 ? out + (r * n_heads + h0) * kD : part_acc + ((r * splits + sp) * n_heads + h0) * kD;
   for (int i = tid; i < nh * kD / 4; i += kThreads) {  // a float4 of head h's channels
     const int h = (4 * i) / kD, c = 4 * i - h * kD;
@@ -502,12 +511,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     reinterpret_cast<float4*>(o + h * kD)[c / 4] = a;
   }
-  if (splits == 1) return;
-  float* ml = part_ml + ((r * splits + sp) * n_heads + h0) * 2;
-  if (tid < nh) {
-    ml[2 * tid] = tid == 0 ? big_m[0] : big_m[kSplitHeads - 1];
-    ml[2 * tid + 1] = tid == 0 ? big_l[0] : big_l[kSplitHeads - 1];
-  }
+  if (splits > 1) write_split_ml(part_ml, n_heads, splits, cta, big_m, big_l);
 }
 
 // One CTA per (row, head): M = max_s m_s, L = sum_s l_s exp(m_s - M), out = sum_s exp(m_s - M)

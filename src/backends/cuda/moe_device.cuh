@@ -26,6 +26,13 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
+// The two-stage selection (route_row): each thread holds at most kPickPer experts (e = t, t + 256),
+// each warp picks its own k best, then warp 0 picks the k best of those 8 k candidates.
+constexpr int kPickPer = 2;
+constexpr int64_t kPickMaxK = 8;
+constexpr int kPickCands = (kThreads / 32) * static_cast<int>(kPickMaxK);
+static_assert(kPickCands <= 32 * kPickPer, "warp 0 holds every candidate in its lanes' pairs");
+
 // The shared memory of route_row.
 struct RouterSmem {
   float sc[kMaxExperts];
@@ -34,19 +41,26 @@ struct RouterSmem {
   int wi[kThreads / 32];
   int sel[kMaxK];
   float wsel[kMaxK];  // the selected experts' weights (route_row's last step), for a caller in the block
-  float cand_v[(kThreads / 32) * 8];  // the two-stage selection's candidates: warp w's picks at 8 w
-  int cand_i[(kThreads / 32) * 8];
-  float cand_v2[8];
+  float cand_v[kPickCands];  // the two-stage selection's candidates: warp w's picks at kPickMaxK w
+  int cand_i[kPickCands];
+  float cand_v2[kPickMaxK];
 };
 
-// The two-stage selection (route_row): each thread holds at most kPickPer experts (e = t, t + 256),
-// each warp picks its own k best, then warp 0 picks the k best of those 8 k candidates.
-constexpr int kPickPer = 2;
-constexpr int64_t kPickMaxK = 8;
-constexpr int kPickCands = (kThreads / 32) * static_cast<int>(kPickMaxK);
+// The warp's best (bv, bi) of its lanes' by the xor tree: every lane ends with the same pair, since
+// better() is a total order on distinct indices (-1, none, never wins).
+__device__ __forceinline__ void warp_best(float& bv, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+}
 
-// One pick of a warp: the best (v, i) over the lanes' pairs (value, index), -1 indices never (the
-// xor tree leaves the same (v, i) in every lane: better() is a total order on distinct indices).
+// One pick of a warp: the best (v, i) over the lanes' pairs (value, index), -1 indices never.
 __device__ __forceinline__ void warp_pick(const float (&v)[kPickPer], const int (&id)[kPickPer], float& bv,
                                           int& bi) {
   bv = v[0];
@@ -57,15 +71,7 @@ __device__ __forceinline__ void warp_pick(const float (&v)[kPickPer], const int 
       bv = v[u];
       bi = id[u];
     }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (better(ov, oi, bv, bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  warp_best(bv, bi);
 }
 
 // k picks of one warp over its lanes' pairs (an entry with index -1 is none): pick j to out_v / out_i
@@ -131,11 +137,10 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
     if (warp == 0) {  // the k best of the warps' picks (every global pick is among its warp's k best)
 #pragma unroll
       for (int u = 0; u < kPickPer; ++u) {
-        const int c = lane + 32 * u, w = c / static_cast<int>(kPickMaxK), j = c % static_cast<int>(kPickMaxK);
-        const bool ok = c < kPickCands && j < k;
+        const int c = lane + 32 * u;  // candidate c: pick c % kPickMaxK of warp c / kPickMaxK
+        const bool ok = c < kPickCands && c % kPickMaxK < k;
         v[u] = ok ? sm.cand_v[c] : 0.0f;
         id[u] = ok ? sm.cand_i[c] : -1;
-        (void)w;
       }
       warp_picks(v, id, k, sm.cand_v2, sel);
     }
@@ -152,15 +157,7 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
           bi = static_cast<int>(e);
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (better(ov, oi, bv, bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
+      warp_best(bv, bi);
       if (lane == 0) {
         wv[warp] = bv;
         wi[warp] = bi;
