@@ -532,18 +532,20 @@ __device__ __forceinline__ void sparse_attention_combine_head(int64_t n_heads, i
   __shared__ float wsp[kMaxCombineSplits];  // exp(m_s - M) (>= 0), or -1 for a skipped split
   __shared__ float msp[kMaxCombineSplits], lsp[kMaxCombineSplits];
   __shared__ float big_l_sh;
-  if (kv_offsets[r + 1] <= kv_offsets[r]) {
-    for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) o[c] = 0.0f;
-    return;
-  }
   // The splits' (m, l) staged once (one load round for the CTA; ncu: 6.6-8.5 us per call at one
   // row when every thread walked m, then thread 0 walked m and l, one L2 round trip per split).
   // M by a warp max (fmaxf: the same value in any order), the weights per split, then thread 0
-  // adds L in split order from shared memory: the same expressions, the same bits.
+  // adds L in split order from shared memory: the same expressions, the same bits. They are loaded
+  // together with the row's entry range (one round trip, not two); an empty row uses none of them.
+  const int64_t e_begin = kv_offsets[r], e_end = kv_offsets[r + 1];
   const float* ml = part_ml + (r * splits * n_heads + h) * 2;  // split sp at + sp * n_heads * 2
   for (int64_t sp = threadIdx.x; sp < splits; sp += kCombineThreads) {
     msp[sp] = ml[sp * n_heads * 2];
     lsp[sp] = ml[sp * n_heads * 2 + 1];
+  }
+  if (e_end <= e_begin) {  // CTA-uniform
+    for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) o[c] = 0.0f;
+    return;
   }
   __syncthreads();
   float big_m = -INFINITY;
@@ -620,15 +622,18 @@ __global__ void __launch_bounds__(kCombineThreads)
     sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, o);
     return;
   }
-  sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, ov);
+  // The rotation table first, by the last warp (thread t takes frequency (t + kCombineThreads - 32) mod
+  // kCombineThreads): its fp64 sincos chains run while warp 0 waits for the splits' (m, l) loads and
+  // adds L (before, they ran after the whole combine, on the critical path).
   const float p = static_cast<float>(rope_pos[r]);
-  for (int64_t i = threadIdx.x; i < n_freq; i += kCombineThreads) {
+  for (int64_t i = (threadIdx.x + kCombineThreads - 32) % kCombineThreads; i < n_freq; i += kCombineThreads) {
     const float ang = __fmul_rn(p, inv_freq[i]);
     double sn, cn;
     sincos(static_cast<double>(ang), &sn, &cn);
     cs[2 * i] = static_cast<float>(cn);
     cs[2 * i + 1] = -static_cast<float>(sn);
   }
+  sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, ov);
   __syncthreads();  // ov and cs complete
   const int64_t off = d - 2 * n_freq;
   for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) {

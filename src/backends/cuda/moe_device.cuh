@@ -112,11 +112,24 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   int* wi = sm.wi;
   int* sel = sm.sel;
   const float* bvec = (vl && vl[r] && bias_vl) ? bias_vl : bias;
-  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
-    const float lg = logits[r * E + e], bias_e = bvec ? bvec[e] : 0.0f;  // both loads before the math
-    const float s = sqrtf(softplus_ref(__fdiv_rn(lg, temp)));
-    sc[e] = s;
-    bs[e] = __fadd_rn(s, bias_e);
+  // Two experts per thread and round (e and e + blockDim.x): all four loads first, then the two fp64
+  // softplus chains side by side (independent: the scheduler interleaves them), so a thread with two
+  // experts (E = 384: warps 0-3) waits one chain's latency, not two (ncu, H100: the router one block of
+  // ~11 cycles per issued instruction, latency bound). Each expert's operations are unchanged.
+  const int64_t stride = blockDim.x;
+  for (int64_t e0 = threadIdx.x; e0 < E; e0 += 2 * stride) {
+    const int64_t e1 = e0 + stride;
+    const bool two = e1 < E;
+    const float lg0 = logits[r * E + e0], b0 = bvec ? bvec[e0] : 0.0f;
+    const float lg1 = two ? logits[r * E + e1] : 0.0f, b1 = (two && bvec) ? bvec[e1] : 0.0f;
+    const float s0 = sqrtf(softplus_ref(__fdiv_rn(lg0, temp)));
+    const float s1 = sqrtf(softplus_ref(__fdiv_rn(lg1, temp)));
+    sc[e0] = s0;
+    bs[e0] = __fadd_rn(s0, b0);
+    if (two) {
+      sc[e1] = s1;
+      bs[e1] = __fadd_rn(s1, b1);
+    }
   }
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -177,11 +190,14 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
       __syncthreads();
     }
   }
-  if (threadIdx.x == 0) {
+  // The weights: the sum of the picks' scores in pick order (every thread of warp 0 adds the same
+  // values in the same order: the same float), then pick j's division by thread j (k divisions side by
+  // side instead of one thread's chain of k). The same operations per weight as one thread's loop.
+  if (warp == 0) {
     float sum = 0.0f;
     for (int64_t j = 0; j < k; ++j)
       if (sel[j] >= 0) sum = __fadd_rn(sum, sc[sel[j]]);
-    for (int64_t j = 0; j < k; ++j) {
+    for (int64_t j = lane; j < k; j += 32) {
       const int i = sel[j];
       const float w = i >= 0 ? __fmul_rn(__fdiv_rn(sc[i], __fadd_rn(sum, 1e-20f)), route_scale) : 0.0f;
       experts[r * k + j] = i;
