@@ -1362,6 +1362,7 @@ void set_tc_gemv_rows_per_block_for_tests(int nb) { tcg::set_rows_per_block_for_
 void set_tc_gemv_ring_for_tests(int mode) { tcg::set_ring_for_tests(mode); }
 void set_tc_gemv_fp8_wide_for_tests(int mode) { tcg::set_fp8_wide_for_tests(mode); }
 void set_tc_gemv_early_for_tests(int before_wait) { tcg::set_early_for_tests(before_wait); }
+void set_tc_gemv_expert_stage_first_for_tests(int mode) { tcg::set_expert_stage_first_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {

@@ -92,5 +92,8 @@ void set_tc_gemv_fp8_wide_for_tests(int mode);
 // The tensor-core GEMV's early start (DS41_TCG_EARLY, default on): the dense kernel's first weight
 // loads before its PDL wait (-1 the environment, 0 off, 1 on). No value changes.
 void set_tc_gemv_early_for_tests(int before_wait);
+// The expert GEMV's x staging before its first weight loads (tcg::set_expert_stage_first_for_tests, opt-in
+// DS41_TCG_EXPERT_STAGE_FIRST=1): -1 the environment, 0 off, 1 on. No value changes.
+void set_tc_gemv_expert_stage_first_for_tests(int mode);
 
 }  // namespace ds41::cuda

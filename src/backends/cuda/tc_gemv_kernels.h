@@ -32,6 +32,9 @@ void set_fp8_wide_for_tests(int mode);
 // The dense kernel's early start (DS41_TCG_EARLY, default on): its first weight loads before its PDL
 // wait. -1 the environment, 0 off, 1 on. No value changes.
 void set_early_for_tests(int before_wait);
+// The expert kernel stages x before its first weight loads (DS41_TCG_EXPERT_STAGE_FIRST=1, opt-in until
+// timed): -1 the environment, 0 off, 1 on. No value changes.
+void set_expert_stage_first_for_tests(int mode);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)

@@ -1311,6 +1311,83 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
   }
 }
 
+// The expert GEMV's x staging before its first weight loads (DS41_TCG_EXPERT_STAGE_FIRST, opt-in): the
+// same bits as the default order, for single calls and pairs, routed rows read through a row index
+// (the decode's path) and contiguous ones, FP4 and FP8 experts, x rows per block 2 and 6 (a 6-row
+// unit), 1 and 3 slots (persistent blocks); the released expert shape on a device.
+TEST(LinearParity, TensorCoreGemvExpertStageFirstKeepsTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_expert_stage_first_for_tests(-1);
+      set_tc_gemv_rows_per_block_for_tests(0);
+      set_persist_slot_cap_for_tests(0);
+    }
+  } reset;
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct Case {
+    WeightFormat format;
+    int64_t E, out, in, n, k;
+  };
+  std::vector<Case> cases = {{WeightFormat::kFp4Rows, 12, 80, 1024, 6, 3}, {WeightFormat::kFp8Tiles, 12, 80, 1024, 6, 3}};
+  if (!emu) cases.push_back({WeightFormat::kFp4Rows, 384, 2304, 5120, 1, 6});
+  set_tc_gemv_for_tests(1);
+  uint64_t seed = 17700;
+  for (const Case& c : cases) {
+    const Experts w1 = make_experts(c.format, c.E, c.out, c.in, ++seed);
+    const Experts w3 = make_experts(c.format, c.E, c.out, c.in, ++seed);
+    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, 0);
+    const int64_t m = off[c.E], m_max = m + 2;
+    auto x = rand_floats(static_cast<size_t>(std::max(m_max, c.n) * c.in), ++seed);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(3 * (r % 12) - 9));
+    std::vector<int64_t> rows(static_cast<size_t>(m_max));  // routed row r reads token row (r * 5) % n
+    for (int64_t r = 0; r < m_max; ++r) rows[r] = (r * 5) % c.n;
+    Dev<int64_t> doff(off), drows(rows);
+    Dev<float> dx(x), dg(static_cast<size_t>(m_max * c.in)), dy1(static_cast<size_t>(m_max * c.out)), dy3(dy1.n);
+    auto run = [&](int variant) {
+      cudaMemset(dy1.p, 0, dy1.n * sizeof(float));
+      cudaMemset(dy3.p, 0, dy3.n * sizeof(float));
+      Status st = ok_status();
+      if (variant == 0)
+        st = run_expert_linear(w1.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p, nullptr, c.format);
+      else if (variant == 1)
+        st = run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p,
+                                    dy3.p, nullptr, c.format);
+      else
+        st = run_expert_linear_pair_rows(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, drows.p,
+                                         dg.p, m_max, dy1.p, dy3.p, nullptr, c.format);
+      EXPECT_TRUE(st.ok()) << st.message();
+      std::vector<float> out = dy1.get(), o3 = dy3.get();
+      out.resize(static_cast<size_t>(m * c.out));
+      o3.resize(out.size());
+      out.insert(out.end(), o3.begin(), o3.end());
+      return out;
+    };
+    size_t differ = 0, compared = 0;
+    for (int variant : {0, 1, 2})
+      for (int nb : {0, 6})
+        for (int cap : {0, 1, 3}) {
+          if (emu && cap == 1) continue;  // the host emulator: 1 and 3 slots exercise the same loop
+          set_tc_gemv_rows_per_block_for_tests(nb);
+          set_persist_slot_cap_for_tests(cap);
+          set_tc_gemv_expert_stage_first_for_tests(0);
+          const std::vector<float> want = run(variant);
+          set_tc_gemv_expert_stage_first_for_tests(1);
+          const std::vector<float> got = run(variant);
+          for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
+          compared += got.size();
+        }
+    report("expert_linear stage first",
+           std::string(fmt_name(c.format)) + " " + std::to_string(c.E) + "x" + dims({c.out, c.in}) + " n=" +
+               std::to_string(c.n) + " k=" + std::to_string(c.k) + " single / pair / pair through rows, " +
+               std::to_string(compared) + " values: bits differing",
+           static_cast<double>(differ), 0, "the same values staged earlier");
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 // The same invariance for the scale-free formats (BF16: the head, the MoE gate and the compressor, on
 // the tensor-core GEMV for row-invariant calls; F32 on the CUDA cores): a DSpark verification runs the head and the gate over B x (1 + candidates) rows where the
 // plain decode step runs B, and greedy losslessness (MODEL_SPEC 3.10.7) needs the same logits bits
