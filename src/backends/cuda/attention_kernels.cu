@@ -26,6 +26,7 @@
 #include "backends/cuda/sparse_attention_tc_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
+#include "backends/cuda/rope_table.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -217,14 +218,7 @@ __device__ __forceinline__ bool split_cta(int64_t n_heads, int64_t d, const int6
 __device__ __forceinline__ void q_rope_table(const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
                                              int64_t q_n_freq, int64_t r, float* q_cs) {
   if (q_n_freq <= 0) return;  // CTA-uniform
-  const float p = static_cast<float>(q_pos[r]);
-  for (int64_t i = threadIdx.x; i < q_n_freq; i += kThreads) {
-    const float ang = __fmul_rn(p, q_inv_freq[i]);
-    double sn, cn;
-    sincos(static_cast<double>(ang), &sn, &cn);
-    q_cs[2 * i] = static_cast<float>(cn);
-    q_cs[2 * i + 1] = static_cast<float>(sn);
-  }
+  dev::rope_table_fill(static_cast<float>(q_pos[r]), q_inv_freq, q_n_freq, false, q_cs, threadIdx.x, kThreads);
   __syncthreads();
 }
 
@@ -625,14 +619,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   // The rotation table first, by the last warp (thread t takes frequency (t + kCombineThreads - 32) mod
   // kCombineThreads): its fp64 sincos chains run while warp 0 waits for the splits' (m, l) loads and
   // adds L (before, they ran after the whole combine, on the critical path).
-  const float p = static_cast<float>(rope_pos[r]);
-  for (int64_t i = (threadIdx.x + kCombineThreads - 32) % kCombineThreads; i < n_freq; i += kCombineThreads) {
-    const float ang = __fmul_rn(p, inv_freq[i]);
-    double sn, cn;
-    sincos(static_cast<double>(ang), &sn, &cn);
-    cs[2 * i] = static_cast<float>(cn);
-    cs[2 * i + 1] = -static_cast<float>(sn);
-  }
+  dev::rope_table_fill(static_cast<float>(rope_pos[r]), inv_freq, n_freq, true, cs,
+                       (threadIdx.x + kCombineThreads - 32) % kCombineThreads, kCombineThreads);
   sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, ov);
   __syncthreads();  // ov and cs complete
   const int64_t off = d - 2 * n_freq;

@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/quant_device.cuh"
+#include "backends/cuda/rope_table.cuh"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
@@ -97,14 +98,7 @@ __global__ void __launch_bounds__(kThreads)
   float* v = x + r * heads * head_dim + h * head_dim + off + 2 * i;
   const float e = active ? v[0] : 0.0f, o = active ? v[1] : 0.0f;
   const float p = static_cast<float>(pos[r]);
-  for (int64_t f = threadIdx.x; f < n_freq; f += blockDim.x) {
-    const float ang = __fmul_rn(p, inv_freq[f]);  // float32 product, as the reference
-    double sn, cn;
-    sincos(static_cast<double>(ang), &sn, &cn);
-    cs[2 * f] = static_cast<float>(cn);
-    const float sf = static_cast<float>(sn);
-    cs[2 * f + 1] = inverse ? -sf : sf;
-  }
+  dev::rope_table_fill(p, inv_freq, n_freq, inverse, cs, threadIdx.x, blockDim.x);
   __syncthreads();
   if (active) {
     const float c = cs[2 * i], s = cs[2 * i + 1];

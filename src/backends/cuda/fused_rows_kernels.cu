@@ -17,8 +17,6 @@
 //   hc::hc_map_finish_row, hc_map_finish_kernel's code. Bit-identical to run_hc_map +
 //   run_hc_collapse + run_rms_norm.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -31,6 +29,7 @@
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rms_norm_device.cuh"
+#include "backends/cuda/rope_table.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -63,14 +62,7 @@ __global__ void __launch_bounds__(kMaxRowDim)
     __syncthreads();  // the norm's reads of row[] are done
     if (active) row[t] = v;
     const float p = static_cast<float>(a.pos[r / a.rows_per_pos]);
-    for (int64_t i = t; i < a.n_freq; i += blockDim.x) {
-      const float ang = __fmul_rn(p, a.inv_freq[i]);
-      double s, c;
-      sincos(static_cast<double>(ang), &s, &c);
-      cs[2 * i] = static_cast<float>(c);
-      const float sf = static_cast<float>(s);
-      cs[2 * i + 1] = a.inverse ? -sf : sf;
-    }
+    dev::rope_table_fill(p, a.inv_freq, a.n_freq, a.inverse, cs, t, blockDim.x);
     __syncthreads();
     const int64_t off = dim - 2 * a.n_freq;
     if (active && t >= off) {
@@ -352,10 +344,8 @@ int g_collapse_quads = -1;
 bool hc_site_collapse_quads(const HcSiteArgs& s) {
   // On unless DS41_HC_COLLAPSE_QUADS=0 (measured on an H100, docs/perf/README.md, session of 2026-12-05
   // 17:29 UTC: 6.8 us per call against the scalar block's 11.6-12.0).
-  const bool on = g_collapse_quads >= 0 ? g_collapse_quads != 0 : [] {
-    static const bool v = switch_on("DS41_HC_COLLAPSE_QUADS");
-    return v;
-  }();
+  static const bool env = switch_on("DS41_HC_COLLAPSE_QUADS");
+  const bool on = g_collapse_quads >= 0 ? g_collapse_quads != 0 : env;
   const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return on && hc_site_fused(s) && s.map.c == 4 && s.map.h % (4 * hc::kThreads) == 0 && al(s.map.streams) &&
          al(s.x) && al(s.norm_weight);
