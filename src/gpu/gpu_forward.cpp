@@ -242,6 +242,33 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
                                            ws_.offsets, x, x_rows, gathered, m_max, y, y2, stream_, format);
 }
 
+Status GpuForward::linear_pair_swiglu(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
+                                      int64_t n, float* y, float* y2, const cuda::SwigluEpilogue& sw) {
+  if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) {  // prefill: the GEMMs, the SwiGLU
+    DS41_RETURN_IF_ERROR(linear_pair(w, w2, x, n, y, y2));
+    return cuda::run_swiglu(y, y2, n, w.out_dim, sw.limit, sw.row_scale, sw.act, stream_);
+  }
+  return cuda::run_linear_pair_swiglu(w, w2, x, n, y, y2, sw, stream_, row_invariant_);
+}
+
+Status GpuForward::expert_linear_pair_swiglu(const std::vector<DeviceExpert>& experts,
+                                             cuda::DeviceWeight DeviceExpert::*which,
+                                             cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
+                                             const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
+                                             const float* x, const int64_t* x_rows, float* gathered, int64_t m_max,
+                                             float* y, float* y2, const cuda::SwigluEpilogue& sw) {
+  const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
+  const quant::WeightFormat format2 = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which2).format;
+  const bool gemms = tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows;
+  if (gemms || format != format2 || routed_rows_gather()) {  // the paths of expert_linear_pair, then the SwiGLU
+    DS41_RETURN_IF_ERROR(
+        expert_linear_pair(experts, which, which2, d_w, d_w2, out_dim, in_dim, x, x_rows, gathered, m_max, y, y2));
+    return cuda::run_swiglu(y, y2, m_max, out_dim, sw.limit, sw.row_scale, sw.act, stream_);
+  }
+  return cuda::run_expert_linear_pair_swiglu(d_w, d_w2, static_cast<int64_t>(experts.size()), out_dim, in_dim,
+                                             ws_.offsets, x, x_rows, gathered, m_max, y, y2, sw, stream_, format);
+}
+
 GpuForward::~GpuForward() {
   for (cudaEvent_t e : events_)
     if (e) cudaEventDestroy(e);

@@ -26,6 +26,7 @@
 #include <span>
 #include <vector>
 
+#include "backends/cuda/swiglu_epilogue.h"
 #include "core/status.h"
 #include "gpu/device_model.h"
 #include "gpu/gpu_workspace.h"
@@ -285,6 +286,17 @@ class GpuForward {
                             cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
                             const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
                             const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2);
+  // The same pairs followed by their SwiGLU (cuda/swiglu_epilogue.h: act = row_scale * swiglu(y, y2)):
+  // at decode sizes one launch (the tensor-core GEMV's SwiGLU epilogue; y / y2 not written), else the
+  // pair and run_swiglu. Every decode-sized call of a pair goes through the fused launch, so a row's
+  // bits do not depend on the batch or on the side stream.
+  Status linear_pair_swiglu(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n,
+                            float* y, float* y2, const cuda::SwigluEpilogue& sw);
+  Status expert_linear_pair_swiglu(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
+                                   cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
+                                   const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
+                                   const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
+                                   const cuda::SwigluEpilogue& sw);
 
   // Decode steps pad key and score counts to multiples of this, or of the power of two in
   // (count / 128, count / 64] when larger (gpu_step_plan.cpp).

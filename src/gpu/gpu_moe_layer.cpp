@@ -1,11 +1,11 @@
 // ds41 gpu: the MoE sublayer on the device (MODEL_SPEC 3.5) — the twin of src/model/moe_layer.cpp:
 // sqrt-softplus router (bias for selection only; gate.bias_vl on image-span rows), stable bucketing of the
-// (row, slot) pairs by expert, grouped launches over the sorted rows (w1 with w3 in one at decode sizes), SwiGLU
-// with the two clamps and the routing weight applied before w2, w2, the combine in ascending expert order
-// (the reference's order of additions), then the shared expert added. Where the forward has a side
-// stream (decode steps, verifications, drafts: gpu_forward.h "Side stream") the shared expert runs
-// there beside the router and the routed experts; otherwise its w1 / w3 run before the SwiGLUs (one
-// launch for both). With an expand target (the layer's FFN site) the combine, the shared add and the
+// (row, slot) pairs by expert, grouped launches over the sorted rows (w1 with w3 in one at decode sizes, with
+// the SwiGLU as that launch's epilogue), SwiGLU with the two clamps and the routing weight applied before
+// w2, w2, the combine in ascending expert order (the reference's order of additions), then the shared
+// expert added. Where the forward has a side stream (decode steps, verifications, drafts: gpu_forward.h
+// "Side stream") the shared expert runs there beside the router and the routed experts; at prefill
+// sizes its w1 / w3 run before the SwiGLUs (one launch for both). With an expand target (the layer's FFN site) the combine, the shared add and the
 // mHC expand are one launch (backends/cuda/fused_moe_kernels.h).
 #include <string>
 
@@ -54,24 +54,34 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
       DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
     }
     // The routed rows x[perm_rows[i]]: read straight from x by the prefill GEMMs' split and by the decode
-    // GEMV's staging (no gather launch); gathered into xs for the other paths.
-    DS41_RETURN_IF_ERROR(expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
-                                            ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up));
-    if (!swiglu) return ok_status();
-    DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.g, ws_.up, nk, I, lim, ws_.perm_weight, ws_.act, s));
+    // GEMV's staging (no gather launch); gathered into xs for the other paths. At decode sizes the
+    // SwiGLU with the routing weights is the pair's epilogue (one launch).
+    if (!swiglu)
+      return expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
+                                ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up);
+    DS41_RETURN_IF_ERROR(expert_linear_pair_swiglu(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I,
+                                                   H, x, ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up,
+                                                   cuda::SwigluEpilogue{ws_.act, ws_.perm_weight, lim}));
     return expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm);
   };
   if (shared && side_ok()) {
     // The shared expert (ws_.sg / su / sa / sout, from x alone) on the side stream beside the router
-    // and the routed experts (gpu_forward.h "Side stream"): its SwiGLU is then its own launch, the
-    // same operations as the pair kernel's second set.
+    // and the routed experts (gpu_forward.h "Side stream"), its SwiGLU the pair's epilogue at decode
+    // sizes (the same operations as the pair kernel's second set).
     DS41_RETURN_IF_ERROR(concurrently(
         [&]() -> Status {
-          DS41_RETURN_IF_ERROR(linear_pair(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su));
-          DS41_RETURN_IF_ERROR(cuda::run_swiglu(ws_.sg, ws_.su, n, Is, lim, nullptr, ws_.sa, stream_));
+          DS41_RETURN_IF_ERROR(linear_pair_swiglu(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su,
+                                                  cuda::SwigluEpilogue{ws_.sa, nullptr, lim}));
           return linear(w.shared.w2, ws_.sa, n, ws_.sout);
         },
         [&] { return routed(true); }));
+  } else if (shared && (!tc_ || row_invariant_ || nk < lim_.tensor_core_min_rows)) {
+    // Decode sizes without the side stream: in order, each pair with its SwiGLU as above (the same
+    // launches, so the same bits as with the side stream).
+    DS41_RETURN_IF_ERROR(routed(true));
+    DS41_RETURN_IF_ERROR(linear_pair_swiglu(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su,
+                                            cuda::SwigluEpilogue{ws_.sa, nullptr, lim}));
+    DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
   } else if (shared) {
     // In order: the shared expert's w1 / w3 (they read x only) before the SwiGLUs, so that both run
     // in one launch.

@@ -39,4 +39,29 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* part, int* total
   return part[t] - v;
 }
 
+// The same exclusive scan through warp shuffles and ONE barrier (blockDim.x a multiple of 32): each
+// warp scans its lanes, lane 31 leaves the warp's sum in wtot (blockDim.x / 32 ints of shared memory),
+// every thread adds the sums of the warps before its own after the barrier. For a scan on a latency
+// chain (the expert GEMV's units: 1 barrier instead of 2 log2(blockDim.x)). wtot is read after the
+// barrier: the caller barriers before writing it again.
+__device__ __forceinline__ int block_exclusive_scan_shfl(int v, int* wtot, int* total) {
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x >> 5);
+  const int nw = static_cast<int>(blockDim.x >> 5);
+  int incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += n;
+  }
+  if (lane == 31) wtot[warp] = incl;
+  __syncthreads();
+  int before = 0, sum = 0;
+  for (int w = 0; w < nw; ++w) {
+    const int s = wtot[w];
+    before += w < warp ? s : 0;
+    sum += s;
+  }
+  *total = sum;
+  return before + incl - v;
+}
+
 }  // namespace ds41::cuda::dev

@@ -12,6 +12,7 @@
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/rope_table.cuh"
 #include "backends/cuda/row_reduce.cuh"
+#include "backends/cuda/swiglu_device.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
 
@@ -115,12 +116,7 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
   dev::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
-  const float gv = g[i], uv = u[i];
-  const float gg = limit < gv ? limit : gv;
-  const float uu = uv < -limit ? -limit : (limit < uv ? limit : uv);
-  const double gd = gg;
-  const float silu = static_cast<float>(gd / (1.0 + exp(-gd)));
-  const float a = __fmul_rn(silu, uu);
+  const float a = dev::swiglu_value(g[i], u[i], limit);
   out[i] = row_scale ? __fmul_rn(row_scale[i / dim], a) : a;
 }
 

@@ -24,6 +24,7 @@
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/row_reduce.cuh"
+#include "backends/cuda/swiglu_device.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -168,14 +169,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// swiglu_kernel's operations on one element (fp64 SiLU, std::min / std::clamp NaN semantics).
-__device__ __forceinline__ float swiglu_value(float gv, float uv, float limit) {
-  const float gg = limit < gv ? limit : gv;
-  const float uu = uv < -limit ? -limit : (limit < uv ? limit : uv);
-  const double gd = gg;
-  const float silu = static_cast<float>(gd / (1.0 + exp(-gd)));
-  return __fmul_rn(silu, uu);
-}
+// swiglu_kernel's operations on one element (swiglu_device.cuh).
+using dev::swiglu_value;
 
 // Element i of one of two row sets (grid over both): any shape.
 __device__ __forceinline__ void swiglu_elem(const SwigluRows& x, int64_t i, float limit) {

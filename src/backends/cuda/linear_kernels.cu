@@ -1363,6 +1363,7 @@ void set_tc_gemv_ring_for_tests(int mode) { tcg::set_ring_for_tests(mode); }
 void set_tc_gemv_fp8_wide_for_tests(int mode) { tcg::set_fp8_wide_for_tests(mode); }
 void set_tc_gemv_early_for_tests(int before_wait) { tcg::set_early_for_tests(before_wait); }
 void set_tc_gemv_expert_stage_first_for_tests(int mode) { tcg::set_expert_stage_first_for_tests(mode); }
+void set_tc_gemv_dense_swiglu_for_tests(int mode) { tcg::set_dense_swiglu_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {
@@ -1396,6 +1397,25 @@ Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const floa
   }
   DS41_RETURN_IF_ERROR(run_linear(w, x, n, y, stream, row_invariant));
   return run_linear(w2, x, n, y2, stream, row_invariant);
+}
+
+Status run_linear_pair_swiglu(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* g,
+                              float* u, const SwigluEpilogue& sw, cudaStream_t stream, bool row_invariant) {
+  const char* fn = "linear_pair_swiglu";
+  DS41_RETURN_IF_ERROR(check_weight(w, fn));
+  DS41_RETURN_IF_ERROR(check_weight(w2, fn));
+  if (sw.act == nullptr) return invalid_argument(std::string(fn) + ": act is null");
+  if (w2.out_dim != w.out_dim) return invalid_argument(std::string(fn) + ": the two weights' output widths differ");
+  // The conditions of run_linear_pair's single launch: a pair it runs as one launch runs fused here.
+  if (n > 0 && n <= int64_t{65535} * kTileM && x && w.format == w2.format) {
+    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
+    if (tc_rows && tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, nullptr, w.out_dim, stream, &w2, nullptr, nullptr,
+                                  &sw))
+      return last_launch_status(fn);
+  }
+  if (!g || !u) return invalid_argument(std::string(fn) + ": g or u is null");
+  DS41_RETURN_IF_ERROR(run_linear_pair(w, w2, x, n, g, u, stream, row_invariant));
+  return run_swiglu(g, u, n, w.out_dim, sw.limit, sw.row_scale, sw.act, stream);
 }
 
 Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
@@ -1455,6 +1475,33 @@ Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* w
                               int64_t m_max, float* y, float* y2, cudaStream_t stream, WeightFormat format) {
   return expert_pair("expert_linear_pair", weights, weights2, n_experts, out_dim, in_dim, offsets, x, nullptr, nullptr,
                      m_max, y, y2, stream, format);
+}
+
+Status run_expert_linear_pair_swiglu(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
+                                     int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                                     const int64_t* x_rows, float* gathered, int64_t m_max, float* g, float* u,
+                                     const SwigluEpilogue& sw, cudaStream_t stream, WeightFormat format) {
+  const char* fn = "expert_linear_pair_swiglu";
+  if (!weights2) return invalid_argument(std::string(fn) + ": weights2 is null");
+  // The single call's checks (its errors name the problem) on a call that launches nothing.
+  DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, 0, g, stream, format));
+  if (m_max < 0 || m_max > (int64_t{1} << 30))
+    return invalid_argument(std::string(fn) + ": m_max " + std::to_string(m_max) + " out of range");
+  if (m_max == 0) return ok_status();
+  if (!x || !sw.act) return invalid_argument(std::string(fn) + ": x or act is null");
+  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, nullptr, stream, weights2,
+                       nullptr, x_rows, &sw))
+    return last_launch_status(fn);
+  if (!g || !u) return invalid_argument(std::string(fn) + ": g or u is null");
+  if (x_rows) {
+    if (!gathered) return invalid_argument(std::string(fn) + ": gathered is null");
+    DS41_RETURN_IF_ERROR(expert_pair(fn, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, gathered,
+                                     m_max, g, u, stream, format));
+  } else {
+    DS41_RETURN_IF_ERROR(expert_pair(fn, weights, weights2, n_experts, out_dim, in_dim, offsets, x, nullptr, nullptr,
+                                     m_max, g, u, stream, format));
+  }
+  return run_swiglu(g, u, m_max, out_dim, sw.limit, sw.row_scale, sw.act, stream);
 }
 
 Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backends/cuda/device_weight.h"
+#include "backends/cuda/swiglu_epilogue.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -67,6 +68,22 @@ Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeig
                                    const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
                                    cudaStream_t stream, quant::WeightFormat format);
 
+// A pair with its SwiGLU (swiglu_epilogue.h): act = swiglu(x . w^T, x . w2^T) with the epilogue's limit
+// and row scales. Where the tensor-core GEMV takes the pair (decode sizes, row_invariant) with its dense
+// SwiGLU switch on it is one launch and g / u are not written; otherwise run_linear_pair into g / u, then
+// run_swiglu into act.
+Status run_linear_pair_swiglu(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* g,
+                              float* u, const SwigluEpilogue& sw, cudaStream_t stream, bool row_invariant = false);
+
+// The routed experts' pair with its SwiGLU: run_expert_linear_pair_rows (x_rows non-null) or
+// run_expert_linear_pair (x_rows null; `gathered` unused) into g / u, then run_swiglu over the m_max
+// rows into act (row_scale per routed row: the routing weights); one launch where the tensor-core GEMV
+// takes the call (g / u then not written).
+Status run_expert_linear_pair_swiglu(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
+                                     int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
+                                     const int64_t* x_rows, float* gathered, int64_t m_max, float* g, float* u,
+                                     const SwigluEpilogue& sw, cudaStream_t stream, quant::WeightFormat format);
+
 // Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches and of the
 // tensor-core GEMV (0: the device's fill), so small shapes exercise warps that loop over many row
 // groups. Not thread-safe.
@@ -95,5 +112,8 @@ void set_tc_gemv_early_for_tests(int before_wait);
 // The expert GEMV's x staging before its first weight loads (tcg::set_expert_stage_first_for_tests, opt-in
 // DS41_TCG_EXPERT_STAGE_FIRST=1): -1 the environment, 0 off, 1 on. No value changes.
 void set_tc_gemv_expert_stage_first_for_tests(int mode);
+// A dense pair's SwiGLU as the tensor-core GEMV's epilogue (tcg::set_dense_swiglu_for_tests, opt-in
+// DS41_TCG_DENSE_SWIGLU=1): -1 the environment, 0 off, 1 on. Off: run_linear_pair_swiglu is two launches.
+void set_tc_gemv_dense_swiglu_for_tests(int mode);
 
 }  // namespace ds41::cuda

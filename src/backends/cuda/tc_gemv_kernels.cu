@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cuda/block_scan.cuh"
 #include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/device_sm_count.h"
@@ -66,6 +67,7 @@
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rms_norm_device.cuh"
+#include "backends/cuda/swiglu_device.cuh"
 
 // nvcc's __noinline__ (the host SIMT emulator compiles this file with g++, where libstdc++ spells
 // __attribute__((__noinline__)) itself, so the macro cannot be defined there).
@@ -88,7 +90,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int64_t kMaxRows = 2 * 65535;     // rows of x of a dense call (grid x: units of >= 2 of them)
 constexpr int64_t kMaxExpertRows = 65535;  // routed rows of an expert call (grid y: one unit each at most)
 constexpr int kMaxSmem = 200 * 1024;    // staged x of a block, at most
-constexpr int kMaxExperts = 2048;       // unit scan in shared memory
+constexpr int kMaxExperts = 2048;       // the unit lookup: kMaxExperts / kThreads experts per thread
 constexpr int kMaxRingDepth = 4;        // stages per warp of the shared-memory weight ring
 constexpr int kRingBarBytes = kWarps * kMaxRingDepth * 8;  // their mbarriers, first in the ring's region
 
@@ -540,14 +542,20 @@ struct Bf16 {
 // rows (nullable): row b of the block is x + rows[b] * ldx instead of x + b * ldx (the routed rows of
 // a decode MoE read straight from the token rows through the routing permutation: no gathered copy,
 // the same floats, so the same bits).
+// resolved (nullable): the row starts already in shared memory, written before a barrier the caller
+// passed (the expert kernel's unit lookup finds them; x, rows and ldx are then unused).
 template <class D, int NB>
 __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t in, uint2* xs, float* red,
-                        int* ex, const int64_t* __restrict__ rows = nullptr, RowNorm norm = RowNorm{}) {
+                        int* ex, const int64_t* __restrict__ rows = nullptr, RowNorm norm = RowNorm{},
+                        const float* const* resolved = nullptr) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  __shared__ const float* xrow[NB];  // the block's row starts, looked up once
-  __shared__ float ninv[NB];         // norm: each row's 1 / rms, as run_rms_norm computes it
-  if (tid < nb) xrow[tid] = x + (rows ? rows[tid] : static_cast<int64_t>(tid)) * ldx;
-  __syncthreads();
+  __shared__ const float* xrow_own[NB];  // the block's row starts, looked up once
+  __shared__ float ninv[NB];             // norm: each row's 1 / rms, as run_rms_norm computes it
+  const float* const* xrow = resolved != nullptr ? resolved : xrow_own;
+  if (resolved == nullptr) {  // block-uniform
+    if (tid < nb) xrow_own[tid] = x + (rows ? rows[tid] : static_cast<int64_t>(tid)) * ldx;
+    __syncthreads();
+  }
   const bool normed = norm.weight != nullptr;  // block-uniform
   if (normed) {
     __shared__ double nscratch[32];
@@ -949,6 +957,22 @@ struct WarpTask {
   }
 };
 
+// A pair with its SwiGLU (try_dense / try_experts with a SwigluEpilogue): both matrices in one block,
+// warps [0, 4) on the first (data, sc) and [4, 8) on the second (data2, sc2) over the same row groups
+// (KS <= 4 warps per row group each), and the block's reduction writes act = row_scale[b] *
+// swiglu(g, u) (dev::swiglu_value) instead of g and u: the values the pair gives (each row group's
+// sums are its KS warps' in the same order) and then swiglu_kernel's operations, without the SwiGLU's
+// launch or the round trip of g and u through memory. act rows b of the block at act + b * ld;
+// row_scale (nullable) indexed by b.
+struct PairSwiglu {
+  const uint8_t* data2 = nullptr;  // null: not fused
+  const uint8_t* sc2 = nullptr;
+  float* act = nullptr;
+  const float* row_scale = nullptr;
+  float limit = 0.f;
+  int64_t ld = 0;
+};
+
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
 // partial D fragments meet in red_d, and nb x 16 x RPB outputs are written. The first iteration's
 // weight loads are issued before stage() (the block's x staging; called once by every thread; the
@@ -957,10 +981,17 @@ template <class D, bool kFp8, int NB, bool kRing, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
                            int64_t ldy, float* red_d, uint8_t* ring, int ring_depth, int64_t slot, int64_t n_slots,
-                           Stage stage, bool stage_first = false) {
+                           Stage stage, bool stage_first = false, const PairSwiglu& sw = PairSwiglu{}) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int KS = 1 << ks_log2, RPB = kWarps >> ks_log2;
-  const int kp = warp & (KS - 1), rgl = warp >> ks_log2;
+  // fused (block-uniform): the pair's SwiGLU (PairSwiglu), half the warps per matrix.
+  const bool fused = sw.data2 != nullptr;
+  const int half = fused ? kWarps / 2 : kWarps, mat = warp / half, wm = warp - mat * half;
+  const int KS = 1 << ks_log2, RPB = half >> ks_log2;
+  const int kp = wm & (KS - 1), rgl = wm >> ks_log2;
+  if (mat != 0) {
+    data = sw.data2;
+    sc = sw.sc2;
+  }
   const int64_t steps = in / (32 * D::kSub), n_rg = (out_rows + 15) / 16, n_rgb = (n_rg + RPB - 1) / RPB;
   const int64_t t0 = steps * kp / KS, t1 = steps * (kp + 1) / KS;
   const int J = 3 * nb;
@@ -1005,17 +1036,27 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
       const int rl = q / (16 * nb), rem = q - rl * 16 * nb, b = rem >> 4, row = rem & 15;
       const int64_t o = (rgb * RPB + rl) * 16 + row;
       if (rl + rgb * RPB < n_rg && o < out_rows) {
-        float part[3];
+        // Matrix m's output (its warps from m * half): the KS partial sums of each part in order,
+        // then x row b's power of two (and FP4's 2^14) on the finished sum: exact wherever y is normal.
+        auto out = [&](int m) {
+          float part[3];
 #pragma unroll
-        for (int p = 0; p < 3; ++p) {
-          const int j = 3 * b + p, c = j >> 3, jj = j & 7, ln = 4 * (row & 7) + (jj >> 1),
-                    i = (row >= 8 ? 2 : 0) + (jj & 1);
-          float sum = 0.f;
-          for (int k = 0; k < KS; ++k) sum += red_d[((((rl << ks_log2) + k) * 32 + ln) * NT + c) * 4 + i];
-          part[p] = sum;
+          for (int p = 0; p < 3; ++p) {
+            const int j = 3 * b + p, c = j >> 3, jj = j & 7, ln = 4 * (row & 7) + (jj >> 1),
+                      i = (row >= 8 ? 2 : 0) + (jj & 1);
+            float sum = 0.f;
+            for (int k = 0; k < KS; ++k)
+              sum += red_d[((((m * half) + (rl << ks_log2) + k) * 32 + ln) * NT + c) * 4 + i];
+            part[p] = sum;
+          }
+          return scalbnf(part[0] + (part[1] + part[2]), ex[b] + D::kExp);
+        };
+        if (!fused) {
+          y[b * ldy + o] = out(0);
+        } else {
+          const float a = dev::swiglu_value(out(0), out(1), sw.limit);
+          sw.act[b * sw.ld + o] = sw.row_scale != nullptr ? __fmul_rn(sw.row_scale[b], a) : a;
         }
-        // x row b's power of two (and FP4's 2^14) on the finished sum: exact wherever y is normal.
-        y[b * ldy + o] = scalbnf(part[0] + (part[1] + part[2]), ex[b] + D::kExp);
       }
     }
     __syncthreads();
@@ -1030,7 +1071,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
-                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early) {
+                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, PairSwiglu sw) {
   // PDL (pdl.cuh): with `early` (early_on) the first task's weight loads go out before the wait (the
   // weights are written by no kernel), so they stream while the previous kernel finishes; x, the norm
   // and y are touched only after it (in the staging).
@@ -1044,17 +1085,24 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   // consecutive (run together, W from L2 for all but the first). Measured neutral against slots
   // first (wq_b 8 rows 62.4 vs 62.5 us): a pair's cost is its own decode of W into fragments.
   // A pair (data2 set: one group, z = 1 the second weight over the same x, into y2) or z = the group.
-  const bool second = data2 != nullptr && blockIdx.z != 0;
-  const int64_t grp = second ? 0 : blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
+  // sw.act set: the pair with its SwiGLU in every block (grid z = 1; PairSwiglu), rows of act from r0.
+  const bool fused = sw.act != nullptr;
+  const bool second = !fused && data2 != nullptr && blockIdx.z != 0;
+  const int64_t grp = second || fused ? 0 : blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
+  PairSwiglu ps;
+  if (fused)
+    ps = PairSwiglu{data2, sc2, sw.act + r0 * sw.ld, sw.row_scale ? sw.row_scale + r0 : nullptr, sw.limit, sw.ld};
   block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
-                                 smem_u2, nb, ex, (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy, red_d, ring,
-                                 ring_depth, blockIdx.y, gridDim.y, [&] {
+                                 smem_u2, nb, ex, fused ? nullptr : (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy,
+                                 red_d, ring, ring_depth, blockIdx.y, gridDim.y,
+                                 [&] {
                                    if (early) dev::pdl_enter();
                                    stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex, nullptr, norm);
-                                 });
+                                 },
+                                 false, ps);
 }
 
 // Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
@@ -1065,51 +1113,76 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
                      const float* __restrict__ x, const int64_t* __restrict__ x_rows, float* __restrict__ y,
-                     float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first) {
+                     float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first, PairSwiglu sw) {
   dev::pdl_enter();  // offsets (the routing's) say which weights: nothing to load before the wait
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * NB];
   __shared__ int ex[NB];
-  __shared__ int unit_start[kMaxExperts + 1];
+  __shared__ int wtot[kWarps];
+  __shared__ const uint8_t* unit_w[4];  // the unit's weight: payload, scales (fused: then the second's)
+  __shared__ const float* unit_x[NB];   // its rows of x
+  __shared__ int64_t unit_r0;           // its first routed row
+  __shared__ int unit_nb;
   float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
-  const int tid = threadIdx.x;
-  if (tid < 32) {  // exclusive scan of ceil(rows_e / NB) by warp 0
-    const int64_t per = (n_experts + 31) / 32, eb = min(n_experts, tid * per), ee = min(n_experts, eb + per);
+  // Unit u = blockIdx.y: the u-th (expert, <= NB of its routed rows) in expert order, unit_start[e] =
+  // sum over e' < e of ceil(rows_e' / NB). The lookup is on the latency chain before any weight load
+  // (the profile: the former scan by warp 0, 12 experts' offsets per lane one after another, then a
+  // binary search, then the expert's weight pointers, then the row indices, each a round trip): every
+  // thread loads its <= kPer experts' offsets at once, one shuffle scan, and the thread whose expert
+  // holds u loads the weight pointers and the row indices together (one more round trip).
+  constexpr int kPer = kMaxExperts / kThreads;
+  const int u = static_cast<int>(blockIdx.y);
+  {
+    const dev::ThreadRange tr = dev::thread_range(n_experts);  // <= kPer experts per thread
+    int64_t o[kPer + 1];
+#pragma unroll
+    for (int i = 0; i <= kPer; ++i) o[i] = tr.begin + i <= tr.end ? offsets[tr.begin + i] : 0;
     int s = 0;
-    for (int64_t e = eb; e < ee; ++e) s += static_cast<int>((offsets[e + 1] - offsets[e] + NB - 1) / NB);
-    int incl = s;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (tid >= o) incl += v;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (tr.begin + i < tr.end) s += static_cast<int>((o[i + 1] - o[i] + NB - 1) / NB);
+    int total = 0;
+    int run = dev::block_exclusive_scan_shfl(s, wtot, &total);
+    if (u >= total) return;  // block-uniform
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (tr.begin + i >= tr.end) break;
+      const int c = static_cast<int>((o[i + 1] - o[i] + NB - 1) / NB);
+      if (u >= run && u < run + c) {  // one thread of the block
+        const int64_t e = tr.begin + i, r0 = o[i] + static_cast<int64_t>(u - run) * NB;
+        const int nb = static_cast<int>(min(static_cast<int64_t>(NB), o[i + 1] - r0));
+        const DeviceWeight& dw = (blockIdx.z != 0 ? weights2 : weights)[e];
+        const DeviceWeight* dw2 = sw.act != nullptr ? weights2 + e : nullptr;
+        int64_t xr[NB];
+#pragma unroll
+        for (int b = 0; b < NB; ++b) xr[b] = b < nb ? (x_rows ? x_rows[r0 + b] : r0 + b) : 0;
+        unit_w[0] = dw.data;
+        unit_w[1] = dw.scale;
+        unit_w[2] = dw2 != nullptr ? dw2->data : nullptr;
+        unit_w[3] = dw2 != nullptr ? dw2->scale : nullptr;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) unit_x[b] = x + xr[b] * in;
+        unit_r0 = r0;
+        unit_nb = nb;
+      }
+      run += c;
     }
-    int run = incl - s;
-    for (int64_t e = eb; e < ee; ++e) {
-      unit_start[e] = run;
-      run += static_cast<int>((offsets[e + 1] - offsets[e] + NB - 1) / NB);
-    }
-    if (tid == 31) unit_start[n_experts] = incl;
   }
   __syncthreads();
-  const int u = static_cast<int>(blockIdx.y);
-  if (u >= unit_start[n_experts]) return;  // block-uniform
-  int64_t lo = 0, hi = n_experts - 1;      // the expert e with unit_start[e] <= u < unit_start[e + 1]
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (unit_start[mid] <= u) lo = mid; else hi = mid - 1;
-  }
-  const int64_t e = lo, r0 = offsets[e] + static_cast<int64_t>(u - unit_start[e]) * NB;
-  const int nb = static_cast<int>(min(static_cast<int64_t>(NB), offsets[e + 1] - r0));
-  const bool second = blockIdx.z != 0;
-  const DeviceWeight dw = (second ? weights2 : weights)[e];
-  // Routed row r of the call: x_rows ? x[x_rows[r]] : x[r].
-  const float* xb = x_rows ? x : x + r0 * in;
-  const int64_t* rb = x_rows ? x_rows + r0 : nullptr;
+  const int nb = unit_nb;
+  const int64_t r0 = unit_r0;
+  const bool fused = sw.act != nullptr, second = !fused && blockIdx.z != 0;
+  PairSwiglu ps;  // fused: w1 and w3 of the unit in this block, act rows from r0
+  if (fused)
+    ps = PairSwiglu{unit_w[2], unit_w[3], sw.act + r0 * sw.ld, sw.row_scale ? sw.row_scale + r0 : nullptr, sw.limit,
+                    sw.ld};
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
-  block_rows<D, kFp8, NB, kRing>(dw.data, dw.scale, in, out_dim, 0, ks_log2, smem_u2, nb, ex,
-                                 (second ? y2 : y) + r0 * out_dim, out_dim, red_d, ring, ring_depth, blockIdx.x,
-                                 gridDim.x, [&] { stage_x<D, NB>(xb, in, nb, in, smem_u2, red, ex, rb); },
-                                 stage_first);
+  block_rows<D, kFp8, NB, kRing>(unit_w[0], unit_w[1], in, out_dim, 0, ks_log2, smem_u2, nb, ex,
+                                 fused ? nullptr : (second ? y2 : y) + r0 * out_dim, out_dim, red_d, ring, ring_depth,
+                                 blockIdx.x, gridDim.x,
+                                 [&] { stage_x<D, NB>(x, in, nb, in, smem_u2, red, ex, nullptr, RowNorm{}, unit_x); },
+                                 stage_first, ps);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1180,15 +1253,19 @@ struct Shape {
   unsigned slots;
 };
 // mats: matrices of one launch over the same units (an expert pair: 2); they share the slots.
+// fused (a pair with its SwiGLU, PairSwiglu): both matrices in each block, half the warps each, so at
+// most 4 warps per row group (KS <= 4: the pair's KS where it is <= 4) and no grid z for the matrix.
 Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int per_sm,
-            int force_l = -1, int64_t mats = 1) {
+            int force_l = -1, int64_t mats = 1, bool fused = false) {
   const int64_t ref_warps = sm_count() * blocks_per_sm(smem_bytes(in, 2)) * kWarps;
   const int64_t target_blocks = sm_count() * std::max(1, per_sm);
   const int64_t n_rg = (out_rows + 15) / 16, tiles = in / 32;
   const int64_t steps = tiles / sub;
   int l = force_l >= 0 ? force_l : 0;  // force_l: a caller's own rule (experts) or a switch
   while (force_l < 0 && l < 3 && n_rg * groups * mats * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
-  const int64_t rpb = kWarps >> l, n_rgb = (n_rg + rpb - 1) / rpb, other = mats * groups * std::max<int64_t>(1, units);
+  if (fused) l = std::min(l, 2);
+  const int64_t rpb = (fused ? kWarps / 2 : kWarps) >> l, n_rgb = (n_rg + rpb - 1) / rpb,
+                other = (fused ? 1 : mats) * groups * std::max<int64_t>(1, units);
   // At most one wave: blocks are persistent over the row-group batches, and a grid past the resident
   // blocks ran its last few blocks alone afterwards (measured on the H200: wq_b at 64 rows, NB = 2,
   // 32 units x 9 slots = 288 blocks for 264 resident took 548 us, at 48 rows (264 blocks) 278 us).
@@ -1325,6 +1402,21 @@ bool early_on() {
 
 // DS41_TCG_EXPERT_STAGE_FIRST=1 (opt-in until timed on a device): the expert kernel stages x before its
 // first weight loads (block_rows' stage_first). No value changes.
+// DS41_TCG_DENSE_SWIGLU=1 (opt-in until timed on a device): a dense pair's SwiGLU epilogue (the shared
+// expert). Its block holds both matrices' rows, so at one row the shared w1 / w3 (144 row groups each)
+// run as 144 blocks of KS = 4 where the two-launch pair runs 264 of KS = 8: half the warps in flight, the
+// SwiGLU launch saved. The routed experts' pair keeps its blocks and warps fused (KS = 1 either way), so
+// it is fused always. A process-wide choice: every decode call of a pair takes the same path (bits).
+int g_dense_swiglu = -1;
+bool dense_swiglu() {
+  if (g_dense_swiglu >= 0) return g_dense_swiglu != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TCG_DENSE_SWIGLU");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 int g_stage_first = -1;
 bool expert_stage_first() {
   if (g_stage_first >= 0) return g_stage_first != 0;
@@ -1393,9 +1485,12 @@ void set_ring_for_tests(int mode) { g_ring = ring_mode_valid(mode) ? mode : -1; 
 void set_fp8_wide_for_tests(int mode) { g_fp8_wide = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_early_for_tests(int before_wait) { g_early = before_wait < 0 ? -1 : (before_wait ? 1 : 0); }
 void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
-               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm) {
+               float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm,
+               const SwigluEpilogue* swiglu) {
+  if (swiglu != nullptr && (w2 == nullptr || swiglu->act == nullptr || !dense_swiglu())) return false;
   if (!enabled() || n < 1 || n > kMaxRows || w.in_dim % 32 != 0 || groups > 65535) return false;
   // A norm: one weight over whole rows (ldx = in), its weight vector 16-byte aligned (float4 loads).
   if (norm != nullptr && (groups != 1 || w2 != nullptr || ldx != w.in_dim || norm->weight == nullptr ||
@@ -1411,7 +1506,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   if (p % (fp8 ? 8 : 16) != 0 || (!bf16 && w.scale == nullptr)) return false;
   if (fp8 && groups > 1 && out_rows % 16 != 0) return false;  // a row group in one row of 32 x 32 tiles
   if (smem_bytes(w.in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
-  if ((w2 == nullptr) != (y2 == nullptr) || (w2 != nullptr && !pairs_enabled())) return false;
+  if ((swiglu == nullptr && (w2 == nullptr) != (y2 == nullptr)) || (w2 != nullptr && !pairs_enabled())) return false;
   if (w2 != nullptr) {  // a pair: one group, the same shape, format and alignment
     if (groups != 1 || w2->format != w.format || w2->out_dim != w.out_dim || w2->in_dim != w.in_dim) return false;
     if (reinterpret_cast<uintptr_t>(w2->data) % (fp8 ? 8 : 16) != 0 || (!bf16 && w2->scale == nullptr)) return false;
@@ -1435,11 +1530,15 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
-      const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<KK>(sm), env_dense_ks_log2(), mats);
-      const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats));
+      const bool fused = swiglu != nullptr;
+      const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<KK>(sm), env_dense_ks_log2(), mats,
+                            fused);
+      const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(fused ? 1 : groups * mats));
+      const PairSwiglu sw = fused ? PairSwiglu{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_rows}
+                                  : PairSwiglu{};
       launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
-             norm != nullptr ? *norm : RowNorm{}, early_on());
+             norm != nullptr ? *norm : RowNorm{}, early_on(), sw);
     };
     if (rd > 0)
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
@@ -1468,7 +1567,9 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                 cudaStream_t stream, const DeviceWeight* weights2, float* y2, const int64_t* x_rows) {
+                 cudaStream_t stream, const DeviceWeight* weights2, float* y2, const int64_t* x_rows,
+                 const SwigluEpilogue* swiglu) {
+  if (swiglu != nullptr && (weights2 == nullptr || swiglu->act == nullptr)) return false;
   // Decode and DSpark verification (about one row per used expert): every such call takes this
   // kernel, so a row's bits do not depend on the batch (row-count invariance, as try_dense).
   if (!enabled() || m_max < 1 || m_max > kMaxExpertRows || in_dim % 32 != 0 ||
@@ -1479,7 +1580,8 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   if (!fp8 && !fp4) return false;
   if (fp4 && in_dim % 128 != 0) return false;  // steps of four tiles
   if (smem_bytes(in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
-  if ((weights2 == nullptr) != (y2 == nullptr) || (weights2 != nullptr && !pairs_enabled())) return false;
+  if ((swiglu == nullptr && (weights2 == nullptr) != (y2 == nullptr)) || (weights2 != nullptr && !pairs_enabled()))
+    return false;
   const int64_t mats = weights2 != nullptr ? 2 : 1;
   // NB from the average rows per expert: about one in decode, so NB = 2 (measured: forcing 4 or 6
   // rows per block there is up to 2x slower); NB > 2 only where the experts average 5 rows or more
@@ -1497,11 +1599,14 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
+      const bool fused = swiglu != nullptr;
       const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<KK>(sm),
-                            expert_ks_log2(in_dim, U, sub, mats), mats);
-      const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(mats));
+                            expert_ks_log2(in_dim, U, sub, mats), mats, fused);
+      const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(fused ? 1 : mats));
+      const PairSwiglu sw = fused ? PairSwiglu{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_dim}
+                                  : PairSwiglu{};
       launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
-             y2, s.ks_log2, rd, expert_stage_first());
+             y2, s.ks_log2, rd, expert_stage_first(), sw);
     };
     if (rd > 0)
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/cuda/device_weight.h"
+#include "backends/cuda/swiglu_epilogue.h"
 
 namespace ds41::cuda::tcg {
 
@@ -35,6 +36,9 @@ void set_early_for_tests(int before_wait);
 // The expert kernel stages x before its first weight loads (DS41_TCG_EXPERT_STAGE_FIRST=1, opt-in until
 // timed): -1 the environment, 0 off, 1 on. No value changes.
 void set_expert_stage_first_for_tests(int mode);
+// A dense pair's SwiGLU epilogue (DS41_TCG_DENSE_SWIGLU=1, opt-in until timed; try_dense with a
+// SwigluEpilogue refuses it while off): -1 the environment, 0 off, 1 on. Experts' pairs take it always.
+void set_dense_swiglu_for_tests(int mode);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)
@@ -55,9 +59,13 @@ struct RowNorm {
   float eps = 0.0f;
   int sum_threads = 0;
 };
+// swiglu (optional, with a pair): the pair's SwiGLU in the same launch (swiglu_epilogue.h), act written
+// instead of y and y2 (then unused); dense pairs only with set_dense_swiglu_for_tests / DS41_TCG_DENSE_SWIGLU. Each block multiplies both weights for its rows (half its warps
+// each), so a pair whose KS (warps per row group) would be 8 takes 4 here; every call of a pair through
+// this path takes the same KS, so a row's bits still do not depend on the call's rows.
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2 = nullptr, float* y2 = nullptr,
-               const RowNorm* norm = nullptr);
+               const RowNorm* norm = nullptr, const SwigluEpilogue* swiglu = nullptr);
 
 // Routed experts (the contract of run_expert_linear) with the experts' common format given by the
 // host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 65535;
@@ -67,6 +75,6 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr,
-                 const int64_t* x_rows = nullptr);
+                 const int64_t* x_rows = nullptr, const SwigluEpilogue* swiglu = nullptr);
 
 }  // namespace ds41::cuda::tcg

@@ -249,6 +249,75 @@ TEST(LinearParity, ExpertLinear) {
   }
 }
 
+// The expert GEMV's unit lookup (tc_expert_kernel: block y = unit u, the u-th (expert, <= NB of its
+// rows) in expert order, found by a block-wide scan over every expert's row count): against the CPU op
+// with more experts than threads per block (two experts per thread), with fewer, with experts left
+// empty (skipped in the unit order), experts of many rows (several units of NB rows, the last one
+// short) and units of 2 and 6 rows, 1 and 3 slots; the pair too. Sized for the host emulator.
+TEST(LinearParity, ExpertUnitLookup) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_rows_per_block_for_tests(0);
+      set_persist_slot_cap_for_tests(0);
+    }
+  } reset;
+  struct Case {
+    WeightFormat format;
+    int64_t E, out, in, n, k, skip;
+  };
+  const std::vector<Case> cases = {
+      {WeightFormat::kFp4Rows, 300, 32, 256, 40, 6, 3},   // 2 experts per thread, 1/3 of them mostly empty
+      {WeightFormat::kFp8Tiles, 300, 32, 256, 2, 6, 0},   // 12 routed rows among 300 experts
+      {WeightFormat::kFp4Rows, 24, 32, 256, 30, 2, 5},    // 1 expert per thread, ~2.5 rows each
+      {WeightFormat::kFp4Rows, 5, 32, 256, 14, 3, 0},     // 5 experts, 8-9 rows each: several units
+  };
+  set_tc_gemv_for_tests(1);
+  uint64_t seed = 18800;
+  backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+  for (const Case& c : cases) {
+    const Experts w1 = make_experts(c.format, c.E, c.out, c.in, ++seed);
+    const Experts w3 = make_experts(c.format, c.E, c.out, c.in, ++seed);
+    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, c.skip);
+    const int64_t m = off[c.E], m_max = m + 3;
+    const auto x = rand_floats(static_cast<size_t>(m_max * c.in), ++seed);
+    std::vector<float> want1(static_cast<size_t>(m * c.out)), want3(want1.size());
+    for (int64_t e = 0; e < c.E; ++e)
+      if (off[e + 1] > off[e]) {
+        cpu.linear(w1.refs[e], x.data() + off[e] * c.in, off[e + 1] - off[e], want1.data() + off[e] * c.out);
+        cpu.linear(w3.refs[e], x.data() + off[e] * c.in, off[e + 1] - off[e], want3.data() + off[e] * c.out);
+      }
+    Dev<int64_t> doff(off);
+    Dev<float> dx(x), dy1(static_cast<size_t>(m_max * c.out)), dy3(dy1.n);
+    for (int nb : {2, 6})
+      for (int cap : {0, 3})
+        for (bool pair : {false, true}) {
+          set_tc_gemv_rows_per_block_for_tests(nb);
+          set_persist_slot_cap_for_tests(cap);
+          cudaMemset(dy1.p, 0xff, dy1.n * sizeof(float));  // NaN sentinel: rows >= m stay untouched
+          cudaMemset(dy3.p, 0xff, dy3.n * sizeof(float));
+          const Status st =
+              pair ? run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max,
+                                            dy1.p, dy3.p, nullptr, c.format)
+                   : run_expert_linear(w1.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p, nullptr, c.format);
+          ASSERT_TRUE(st.ok()) << st.message();
+          for (int mat = 0; mat < (pair ? 2 : 1); ++mat) {
+            std::vector<float> got = (mat ? dy3 : dy1).get();
+            size_t touched = 0;
+            for (size_t i = static_cast<size_t>(m * c.out); i < got.size(); ++i) touched += bits_of(got[i]) != 0xffffffffu;
+            EXPECT_EQ(touched, 0u) << "rows past offsets[E] were written";
+            got.resize(want1.size());
+            report("expert unit lookup",
+                   std::string(fmt_name(c.format)) + " E=" + std::to_string(c.E) + " " + dims({c.out, c.in}) +
+                       " rows=" + std::to_string(m) + " NB=" + std::to_string(nb) + " slots cap " + std::to_string(cap) +
+                       (pair ? (mat ? " pair w3" : " pair w1") : " single"),
+                   rel_to_max(got, mat ? want3 : want1), kLinearTol, kLinearWhy);
+          }
+        }
+  }
+}
+
 // The MoE's w1 and w3 in one launch (run_expert_linear_pair, the decode path of gpu_moe_layer.cpp):
 // both outputs against the CPU op, at the released expert shape (one token's top 6 of 384, and a
 // batch of 8) and small ones; rows past offsets[E] untouched; each routed row alone through the pair
@@ -468,6 +537,161 @@ TEST(LinearParity, LinearPair) {
     const double err = std::max(rel_to_max(y1.get(), want1), rel_to_max(y3.get(), want3));
     report("linear pair", "fp8 | bf16 64x256 n=1 (two launches)", err, kLinearTol, kLinearWhy);
     EXPECT_LE(err, kLinearTol);
+  }
+}
+
+// A pair with its SwiGLU as the launch's epilogue (run_expert_linear_pair_swiglu: the decode MoE's routed
+// w1 / w3 then act; run_linear_pair_swiglu with the opt-in dense switch: the shared expert's): against the CPU ops (linear, linear, swiglu), and
+// bit for bit against the two-launch path (the pair, then run_swiglu) where the pair's warps per row
+// group are <= 4 (the small shapes; the released shared shape takes 4 instead of 8 when fused, so there
+// the tolerance only); each row alone gives the batch's bits (row-count invariance: decode vs DSpark
+// verification). The limit clamps a good share of g and u (set from the data); routing weights per row.
+TEST(LinearParity, PairSwigluEpilogue) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_dense_swiglu_for_tests(-1);
+    }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  set_tc_gemv_dense_swiglu_for_tests(1);  // the dense pair's epilogue (opt-in in the engine)
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+  uint64_t seed = 19900;
+  auto limit_of = [](const std::vector<float>& g, const std::vector<float>& u) {
+    float m = 0.f;
+    for (size_t i = 0; i < g.size(); ++i) m = std::max({m, std::fabs(g[i]), std::fabs(u[i])});
+    return 0.3f * m;  // clamps the largest values of both
+  };
+  auto bits_differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += bits_of(a[i]) != bits_of(b[i]);
+    return d;
+  };
+  struct DenseCase {
+    WeightFormat format;
+    int64_t out, in;
+    bool bits;  // the pair's KS <= 4: the same bits as the two launches
+  };
+  std::vector<DenseCase> dense = {{WeightFormat::kFp8Tiles, 80, 1024, true}, {WeightFormat::kBF16, 96, 512, true}};
+  if (!emu) {
+    dense.push_back({WeightFormat::kFp4Rows, 208, 1024, true});
+    dense.push_back({WeightFormat::kFp8Tiles, 2304, 5120, false});  // the released shared expert
+  }
+  for (const DenseCase& c : dense) {
+    const HostWeight h1 = make_weight(c.format, c.out, c.in, ++seed), h3 = make_weight(c.format, c.out, c.in, ++seed);
+    const DevWeight d1(h1), d3(h3);
+    const ops::WeightRef r1 = host_ref(h1, h1.data.data(), h1.scale.data()),
+                         r3 = host_ref(h3, h3.data.data(), h3.scale.data());
+    const bool inv = c.format == WeightFormat::kBF16;  // BF16 pairs reach the tensor cores as verifications
+    for (int64_t n : emu ? std::vector<int64_t>{3} : std::vector<int64_t>{1, 3, 8}) {
+      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(2 * (r % 5) - 4));
+      std::vector<float> g(static_cast<size_t>(n * c.out)), u(g.size()), want(g.size());
+      cpu.linear(r1, x.data(), n, g.data());
+      cpu.linear(r3, x.data(), n, u.data());
+      const float limit = limit_of(g, u);
+      const auto scale = rand_floats(static_cast<size_t>(n), ++seed);
+      for (bool scaled : {false, true}) {
+        if (emu && !scaled) continue;
+        cpu.swiglu(g.data(), u.data(), n, c.out, limit, scaled ? scale.data() : nullptr, want.data());
+        Dev<float> dx(x), dscale(scale), dg(g.size()), du(g.size()), ref(g.size()), act(g.size());
+        const float* rs = scaled ? dscale.p : nullptr;
+        ASSERT_TRUE(run_linear_pair(d1.dw, d3.dw, dx.p, n, dg.p, du.p, nullptr, inv).ok());
+        ASSERT_TRUE(run_swiglu(dg.p, du.p, n, c.out, limit, rs, ref.p, nullptr).ok());
+        cudaMemset(dg.p, 0xff, dg.n * sizeof(float));  // NaN sentinel: the one-launch path leaves g and u alone
+        cudaMemset(du.p, 0xff, du.n * sizeof(float));
+        const Status st = run_linear_pair_swiglu(d1.dw, d3.dw, dx.p, n, dg.p, du.p, SwigluEpilogue{act.p, rs, limit},
+                                                 nullptr, inv);
+        ASSERT_TRUE(st.ok()) << st.message();
+        const std::vector<float> got = act.get(), two = ref.get();
+        size_t written = 0;
+        for (float v : dg.get()) written += bits_of(v) != 0xffffffffu;
+        for (float v : du.get()) written += bits_of(v) != 0xffffffffu;
+        EXPECT_EQ(written, 0u) << "g / u written: the pair and its SwiGLU did not run as one launch";
+        const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " n=" +
+                                  std::to_string(n) + (scaled ? " row scales" : "");
+        report("pair swiglu", shape + " vs CPU linear, linear, swiglu", rel_to_max(got, want), 2 * kLinearTol,
+               "the pair's sums in another order, then the same SwiGLU");
+        if (c.bits) {
+          const size_t d = bits_differ(got, two);
+          report("pair swiglu", shape + " vs the pair then run_swiglu: bits differing", static_cast<double>(d), 0,
+                 "the same sums and the same SwiGLU operations");
+          EXPECT_EQ(d, 0u) << shape;
+        }
+        size_t alone = 0;
+        for (int64_t r = 0; r < n; r += emu ? 2 : 1) {
+          Dev<float> o(static_cast<size_t>(c.out));
+          ASSERT_TRUE(run_linear_pair_swiglu(d1.dw, d3.dw, dx.p + r * c.in, 1, dg.p, du.p,
+                                             SwigluEpilogue{o.p, rs ? rs + r : nullptr, limit}, nullptr, inv)
+                          .ok());
+          const std::vector<float> a = o.get();
+          for (int64_t i = 0; i < c.out; ++i) alone += bits_of(a[i]) != bits_of(got[r * c.out + i]);
+        }
+        report("pair swiglu row-count invariance", shape + " rows alone vs the batch: bits differing",
+               static_cast<double>(alone), 0, "a row's sums depend on the weights' shape only");
+        EXPECT_EQ(alone, 0u) << shape;
+      }
+    }
+  }
+  struct ExpertCase {
+    WeightFormat format;
+    int64_t E, out, in, n, k;
+  };
+  std::vector<ExpertCase> experts = {{WeightFormat::kFp4Rows, 12, 80, 1024, 6, 3}};
+  if (!emu) {
+    experts.push_back({WeightFormat::kFp8Tiles, 12, 80, 1024, 6, 3});
+    experts.push_back({WeightFormat::kFp4Rows, 384, 2304, 5120, 1, 6});
+    experts.push_back({WeightFormat::kFp4Rows, 384, 2304, 5120, 8, 6});
+  }
+  for (const ExpertCase& c : experts) {
+    const Experts w1 = make_experts(c.format, c.E, c.out, c.in, ++seed);
+    const Experts w3 = make_experts(c.format, c.E, c.out, c.in, ++seed);
+    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, 0);
+    const int64_t m = off[c.E];
+    ASSERT_EQ(m, c.n * c.k);
+    auto x = rand_floats(static_cast<size_t>(c.n * c.in), ++seed);
+    std::vector<int64_t> rows(static_cast<size_t>(m));  // routed row r reads token row (r * 5) % n
+    for (int64_t r = 0; r < m; ++r) rows[r] = (r * 5) % c.n;
+    std::vector<float> xr(static_cast<size_t>(m * c.in));
+    for (int64_t r = 0; r < m; ++r) std::copy_n(x.begin() + rows[r] * c.in, c.in, xr.begin() + r * c.in);
+    std::vector<float> g(static_cast<size_t>(m * c.out)), u(g.size()), want(g.size());
+    for (int64_t e = 0; e < c.E; ++e)
+      if (off[e + 1] > off[e]) {
+        cpu.linear(w1.refs[e], xr.data() + off[e] * c.in, off[e + 1] - off[e], g.data() + off[e] * c.out);
+        cpu.linear(w3.refs[e], xr.data() + off[e] * c.in, off[e + 1] - off[e], u.data() + off[e] * c.out);
+      }
+    const float limit = limit_of(g, u);
+    const auto scale = rand_floats(static_cast<size_t>(m), ++seed);
+    cpu.swiglu(g.data(), u.data(), m, c.out, limit, scale.data(), want.data());
+    Dev<int64_t> doff(off), drows(rows);
+    Dev<float> dx(x), dscale(scale), gathered(xr.size()), dg(g.size()), du(g.size()), ref(g.size()), act(g.size());
+    ASSERT_TRUE(run_expert_linear_pair_rows(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, drows.p,
+                                            gathered.p, m, dg.p, du.p, nullptr, c.format)
+                    .ok());
+    ASSERT_TRUE(run_swiglu(dg.p, du.p, m, c.out, limit, dscale.p, ref.p, nullptr).ok());
+    cudaMemset(dg.p, 0xff, dg.n * sizeof(float));  // NaN sentinel: the one-launch path leaves g and u alone
+    cudaMemset(du.p, 0xff, du.n * sizeof(float));
+    const Status st = run_expert_linear_pair_swiglu(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p,
+                                                    drows.p, gathered.p, m, dg.p, du.p,
+                                                    SwigluEpilogue{act.p, dscale.p, limit}, nullptr, c.format);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const std::vector<float> got = act.get();
+    size_t written = 0;
+    for (float v : dg.get()) written += bits_of(v) != 0xffffffffu;
+    for (float v : du.get()) written += bits_of(v) != 0xffffffffu;
+    EXPECT_EQ(written, 0u) << "g / u written: the pair and its SwiGLU did not run as one launch";
+    const std::string shape = std::string(fmt_name(c.format)) + " " + std::to_string(c.E) + "x" +
+                              dims({c.out, c.in}) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
+                              " through the row index, routing weights";
+    report("expert pair swiglu", shape + " vs CPU", rel_to_max(got, want), 2 * kLinearTol,
+           "the pair's sums in another order, then the same SwiGLU");
+    const size_t d = bits_differ(got, ref.get());
+    report("expert pair swiglu", shape + " vs the pair then run_swiglu: bits differing", static_cast<double>(d), 0,
+           "the same sums (one warp per row group either way) and the same SwiGLU operations");
+    EXPECT_EQ(d, 0u) << shape;
   }
 }
 
