@@ -26,7 +26,7 @@ namespace ds41::gpu {
 using cuda::FakeQuantOp;
 
 Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                             std::vector<model::SequenceOutput>* out) {
+                             std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand) {
   const model::LayerPlan& p = m_->schedule().layers[l];
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t n = n_, hd = c_->head_dim, qr = c_->q_lora_rank;
@@ -132,11 +132,12 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
     DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));
     DS41_RETURN_IF_ERROR(entries());
   }
-  return attention_output(w, n, kv_offsets, kv_index, max_entries, inv, y);
+  return attention_output(w, n, kv_offsets, kv_index, max_entries, inv, y, expand);
 }
 
 Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets,
-                                    const int32_t* kv_index, int64_t max_entries, const DeviceVec& inv, float* y) {
+                                    const int32_t* kv_index, int64_t max_entries, const DeviceVec& inv, float* y,
+                                    const cuda::HcExpandEpilogue* expand) {
   const int64_t nh = c_->num_attention_heads, hd = c_->head_dim;
   cudaStream_t s = stream_;
   cuda::SparseAttentionArgs a;
@@ -166,7 +167,9 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.rotate_q = true;
   DS41_RETURN_IF_ERROR(cuda::run_sparse_attention(a, s));
   DS41_RETURN_IF_ERROR(grouped_linear(w.wo_a, c_->o_groups, ws_.o, n, ws_.z));
-  return linear(w.wo_b, ws_.z, n, y);
+  if (expand == nullptr) return linear(w.wo_b, ws_.z, n, y);
+  DS41_RETURN_IF_ERROR(join_pending());  // the site's map (post / comb), if it ran on the side stream
+  return linear_expand(w.wo_b, ws_.z, n, y, *expand);
 }
 
 // 3.4.4: compressed entries of a KV source: the emit schedule (groups of `ratio` positions, rows

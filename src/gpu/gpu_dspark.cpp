@@ -181,7 +181,8 @@ Status GpuForward::dspark_commit(std::span<const GpuContextRows> rows) {
 }
 
 Status GpuForward::draft_attention(int64_t s, const int64_t* ring_read, int64_t ctx_rows, const int64_t* kv_offsets,
-                                   const int32_t* kv_index, const float* x, float* y) {
+                                   const int32_t* kv_index, const float* x, float* y,
+                                   const cuda::HcExpandEpilogue* expand) {
   const DeviceLayer& w = m_->weights().dspark->stages[s];
   const int64_t n = n_, hd = c_->head_dim;
   const float eps = static_cast<float>(c_->rms_norm_eps);
@@ -197,7 +198,7 @@ Status GpuForward::draft_attention(int64_t s, const int64_t* ring_read, int64_t 
   if (ctx_rows > 0)
     DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ds_.rings + s * ds_.stage_stride,
                                                       ring_read, ctx_rows, ws_.kvf + n * hd, st));
-  return attention_output(w, n, kv_offsets, kv_index, c_->sliding_window + c_->dspark_block_size, inv, y);
+  return attention_output(w, n, kv_offsets, kv_index, c_->sliding_window + c_->dspark_block_size, inv, y, expand);
 }
 
 Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOptions& opt,
@@ -278,10 +279,10 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
     // Each site: map, collapse with the lagged pre, norm: one launch (hc_site).
     DS41_RETURN_IF_ERROR(
         hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x));
-    DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y)
+    const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};  // wo_b into the streams
+    DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y,
+                                         &expand)
                              .with_context("DSpark stage " + std::to_string(s) + " attention"));
-    DS41_RETURN_IF_ERROR(join_pending());  // the site's map, if it ran on the side stream
-    DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, st));
     DS41_RETURN_IF_ERROR(
         hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));
     DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x,

@@ -242,6 +242,15 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
                                            ws_.offsets, x, x_rows, gathered, m_max, y, y2, stream_, format);
 }
 
+Status GpuForward::linear_expand(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y,
+                                 const cuda::HcExpandEpilogue& ex) {
+  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the GEMM, then the expand
+    DS41_RETURN_IF_ERROR(tc_->linear(w, x, n, y));
+    return cuda::run_hc_expand(ex.streams, y, ex.post, ex.comb, n, ex.c, w.out_dim, stream_);
+  }
+  return cuda::run_linear_expand(w, x, n, y, ex, stream_, row_invariant_);
+}
+
 Status GpuForward::linear_pair_swiglu(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
                                       int64_t n, float* y, float* y2, const cuda::SwigluEpilogue& sw) {
   if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) {  // prefill: the GEMMs, the SwiGLU
@@ -566,7 +575,7 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
 Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
                              std::vector<model::SequenceOutput>* out) {
   const DeviceLayer& w = m_->weights().layers[l];
-  const int64_t H = c_->hidden_size, C = c_->hc_mult, n = n_;
+  const int64_t C = c_->hc_mult, n = n_;
   if (c_->is_engram_layer(l)) DS41_RETURN_IF_ERROR(engram_stage(l));
   if (ds_.on) DS41_RETURN_IF_ERROR(capture_dspark_features(l));  // MODEL_SPEC 3.10.2
   win_offsets_ = win_offsets_list_[win_list_of_layer_[l]];  // this layer's window floors (step plan)
@@ -578,9 +587,9 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   float* const pi = l % 2 == 0 ? ws_.pi : ws_.pre_f;
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
   DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
-  DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out));
-  DS41_RETURN_IF_ERROR(join_pending());  // the site's map, if it ran on the side stream
-  DS41_RETURN_IF_ERROR(cuda::run_hc_expand(ws_.streams, ws_.y, ws_.post_a, ws_.comb_a, n, C, H, stream_));
+  // The attention's output projection expands into the streams (after joining the site's map).
+  const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
+  DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
   // FFN site.
   DS41_RETURN_IF_ERROR(
       hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));

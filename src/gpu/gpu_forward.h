@@ -26,7 +26,7 @@
 #include <span>
 #include <vector>
 
-#include "backends/cuda/swiglu_epilogue.h"
+#include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 #include "gpu/device_model.h"
 #include "gpu/gpu_workspace.h"
@@ -243,10 +243,15 @@ class GpuForward {
                  const float* collapse_w, const float* norm_weight, float* x);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
+  // expand (nullable): y goes into the mHC streams (the layer's attention site: its post / comb) in
+  // the output projection's launch where the decode GEMV takes it (cuda::run_linear_expand; y then not
+  // written), after join_pending() (the site's map may still run on the side stream).
   Status attention_output(const DeviceLayer& w, int64_t n, const int64_t* kv_offsets, const int32_t* kv_index,
-                          int64_t max_entries, const DeviceVec& inv, float* y);
+                          int64_t max_entries, const DeviceVec& inv, float* y,
+                          const cuda::HcExpandEpilogue* expand = nullptr);
   Status draft_attention(int64_t s, const int64_t* ring_read, int64_t ctx_rows, const int64_t* kv_offsets,
-                         const int32_t* kv_index, const float* x, float* y);
+                         const int32_t* kv_index, const float* x, float* y,
+                         const cuda::HcExpandEpilogue* expand = nullptr);
   // The MoE of n_ rows into y. With expand_post / expand_comb set it also expands y into ws_.streams
   // (run_hc_expand with that post / comb), fused with the combine and the shared expert's add.
   Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y,
@@ -254,7 +259,7 @@ class GpuForward {
 
   Status engram_stage(int64_t l);
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                   std::vector<model::SequenceOutput>* out);
+                   std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr);
   Status compress(int64_t l, const float* x);
   Status index_queries(int64_t l, const float* x, const float* q_r);
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
@@ -270,6 +275,10 @@ class GpuForward {
   // prefill GEMMs too): x holds the raw rows only until this call.
   Status linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight);
   Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y);
+  // y = x . W^T expanded into the rows' mHC streams (cuda::run_linear_expand at decode sizes: one launch,
+  // y not written; prefill: the GEMM, then run_hc_expand).
+  Status linear_expand(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y,
+                       const cuda::HcExpandEpilogue& ex);
   // Two weights over the same x (the shared expert's w1 and w3): one launch at decode sizes
   // (cuda::run_linear_pair), else as two linear() calls.
   Status linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n, float* y,
@@ -286,7 +295,7 @@ class GpuForward {
                             cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
                             const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
                             const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2);
-  // The same pairs followed by their SwiGLU (cuda/swiglu_epilogue.h: act = row_scale * swiglu(y, y2)):
+  // The same pairs followed by their SwiGLU (cuda/linear_epilogue.h: act = row_scale * swiglu(y, y2)):
   // at decode sizes one launch (the tensor-core GEMV's SwiGLU epilogue; y / y2 not written), else the
   // pair and run_swiglu. Every decode-sized call of a pair goes through the fused launch, so a row's
   // bits do not depend on the batch or on the side stream.

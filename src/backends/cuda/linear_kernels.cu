@@ -32,6 +32,7 @@
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/tc_gemv_kernels.h"
 #include "backends/cuda/linear_wide_decode.cuh"
+#include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
@@ -1397,6 +1398,24 @@ Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const floa
   }
   DS41_RETURN_IF_ERROR(run_linear(w, x, n, y, stream, row_invariant));
   return run_linear(w2, x, n, y2, stream, row_invariant);
+}
+
+Status run_linear_expand(const DeviceWeight& w, const float* x, int64_t n, float* y, const HcExpandEpilogue& ex,
+                         cudaStream_t stream, bool row_invariant) {
+  const char* fn = "linear_expand";
+  DS41_RETURN_IF_ERROR(check_weight(w, fn));
+  if (!ex.streams || !ex.post || !ex.comb) return invalid_argument(std::string(fn) + ": streams, post or comb is null");
+  if (ex.c < 1 || ex.c > 8) return invalid_argument(std::string(fn) + ": c " + std::to_string(ex.c) + " outside [1, 8]");
+  // run_linear's tensor-core condition (dense()): a call it sends to the tensor-core GEMV is one launch here.
+  if (n > 0 && n <= int64_t{65535} * kTileM && x) {
+    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
+    if (tc_rows && tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, nullptr, w.out_dim, stream, nullptr, nullptr, nullptr,
+                                  nullptr, &ex))
+      return last_launch_status(fn);
+  }
+  if (!y) return invalid_argument(std::string(fn) + ": y is null");
+  DS41_RETURN_IF_ERROR(run_linear(w, x, n, y, stream, row_invariant));
+  return run_hc_expand(ex.streams, y, ex.post, ex.comb, n, ex.c, w.out_dim, stream);
 }
 
 Status run_linear_pair_swiglu(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* g,

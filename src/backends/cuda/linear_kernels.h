@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "backends/cuda/device_weight.h"
-#include "backends/cuda/swiglu_epilogue.h"
+#include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -68,7 +68,13 @@ Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeig
                                    const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
                                    cudaStream_t stream, quant::WeightFormat format);
 
-// A pair with its SwiGLU (swiglu_epilogue.h): act = swiglu(x . w^T, x . w2^T) with the epilogue's limit
+// y = x . w^T into the rows' mHC streams (linear_epilogue.h HcExpandEpilogue: the attention's wo_b and
+// the expand after it). Where the tensor-core GEMV takes the call (run_linear's rule) it is one launch
+// and y is not written; otherwise run_linear into y, then run_hc_expand.
+Status run_linear_expand(const DeviceWeight& w, const float* x, int64_t n, float* y, const HcExpandEpilogue& ex,
+                         cudaStream_t stream, bool row_invariant = false);
+
+// A pair with its SwiGLU (linear_epilogue.h): act = swiglu(x . w^T, x . w2^T) with the epilogue's limit
 // and row scales. Where the tensor-core GEMV takes the pair (decode sizes, row_invariant) with its dense
 // SwiGLU switch on it is one launch and g / u are not written; otherwise run_linear_pair into g / u, then
 // run_swiglu into act.

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/hc_expand_device.cuh"
 #include "backends/cuda/mhc_device.cuh"
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/row_reduce.cuh"
@@ -68,31 +69,7 @@ __global__ void hc_expand_kernel(float* streams, const float* __restrict__ y, co
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= total) return;
   const int64_t r = t / h, i = t % h;
-  float* S = streams + r * c * h;
-  const float* cb = comb + r * c * c;
-  if (c == 4) {  // the released C: every load issued before the arithmetic (one L2 round trip, not ~20)
-    float old[4], pst[4], cm[16];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) old[j] = S[j * h + i], pst[j] = post[r * 4 + j];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) cm[j] = cb[j];
-    const float yv = y[t];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      float s = __fmul_rn(pst[k], yv);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) s = __fadd_rn(s, __fmul_rn(cm[j * 4 + k], old[j]));
-      S[k * h + i] = s;
-    }
-    return;
-  }
-  float old[kMaxC];
-  for (int64_t j = 0; j < c; ++j) old[j] = S[j * h + i];
-  for (int64_t k = 0; k < c; ++k) {
-    float s = __fmul_rn(post[r * c + k], y[t]);
-    for (int64_t j = 0; j < c; ++j) s = __fadd_rn(s, __fmul_rn(cb[j * c + k], old[j]));
-    S[k * h + i] = s;
-  }
+  dev::hc_expand_channel(streams + r * c * h, y[t], post + r * c, comb + r * c * c, c, h, i);
 }
 
 __global__ void hc_init_kernel(const float* __restrict__ e, int64_t c, int64_t h, int64_t total,

@@ -62,6 +62,7 @@
 #include "backends/cuda/block_scan.cuh"
 #include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/hc_expand_device.cuh"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
@@ -957,20 +958,28 @@ struct WarpTask {
   }
 };
 
-// A pair with its SwiGLU (try_dense / try_experts with a SwigluEpilogue): both matrices in one block,
-// warps [0, 4) on the first (data, sc) and [4, 8) on the second (data2, sc2) over the same row groups
-// (KS <= 4 warps per row group each), and the block's reduction writes act = row_scale[b] *
-// swiglu(g, u) (dev::swiglu_value) instead of g and u: the values the pair gives (each row group's
-// sums are its KS warps' in the same order) and then swiglu_kernel's operations, without the SwiGLU's
-// launch or the round trip of g and u through memory. act rows b of the block at act + b * ld;
-// row_scale (nullable) indexed by b.
-struct PairSwiglu {
-  const uint8_t* data2 = nullptr;  // null: not fused
+// What the block's reduction writes instead of y (linear_epilogue.h), pointers at the block's first row:
+// - a pair with its SwiGLU (data2 set; try_dense / try_experts with a SwigluEpilogue): both matrices in
+//   one block, warps [0, 4) on the first (data, sc) and [4, 8) on the second (data2, sc2) over the same
+//   row groups (KS <= 4 warps per row group each), and act = row_scale[b] * swiglu(g, u)
+//   (dev::swiglu_value) instead of g and u: the values the pair gives (each row group's sums are its KS
+//   warps' in the same order) and then swiglu_kernel's operations, without the SwiGLU's launch or the
+//   round trip of g and u through memory. act rows b of the block at act + b * ld; row_scale
+//   (nullable) indexed by b.
+// - the mHC expand (streams set; try_dense with an HcExpandEpilogue): output o of row b goes into the
+//   row's c streams (streams + b * c * h, post + b * c, comb + b * c * c; h = the output width) with
+//   dev::hc_expand_channel, hc_expand_kernel's operations, without its launch.
+struct Epilogue {
+  const uint8_t* data2 = nullptr;  // null: not a fused pair
   const uint8_t* sc2 = nullptr;
   float* act = nullptr;
   const float* row_scale = nullptr;
   float limit = 0.f;
   int64_t ld = 0;
+  float* streams = nullptr;  // null: no expand
+  const float* post = nullptr;
+  const float* comb = nullptr;
+  int64_t c = 0, h = 0;
 };
 
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
@@ -981,9 +990,9 @@ template <class D, bool kFp8, int NB, bool kRing, class Stage>
 __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, int64_t out_rows, int64_t w_row0,
                            int ks_log2, const uint2* xs, int nb, const int* ex, float* __restrict__ y,
                            int64_t ldy, float* red_d, uint8_t* ring, int ring_depth, int64_t slot, int64_t n_slots,
-                           Stage stage, bool stage_first = false, const PairSwiglu& sw = PairSwiglu{}) {
+                           Stage stage, bool stage_first = false, const Epilogue& sw = Epilogue{}) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // fused (block-uniform): the pair's SwiGLU (PairSwiglu), half the warps per matrix.
+  // fused (block-uniform): the pair's SwiGLU (Epilogue), half the warps per matrix.
   const bool fused = sw.data2 != nullptr;
   const int half = fused ? kWarps / 2 : kWarps, mat = warp / half, wm = warp - mat * half;
   const int KS = 1 << ks_log2, RPB = half >> ks_log2;
@@ -1051,11 +1060,14 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
           }
           return scalbnf(part[0] + (part[1] + part[2]), ex[b] + D::kExp);
         };
-        if (!fused) {
-          y[b * ldy + o] = out(0);
-        } else {
+        if (fused) {
           const float a = dev::swiglu_value(out(0), out(1), sw.limit);
           sw.act[b * sw.ld + o] = sw.row_scale != nullptr ? __fmul_rn(sw.row_scale[b], a) : a;
+        } else if (sw.streams != nullptr) {
+          dev::hc_expand_channel(sw.streams + b * sw.c * sw.h, out(0), sw.post + b * sw.c, sw.comb + b * sw.c * sw.c,
+                                 sw.c, sw.h, o);
+        } else {
+          y[b * ldy + o] = out(0);
         }
       }
     }
@@ -1071,7 +1083,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
-                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, PairSwiglu sw) {
+                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, Epilogue sw) {
   // PDL (pdl.cuh): with `early` (early_on) the first task's weight loads go out before the wait (the
   // weights are written by no kernel), so they stream while the previous kernel finishes; x, the norm
   // and y are touched only after it (in the staging).
@@ -1085,18 +1097,27 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   // consecutive (run together, W from L2 for all but the first). Measured neutral against slots
   // first (wq_b 8 rows 62.4 vs 62.5 us): a pair's cost is its own decode of W into fragments.
   // A pair (data2 set: one group, z = 1 the second weight over the same x, into y2) or z = the group.
-  // sw.act set: the pair with its SwiGLU in every block (grid z = 1; PairSwiglu), rows of act from r0.
-  const bool fused = sw.act != nullptr;
+  // sw.act set: the pair with its SwiGLU in every block (grid z = 1; Epilogue), rows of act from r0;
+  // sw.streams set: the expand into the streams of rows from r0.
+  const bool fused = sw.act != nullptr, expand = sw.streams != nullptr;
   const bool second = !fused && data2 != nullptr && blockIdx.z != 0;
   const int64_t grp = second || fused ? 0 : blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
-  PairSwiglu ps;
+  Epilogue ps;
   if (fused)
-    ps = PairSwiglu{data2, sc2, sw.act + r0 * sw.ld, sw.row_scale ? sw.row_scale + r0 : nullptr, sw.limit, sw.ld};
+    ps = Epilogue{data2, sc2, sw.act + r0 * sw.ld, sw.row_scale ? sw.row_scale + r0 : nullptr, sw.limit, sw.ld};
+  if (expand) {
+    ps.streams = sw.streams + r0 * sw.c * sw.h;
+    ps.post = sw.post + r0 * sw.c;
+    ps.comb = sw.comb + r0 * sw.c * sw.c;
+    ps.c = sw.c;
+    ps.h = sw.h;
+  }
   block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
-                                 smem_u2, nb, ex, fused ? nullptr : (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy,
+                                 smem_u2, nb, ex,
+                                 fused || expand ? nullptr : (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy,
                                  red_d, ring, ring_depth, blockIdx.y, gridDim.y,
                                  [&] {
                                    if (early) dev::pdl_enter();
@@ -1113,7 +1134,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
                      const float* __restrict__ x, const int64_t* __restrict__ x_rows, float* __restrict__ y,
-                     float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first, PairSwiglu sw) {
+                     float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first, Epilogue sw) {
   dev::pdl_enter();  // offsets (the routing's) say which weights: nothing to load before the wait
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -1173,9 +1194,9 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   const int nb = unit_nb;
   const int64_t r0 = unit_r0;
   const bool fused = sw.act != nullptr, second = !fused && blockIdx.z != 0;
-  PairSwiglu ps;  // fused: w1 and w3 of the unit in this block, act rows from r0
+  Epilogue ps;  // fused: w1 and w3 of the unit in this block, act rows from r0
   if (fused)
-    ps = PairSwiglu{unit_w[2], unit_w[3], sw.act + r0 * sw.ld, sw.row_scale ? sw.row_scale + r0 : nullptr, sw.limit,
+    ps = Epilogue{unit_w[2], unit_w[3], sw.act + r0 * sw.ld, sw.row_scale ? sw.row_scale + r0 : nullptr, sw.limit,
                     sw.ld};
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
   block_rows<D, kFp8, NB, kRing>(unit_w[0], unit_w[1], in, out_dim, 0, ks_log2, smem_u2, nb, ex,
@@ -1253,7 +1274,7 @@ struct Shape {
   unsigned slots;
 };
 // mats: matrices of one launch over the same units (an expert pair: 2); they share the slots.
-// fused (a pair with its SwiGLU, PairSwiglu): both matrices in each block, half the warps each, so at
+// fused (a pair with its SwiGLU, Epilogue): both matrices in each block, half the warps each, so at
 // most 4 warps per row group (KS <= 4: the pair's KS where it is <= 4) and no grid z for the matrix.
 Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, int sub, int per_sm,
             int force_l = -1, int64_t mats = 1, bool fused = false) {
@@ -1489,8 +1510,12 @@ void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mo
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm,
-               const SwigluEpilogue* swiglu) {
+               const SwigluEpilogue* swiglu, const HcExpandEpilogue* expand) {
   if (swiglu != nullptr && (w2 == nullptr || swiglu->act == nullptr || !dense_swiglu())) return false;
+  if (expand != nullptr && (w2 != nullptr || swiglu != nullptr || groups != 1 || expand->streams == nullptr ||
+                            expand->post == nullptr || expand->comb == nullptr || expand->c < 1 ||
+                            expand->c > dev::kHcExpandMaxC))
+    return false;
   if (!enabled() || n < 1 || n > kMaxRows || w.in_dim % 32 != 0 || groups > 65535) return false;
   // A norm: one weight over whole rows (ldx = in), its weight vector 16-byte aligned (float4 loads).
   if (norm != nullptr && (groups != 1 || w2 != nullptr || ldx != w.in_dim || norm->weight == nullptr ||
@@ -1534,8 +1559,15 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
       const Shape s = shape(out_rows, groups, units, w.in_dim, U, sub, resident_blocks<KK>(sm), env_dense_ks_log2(), mats,
                             fused);
       const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(fused ? 1 : groups * mats));
-      const PairSwiglu sw = fused ? PairSwiglu{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_rows}
-                                  : PairSwiglu{};
+      Epilogue sw = fused ? Epilogue{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_rows}
+                          : Epilogue{};
+      if (expand != nullptr) {
+        sw.streams = expand->streams;
+        sw.post = expand->post;
+        sw.comb = expand->comb;
+        sw.c = expand->c;
+        sw.h = out_rows;
+      }
       launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
              norm != nullptr ? *norm : RowNorm{}, early_on(), sw);
@@ -1603,8 +1635,8 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<KK>(sm),
                             expert_ks_log2(in_dim, U, sub, mats), mats, fused);
       const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(fused ? 1 : mats));
-      const PairSwiglu sw = fused ? PairSwiglu{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_dim}
-                                  : PairSwiglu{};
+      const Epilogue sw = fused ? Epilogue{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_dim}
+                                  : Epilogue{};
       launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
              y2, s.ks_log2, rd, expert_stage_first(), sw);
     };

@@ -17,6 +17,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/mhc_kernels.h"
 #include "kernel_parity_util.h"
 #include "ops/weight_ref.h"
 
@@ -692,6 +693,71 @@ TEST(LinearParity, PairSwigluEpilogue) {
     report("expert pair swiglu", shape + " vs the pair then run_swiglu: bits differing", static_cast<double>(d), 0,
            "the same sums (one warp per row group either way) and the same SwiGLU operations");
     EXPECT_EQ(d, 0u) << shape;
+  }
+}
+
+// The output projection with the mHC expand as its epilogue (run_linear_expand: the attention's wo_b
+// writing the residual streams): bit for bit against run_linear then run_hc_expand, C = 4 (the released
+// C, the unrolled path) and C = 3 (the general loop), FP8 / FP4 decode-sized and BF16 row-invariant
+// calls, 1-5 rows; y left alone (the one-launch path ran); every row alone gives the batch's streams.
+TEST(LinearParity, LinearExpandEpilogue) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_tc_gemv_for_tests(-1); }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct Case {
+    WeightFormat format;
+    int64_t out, in, c;
+  };
+  std::vector<Case> cases = {{WeightFormat::kFp8Tiles, 80, 1024, 4}, {WeightFormat::kBF16, 96, 512, 3}};
+  if (!emu) {
+    cases.push_back({WeightFormat::kFp4Rows, 208, 1024, 4});
+    cases.push_back({WeightFormat::kFp8Tiles, 5120, 8192, 4});  // the released wo_b
+  }
+  uint64_t seed = 21100;
+  for (const Case& c : cases) {
+    const HostWeight h = make_weight(c.format, c.out, c.in, ++seed);
+    const DevWeight d(h);
+    const bool inv = c.format == WeightFormat::kBF16;
+    for (int64_t n : emu ? std::vector<int64_t>{3} : std::vector<int64_t>{1, 5}) {
+      const auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      const auto streams = rand_floats(static_cast<size_t>(n * c.c * c.out), ++seed);
+      const auto post = rand_floats(static_cast<size_t>(n * c.c), ++seed);
+      const auto comb = rand_floats(static_cast<size_t>(n * c.c * c.c), ++seed);
+      Dev<float> dx(x), dpost(post), dcomb(comb), want(streams), got(streams), y(static_cast<size_t>(n * c.out));
+      ASSERT_TRUE(run_linear(d.dw, dx.p, n, y.p, nullptr, inv).ok());
+      ASSERT_TRUE(run_hc_expand(want.p, y.p, dpost.p, dcomb.p, n, c.c, c.out, nullptr).ok());
+      cudaMemset(y.p, 0xff, y.n * sizeof(float));  // NaN sentinel: the one-launch path leaves y alone
+      const Status st =
+          run_linear_expand(d.dw, dx.p, n, y.p, HcExpandEpilogue{got.p, dpost.p, dcomb.p, c.c}, nullptr, inv);
+      ASSERT_TRUE(st.ok()) << st.message();
+      size_t written = 0;
+      for (float v : y.get()) written += bits_of(v) != 0xffffffffu;
+      EXPECT_EQ(written, 0u) << "y written: the linear and its expand did not run as one launch";
+      const std::vector<float> a = got.get(), b = want.get();
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += bits_of(a[i]) != bits_of(b[i]);
+      const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " C=" +
+                                std::to_string(c.c) + " n=" + std::to_string(n);
+      report("linear expand", shape + " vs linear then hc_expand: bits differing", static_cast<double>(differ), 0,
+             "the same sums and the same expand operations");
+      EXPECT_EQ(differ, 0u) << shape;
+      size_t alone = 0;
+      for (int64_t r = 0; r < n; r += emu ? 2 : 1) {
+        Dev<float> s1(std::vector<float>(streams.begin() + r * c.c * c.out, streams.begin() + (r + 1) * c.c * c.out));
+        ASSERT_TRUE(run_linear_expand(d.dw, dx.p + r * c.in, 1, y.p,
+                                      HcExpandEpilogue{s1.p, dpost.p + r * c.c, dcomb.p + r * c.c * c.c, c.c}, nullptr,
+                                      inv)
+                        .ok());
+        const std::vector<float> o = s1.get();
+        for (int64_t i = 0; i < c.c * c.out; ++i) alone += bits_of(o[i]) != bits_of(a[r * c.c * c.out + i]);
+      }
+      report("linear expand row-count invariance", shape + " rows alone vs the batch: bits differing",
+             static_cast<double>(alone), 0, "a row's sums depend on the weight's shape only");
+      EXPECT_EQ(alone, 0u) << shape;
+    }
   }
 }
 

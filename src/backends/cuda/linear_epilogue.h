@@ -1,0 +1,29 @@
+// ds41 backends/cuda: what a decode linear's launch may write instead of its output (the tensor-core
+// GEMV's epilogues, tc_gemv_kernels.h), each the exact operations of the launch it replaces:
+// - SwigluEpilogue (MODEL_SPEC 3.5): the MoE's w1 and w3 (routed or shared) multiply the same rows and
+//   what follows is act = row_scale[r] * silu(min(g, limit)) * clamp(u, -limit, limit) of g = x . W1^T
+//   and u = x . W3^T (run_swiglu's operations: swiglu_device.cuh).
+// - HcExpandEpilogue (MODEL_SPEC 3.3): the attention's output projection wo_b, whose output y goes into
+//   the row's C residual streams (run_hc_expand's operations: hc_expand_device.cuh).
+// A call that takes one of these gets its result written either in the linear's own launch (where the
+// tensor-core GEMV takes the call) or as the plain linear followed by run_swiglu / run_hc_expand.
+#pragma once
+
+#include <cstdint>
+
+namespace ds41::cuda {
+
+struct SwigluEpilogue {
+  float* act = nullptr;              // [rows, out_dim] device
+  const float* row_scale = nullptr;  // nullable: one per row of the call (experts: per routed row)
+  float limit = 0.0f;
+};
+
+struct HcExpandEpilogue {
+  float* streams = nullptr;      // [rows, c, out_dim] device, updated in place
+  const float* post = nullptr;   // [rows, c]
+  const float* comb = nullptr;   // [rows, c, c]
+  int64_t c = 0;                 // streams per row, 1..8
+};
+
+}  // namespace ds41::cuda
