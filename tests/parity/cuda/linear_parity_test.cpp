@@ -541,6 +541,14 @@ TEST(LinearParity, LinearPair) {
   }
 }
 
+// Values no longer the 0xff.. NaN sentinel a buffer was filled with (the epilogue tests: a one-launch path
+// leaves its plain outputs alone).
+size_t off_sentinel(const std::vector<float>& v) {
+  size_t n = 0;
+  for (float f : v) n += bits_of(f) != 0xffffffffu;
+  return n;
+}
+
 // A pair with its SwiGLU as the launch's epilogue (run_expert_linear_pair_swiglu: the decode MoE's routed
 // w1 / w3 then act; run_linear_pair_swiglu with the opt-in dense switch: the shared expert's): against the CPU ops (linear, linear, swiglu), and
 // bit for bit against the two-launch path (the pair, then run_swiglu) where the pair's warps per row
@@ -608,9 +616,7 @@ TEST(LinearParity, PairSwigluEpilogue) {
                                                  nullptr, inv);
         ASSERT_TRUE(st.ok()) << st.message();
         const std::vector<float> got = act.get(), two = ref.get();
-        size_t written = 0;
-        for (float v : dg.get()) written += bits_of(v) != 0xffffffffu;
-        for (float v : du.get()) written += bits_of(v) != 0xffffffffu;
+        const size_t written = off_sentinel(dg.get()) + off_sentinel(du.get());
         EXPECT_EQ(written, 0u) << "g / u written: the pair and its SwiGLU did not run as one launch";
         const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " n=" +
                                   std::to_string(n) + (scaled ? " row scales" : "");
@@ -680,9 +686,7 @@ TEST(LinearParity, PairSwigluEpilogue) {
                                                     SwigluEpilogue{act.p, dscale.p, limit}, nullptr, c.format);
     ASSERT_TRUE(st.ok()) << st.message();
     const std::vector<float> got = act.get();
-    size_t written = 0;
-    for (float v : dg.get()) written += bits_of(v) != 0xffffffffu;
-    for (float v : du.get()) written += bits_of(v) != 0xffffffffu;
+    const size_t written = off_sentinel(dg.get()) + off_sentinel(du.get());
     EXPECT_EQ(written, 0u) << "g / u written: the pair and its SwiGLU did not run as one launch";
     const std::string shape = std::string(fmt_name(c.format)) + " " + std::to_string(c.E) + "x" +
                               dims({c.out, c.in}) + " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
@@ -733,8 +737,7 @@ TEST(LinearParity, LinearExpandEpilogue) {
       const Status st =
           run_linear_expand(d.dw, dx.p, n, y.p, HcExpandEpilogue{got.p, dpost.p, dcomb.p, c.c}, nullptr, inv);
       ASSERT_TRUE(st.ok()) << st.message();
-      size_t written = 0;
-      for (float v : y.get()) written += bits_of(v) != 0xffffffffu;
+      const size_t written = off_sentinel(y.get());
       EXPECT_EQ(written, 0u) << "y written: the linear and its expand did not run as one launch";
       const std::vector<float> a = got.get(), b = want.get();
       size_t differ = 0;
