@@ -93,6 +93,9 @@ constexpr int64_t kMaxExpertRows = 65535;  // routed rows of an expert call (gri
 constexpr int kMaxSmem = 200 * 1024;    // staged x of a block, at most
 constexpr int kMaxExperts = 2048;       // the unit lookup: kMaxExperts / kThreads experts per thread
 constexpr int kMaxRingDepth = 4;        // stages per warp of the shared-memory weight ring
+// stage_x's one pass: a block whose x is <= kStageHeld units of 8 floats per thread (one row of
+// K <= 8192, three rows of 2304, ...) holds them in registers between the row maxima and the parts.
+constexpr int kStageHeld = 4;
 constexpr int kRingBarBytes = kWarps * kMaxRingDepth * 8;  // their mbarriers, first in the ring's region
 
 // ---------------------------------------------------------------------------------------------
@@ -538,8 +541,9 @@ struct Bf16 {
 // for a row with inf / NaN), written to ex[b]: a tile's sum is multiplied by 2^(e_b + kExp) times its
 // E8M0 scale as ONE power of two (kExp = 14 for FP4's value * 2^-14 decoding), so the accumulator
 // holds y itself (no intermediate overflow or underflow where y and the oracle's products are
-// normal). Two passes over x with float4 loads, several in flight per thread: the row maxima, then
-// the parts. A row's parts and e depend on that row alone (row-count invariance).
+// normal). Where the block's x fits kStageHeld units of 8 floats per thread, ONE pass: the float4
+// loads go out together, the maxima and then the parts come from the same registers; otherwise two
+// passes (the row maxima, then the parts, loading x again). A row's parts and e depend on that row alone (row-count invariance).
 // rows (nullable): row b of the block is x + rows[b] * ldx instead of x + b * ldx (the routed rows of
 // a decode MoE read straight from the token rows through the routing permutation: no gathered copy,
 // the same floats, so the same bits).
@@ -576,6 +580,110 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
     return make_float4(__fmul_rn(v.x, inv) * w.x, __fmul_rn(v.y, inv) * w.y, __fmul_rn(v.z, inv) * w.z,
                        __fmul_rn(v.w, inv) * w.w);
   };
+  __shared__ float inv_s[NB][2];
+  const int J = 3 * nb;
+  const int q8 = static_cast<int>(in / 8), units = nb * q8;  // (b, tile, lane group): 8 floats each
+  // The exponent of each row from the block's per-warp maxima in red (after a barrier): ex[b], and
+  // 2^-e as one or two exact power-of-two factors in inv_s.
+  auto row_exponents = [&] {
+    // Columns of x rows >= nb multiply zeros; their exponent must still be a sane 0 (the H200 run with
+    // it left unset sent every tile of a one-row call down exact_tile: wq_b 80 us instead of 23).
+    if (tid >= nb && tid < NB) ex[tid] = 0;
+    if (tid < nb) {
+      float m = 0.f;
+      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * NB + tid]);
+      // e = ilogb(max |x|) - 14 (subnormal maxima included); 0 for zero, inf or NaN (propagated).
+      const int e = (m > 0.f && isfinite(m)) ? ilogbf(m) - 14 : 0;  // in [-163, 113]
+      ex[tid] = e;
+      // x * 2^-e as one or two exact power-of-two products (2^-e up to 2^163).
+      const int a = min(-e, 127), b = -e - a;
+      inv_s[tid][0] = __uint_as_float(static_cast<uint32_t>(127 + a) << 23);
+      inv_s[tid][1] = __uint_as_float(static_cast<uint32_t>(127 + b) << 23);
+    }
+  };
+  // The lane group's 8 K of tile t of row b: two float4 of x (D::x_float4: K 8g .. 8g + 7, or Fp8x2's
+  // 4g .. 4g + 3 and 16 + 4g .. 16 + 4g + 3), as staged (val4).
+  auto load_unit = [&](int i, float4 (&v)[2]) {
+    const int b = i / q8, u = i - b * q8, t = u >> 2, g = u & 3;
+    const float4* p = reinterpret_cast<const float4*>(xrow[b]);
+    v[0] = __ldg(p + D::x_float4(t, g, 0));
+    v[1] = __ldg(p + D::x_float4(t, g, 1));
+  };
+  auto normed_unit = [&](int i, float4 (&v)[2]) {
+    const int b = i / q8, u = i - b * q8, t = u >> 2, g = u & 3;
+    v[0] = val4(v[0], b, D::x_float4(t, g, 0));
+    v[1] = val4(v[1], b, D::x_float4(t, g, 1));
+  };
+  // Unit i's three parts of x' = x 2^-e into xs (after row_exponents and a barrier).
+  auto put_unit = [&](int i, const float4 (&v)[2]) {
+    const int b = i / q8, u = i - b * q8, t = u >> 2, g = u & 3;
+    const float i0f = inv_s[b][0], i1f = inv_s[b][1];
+    const float f[8] = {v[0].x * i0f * i1f, v[0].y * i0f * i1f, v[0].z * i0f * i1f, v[0].w * i0f * i1f,
+                        v[1].x * i0f * i1f, v[1].y * i0f * i1f, v[1].z * i0f * i1f, v[1].w * i0f * i1f};
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      uint32_t h[3][4];
+#pragma unroll
+      for (int sl = 0; sl < 4; ++sl) {
+        const float val = f[D::kofs(m, sl)];
+        const uint32_t p0 = part_bits<D::kBf>(val);
+        const float r1 = val - part_float<D::kBf>(p0);
+        const uint32_t p1 = part_bits<D::kBf>(r1);
+        h[0][sl] = p0;
+        h[1][sl] = p1;
+        h[2][sl] = part_bits<D::kBf>(r1 - part_float<D::kBf>(p1));
+      }
+#pragma unroll
+      for (int pt = 0; pt < 3; ++pt)
+        xs[((t * 2 + m) * J + 3 * b + pt) * 4 + g] = make_uint2(h[pt][0] | (h[pt][1] << 16), h[pt][2] | (h[pt][3] << 16));
+    }
+  };
+  auto max8 = [](const float4 (&v)[2]) {
+    return fmaxf(fmaxf(fmaxf(fabsf(v[0].x), fabsf(v[0].y)), fmaxf(fabsf(v[0].z), fabsf(v[0].w))),
+                 fmaxf(fmaxf(fabsf(v[1].x), fabsf(v[1].y)), fmaxf(fabsf(v[1].z), fabsf(v[1].w))));
+  };
+  if (units <= kStageHeld * kThreads) {  // block-uniform
+    // One pass: the block's x (<= kStageHeld units a thread) is loaded once into registers, the
+    // row maxima taken from them, and the parts written from them after the exponents' barrier
+    // (the two-pass form below loads x twice: a second L2 round trip on the prologue's latency chain
+    // before the first mma). The same values, the same maxima (fmaxf over the same set), the same parts.
+    float4 v[kStageHeld][2];
+#pragma unroll
+    for (int j = 0; j < kStageHeld; ++j)
+      if (tid + j * kThreads < units) load_unit(tid + j * kThreads, v[j]);
+    float m[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) m[b] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kStageHeld; ++j) {
+      const int i = tid + j * kThreads;
+      if (i >= units) break;
+      normed_unit(i, v[j]);
+      const float mm = max8(v[j]);
+      const int b = i / q8;
+#pragma unroll
+      for (int bb = 0; bb < NB; ++bb)
+        if (bb == b) m[bb] = fmaxf(m[bb], mm);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      if (b >= nb) break;  // block-uniform
+      float mb = m[b];
+      for (int o = 16; o; o >>= 1) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+      if (lane == 0) red[warp * NB + b] = mb;
+    }
+    __syncthreads();
+    row_exponents();
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kStageHeld; ++j) {
+      const int i = tid + j * kThreads;
+      if (i >= units) break;
+      put_unit(i, v[j]);
+    }
+    __syncthreads();
+    return;
+  }
   const int q4 = static_cast<int>(in / 4);
 #pragma unroll
   for (int b = 0; b < NB; ++b) {
@@ -600,65 +708,19 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
     if (lane == 0) red[warp * NB + b] = m;
   }
   __syncthreads();
-  __shared__ float inv_s[NB][2];
-  // Columns of x rows >= nb multiply zeros; their exponent must still be a sane 0 (the H200 run with
-  // it left unset sent every tile of a one-row call down exact_tile: wq_b 80 us instead of 23).
-  if (tid >= nb && tid < NB) ex[tid] = 0;
-  if (tid < nb) {
-    float m = 0.f;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * NB + tid]);
-    // e = ilogb(max |x|) - 14 (subnormal maxima included); 0 for zero, inf or NaN (propagated).
-    const int e = (m > 0.f && isfinite(m)) ? ilogbf(m) - 14 : 0;  // in [-163, 113]
-    ex[tid] = e;
-    // x * 2^-e as one or two exact power-of-two products (2^-e up to 2^163).
-    const int a = min(-e, 127), b = -e - a;
-    inv_s[tid][0] = __uint_as_float(static_cast<uint32_t>(127 + a) << 23);
-    inv_s[tid][1] = __uint_as_float(static_cast<uint32_t>(127 + b) << 23);
-  }
+  row_exponents();
   __syncthreads();
-  const int J = 3 * nb;
-  const int q8 = static_cast<int>(in / 8), units = nb * q8;  // (b, tile, lane group): 8 floats each
   for (int i0 = tid; i0 < units; i0 += 2 * kThreads) {
     float4 v[2][2];
-    int bb[2], uu[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int i = i0 + j * kThreads;
-      bb[j] = i / q8;
-      uu[j] = i - bb[j] * q8;
-      // The lane group's 8 K of the tile: two float4 of x (D::x_float4: K 8g .. 8g + 7, or Fp8x2's
-      // 4g .. 4g + 3 and 16 + 4g .. 16 + 4g + 3).
-      const float4* p = i < units ? reinterpret_cast<const float4*>(xrow[bb[j]]) : nullptr;
-      v[j][0] = i < units ? __ldg(p + D::x_float4(uu[j] >> 2, uu[j] & 3, 0)) : make_float4(0.f, 0.f, 0.f, 0.f);
-      v[j][1] = i < units ? __ldg(p + D::x_float4(uu[j] >> 2, uu[j] & 3, 1)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    for (int j = 0; j < 2; ++j)
+      if (i0 + j * kThreads < units) load_unit(i0 + j * kThreads, v[j]);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int i = i0 + j * kThreads;
       if (i >= units) break;
-      const int b = bb[j], u = uu[j], t = u >> 2, g = u & 3;
-      v[j][0] = val4(v[j][0], b, D::x_float4(t, g, 0));
-      v[j][1] = val4(v[j][1], b, D::x_float4(t, g, 1));
-      const float i0f = inv_s[b][0], i1f = inv_s[b][1];
-      const float f[8] = {v[j][0].x * i0f * i1f, v[j][0].y * i0f * i1f, v[j][0].z * i0f * i1f, v[j][0].w * i0f * i1f,
-                          v[j][1].x * i0f * i1f, v[j][1].y * i0f * i1f, v[j][1].z * i0f * i1f, v[j][1].w * i0f * i1f};
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        uint32_t h[3][4];
-#pragma unroll
-        for (int sl = 0; sl < 4; ++sl) {
-          const float val = f[D::kofs(m, sl)];
-          const uint32_t p0 = part_bits<D::kBf>(val);
-          const float r1 = val - part_float<D::kBf>(p0);
-          const uint32_t p1 = part_bits<D::kBf>(r1);
-          h[0][sl] = p0;
-          h[1][sl] = p1;
-          h[2][sl] = part_bits<D::kBf>(r1 - part_float<D::kBf>(p1));
-        }
-#pragma unroll
-        for (int pt = 0; pt < 3; ++pt)
-          xs[((t * 2 + m) * J + 3 * b + pt) * 4 + g] = make_uint2(h[pt][0] | (h[pt][1] << 16), h[pt][2] | (h[pt][3] << 16));
-      }
+      normed_unit(i, v[j]);
+      put_unit(i, v[j]);
     }
   }
   __syncthreads();
