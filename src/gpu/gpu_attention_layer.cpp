@@ -159,6 +159,8 @@ Status GpuForward::attention_output(const DeviceLayer& w, int64_t n, const int64
   a.max_entries_per_row = max_entries;
   a.workspace = ws_.scratch;
   a.workspace_bytes = ws_.scratch_bytes;
+  a.counters = ws_.counters;  // the split combine in the split kernel's tail (main stream, as hc_site's)
+  a.counters_size = ws_.counters_size;
   // Rotate the query (3.4.2; inside the decode kernel's load of q), undo the rotation on the output
   // (7.9; inside the decode combine), then the grouped output projection (3.4.8).
   a.rope_pos = pos_;

@@ -138,7 +138,9 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
     cv.take(w.hp, L * C);
     cv.take(w.h, L * H);
     cv.take(w.logits, L * V);
-    w.counters_size = cuda::hc_site_counter_count(N);
+    // One array for the main stream's fused kernels (hc_site, the router, the attention's split
+    // combine: self-resetting, in stream order), sized for the largest.
+    w.counters_size = std::max(cuda::hc_site_counter_count(N), cuda::sparse_attention_counter_count(N, nh));
     cv.take(w.counters, w.counters_size);
     cv.take(w.hc_counters, w.counters_size);
     w.hc_scratch_bytes = cuda::hc_map_workspace_bytes(N, C, H);

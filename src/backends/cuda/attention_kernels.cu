@@ -366,6 +366,172 @@ __global__ void __launch_bounds__(kThreads)
   write_split_ml(part_ml, n_heads, splits, cta, big_m, big_l);
 }
 
+// One CTA per (row, head): M = max_s m_s, L = sum_s l_s exp(m_s - M), out = sum_s exp(m_s - M)
+// acc_s / L, splits in order, those with m_s = -inf skipped (a split past the row's end); a row
+// without entries yields 0. The split weights exp(m_s - M) and L are computed once per CTA (the
+// same expressions in the same order as per channel before: the same bits), then each thread owns
+// four channels (float4 loads of every split in flight) instead of recomputing them per channel.
+constexpr int64_t kMaxCombineSplits = 512;  // the most splits decode_splits gives is kTargetCtas
+static_assert(kMaxCombineSplits >= kTargetCtas);
+
+// The combine of (row r, head h) into o[0, d) (global memory, or shared memory when the kernel
+// rotates the head back before writing it) by the kT threads t in [0, kT) of a warp-aligned group,
+// with the group's own shared arrays wsp / msp / lsp (>= splits floats each) and big_l_sh; every
+// thread of the CTA calls it (each group for its own head of the same row r: the same barriers).
+// The partials are read through L2 (__ldcg): in the split kernel's fused tail other CTAs wrote them.
+template <int kT>
+__device__ __forceinline__ void combine_head_part(int t, int64_t n_heads, int64_t d,
+                                                  const int64_t* __restrict__ kv_offsets, int64_t splits,
+                                                  const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                                  int64_t r, int64_t h, float* o, float* wsp, float* msp, float* lsp,
+                                                  float* big_l_sh) {
+  // The splits' (m, l) staged once (one load round for the CTA; ncu: 6.6-8.5 us per call at one
+  // row when every thread walked m, then thread 0 walked m and l, one L2 round trip per split).
+  // M by a warp max (fmaxf: the same value in any order), the weights per split, then thread 0
+  // adds L in split order from shared memory: the same expressions, the same bits. They are loaded
+  // together with the row's entry range (one round trip, not two); an empty row uses none of them.
+  const int64_t e_begin = kv_offsets[r], e_end = kv_offsets[r + 1];
+  const float* ml = part_ml + (r * splits * n_heads + h) * 2;  // split sp at + sp * n_heads * 2
+  for (int64_t sp = t; sp < splits; sp += kT) {
+    msp[sp] = __ldcg(ml + sp * n_heads * 2);
+    lsp[sp] = __ldcg(ml + sp * n_heads * 2 + 1);
+  }
+  if (e_end <= e_begin) {  // CTA-uniform
+    for (int64_t c = t; c < d; c += kT) o[c] = 0.0f;
+    return;
+  }
+  __syncthreads();
+  float big_m = -INFINITY;
+  for (int64_t sp = t & 31; sp < splits; sp += 32) big_m = fmaxf(big_m, msp[sp]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) big_m = fmaxf(big_m, __shfl_xor_sync(0xffffffffu, big_m, off));
+  for (int64_t sp = t; sp < splits; sp += kT) {
+    const float m = msp[sp];
+    wsp[sp] = m != -INFINITY ? expf(m - big_m) : -1.0f;
+  }
+  __syncthreads();
+  if (t == 0) {
+    float big_l = 0.0f;
+    for (int64_t sp = 0; sp < splits; ++sp)
+      if (wsp[sp] >= 0.0f) big_l += lsp[sp] * wsp[sp];
+    *big_l_sh = big_l;
+  }
+  __syncthreads();
+  const float big_l = *big_l_sh;
+  const float* pa = part_acc + (r * splits * n_heads + h) * d;  // split sp at + sp * n_heads * d
+  const int64_t sstride = n_heads * d;
+  const bool vec = (d & 3) == 0 && (reinterpret_cast<uintptr_t>(pa) & 15u) == 0 &&
+                   (reinterpret_cast<uintptr_t>(o) & 15u) == 0 && (sstride & 3) == 0;
+  if (vec) {
+    for (int64_t c = 4 * t; c < d; c += 4 * kT) {
+      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      constexpr int kU = 4;  // splits whose rows are loaded together
+      for (int64_t s0 = 0; s0 < splits; s0 += kU) {
+        float4 v[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+          v[u] = s0 + u < splits && wsp[s0 + u] >= 0.0f
+                     ? __ldcg(reinterpret_cast<const float4*>(pa + (s0 + u) * sstride + c))
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          if (s0 + u >= splits) break;
+          const float w = wsp[s0 + u];
+          if (w < 0.0f) continue;
+          a.x += v[u].x * w;
+          a.y += v[u].y * w;
+          a.z += v[u].z * w;
+          a.w += v[u].w * w;
+        }
+      }
+      *reinterpret_cast<float4*>(o + c) = make_float4(a.x / big_l, a.y / big_l, a.z / big_l, a.w / big_l);
+    }
+    return;
+  }
+  for (int64_t c = t; c < d; c += kT) {
+    float a = 0.0f;
+    for (int64_t sp = 0; sp < splits; ++sp)
+      if (wsp[sp] >= 0.0f) a += __ldcg(pa + sp * sstride + c) * wsp[sp];
+    o[c] = a / big_l;
+  }
+}
+
+// The combine kernel's head: the whole CTA (kCombineThreads) on one head.
+__device__ __forceinline__ void sparse_attention_combine_head(int64_t n_heads, int64_t d,
+                                                              const int64_t* __restrict__ kv_offsets, int64_t splits,
+                                                              const float* __restrict__ part_acc,
+                                                              const float* __restrict__ part_ml, int64_t r, int64_t h,
+                                                              float* o) {
+  __shared__ float wsp[kMaxCombineSplits];  // exp(m_s - M) (>= 0), or -1 for a skipped split
+  __shared__ float msp[kMaxCombineSplits], lsp[kMaxCombineSplits];
+  __shared__ float big_l_sh;
+  combine_head_part<kCombineThreads>(static_cast<int>(threadIdx.x), n_heads, d, kv_offsets, splits, part_acc, part_ml,
+                                     r, h, o, wsp, msp, lsp, &big_l_sh);
+}
+
+// The inverse rotation of head channels ov[0, d) (shared memory) into o (MODEL_SPEC 7.9): rope_kernel's
+// operations with the table cs (rope_table_fill, inverse), channel c by threads t, t + kT, ...
+__device__ __forceinline__ void rotate_back_head(const float* ov, const float* cs, int64_t d, int64_t n_freq, float* o,
+                                                 int t, int kT) {
+  const int64_t off = d - 2 * n_freq;
+  for (int64_t c = t; c < d; c += kT) {
+    float v = ov[c];
+    if (c >= off) {
+      const int64_t q = (c - off) >> 1;
+      const float e = ov[off + 2 * q], od = ov[off + 2 * q + 1], cc = cs[2 * q], sn = cs[2 * q + 1];
+      v = ((c - off) & 1) == 0 ? __fsub_rn(__fmul_rn(e, cc), __fmul_rn(od, sn))
+                               : __fadd_rn(__fmul_rn(e, sn), __fmul_rn(od, cc));
+    }
+    o[c] = v;
+  }
+}
+
+// The fused combine (SparseAttentionArgs::counters): every split CTA of (row r, head group) counts
+// itself on the group's counter once its partials are written (or, past the row's end, its empty
+// state); the CTA that completes the group zeroes the counter for the next call and merges the
+// group's kSplitHeads heads, one per half of the CTA (128 threads each, the combine kernel's
+// operations: the same bits, whichever CTA comes last), rotating them back from shared memory with
+// the inverse table when n_freq > 0. One launch fewer per attention layer than split + combine, and
+// each group's merge starts when its own splits are done, not when the slowest CTA of the grid is.
+// Every thread of the CTA calls it (kThreads == 2 x 128, n_heads even: the host checks); tail: >=
+// 3 d + 2 x 256 floats of the CTA's shared memory, free by now (16-byte aligned).
+constexpr int64_t kFusedMaxSplits = 64;  // splits the fused tail's per-half arrays hold
+__device__ __forceinline__ void split_count_and_combine(int64_t n_heads, int64_t d,
+                                                        const int64_t* __restrict__ kv_offsets, int64_t splits,
+                                                        const float* __restrict__ part_acc,
+                                                        const float* __restrict__ part_ml, float* __restrict__ out,
+                                                        uint32_t* __restrict__ counters, int64_t r, int64_t h0,
+                                                        const int64_t* __restrict__ rope_pos,
+                                                        const float* __restrict__ inv_freq, int64_t n_freq,
+                                                        float* tail) {
+  static_assert(kThreads == 2 * 128 && kSplitHeads == 2, "one half of the CTA per head of the group");
+  __shared__ bool last;
+  __threadfence();  // this CTA's partials, visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* c = counters + r * (n_heads / kSplitHeads) + h0 / kSplitHeads;
+    const uint32_t done = atomicAdd(c, 1u);
+    last = done + 1 == static_cast<uint32_t>(splits);
+    if (last) *c = 0;  // zero again for the next call (kernels of the stream run in order)
+  }
+  __syncthreads();
+  if (!last) return;  // CTA-uniform
+  __threadfence();
+  const int half = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
+  float* ov = tail + half * d;
+  float* cs = tail + 2 * d;
+  float* g = tail + 3 * d + half * 256;
+  float* o = out + (r * n_heads + h0 + half) * d;
+  if (n_freq > 0)  // the last warp first, as the combine kernel (beside the (m, l) loads)
+    dev::rope_table_fill(static_cast<float>(rope_pos[r]), inv_freq, n_freq, true, cs,
+                         (threadIdx.x + kThreads - 32) % kThreads, kThreads);
+  combine_head_part<128>(t, n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h0 + half, n_freq > 0 ? ov : o, g,
+                         g + 64, g + 128, g + 192);
+  if (n_freq == 0) return;
+  __syncthreads();  // ov and cs complete
+  rotate_back_head(ov, cs, d, n_freq, o, t, 128);
+}
+
 // The split kernel for head_dim = 128 kJ (kJ = 1..4) with 16-byte aligned q and kv rows (the released
 // 512 and every width the model uses): the same CTAs, splits, per-warp online softmax and warp-order
 // merge, with less work per entry (ncu on the H200: the scalar kernel issued ~480 instructions per
@@ -391,14 +557,25 @@ __global__ void __launch_bounds__(kThreads, 2)
                                       float* __restrict__ out, int64_t splits, int64_t chunk,
                                       float* __restrict__ part_acc, float* __restrict__ part_ml,
                                       const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
-                                      int64_t q_n_freq) {
+                                      int64_t q_n_freq, uint32_t* __restrict__ counters,
+                                      const int64_t* __restrict__ out_pos, const float* __restrict__ out_inv_freq,
+                                      int64_t out_n_freq) {
   constexpr int kD = 128 * kJ;
+  static_assert(kWarps * kSplitHeads * kD >= 3 * kD + 2 * 256, "the fused combine's tail fits acc_w");
   dev::pdl_enter();
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ __align__(16) float acc_w[kWarps][kSplitHeads][kD];
   __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
   SplitCta cta;
-  if (!split_cta(n_heads, kD, kv_offsets, out, splits, chunk, part_ml, cta)) return;
+  // counters (splits > 1): the fused combine (split_count_and_combine): this CTA counts itself, and
+  // the group's last CTA merges it and rotates it back by out_pos / out_inv_freq / out_n_freq (the
+  // combine kernel's rope_pos, rope_inv_freq, n_freq).
+  if (!split_cta(n_heads, kD, kv_offsets, out, splits, chunk, part_ml, cta)) {
+    if (counters != nullptr)
+      split_count_and_combine(n_heads, kD, kv_offsets, splits, part_acc, part_ml, out, counters, cta.r, cta.h0,
+                              out_pos, out_inv_freq, out_n_freq, &acc_w[0][0][0]);
+    return;
+  }
   const int64_t r = cta.r, sp = cta.sp, h0 = cta.h0, e0 = cta.e0, e1 = cta.e1;
   const int nh = cta.nh;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -506,95 +683,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     reinterpret_cast<float4*>(o + h * kD)[c / 4] = a;
   }
   if (splits > 1) write_split_ml(part_ml, n_heads, splits, cta, big_m, big_l);
-}
-
-// One CTA per (row, head): M = max_s m_s, L = sum_s l_s exp(m_s - M), out = sum_s exp(m_s - M)
-// acc_s / L, splits in order, those with m_s = -inf skipped (a split past the row's end); a row
-// without entries yields 0. The split weights exp(m_s - M) and L are computed once per CTA (the
-// same expressions in the same order as per channel before: the same bits), then each thread owns
-// four channels (float4 loads of every split in flight) instead of recomputing them per channel.
-constexpr int64_t kMaxCombineSplits = 512;  // the most splits decode_splits gives is kTargetCtas
-static_assert(kMaxCombineSplits >= kTargetCtas);
-
-// The combine of (row r, head h) into o[0, d) (global memory, or shared memory when the kernel
-// rotates the head back before writing it); every thread of the CTA calls it.
-__device__ __forceinline__ void sparse_attention_combine_head(int64_t n_heads, int64_t d,
-                                                              const int64_t* __restrict__ kv_offsets, int64_t splits,
-                                                              const float* __restrict__ part_acc,
-                                                              const float* __restrict__ part_ml, int64_t r, int64_t h,
-                                                              float* o) {
-  __shared__ float wsp[kMaxCombineSplits];  // exp(m_s - M) (>= 0), or -1 for a skipped split
-  __shared__ float msp[kMaxCombineSplits], lsp[kMaxCombineSplits];
-  __shared__ float big_l_sh;
-  // The splits' (m, l) staged once (one load round for the CTA; ncu: 6.6-8.5 us per call at one
-  // row when every thread walked m, then thread 0 walked m and l, one L2 round trip per split).
-  // M by a warp max (fmaxf: the same value in any order), the weights per split, then thread 0
-  // adds L in split order from shared memory: the same expressions, the same bits. They are loaded
-  // together with the row's entry range (one round trip, not two); an empty row uses none of them.
-  const int64_t e_begin = kv_offsets[r], e_end = kv_offsets[r + 1];
-  const float* ml = part_ml + (r * splits * n_heads + h) * 2;  // split sp at + sp * n_heads * 2
-  for (int64_t sp = threadIdx.x; sp < splits; sp += kCombineThreads) {
-    msp[sp] = ml[sp * n_heads * 2];
-    lsp[sp] = ml[sp * n_heads * 2 + 1];
-  }
-  if (e_end <= e_begin) {  // CTA-uniform
-    for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) o[c] = 0.0f;
-    return;
-  }
-  __syncthreads();
-  float big_m = -INFINITY;
-  for (int64_t sp = threadIdx.x & 31; sp < splits; sp += 32) big_m = fmaxf(big_m, msp[sp]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) big_m = fmaxf(big_m, __shfl_xor_sync(0xffffffffu, big_m, off));
-  for (int64_t sp = threadIdx.x; sp < splits; sp += kCombineThreads) {
-    const float m = msp[sp];
-    wsp[sp] = m != -INFINITY ? expf(m - big_m) : -1.0f;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float big_l = 0.0f;
-    for (int64_t sp = 0; sp < splits; ++sp)
-      if (wsp[sp] >= 0.0f) big_l += lsp[sp] * wsp[sp];
-    big_l_sh = big_l;
-  }
-  __syncthreads();
-  const float big_l = big_l_sh;
-  const float* pa = part_acc + (r * splits * n_heads + h) * d;  // split sp at + sp * n_heads * d
-  const int64_t sstride = n_heads * d;
-  const bool vec = (d & 3) == 0 && (reinterpret_cast<uintptr_t>(pa) & 15u) == 0 &&
-                   (reinterpret_cast<uintptr_t>(o) & 15u) == 0 && (sstride & 3) == 0;
-  if (vec) {
-    for (int64_t c = 4 * threadIdx.x; c < d; c += 4 * kCombineThreads) {
-      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      constexpr int kU = 4;  // splits whose rows are loaded together
-      for (int64_t s0 = 0; s0 < splits; s0 += kU) {
-        float4 v[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u)
-          v[u] = s0 + u < splits && wsp[s0 + u] >= 0.0f
-                     ? *reinterpret_cast<const float4*>(pa + (s0 + u) * sstride + c)
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          if (s0 + u >= splits) break;
-          const float w = wsp[s0 + u];
-          if (w < 0.0f) continue;
-          a.x += v[u].x * w;
-          a.y += v[u].y * w;
-          a.z += v[u].z * w;
-          a.w += v[u].w * w;
-        }
-      }
-      *reinterpret_cast<float4*>(o + c) = make_float4(a.x / big_l, a.y / big_l, a.z / big_l, a.w / big_l);
-    }
-    return;
-  }
-  for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) {
-    float a = 0.0f;
-    for (int64_t sp = 0; sp < splits; ++sp)
-      if (wsp[sp] >= 0.0f) a += pa[sp * sstride + c] * wsp[sp];
-    o[c] = a / big_l;
-  }
+  if (counters != nullptr)
+    split_count_and_combine(n_heads, kD, kv_offsets, splits, part_acc, part_ml, out, counters, r, h0, out_pos,
+                            out_inv_freq, out_n_freq, &acc_w[0][0][0]);
 }
 
 // One CTA per (row, head): sparse_attention_combine_head into the output row, or (n_freq > 0) into
@@ -623,17 +714,7 @@ __global__ void __launch_bounds__(kCombineThreads)
                        (threadIdx.x + kCombineThreads - 32) % kCombineThreads, kCombineThreads);
   sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, ov);
   __syncthreads();  // ov and cs complete
-  const int64_t off = d - 2 * n_freq;
-  for (int64_t c = threadIdx.x; c < d; c += kCombineThreads) {
-    float v = ov[c];
-    if (c >= off) {
-      const int64_t q = (c - off) >> 1;
-      const float e = ov[off + 2 * q], od = ov[off + 2 * q + 1], cc = cs[2 * q], sn = cs[2 * q + 1];
-      v = ((c - off) & 1) == 0 ? __fsub_rn(__fmul_rn(e, cc), __fmul_rn(od, sn))
-                               : __fadd_rn(__fmul_rn(e, sn), __fmul_rn(od, cc));
-    }
-    o[c] = v;
-  }
+  rotate_back_head(ov, cs, d, n_freq, o, static_cast<int>(threadIdx.x), kCombineThreads);
 }
 
 // Splits per row of the decode kernel: enough CTAs for ~2 per SM, at least kMinSplitEntries entries
@@ -664,6 +745,12 @@ size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head
   need = std::max(need, split_bytes(std::min(n, kInvariantRowsPerPass), n_heads, head_dim,
                                     decode_splits(1, n_heads, max_entries_per_row)));
   return need;
+}
+
+int64_t sparse_attention_counter_count(int64_t n, int64_t n_heads) {
+  if (n <= 0 || n_heads <= 0) return 0;
+  // Rows of one split launch: up to kSplitMaxRows, or a row_invariant pass of kInvariantRowsPerPass.
+  return std::min(n, std::max(kSplitMaxRows, kInvariantRowsPerPass)) * ((n_heads + kSplitHeads - 1) / kSplitHeads);
 }
 
 namespace {
@@ -709,10 +796,16 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   const bool vec = vec_allowed && a.head_dim % 128 == 0 && a.head_dim <= kMaxDim &&
                    (reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.kv) |
                     reinterpret_cast<uintptr_t>(a.out) | reinterpret_cast<uintptr_t>(part_acc)) % 16 == 0;
+  // The combine fused into the split kernel's last CTA per (row, head group) (split_count_and_combine)
+  // where the caller gave counters; DS41_ATTN_FUSED_COMBINE=0: the combine launch (measurements).
+  static const bool fused_allowed = switch_on("DS41_ATTN_FUSED_COMBINE");
+  const bool fused = vec && fused_allowed && splits > 1 && splits <= kFusedMaxSplits && a.n_heads % kSplitHeads == 0 &&
+                     a.counters != nullptr && a.counters_size >= a.n * split_groups;
   if (vec) {
     auto go = [&](auto kernel) {
       launch(kernel, grid, kThreads, 0, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
-             a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf, rn);
+             a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf, rn,
+             fused ? a.counters : nullptr, a.rope_pos, a.rope_inv_freq, a.rope_n_freq);
     };
     switch (a.head_dim / 128) {
       case 1: go(sparse_attention_split_vec_kernel<1>); break;
@@ -727,6 +820,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   }
   DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
   if (splits == 1) return rotate_back();
+  if (fused) return ok_status();
   launch(sparse_attention_combine_kernel, static_cast<unsigned>(a.n * a.n_heads), kCombineThreads, 0, stream,
          a.n_heads, a.head_dim, a.kv_offsets, splits, part_acc, part_ml, a.out, a.rope_pos, a.rope_inv_freq,
          a.rope_n_freq);

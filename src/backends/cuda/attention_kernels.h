@@ -53,12 +53,20 @@ struct SparseAttentionArgs {
   // inside the decode path's split kernel as it loads q (one launch less; q unchanged), a run_rope
   // launch in place on the other paths (q must then be writable).
   bool rotate_q = false;
+  // Optional: zeroed device counters, at least sparse_attention_counter_count(n, n_heads) of them,
+  // left zeroed by every call (self-resetting; calls on one stream may share them). With them the
+  // decode path's split combine runs in the split kernel's last CTA of each (row, head group): one
+  // launch instead of two, the same bits. Null: the combine launch.
+  uint32_t* counters = nullptr;
+  int64_t counters_size = 0;
 };
 // Workspace run_sparse_attention needs for any call with up to n rows and up to max_entries_per_row
 // entries per row (so it can be sized once from the step limits), row_invariant calls included; 0
 // when no such call splits.
 size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head_dim,
                                         int64_t max_entries_per_row);
+// Counters SparseAttentionArgs::counters needs for any call with up to n rows (0 for n <= 0).
+int64_t sparse_attention_counter_count(int64_t n, int64_t n_heads);
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
 
 }  // namespace ds41::cuda

@@ -68,6 +68,10 @@ const AttnCase kAttnSplitCases[] = {
     {"split vec 128 empty rows", 3, 5, 128, 400, 0, 200, 1.0f, 1.0f},  // half head group, empty row
     {"split vec 256 peaky", 2, 4, 256, 300, 100, 170, 5.0f, 1.0f},
     {"split vec 384 sink dominates", 1, 3, 384, 200, 90, 90, 0.2f, 8.0f},
+    // Even head counts on the vector kernel: the fused combine (counters) takes them; a row without
+    // entries and rows of one entry (splits past the row's end count too).
+    {"split vec 128 fused empty rows", 3, 4, 128, 400, 0, 200, 1.0f, 1.0f},
+    {"split vec 256 fused n=4", 4, 6, 256, 300, 1, 120, 1.0f, 1.0f},
 };
 
 // Tensor-core kernel (more than 16 rows, entries on the bf16 grid: sparse_attention_tc_kernels.cu):
@@ -171,6 +175,29 @@ void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu, b
   KC_OK(run_sparse_attention(ga, nullptr));
   EXPECT_EQ(bit_mismatches(from_dev(dout.p, want.size()), got), 0)
       << c.name << ": sparse attention must be bit-identical run to run";
+  // The split combine fused into the split kernel's last CTA per (row, head pair) (counters given):
+  // the two launches' bits, and the counters left zeroed (the next call reuses them), twice.
+  {
+    const int64_t nc = sparse_attention_counter_count(c.n + 64, H);
+    ASSERT_GE(nc, sparse_attention_counter_count(c.n, H));
+    auto dcnt = upload(std::vector<uint32_t>(static_cast<size_t>(nc), 0u));
+    DevBuf<float> dfused(want.size());
+    SparseAttentionArgs fa = ga;
+    fa.counters = dcnt->p;
+    fa.counters_size = nc;
+    fa.out = dfused.p;
+    int64_t differ = 0, left = 0;
+    for (int rep = 0; rep < 2; ++rep) {
+      KC_OK(run_sparse_attention(fa, nullptr));
+      differ += bit_mismatches(from_dev(dfused.p, want.size()), got);
+      for (uint32_t v : from_dev(dcnt->p, static_cast<size_t>(nc))) left += v != 0u;
+    }
+    report(tc ? "sparse_attention_tc" : "sparse_attention",
+           std::string(c.name) + " with counters (fused split combine) vs without: bits differing, counters left",
+           static_cast<double>(differ + left), 0, "the combine kernel's operations in the last CTA of each group");
+    EXPECT_EQ(differ, 0) << c.name;
+    EXPECT_EQ(left, 0) << c.name << ": the counters must be zero again after every call";
+  }
   // Row 0 has no entries: exact zeros.
   bool zeros = true;
   for (int64_t i = 0; i < H * D && c.n >= 3; ++i) zeros = zeros && bits(got[i]) == 0u;
@@ -216,7 +243,7 @@ TEST(AttentionParity, SparseAttentionRowInvariant) {
   ThreadPool pool(pool_threads());
   backends::cpu::CpuBackend cpu(&pool);
   const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;  // the host emulator: small sizes
-  const int64_t n = emu ? 6 : 80, H = emu ? 4 : 64, D = emu ? 64 : 512, kv_rows = emu ? 300 : 4000;
+  const int64_t n = emu ? 6 : 80, H = emu ? 4 : 64, D = emu ? 128 : 512, kv_rows = emu ? 300 : 4000;
   const int64_t max_e = emu ? 100 : 640, n_freq = D / 8;
   std::mt19937 rng(4242);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -263,6 +290,23 @@ TEST(AttentionParity, SparseAttentionRowInvariant) {
   ga.out = dall.p;
   KC_OK(run_sparse_attention(ga, nullptr));
   const std::vector<float> all = from_dev(dall.p, dall.n);
+  {  // the fused split combine (counters), with the inverse rotation, over the passes: the same bits
+    const int64_t nc = sparse_attention_counter_count(n, H);
+    auto dcnt = upload(std::vector<uint32_t>(static_cast<size_t>(nc), 0u));
+    SparseAttentionArgs fa = ga;
+    fa.counters = dcnt->p;
+    fa.counters_size = nc;
+    DevBuf<float> dfused(n * H * D);
+    fa.out = dfused.p;
+    KC_OK(run_sparse_attention(fa, nullptr));
+    int64_t left = 0;
+    for (uint32_t v : from_dev(dcnt->p, static_cast<size_t>(nc))) left += v != 0u;
+    const int64_t d = bit_mismatches(from_dev(dfused.p, dfused.n), all);
+    report("sparse_attention row_invariant", "with counters (fused split combine, rotated back): bits differing",
+           static_cast<double>(d + left), 0, "the combine kernel's operations in the last CTA of each group");
+    EXPECT_EQ(d, 0);
+    EXPECT_EQ(left, 0);
+  }
   int64_t differ = 0, differ_plain = 0;
   for (int64_t r = 0; r < n; ++r) {
     SparseAttentionArgs one = ga;
