@@ -797,10 +797,16 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
                    (reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.kv) |
                     reinterpret_cast<uintptr_t>(a.out) | reinterpret_cast<uintptr_t>(part_acc)) % 16 == 0;
   // The combine fused into the split kernel's last CTA per (row, head group) (split_count_and_combine)
-  // where the caller gave counters; DS41_ATTN_FUSED_COMBINE=0: the combine launch (measurements).
+  // where the caller gave counters and the split grid is one wave (<= kTargetCtas CTAs: a batch-1 step).
+  // Measured on an H200 (docs/perf/README.md, session of 2026-12-05 23:09 UTC): at one row fused 2.537-
+  // 2.539 ms per step against 2.551-2.564 with the launch; at 8 rows (row_invariant: 2,048 split CTAs,
+  // ~8 waves) fused 8.378-8.388 against 8.292-8.307, the tails lengthening the waves' CTAs where the
+  // combine kernel's 512 CTAs run side by side. The bits are the same either way.
+  // DS41_ATTN_FUSED_COMBINE=0: the combine launch always (measurements).
   static const bool fused_allowed = switch_on("DS41_ATTN_FUSED_COMBINE");
   const bool fused = vec && fused_allowed && splits > 1 && splits <= kFusedMaxSplits && a.n_heads % kSplitHeads == 0 &&
-                     a.counters != nullptr && a.counters_size >= a.n * split_groups;
+                     a.counters != nullptr && a.counters_size >= a.n * split_groups &&
+                     static_cast<int64_t>(grid) <= kTargetCtas;
   if (vec) {
     auto go = [&](auto kernel) {
       launch(kernel, grid, kThreads, 0, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
