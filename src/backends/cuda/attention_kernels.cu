@@ -494,8 +494,10 @@ __device__ __forceinline__ void rotate_back_head(const float* ov, const float* c
 // the inverse table when n_freq > 0. One launch fewer per attention layer than split + combine, and
 // each group's merge starts when its own splits are done, not when the slowest CTA of the grid is.
 // Every thread of the CTA calls it (kThreads == 2 x 128, n_heads even: the host checks); tail: >=
-// 3 d + 2 x 256 floats of the CTA's shared memory, free by now (16-byte aligned).
+// 3 d + 2 kTailHalfFloats floats of the CTA's shared memory, free by now (16-byte aligned).
 constexpr int64_t kFusedMaxSplits = 64;  // splits the fused tail's per-half arrays hold
+// A half's arrays in the tail: wsp, msp, lsp (kFusedMaxSplits each) and big_l, padded to 16 bytes.
+constexpr int64_t kTailHalfFloats = 3 * kFusedMaxSplits + 4;
 __device__ __forceinline__ void split_count_and_combine(int64_t n_heads, int64_t d,
                                                         const int64_t* __restrict__ kv_offsets, int64_t splits,
                                                         const float* __restrict__ part_acc,
@@ -520,13 +522,13 @@ __device__ __forceinline__ void split_count_and_combine(int64_t n_heads, int64_t
   const int half = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
   float* ov = tail + half * d;
   float* cs = tail + 2 * d;
-  float* g = tail + 3 * d + half * 256;
+  float* g = tail + 3 * d + half * kTailHalfFloats;
   float* o = out + (r * n_heads + h0 + half) * d;
   if (n_freq > 0)  // the last warp first, as the combine kernel (beside the (m, l) loads)
     dev::rope_table_fill(static_cast<float>(rope_pos[r]), inv_freq, n_freq, true, cs,
                          (threadIdx.x + kThreads - 32) % kThreads, kThreads);
   combine_head_part<128>(t, n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h0 + half, n_freq > 0 ? ov : o, g,
-                         g + 64, g + 128, g + 192);
+                         g + kFusedMaxSplits, g + 2 * kFusedMaxSplits, g + 3 * kFusedMaxSplits);
   if (n_freq == 0) return;
   __syncthreads();  // ov and cs complete
   rotate_back_head(ov, cs, d, n_freq, o, t, 128);
@@ -561,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                       const int64_t* __restrict__ out_pos, const float* __restrict__ out_inv_freq,
                                       int64_t out_n_freq) {
   constexpr int kD = 128 * kJ;
-  static_assert(kWarps * kSplitHeads * kD >= 3 * kD + 2 * 256, "the fused combine's tail fits acc_w");
+  static_assert(kWarps * kSplitHeads * kD >= 3 * kD + 2 * kTailHalfFloats, "the fused combine's tail fits acc_w");
   dev::pdl_enter();
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ __align__(16) float acc_w[kWarps][kSplitHeads][kD];
@@ -749,8 +751,9 @@ size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head
 
 int64_t sparse_attention_counter_count(int64_t n, int64_t n_heads) {
   if (n <= 0 || n_heads <= 0) return 0;
-  // Rows of one split launch: up to kSplitMaxRows, or a row_invariant pass of kInvariantRowsPerPass.
-  return std::min(n, std::max(kSplitMaxRows, kInvariantRowsPerPass)) * ((n_heads + kSplitHeads - 1) / kSplitHeads);
+  // The fused combine takes one-wave split grids only (n x splits x head groups <= kTargetCtas, splits
+  // >= 2): at most kTargetCtas / 2 (row, head group) counters, whatever the call.
+  return std::min(n * ((n_heads + kSplitHeads - 1) / kSplitHeads), kTargetCtas / 2);
 }
 
 namespace {
