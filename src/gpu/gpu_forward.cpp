@@ -24,9 +24,18 @@ namespace ds41::gpu {
 
 namespace {
 std::atomic<int> g_kv_table_override{-1};
+std::atomic<int> g_next_collapse_override{-1};
 }  // namespace
 
 void set_kv_entry_table_for_tests(int on) { g_kv_table_override.store(on); }
+void set_next_collapse_for_tests(int on) { g_next_collapse_override.store(on); }
+
+bool GpuForward::next_collapse_enabled() {
+  const int o = g_next_collapse_override.load();
+  if (o >= 0) return o != 0;
+  static const bool env = cuda::switch_on("DS41_MOE_NEXT_COLLAPSE");
+  return env;
+}
 
 namespace {
 // Decode-step segments (enqueue()): DS41_GRAPH_DIRECT (1: the prologue launched directly, 2: layer 0
@@ -533,7 +542,7 @@ Status GpuForward::hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, fl
 }
 
 Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
-                           const float* collapse_w, const float* norm_weight, float* x) {
+                           const float* collapse_w, const float* norm_weight, float* x, bool x_ready) {
   cuda::HcSiteArgs s;
   s.map.n = n;
   s.map.c = c_->hc_mult;
@@ -566,10 +575,24 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, stream_, fork_ev_), "fork the side stream"));
       side_pending_ = true;  // joined before the expand reads post / comb (join_pending)
       DS41_RETURN_IF_ERROR(cuda::run_hc_site(m, side_, cuda::HcSitePart::kMap));
-      return cuda::run_hc_site(s, stream_, cuda::HcSitePart::kCollapse);
+      return x_ready ? ok_status() : cuda::run_hc_site(s, stream_, cuda::HcSitePart::kCollapse);
     }
   }
+  if (x_ready)  // x is made: the map alone (its split-K blocks, or the unfused map)
+    return cuda::hc_site_fused(s) ? cuda::run_hc_site(s, stream_, cuda::HcSitePart::kMap) : cuda::run_hc_map(s.map, stream_);
   return cuda::run_hc_site(s, stream_);
+}
+
+bool GpuForward::next_collapse_at(int64_t l, const GpuForwardOptions& opt) const {
+  const int64_t next = l + 1;
+  if (!next_collapse_enabled() || next >= c_->num_hidden_layers) return false;
+  if (opt.last_layer >= 0 && next > opt.last_layer) return false;  // the next layer is not computed
+  if (c_->is_engram_layer(next)) return false;                      // its Engram update changes the streams first
+  if (ds_.on) {  // a DSpark feature capture writes x before the site
+    const std::vector<int64_t>& ids = c_->dspark_target_layer_ids;
+    if (std::find(ids.begin(), ids.end(), next) != ids.end()) return false;
+  }
+  return true;
 }
 
 Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
@@ -586,14 +609,30 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   // writes its pre into the other buffer, the next layer collapses with it).
   float* const pi = l % 2 == 0 ? ws_.pi : ws_.pre_f;
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
-  DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
+  const bool x_ready = carry_.x_ready;  // the previous layer's MoE launch left x (next_collapse_at)
+  carry_.x_ready = false;
+  DS41_RETURN_IF_ERROR(
+      hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, x_ready));
   // The attention's output projection expands into the streams (after joining the site's map).
   const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
   // FFN site.
   DS41_RETURN_IF_ERROR(
       hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
-  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f));  // expands into the streams
+  // Expands into the streams; where the next layer's site allows it, the same launch collapses the
+  // new streams with this site's pre (the next layer's lagged weights) and normalizes with its norm.
+  cuda::CollapseNormNext next;
+  const bool fuse_next = next_collapse_at(l, opt);
+  if (fuse_next) {
+    next.w = pre_f;
+    next.norm_weight = m_->weights().layers[l + 1].attn_norm.ptr;
+    next.eps = static_cast<float>(c_->rms_norm_eps);
+    next.x = ws_.x;
+    next.counters = ws_.counters;
+    next.counters_size = ws_.counters_size;
+  }
+  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, fuse_next ? &next : nullptr));
+  carry_.x_ready = fuse_next;
   return ok_status();
 }
 

@@ -37,12 +37,34 @@ struct MoeRouteArgs {
 };
 Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
+// The next mHC site's collapse and norm (MODEL_SPEC 3.3: the next layer's attention site collapses
+// the streams this expand leaves with the lagged pre), carried by run_moe_combine_expand: after the
+// expand, x = RMSNorm(sum_j w[r, j] streams[r, j]; norm_weight, eps), the bits of
+//   run_hc_collapse(streams, w, n, c, h, x)
+//   run_rms_norm(x, n, h, norm_weight, eps, x)
+// (and of run_hc_site's collapse part, which is bit-identical to those two). counters: at least
+// moe_combine_expand_counter_count(n) zeroed uint32 on the device that only this stream's fused
+// kernels use (zero again after the call); fewer, or h > 10240: the expand runs alone and the
+// collapse and the norm as the two launches above, after it.
+struct CollapseNormNext {
+  const float* w = nullptr;            // [n, c] the collapse weights
+  const float* norm_weight = nullptr;  // [h], nullable: 1
+  float eps = 0.0f;
+  float* x = nullptr;  // [n, h]; must not alias y, streams or add
+  uint32_t* counters = nullptr;
+  int64_t counters_size = 0;
+};
+int64_t moe_combine_expand_counter_count(int64_t n);
+
 // run_moe_combine(out_perm, slot_pos, experts, n, k, h, y), then y += add (nullable: the shared
 // expert's output), then run_hc_expand(streams, y, post, comb, n, c, h): one launch, one thread per
-// (row, channel).
+// (row, channel). With `next` (nullable) the launch also leaves the next site's x (CollapseNormNext):
+// each thread collapses its channel from the stream values it wrote, and the last of a row's blocks
+// (an atomic counter per row) normalizes the row.
 Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
                               int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
-                              const float* post, const float* comb, int64_t c, cudaStream_t stream);
+                              const float* post, const float* comb, int64_t c, cudaStream_t stream,
+                              const CollapseNormNext* next = nullptr);
 
 // Two run_swiglu calls (the routed experts' rows and the shared expert's) in one launch: out_a =
 // swiglu(g_a, u_a) over n_a x dim_a (row_scale_a nullable), out_b likewise, the same limit.

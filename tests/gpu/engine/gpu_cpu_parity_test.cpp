@@ -217,6 +217,40 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
   EXPECT_TRUE(off == on) << "logits differ with programmatic dependent launch on";
 }
 
+// A layer's MoE launch may leave the next layer's attention-site x (the collapse and the norm in the
+// combine-expand's tail, gpu::set_next_collapse_for_tests) instead of the site launching them: a
+// prefill past every limit (the tail over a chunk's rows) and decode steps (graphed) must give the
+// same logits bits either way (the two launches the kernel falls back to are FusedRowsParity's). A
+// tail that read a stale stream value, missed a block or normalized in another order would part
+// the two runs.
+TEST_P(GpuCpuParity, NextSiteCollapseInTheMoeIsBitIdentical) {
+  const int64_t V = cpu_.model->config().vocab_size;
+  auto toks = tokens(len_ + 12, 7);
+  struct Back {
+    ~Back() { gpu::set_next_collapse_for_tests(-1); }
+  } back;
+  auto run = [&](int on) {
+    gpu::set_next_collapse_for_tests(on);
+    std::vector<float> logits;
+    auto a = eng_->create_sequence();
+    engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
+    engine::StepOutput so;
+    Status s = eng_->step(std::span<const engine::StepItem>(&pi, 1), &so);
+    EXPECT_TRUE(s.ok()) << s.message();
+    logits.insert(logits.end(), so.logits.begin(), so.logits.end());
+    for (int64_t t = 0; t < 12 && s.ok(); ++t) {
+      engine::StepItem di{*a, std::span<const int32_t>(&toks[len_ + t], 1), true};
+      s = eng_->step(std::span<const engine::StepItem>(&di, 1), &so);
+      EXPECT_TRUE(s.ok()) << s.message();
+      logits.insert(logits.end(), so.logits.begin() + so.row[0] * V, so.logits.begin() + (so.row[0] + 1) * V);
+    }
+    return logits;
+  };
+  const std::vector<float> off = run(0), on = run(1);
+  ASSERT_EQ(off.size(), on.size());
+  EXPECT_TRUE(off == on) << "logits differ with the next site's collapse in the MoE launch";
+}
+
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's
 // entries at its own offset) instead of once per selection; the values are the same, so the
 // logits and every selection must be bit-identical. Two sequences of different lengths in one
