@@ -28,12 +28,15 @@ std::atomic<int> g_next_collapse_override{-1};
 }  // namespace
 
 void set_kv_entry_table_for_tests(int on) { g_kv_table_override.store(on); }
-void set_next_collapse_for_tests(int on) { g_next_collapse_override.store(on); }
+void set_next_collapse_for_tests(int mask) { g_next_collapse_override.store(mask); }
 
-bool GpuForward::next_collapse_enabled() {
+int GpuForward::next_collapse_mask() {
   const int o = g_next_collapse_override.load();
-  if (o >= 0) return o != 0;
-  static const bool env = cuda::switch_on("DS41_MOE_NEXT_COLLAPSE");
+  if (o >= 0) return o;
+  static const int env = [] {
+    const char* e = std::getenv("DS41_NEXT_COLLAPSE");
+    return e ? std::atoi(e) : 3;
+  }();
   return env;
 }
 
@@ -253,11 +256,13 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
 
 Status GpuForward::linear_expand(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y,
                                  const cuda::HcExpandEpilogue& ex) {
-  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the GEMM, then the expand
+  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the GEMM, then the expand (the site collapses)
     DS41_RETURN_IF_ERROR(tc_->linear(w, x, n, y));
     return cuda::run_hc_expand(ex.streams, y, ex.post, ex.comb, n, ex.c, w.out_dim, stream_);
   }
-  return cuda::run_linear_expand(w, x, n, y, ex, stream_, row_invariant_);
+  DS41_RETURN_IF_ERROR(cuda::run_linear_expand(w, x, n, y, ex, stream_, row_invariant_));
+  carry_.x_ready = ex.next != nullptr;  // run_linear_expand leaves the next site's x whichever way it ran
+  return ok_status();
 }
 
 Status GpuForward::linear_pair_swiglu(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
@@ -585,7 +590,7 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
 
 bool GpuForward::next_collapse_at(int64_t l, const GpuForwardOptions& opt) const {
   const int64_t next = l + 1;
-  if (!next_collapse_enabled() || next >= c_->num_hidden_layers) return false;
+  if (!(next_collapse_mask() & 1) || next >= c_->num_hidden_layers) return false;
   if (opt.last_layer >= 0 && next > opt.last_layer) return false;  // the next layer is not computed
   if (c_->is_engram_layer(next)) return false;                      // its Engram update changes the streams first
   if (ds_.on) {  // a DSpark feature capture writes x before the site
@@ -613,12 +618,24 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   carry_.x_ready = false;
   DS41_RETURN_IF_ERROR(
       hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, x_ready));
-  // The attention's output projection expands into the streams (after joining the site's map).
-  const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
+  // The attention's output projection expands into the streams (after joining the site's map); where
+  // its GEMV takes it, the same launch leaves the FFN site's x (collapse with this site's pre, the FFN
+  // norm: linear_expand sets carry_.x_ready). x is dead by then (every reader of it ran before).
+  cuda::CollapseNormNext ffn_x;
+  ffn_x.w = ws_.pre_a;
+  ffn_x.norm_weight = w.ffn_norm.ptr;
+  ffn_x.eps = static_cast<float>(c_->rms_norm_eps);
+  ffn_x.x = ws_.x;
+  ffn_x.counters = ws_.counters;
+  ffn_x.counters_size = ws_.counters_size;
+  const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C,
+                                      (next_collapse_mask() & 2) ? &ffn_x : nullptr};
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
   // FFN site.
+  const bool ffn_ready = carry_.x_ready;
+  carry_.x_ready = false;
   DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
+      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x, ffn_ready));
   // Expands into the streams; where the next layer's site allows it, the same launch collapses the
   // new streams with this site's pre (the next layer's lagged weights) and normalizes with its norm.
   cuda::CollapseNormNext next;

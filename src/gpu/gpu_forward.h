@@ -126,10 +126,12 @@ struct GpuForwardOptions {
 // the same either way. Tests: 1 on, 0 per selection, -1 the default (on; DS41_KV_TABLE=0 turns it off).
 void set_kv_entry_table_for_tests(int on);
 
-// Layer l's MoE launch leaves layer l + 1's attention-site x (the collapse and the norm in its
-// combine-expand launch, cuda::CollapseNormNext) instead of the site launching them; the same bits
-// either way. Tests: 1 on, 0 off, -1 the default (on; DS41_MOE_NEXT_COLLAPSE=0 turns it off).
-void set_next_collapse_for_tests(int on);
+// The launch that expands a sublayer's output into the mHC streams also leaves the next site's x (the
+// collapse and the norm: cuda::CollapseNormNext) instead of the site launching them; the same bits
+// either way. A mask: 1 = layer l's MoE (combine-expand) for layer l + 1's attention site, 2 = the
+// attention's wo_b (its GEMV epilogue) for the layer's FFN site. Tests: the mask, or -1 the default
+// (DS41_NEXT_COLLAPSE, a mask; default 3, both).
+void set_next_collapse_for_tests(int mask);
 
 class GpuForward {
  public:
@@ -248,10 +250,10 @@ class GpuForward {
   // x_ready: the previous MoE's launch already left x (cuda::CollapseNormNext): the map alone.
   Status hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
                  const float* collapse_w, const float* norm_weight, float* x, bool x_ready = false);
-  // Whether layer l's MoE leaves layer l + 1's attention-site x (next_collapse_enabled(), a next layer
+  // Whether layer l's MoE leaves layer l + 1's attention-site x (next_collapse_mask() & 1, a next layer
   // that is computed, whose streams nothing changes before its site: no Engram, no DSpark capture).
   bool next_collapse_at(int64_t l, const GpuForwardOptions& opt) const;
-  static bool next_collapse_enabled();
+  static int next_collapse_mask();
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
   // expand (nullable): y goes into the mHC streams (the layer's attention site: its post / comb) in
@@ -381,7 +383,7 @@ class GpuForward {
     int64_t keys_of_source = -1;
     int64_t cand_stride = 0;
     const int64_t* cand_t_mask = nullptr;
-    bool x_ready = false;  // the last MoE left the next attention site's x (next_collapse_at)
+    bool x_ready = false;  // the last expand left the next site's x (cuda::CollapseNormNext)
   };
   Carry carry_;
   std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "backends/cuda/block_scan.cuh"
+#include "backends/cuda/collapse_norm_device.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
@@ -28,7 +29,6 @@
 #include "backends/cuda/moe_device.cuh"
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/pdl.cuh"
-#include "backends/cuda/rms_norm_device.cuh"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/swiglu_device.cuh"
 
@@ -102,48 +102,7 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, boo
   }
 }
 
-// The next site's collapse + norm on the device (CollapseNormNext; x == nullptr: off).
-struct NextSite {
-  const float* w = nullptr;
-  const float* norm_weight = nullptr;
-  float eps = 0.0f;
-  float* x = nullptr;
-  uint32_t* counters = nullptr;
-  int sum_threads = 0;
-};
-
-constexpr int64_t kMaxNextH = 10240;  // the collapsed row in dynamic shared memory: <= 40 KB (no opt-in)
-
-// The last block of row r (every thread calls it: barriers): the row's collapsed values, written by
-// the row's blocks, normalized in place as run_rms_norm does (rms_norm_device.cuh; the multiply by
-// the weight as hc_collapse_norm_quads_kernel's).
-__device__ __forceinline__ void next_site_norm_row(const NextSite& nx, int64_t r, int64_t h, float* row,
-                                                   double* scratch) {
-  constexpr int kB = 10;  // elements per thread in flight (h = 5120: two rounds of 256 x 10)
-  const int64_t T = blockDim.x;
-  float* xr = nx.x + r * h;
-  for (int64_t b0 = threadIdx.x; b0 < h; b0 += kB * T) {
-    float v[kB];
-#pragma unroll
-    for (int u = 0; u < kB; ++u) v[u] = b0 + u * T < h ? __ldcg(xr + b0 + u * T) : 0.0f;
-#pragma unroll
-    for (int u = 0; u < kB; ++u)
-      if (b0 + u * T < h) row[b0 + u * T] = v[u];
-  }
-  __syncthreads();
-  const float inv =
-      dev::rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, h, nx.sum_threads, nx.eps, scratch);
-  for (int64_t b0 = threadIdx.x; b0 < h; b0 += kB * T) {
-    float nw[kB];
-#pragma unroll
-    for (int u = 0; u < kB; ++u) nw[u] = (b0 + u * T < h && nx.norm_weight) ? nx.norm_weight[b0 + u * T] : 1.0f;
-#pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      const int64_t i = b0 + u * T;
-      if (i < h) xr[i] = __fmul_rn(row[i], inv) * nw[u];
-    }
-  }
-}
+using dev::NextSite;
 
 __global__ void __launch_bounds__(kThreads)
     moe_combine_expand_kernel(const float* __restrict__ out_perm, const int64_t* __restrict__ slot_pos,
@@ -229,19 +188,8 @@ __global__ void __launch_bounds__(kThreads)
     if (next) nx.x[r * h + i] = col;
   }
   if (!next) return;
-  // The row's blocks count themselves; the last one (its writes and theirs fenced before the count)
-  // resets the counter and normalizes the row.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t done = atomicAdd(&nx.counters[r], 1u);
-    last = done + 1 == gridDim.x;
-    if (last) nx.counters[r] = 0;  // zero again for the next call (kernels of the stream run in order)
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  next_site_norm_row(nx, r, h, smem, scratch);
+  // The row's blocks count themselves; the last one resets the counter and normalizes the row.
+  if (dev::last_block_of(nx.counters, r, gridDim.x, &last)) dev::next_site_norm_row(nx, nx.x + r * h, h, smem, scratch);
 }
 
 // swiglu_kernel's operations on one element (swiglu_device.cuh).
@@ -358,7 +306,7 @@ Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, co
   }
   NextSite nx;
   const bool tail = next && next->counters && next->counters_size >= moe_combine_expand_counter_count(n) &&
-                    h <= kMaxNextH;
+                    h <= dev::kMaxNextH;
   if (tail) {
     nx.w = next->w;
     nx.norm_weight = next->norm_weight;

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -37,23 +38,9 @@ struct MoeRouteArgs {
 };
 Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
-// The next mHC site's collapse and norm (MODEL_SPEC 3.3: the next layer's attention site collapses
-// the streams this expand leaves with the lagged pre), carried by run_moe_combine_expand: after the
-// expand, x = RMSNorm(sum_j w[r, j] streams[r, j]; norm_weight, eps), the bits of
-//   run_hc_collapse(streams, w, n, c, h, x)
-//   run_rms_norm(x, n, h, norm_weight, eps, x)
-// (and of run_hc_site's collapse part, which is bit-identical to those two). counters: at least
-// moe_combine_expand_counter_count(n) zeroed uint32 on the device that only this stream's fused
-// kernels use (zero again after the call); fewer, or h > 10240: the expand runs alone and the
-// collapse and the norm as the two launches above, after it.
-struct CollapseNormNext {
-  const float* w = nullptr;            // [n, c] the collapse weights
-  const float* norm_weight = nullptr;  // [h], nullable: 1
-  float eps = 0.0f;
-  float* x = nullptr;  // [n, h]; must not alias y, streams or add
-  uint32_t* counters = nullptr;
-  int64_t counters_size = 0;
-};
+// The next site's collapse and norm (linear_epilogue.h CollapseNormNext) in the combine-expand's
+// launch: counters at least moe_combine_expand_counter_count(n) (one per row); fewer, or h > 10240:
+// the expand runs alone and the collapse and the norm as two launches after it.
 int64_t moe_combine_expand_counter_count(int64_t n);
 
 // run_moe_combine(out_perm, slot_pos, experts, n, k, h, y), then y += add (nullable: the shared

@@ -217,13 +217,14 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
   EXPECT_TRUE(off == on) << "logits differ with programmatic dependent launch on";
 }
 
-// A layer's MoE launch may leave the next layer's attention-site x (the collapse and the norm in the
-// combine-expand's tail, gpu::set_next_collapse_for_tests) instead of the site launching them: a
-// prefill past every limit (the tail over a chunk's rows) and decode steps (graphed) must give the
-// same logits bits either way (the two launches the kernel falls back to are FusedRowsParity's). A
-// tail that read a stale stream value, missed a block or normalized in another order would part
-// the two runs.
-TEST_P(GpuCpuParity, NextSiteCollapseInTheMoeIsBitIdentical) {
+// The launch that expands into the mHC streams may leave the next site's x (the collapse and the
+// norm in its tail: the MoE's combine-expand for the next layer's attention site, wo_b's GEMV for the
+// FFN site; gpu::set_next_collapse_for_tests, a mask) instead of the site launching them: a prefill
+// past every limit (the MoE's tail over a chunk's rows; wo_b's GEMM path leaves the FFN site to
+// collapse) and decode steps (both tails, graphed) must give the same logits bits with each part on
+// and with both off (the two launches the kernels fall back to are the parity table's). A tail that
+// read a stale stream value, missed a block or normalized in another order would part the runs.
+TEST_P(GpuCpuParity, NextSiteCollapseInTheExpandIsBitIdentical) {
   const int64_t V = cpu_.model->config().vocab_size;
   auto toks = tokens(len_ + 12, 7);
   struct Back {
@@ -246,9 +247,12 @@ TEST_P(GpuCpuParity, NextSiteCollapseInTheMoeIsBitIdentical) {
     }
     return logits;
   };
-  const std::vector<float> off = run(0), on = run(1);
-  ASSERT_EQ(off.size(), on.size());
-  EXPECT_TRUE(off == on) << "logits differ with the next site's collapse in the MoE launch";
+  const std::vector<float> off = run(0);
+  for (int mask : {1, 2, 3}) {
+    const std::vector<float> on = run(mask);
+    ASSERT_EQ(off.size(), on.size());
+    EXPECT_TRUE(off == on) << "logits differ with the next site's collapse in the expand (mask " << mask << ")";
+  }
 }
 
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's
