@@ -291,7 +291,7 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
     ffn_x.counters = ws_.counters;
     ffn_x.counters_size = ws_.counters_size;
     const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C,
-                                        (mask & 2) ? &ffn_x : nullptr};  // wo_b into the streams
+                                        wo_b_next_ok(n) ? &ffn_x : nullptr};  // wo_b into the streams
     carry_.x_ready = false;
     DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y,
                                          &expand)

@@ -588,6 +588,13 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
   return cuda::run_hc_site(s, stream_);
 }
 
+bool GpuForward::wo_b_next_ok(int64_t n) {
+  // The GEMV's tail normalizes its unit's rows one after another in one block: up to two rows (a
+  // batch-1 or batch-2 step) it is one or two row norms; wider calls keep the site's collapse launch
+  // (one block per row in parallel) rather than serialize up to six norms in a block.
+  return (next_collapse_mask() & 2) != 0 && n <= 2;
+}
+
 bool GpuForward::next_collapse_at(int64_t l, const GpuForwardOptions& opt) const {
   const int64_t next = l + 1;
   if (!(next_collapse_mask() & 1) || next >= c_->num_hidden_layers) return false;
@@ -628,8 +635,7 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   ffn_x.x = ws_.x;
   ffn_x.counters = ws_.counters;
   ffn_x.counters_size = ws_.counters_size;
-  const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C,
-                                      (next_collapse_mask() & 2) ? &ffn_x : nullptr};
+  const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C, wo_b_next_ok(n) ? &ffn_x : nullptr};
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
   // FFN site.
   const bool ffn_ready = carry_.x_ready;

@@ -254,6 +254,8 @@ class GpuForward {
   // that is computed, whose streams nothing changes before its site: no Engram, no DSpark capture).
   bool next_collapse_at(int64_t l, const GpuForwardOptions& opt) const;
   static int next_collapse_mask();
+  // Whether wo_b's GEMV of n rows leaves the FFN site's x (next_collapse_mask() & 2, n <= 2).
+  static bool wo_b_next_ok(int64_t n);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
   // expand (nullable): y goes into the mHC streams (the layer's attention site: its post / comb) in

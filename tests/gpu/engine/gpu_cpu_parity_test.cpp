@@ -220,8 +220,8 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
 // The launch that expands into the mHC streams may leave the next site's x (the collapse and the
 // norm in its tail: the MoE's combine-expand for the next layer's attention site, wo_b's GEMV for the
 // FFN site; gpu::set_next_collapse_for_tests, a mask) instead of the site launching them: a prefill
-// past every limit (the MoE's tail over a chunk's rows; wo_b's GEMM path leaves the FFN site to
-// collapse) and decode steps (both tails, graphed) must give the same logits bits with each part on
+// past every limit (the MoE's tail over a chunk's rows; wo_b's tail is taken at 1-2 rows only) and
+// decode steps (both tails, graphed) must give the same logits bits with each part on
 // and with both off (the two launches the kernels fall back to are the parity table's). A tail that
 // read a stale stream value, missed a block or normalized in another order would part the runs.
 TEST_P(GpuCpuParity, NextSiteCollapseInTheExpandIsBitIdentical) {
