@@ -33,9 +33,12 @@ void set_next_collapse_for_tests(int mask) { g_next_collapse_override.store(mask
 int GpuForward::next_collapse_mask() {
   const int o = g_next_collapse_override.load();
   if (o >= 0) return o;
+  // Off by default: measured slower on the H200 (docs/perf/README.md, session of 2026-12-06 02:21 UTC:
+  // batch-1 layers 2,094 us off, 2,135 with the MoE's tail, 2,141 with wo_b's, 2,155 with both; the
+  // scalar tail of the row's last block costs more than the float4 collapse launch it replaces).
   static const int env = [] {
     const char* e = std::getenv("DS41_NEXT_COLLAPSE");
-    return e ? std::atoi(e) : 3;
+    return e ? std::atoi(e) : 0;
   }();
   return env;
 }
