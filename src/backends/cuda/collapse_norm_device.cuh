@@ -44,31 +44,75 @@ __device__ __forceinline__ bool last_block_of(uint32_t* counters, int64_t slot, 
 }
 
 // The row xr (h collapsed values written by the row's blocks) normalized in place as run_rms_norm
-// does: loaded through L2 into `row` (h floats of shared memory), rms_inv_like_rms_norm with the
-// call's sum_threads, then fl(fl(v inv) weight) as hc_collapse_norm_quads_kernel. Every thread of the
-// block calls it (barriers); scratch: 32 doubles of shared memory.
+// does: loaded through L2 into `row` (h floats of shared memory, 16-byte aligned), rms_inv_like_rms_norm
+// with the call's sum_threads, then fl(fl(v inv) weight) as hc_collapse_norm_quads_kernel. Where h % 4 ==
+// 0 and x and the weight are 16-byte aligned, float4 loads and stores with 32-bit quad offsets (the
+// quads kernel's form: its scalar predecessor spent most of its instructions on 64-bit addressing and
+// bounds checks); the same values either way. Every thread of the block calls it (barriers); scratch:
+// 32 doubles of shared memory.
 __device__ __forceinline__ void next_site_norm_row(const NextSite& nx, float* xr, int64_t h, float* row,
                                                    double* scratch) {
-  constexpr int kB = 10;  // elements per thread in flight (h = 5120 at 256 threads: two rounds)
   const int64_t T = blockDim.x;
-  for (int64_t b0 = threadIdx.x; b0 < h; b0 += kB * T) {
-    float v[kB];
+  const bool quads = (h & 3) == 0 && h < (int64_t{1} << 31) &&
+                     ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(nx.norm_weight) |
+                       reinterpret_cast<uintptr_t>(row)) & 15) == 0;
+  if (quads) {
+    constexpr int kQ = 5;  // quads per thread in flight (h = 5120 at 256 threads: one round)
+    const int h4 = static_cast<int>(h >> 2), t = threadIdx.x, T4 = blockDim.x;
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    float4* r4 = reinterpret_cast<float4*>(row);
+    for (int q0 = t; q0 < h4; q0 += kQ * T4) {
+      float4 v[kQ];
 #pragma unroll
-    for (int u = 0; u < kB; ++u) v[u] = b0 + u * T < h ? __ldcg(xr + b0 + u * T) : 0.0f;
+      for (int u = 0; u < kQ; ++u) v[u] = q0 + u * T4 < h4 ? __ldcg(x4 + q0 + u * T4) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int u = 0; u < kB; ++u)
-      if (b0 + u * T < h) row[b0 + u * T] = v[u];
+      for (int u = 0; u < kQ; ++u)
+        if (q0 + u * T4 < h4) r4[q0 + u * T4] = v[u];
+    }
+  } else {
+    constexpr int kB = 10;  // elements per thread in flight
+    for (int64_t b0 = threadIdx.x; b0 < h; b0 += kB * T) {
+      float v[kB];
+#pragma unroll
+      for (int u = 0; u < kB; ++u) v[u] = b0 + u * T < h ? __ldcg(xr + b0 + u * T) : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kB; ++u)
+        if (b0 + u * T < h) row[b0 + u * T] = v[u];
+    }
   }
   __syncthreads();
   const float inv = rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, h, nx.sum_threads, nx.eps, scratch);
-  for (int64_t b0 = threadIdx.x; b0 < h; b0 += kB * T) {
-    float nw[kB];
+  if (quads) {
+    constexpr int kQ = 5;
+    const int h4 = static_cast<int>(h >> 2), t = threadIdx.x, T4 = blockDim.x;
+    float4* x4 = reinterpret_cast<float4*>(xr);
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+    const float4* w4 = reinterpret_cast<const float4*>(nx.norm_weight);
+    const float4 ones = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    for (int q0 = t; q0 < h4; q0 += kQ * T4) {
+      float4 nw[kQ];
 #pragma unroll
-    for (int u = 0; u < kB; ++u) nw[u] = (b0 + u * T < h && nx.norm_weight) ? nx.norm_weight[b0 + u * T] : 1.0f;
+      for (int u = 0; u < kQ; ++u) nw[u] = (q0 + u * T4 < h4 && w4) ? w4[q0 + u * T4] : ones;
 #pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      const int64_t i = b0 + u * T;
-      if (i < h) xr[i] = __fmul_rn(row[i], inv) * nw[u];
+      for (int u = 0; u < kQ; ++u) {
+        const int i = q0 + u * T4;
+        if (i >= h4) break;
+        const float4 v = r4[i];
+        x4[i] = make_float4(__fmul_rn(v.x, inv) * nw[u].x, __fmul_rn(v.y, inv) * nw[u].y,
+                            __fmul_rn(v.z, inv) * nw[u].z, __fmul_rn(v.w, inv) * nw[u].w);
+      }
+    }
+  } else {
+    constexpr int kB = 10;
+    for (int64_t b0 = threadIdx.x; b0 < h; b0 += kB * T) {
+      float nw[kB];
+#pragma unroll
+      for (int u = 0; u < kB; ++u) nw[u] = (b0 + u * T < h && nx.norm_weight) ? nx.norm_weight[b0 + u * T] : 1.0f;
+#pragma unroll
+      for (int u = 0; u < kB; ++u) {
+        const int64_t i = b0 + u * T;
+        if (i < h) xr[i] = __fmul_rn(row[i], inv) * nw[u];
+      }
     }
   }
   __syncthreads();  // `row` and scratch are free again (a caller may normalize another row next)

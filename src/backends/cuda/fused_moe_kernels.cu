@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
   // Every load of a round is issued before the arithmetic that waits for it (ncu: 7 us per call at
   // one row when thread 0's sort and each thread's sum, stream and comb loads were one L2 round trip
   // per loop iteration); the operations and their order are unchanged.
-  extern __shared__ float smem[];  // h floats with nx.x: the next site's row (its last block)
+  extern __shared__ __align__(16) float smem[];  // h floats with nx.x: the next site's row (its last block)
   __shared__ int64_t pos[moe::kMaxK];
   __shared__ float pc[kMaxHcC + kMaxHcC * kMaxHcC + kMaxHcC];  // post[r], comb[r], then the next w[r]
   __shared__ int cnt;

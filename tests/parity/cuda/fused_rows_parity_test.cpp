@@ -471,7 +471,7 @@ TEST(FusedRowsParity, MoeCombineExpand) {
     auto nw = rand_floats(static_cast<size_t>(c.c * n), ++seed, 1.5f);
     auto gw = rand_floats(static_cast<size_t>(h), ++seed, 1.0f);
     for (float& v : gw) v += 1.0f;
-    const bool weighted = h != 333;  // one case with no norm weight (1)
+    const bool weighted = h != 333 && h != 64;  // cases with no norm weight (1): the scalar and the float4 tail
     const float eps = 1e-6f;
     Dev<float> dnw(nw), dgw(gw), ux(static_cast<size_t>(n * h));
     ASSERT_TRUE(run_hc_collapse(us.p, dnw.p, n, c.c, h, ux.p, nullptr).ok());
