@@ -274,44 +274,19 @@ Status GpuForward::draft(std::span<const GpuDraftInput> batch, const GpuDraftOpt
   float* pi = ws_.pi;
   float* pre_f = ws_.pre_f;
   DS41_RETURN_IF_ERROR(cuda::run_hc_init(ws_.x, n, C, H, ws_.streams, pi, st));
-  // Each site: map, collapse with the lagged pre, norm: one launch (hc_site), or the map alone where the
-  // expand before it left x (cuda::CollapseNormNext, as in run_layer: wo_b for the FFN site, the MoE
-  // for the next stage's attention site; nothing touches the streams or x in between).
-  const int mask = next_collapse_mask();
-  bool x_ready = false;
   for (size_t s = 0; s < w.stages.size(); ++s) {
     const DeviceLayer& sw = w.stages[s];
+    // Each site: map, collapse with the lagged pre, norm: one launch (hc_site).
     DS41_RETURN_IF_ERROR(
-        hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x, x_ready));
-    cuda::CollapseNormNext ffn_x;
-    ffn_x.w = ws_.pre_a;
-    ffn_x.norm_weight = sw.ffn_norm.ptr;
-    ffn_x.eps = eps;
-    ffn_x.x = ws_.x;
-    ffn_x.counters = ws_.counters;
-    ffn_x.counters_size = ws_.counters_size;
-    const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C,
-                                        wo_b_next_ok(n) ? &ffn_x : nullptr};  // wo_b into the streams
-    carry_.x_ready = false;
+        hc_site(sw.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, sw.attn_norm.ptr, ws_.x));
+    const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};  // wo_b into the streams
     DS41_RETURN_IF_ERROR(draft_attention(static_cast<int64_t>(s), d_ring, ctx_rows, d_offs, d_index, ws_.x, ws_.y,
                                          &expand)
                              .with_context("DSpark stage " + std::to_string(s) + " attention"));
-    const bool ffn_ready = carry_.x_ready;  // set by linear_expand where it left x
-    carry_.x_ready = false;
     DS41_RETURN_IF_ERROR(
-        hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x, ffn_ready));
-    cuda::CollapseNormNext next_x;
-    x_ready = (mask & 1) && s + 1 < w.stages.size();
-    if (x_ready) {  // the next stage's attention site: this FFN site's pre, its norm
-      next_x.w = pre_f;
-      next_x.norm_weight = w.stages[s + 1].attn_norm.ptr;
-      next_x.eps = eps;
-      next_x.x = ws_.x;
-      next_x.counters = ws_.counters;
-      next_x.counters_size = ws_.counters_size;
-    }
+        hc_site(sw.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, sw.ffn_norm.ptr, ws_.x));
     DS41_RETURN_IF_ERROR(moe_rows(sw, c.dspark_n_routed_experts, c.dspark_num_experts_per_tok, nullptr, ws_.x,
-                                  ws_.y, ws_.post_f, ws_.comb_f, x_ready ? &next_x : nullptr)  // expands into the streams
+                                  ws_.y, ws_.post_f, ws_.comb_f)  // expands into the streams
                              .with_context("DSpark stage " + std::to_string(s) + " MoE"));
     std::swap(pi, pre_f);  // the next stage collapses with this FFN site's pre
     if (opt.record) {  // the block's KV rows (ws_.kvf rows [0, n), Q_win values) and the routing

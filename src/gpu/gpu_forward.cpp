@@ -24,24 +24,9 @@ namespace ds41::gpu {
 
 namespace {
 std::atomic<int> g_kv_table_override{-1};
-std::atomic<int> g_next_collapse_override{-1};
 }  // namespace
 
 void set_kv_entry_table_for_tests(int on) { g_kv_table_override.store(on); }
-void set_next_collapse_for_tests(int mask) { g_next_collapse_override.store(mask); }
-
-int GpuForward::next_collapse_mask() {
-  const int o = g_next_collapse_override.load();
-  if (o >= 0) return o;
-  // Off by default: measured slower on the H200 (docs/perf/README.md, session of 2026-12-06 02:21 UTC:
-  // batch-1 layers 2,094 us off, 2,135 with the MoE's tail, 2,141 with wo_b's, 2,155 with both; the
-  // scalar tail of the row's last block costs more than the float4 collapse launch it replaces).
-  static const int env = [] {
-    const char* e = std::getenv("DS41_NEXT_COLLAPSE");
-    return e ? std::atoi(e) : 0;
-  }();
-  return env;
-}
 
 namespace {
 // Decode-step segments (enqueue()): DS41_GRAPH_DIRECT (1: the prologue launched directly, 2: layer 0
@@ -259,13 +244,11 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
 
 Status GpuForward::linear_expand(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y,
                                  const cuda::HcExpandEpilogue& ex) {
-  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the GEMM, then the expand (the site collapses)
+  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the GEMM, then the expand
     DS41_RETURN_IF_ERROR(tc_->linear(w, x, n, y));
     return cuda::run_hc_expand(ex.streams, y, ex.post, ex.comb, n, ex.c, w.out_dim, stream_);
   }
-  DS41_RETURN_IF_ERROR(cuda::run_linear_expand(w, x, n, y, ex, stream_, row_invariant_));
-  carry_.x_ready = ex.next != nullptr;  // run_linear_expand leaves the next site's x whichever way it ran
-  return ok_status();
+  return cuda::run_linear_expand(w, x, n, y, ex, stream_, row_invariant_);
 }
 
 Status GpuForward::linear_pair_swiglu(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
@@ -550,7 +533,7 @@ Status GpuForward::hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, fl
 }
 
 Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
-                           const float* collapse_w, const float* norm_weight, float* x, bool x_ready) {
+                           const float* collapse_w, const float* norm_weight, float* x) {
   cuda::HcSiteArgs s;
   s.map.n = n;
   s.map.c = c_->hc_mult;
@@ -583,31 +566,10 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, stream_, fork_ev_), "fork the side stream"));
       side_pending_ = true;  // joined before the expand reads post / comb (join_pending)
       DS41_RETURN_IF_ERROR(cuda::run_hc_site(m, side_, cuda::HcSitePart::kMap));
-      return x_ready ? ok_status() : cuda::run_hc_site(s, stream_, cuda::HcSitePart::kCollapse);
+      return cuda::run_hc_site(s, stream_, cuda::HcSitePart::kCollapse);
     }
   }
-  if (x_ready)  // x is made: the map alone (its split-K blocks, or the unfused map)
-    return cuda::hc_site_fused(s) ? cuda::run_hc_site(s, stream_, cuda::HcSitePart::kMap) : cuda::run_hc_map(s.map, stream_);
   return cuda::run_hc_site(s, stream_);
-}
-
-bool GpuForward::wo_b_next_ok(int64_t n) {
-  // The GEMV's tail normalizes its unit's rows one after another in one block: up to two rows (a
-  // batch-1 or batch-2 step) it is one or two row norms; wider calls keep the site's collapse launch
-  // (one block per row in parallel) rather than serialize up to six norms in a block.
-  return (next_collapse_mask() & 2) != 0 && n <= 2;
-}
-
-bool GpuForward::next_collapse_at(int64_t l, const GpuForwardOptions& opt) const {
-  const int64_t next = l + 1;
-  if (!(next_collapse_mask() & 1) || next >= c_->num_hidden_layers) return false;
-  if (opt.last_layer >= 0 && next > opt.last_layer) return false;  // the next layer is not computed
-  if (c_->is_engram_layer(next)) return false;                      // its Engram update changes the streams first
-  if (ds_.on) {  // a DSpark feature capture writes x before the site
-    const std::vector<int64_t>& ids = c_->dspark_target_layer_ids;
-    if (std::find(ids.begin(), ids.end(), next) != ids.end()) return false;
-  }
-  return true;
 }
 
 Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
@@ -624,41 +586,14 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   // writes its pre into the other buffer, the next layer collapses with it).
   float* const pi = l % 2 == 0 ? ws_.pi : ws_.pre_f;
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
-  const bool x_ready = carry_.x_ready;  // the previous layer's MoE launch left x (next_collapse_at)
-  carry_.x_ready = false;
-  DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, x_ready));
-  // The attention's output projection expands into the streams (after joining the site's map); where
-  // its GEMV takes it, the same launch leaves the FFN site's x (collapse with this site's pre, the FFN
-  // norm: linear_expand sets carry_.x_ready). x is dead by then (every reader of it ran before).
-  cuda::CollapseNormNext ffn_x;
-  ffn_x.w = ws_.pre_a;
-  ffn_x.norm_weight = w.ffn_norm.ptr;
-  ffn_x.eps = static_cast<float>(c_->rms_norm_eps);
-  ffn_x.x = ws_.x;
-  ffn_x.counters = ws_.counters;
-  ffn_x.counters_size = ws_.counters_size;
-  const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C, wo_b_next_ok(n) ? &ffn_x : nullptr};
+  DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
+  // The attention's output projection expands into the streams (after joining the site's map).
+  const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
   // FFN site.
-  const bool ffn_ready = carry_.x_ready;
-  carry_.x_ready = false;
   DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x, ffn_ready));
-  // Expands into the streams; where the next layer's site allows it, the same launch collapses the
-  // new streams with this site's pre (the next layer's lagged weights) and normalizes with its norm.
-  cuda::CollapseNormNext next;
-  const bool fuse_next = next_collapse_at(l, opt);
-  if (fuse_next) {
-    next.w = pre_f;
-    next.norm_weight = m_->weights().layers[l + 1].attn_norm.ptr;
-    next.eps = static_cast<float>(c_->rms_norm_eps);
-    next.x = ws_.x;
-    next.counters = ws_.counters;
-    next.counters_size = ws_.counters_size;
-  }
-  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, fuse_next ? &next : nullptr));
-  carry_.x_ready = fuse_next;
+      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
+  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f));  // expands into the streams
   return ok_status();
 }
 

@@ -26,7 +26,6 @@
 #include <span>
 #include <vector>
 
-#include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 #include "gpu/device_model.h"
@@ -125,13 +124,6 @@ struct GpuForwardOptions {
 // their n x K selections outnumber the entries (gpu_attention_layer.cpp); the attention's bits are
 // the same either way. Tests: 1 on, 0 per selection, -1 the default (on; DS41_KV_TABLE=0 turns it off).
 void set_kv_entry_table_for_tests(int on);
-
-// The launch that expands a sublayer's output into the mHC streams also leaves the next site's x (the
-// collapse and the norm: cuda::CollapseNormNext) instead of the site launching them; the same bits
-// either way. A mask: 1 = layer l's MoE (combine-expand) for layer l + 1's attention site, 2 = the
-// attention's wo_b (its GEMV epilogue) for the layer's FFN site. Tests: the mask, or -1 the default
-// (DS41_NEXT_COLLAPSE, a mask; default 0: opt-in, measured slower on the H200 than the site's launch).
-void set_next_collapse_for_tests(int mask);
 
 class GpuForward {
  public:
@@ -247,15 +239,8 @@ class GpuForward {
   // MODEL_SPEC 3.3: the mHC map of one site (pre / post / comb of n rows) from ws_.streams.
   Status hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb);
   // The site map, then x = RMSNorm(collapse(streams, collapse_w)) (one launch: cuda::run_hc_site).
-  // x_ready: the previous MoE's launch already left x (cuda::CollapseNormNext): the map alone.
   Status hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
-                 const float* collapse_w, const float* norm_weight, float* x, bool x_ready = false);
-  // Whether layer l's MoE leaves layer l + 1's attention-site x (next_collapse_mask() & 1, a next layer
-  // that is computed, whose streams nothing changes before its site: no Engram, no DSpark capture).
-  bool next_collapse_at(int64_t l, const GpuForwardOptions& opt) const;
-  static int next_collapse_mask();
-  // Whether wo_b's GEMV of n rows leaves the FFN site's x (next_collapse_mask() & 2, n <= 2).
-  static bool wo_b_next_ok(int64_t n);
+                 const float* collapse_w, const float* norm_weight, float* x);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
   // expand (nullable): y goes into the mHC streams (the layer's attention site: its post / comb) in
@@ -269,11 +254,8 @@ class GpuForward {
                          const cuda::HcExpandEpilogue* expand = nullptr);
   // The MoE of n_ rows into y. With expand_post / expand_comb set it also expands y into ws_.streams
   // (run_hc_expand with that post / comb), fused with the combine and the shared expert's add.
-  // next (nullable, with the expand only): the same launch leaves the next site's x
-  // (cuda::CollapseNormNext).
   Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y,
-                  const float* expand_post = nullptr, const float* expand_comb = nullptr,
-                  const cuda::CollapseNormNext* next = nullptr);
+                  const float* expand_post = nullptr, const float* expand_comb = nullptr);
 
   Status engram_stage(int64_t l);
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
@@ -283,7 +265,7 @@ class GpuForward {
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
-             const float* expand_comb = nullptr, const cuda::CollapseNormNext* next = nullptr);
+             const float* expand_comb = nullptr);
 
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.
@@ -385,7 +367,6 @@ class GpuForward {
     int64_t keys_of_source = -1;
     int64_t cand_stride = 0;
     const int64_t* cand_t_mask = nullptr;
-    bool x_ready = false;  // the last expand left the next site's x (cuda::CollapseNormNext)
   };
   Carry carry_;
   std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)

@@ -21,8 +21,7 @@ namespace ds41::gpu {
 // The MoE of n_ rows through block w with E routed experts, top-k (the text layers, or a DSpark
 // stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
 Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
-                            float* y, const float* expand_post, const float* expand_comb,
-                            const cuda::CollapseNormNext* next) {
+                            float* y, const float* expand_post, const float* expand_comb) {
   const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
@@ -99,25 +98,23 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   DS41_RETURN_IF_ERROR(join_pending());  // the FFN site's map (post / comb), if it ran on the side stream
   cudaStream_t s = stream_;
   if (!expand_post) {
-    if (next) return internal_error("MoE: the next site's collapse without an expand");
     DS41_RETURN_IF_ERROR(cuda::run_moe_combine(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H, y, s));
     if (shared) DS41_RETURN_IF_ERROR(cuda::run_add_inplace(y, ws_.sout, n * H, s));
     return ok_status();
   }
   // y = combine + the shared output, and its expand into the streams: one launch (the same float
-  // operations as combine, add, expand); with `next` also the next site's x (x is dead here: every
-  // reader of it, the shared expert on the side stream included, ran before).
+  // operations as combine, add, expand).
   return cuda::run_moe_combine_expand(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H,
                                       shared ? ws_.sout : nullptr, y, ws_.streams, expand_post, expand_comb,
-                                      c_->hc_mult, s, next);
+                                      c_->hc_mult, s);
 }
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out, const float* expand_post,
-                       const float* expand_comb, const cuda::CollapseNormNext* next) {
+                       const float* expand_comb) {
   const int64_t n = n_, k = c_->num_experts_per_tok, nk = n * k;
   DS41_RETURN_IF_ERROR(
-      moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post, expand_comb, next));
+      moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post, expand_comb));
   cudaStream_t s = stream_;
   if (!opt.record) return ok_status();
   std::vector<int32_t> ex(nk);

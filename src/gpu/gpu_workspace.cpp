@@ -7,7 +7,6 @@
 #include "backends/cuda/argmax_kernels.h"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_status.h"
-#include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/moe_kernels.h"
@@ -140,10 +139,8 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
     cv.take(w.h, L * H);
     cv.take(w.logits, L * V);
     // One array for the main stream's fused kernels (hc_site, the router, the attention's split
-    // combine, the MoE combine-expand's next-site norm: self-resetting, in stream order), sized for the
-    // largest.
-    w.counters_size = std::max({cuda::hc_site_counter_count(N), cuda::sparse_attention_counter_count(N, nh),
-                                cuda::moe_combine_expand_counter_count(N)});
+    // combine: self-resetting, in stream order), sized for the largest.
+    w.counters_size = std::max(cuda::hc_site_counter_count(N), cuda::sparse_attention_counter_count(N, nh));
     cv.take(w.counters, w.counters_size);
     cv.take(w.hc_counters, w.counters_size);
     w.hc_scratch_bytes = cuda::hc_map_workspace_bytes(N, C, H);

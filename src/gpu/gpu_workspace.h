@@ -79,7 +79,7 @@ struct GpuWorkspace {
   size_t scratch_bytes = 0;
   // Self-resetting counters of the fused kernels (cuda::run_hc_site: one per group of 8 rows;
   // cuda::run_moe_route: the first; cuda::run_sparse_attention's split combine: one per row and head
-  // pair; cuda::run_moe_combine_expand's next-site norm: one per row): zeroed at creation, zero again after every call. The kernels
+  // pair): zeroed at creation, zero again after every call. The kernels
   // of the stream run one at a time (a PDL kernel touches them only after its wait), so they share.
   uint32_t* counters = nullptr;
   int64_t counters_size = 0;

@@ -8,19 +8,13 @@
 //   positions base + rank. The results are integers and copied weights: equal to bucket_count /
 //   bucket_scan / bucket_place by construction (the stable order by expert, then row and slot).
 // moe_combine_expand: combine_kernel's sorted float32 sum, the shared expert's add, then
-//   hc_expand_kernel's float32 order per (row, channel). With the next site (CollapseNormNext) each
-//   thread also collapses its channel from the stream values it just wrote (hc_collapse_kernel's
-//   order), and the row's last block (a counter per row, as moe_route's) loads the collapsed row
-//   through L2 into shared memory and normalizes it with rms_inv_like_rms_norm (run_rms_norm's
-//   T = rms_norm_sum_threads(n, h) order), so x gets the bits of the site's collapse part and the
-//   site launches only its map (issue 11: one launch fewer per layer).
+//   hc_expand_kernel's float32 order per (row, channel).
 // swiglu_pair: swiglu_kernel's operations (fp64 SiLU, std::min / std::clamp NaN semantics) over
 //   two row sets, the first's blocks first; a float4 per thread where both sets allow it.
 #include <algorithm>
 #include <string>
 
 #include "backends/cuda/block_scan.cuh"
-#include "backends/cuda/collapse_norm_device.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
@@ -102,25 +96,18 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, boo
   }
 }
 
-using dev::NextSite;
-
 __global__ void __launch_bounds__(kThreads)
     moe_combine_expand_kernel(const float* __restrict__ out_perm, const int64_t* __restrict__ slot_pos,
                               const int32_t* __restrict__ experts, int64_t k, int64_t h,
                               const float* __restrict__ add, float* __restrict__ y, float* streams,
-                              const float* __restrict__ post, const float* __restrict__ comb, int64_t c,
-                              NextSite nx) {
+                              const float* __restrict__ post, const float* __restrict__ comb, int64_t c) {
   dev::pdl_enter();
   // Every load of a round is issued before the arithmetic that waits for it (ncu: 7 us per call at
   // one row when thread 0's sort and each thread's sum, stream and comb loads were one L2 round trip
   // per loop iteration); the operations and their order are unchanged.
-  extern __shared__ __align__(16) float smem[];  // h floats with nx.x: the next site's row (its last block)
   __shared__ int64_t pos[moe::kMaxK];
-  __shared__ float pc[kMaxHcC + kMaxHcC * kMaxHcC + kMaxHcC];  // post[r], comb[r], then the next w[r]
+  __shared__ float pc[kMaxHcC + kMaxHcC * kMaxHcC];  // post[r], then comb[r]
   __shared__ int cnt;
-  __shared__ double scratch[32];
-  __shared__ int last;
-  const bool next = nx.x != nullptr;
   const int64_t r = blockIdx.y;
   if (threadIdx.x == 0) {  // combine_kernel's insertion sort by expert id (stable)
     constexpr int kB = 8;  // slots loaded per round
@@ -151,9 +138,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     cnt = m;
   }
-  const int64_t npc = c + c * c + (next ? c : 0);
-  for (int64_t j = threadIdx.x; j < npc; j += blockDim.x)
-    pc[j] = j < c ? post[r * c + j] : j < c + c * c ? comb[r * c * c + j - c] : nx.w[r * c + j - c - c * c];
+  for (int64_t j = threadIdx.x; j < c + c * c; j += blockDim.x) pc[j] = j < c ? post[r * c + j] : comb[r * c * c + j - c];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const bool in = i < h;
   float* S = streams + r * c * h;
@@ -162,34 +147,26 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kMaxHcC; ++j) old[j] = (in && j < c) ? S[j * h + i] : 0.0f;
   const float ad = (in && add) ? add[r * h + i] : 0.0f;
   __syncthreads();
-  if (in) {
-    float s = 0.0f;
-    for (int q0 = 0; q0 < cnt; q0 += 8) {
-      float o[8];
+  if (!in) return;
+  float s = 0.0f;
+  for (int q0 = 0; q0 < cnt; q0 += 8) {
+    float o[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) o[u] = q0 + u < cnt ? out_perm[pos[q0 + u] * h + i] : 0.0f;
+    for (int u = 0; u < 8; ++u) o[u] = q0 + u < cnt ? out_perm[pos[q0 + u] * h + i] : 0.0f;
 #pragma unroll
-      for (int u = 0; u < 8; ++u)
-        if (q0 + u < cnt) s = __fadd_rn(s, o[u]);
-    }
-    if (add) s = __fadd_rn(s, ad);
-    y[r * h + i] = s;
-    const float* cb = pc + c;
-    const float* nw = pc + c + c * c;
-    float col = 0.0f;  // the next site's collapse: hc_collapse_kernel's order over the new stream values
-    for (int64_t kk = 0; kk < c; ++kk) {
-      float v = __fmul_rn(pc[kk], s);
-#pragma unroll
-      for (int j = 0; j < kMaxHcC; ++j)
-        if (j < c) v = __fadd_rn(v, __fmul_rn(cb[j * c + kk], old[j]));
-      S[kk * h + i] = v;
-      if (next) col = __fadd_rn(col, __fmul_rn(nw[kk], v));
-    }
-    if (next) nx.x[r * h + i] = col;
+    for (int u = 0; u < 8; ++u)
+      if (q0 + u < cnt) s = __fadd_rn(s, o[u]);
   }
-  if (!next) return;
-  // The row's blocks count themselves; the last one resets the counter and normalizes the row.
-  if (dev::last_block_of(nx.counters, r, gridDim.x, &last)) dev::next_site_norm_row(nx, nx.x + r * h, h, smem, scratch);
+  if (add) s = __fadd_rn(s, ad);
+  y[r * h + i] = s;
+  const float* cb = pc + c;
+  for (int64_t kk = 0; kk < c; ++kk) {
+    float v = __fmul_rn(pc[kk], s);
+#pragma unroll
+    for (int j = 0; j < kMaxHcC; ++j)
+      if (j < c) v = __fadd_rn(v, __fmul_rn(cb[j * c + kk], old[j]));
+    S[kk * h + i] = v;
+  }
 }
 
 // swiglu_kernel's operations on one element (swiglu_device.cuh).
@@ -276,50 +253,23 @@ Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   return last_launch_status("moe_route");
 }
 
-int64_t moe_combine_expand_counter_count(int64_t n) { return std::max<int64_t>(1, n); }
-
 Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
                               int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
-                              const float* post, const float* comb, int64_t c, cudaStream_t stream,
-                              const CollapseNormNext* next) {
+                              const float* post, const float* comb, int64_t c, cudaStream_t stream) {
   if (n < 0) return invalid_argument("moe_combine_expand: n is negative");
   if (k <= 0 || k > moe::kMaxK) return invalid_argument("moe_combine_expand: k out of range");
   if (h <= 0) return invalid_argument("moe_combine_expand: h must be positive");
   if (c <= 0 || c > kMaxHcC) return invalid_argument("moe_combine_expand: c outside [1, 8]");
-  if (next) {
-    if (!next->x || !next->w) return invalid_argument("moe_combine_expand: the next site's x / w is null");
-    if (next->x == y || next->x == streams || next->x == add)
-      return invalid_argument("moe_combine_expand: the next site's x aliases y, the streams or add");
-  }
   if (n == 0) return ok_status();
-  // The next site's collapse and norm as their own launches (shapes the kernel's tail does not take).
-  auto next_alone = [&]() -> Status {
-    if (!next) return ok_status();
-    DS41_RETURN_IF_ERROR(run_hc_collapse(streams, next->w, n, c, h, next->x, stream));
-    return run_rms_norm(next->x, n, h, next->norm_weight, next->eps, next->x, stream);
-  };
   if (n > 65535) {  // grid.y: the unfused sequence
     DS41_RETURN_IF_ERROR(run_moe_combine(out_perm, slot_pos, experts, n, k, h, y, stream));
     if (add) DS41_RETURN_IF_ERROR(run_add_inplace(y, add, n * h, stream));
-    DS41_RETURN_IF_ERROR(run_hc_expand(streams, y, post, comb, n, c, h, stream));
-    return next_alone();
-  }
-  NextSite nx;
-  const bool tail = next && next->counters && next->counters_size >= moe_combine_expand_counter_count(n) &&
-                    h <= dev::kMaxNextH;
-  if (tail) {
-    nx.w = next->w;
-    nx.norm_weight = next->norm_weight;
-    nx.eps = next->eps;
-    nx.x = next->x;
-    nx.counters = next->counters;
-    nx.sum_threads = rms_norm_sum_threads(n, h);
+    return run_hc_expand(streams, y, post, comb, n, c, h, stream);
   }
   const dim3 grid(grid_1d(h, kThreads), static_cast<unsigned>(n));
-  launch(moe_combine_expand_kernel, grid, dim3(kThreads), tail ? static_cast<size_t>(h) * sizeof(float) : 0, stream,
-         out_perm, slot_pos, experts, k, h, add, y, streams, post, comb, c, nx);
-  DS41_RETURN_IF_ERROR(last_launch_status("moe_combine_expand"));
-  return tail ? ok_status() : next_alone();
+  launch(moe_combine_expand_kernel, grid, dim3(kThreads), 0, stream, out_perm, slot_pos, experts, k, h, add,
+         y, streams, post, comb, c);
+  return last_launch_status("moe_combine_expand");
 }
 
 }  // namespace ds41::cuda

@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -38,20 +37,12 @@ struct MoeRouteArgs {
 };
 Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 
-// The next site's collapse and norm (linear_epilogue.h CollapseNormNext) in the combine-expand's
-// launch: counters at least moe_combine_expand_counter_count(n) (one per row); fewer, or h > 10240:
-// the expand runs alone and the collapse and the norm as two launches after it.
-int64_t moe_combine_expand_counter_count(int64_t n);
-
 // run_moe_combine(out_perm, slot_pos, experts, n, k, h, y), then y += add (nullable: the shared
 // expert's output), then run_hc_expand(streams, y, post, comb, n, c, h): one launch, one thread per
-// (row, channel). With `next` (nullable) the launch also leaves the next site's x (CollapseNormNext):
-// each thread collapses its channel from the stream values it wrote, and the last of a row's blocks
-// (an atomic counter per row) normalizes the row.
+// (row, channel).
 Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
                               int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
-                              const float* post, const float* comb, int64_t c, cudaStream_t stream,
-                              const CollapseNormNext* next = nullptr);
+                              const float* post, const float* comb, int64_t c, cudaStream_t stream);
 
 // Two run_swiglu calls (the routed experts' rows and the shared expert's) in one launch: out_a =
 // swiglu(g_a, u_a) over n_a x dim_a (row_scale_a nullable), out_b likewise, the same limit.

@@ -14,17 +14,12 @@ namespace ds41::cuda::dev {
 constexpr int kHcExpandMaxC = 8;
 
 // S: the row's streams (c rows of h floats); pst: its post [c]; cb: its comb [c][c]; channel i.
-// cw (nullable): the next site's collapse weights of the row [c]; returns sum over k ascending of
-// cw[k] * S'[k][i] from 0 in float32 (hc_collapse_kernel's order over the values just written), 0
-// without cw.
-__device__ __forceinline__ float hc_expand_channel(float* S, float yv, const float* __restrict__ pst,
-                                                   const float* __restrict__ cb, int64_t c, int64_t h, int64_t i,
-                                                   const float* __restrict__ cw = nullptr) {
-  float col = 0.0f;
+__device__ __forceinline__ void hc_expand_channel(float* S, float yv, const float* __restrict__ pst,
+                                                  const float* __restrict__ cb, int64_t c, int64_t h, int64_t i) {
   if (c == 4) {  // the released C: unrolled, comb in registers
-    float old[4], p[4], cm[16], w[4];
+    float old[4], p[4], cm[16];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) old[j] = S[j * h + i], p[j] = pst[j], w[j] = cw ? cw[j] : 0.0f;
+    for (int j = 0; j < 4; ++j) old[j] = S[j * h + i], p[j] = pst[j];
 #pragma unroll
     for (int j = 0; j < 16; ++j) cm[j] = cb[j];
 #pragma unroll
@@ -33,9 +28,8 @@ __device__ __forceinline__ float hc_expand_channel(float* S, float yv, const flo
 #pragma unroll
       for (int j = 0; j < 4; ++j) s = __fadd_rn(s, __fmul_rn(cm[j * 4 + k], old[j]));
       S[k * h + i] = s;
-      if (cw) col = __fadd_rn(col, __fmul_rn(w[k], s));
     }
-    return col;
+    return;
   }
   float old[kHcExpandMaxC];
   for (int64_t j = 0; j < c; ++j) old[j] = S[j * h + i];
@@ -43,9 +37,7 @@ __device__ __forceinline__ float hc_expand_channel(float* S, float yv, const flo
     float s = __fmul_rn(pst[k], yv);
     for (int64_t j = 0; j < c; ++j) s = __fadd_rn(s, __fmul_rn(cb[j * c + k], old[j]));
     S[k * h + i] = s;
-    if (cw) col = __fadd_rn(col, __fmul_rn(cw[k], s));
   }
-  return col;
 }
 
 }  // namespace ds41::cuda::dev

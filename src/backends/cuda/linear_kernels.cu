@@ -1406,32 +1406,16 @@ Status run_linear_expand(const DeviceWeight& w, const float* x, int64_t n, float
   DS41_RETURN_IF_ERROR(check_weight(w, fn));
   if (!ex.streams || !ex.post || !ex.comb) return invalid_argument(std::string(fn) + ": streams, post or comb is null");
   if (ex.c < 1 || ex.c > 8) return invalid_argument(std::string(fn) + ": c " + std::to_string(ex.c) + " outside [1, 8]");
-  const CollapseNormNext* nx = ex.next;
-  if (nx != nullptr) {
-    if (!nx->x || !nx->w) return invalid_argument(std::string(fn) + ": the next site's x / w is null");
-    if (nx->x == ex.streams || nx->x == x || (y != nullptr && nx->x == y))
-      return invalid_argument(std::string(fn) + ": the next site's x aliases x, y or the streams");
-  }
-  // The next site's collapse and norm as their own launches (a call whose launch did not take them).
-  auto next_alone = [&]() -> Status {
-    if (nx == nullptr || n == 0) return ok_status();
-    DS41_RETURN_IF_ERROR(run_hc_collapse(ex.streams, nx->w, n, ex.c, w.out_dim, nx->x, stream));
-    return run_rms_norm(nx->x, n, w.out_dim, nx->norm_weight, nx->eps, nx->x, stream);
-  };
   // run_linear's tensor-core condition (dense()): a call it sends to the tensor-core GEMV is one launch here.
   if (n > 0 && n <= int64_t{65535} * kTileM && x) {
     const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
-    bool next_done = false;
     if (tc_rows && tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, nullptr, w.out_dim, stream, nullptr, nullptr, nullptr,
-                                  nullptr, &ex, &next_done)) {
-      DS41_RETURN_IF_ERROR(last_launch_status(fn));
-      return next_done ? ok_status() : next_alone();
-    }
+                                  nullptr, &ex))
+      return last_launch_status(fn);
   }
   if (!y) return invalid_argument(std::string(fn) + ": y is null");
   DS41_RETURN_IF_ERROR(run_linear(w, x, n, y, stream, row_invariant));
-  DS41_RETURN_IF_ERROR(run_hc_expand(ex.streams, y, ex.post, ex.comb, n, ex.c, w.out_dim, stream));
-  return next_alone();
+  return run_hc_expand(ex.streams, y, ex.post, ex.comb, n, ex.c, w.out_dim, stream);
 }
 
 Status run_linear_pair_swiglu(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* g,

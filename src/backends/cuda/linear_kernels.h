@@ -70,9 +70,7 @@ Status run_expert_linear_pair_rows(const DeviceWeight* weights, const DeviceWeig
 
 // y = x . w^T into the rows' mHC streams (linear_epilogue.h HcExpandEpilogue: the attention's wo_b and
 // the expand after it). Where the tensor-core GEMV takes the call (run_linear's rule) it is one launch
-// and y is not written; otherwise run_linear into y, then run_hc_expand. With ex.next the next site's
-// x as well (linear_epilogue.h CollapseNormNext; counters: one per unit of the GEMV's rows, at most n):
-// in the GEMV's launch where its tail fits, else run_hc_collapse + run_rms_norm after the expand.
+// and y is not written; otherwise run_linear into y, then run_hc_expand.
 Status run_linear_expand(const DeviceWeight& w, const float* x, int64_t n, float* y, const HcExpandEpilogue& ex,
                          cudaStream_t stream, bool row_invariant = false);
 

@@ -62,10 +62,8 @@
 #include "backends/cuda/block_scan.cuh"
 #include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cp_async.cuh"
-#include "backends/cuda/collapse_norm_device.cuh"
 #include "backends/cuda/hc_expand_device.cuh"
 #include "backends/cuda/device_sm_count.h"
-#include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
@@ -1032,10 +1030,7 @@ struct WarpTask {
 //   (nullable) indexed by b.
 // - the mHC expand (streams set; try_dense with an HcExpandEpilogue): output o of row b goes into the
 //   row's c streams (streams + b * c * h, post + b * c, comb + b * c * c; h = the output width) with
-//   dev::hc_expand_channel, hc_expand_kernel's operations, without its launch; with next.x also the
-//   next site's collapsed value of the channel (next.x + b * h, weights next.w + b * c), and the last
-//   block of the unit (a counter per unit over the grid's slots) normalizes the unit's rows
-//   (collapse_norm_device.cuh: run_hc_collapse + run_rms_norm's bits).
+//   dev::hc_expand_channel, hc_expand_kernel's operations, without its launch.
 struct Epilogue {
   const uint8_t* data2 = nullptr;  // null: not a fused pair
   const uint8_t* sc2 = nullptr;
@@ -1047,7 +1042,6 @@ struct Epilogue {
   const float* post = nullptr;
   const float* comb = nullptr;
   int64_t c = 0, h = 0;
-  dev::NextSite next{};  // with the expand: the next site's collapse and norm (x null: off)
 };
 
 // The block's row groups: iteration rgb covers row groups [rgb * RPB, +RPB), KS warps each; the
@@ -1132,10 +1126,8 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
           const float a = dev::swiglu_value(out(0), out(1), sw.limit);
           sw.act[b * sw.ld + o] = sw.row_scale != nullptr ? __fmul_rn(sw.row_scale[b], a) : a;
         } else if (sw.streams != nullptr) {
-          const float col =
-              dev::hc_expand_channel(sw.streams + b * sw.c * sw.h, out(0), sw.post + b * sw.c, sw.comb + b * sw.c * sw.c,
-                                     sw.c, sw.h, o, sw.next.x != nullptr ? sw.next.w + b * sw.c : nullptr);
-          if (sw.next.x != nullptr) sw.next.x[b * sw.h + o] = col;
+          dev::hc_expand_channel(sw.streams + b * sw.c * sw.h, out(0), sw.post + b * sw.c, sw.comb + b * sw.c * sw.c,
+                                 sw.c, sw.h, o);
         } else {
           y[b * ldy + o] = out(0);
         }
@@ -1184,11 +1176,6 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     ps.comb = sw.comb + r0 * sw.c * sw.c;
     ps.c = sw.c;
     ps.h = sw.h;
-    if (sw.next.x != nullptr) {
-      ps.next = sw.next;
-      ps.next.w = sw.next.w + r0 * sw.c;
-      ps.next.x = sw.next.x + r0 * sw.h;
-    }
   }
   block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
                                  smem_u2, nb, ex,
@@ -1199,13 +1186,6 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
                                    stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex, nullptr, norm);
                                  },
                                  false, ps);
-  if (!expand || sw.next.x == nullptr) return;
-  // The next site's norm: the unit's last block (of its gridDim.y slots) normalizes its rows, each
-  // staged in the block's shared memory (free now; the launcher checks it holds a row).
-  __shared__ double nscratch[32];
-  __shared__ int nlast;
-  if (!dev::last_block_of(sw.next.counters, blockIdx.x, gridDim.y, &nlast)) return;
-  for (int b = 0; b < nb; ++b) dev::next_site_norm_row(ps.next, ps.next.x + b * sw.h, sw.h, smem, nscratch);
 }
 
 // Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
@@ -1592,8 +1572,7 @@ void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mo
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm,
-               const SwigluEpilogue* swiglu, const HcExpandEpilogue* expand, bool* next_done) {
-  if (next_done != nullptr) *next_done = false;
+               const SwigluEpilogue* swiglu, const HcExpandEpilogue* expand) {
   if (swiglu != nullptr && (w2 == nullptr || swiglu->act == nullptr || !dense_swiglu())) return false;
   if (expand != nullptr && (w2 != nullptr || swiglu != nullptr || groups != 1 || expand->streams == nullptr ||
                             expand->post == nullptr || expand->comb == nullptr || expand->c < 1 ||
@@ -1650,19 +1629,6 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
         sw.comb = expand->comb;
         sw.c = expand->c;
         sw.h = out_rows;
-        // The next site's collapse and norm: a counter per unit, a row in the block's shared memory.
-        const CollapseNormNext* nx = expand->next;
-        if (nx != nullptr && nx->x != nullptr && nx->w != nullptr && nx->counters != nullptr &&
-            nx->counters_size >= units && out_rows <= dev::kMaxNextH &&
-            sm >= static_cast<size_t>(out_rows) * sizeof(float)) {
-          sw.next.w = nx->w;
-          sw.next.norm_weight = nx->norm_weight;
-          sw.next.eps = nx->eps;
-          sw.next.x = nx->x;
-          sw.next.counters = nx->counters;
-          sw.next.sum_threads = rms_norm_sum_threads(n, out_rows);
-          if (next_done != nullptr) *next_done = true;
-        }
       }
       launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,

@@ -60,10 +60,7 @@ struct RowNorm {
   int sum_threads = 0;
 };
 // expand (optional, one weight, groups = 1): y's rows go into their mHC streams in the same launch
-// (linear_epilogue.h), y itself not written (then unused). With expand->next the launch also leaves
-// the next site's x where its tail fits (counters_size >= the call's units of rows, the row within the
-// block's shared memory): *next_done (nullable) says whether it did; if not, the caller runs the
-// collapse and the norm.
+// (linear_epilogue.h), y itself not written (then unused).
 // swiglu (optional, with a pair): the pair's SwiGLU in the same launch (linear_epilogue.h), act written
 // instead of y and y2 (then unused); dense pairs only with set_dense_swiglu_for_tests / DS41_TCG_DENSE_SWIGLU. Each block multiplies both weights for its rows (half its warps
 // each), so a pair whose KS (warps per row group) would be 8 takes 4 here; every call of a pair through
@@ -71,7 +68,7 @@ struct RowNorm {
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2 = nullptr, float* y2 = nullptr,
                const RowNorm* norm = nullptr, const SwigluEpilogue* swiglu = nullptr,
-               const HcExpandEpilogue* expand = nullptr, bool* next_done = nullptr);
+               const HcExpandEpilogue* expand = nullptr);
 
 // Routed experts (the contract of run_expert_linear) with the experts' common format given by the
 // host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 65535;

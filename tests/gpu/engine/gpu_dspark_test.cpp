@@ -26,7 +26,6 @@
 #include <map>
 
 #include "engine/dspark_decoder.h"
-#include "gpu/gpu_forward.h"
 #include "gpu/engine/gpu_test_util.h"
 #include "quant/fake_quant.h"
 
@@ -433,46 +432,6 @@ TEST(GpuDspark, LosslessGreedySmallPreset) {
 }
 
 // The context path and the draft against the goldens and the CPU reference.
-// The draft's stages take the next site's collapse and norm in their expands (wo_b for the FFN site,
-// the MoE for the next stage's attention site: gpu::set_next_collapse_for_tests) like the layers:
-// the same draft bits with both parts, each part and neither.
-TEST(GpuDspark, DraftNextSiteCollapseIsBitIdentical) {
-  DS41_SKIP_WITHOUT_GPU();
-  GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");
-  auto dev = load_device_model(dspark_golden_dir());
-  ASSERT_TRUE(dev);
-  auto e = spec_engine(*dev, true);
-  ASSERT_TRUE(e);
-  auto ids = g.get<int32_t>("seq.input_ids");
-  auto apos = g.get<int32_t>("draft.anchor_pos");
-  const int64_t L = apos.v.at(0);
-  auto s = e->create_sequence();
-  ASSERT_TRUE(s.ok());
-  engine::StepItem it{*s, std::span<const int32_t>(ids.v.data(), static_cast<size_t>(L)), false};
-  engine::StepOutput so;
-  ASSERT_TRUE(e->step(std::span<const engine::StepItem>(&it, 1), &so).ok());
-  struct Back {
-    ~Back() { gpu::set_next_collapse_for_tests(-1); }
-  } back;
-  auto draft = [&](int mask) {
-    gpu::set_next_collapse_for_tests(mask);
-    auto d = e->draft(*s, ids.v[L], true);
-    EXPECT_TRUE(d.ok()) << d.status().message();
-    std::vector<float> v = d->base_logits;
-    v.insert(v.end(), d->hidden.begin(), d->hidden.end());
-    for (const auto& kv : d->block_kv) v.insert(v.end(), kv.begin(), kv.end());
-    std::vector<int32_t> c(d->candidates.begin(), d->candidates.end());
-    return std::make_pair(v, c);
-  };
-  const auto off = draft(0);
-  ASSERT_FALSE(off.first.empty());
-  for (int mask : {3, 1, 2, 3}) {
-    const auto on = draft(mask);
-    EXPECT_TRUE(on.first == off.first) << "draft values differ with the next site's collapse (mask " << mask << ")";
-    EXPECT_EQ(on.second, off.second) << "mask " << mask;
-  }
-}
-
 TEST(GpuDspark, GoldenContextDraftAndCpu) {
   DS41_SKIP_WITHOUT_GPU();
   GoldenFile g(dspark_golden_dir() + "/goldens.safetensors");

@@ -464,60 +464,6 @@ TEST(FusedRowsParity, MoeCombineExpand) {
     const size_t bad = count_bit_diffs(fy.get(), uy.get()) + count_bit_diffs(fs.get(), us.get());
     report("moe_combine_expand", dims({n, k, h, c.c}) + (c.add ? " +shared" : ""), static_cast<double>(bad),
            0, "combine's sorted fp32 sum, the add, hc_expand's fp32 order: y and streams bit for bit");
-
-    // The next site's collapse + norm in the same launch (CollapseNormNext) against run_hc_collapse +
-    // run_rms_norm over the expanded streams: the row's last block (counters per row, zero again after,
-    // two calls in a row), and with too few counters the two launches after the kernel.
-    auto nw = rand_floats(static_cast<size_t>(c.c * n), ++seed, 1.5f);
-    auto gw = rand_floats(static_cast<size_t>(h), ++seed, 1.0f);
-    for (float& v : gw) v += 1.0f;
-    const bool weighted = h != 333 && h != 64;  // cases with no norm weight (1): the scalar and the float4 tail
-    const float eps = 1e-6f;
-    Dev<float> dnw(nw), dgw(gw), ux(static_cast<size_t>(n * h));
-    ASSERT_TRUE(run_hc_collapse(us.p, dnw.p, n, c.c, h, ux.p, nullptr).ok());
-    ASSERT_TRUE(run_rms_norm(ux.p, n, h, weighted ? dgw.p : nullptr, eps, ux.p, nullptr).ok());
-    const std::vector<float> want_x = ux.get();
-    for (int mode = 0; mode < 3; ++mode) {  // 0, 1: the kernel's tail twice; 2: too few counters
-      Dev<float> gy(static_cast<size_t>(n * h)), gs(streams), gx(std::vector<float>(static_cast<size_t>(n * h), 7.0f));
-      Dev<uint32_t> counters(std::vector<uint32_t>(static_cast<size_t>(n + 2), 0u));
-      CollapseNormNext nx;
-      nx.w = dnw.p;
-      nx.norm_weight = weighted ? dgw.p : nullptr;
-      nx.eps = eps;
-      nx.x = gx.p;
-      nx.counters = counters.p;
-      nx.counters_size = mode == 2 ? n - 1 : n;
-      size_t wrong = 0;
-      for (int rep = 0; rep < (mode == 1 ? 2 : 1); ++rep) {
-        if (rep == 1) gs.put(streams);  // the second call starts from the same streams
-        const Status st2 = run_moe_combine_expand(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, gy.p,
-                                                  gs.p, dpost.p, dcomb.p, c.c, nullptr, &nx);
-        ASSERT_TRUE(st2.ok()) << st2.message();
-        wrong += count_bit_diffs(gy.get(), uy.get()) + count_bit_diffs(gs.get(), us.get()) +
-                 count_bit_diffs(gx.get(), want_x);
-      }
-      for (uint32_t v : counters.get()) wrong += v != 0;
-      report(mode == 2 ? "moe_combine_expand next (launches)" : "moe_combine_expand next",
-             dims({n, k, h, c.c}) + (weighted ? "" : " no weight") + (mode == 1 ? " twice" : ""),
-             static_cast<double>(wrong), 0,
-             "y and streams as above; x = rms_norm(hc_collapse(new streams)) bit for bit; counters zero after");
-    }
-  }
-  // Bad input: the next site's x aliasing an output, or null.
-  {
-    Dev<float> buf(std::vector<float>(64 * 4, 0.0f)), w4(std::vector<float>(4, 0.25f));
-    Dev<int32_t> ex1(std::vector<int32_t>{0});
-    Dev<int64_t> sp1(std::vector<int64_t>{0});
-    CollapseNormNext nx;
-    nx.w = w4.p;
-    nx.x = buf.p;
-    EXPECT_FALSE(run_moe_combine_expand(buf.p, sp1.p, ex1.p, 1, 1, 64, nullptr, buf.p + 64, buf.p, w4.p, w4.p, 1,
-                                        nullptr, &nx)
-                     .ok());
-    nx.x = nullptr;
-    EXPECT_FALSE(run_moe_combine_expand(buf.p, sp1.p, ex1.p, 1, 1, 64, nullptr, buf.p + 64, buf.p + 128, w4.p,
-                                        w4.p, 1, nullptr, &nx)
-                     .ok());
   }
 }
 
