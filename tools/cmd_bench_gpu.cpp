@@ -13,24 +13,31 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "bench_header.h"
 #include "cli_registry.h"
 #include "engine_factory.h"
+#include "prefill_projection.h"
 
 #ifdef DS41_HAVE_CUDA_ENGINE
+#include <cublas_v2.h>
 #include <cuda_profiler_api.h>
 
+#include "backends/cuda/bench_support.h"
+#include "backends/cuda/cublas_lazy.h"
 #include "backends/cuda/cuda_status.h"
 #include "engine/speculative.h"
 #include "gpu/cuda_engine.h"
+#include "model/decoder_replay_plan.h"
 #include "model/presets.h"
 #include "gpu/device_buffer.h"
 #endif
@@ -43,6 +50,8 @@ struct GpuBenchArgs {
   std::string model_dir, preset, tokenizer_dir, load_format = "dummy", batches = "1", contexts = "4096";
   std::string device = "cuda";
   std::string speculative = "off";  // decode: off | dspark
+  std::string prefill_modes = "exact";  // prefill: exact and / or decoder-replay, comma-separated
+  std::string project_to = "v41-flash";  // prefill: the preset whose layer schedule the kinds project to
   int64_t steps = 8, chunk = 2048;
   uint64_t seed = 1;
   bool engram_host_pinned = false;
@@ -78,14 +87,6 @@ int64_t weight_bytes(const cuda::DeviceWeight& w) {
   }
 }
 
-std::string layer_kind(const model::LayerPlan& p) {
-  std::string k = std::string(model::attn_mode_name(p.mode));
-  if (p.ratio > 0) k += "/r" + std::to_string(p.ratio);
-  if (p.candidate_source) k += "+cand";
-  if (p.engram) k += "+engram";
-  return k;
-}
-
 // A block's dense weights (attention projections, compressor, indexer, router, shared expert,
 // Engram projection) in their checkpoint formats.
 double dense_weight_bytes(const gpu::DeviceLayer& w) {
@@ -96,6 +97,61 @@ double dense_weight_bytes(const gpu::DeviceLayer& w) {
     dense += static_cast<double>(weight_bytes(*x));
   if (w.engram) dense += static_cast<double>(weight_bytes(w.engram->wkv));
   return dense;
+}
+
+// FLOPs per token of a block's linears in one pass (2 x the weight elements a token multiplies: the
+// dense linears of dense_weight_bytes and num_experts_per_tok routed experts; PERF_NOTES 3's count).
+// The exact prefill runs each FP8 / FP4 linear as x_parts BF16 products (DS41_TC_SPLIT, default 3).
+double layer_gemm_flops_per_token(const gpu::DeviceLayer& w, const model::ModelConfig& c) {
+  auto el = [](const cuda::DeviceWeight& x) { return static_cast<double>(x.out_dim) * static_cast<double>(x.in_dim); };
+  double e = 0;
+  for (const cuda::DeviceWeight* x :
+       {&w.wq_a, &w.wq_b, &w.wkv, &w.wo_a, &w.wo_b, &w.c_wkv, &w.c_wgate, &w.idx_wk, &w.idx_wq_b,
+        &w.idx_weights_proj, &w.gate, &w.shared.w1, &w.shared.w2, &w.shared.w3})
+    e += el(*x);
+  if (w.engram) e += el(w.engram->wkv);
+  if (!w.experts.empty())
+    e += static_cast<double>(c.num_experts_per_tok) *
+         (el(w.experts[0].w1) + el(w.experts[0].w2) + el(w.experts[0].w3));
+  return 2.0 * e;
+}
+
+// The dense tensor-core rate (FLOP/s) measured in the same run (issue 10: prefill tokens/s "and its
+// ratio to the dense tensor-core rate"): cuBLAS BF16 GEMM m = n = k = 8192 with fp32 accumulation
+// and output, the best of 5 after a warm-up.
+Result<double> dense_tc_rate() {
+  if (!cuda::cublas_available()) return failed_precondition("dense tensor-core probe: " + cuda::cublas_load_error());
+  constexpr int64_t n = 8192;
+  DS41_ASSIGN_OR_RETURN(gpu::DeviceBuffer a, gpu::DeviceBuffer::allocate(n * n * 2, "tensor-core probe"));
+  DS41_ASSIGN_OR_RETURN(gpu::DeviceBuffer b, gpu::DeviceBuffer::allocate(n * n * 2, "tensor-core probe"));
+  DS41_ASSIGN_OR_RETURN(gpu::DeviceBuffer o, gpu::DeviceBuffer::allocate(n * n * 4, "tensor-core probe"));
+  DS41_RETURN_IF_ERROR(cuda::run_fill_uniform_bf16(static_cast<uint16_t*>(a.data()), n * n, 1, 1.0f, nullptr));
+  DS41_RETURN_IF_ERROR(cuda::run_fill_uniform_bf16(static_cast<uint16_t*>(b.data()), n * n, 2, 1.0f, nullptr));
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return internal_error("dense tensor-core probe: cublasCreate failed");
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  float best = 1e30f;
+  cublasStatus_t bs = CUBLAS_STATUS_SUCCESS;
+  for (int r = 0; r < 6 && bs == CUBLAS_STATUS_SUCCESS; ++r) {
+    cudaEventRecord(e0);
+    bs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(), CUDA_R_16BF, n, b.data(), CUDA_R_16BF,
+                      n, &beta, o.data(), CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cudaEventRecord(e1);
+    if (cudaEventSynchronize(e1) != cudaSuccess) break;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (r > 0) best = std::min(best, ms);  // r = 0: the warm-up
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cublasDestroy(h);
+  if (bs != CUBLAS_STATUS_SUCCESS)
+    return internal_error("dense tensor-core probe: cublasGemmEx status " + std::to_string(static_cast<int>(bs)));
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaGetLastError(), "dense tensor-core probe"));
+  return 2.0 * static_cast<double>(n) * n * n / (best * 1e-3);
 }
 
 // Routed experts (w.experts non-empty): the expected number of distinct experts among rows * k draws
@@ -286,6 +342,104 @@ struct ServedSteps {
   }
 };
 
+// The prefill bench's run object for one context (one sequence, `seq`, already prefilled by the
+// timed exact chunks when want_exact): tokens/s, the per-kind seconds; with want_exact one more
+// chunk of W rows (the window) at the prompt's end, timed per layer, and the projection of both
+// prefill modes to the target schedule (prefill_projection.h) and to the slice itself (whose
+// decoder-replay estimate the measured replay checks); with want_replay the timed
+// Engine::prefill_decoder_replay of the same prompt into a fresh sequence.
+Status prefill_run(const GpuBenchArgs& a, gpu::CudaEngine& eng, const gpu::DeviceModel& m, engine::SeqId seq,
+                   const std::vector<int32_t>& toks, int64_t ctx, int64_t W, bool want_exact, bool want_replay,
+                   double pre_s, double tc_rate, const std::vector<double>& layer_sum, const model::ModelConfig* target,
+                   const model::LayerSchedule* target_sched, nlohmann::ordered_json* r) {
+  const model::LayerSchedule& sched = m.schedule();
+  const int64_t L = static_cast<int64_t>(sched.layers.size());
+  std::map<std::string, int64_t> count;
+  for (const model::LayerPlan& p : sched.layers) ++count[layer_kind(p)];
+  if (want_exact) {
+    KindSeconds ks;
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string k = layer_kind(sched.layers[l]);
+      ks.prompt[k] += layer_sum[l] / 1e3 / static_cast<double>(count[k]);
+    }
+    std::map<std::string, double> kind_s;
+    for (const auto& [k, v] : ks.prompt) kind_s[k] = v * static_cast<double>(count[k]);
+    (*r)["mode"] = "exact";
+    (*r)["prefill_s"] = pre_s;
+    (*r)["tokens_per_s"] = static_cast<double>(ctx) / pre_s;
+    (*r)["per_kind_s"] = kind_s;
+    (*r)["head_s"] = layer_sum[L] / 1e3;
+    double flops = 0;
+    for (int64_t l = 0; l < L; ++l) flops += layer_gemm_flops_per_token(m.weights().layers[l], m.config());
+    const char* split = std::getenv("DS41_TC_SPLIT");
+    const double tflops = flops * static_cast<double>(ctx) / pre_s / 1e12;
+    (*r)["gemm"] = {{"flops_per_token", flops},
+                    {"tflops", tflops},
+                    {"ratio_to_dense_bf16", tc_rate > 0 ? tflops * 1e12 / tc_rate : 0.0},
+                    {"x_parts", split && std::atoi(split) == 2 ? 2 : 3},
+                    {"note", "one pass of the linears' FLOPs (dense + num_experts_per_tok routed experts); "
+                             "the exact prefill multiplies FP8 / FP4 linears as x_parts BF16 products"}};
+    // One window of rows at the prompt's end, per layer (the rows decoder replay's layers after the
+    // cut run on; their attention sees the whole prompt here, a bound on the replay's floored windows).
+    engine::StepItem it{seq, std::span<const int32_t>(toks).subspan(static_cast<size_t>(ctx), static_cast<size_t>(W)),
+                        false};
+    std::vector<model::SequenceOutput> out;
+    std::vector<float> lm;
+    DS41_RETURN_IF_ERROR(eng.forward(std::span<const engine::StepItem>(&it, 1), model::LogitsRows::kLast, false, &out,
+                                     &lm).with_context("the window chunk"));
+    std::map<std::string, double> win_s;
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string k = layer_kind(sched.layers[l]);
+      ks.window[k] += lm[l] / 1e3 / static_cast<double>(count[k]);
+      win_s[k] += lm[l] / 1e3;
+    }
+    (*r)["window_chunk"] = {{"rows", W}, {"per_kind_s", win_s}, {"head_s", lm[L] / 1e3}};
+    auto proj_json = [&](const model::ModelConfig& tc, const model::LayerSchedule& ts,
+                         const std::string& name) -> Result<nlohmann::ordered_json> {
+      DS41_ASSIGN_OR_RETURN(PrefillProjection p, project_prefill(tc, ts, ctx, ks, layer_sum[L] / 1e3));
+      nlohmann::ordered_json j{{"target", name},
+                               {"layers", p.layers},
+                               {"layers_per_kind", p.layers_per_kind},
+                               {"exact_s", p.exact_s},
+                               {"exact_tokens_per_s", p.exact_tokens_per_s}};
+      if (p.cut >= 0) {
+        j["decoder_replay_cut"] = p.cut;
+        j["decoder_replay_s"] = p.replay_s;
+        j["decoder_replay_tokens_per_s"] = p.replay_tokens_per_s;
+      } else {
+        j["decoder_replay_refused"] = p.replay_refused;
+      }
+      j["approximated"] = p.approximated;
+      return j;
+    };
+    // The slice's own sums (device time of its layers): against the measured wall time above, and
+    // the decoder-replay estimate against the measured replay below.
+    DS41_ASSIGN_OR_RETURN(nlohmann::ordered_json self, proj_json(m.config(), sched, "this model (per-layer device time)"));
+    (*r)["projection_self"] = self;
+    if (target) {
+      DS41_ASSIGN_OR_RETURN((*r)["projection"], proj_json(*target, *target_sched, a.project_to));
+    }
+  }
+  if (want_replay) {
+    DS41_ASSIGN_OR_RETURN(engine::SeqId rs, eng.create_sequence());
+    DS41_ASSIGN_OR_RETURN(const model::DecoderReplayPlan dp,
+                          model::plan_decoder_replay(m.config(), sched, ctx));
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaDeviceSynchronize(), "before the decoder replay"));
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = eng.prefill_decoder_replay(rs, std::span<const int32_t>(toks).first(static_cast<size_t>(ctx)));
+    if (st.ok()) st = cuda::cuda_status(cudaDeviceSynchronize(), "after the decoder replay");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    DS41_RETURN_IF_ERROR(eng.free_sequence(rs));
+    DS41_RETURN_IF_ERROR(st.with_context("--prefill-mode decoder-replay"));
+    (*r)["decoder_replay"] = {{"prefill_s", s},
+                              {"tokens_per_s", static_cast<double>(ctx) / s},
+                              {"cut", dp.cut},
+                              {"kept_rows", dp.keep}};
+    if (want_exact) (*r)["decoder_replay"]["speedup_vs_exact"] = pre_s / s;
+  }
+  return ok_status();
+}
+
 Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
   DS41_ASSIGN_OR_RETURN(std::vector<int64_t> batches, parse_list(a.batches, "--batch"));
   DS41_ASSIGN_OR_RETURN(std::vector<int64_t> contexts, parse_list(a.contexts, "--context"));
@@ -295,6 +449,10 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
   DS41_ASSIGN_OR_RETURN(std::unique_ptr<gpu::DeviceModel> m, load_model(a));
   const model::ModelConfig& c = m->config();
   DS41_ASSIGN_OR_RETURN(double bw, copy_bandwidth());
+  double tc_rate = 0;  // prefill: the dense tensor-core rate of the same run
+  if (!decode) {
+    DS41_ASSIGN_OR_RETURN(tc_rate, dense_tc_rate());
+  }
   if (a.speculative != "off" && a.speculative != "dspark")
     return invalid_argument("--speculative must be off or dspark, got '" + a.speculative + "'");
   const bool spec = decode && a.speculative == "dspark";
@@ -305,7 +463,38 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
   // The plain steps (timed, then as served with rows, then as served greedily: --steps each) and the
   // speculative steps after them (two per timed step: one plain, one profiled; each advances a
   // sequence by up to Bd + 1 positions).
-  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) + 3 * a.steps + 1 + 2 * a.steps * (Bd + 1);
+  // Prefill modes (issue 11's two prefill rows): the exact prefill (every row through every layer,
+  // then one window chunk at the prompt's end for the per-kind projection) and / or MODEL_SPEC 4.4
+  // decoder bounded replay (Engine::prefill_decoder_replay of the prompt into a fresh sequence).
+  bool want_exact = false, want_replay = false;
+  if (!decode) {
+    std::stringstream ms(a.prefill_modes);
+    std::string mode;
+    while (std::getline(ms, mode, ',')) {
+      if (mode == "exact") {
+        want_exact = true;
+      } else if (mode == "decoder-replay") {
+        want_replay = true;
+      } else {
+        return invalid_argument("--prefill-mode: '" + mode + "' is not exact or decoder-replay");
+      }
+    }
+    if (!want_exact && !want_replay) return invalid_argument("--prefill-mode is empty");
+    if (want_replay)  // the slice's own refusal, before anything is timed (MODEL_SPEC 4.4)
+      DS41_RETURN_IF_ERROR(model::plan_decoder_replay(c, m->schedule(), 1).status().with_context("--prefill-mode decoder-replay"));
+  }
+  // The projection target (prefill): its schedule is derived before anything is timed.
+  std::optional<model::ModelConfig> target;
+  std::optional<model::LayerSchedule> target_sched;
+  if (!decode && want_exact && !a.project_to.empty()) {
+    DS41_ASSIGN_OR_RETURN(model::ModelConfig tc, model::preset_config(a.project_to));
+    DS41_ASSIGN_OR_RETURN(model::LayerSchedule ts, model::derive_layer_schedule(tc));
+    target = std::move(tc);
+    target_sched = std::move(ts);
+  }
+  const int64_t W = c.sliding_window;  // the window chunk after an exact prefill
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end()) +
+                          std::max<int64_t>(3 * a.steps + 1 + 2 * a.steps * (Bd + 1), decode ? 0 : W + 1);
   gpu::CudaEngineOptions eo;
   eo.model_name = "bench";
   eo.limits.max_step_tokens = std::max(a.chunk, max_b * (Bd + 1));
@@ -320,7 +509,10 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
   if (spec) DS41_RETURN_IF_ERROR(eng->enable_speculative().with_context("--speculative dspark"));
   nlohmann::ordered_json j = bench_header(
       decode ? "decode" : "prefill",
-      nlohmann::ordered_json{{"gpu", eng->info().device}, {"copy_bandwidth_gbs", bw / 1e9}},
+      decode ? nlohmann::ordered_json{{"gpu", eng->info().device}, {"copy_bandwidth_gbs", bw / 1e9}}
+             : nlohmann::ordered_json{{"gpu", eng->info().device},
+                                      {"copy_bandwidth_gbs", bw / 1e9},
+                                      {"dense_bf16_tflops", tc_rate / 1e12}},
       nlohmann::ordered_json{
           {"model", a.model_dir},
           {"preset", a.preset},
@@ -352,7 +544,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
         DS41_ASSIGN_OR_RETURN(engine::SeqId id, eng->create_sequence());
         seqs.push_back(id);
       }
-      std::vector<int32_t> toks(ctx + 3 * a.steps + 1);
+      std::vector<int32_t> toks(ctx + std::max<int64_t>(3 * a.steps + 1, decode ? 0 : W + 1));
       for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 7919 + 13) % c.vocab_size);
       // Context: prefill in chunks (timed for the prefill bench).
       std::vector<double> layer_sum(L + 1, 0.0);
@@ -360,8 +552,8 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
       const auto t0 = std::chrono::steady_clock::now();
       // The timed region is bracketed for a profiler started with --profile-from-start off
       // (ncu / nsys); without one these calls do nothing.
-      if (!decode) cudaProfilerStart();
-      for (int64_t s = 0; s < B; ++s)
+      if (!decode && want_exact) cudaProfilerStart();
+      for (int64_t s = 0; s < B && (decode || want_exact); ++s)
         for (int64_t p = 0; p < ctx; p += a.chunk) {
           const int64_t e = std::min(ctx, p + a.chunk);
           engine::StepItem it{seqs[s], std::span<const int32_t>(toks).subspan(p, e - p), false};
@@ -370,17 +562,14 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                                             model::LogitsRows::kLast, false, &out, &lm));
           for (int64_t l = 0; l <= L; ++l) layer_sum[l] += lm[l];
         }
-      if (!decode) cudaProfilerStop();
+      if (!decode && want_exact) cudaProfilerStop();
       const double pre_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       nlohmann::ordered_json r{{"batch", B}, {"context", ctx}};
       std::map<std::string, double> kind_ms, kind_bytes;
       std::map<std::string, int64_t> kind_kernels, kind_layers;
       if (!decode) {
-        r["prefill_s"] = pre_s;
-        r["tokens_per_s"] = static_cast<double>(ctx * B) / pre_s;
-        for (int64_t l = 0; l < L; ++l) kind_ms[layer_kind(m->schedule().layers[l])] += layer_sum[l] / 1e3;
-        r["per_kind_s"] = kind_ms;
-        r["head_s"] = layer_sum[L] / 1e3;
+        DS41_RETURN_IF_ERROR(prefill_run(a, *eng, *m, seqs[0], toks, ctx, W, want_exact, want_replay, pre_s, tc_rate, layer_sum,
+                                         target ? &*target : nullptr, target_sched ? &*target_sched : nullptr, &r));
       } else {
         std::vector<double> step_ms;
         std::vector<std::vector<float>> per_layer;
@@ -702,6 +891,12 @@ void setup_prefill(CLI::App& parent, int& exit_code) {
   auto a = std::make_shared<GpuBenchArgs>();
   CLI::App* cmd = parent.add_subcommand("prefill", "GPU engine prefill tokens/s and time per layer kind");
   setup_common(cmd, a.get());
+  cmd->add_option("--prefill-mode", a->prefill_modes,
+                  "exact and / or decoder-replay, comma-separated (default exact): the exact prefill in "
+                  "--chunk chunks, MODEL_SPEC 4.4 decoder bounded replay of the same prompt (same run)");
+  cmd->add_option("--project-to", a->project_to,
+                  "Preset whose layer schedule the exact run's per-kind times project to, both modes "
+                  "(default v41-flash: the released 40 layers; empty: none)");
   cmd->callback([a, &exit_code] {
     Status s = run_gpu_bench(*a, false);
     if (!s.ok()) {
