@@ -127,6 +127,172 @@ __device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, Se
   return th;
 }
 
+// ---- The wide selection: the same Threshold in two passes over the row --------------------------
+// select_threshold reads the whole row in each of its 4 passes (8 bits each), though after the first
+// one or two only the entries sharing the chosen prefix still count. select_threshold_wide takes the
+// first 11 bits in one pass over the row (2048 bins), then copies the keys of the chosen bin (their
+// count is that bin's histogram entry) into shared memory, and resolves the remaining 11 + 10 bits
+// over those keys only: two passes over the row (a histogram, then the copy) instead of four. Radix
+// select with any digit widths finds the same k-th key T and the same number of entries equal to T
+// still to take, so the Threshold (and the emit after it) is the same, bit for bit. A chosen bin of
+// more than kWideCand keys (mass ties, e.g. a row of zeros) takes select_threshold instead.
+constexpr int kWideBins = 2048;  // first digit: key bits 31..21
+constexpr int kWideCand = 2048;  // keys of the chosen bin kept in shared memory
+
+struct WideShared {
+  uint32_t hist[kWideBins];
+  uint32_t cand[kWideCand];
+  uint32_t ncand;
+  uint32_t prefix, bin_count;
+  int64_t remaining;
+  int take_all;
+  uint32_t warp_sum[32];
+  SelectShared fallback;
+};
+
+namespace wide {
+
+// The bin of hist[0, nbins) holding the remaining-th best entry (bins scanned from the highest):
+// thread j owns the nbins / blockDim bins below nbins - j * per; a block-wide exclusive scan of the
+// owners' sums finds the owner, which writes sh.prefix = (prefix << bits) | bin, sh.remaining -= the
+// entries in higher bins, sh.bin_count = the bin's entries. pass0: a total <= k sets take_all.
+// blockDim: 256, 512 or 1024 (nbins a multiple of it). Ends with a barrier.
+__device__ void pick_bin(WideShared& sh, int nbins, int bits, int64_t k, bool pass0) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
+  const int per = nbins / static_cast<int>(blockDim.x);
+  const int hi = nbins - 1 - tid * per;
+  // Read before the barrier: the owner rewrites it after (another thread reading the new value
+  // could take itself for the owner).
+  const int64_t remaining = sh.remaining;
+  uint32_t sum = 0;
+  for (int j = 0; j < per; ++j) sum += sh.hist[hi - j];
+  uint32_t incl = sum;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t y = __shfl_up_sync(kFull, incl, off);
+    if (lane >= off) incl += y;
+  }
+  if (lane == 31) sh.warp_sum[warp] = incl;
+  __syncthreads();
+  uint64_t before = 0, total = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    if (w < warp) before += sh.warp_sum[w];
+    total += sh.warp_sum[w];
+  }
+  if (pass0 && total <= static_cast<uint64_t>(k)) {
+    if (tid == 0) sh.take_all = 1;
+  } else {
+    const uint64_t cum_hi = before + incl - sum;  // entries in bins above this thread's
+    if (cum_hi < static_cast<uint64_t>(remaining) && cum_hi + sum >= static_cast<uint64_t>(remaining)) {
+      uint64_t cum = cum_hi;
+      for (int j = 0; j < per; ++j) {
+        const uint32_t c = sh.hist[hi - j];
+        if (cum + c >= static_cast<uint64_t>(remaining)) {
+          sh.prefix = (sh.prefix << bits) | static_cast<uint32_t>(hi - j);
+          sh.remaining = remaining - static_cast<int64_t>(cum);
+          sh.bin_count = c;
+          break;
+        }
+        cum += c;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// hist[bin(key)] += 1 for every key of get(0..m) that `ok` admits, warp-aggregated (kBatch loads
+// per thread per step, as select_threshold). Starts after a barrier that follows the clear.
+template <typename Get, typename Ok, typename Bin>
+__device__ void histogram(WideShared& sh, int64_t m, const Get& get, const Ok& ok, const Bin& bin) {
+  const int tid = threadIdx.x, lane = tid % 32, nthreads = blockDim.x;
+  for (int64_t base = 0; base < m; base += kBatch * nthreads) {
+    uint32_t key[kBatch];
+    bool in[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int64_t i = base + j * nthreads + tid;
+      in[j] = i < m && get(i, &key[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const bool take = in[j] && ok(key[j]);
+      const int b = take ? bin(key[j]) : -1 - lane;  // unique when not taken
+      const unsigned peers = __match_any_sync(kFull, b);
+      if (take && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[b], static_cast<uint32_t>(__popc(peers)));
+    }
+  }
+  __syncthreads();
+}
+
+__device__ inline void clear_hist(WideShared& sh, int nbins) {
+  for (int b = threadIdx.x; b < nbins; b += blockDim.x) sh.hist[b] = 0u;
+  __syncthreads();
+}
+
+}  // namespace wide
+
+// select_threshold's result for load(0..t), k (see above). All threads of the CTA call it; blockDim
+// 256, 512 or 1024.
+template <typename Load>
+__device__ Threshold select_threshold_wide(const Load& load, int64_t t, int64_t k, WideShared& sh) {
+  const int tid = threadIdx.x, lane = tid % 32, nthreads = blockDim.x;
+  if (k <= 0) return Threshold{0xffffffffu, 0, false};
+  if (tid == 0) {
+    sh.prefix = 0u;
+    sh.remaining = k;
+    sh.take_all = 0;
+    sh.ncand = 0u;
+  }
+  wide::clear_hist(sh, kWideBins);
+  // Pass 1: bits 31..21 over the row.
+  auto row_key = [&](int64_t i, uint32_t* key) {
+    const float x = load(i);
+    *key = order_key(x);
+    return selectable(x);
+  };
+  wide::histogram(sh, t, row_key, [](uint32_t) { return true; }, [](uint32_t key) { return static_cast<int>(key >> 21); });
+  wide::pick_bin(sh, kWideBins, 11, k, true);
+  if (sh.take_all) {  // uniform
+    __syncthreads();
+    return Threshold{0u, 0, true};
+  }
+  const uint32_t bin1 = sh.prefix;
+  if (sh.bin_count > static_cast<uint32_t>(kWideCand)) {  // uniform: mass ties, the four-pass select
+    __syncthreads();
+    return select_threshold(load, t, k, sh.fallback);
+  }
+  // The chosen bin's keys into shared memory (any order: only counts follow).
+  for (int64_t base = 0; base < t; base += nthreads) {
+    const int64_t i = base + tid;
+    uint32_t key = 0;
+    const bool in = i < t && row_key(i, &key) && (key >> 21) == bin1;
+    const unsigned b = __ballot_sync(kFull, in);
+    uint32_t slot = 0;
+    if (lane == 0 && b) slot = atomicAdd(&sh.ncand, static_cast<uint32_t>(__popc(b)));
+    slot = __shfl_sync(kFull, slot, 0);
+    if (in) sh.cand[slot + __popc(b & ((1u << lane) - 1u))] = key;
+  }
+  wide::clear_hist(sh, kWideBins);  // its barrier also publishes cand / ncand
+  const int64_t m = sh.ncand;
+  auto cand_key = [&](int64_t i, uint32_t* key) {
+    *key = sh.cand[i];
+    return true;
+  };
+  // Pass 2: bits 20..10 over the chosen bin's keys.
+  wide::histogram(sh, m, cand_key, [](uint32_t) { return true; },
+                  [](uint32_t key) { return static_cast<int>((key >> 10) & 2047u); });
+  wide::pick_bin(sh, kWideBins, 11, k, false);
+  const uint32_t p2 = sh.prefix;  // bits 31..10
+  wide::clear_hist(sh, 1024);
+  // Pass 3: bits 9..0 over the keys that share bits 31..10.
+  wide::histogram(sh, m, cand_key, [p2](uint32_t key) { return (key >> 10) == p2; },
+                  [](uint32_t key) { return static_cast<int>(key & 1023u); });
+  wide::pick_bin(sh, 1024, 10, k, false);
+  const Threshold th{sh.prefix, sh.remaining, false};
+  __syncthreads();  // sh may be reused by the caller
+  return th;
+}
+
 // Calls emit(i, selected, pos) for every i < t in index order chunks (pos = the entry's rank among
 // the selected ones in ascending index order; meaningful when selected). Returns the number
 // selected. All threads of the CTA call it.

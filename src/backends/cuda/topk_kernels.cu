@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/radix_select.cuh"
@@ -48,22 +49,37 @@ __device__ void cache_row(const float* __restrict__ row, int64_t m, float* smem)
   __syncthreads();
 }
 
+// The selection's shared memory: the wide select's (radix_select.cuh: two passes over the row) or
+// the four-pass select's (DS41_TOPK_WIDE=0). The same Threshold either way.
+template <bool Wide>
+using SelShared = std::conditional_t<Wide, sel::WideShared, sel::SelectShared>;
+template <typename Load>
+__device__ sel::Threshold threshold(const Load& load, int64_t m, int64_t k, sel::SelectShared& sh) {
+  return sel::select_threshold(load, m, k, sh);
+}
+template <typename Load>
+__device__ sel::Threshold threshold(const Load& load, int64_t m, int64_t k, sel::WideShared& sh) {
+  return sel::select_threshold_wide(load, m, k, sh);
+}
+__device__ inline sel::SelectShared& emit_shared(sel::SelectShared& sh) { return sh; }
+__device__ inline sel::SelectShared& emit_shared(sel::WideShared& sh) { return sh.fallback; }
+
 // The k best of load(0..m) emitted in ascending order (radix_select.cuh), o[taken..k) = -1.
-template <typename Load, typename Emit>
-__device__ void select_padded(const Load& load, int64_t m, int64_t k, sel::SelectShared& sh, const Emit& emit,
-                              int32_t* o) {
-  const sel::Threshold th = sel::select_threshold(load, m, k, sh);
-  const int64_t taken = sel::select_emit(load, m, th, sh, emit);
+template <typename Shared, typename Load, typename Emit>
+__device__ void select_padded(const Load& load, int64_t m, int64_t k, Shared& sh, const Emit& emit, int32_t* o) {
+  const sel::Threshold th = threshold(load, m, k, sh);
+  const int64_t taken = sel::select_emit(load, m, th, emit_shared(sh), emit);
   for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
 }
 
 // cached (t <= kMaxCachedScores): the row is copied into shared memory first (every thread's loads
 // in flight together), and the four histogram passes and the emit read it there; otherwise they
 // read the row from global memory (through L2) each time. The same selection either way.
+template <bool Wide>
 __global__ void __launch_bounds__(1024) topk_rows_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
                                  int32_t* __restrict__ out, bool cached) {
   dev::pdl_enter();
-  __shared__ sel::SelectShared sh;
+  __shared__ SelShared<Wide> sh;
   extern __shared__ float smem[];  // the cached row
   const int64_t r = blockIdx.x;
   const float* row = scores + r * t;
@@ -87,10 +103,11 @@ __global__ void __launch_bounds__(1024) topk_rows_kernel(const float* __restrict
 // 2: one CTA per row selects the k best of the row's g x k candidates, list position as index:
 // the lists are in ascending global index, so ties fall as in the row and the emit order is the
 // row's ascending index order. The same set and order as topk_rows_kernel, bit for bit.
+template <bool Wide>
 __global__ void __launch_bounds__(1024) topk_chunks_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
                                                            int64_t chunk, int32_t* __restrict__ cand) {
   dev::pdl_enter();
-  __shared__ sel::SelectShared sh;
+  __shared__ SelShared<Wide> sh;
   extern __shared__ float smem[];  // the chunk's scores (chunk <= kMaxCachedScores)
   const int64_t c = blockIdx.x, g = gridDim.x, r = blockIdx.y;
   const int64_t b0 = c * chunk, e0 = b0 + chunk < t ? b0 + chunk : t, m = e0 > b0 ? e0 - b0 : 0;
@@ -104,11 +121,12 @@ __global__ void __launch_bounds__(1024) topk_chunks_kernel(const float* __restri
   select_padded(load, m, k, sh, emit, o);
 }
 
+template <bool Wide>
 __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
                                                           int64_t g, const int32_t* __restrict__ cand,
                                                           int32_t* __restrict__ out) {
   dev::pdl_enter();
-  __shared__ sel::SelectShared sh;
+  __shared__ SelShared<Wide> sh;
   extern __shared__ float smem[];  // the candidates' scores (-inf for padding)
   const int64_t r = blockIdx.x, m = g * k;
   const float* row = scores + r * t;
@@ -217,7 +235,33 @@ Chunks chunks_for(int64_t n, int64_t t, int64_t k) {
   return c;
 }
 
+// DS41_TOPK_WIDE=0: the four-pass select (A/B measurements); tests may force either.
+int g_wide = -1;
+bool wide_on() {
+  static const bool env = switch_on("DS41_TOPK_WIDE");
+  return g_wide >= 0 ? g_wide != 0 : env;
+}
+
+// The wide kernels' static shared memory (sel::WideShared, ~18 KB) and a cached row of up to
+// kMaxCachedScores floats exceed the 48 KB a block gets without opting in.
+template <typename K>
+void allow_cached_row(K kernel) {
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(kMaxCachedScores * sizeof(float)));
+}
+void allow_wide_once() {
+  static const bool once = [] {
+    allow_cached_row(topk_rows_kernel<true>);
+    allow_cached_row(topk_chunks_kernel<true>);
+    allow_cached_row(topk_merge_kernel<true>);
+    return true;
+  }();
+  (void)once;
+}
+
 }  // namespace
+
+void set_topk_wide_for_tests(int wide) { g_wide = wide < 0 ? -1 : (wide ? 1 : 0); }
 
 size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k) {
   const Chunks c = chunks_for(std::min(n, kChunkedMaxRows), t, k);
@@ -233,13 +277,15 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   // DS41_TOPK_CACHE=0 reads the row from global memory in every pass (A/B measurements). 1024
   // threads below 8192 scores measured slower on the H200 (2048 scores: 28.6 against 16.8 us).
   const Chunks ch = chunks_for(n, t, k);
+  const bool wide = wide_on();
+  if (wide) allow_wide_once();
   if (ch.g > 1) {
     if (!workspace) return invalid_argument("topk_rows: the chunked path needs topk_workspace_bytes of workspace");
     int32_t* cand = static_cast<int32_t*>(workspace);
-    launch(topk_chunks_kernel, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)), threads_for(ch.chunk),
+    launch(wide ? topk_chunks_kernel<true> : topk_chunks_kernel<false>, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)), threads_for(ch.chunk),
            static_cast<size_t>(ch.chunk) * sizeof(float), stream, scores, t, k, ch.chunk, cand);
     DS41_RETURN_IF_ERROR(last_launch_status("topk_rows (chunks)"));
-    launch(topk_merge_kernel, static_cast<unsigned>(n), threads_for(ch.g * k),
+    launch(wide ? topk_merge_kernel<true> : topk_merge_kernel<false>, static_cast<unsigned>(n), threads_for(ch.g * k),
            static_cast<size_t>(ch.g * k) * sizeof(float), stream, scores, t, k, ch.g,
            static_cast<const int32_t*>(cand), out);
     return last_launch_status("topk_rows (merge)");
@@ -247,7 +293,7 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   static const bool cache_allowed = switch_on("DS41_TOPK_CACHE");
   const bool cached = cache_allowed && t <= kMaxCachedScores;
   const int threads = threads_for(t);
-  launch(topk_rows_kernel, static_cast<unsigned>(n), threads, cached ? static_cast<size_t>(t) * sizeof(float) : 0,
+  launch(wide ? topk_rows_kernel<true> : topk_rows_kernel<false>, static_cast<unsigned>(n), threads, cached ? static_cast<size_t>(t) * sizeof(float) : 0,
          stream, scores, t, k, out, cached);
   return last_launch_status("topk_rows");
 }

@@ -19,6 +19,10 @@ namespace ds41::cuda {
 size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k);
 Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32_t* out, void* workspace,
                      cudaStream_t stream);
+// The selection inside run_topk_rows' kernels: the wide select (two passes over the row, then the
+// chosen bin's keys; radix_select.cuh) by default, the four-pass select with DS41_TOPK_WIDE=0. The
+// same index sets. Tests: 1 wide, 0 four-pass, -1 back to the environment.
+void set_topk_wide_for_tests(int wide);
 // As ops::Backend::candidate_pool (mask [n, t]).
 size_t candidate_pool_workspace_bytes(int64_t n, int64_t t, int64_t block, int64_t keep_blocks);
 Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t, int64_t block,

@@ -21,7 +21,7 @@ namespace {
 
 using namespace kc_test;
 
-enum class Gen { kGauss, kTies, kSparse, kSpecial, kIndexerLike };
+enum class Gen { kGauss, kTies, kSparse, kSpecial, kIndexerLike, kBandTies };
 
 const char* gen_name(Gen g) {
   switch (g) {
@@ -30,13 +30,15 @@ const char* gen_name(Gen g) {
     case Gen::kSparse: return "sparse";
     case Gen::kSpecial: return "special";
     case Gen::kIndexerLike: return "indexer-like";
+    case Gen::kBandTies: return "band-ties";
   }
   return "?";
 }
 
 // Scores of one row. kTies: 70% zeros (ReLU; +0 and -0 mixed, equal for the tie order), the rest
 // from 6 values; kSparse: mostly -inf, about 1 in 300 finite; kSpecial: ties, +-0, +inf, -inf,
-// subnormals; kIndexerLike: -inf past a visible prefix, ReLU zeros and gaussian tails.
+// subnormals; kIndexerLike: -inf past a visible prefix, ReLU zeros and gaussian tails; kBandTies:
+// half the row from 64 values of one 11-bit key bin, the rest below.
 void fill_row(Gen g, std::mt19937& rng, float* x, int64_t t, int64_t row) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float vals[6] = {0.5f, 1.0f, 1.5f, 2.0f, -1.0f, 3.0f};
@@ -59,6 +61,10 @@ void fill_row(Gen g, std::mt19937& rng, float* x, int64_t t, int64_t row) {
         if (k == 2 && rng() % 50) v = 2.0f;  // keep +inf rare enough that k is not all +inf
         break;
       }
+      case Gen::kBandTies:  // half the row in [1, 1.25) (one first-digit bin of the wide select) from
+                            // 64 values, so the k-th best is decided among ties inside that bin
+        v = (rng() & 1) ? 1.0f + static_cast<float>(rng() % 64) / 256.0f : std::min(0.9f, nd(rng) - 1.0f);
+        break;
       case Gen::kIndexerLike:
         v = i >= visible ? -INFINITY : std::max(0.0f, nd(rng)) * (rng() % 4 == 0 ? 0.0f : 1.0f);
         break;
@@ -103,7 +109,9 @@ TEST(SelectionParity, TopkRows) {
       {65, 16385, 512, Gen::kGauss},  // one more: one launch
       {3, 40000, 2048, Gen::kTies},   // k = 2048: 5 chunks
   };
+  for (int wide : {1, 0})
   for (const TopkCase& c : cases) {
+    set_topk_wide_for_tests(wide);
     std::mt19937 rng(static_cast<uint32_t>(c.t * 3 + c.k + static_cast<int>(c.gen)));
     std::vector<float> sc(c.n * c.t);
     for (int64_t r = 0; r < c.n; ++r) fill_row(c.gen, rng, &sc[r * c.t], c.t, r);
@@ -118,12 +126,59 @@ TEST(SelectionParity, TopkRows) {
     auto got = from_dev(dout.p, want.size());
     int64_t bad = 0;
     for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
-    report("topk_rows",
+    report(wide ? "topk_rows (wide select)" : "topk_rows (four-pass select)",
            std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
                " k=" + std::to_string(c.k),
            static_cast<double>(bad), 0, "index sets in the tie order: exact");
-    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t << " k=" << c.k;
+    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t << " k=" << c.k << " wide=" << wide;
   }
+  set_topk_wide_for_tests(-1);
+}
+
+// The wide select (radix_select.cuh: 11 bits over the row, the chosen bin's keys copied, 11 + 10 bits
+// over them) against the CPU op, bit for bit, on the shapes of its branches and of decode steps: the
+// chosen bin resolved in shared memory with ties at the k-th key (band-ties at t <= 4096: about t / 2
+// keys in the bin), the four-pass fallback (band-ties at t = 9000: more than 2048 keys in the bin; ties:
+// the zeros), take-all rows (all -inf, sparse, t < k), 256 and 1024 threads (t >= 8192), the global
+// (uncached) row of a wide call, the two-launch path; and the decode shapes of the slice (t = 2048 and
+// 4096 at k = 512). Small enough for the host emulator.
+TEST(SelectionParity, TopkWideSelect) {
+  KC_SKIP_WITHOUT_GPU();
+  backends::cpu::CpuBackend cpu(nullptr);
+  const TopkCase cases[] = {
+      {5, 3800, 512, Gen::kBandTies},    // ~1,900 keys in the chosen bin: resolved in shared memory
+      {5, 2000, 512, Gen::kBandTies},    {5, 9000, 512, Gen::kBandTies},  // ~4,500: the fallback
+      {5, 4096, 512, Gen::kIndexerLike}, {5, 2048, 512, Gen::kGauss},     {5, 3000, 2048, Gen::kTies},
+      {5, 700, 512, Gen::kSparse},       {5, 300, 512, Gen::kGauss},      {5, 2500, 600, Gen::kSpecial},
+      {2, 8500, 512, Gen::kGauss},       // 1024 threads
+      {2, 10300, 16, Gen::kGauss},       // past the cached size, one launch: the row read from global memory
+      {1, 12000, 4, Gen::kBandTies},     // the same with the fallback
+      {2, 12289, 512, Gen::kBandTies},   // two launches: chunks resolved in shared memory, the merge falls back
+  };
+  for (const TopkCase& c : cases) {
+    std::mt19937 rng(static_cast<uint32_t>(c.t * 5 + c.k + static_cast<int>(c.gen)));
+    std::vector<float> sc(c.n * c.t);
+    for (int64_t r = 0; r < c.n; ++r) fill_row(c.gen, rng, &sc[r * c.t], c.t, r);
+    std::vector<int32_t> want(c.n * c.k);
+    cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
+    auto dsc = upload(sc);
+    for (int wide : {1, 0}) {
+      set_topk_wide_for_tests(wide);
+      DevBuf<int32_t> dout(want.size());
+      DevBuf<uint8_t> ws(topk_workspace_bytes(c.n, c.t, c.k));
+      ASSERT_TRUE(dsc->p && dout.p && ws.p);
+      KC_OK(run_topk_rows(dsc->p, c.n, c.t, c.k, dout.p, ws.p, nullptr));
+      auto got = from_dev(dout.p, want.size());
+      int64_t bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
+      report(wide ? "topk_rows wide" : "topk_rows four-pass",
+             std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
+                 " k=" + std::to_string(c.k),
+             static_cast<double>(bad), 0, "index sets in the tie order: exact");
+      EXPECT_EQ(bad, 0) << gen_name(c.gen) << " n=" << c.n << " t=" << c.t << " k=" << c.k << " wide=" << wide;
+    }
+  }
+  set_topk_wide_for_tests(-1);
 }
 
 // The multi-CTA greedy choice against model::argmax_lowest (the DSpark draft's c_k) bit for bit:
