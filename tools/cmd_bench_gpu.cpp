@@ -491,7 +491,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
   // The projection target (prefill): its schedule is derived before anything is timed.
   std::optional<model::ModelConfig> target;
   std::optional<model::LayerSchedule> target_sched;
-  if (!decode && want_exact && !a.project_to.empty()) {
+  if ((decode || want_exact) && !a.project_to.empty()) {
     DS41_ASSIGN_OR_RETURN(model::ModelConfig tc, model::preset_config(a.project_to));
     DS41_ASSIGN_OR_RETURN(model::LayerSchedule ts, model::derive_layer_schedule(tc));
     target = std::move(tc);
@@ -758,6 +758,26 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                                                                    static_cast<double>(kind_layers[k])
                                                              : 0.0}};
         r["per_kind"] = kinds;
+        if (target_sched) {  // the step over the target's schedule (prefill_projection.h), same kinds
+          std::map<std::string, double> ms_layer, bytes_layer;
+          for (auto& [k, ms] : kind_ms) {
+            ms_layer[k] = ms / static_cast<double>(kind_layers[k]);
+            bytes_layer[k] = kind_bytes[k] / static_cast<double>(kind_layers[k]);
+          }
+          DS41_ASSIGN_OR_RETURN(
+              DecodeProjection p,
+              project_decode(*target_sched, ms_layer, bytes_layer, r.value("head_ms_median", 0.0),
+                             r.value("outside_layers_and_head_ms_median", 0.0), bw));
+          r["projection"] = {{"target", a.project_to},
+                             {"layers", p.layers},
+                             {"layers_per_kind", p.layers_per_kind},
+                             {"step_ms", p.step_ms},
+                             {"layers_ms", p.layers_ms},
+                             {"layers_bytes", p.layers_bytes},
+                             {"layers_roofline_ms", p.layers_roofline_ms},
+                             {"layers_roofline_ratio", p.layers_roofline_ratio},
+                             {"approximated", p.approximated}};
+        }
         if (spec) {
           // DSpark (issue 17 "Benchmark"), same run: a draft step alone (batch 1: the first
           // sequence's anchor, no state change) and full speculative steps (draft + one
@@ -881,6 +901,9 @@ void setup_decode(CLI::App& parent, int& exit_code) {
   setup_common(cmd, a.get());
   cmd->add_option("--batch", a->batches, "Batch sizes, comma-separated (default 1)");
   cmd->add_option("--steps", a->steps, "Decode steps timed (default 8)");
+  cmd->add_option("--project-to", a->project_to,
+                  "Preset whose layer schedule the per-kind step times and bytes project to (default "
+                  "v41-flash: the released 40 layers; empty: none)");
   cmd->add_option("--speculative", a->speculative,
                   "off | dspark: also time DSpark draft and speculative steps in the same run (tokens "
                   "per step, mean accepted length, acceptance histogram, time per step vs plain decode)");

@@ -67,8 +67,48 @@ Status check_times(const std::map<std::string, double>& t, const char* what) {
   return ok_status();
 }
 
+// The sum of t[kind] over the layers of s, each kind measured or estimated (named in *approximated
+// under kind + suffix); *count gets the layers per kind.
+Result<double> sum_kinds(const model::LayerSchedule& s, const std::map<std::string, double>& t, const char* what,
+                         const std::string& suffix, std::map<std::string, std::string>* approximated,
+                         std::map<std::string, int64_t>* count) {
+  double sum = 0;
+  for (const model::LayerPlan& l : s.layers) {
+    const std::string kind = layer_kind(l);
+    ++(*count)[kind];
+    std::string how;
+    const std::optional<double> v = kind_seconds(t, kind, &how);
+    if (!v) return not_found(std::string("decode projection: layer kind '") + kind + "' (layer " +
+                             std::to_string(l.layer) + ") has no " + what + " measurement and no estimate");
+    if (!how.empty()) (*approximated)[kind + suffix] = how;
+    sum += *v;
+  }
+  return sum;
+}
+
 }  // namespace prefill_projection
 }  // namespace
+
+Result<DecodeProjection> project_decode(const model::LayerSchedule& schedule,
+                                        const std::map<std::string, double>& ms_per_layer,
+                                        const std::map<std::string, double>& bytes_per_layer, double head_ms,
+                                        double outside_ms, double bandwidth_bytes_per_s) {
+  using namespace prefill_projection;
+  DS41_RETURN_IF_ERROR(check_times(ms_per_layer, "decode milliseconds"));
+  DS41_RETURN_IF_ERROR(check_times(bytes_per_layer, "decode bytes"));
+  if (!std::isfinite(head_ms) || head_ms < 0 || !std::isfinite(outside_ms) || !(bandwidth_bytes_per_s > 0))
+    return invalid_argument("decode projection: head / outside milliseconds must be >= 0 and the bandwidth > 0");
+  DecodeProjection p;
+  p.layers = static_cast<int64_t>(schedule.layers.size());
+  std::map<std::string, int64_t> unused;
+  DS41_ASSIGN_OR_RETURN(p.layers_ms, sum_kinds(schedule, ms_per_layer, "time", "", &p.approximated, &p.layers_per_kind));
+  DS41_ASSIGN_OR_RETURN(p.layers_bytes,
+                        sum_kinds(schedule, bytes_per_layer, "bytes", " (bytes)", &p.approximated, &unused));
+  p.step_ms = p.layers_ms + head_ms + std::max(0.0, outside_ms);
+  p.layers_roofline_ms = p.layers_bytes / bandwidth_bytes_per_s * 1e3;
+  p.layers_roofline_ratio = p.layers_roofline_ms > 0 ? p.layers_ms / p.layers_roofline_ms : 0.0;
+  return p;
+}
 
 Result<PrefillProjection> project_prefill(const model::ModelConfig& target, const model::LayerSchedule& schedule,
                                           int64_t tokens, const KindSeconds& measured, double head_s) {

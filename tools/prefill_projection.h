@@ -1,4 +1,4 @@
-// ds41 tools: the projection of a prefill measured on a layer slice to a whole model (issue 11,
+// ds41 tools: the projection of a prefill (and a decode step) measured on a layer slice to a whole model (issue 11,
 // "Report": measured per layer kind, so it projects to the 40-layer model). `ds41 bench prefill`
 // measures the seconds each layer kind of the slice spends on the prompt (the exact prefill, every
 // row through every layer) and on one window of rows at the prompt's end (the rows the decoder
@@ -48,5 +48,19 @@ struct PrefillProjection {
 // measurement and no estimate, and a negative or non-finite time.
 Result<PrefillProjection> project_prefill(const model::ModelConfig& target, const model::LayerSchedule& schedule,
                                           int64_t tokens, const KindSeconds& measured, double head_s);
+
+// A decode step projected the same way (`ds41 bench decode`): per layer of each kind its median
+// milliseconds and the bytes it must read (the roofline terms); the step adds the head's and the
+// rest of the step's measured milliseconds. roofline = the layers' bytes / bandwidth.
+struct DecodeProjection {
+  int64_t layers = 0;
+  double layers_ms = 0, step_ms = 0, layers_bytes = 0, layers_roofline_ms = 0, layers_roofline_ratio = 0;
+  std::map<std::string, int64_t> layers_per_kind;
+  std::map<std::string, std::string> approximated;
+};
+Result<DecodeProjection> project_decode(const model::LayerSchedule& schedule,
+                                        const std::map<std::string, double>& ms_per_layer,
+                                        const std::map<std::string, double>& bytes_per_layer, double head_ms,
+                                        double outside_ms, double bandwidth_bytes_per_s);
 
 }  // namespace ds41::cli

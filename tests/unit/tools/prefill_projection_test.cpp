@@ -120,5 +120,36 @@ TEST(PrefillProjection, ATargetThatCannotReplayStillProjectsTheExactPrefill) {
   EXPECT_EQ(p->replay_s, 0.0);
 }
 
+TEST(DecodeProjection, ReleasedStepFromTheSliceKinds) {
+  const model::ModelConfig c = *model::preset_config("v41-flash");
+  const model::LayerSchedule s = schedule_of(c);
+  const KindSeconds t = slice_times();  // milliseconds per layer here
+  std::map<std::string, double> bytes;  // bytes per layer: 2^20 x the kind's ms, so the Engram delta is too
+  for (const auto& [k, v] : t.prompt) bytes[k] = v * 1048576.0;
+  Result<DecodeProjection> p = project_decode(s, t.prompt, bytes, 0.25, 0.125, 1048576.0 * 1e3);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const double full_r2 = 4.0 - 0.25;
+  const double layers = 1.0 + 1.25 + 2 * full_r2 + 4.0 + 15 * 2.0 + 8.0 + 4 * 16.0 + 15 * 0.5;
+  EXPECT_EQ(p->layers, 40);
+  EXPECT_DOUBLE_EQ(p->layers_ms, layers);
+  EXPECT_DOUBLE_EQ(p->step_ms, layers + 0.25 + 0.125);
+  EXPECT_DOUBLE_EQ(p->layers_bytes, layers * 1048576.0);
+  EXPECT_DOUBLE_EQ(p->layers_roofline_ms, layers);  // bytes / (2^20 x 1e3 B/s) in ms
+  EXPECT_DOUBLE_EQ(p->layers_roofline_ratio, 1.0);
+  EXPECT_EQ(p->approximated.count("full/r2"), 1u);
+  EXPECT_EQ(p->approximated.count("full/r2 (bytes)"), 1u);
+  EXPECT_EQ(p->layers_per_kind.at("reuse/r1"), 15);
+  // A kind without a time, a negative byte count, a bandwidth of 0: errors, not numbers.
+  std::map<std::string, double> ms = t.prompt;
+  ms.erase("reuse/r2");
+  Result<DecodeProjection> bad = project_decode(s, ms, bytes, 0.0, 0.0, 1e12);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'reuse/r2'"), std::string::npos) << bad.status().message();
+  std::map<std::string, double> nb = bytes;
+  nb["reuse/r1"] = -1.0;
+  EXPECT_FALSE(project_decode(s, t.prompt, nb, 0.0, 0.0, 1e12).ok());
+  EXPECT_FALSE(project_decode(s, t.prompt, bytes, 0.0, 0.0, 0.0).ok());
+}
+
 }  // namespace
 }  // namespace ds41::cli
