@@ -26,7 +26,7 @@
 #include "bench_header.h"
 #include "cli_registry.h"
 #include "engine_factory.h"
-#include "prefill_projection.h"
+#include "kind_projection.h"
 
 #ifdef DS41_HAVE_CUDA_ENGINE
 #include <cublas_v2.h>
@@ -345,7 +345,7 @@ struct ServedSteps {
 // The prefill bench's run object for one context (one sequence, `seq`, already prefilled by the
 // timed exact chunks when want_exact): tokens/s, the per-kind seconds; with want_exact one more
 // chunk of W rows (the window) at the prompt's end, timed per layer, and the projection of both
-// prefill modes to the target schedule (prefill_projection.h) and to the slice itself (whose
+// prefill modes to the target schedule (kind_projection.h) and to the slice itself (whose
 // decoder-replay estimate the measured replay checks); with want_replay the timed
 // Engine::prefill_decoder_replay of the same prompt into a fresh sequence.
 Status prefill_run(const GpuBenchArgs& a, gpu::CudaEngine& eng, const gpu::DeviceModel& m, engine::SeqId seq,
@@ -758,7 +758,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                                                                    static_cast<double>(kind_layers[k])
                                                              : 0.0}};
         r["per_kind"] = kinds;
-        if (target_sched) {  // the step over the target's schedule (prefill_projection.h), same kinds
+        if (target_sched) {  // the step over the target's schedule (kind_projection.h), same kinds
           std::map<std::string, double> ms_layer, bytes_layer;
           for (auto& [k, ms] : kind_ms) {
             ms_layer[k] = ms / static_cast<double>(kind_layers[k]);

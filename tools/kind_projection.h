@@ -1,16 +1,18 @@
-// ds41 tools: the projection of a prefill (and a decode step) measured on a layer slice to a whole model (issue 11,
-// "Report": measured per layer kind, so it projects to the 40-layer model). `ds41 bench prefill`
-// measures the seconds each layer kind of the slice spends on the prompt (the exact prefill, every
-// row through every layer) and on one window of rows at the prompt's end (the rows the decoder
-// layers of MODEL_SPEC 4.4's decoder bounded replay run on); this file sums them over a target
-// schedule (the released 40 layers):
-//   exact          = sum over every layer of its kind's prompt time + the head;
-//   decoder replay = sum over layers 0..cut of the prompt time + sum over layers > cut of the
-//                    window time + the head, where cut is plan_decoder_replay's (the last KV source:
-//                    layer 20 in the release), the same plan both engines execute.
+// ds41 tools: measured per layer kind on a layer slice, projected to a whole model's schedule (issue
+// 11, "Report": reported per layer kind, so it projects to the 40-layer model). The GPU benchmarks
+// measure each layer kind of the slice; this file sums those measurements over a target schedule
+// (the released 40 layers):
+//   prefill (`ds41 bench prefill`): the seconds of each kind over the prompt (the exact prefill,
+//     every row through every layer) and over one window of rows at the prompt's end (the rows the
+//     decoder layers of MODEL_SPEC 4.4's decoder bounded replay run on):
+//       exact          = sum over every layer of its kind's prompt time + the head;
+//       decoder replay = sum over layers 0..cut of the prompt time + sum over layers > cut of the
+//                        window time + the head, where cut is plan_decoder_replay's (the last KV
+//                        source: layer 20 in the release), the plan both engines execute;
+//   decode (`ds41 bench decode`): each kind's median layer time and roofline bytes.
 // A target kind the slice does not have is estimated from its nearest measured kind and named in
 // `approximated` (the release's Full ratio-2 layers without Engram: the slice's Full ratio-2 layer
-// carries Engram, so its time less the Engram delta measured between the two window-only layers).
+// carries Engram, so its value less the Engram delta measured between the two window-only layers).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
-// tools/prefill_projection: the per-kind sums that project a slice's prefill to the released
-// 40-layer schedule (issue 11's prefill rows), for the exact prefill and MODEL_SPEC 4.4 decoder
-// bounded replay.
-#include "prefill_projection.h"
+// tools/kind_projection: the per-kind sums that project a slice's measurements to the released
+// 40-layer schedule (issue 11): the exact prefill, MODEL_SPEC 4.4 decoder bounded replay, and a
+// decode step with its roofline bytes.
+#include "kind_projection.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// ds41 tools: prefill_projection.h.
-#include "prefill_projection.h"
+// ds41 tools: kind_projection.h.
+#include "kind_projection.h"
 
 #include <cmath>
 #include <optional>
@@ -17,7 +17,7 @@ std::string layer_kind(const model::LayerPlan& p) {
 }
 
 namespace {
-namespace prefill_projection {  // one name per file: the unity build of tools/ (CMakeLists.txt)
+namespace kind_projection {  // one name per file: the unity build of tools/ (CMakeLists.txt)
 
 constexpr const char* kEngram = "+engram";
 
@@ -86,14 +86,14 @@ Result<double> sum_kinds(const model::LayerSchedule& s, const std::map<std::stri
   return sum;
 }
 
-}  // namespace prefill_projection
+}  // namespace kind_projection
 }  // namespace
 
 Result<DecodeProjection> project_decode(const model::LayerSchedule& schedule,
                                         const std::map<std::string, double>& ms_per_layer,
                                         const std::map<std::string, double>& bytes_per_layer, double head_ms,
                                         double outside_ms, double bandwidth_bytes_per_s) {
-  using namespace prefill_projection;
+  using namespace kind_projection;
   DS41_RETURN_IF_ERROR(check_times(ms_per_layer, "decode milliseconds"));
   DS41_RETURN_IF_ERROR(check_times(bytes_per_layer, "decode bytes"));
   if (!std::isfinite(head_ms) || head_ms < 0 || !std::isfinite(outside_ms) || !(bandwidth_bytes_per_s > 0))
@@ -112,7 +112,7 @@ Result<DecodeProjection> project_decode(const model::LayerSchedule& schedule,
 
 Result<PrefillProjection> project_prefill(const model::ModelConfig& target, const model::LayerSchedule& schedule,
                                           int64_t tokens, const KindSeconds& measured, double head_s) {
-  using namespace prefill_projection;
+  using namespace kind_projection;
   if (tokens < 1) return invalid_argument("prefill projection: tokens must be >= 1");
   if (!std::isfinite(head_s) || head_s < 0) return invalid_argument("prefill projection: head seconds must be >= 0");
   DS41_RETURN_IF_ERROR(check_times(measured.prompt, "prompt"));
