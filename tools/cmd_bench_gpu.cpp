@@ -342,6 +342,22 @@ struct ServedSteps {
   }
 };
 
+// bench decode's "projection" object; a projection that cannot be made (a model whose kinds do not
+// cover the target's) is said there and the run's own numbers stay.
+nlohmann::ordered_json decode_projection_json(const std::string& target, const Result<DecodeProjection>& pr) {
+  if (!pr.ok()) return {{"target", target}, {"error", pr.status().message()}};
+  const DecodeProjection& p = *pr;
+  return {{"target", target},
+          {"layers", p.layers},
+          {"layers_per_kind", p.layers_per_kind},
+          {"step_ms", p.step_ms},
+          {"layers_ms", p.layers_ms},
+          {"layers_bytes", p.layers_bytes},
+          {"layers_roofline_ms", p.layers_roofline_ms},
+          {"layers_roofline_ratio", p.layers_roofline_ratio},
+          {"approximated", p.approximated}};
+}
+
 // The prefill bench's run object for one context (one sequence, `seq`, already prefilled by the
 // timed exact chunks when want_exact): tokens/s, the per-kind seconds; with want_exact one more
 // chunk of W rows (the window) at the prompt's end, timed per layer, and the projection of both
@@ -419,11 +435,14 @@ Status prefill_run(const GpuBenchArgs& a, gpu::CudaEngine& eng, const gpu::Devic
     };
     // The slice's own sums (device time of its layers): against the measured wall time above, and
     // the decoder-replay estimate against the measured replay below.
-    DS41_ASSIGN_OR_RETURN(nlohmann::ordered_json self, proj_json(m.config(), sched, "this model (per-layer device time)"));
-    (*r)["projection_self"] = self;
-    if (target) {
-      DS41_ASSIGN_OR_RETURN((*r)["projection"], proj_json(*target, *target_sched, a.project_to));
-    }
+    // A projection that cannot be made (a model whose kinds do not cover the target's) is said in
+    // the JSON; the run's own numbers stay.
+    auto or_error = [](Result<nlohmann::ordered_json> j, const std::string& name) {
+      return j.ok() ? *j : nlohmann::ordered_json{{"target", name}, {"error", j.status().message()}};
+    };
+    const std::string self_name = "this model (per-layer device time)";
+    (*r)["projection_self"] = or_error(proj_json(m.config(), sched, self_name), self_name);
+    if (target) (*r)["projection"] = or_error(proj_json(*target, *target_sched, a.project_to), a.project_to);
   }
   if (want_replay) {
     DS41_ASSIGN_OR_RETURN(engine::SeqId rs, eng.create_sequence());
@@ -764,19 +783,9 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
             ms_layer[k] = ms / static_cast<double>(kind_layers[k]);
             bytes_layer[k] = kind_bytes[k] / static_cast<double>(kind_layers[k]);
           }
-          DS41_ASSIGN_OR_RETURN(
-              DecodeProjection p,
-              project_decode(*target_sched, ms_layer, bytes_layer, r.value("head_ms_median", 0.0),
-                             r.value("outside_layers_and_head_ms_median", 0.0), bw));
-          r["projection"] = {{"target", a.project_to},
-                             {"layers", p.layers},
-                             {"layers_per_kind", p.layers_per_kind},
-                             {"step_ms", p.step_ms},
-                             {"layers_ms", p.layers_ms},
-                             {"layers_bytes", p.layers_bytes},
-                             {"layers_roofline_ms", p.layers_roofline_ms},
-                             {"layers_roofline_ratio", p.layers_roofline_ratio},
-                             {"approximated", p.approximated}};
+          r["projection"] = decode_projection_json(
+              a.project_to, project_decode(*target_sched, ms_layer, bytes_layer, r.value("head_ms_median", 0.0),
+                                           r.value("outside_layers_and_head_ms_median", 0.0), bw));
         }
         if (spec) {
           // DSpark (issue 17 "Benchmark"), same run: a draft step alone (batch 1: the first
