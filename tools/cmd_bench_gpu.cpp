@@ -51,7 +51,7 @@ struct GpuBenchArgs {
   std::string device = "cuda";
   std::string speculative = "off";  // decode: off | dspark
   std::string prefill_modes = "exact";  // prefill: exact and / or decoder-replay, comma-separated
-  std::string project_to = "v41-flash";  // prefill: the preset whose layer schedule the kinds project to
+  std::string project_to = "v41-flash";  // the preset whose layer schedule the per-kind numbers project to
   int64_t steps = 8, chunk = 2048;
   uint64_t seed = 1;
   bool engram_host_pinned = false;
@@ -433,10 +433,10 @@ Status prefill_run(const GpuBenchArgs& a, gpu::CudaEngine& eng, const gpu::Devic
       j["approximated"] = p.approximated;
       return j;
     };
-    // The slice's own sums (device time of its layers): against the measured wall time above, and
-    // the decoder-replay estimate against the measured replay below.
-    // A projection that cannot be made (a model whose kinds do not cover the target's) is said in
-    // the JSON; the run's own numbers stay.
+    // The slice's own sums (device time of its layers) check the method: against the measured wall
+    // time above, and the decoder-replay estimate against the measured replay below. A projection
+    // that cannot be made (a model whose kinds do not cover the target's) is said in the JSON; the
+    // run's own numbers stay.
     auto or_error = [](Result<nlohmann::ordered_json> j, const std::string& name) {
       return j.ok() ? *j : nlohmann::ordered_json{{"target", name}, {"error", j.status().message()}};
     };
