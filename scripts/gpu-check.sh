@@ -40,7 +40,8 @@ echo "tests: $(( $(date +%s) - t0 )) s"
 if [ "${DS41_GPU_CHECK_BENCH:-1}" != 0 ]; then
   a=(--device cuda --preset v41-flash-slice --load-format dummy --tokenizer ../shared/tokenizer-v41)
   timeout 300 build/tools/ds41 bench decode "${a[@]}" --batch 1,8 --context 4096 > "$out/decode.json" 2> "$out/decode.err"
-  timeout 300 build/tools/ds41 bench prefill "${a[@]}" --context 8192 > "$out/prefill.json" 2> "$out/prefill.err"
+  timeout 300 build/tools/ds41 bench prefill "${a[@]}" --context 8192 --prefill-mode exact,decoder-replay \
+    > "$out/prefill.json" 2> "$out/prefill.err"
   timeout 120 build/tools/ds41 bench kernels --device cuda --n 1 8 --no-blas --json > "$out/kernels.json" 2> "$out/kernels.err"
   # The vision tower at the released widths (MODEL_SPEC 1.4) on the slice, a 544 x 544 and a 1280 x 960 image.
   for wh in "544 544" "1280 960"; do
@@ -55,8 +56,19 @@ try:
     for r in json.load(open(out + '/decode.json'))['runs']:
         kinds = {k: round(v['roofline_ratio'], 2) for k, v in r['per_kind'].items()}
         print(f"decode batch {r['batch']} context {r['context']}: {r['step_ms_median']:.3f} ms, roofline ratio {kinds}")
+        p = r.get('projection', {})
+        if 'step_ms' in p:
+            print(f"  {p['target']} ({p['layers']} layers): {p['step_ms']:.2f} ms per step, layers "
+                  f"{p['layers_roofline_ratio']:.2f}x their roofline")
     for r in json.load(open(out + '/prefill.json'))['runs']:
-        print(f"prefill context {r['context']}: {r['tokens_per_s']:.0f} tok/s")
+        rep = r.get('decoder_replay', {})
+        print(f"prefill context {r['context']}: {r['tokens_per_s']:.0f} tok/s exact, "
+              f"{rep.get('tokens_per_s', 0):.0f} decoder replay, GEMMs at "
+              f"{r.get('gemm', {}).get('ratio_to_dense_bf16', 0):.3f} of the BF16 probe")
+        p = r.get('projection', {})
+        if 'exact_tokens_per_s' in p:
+            print(f"  {p['target']} ({p['layers']} layers): {p['exact_tokens_per_s']:.0f} tok/s exact, "
+                  f"{p.get('decoder_replay_tokens_per_s', 0):.0f} decoder replay")
     for line in open(out + '/vision.json'):
         v = json.loads(line)
         print(f"vision {v['config']['image_wh']} ({v['plan']['patches']} patches): tower "
