@@ -42,20 +42,20 @@ struct SelectShared {
   uint32_t warp_gt[32], warp_eq[32];
 };
 
-// The threshold of the k best entries of load(0..t). All threads of the CTA call it (blockDim a
-// multiple of 32, at most 1024); every thread gets the same result.
+namespace detail {
+
+// Radix passes over load(0..t) from the state in sh (prefix, mask, remaining, take_all): pass p
+// counts key bits [shift, shift + 8) with shift = first_shift - 8p, the last digit narrower where
+// that goes below bit 0 (first_shift 13: bits 20..13, 12..5, 4..0). can_take_all: the first pass's
+// total <= k sets take_all (the selection starts there).
 template <typename Load>
-__device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, SelectShared& sh) {
+__device__ void radix_passes(const Load& load, int64_t t, int64_t k, SelectShared& sh, int first_shift, int npasses,
+                             bool can_take_all) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nthreads = blockDim.x;
-  if (k <= 0) return Threshold{0xffffffffu, 0, false};  // selects nothing (no selectable key is 2^32-1)
-  if (tid == 0) {
-    sh.prefix = 0u;
-    sh.mask = 0u;
-    sh.remaining = k;
-    sh.take_all = 0;
-  }
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
+  for (int pass = 0; pass < npasses; ++pass) {
+    const int s8 = first_shift - 8 * pass;
+    const int shift = s8 > 0 ? s8 : 0;
+    const uint32_t digit = s8 >= 0 ? 255u : (255u >> -s8);
     for (int b = tid; b < 256; b += nthreads) sh.hist[b] = 0u;
     __syncthreads();
     const uint32_t prefix = sh.prefix, mask = sh.mask;
@@ -72,7 +72,7 @@ __device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, Se
       for (int j = 0; j < kBatch; ++j) {
         const uint32_t key = order_key(x[j]);
         const bool ok = selectable(x[j]) && (key & mask) == prefix;
-        const int bin = ok ? static_cast<int>((key >> shift) & 255u) : -1 - lane;  // unique when !ok
+        const int bin = ok ? static_cast<int>((key >> shift) & digit) : -1 - lane;  // unique when !ok
         const unsigned peers = __match_any_sync(kFull, bin);
         if (ok && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], static_cast<uint32_t>(__popc(peers)));
       }
@@ -93,7 +93,7 @@ __device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, Se
         if (lane >= off) incl += y;
       }
       const int64_t total = __shfl_sync(kFull, incl, 31);
-      if (pass == 0 && total <= k) {
+      if (can_take_all && pass == 0 && total <= k) {
         if (lane == 0) sh.take_all = 1;
       } else {
         const int64_t remaining = sh.remaining;
@@ -111,18 +111,54 @@ __device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, Se
           }
           sh.remaining = remaining - cum;  // entries of the chosen bin still to take
           sh.prefix = prefix | (static_cast<uint32_t>(chosen) << shift);
-          sh.mask = mask | (255u << shift);
+          sh.mask = mask | (digit << shift);
         }
       }
     }
     __syncthreads();
     if (sh.take_all) break;  // uniform
   }
+}
+
+}  // namespace detail
+
+// The threshold of the k best entries of load(0..t). All threads of the CTA call it (blockDim a
+// multiple of 32, at most 1024); every thread gets the same result.
+template <typename Load>
+__device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, SelectShared& sh) {
+  const int tid = threadIdx.x;
+  if (k <= 0) return Threshold{0xffffffffu, 0, false};  // selects nothing (no selectable key is 2^32-1)
+  if (tid == 0) {
+    sh.prefix = 0u;
+    sh.mask = 0u;
+    sh.remaining = k;
+    sh.take_all = 0;
+  }
+  detail::radix_passes(load, t, k, sh, 24, 4, true);
   Threshold th{sh.prefix, sh.remaining, sh.take_all != 0};
   if (th.take_all) {
     th.key = 0u;
     th.take_eq = 0;
   }
+  __syncthreads();  // sh may be reused by the caller
+  return th;
+}
+
+// select_threshold from a known key prefix: the entries whose key bits 31..21 equal bin11 hold the
+// `remaining` best still to take (remaining >= 1, and at least that many such entries); the other 21
+// bits in three passes over the row (8 + 8 + 5 bits). The wide select's fallback: it resumes where
+// its first pass stopped instead of starting over.
+template <typename Load>
+__device__ Threshold select_threshold_resume(const Load& load, int64_t t, int64_t k, SelectShared& sh,
+                                             uint32_t bin11, int64_t remaining) {
+  if (threadIdx.x == 0) {
+    sh.prefix = bin11 << 21;
+    sh.mask = 0xffe00000u;
+    sh.remaining = remaining;
+    sh.take_all = 0;
+  }
+  detail::radix_passes(load, t, k, sh, 13, 3, false);
+  const Threshold th{sh.prefix, sh.remaining, false};
   __syncthreads();  // sh may be reused by the caller
   return th;
 }
@@ -135,7 +171,8 @@ __device__ Threshold select_threshold(const Load& load, int64_t t, int64_t k, Se
 // over those keys only: two passes over the row (a histogram, then the copy) instead of four. Radix
 // select with any digit widths finds the same k-th key T and the same number of entries equal to T
 // still to take, so the Threshold (and the emit after it) is the same, bit for bit. A chosen bin of
-// more than kWideCand keys (mass ties, e.g. a row of zeros) takes select_threshold instead.
+// more than kWideCand keys (mass ties, e.g. a row of zeros) resolves the other 21 bits with three
+// passes over the row (select_threshold_resume): four passes in all, as the four-pass select.
 constexpr int kWideBins = 2048;  // first digit: key bits 31..21
 constexpr int kWideCand = 2048;  // keys of the chosen bin kept in shared memory
 
@@ -257,9 +294,10 @@ __device__ Threshold select_threshold_wide(const Load& load, int64_t t, int64_t 
     return Threshold{0u, 0, true};
   }
   const uint32_t bin1 = sh.prefix;
-  if (sh.bin_count > static_cast<uint32_t>(kWideCand)) {  // uniform: mass ties, the four-pass select
+  if (sh.bin_count > static_cast<uint32_t>(kWideCand)) {  // uniform: mass ties, the other 21 bits over the row
+    const int64_t remaining = sh.remaining;
     __syncthreads();
-    return select_threshold(load, t, k, sh.fallback);
+    return select_threshold_resume(load, t, k, sh.fallback, bin1, remaining);
   }
   // The chosen bin's keys into shared memory (any order: only counts follow).
   for (int64_t base = 0; base < t; base += nthreads) {

@@ -21,7 +21,7 @@ namespace {
 
 using namespace kc_test;
 
-enum class Gen { kGauss, kTies, kSparse, kSpecial, kIndexerLike, kBandTies };
+enum class Gen { kGauss, kTies, kSparse, kSpecial, kIndexerLike, kBandTies, kUlpBand };
 
 const char* gen_name(Gen g) {
   switch (g) {
@@ -31,6 +31,7 @@ const char* gen_name(Gen g) {
     case Gen::kSpecial: return "special";
     case Gen::kIndexerLike: return "indexer-like";
     case Gen::kBandTies: return "band-ties";
+    case Gen::kUlpBand: return "ulp-band";
   }
   return "?";
 }
@@ -38,7 +39,8 @@ const char* gen_name(Gen g) {
 // Scores of one row. kTies: 70% zeros (ReLU; +0 and -0 mixed, equal for the tie order), the rest
 // from 6 values; kSparse: mostly -inf, about 1 in 300 finite; kSpecial: ties, +-0, +inf, -inf,
 // subnormals; kIndexerLike: -inf past a visible prefix, ReLU zeros and gaussian tails; kBandTies:
-// half the row from 64 values of one 11-bit key bin, the rest below.
+// half the row from 64 values of one 11-bit key bin, the rest below; kUlpBand: every score within
+// 4,096 ulps of 1 (one 11-bit bin; the k-th best decided in the key's lowest bits).
 void fill_row(Gen g, std::mt19937& rng, float* x, int64_t t, int64_t row) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float vals[6] = {0.5f, 1.0f, 1.5f, 2.0f, -1.0f, 3.0f};
@@ -64,6 +66,9 @@ void fill_row(Gen g, std::mt19937& rng, float* x, int64_t t, int64_t row) {
       case Gen::kBandTies:  // half the row in [1, 1.25) (one first-digit bin of the wide select) from
                             // 64 values, so the k-th best is decided among ties inside that bin
         v = (rng() & 1) ? 1.0f + static_cast<float>(rng() % 64) / 256.0f : std::min(0.9f, nd(rng) - 1.0f);
+        break;
+      case Gen::kUlpBand:  // 1 + (0..4095) ulps: one 11-bit key bin, the k-th decided in the low key bits
+        v = 1.0f + static_cast<float>(rng() % 4096) * 0x1p-23f;
         break;
       case Gen::kIndexerLike:
         v = i >= visible ? -INFINITY : std::max(0.0f, nd(rng)) * (rng() % 4 == 0 ? 0.0f : 1.0f);
@@ -138,8 +143,9 @@ TEST(SelectionParity, TopkRows) {
 // The wide select (radix_select.cuh: 11 bits over the row, the chosen bin's keys copied, 11 + 10 bits
 // over them) against the CPU op, bit for bit, on the shapes of its branches and of decode steps: the
 // chosen bin resolved in shared memory with ties at the k-th key (band-ties at t <= 4096: about t / 2
-// keys in the bin), the four-pass fallback (band-ties at t = 9000: more than 2048 keys in the bin; ties:
-// the zeros), take-all rows (all -inf, sparse, t < k), 256 and 1024 threads (t >= 8192), the global
+// keys in the bin), the fallback (band-ties at t = 9000: more than 2048 keys in the bin; ties:
+// the zeros), the k-th key decided in its lowest bits (ulp-band) on both branches, take-all rows (all
+// -inf, sparse, t < k), 256 and 1024 threads (t >= 8192), the global
 // (uncached) row of a wide call, the two-launch path; and the decode shapes of the slice (t = 2048 and
 // 4096 at k = 512). Small enough for the host emulator.
 TEST(SelectionParity, TopkWideSelect) {
@@ -154,6 +160,8 @@ TEST(SelectionParity, TopkWideSelect) {
       {2, 10300, 16, Gen::kGauss},       // past the cached size, one launch: the row read from global memory
       {1, 12000, 4, Gen::kBandTies},     // the same with the fallback
       {2, 12289, 512, Gen::kBandTies},   // two launches: chunks resolved in shared memory, the merge falls back
+      {3, 1500, 512, Gen::kUlpBand},     // bits 9..0 decide, in shared memory
+      {3, 6000, 512, Gen::kUlpBand},     // bits 4..0 decide, in the fallback's last pass over the row
   };
   for (const TopkCase& c : cases) {
     std::mt19937 rng(static_cast<uint32_t>(c.t * 5 + c.k + static_cast<int>(c.gen)));
