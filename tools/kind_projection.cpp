@@ -34,9 +34,9 @@ std::optional<double> engram_delta(const std::map<std::string, double>& t) {
   return std::max(0.0, with->second - without->second);
 }
 
-// The seconds of one layer of `kind`: measured, or estimated from the kind with / without Engram
-// (`how` says which); nullopt when neither was measured.
-std::optional<double> kind_seconds(const std::map<std::string, double>& t, const std::string& kind, std::string* how) {
+// The value (seconds, bytes) of one layer of `kind`: measured, or estimated from the kind with /
+// without Engram (`how` says which); nullopt when neither was measured.
+std::optional<double> kind_value(const std::map<std::string, double>& t, const std::string& kind, std::string* how) {
   if (auto it = t.find(kind); it != t.end()) return it->second;
   const std::optional<double> d = engram_delta(t);
   if (ends_with_engram(kind)) {
@@ -59,31 +59,25 @@ std::optional<double> kind_seconds(const std::map<std::string, double>& t, const
   return std::nullopt;
 }
 
-Status check_times(const std::map<std::string, double>& t, const char* what) {
+Status check_times(const std::map<std::string, double>& t, const char* who, const char* what) {
   for (const auto& [k, v] : t)
     if (!std::isfinite(v) || v < 0)
-      return invalid_argument(std::string("prefill projection: ") + what + " seconds of '" + k +
-                              "' must be finite and >= 0, got " + std::to_string(v));
+      return invalid_argument(std::string(who) + ": " + what + " of '" + k + "' must be finite and >= 0, got " +
+                              std::to_string(v));
   return ok_status();
 }
 
-// The sum of t[kind] over the layers of s, each kind measured or estimated (named in *approximated
-// under kind + suffix); *count gets the layers per kind.
-Result<double> sum_kinds(const model::LayerSchedule& s, const std::map<std::string, double>& t, const char* what,
-                         const std::string& suffix, std::map<std::string, std::string>* approximated,
-                         std::map<std::string, int64_t>* count) {
-  double sum = 0;
-  for (const model::LayerPlan& l : s.layers) {
-    const std::string kind = layer_kind(l);
-    ++(*count)[kind];
-    std::string how;
-    const std::optional<double> v = kind_seconds(t, kind, &how);
-    if (!v) return not_found(std::string("decode projection: layer kind '") + kind + "' (layer " +
-                             std::to_string(l.layer) + ") has no " + what + " measurement and no estimate");
-    if (!how.empty()) (*approximated)[kind + suffix] = how;
-    sum += *v;
-  }
-  return sum;
+// t[layer l's kind], measured or estimated (the estimate named in *approximated under kind + suffix).
+Result<double> layer_value(const std::map<std::string, double>& t, const model::LayerPlan& l, const char* who,
+                           const char* what, const std::string& suffix,
+                           std::map<std::string, std::string>* approximated) {
+  const std::string kind = layer_kind(l);
+  std::string how;
+  const std::optional<double> v = kind_value(t, kind, &how);
+  if (!v) return not_found(std::string(who) + ": layer kind '" + kind + "' (layer " + std::to_string(l.layer) +
+                           ") has no " + what + " measurement and no estimate");
+  if (!how.empty()) (*approximated)[kind + suffix] = how;
+  return *v;
 }
 
 }  // namespace kind_projection
@@ -94,16 +88,20 @@ Result<DecodeProjection> project_decode(const model::LayerSchedule& schedule,
                                         const std::map<std::string, double>& bytes_per_layer, double head_ms,
                                         double outside_ms, double bandwidth_bytes_per_s) {
   using namespace kind_projection;
-  DS41_RETURN_IF_ERROR(check_times(ms_per_layer, "decode milliseconds"));
-  DS41_RETURN_IF_ERROR(check_times(bytes_per_layer, "decode bytes"));
+  constexpr const char* who = "decode projection";
+  DS41_RETURN_IF_ERROR(check_times(ms_per_layer, who, "milliseconds"));
+  DS41_RETURN_IF_ERROR(check_times(bytes_per_layer, who, "bytes"));
   if (!std::isfinite(head_ms) || head_ms < 0 || !std::isfinite(outside_ms) || !(bandwidth_bytes_per_s > 0))
     return invalid_argument("decode projection: head / outside milliseconds must be >= 0 and the bandwidth > 0");
   DecodeProjection p;
   p.layers = static_cast<int64_t>(schedule.layers.size());
-  std::map<std::string, int64_t> unused;
-  DS41_ASSIGN_OR_RETURN(p.layers_ms, sum_kinds(schedule, ms_per_layer, "time", "", &p.approximated, &p.layers_per_kind));
-  DS41_ASSIGN_OR_RETURN(p.layers_bytes,
-                        sum_kinds(schedule, bytes_per_layer, "bytes", " (bytes)", &p.approximated, &unused));
+  for (const model::LayerPlan& l : schedule.layers) {
+    ++p.layers_per_kind[layer_kind(l)];
+    DS41_ASSIGN_OR_RETURN(const double ms, layer_value(ms_per_layer, l, who, "time", "", &p.approximated));
+    DS41_ASSIGN_OR_RETURN(const double bytes, layer_value(bytes_per_layer, l, who, "bytes", " (bytes)", &p.approximated));
+    p.layers_ms += ms;
+    p.layers_bytes += bytes;
+  }
   p.step_ms = p.layers_ms + head_ms + std::max(0.0, outside_ms);
   p.layers_roofline_ms = p.layers_bytes / bandwidth_bytes_per_s * 1e3;
   p.layers_roofline_ratio = p.layers_roofline_ms > 0 ? p.layers_ms / p.layers_roofline_ms : 0.0;
@@ -115,8 +113,9 @@ Result<PrefillProjection> project_prefill(const model::ModelConfig& target, cons
   using namespace kind_projection;
   if (tokens < 1) return invalid_argument("prefill projection: tokens must be >= 1");
   if (!std::isfinite(head_s) || head_s < 0) return invalid_argument("prefill projection: head seconds must be >= 0");
-  DS41_RETURN_IF_ERROR(check_times(measured.prompt, "prompt"));
-  DS41_RETURN_IF_ERROR(check_times(measured.window, "window"));
+  constexpr const char* who = "prefill projection";
+  DS41_RETURN_IF_ERROR(check_times(measured.prompt, who, "prompt seconds"));
+  DS41_RETURN_IF_ERROR(check_times(measured.window, who, "window seconds"));
   PrefillProjection p;
   p.tokens = tokens;
   p.layers = static_cast<int64_t>(schedule.layers.size());
@@ -128,24 +127,16 @@ Result<PrefillProjection> project_prefill(const model::ModelConfig& target, cons
   }
   double exact = head_s, replay = head_s;
   for (const model::LayerPlan& l : schedule.layers) {
-    const std::string kind = layer_kind(l);
-    ++p.layers_per_kind[kind];
-    std::string how;
-    const std::optional<double> full = kind_seconds(measured.prompt, kind, &how);
-    if (!full) return not_found("prefill projection: layer kind '" + kind + "' (layer " + std::to_string(l.layer) +
-                                ") was not measured and has no estimate");
-    if (!how.empty()) p.approximated[kind] = how;
-    exact += *full;
+    ++p.layers_per_kind[layer_kind(l)];
+    DS41_ASSIGN_OR_RETURN(const double full, layer_value(measured.prompt, l, who, "prompt", "", &p.approximated));
+    exact += full;
     if (p.cut < 0) continue;
     if (l.layer <= p.cut) {
-      replay += *full;
+      replay += full;
     } else {
-      std::string how_w;
-      const std::optional<double> win = kind_seconds(measured.window, kind, &how_w);
-      if (!win) return not_found("prefill projection: layer kind '" + kind + "' (layer " + std::to_string(l.layer) +
-                                 ") has no window-chunk measurement and no estimate");
-      if (!how_w.empty()) p.approximated[kind + " (window)"] = how_w;
-      replay += *win;
+      DS41_ASSIGN_OR_RETURN(const double win,
+                            layer_value(measured.window, l, who, "window-chunk", " (window)", &p.approximated));
+      replay += win;
     }
   }
   p.exact_s = exact;

@@ -85,6 +85,33 @@ struct TopkCase {
   Gen gen;
 };
 
+// One top-k case against the CPU op with each select (the wide one, then the four passes): the rows
+// generated and the CPU's sets computed once, one report line and one assertion per select.
+void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> sc(c.n * c.t);
+  for (int64_t r = 0; r < c.n; ++r) fill_row(c.gen, rng, &sc[r * c.t], c.t, r);
+  std::vector<int32_t> want(c.n * c.k);
+  cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
+  auto dsc = upload(sc);
+  for (int wide : {1, 0}) {
+    set_topk_wide_for_tests(wide);
+    DevBuf<int32_t> dout(want.size());
+    DevBuf<uint8_t> ws(topk_workspace_bytes(c.n, c.t, c.k));
+    ASSERT_TRUE(dsc->p && dout.p && ws.p);
+    KC_OK(run_topk_rows(dsc->p, c.n, c.t, c.k, dout.p, ws.p, nullptr));
+    auto got = from_dev(dout.p, want.size());
+    int64_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
+    report(wide ? "topk_rows (wide select)" : "topk_rows (four-pass select)",
+           std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
+               " k=" + std::to_string(c.k),
+           static_cast<double>(bad), 0, "index sets in the tie order: exact");
+    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " n=" << c.n << " t=" << c.t << " k=" << c.k << " wide=" << wide;
+  }
+  set_topk_wide_for_tests(-1);
+}
+
 TEST(SelectionParity, TopkRows) {
   KC_SKIP_WITHOUT_GPU();
   backends::cpu::CpuBackend cpu(nullptr);
@@ -114,30 +141,8 @@ TEST(SelectionParity, TopkRows) {
       {65, 16385, 512, Gen::kGauss},  // one more: one launch
       {3, 40000, 2048, Gen::kTies},   // k = 2048: 5 chunks
   };
-  for (int wide : {1, 0})
-  for (const TopkCase& c : cases) {
-    set_topk_wide_for_tests(wide);
-    std::mt19937 rng(static_cast<uint32_t>(c.t * 3 + c.k + static_cast<int>(c.gen)));
-    std::vector<float> sc(c.n * c.t);
-    for (int64_t r = 0; r < c.n; ++r) fill_row(c.gen, rng, &sc[r * c.t], c.t, r);
-    std::vector<int32_t> want(c.n * c.k);
-    cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
-    auto dsc = upload(sc);
-    DevBuf<int32_t> dout(want.size());
-    const size_t ws_bytes = topk_workspace_bytes(c.n, c.t, c.k);
-    DevBuf<uint8_t> ws(ws_bytes);
-    ASSERT_TRUE(dsc->p && dout.p && ws.p);
-    KC_OK(run_topk_rows(dsc->p, c.n, c.t, c.k, dout.p, ws.p, nullptr));
-    auto got = from_dev(dout.p, want.size());
-    int64_t bad = 0;
-    for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
-    report(wide ? "topk_rows (wide select)" : "topk_rows (four-pass select)",
-           std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
-               " k=" + std::to_string(c.k),
-           static_cast<double>(bad), 0, "index sets in the tie order: exact");
-    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t << " k=" << c.k << " wide=" << wide;
-  }
-  set_topk_wide_for_tests(-1);
+  for (const TopkCase& c : cases)
+    check_topk_both_selects(cpu, c, static_cast<uint32_t>(c.t * 3 + c.k + static_cast<int>(c.gen)));
 }
 
 // The wide select (radix_select.cuh: 11 bits over the row, the chosen bin's keys copied, 11 + 10 bits
@@ -163,30 +168,8 @@ TEST(SelectionParity, TopkWideSelect) {
       {3, 1500, 512, Gen::kUlpBand},     // bits 9..0 decide, in shared memory
       {3, 6000, 512, Gen::kUlpBand},     // bits 4..0 decide, in the fallback's last pass over the row
   };
-  for (const TopkCase& c : cases) {
-    std::mt19937 rng(static_cast<uint32_t>(c.t * 5 + c.k + static_cast<int>(c.gen)));
-    std::vector<float> sc(c.n * c.t);
-    for (int64_t r = 0; r < c.n; ++r) fill_row(c.gen, rng, &sc[r * c.t], c.t, r);
-    std::vector<int32_t> want(c.n * c.k);
-    cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
-    auto dsc = upload(sc);
-    for (int wide : {1, 0}) {
-      set_topk_wide_for_tests(wide);
-      DevBuf<int32_t> dout(want.size());
-      DevBuf<uint8_t> ws(topk_workspace_bytes(c.n, c.t, c.k));
-      ASSERT_TRUE(dsc->p && dout.p && ws.p);
-      KC_OK(run_topk_rows(dsc->p, c.n, c.t, c.k, dout.p, ws.p, nullptr));
-      auto got = from_dev(dout.p, want.size());
-      int64_t bad = 0;
-      for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
-      report(wide ? "topk_rows wide" : "topk_rows four-pass",
-             std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
-                 " k=" + std::to_string(c.k),
-             static_cast<double>(bad), 0, "index sets in the tie order: exact");
-      EXPECT_EQ(bad, 0) << gen_name(c.gen) << " n=" << c.n << " t=" << c.t << " k=" << c.k << " wide=" << wide;
-    }
-  }
-  set_topk_wide_for_tests(-1);
+  for (const TopkCase& c : cases)
+    check_topk_both_selects(cpu, c, static_cast<uint32_t>(c.t * 5 + c.k + static_cast<int>(c.gen)));
 }
 
 // The multi-CTA greedy choice against model::argmax_lowest (the DSpark draft's c_k) bit for bit:
