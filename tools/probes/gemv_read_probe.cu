@@ -137,6 +137,53 @@ __global__ void bulk_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t
   if (acc == 0x12345678u) out[0] = acc;
 }
 
+
+// CTA-level stream (the pattern of a TMA-pipelined GEMM's A operand): the weight is cut into chunks of
+// CH contiguous bytes (a block iteration's 16 x RPB full rows are contiguous); CTA b takes chunks b, b +
+// G, ... One producer warp (the last) issues one bulk copy per chunk into an S-stage ring (full barrier
+// per stage, tx bytes); the consumer warps read the stage with 16-byte shared loads and arrive on the
+// stage's empty barrier; the producer waits for it before refilling.
+template <int S, int CH>
+__global__ void cta_kernel(const uint8_t* __restrict__ w, int64_t bytes, uint32_t* out) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + S;
+  uint8_t* ring = smem + 1024;
+  const int consumers = static_cast<int>(blockDim.x / 32) - 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) { mbar_init(full + s, 1); mbar_init(empty + s, consumers); }
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  const int64_t n_chunks = bytes / CH;
+  const int64_t mine = n_chunks > blockIdx.x ? (n_chunks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  uint32_t acc = 0;
+  if (warp == consumers) {  // producer
+    if (lane == 0) {
+      for (int64_t k = 0; k < mine; ++k) {
+        const int s = static_cast<int>(k % S);
+        if (k >= S) mbar_wait(empty + s, static_cast<unsigned>(((k / S) - 1) & 1));
+        mbar_expect(full + s, CH);
+        bulk_g2s(ring + s * CH, w + (blockIdx.x + k * gridDim.x) * CH, CH, full + s);
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < mine; ++k) {
+      const int s = static_cast<int>(k % S);
+      mbar_wait(full + s, static_cast<unsigned>((k / S) & 1));
+      const uint4* st = reinterpret_cast<const uint4*>(ring + s * CH);
+      for (int i = threadIdx.x; i < CH / 16; i += consumers * 32) {
+        const uint4 v = st[i];
+        acc ^= v.x + v.y * 3 + v.z * 5 + v.w;
+      }
+      __syncwarp();
+      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(sa(empty + s)) : "memory");
+    }
+  }
+  if (acc == 0x12345678u) out[0] = acc;
+}
+
 __global__ void copy_read(const float4* __restrict__ p, int64_t n, uint32_t* out) {
   float s = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -199,6 +246,24 @@ int main() {
     bulk(bulk_kernel<3, 256>, 3, 256, 8, 2, "bulk_s3_c256_w8x2");
     bulk(bulk_kernel<2, 512>, 2, 512, 4, 3, "bulk_s2_c512_w4x3");
     bulk(bulk_kernel<4, 128>, 4, 128, 8, 3, "bulk_s4_c128_w8x3");
+    auto cta = [&](auto kern, int S, int CH, int warps, int bps, const char* name) {
+      const int smem = 1024 + S * CH;
+      CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      const int64_t bytes = sh.rows * sh.row_bytes;
+      if (bytes % CH) return;
+      const int64_t n_chunks = bytes / CH;
+      const int blocks = static_cast<int>(std::min<int64_t>(n_chunks, (int64_t)bps * sms));
+      bench(name, sh, [&](const uint8_t* w) { kern<<<blocks, (warps + 1) * 32, smem>>>(w, bytes, out); });
+    };
+    cta(cta_kernel<4, 16384>, 4, 16384, 4, 1, "cta_s4_c16k_1blk");
+    cta(cta_kernel<6, 16384>, 6, 16384, 4, 1, "cta_s6_c16k_1blk");
+    cta(cta_kernel<4, 16384>, 4, 16384, 4, 2, "cta_s4_c16k_2blk");
+    cta(cta_kernel<3, 16384>, 3, 16384, 4, 2, "cta_s3_c16k_2blk");
+    cta(cta_kernel<4, 8192>, 4, 8192, 4, 2, "cta_s4_c8k_2blk");
+    cta(cta_kernel<8, 8192>, 8, 8192, 4, 2, "cta_s8_c8k_2blk");
+    cta(cta_kernel<4, 32768>, 4, 32768, 4, 1, "cta_s4_c32k_1blk");
+    cta(cta_kernel<2, 32768>, 2, 32768, 4, 3, "cta_s2_c32k_3blk");
+    cta(cta_kernel<6, 4096>, 6, 4096, 4, 4, "cta_s6_c4k_4blk");
   }
   printf("  {}]}\n");
   return 0;

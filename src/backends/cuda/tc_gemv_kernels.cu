@@ -1331,6 +1331,43 @@ int blocks_per_sm(size_t smem) {
 // decoded alone, in a batch, or in a DSpark verification (row-count invariance). Blocks: as many
 // as fill the SMs (at the call's own blocks per SM) over `units` x-row units per group
 // (persistent), at most one per row-group batch.
+// The balanced KS (DS41_TCG_KS_BALANCE=0: off, measurements; tests: set_ks_balance_for_tests). The
+// rule above stops at the first KS whose warp tasks reach the reference warps, which can leave a
+// second round of row-group batches for a fraction of the blocks: wo_b (320 row groups, KS = 8: 320
+// batches on 264 block slots, 56 blocks run a second round alone), wo_a (8 x 64 batches on 8 x 33
+// slots), the shared expert's w2 and pair. Measured on the H100 (`bench kernels --n 1 --row-invariant`
+// with DS41_TCG_DENSE_KS forced, docs/perf/README.md, session of 2026-12-06 08:47 UTC): wo_b 25.8 us
+// at KS = 8 against 22.9 at 4, wo_a 16.7 against 15.4, shared w2 10.7 against 8.9; where KS = 8 is one
+// round already (wq_a, shared w1 alone) it stays best. So: among KS <= the rule's, the fewest rounds of
+// one x-row unit's batches over the reference block slots, as long as the launch keeps at least half
+// the reference blocks (a KS that leaves the GPU half empty is not taken); on a tie, the larger KS.
+// From the weight's shape only (and the GPU's SM count, as the rule above): row-count invariant.
+int g_ks_balance = -1;
+bool ks_balance() {
+  if (g_ks_balance >= 0) return g_ks_balance != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TCG_KS_BALANCE");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool fused, int64_t ref_blocks) {
+  const int64_t other = (fused ? 1 : mats) * groups;
+  const int64_t slot_cap = std::max<int64_t>(1, ref_blocks / other);
+  int best = l_max;
+  int64_t best_rounds = -1;
+  for (int l = l_max; l >= 0; --l) {
+    const int64_t rpb = (fused ? kWarps / 2 : kWarps) >> l, n_rgb = (n_rg + rpb - 1) / rpb;
+    const int64_t slots = std::min(n_rgb, slot_cap), rounds = (n_rgb + slots - 1) / slots;
+    if (l != l_max && 2 * slots * other < ref_blocks) break;  // fewer KS only shrinks the launch further
+    if (best_rounds < 0 || rounds < best_rounds) {
+      best = l;
+      best_rounds = rounds;
+    }
+  }
+  return best;
+}
+
 struct Shape {
   int ks_log2;
   unsigned slots;
@@ -1347,6 +1384,7 @@ Shape shape(int64_t out_rows, int64_t groups, int64_t units, int64_t in, int U, 
   int l = force_l >= 0 ? force_l : 0;  // force_l: a caller's own rule (experts) or a switch
   while (force_l < 0 && l < 3 && n_rg * groups * mats * (int64_t{1} << l) < ref_warps && steps >> (l + 1) >= 2 * U) ++l;
   if (fused) l = std::min(l, 2);
+  if (force_l < 0 && ks_balance()) l = balanced_ks_log2(l, n_rg, groups, mats, fused, ref_warps / kWarps);
   const int64_t rpb = (fused ? kWarps / 2 : kWarps) >> l, n_rgb = (n_rg + rpb - 1) / rpb,
                 other = (fused ? 1 : mats) * groups * std::max<int64_t>(1, units);
   // At most one wave: blocks are persistent over the row-group batches, and a grid past the resident
@@ -1569,6 +1607,7 @@ void set_fp8_wide_for_tests(int mode) { g_fp8_wide = mode < 0 ? -1 : (mode ? 1 :
 void set_early_for_tests(int before_wait) { g_early = before_wait < 0 ? -1 : (before_wait ? 1 : 0); }
 void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm,

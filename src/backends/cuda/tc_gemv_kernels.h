@@ -39,6 +39,8 @@ void set_expert_stage_first_for_tests(int mode);
 // A dense pair's SwiGLU epilogue (DS41_TCG_DENSE_SWIGLU=1, opt-in until timed; try_dense with a
 // SwigluEpilogue refuses it while off): -1 the environment, 0 off, 1 on. Experts' pairs take it always.
 void set_dense_swiglu_for_tests(int mode);
+// The balanced KS rule (tc_gemv_kernels.cu, balanced_ks_log2): 1 on, 0 off, -1 the default (DS41_TCG_KS_BALANCE).
+void set_ks_balance_for_tests(int mode);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)
