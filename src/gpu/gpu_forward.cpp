@@ -68,6 +68,16 @@ bool routed_rows_gather() {
 }
 }  // namespace
 
+// DS41_SIDE_REBALANCE=0 (measurement): a Reindex layer's index head weights on the query path's stream
+// and a ratio-2 compressor's a / b as two launches, as before 2026-12-06 (gpu_attention_layer.cpp).
+bool GpuForward::side_rebalance() {
+  static const bool v = [] {
+    const char* e = std::getenv("DS41_SIDE_REBALANCE");
+    return !(e && std::atoi(e) == 0);
+  }();
+  return v;
+}
+
 bool GpuForward::table_decode_enabled() {
   const int o = g_kv_table_override.load();
   if (o >= 0) return o != 0;

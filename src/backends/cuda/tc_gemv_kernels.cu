@@ -1351,22 +1351,6 @@ bool ks_balance() {
   }();
   return on;
 }
-int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool fused, int64_t ref_blocks) {
-  const int64_t other = (fused ? 1 : mats) * groups;
-  const int64_t slot_cap = std::max<int64_t>(1, ref_blocks / other);
-  int best = l_max;
-  int64_t best_rounds = -1;
-  for (int l = l_max; l >= 0; --l) {
-    const int64_t rpb = (fused ? kWarps / 2 : kWarps) >> l, n_rgb = (n_rg + rpb - 1) / rpb;
-    const int64_t slots = std::min(n_rgb, slot_cap), rounds = (n_rgb + slots - 1) / slots;
-    if (l != l_max && 2 * slots * other < ref_blocks) break;  // fewer KS only shrinks the launch further
-    if (best_rounds < 0 || rounds < best_rounds) {
-      best = l;
-      best_rounds = rounds;
-    }
-  }
-  return best;
-}
 
 struct Shape {
   int ks_log2;
@@ -1608,6 +1592,24 @@ void set_early_for_tests(int before_wait) { g_early = before_wait < 0 ? -1 : (be
 void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
+
+int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool fused, int64_t ref_blocks) {
+  const int64_t other = (fused ? 1 : mats) * groups;
+  const int64_t slot_cap = std::max<int64_t>(1, ref_blocks / other);
+  int best = l_max;
+  int64_t best_rounds = -1;
+  for (int l = l_max; l >= 0; --l) {
+    const int64_t rpb = (fused ? kWarps / 2 : kWarps) >> l, n_rgb = (n_rg + rpb - 1) / rpb;
+    const int64_t slots = std::min(n_rgb, slot_cap), rounds = (n_rgb + slots - 1) / slots;
+    if (l != l_max && 2 * slots * other < ref_blocks) break;  // fewer KS only shrinks the launch further
+    if (best_rounds < 0 || rounds < best_rounds) {
+      best = l;
+      best_rounds = rounds;
+    }
+  }
+  return best;
+}
+
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm,

@@ -41,6 +41,10 @@ void set_expert_stage_first_for_tests(int mode);
 void set_dense_swiglu_for_tests(int mode);
 // The balanced KS rule (tc_gemv_kernels.cu, balanced_ks_log2): 1 on, 0 off, -1 the default (DS41_TCG_KS_BALANCE).
 void set_ks_balance_for_tests(int mode);
+// The balanced rule itself (host only, no device): the warps per row group (log2) for a weight of n_rg
+// row groups of 16 in `groups` groups, `mats` matrices per launch (a pair: 2; `fused`: both in one
+// block), given the old rule's l_max and the reference blocks (SMs x blocks per SM by shared memory).
+int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool fused, int64_t ref_blocks);
 
 // Rows up to which run_linear / run_grouped_linear send FP8 / FP4 calls here without row_invariant
 // (BF16 calls come here only with it)

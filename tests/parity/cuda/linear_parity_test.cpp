@@ -18,6 +18,7 @@
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
+#include "backends/cuda/tc_gemv_kernels.h"
 #include "kernel_parity_util.h"
 #include "ops/weight_ref.h"
 
@@ -1232,6 +1233,91 @@ TEST(LinearParity, DecodeGemvRowCountInvariance) {
                " rows per block) vs each row alone: bits differing",
            static_cast<double>(differ), 0, "a row's order depends on the expert's shape only");
     EXPECT_EQ(differ, 0u);
+  }
+}
+
+// The balanced KS rule's picks (host only, no device): the released shapes on 264 reference blocks (132
+// SMs x 2), docs/perf/README.md (session of 2026-12-06 08:47 UTC) for the measurements behind them.
+TEST(LinearParity, BalancedKsRule) {
+  using cuda::tcg::balanced_ks_log2;
+  // wo_b 5120 x 8192: KS 8 leaves 320 batches on 264 slots (two rounds) -> KS 4, 160 blocks, one round.
+  EXPECT_EQ(balanced_ks_log2(3, 320, 1, 1, false, 264), 2);
+  // wo_a 8 groups of 64 row groups: 64 batches on 33 slots per group -> KS 4, 32 per group.
+  EXPECT_EQ(balanced_ks_log2(3, 64, 8, 1, false, 264), 2);
+  // wq_a 1280 rows: one round at KS 8 already; fewer warps would halve the launch.
+  EXPECT_EQ(balanced_ks_log2(3, 80, 1, 1, false, 264), 3);
+  // wq_b 32768 rows at the old rule's KS 2: 512 batches on 264 slots -> KS 1, 256 blocks, one round.
+  EXPECT_EQ(balanced_ks_log2(1, 2048, 1, 1, false, 264), 0);
+  // the shared expert's w1 / w3 pair: 144 row groups per matrix on 132 slots each -> KS 4.
+  EXPECT_EQ(balanced_ks_log2(3, 144, 1, 2, false, 264), 2);
+  // 600 row groups: three rounds at KS 8, two at 4, one at 2 (150 blocks >= half); KS 1 (75 blocks) is not
+  // considered, though also one round.
+  EXPECT_EQ(balanced_ks_log2(3, 600, 1, 1, false, 264), 1);
+  // the head (8,080 row groups, old rule KS 1): nothing below.
+  EXPECT_EQ(balanced_ks_log2(0, 8080, 1, 1, false, 264), 0);
+  // the gate (24 row groups): one round, small launch: unchanged.
+  EXPECT_EQ(balanced_ks_log2(3, 24, 1, 1, false, 264), 3);
+  // a fused pair (both matrices in each block, KS <= 4): 144 row groups, 2 per block at KS 4 -> 72
+  // blocks (< half): stays.
+  EXPECT_EQ(balanced_ks_log2(2, 144, 1, 2, true, 264), 2);
+}
+
+// Row-count invariance where the balanced rule changes KS (wo_b and wo_a at the released widths, both
+// rules): a row alone, in 5 and in 9 rows, the same bits; and within the parity tolerance of the CPU op.
+TEST(LinearParity, BalancedKsRowCountInvariance) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      cuda::tcg::set_ks_balance_for_tests(-1);
+    }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct Case {
+    const char* what;
+    int64_t out, in, groups;  // out over all groups, in per group (run_grouped_linear's shapes)
+  };
+  const std::vector<Case> cases = emu ? std::vector<Case>{{"small", 1280, 512, 1}, {"small grouped", 1024, 256, 4}}
+                                      : std::vector<Case>{{"wo_b", 5120, 8192, 1}, {"wo_a", 8192, 4096, 8}};
+  uint64_t seed = 13500;
+  for (const Case& c : cases) {
+    backends::cpu::CpuBackend cpu(&ref_pool());
+    HostWeight hw = make_weight(WeightFormat::kFp8Tiles, c.out, c.in, ++seed);
+    DevWeight dw(hw);
+    const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+    const int64_t N = 9, ldx = c.in * c.groups;
+    auto x = rand_floats(static_cast<size_t>(N * ldx), ++seed);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < ldx; ++k) x[r * ldx + k] = std::ldexp(x[r * ldx + k], static_cast<int>(5 * r - 20));
+    std::vector<float> want(static_cast<size_t>(N * c.out));
+    if (c.groups > 1)
+      cpu.grouped_linear(ref, c.groups, x.data(), N, want.data());
+    else
+      cpu.linear(ref, x.data(), N, want.data());
+    Dev<float> dx(x);
+    auto run = [&](int64_t r0, int64_t n) {
+      Dev<float> dy(static_cast<size_t>(n * c.out));
+      const Status st = c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, dx.p + r0 * ldx, n, dy.p, nullptr, true)
+                                     : run_linear(dw.dw, dx.p + r0 * ldx, n, dy.p, nullptr, true);
+      EXPECT_TRUE(st.ok()) << st.message();
+      return dy.get();
+    };
+    for (int balance : {1, 0}) {
+      cuda::tcg::set_ks_balance_for_tests(balance);
+      const std::vector<float> all = run(0, N);
+      size_t differ = 0;
+      for (const auto& [r0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {4, 1}, {8, 1}, {2, 5}}) {
+        const std::vector<float> part = run(r0, n);
+        for (int64_t i = 0; i < n * c.out; ++i) differ += bits_of(part[i]) != bits_of(all[r0 * c.out + i]);
+      }
+      const std::string name = std::string(c.what) + " fp8 " + dims({c.out, c.in}) + " g=" +
+                               std::to_string(c.groups) + (balance ? " balanced KS" : " old KS rule");
+      report("linear row-count invariance", name + ": rows alone / in 5 vs 9: bits differing",
+             static_cast<double>(differ), 0, "KS from the weight's shape only");
+      EXPECT_EQ(differ, 0u) << name;
+      report("linear (KS rule)", name + " n=9 vs the CPU op", rel_to_max(all, want), kLinearTol, kLinearWhy);
+    }
   }
 }
 
