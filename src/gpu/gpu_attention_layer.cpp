@@ -99,7 +99,6 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   // (ws_.kvf, the rings, the compressor buffers and pages) on the side stream, the query path with
   // the indexer's queries (ws_.q_r, ws_.q, ws_.qi, ws_.wt) on the main one (gpu_forward.h "Side
   // stream"; without it: the query path, then the window KV, as the reference).
-  const bool weights_on_side = p.index_source && !p.kv_source && side_rebalance();
   DS41_RETURN_IF_ERROR(concurrently(
       [&]() -> Status {
         // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
@@ -117,10 +116,6 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
             cuda::window_kv_rows(n, hd, kv, w.kv_norm.ptr, eps, pos_, inv.ptr, inv.size, ring, ring_write_, true),
             s));
         if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
-        // An index source that compresses nothing (Reindex): its head weights here, beside the query
-        // path, which is the longer chain (wq_a, the norm, wq_b, the indexer's queries); they read x
-        // only. A KV source's side chain is the longer one already (the compressor), so they stay there.
-        if (weights_on_side) return index_weights(l, x).with_context("indexer");
         return p.index_source ? ok_status() : entries();
       },
       [&]() -> Status {
@@ -131,7 +126,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
           return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
         DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
         DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
-        return index_queries(l, x, ws_.q_r, !weights_on_side).with_context("indexer");
+        return index_queries(l, x, ws_.q_r).with_context("indexer");
       }));
   if (p.index_source) {
     DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));
@@ -189,10 +184,11 @@ Status GpuForward::compress(int64_t l, const float* x) {
   const float eps = static_cast<float>(c_->rms_norm_eps);
   cudaStream_t s = stream_;
   carry_.keys_of_source = -1;  // this source's keys change
-  if (R > 1 && side_rebalance()) {
+  if (R > 1 && compress_pair()) {
     if (!w.c_wgate.present()) return internal_error("ratio > 1 compressor without wgate");
-    // a and b over the same x: one launch where the GEMV takes the pair (decode steps; the side
-    // stream's chain in a ratio-2 KV source is the layer's longer one), two otherwise.
+    // a and b over the same x: one launch where the GEMV takes the pair (decode steps), two otherwise.
+    // In a decode step this is the side stream's chain, the longer one in a ratio-2 KV source (H100,
+    // session of 2026-12-06 08:47 UTC: full/r2+Engram layer 361-365 us against 372-376 as two launches).
     DS41_RETURN_IF_ERROR(linear_pair(w.c_wkv, w.c_wgate, x, n, ws_.ca, ws_.cb));
   } else {
     DS41_RETURN_IF_ERROR(linear(w.c_wkv, x, n, ws_.ca));
@@ -255,9 +251,9 @@ Status GpuForward::compress(int64_t l, const float* x) {
   return ok_status();
 }
 
-// 3.4.6 the indexer's queries: Q_idx(rotate(idx_wq_b q_r)) per head into ws_.qi and, with `weights`,
-// the head weights (index_weights; they read the query path's q_r and x only).
-Status GpuForward::index_queries(int64_t l, const float* x, const float* q_r, bool weights) {
+// 3.4.6 the indexer's queries: Q_idx(rotate(idx_wq_b q_r)) per head into ws_.qi and the head
+// weights idx_weights_proj x / sqrt(heads) into ws_.wt (they read the query path's q_r and x only).
+Status GpuForward::index_queries(int64_t l, const float* x, const float* q_r) {
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim;
   const DeviceVec& inv = m_->rope_inv_freq(true);
@@ -278,15 +274,8 @@ Status GpuForward::index_queries(int64_t l, const float* x, const float* q_r, bo
     a.quant_inplace = true;
     DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
   }
-  return weights ? index_weights(l, x) : ok_status();
-}
-
-// 3.4.6 the indexer's head weights idx_weights_proj x / sqrt(heads) into ws_.wt.
-Status GpuForward::index_weights(int64_t l, const float* x) {
-  const DeviceLayer& w = m_->weights().layers[l];
-  const int64_t n = n_, nih = c_->index_n_heads;
   DS41_RETURN_IF_ERROR(linear(w.idx_weights_proj, x, n, ws_.wt));
-  return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), stream_);
+  return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s);
 }
 
 // 3.4.6: scores of the queries (index_queries) over the visible keys of the KV owner (decoded once

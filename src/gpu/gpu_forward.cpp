@@ -68,11 +68,11 @@ bool routed_rows_gather() {
 }
 }  // namespace
 
-// DS41_SIDE_REBALANCE=0 (measurement): a Reindex layer's index head weights on the query path's stream
-// and a ratio-2 compressor's a / b as two launches, as before 2026-12-06 (gpu_attention_layer.cpp).
-bool GpuForward::side_rebalance() {
+// DS41_COMPRESS_PAIR=0 (measurement): a ratio-2 compressor's a / b as two launches, as before
+// 2026-12-06, instead of one GEMV pair (gpu_attention_layer.cpp compress()).
+bool GpuForward::compress_pair() {
   static const bool v = [] {
-    const char* e = std::getenv("DS41_SIDE_REBALANCE");
+    const char* e = std::getenv("DS41_COMPRESS_PAIR");
     return !(e && std::atoi(e) == 0);
   }();
   return v;

@@ -261,8 +261,7 @@ class GpuForward {
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                    std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr);
   Status compress(int64_t l, const float* x);
-  Status index_queries(int64_t l, const float* x, const float* q_r, bool weights);
-  Status index_weights(int64_t l, const float* x);
+  Status index_queries(int64_t l, const float* x, const float* q_r);
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
@@ -400,7 +399,7 @@ class GpuForward {
   bool row_invariant_ = false;
   // Whether prefill chunks may decode the KV owner's entries once (set_kv_entry_table_for_tests).
   static bool table_decode_enabled();
-  static bool side_rebalance();  // DS41_SIDE_REBALANCE (gpu_forward.cpp)
+  static bool compress_pair();  // DS41_COMPRESS_PAIR (gpu_forward.cpp)
   std::vector<std::pair<int64_t, int64_t>> jpend_;  // (plan sequence, pending row) written this call
   const int64_t* jpend_rows_ = nullptr;              // device copy of the rows to save
 
