@@ -1437,11 +1437,18 @@ int env_dense_ks_log2() {
 // DS41_TCG_EXPERT_KS forces another (measurements).
 // A pair (w1 with w3, twice the blocks of one matrix) takes KS = 1: at one row its 2 x 6 experts
 // then fill 216 blocks of 8 row groups, one batch each, where KS = 2 would need 432 (1.6 waves).
+// So does a single weight with short rows (<= kExpertShortSteps steps: the MoE's w2, 2304 inputs = 18
+// FP4 steps): at KS = 2 its 6 experts x 320 row groups are 480 batches on 264 block slots (a second
+// round for most blocks, a block reduction every 9 steps), at KS = 1 240 batches in one round. H100,
+// same machine (docs/perf/README.md, session of 2026-12-06 08:47 UTC): w2 25.8 -> 23.2 us at one row,
+// 158.8 -> 140.4 at 8 rows; batch-1 decode layers 2,183 / 2,174 -> 2,154 / 2,142 us, batch 8 7,011 /
+// 7,010 -> 6,943 / 6,948. w1 alone (40 steps, used only with DS41_TCG_PAIRS=0) keeps KS = 2.
+constexpr int64_t kExpertShortSteps = 24;
 int expert_ks_log2(int64_t in, int U, int sub, int64_t mats) {
   const int forced = env_expert_ks_log2();
   if (forced >= 0) return forced;
   const int64_t steps = in / 32 / sub;
-  return mats == 1 && steps >> 1 >= 2 * U ? 1 : 0;
+  return mats == 1 && steps >> 1 >= 2 * U && steps > kExpertShortSteps ? 1 : 0;
 }
 
 // The shared-memory weight ring (WarpTask kRing, filled by the bulk copy engine): DS41_TCG_RING unset
