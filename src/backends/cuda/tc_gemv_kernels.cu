@@ -52,6 +52,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -97,6 +98,10 @@ constexpr int kMaxRingDepth = 4;        // stages per warp of the shared-memory 
 // K <= 8192, three rows of 2304, ...) holds them in registers between the row maxima and the parts.
 constexpr int kStageHeld = 4;
 constexpr int kRingBarBytes = kWarps * kMaxRingDepth * 8;  // their mbarriers, first in the ring's region
+// The quad transposes through shared memory (Fp4::transpose_smem; DS41_TCG_SMEM_TRANSPOSE=1): 1 KB per warp in
+// the ring's region of a register-ring kernel, which a launch then asks for (ring_depth < 0 says so).
+constexpr int kTrWords = 256;
+constexpr int kTrBytes = kWarps * kTrWords * 4;
 
 // ---------------------------------------------------------------------------------------------
 // mma.sync m16n8k16, f16 inputs, f32 accumulation: d += A (16 x 16) . B (16 x 8). Fragments (PTX
@@ -276,7 +281,7 @@ struct Fp8 {
   }
   // aux of ring_read for a stage whose first scale byte is at s.
   __device__ static int ring_aux(const uint8_t* s, int) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u); }
-  __device__ static void prepare(Raw&, int) {}
+  __device__ static void prepare(Raw&, int, uint32_t*) {}
   __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s); }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw& w, int) { return w.s; }
@@ -388,11 +393,39 @@ struct Fp4 {
     d = __shfl_xor_sync(0xffffffffu, d, 2);
     if (q) { v.x = c; v.y = d; } else { v.z = c; v.w = d; }
   }
-  __device__ static void prepare(Raw& w, int shift) {
+  // The same transpose through the warp's 1 KB of shared memory (tr: 256 words; DS41_TCG_SMEM_TRANSPOSE=1):
+  // 4 stores of one word + 1 16-byte load per uint4 where the shuffles take 4 SHFL + 12 SEL. Word w of lane
+  // L = 4r + j (tile j's word w of row r) goes to word 32w + (L ^ 8w) of the buffer, i.e. row w (128 bytes),
+  // 16-byte chunk r ^ 2w, place j; lane 4r + g reads row g's chunk r ^ 2g: its tiles' words g in tile order.
+  // Conflict-free: a store of word w puts the 32 lanes on 32 banks (chunk r ^ 2w, place j); a phase of the
+  // 16-byte load (lanes 8p .. 8p + 7: r = 2p + b, g = 0..3) reads chunks 2 (p ^ g) + b, eight distinct.
+  // The buffer's second half takes the second uint4; a __syncwarp before the stores (the last step's loads
+  // are done) and before the loads (the stores are visible).
+  __device__ static void transpose_smem(uint4& v, uint4& u, uint32_t* tr) {
+    const int lane = static_cast<int>(threadIdx.x & 31);
+    __syncwarp();
+    tr[lane] = v.x;
+    tr[32 + (lane ^ 8)] = v.y;
+    tr[64 + (lane ^ 16)] = v.z;
+    tr[96 + (lane ^ 24)] = v.w;
+    tr[128 + lane] = u.x;
+    tr[160 + (lane ^ 8)] = u.y;
+    tr[192 + (lane ^ 16)] = u.z;
+    tr[224 + (lane ^ 24)] = u.w;
+    __syncwarp();
+    const int rd = 32 * (lane & 3) + ((lane & ~3) ^ (8 * (lane & 3)));
+    v = *reinterpret_cast<const uint4*>(tr + rd);
+    u = *reinterpret_cast<const uint4*>(tr + 128 + rd);
+  }
+  __device__ static void prepare(Raw& w, int shift, uint32_t* tr) {
     w.sa = funnel(w.sa, w.sa_hi, shift);
     w.sb = funnel(w.sb, w.sb_hi, shift);
-    transpose(w.a);
-    transpose(w.b);
+    if (tr != nullptr) {
+      transpose_smem(w.a, w.b, tr);
+    } else {
+      transpose(w.a);
+      transpose(w.b);
+    }
   }
   // After prepare(): the step's four tiles of rows r and r + 8 all on the fast path.
   __device__ static bool step_fast(const Raw& w) { return scale_word_fast(w.sa) && scale_word_fast(w.sb); }
@@ -472,9 +505,13 @@ struct Fp8x2 {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb),
                static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(sa)))};
   }
-  __device__ static void prepare(Raw& w, int) {
-    Fp4::transpose(w.a);
-    Fp4::transpose(w.b);
+  __device__ static void prepare(Raw& w, int, uint32_t* tr) {
+    if (tr != nullptr) {
+      Fp4::transpose_smem(w.a, w.b, tr);
+    } else {
+      Fp4::transpose(w.a);
+      Fp4::transpose(w.b);
+    }
   }
   __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s & 0xffu) && scale_fast(w.s >> 8); }
   __device__ static Q sub(const Raw& w, int j) {
@@ -514,7 +551,7 @@ struct Bf16 {
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t*, const uint8_t*, int) {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb)};
   }
-  __device__ static void prepare(Raw&, int) {}
+  __device__ static void prepare(Raw&, int, uint32_t*) {}
   __device__ static constexpr bool step_fast(const Raw&) { return true; }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw&, int) { return 127u; }
@@ -763,6 +800,7 @@ struct WarpTask {
   int64_t t0, n;  // steps (D::kSub tiles each)
   typename D::Raw q[kRing ? 1 : U];
   uint8_t* ring = nullptr;  // kRing: this warp's rd stages of D::kRingStageBytes
+  uint32_t* tr = nullptr;    // the quad transposes through shared memory (kTrWords words; null: shuffles)
   uint64_t* bars = nullptr;  // kRing: the stages' mbarriers
   int rd = 0;
   // kRing: the task's rows and scales (issue()), the stage of the next step (slot, its first step
@@ -927,6 +965,7 @@ struct WarpTask {
   // every column tile with the one decoded A fragment. The scale window is tested once per step (all
   // its tiles, one vote; FP8 / BF16: uniform over the warp, no vote); a tile is tested alone only in a
   // step that fails it (rare).
+  template <bool kTr>
   __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, Fast& f, const int* ex,
                                        float (&acc)[NT][4]) {
     typename D::Raw cur;
@@ -946,7 +985,7 @@ struct WarpTask {
       if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
       advance();
     }
-    D::prepare(cur, s_shift);
+    D::prepare(cur, s_shift, kTr ? tr : nullptr);
     bool step_fast = D::step_fast(cur);
     if constexpr (!D::kUniformScale) step_fast = __all_sync(0xffffffffu, step_fast);
 #pragma unroll
@@ -1007,16 +1046,24 @@ struct WarpTask {
 #pragma unroll
     for (int c = 0; c < NT; ++c) f.coff[c] = (min(8 * c + r, J - 1) - col0) * 4;
     f.bstride = 8 * J;
+    // The quad transposes' form is chosen once per task (a loop each), so the shuffle loop has no test per step.
+    if (tr != nullptr)
+      steps<true>(xs, J, ex, f, acc);
+    else
+      steps<false>(xs, J, ex, f, acc);
+  }
+  template <bool kTr>
+  __device__ __forceinline__ void steps(const uint2* xs, int J, const int* ex, Fast& f, float (&acc)[NT][4]) {
     // Unrolled by U (the FP4 loop's SASS has ~5 register moves per tile for the ring; unrolling by 2U
     // to let the registers alternate spilled at 128 registers and was 5-17 % slower on the H200).
     const int64_t full = n - n % U;
     for (int64_t i = 0; i < full; i += U) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) tile(u, i + u, xs, J, f, ex, acc);
+      for (int u = 0; u < U; ++u) tile<kTr>(u, i + u, xs, J, f, ex, acc);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (full + u < n) tile(u, full + u, xs, J, f, ex, acc);
+      if (full + u < n) tile<kTr>(u, full + u, xs, J, f, ex, acc);
   }
 };
 
@@ -1079,7 +1126,10 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
       for (int u = 0; u < ring_depth; ++u) dev::mbar_init(task.bars + u, 1);
     dev::mbar_init_fence();
     __syncwarp();
+  } else if (ring_depth < 0) {  // the quad transposes through shared memory (the ring's region)
+    task.tr = reinterpret_cast<uint32_t*>(ring) + warp * kTrWords;
   }
+
   // stage_first (experts, DS41_TCG_EXPERT_STAGE_FIRST=1): x staged before the first weight loads go out,
   // so that the row index and x loads are not queued behind every block's weight stream (the expert
   // GEMV's profile: 38 % of its stall samples before the main loop, the x-row barrier and the row-maximum
@@ -1138,6 +1188,8 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   if constexpr (kRing) dev::cp_async_wait<0>();  // no copy outlives the block (all are empty by now)
 }
 
+// ring_depth < 0 (a register-ring kernel): each warp's kTrWords words past the reduction's for the quad
+// transposes through shared memory (DS41_TCG_SMEM_TRANSPOSE=1; smem_bytes(in, NB) + kTrBytes in all).
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
 // reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
 template <class D, bool kFp8, int NB, bool kRing>
@@ -1343,6 +1395,18 @@ int blocks_per_sm(size_t smem) {
 // the reference blocks (a KS that leaves the GPU half empty is not taken); on a tie, the larger KS.
 // From the weight's shape only (and the GPU's SM count, as the rule above): row-count invariant.
 int g_ks_balance = -1;
+// DS41_TCG_SMEM_TRANSPOSE=1 (opt-in until timed on a device; tests: set_smem_transpose_for_tests): the FP4 and
+// FP8 16-byte-piece kernels transpose their lane quads' words through shared memory (Fp4::transpose_smem).
+int g_smem_tr = -1;
+std::atomic<int64_t> g_smem_tr_launches{0};  // smem_transpose_launches_for_tests
+bool smem_transpose() {
+  if (g_smem_tr >= 0) return g_smem_tr != 0;
+  static const bool on = [] {
+    const char* e = std::getenv("DS41_TCG_SMEM_TRANSPOSE");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
 bool ks_balance() {
   if (g_ks_balance >= 0) return g_ks_balance != 0;
   static const bool on = [] {
@@ -1599,6 +1663,8 @@ void set_early_for_tests(int before_wait) { g_early = before_wait < 0 ? -1 : (be
 void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_smem_transpose_for_tests(int mode) { g_smem_tr = mode < 0 ? -1 : (mode ? 1 : 0); }
+int64_t smem_transpose_launches_for_tests() { return g_smem_tr_launches.load(std::memory_order_relaxed); }
 
 int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool fused, int64_t ref_blocks) {
   const int64_t other = (fused ? 1 : mats) * groups;
@@ -1657,11 +1723,11 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const int64_t units = (n + nbr - 1) / nbr;
   // kernel: the register ring; ring_kernel: the shared-memory ring (stage_bytes 0: none). U (the
   // register ring's) sizes KS in both, so both give the same bits.
-  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes, bool quads = false) {
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    const int rd = ring_depth<K, KR>(smem, stage_bytes);
+    int rd = ring_depth<K, KR>(smem, stage_bytes);
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
@@ -1682,23 +1748,28 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
              norm != nullptr ? *norm : RowNorm{}, early_on(), sw);
     };
-    if (rd > 0)
+    if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
-    else
+    } else if (quads && smem_transpose() && smem + kTrBytes <= static_cast<size_t>(kMaxSmem)) {
+      rd = -1;  // the register ring with its quad transposes through shared memory (the same bits)
+      g_smem_tr_launches.fetch_add(1, std::memory_order_relaxed);
+      run(kernel, smem + kTrBytes);
+    } else {
       run(kernel, smem);
+    }
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
     constexpr bool kR = NB <= 3;  // the ring for decode-sized blocks only
     if (fp8 && wide) {
       go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{},
-         Fp8x2::kU, Fp8x2::kSub, 0);
+         Fp8x2::kU, Fp8x2::kSub, 0, true);
     } else if (fp8) {
       go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8, true, NB, kR>>{}, Fp8::kU,
          Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
     } else if (fp4) {
       go(KernelT<tc_dense_kernel<Fp4, false, NB, false>>{}, KernelT<tc_dense_kernel<Fp4, false, NB, kR>>{}, Fp4::kU,
-         Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
+         Fp4::kSub, kR ? Fp4::kRingStageBytes : 0, true);
     } else {
       go(KernelT<tc_dense_kernel<Bf16, false, NB, false>>{}, KernelT<tc_dense_kernel<Bf16, false, NB, false>>{},
          Bf16::kU, Bf16::kSub, 0);
@@ -1733,11 +1804,11 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   // Blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
   const int64_t grid_units = std::min(m_max, units);
-  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {  // as try_dense's
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes, bool quads = false) {  // as try_dense's
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    const int rd = ring_depth<K, KR>(smem, stage_bytes);
+    int rd = ring_depth<K, KR>(smem, stage_bytes);
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
@@ -1750,10 +1821,15 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
              y2, s.ks_log2, rd, expert_stage_first(), sw);
     };
-    if (rd > 0)
+    if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
-    else
+    } else if (quads && smem_transpose() && smem + kTrBytes <= static_cast<size_t>(kMaxSmem)) {
+      rd = -1;  // the register ring with its quad transposes through shared memory (the same bits)
+      g_smem_tr_launches.fetch_add(1, std::memory_order_relaxed);
+      run(kernel, smem + kTrBytes);
+    } else {
       run(kernel, smem);
+    }
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
@@ -1763,7 +1839,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
          Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
     } else {
       go(KernelT<tc_expert_kernel<Fp4, false, NB, false>>{}, KernelT<tc_expert_kernel<Fp4, false, NB, kR>>{},
-         Fp4::kU, Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
+         Fp4::kU, Fp4::kSub, kR ? Fp4::kRingStageBytes : 0, true);
     }
   });
   return true;

@@ -1694,6 +1694,133 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
 // same bits as the default order, for single calls and pairs, routed rows read through a row index
 // (the decode's path) and contiguous ones, FP4 and FP8 experts, x rows per block 2 and 6 (a 6-row
 // unit), 1 and 3 slots (persistent blocks); the released expert shape on a device.
+// The quad transposes through shared memory (DS41_TCG_SMEM_TRANSPOSE=1): the same bits as the shuffles for
+// the FP8 16-byte-piece and FP4 kernels: dense calls of 1, 3 and 7 rows (one and several row-group
+// batches per block), grouped FP8, a dense pair, FP4 experts alone / as a pair / as a pair through a row
+// index; the released wo_b, wq_b and experts on a device.
+TEST(LinearParity, TensorCoreGemvSmemTransposeKeepsTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      cuda::tcg::set_smem_transpose_for_tests(-1);
+      set_tc_gemv_rows_per_block_for_tests(0);
+      set_persist_slot_cap_for_tests(0);
+    }
+  } reset;
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  set_tc_gemv_for_tests(1);
+  uint64_t seed = 17900;
+  struct Dense {
+    WeightFormat format;
+    int64_t out, in, groups;
+  };
+  std::vector<Dense> dense = {{WeightFormat::kFp8Tiles, 300, 1024, 1}, {WeightFormat::kFp4Rows, 160, 1024, 1},
+                              {WeightFormat::kFp8Tiles, 256, 512, 4}};
+  if (!emu) {
+    dense.push_back({WeightFormat::kFp8Tiles, 5120, 8192, 1});
+    dense.push_back({WeightFormat::kFp8Tiles, 32768, 1280, 1});
+  }
+  for (const Dense& c : dense) {
+    HostWeight hw = make_weight(c.format, c.out, c.in, ++seed), hw2 = make_weight(c.format, c.out, c.in, ++seed);
+    DevWeight dw(hw), dw2(hw2);
+    const int64_t N = 7, ldx = c.in * c.groups;
+    auto x = rand_floats(static_cast<size_t>(N * ldx), ++seed);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t k = 0; k < ldx; ++k) x[r * ldx + k] = std::ldexp(x[r * ldx + k], static_cast<int>(4 * r - 12));
+    Dev<float> dx(x);
+    size_t differ = 0, compared = 0;
+    for (int64_t n : {1, 3, 7})
+      for (int cap : {0, 2}) {
+        set_persist_slot_cap_for_tests(cap);
+        auto run = [&](int on) {
+          cuda::tcg::set_smem_transpose_for_tests(on);
+          Dev<float> dy(static_cast<size_t>(n * c.out)), dy2(dy.n);
+          Status st = c.groups > 1 ? run_grouped_linear(dw.dw, c.groups, dx.p, n, dy.p, nullptr, true)
+                                   : run_linear(dw.dw, dx.p, n, dy.p, nullptr, true);
+          EXPECT_TRUE(st.ok()) << st.message();
+          std::vector<float> out = dy.get();
+          if (c.groups == 1) {  // the pair (the shared expert's form)
+            st = run_linear_pair(dw.dw, dw2.dw, dx.p, n, dy.p, dy2.p, nullptr, true);
+            EXPECT_TRUE(st.ok()) << st.message();
+            const std::vector<float> a = dy.get(), b = dy2.get();
+            out.insert(out.end(), a.begin(), a.end());
+            out.insert(out.end(), b.begin(), b.end());
+          }
+          return out;
+        };
+        const std::vector<float> want = run(0);
+        const int64_t taken = cuda::tcg::smem_transpose_launches_for_tests();
+        const std::vector<float> got = run(1);
+        EXPECT_GT(cuda::tcg::smem_transpose_launches_for_tests(), taken) << "the shared-memory path was not taken";
+        for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
+        compared += got.size();
+      }
+    set_persist_slot_cap_for_tests(0);
+    report("linear smem transpose",
+           std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " g=" + std::to_string(c.groups) +
+               " n=1/3/7, single + pair, " + std::to_string(compared) + " values: bits differing",
+           static_cast<double>(differ), 0, "the same words, moved through shared memory");
+    EXPECT_EQ(differ, 0u);
+  }
+  struct Ex {
+    int64_t E, out, in, n, k;
+  };
+  std::vector<Ex> experts = {{12, 80, 1024, 6, 3}};
+  if (!emu) experts.push_back({384, 2304, 5120, 1, 6});
+  for (const Ex& c : experts) {
+    const WeightFormat f = WeightFormat::kFp4Rows;
+    const Experts w1 = make_experts(f, c.E, c.out, c.in, ++seed);
+    const Experts w3 = make_experts(f, c.E, c.out, c.in, ++seed);
+    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, 0);
+    const int64_t m = off[c.E], m_max = m + 2;
+    auto x = rand_floats(static_cast<size_t>(std::max(m_max, c.n) * c.in), ++seed);
+    std::vector<int64_t> rows(static_cast<size_t>(m_max));
+    for (int64_t r = 0; r < m_max; ++r) rows[r] = (r * 5) % c.n;
+    Dev<int64_t> doff(off), drows(rows);
+    Dev<float> dx(x), dg(static_cast<size_t>(m_max * c.in)), dy1(static_cast<size_t>(m_max * c.out)), dy3(dy1.n);
+    auto run = [&](int variant) {
+      cudaMemset(dy1.p, 0, dy1.n * sizeof(float));
+      cudaMemset(dy3.p, 0, dy3.n * sizeof(float));
+      Status st = ok_status();
+      if (variant == 0)
+        st = run_expert_linear(w1.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p, nullptr, f);
+      else if (variant == 1)
+        st = run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p,
+                                    dy3.p, nullptr, f);
+      else
+        st = run_expert_linear_pair_rows(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, drows.p,
+                                         dg.p, m_max, dy1.p, dy3.p, nullptr, f);
+      EXPECT_TRUE(st.ok()) << st.message();
+      std::vector<float> out = dy1.get(), o3 = dy3.get();
+      out.resize(static_cast<size_t>(m * c.out));
+      o3.resize(out.size());
+      out.insert(out.end(), o3.begin(), o3.end());
+      return out;
+    };
+    size_t differ = 0, compared = 0;
+    for (int variant : {0, 1, 2})
+      for (int nb : {0, 6}) {
+        set_tc_gemv_rows_per_block_for_tests(nb);
+        cuda::tcg::set_smem_transpose_for_tests(0);
+        const std::vector<float> want = run(variant);
+        cuda::tcg::set_smem_transpose_for_tests(1);
+        const int64_t taken = cuda::tcg::smem_transpose_launches_for_tests();
+        const std::vector<float> got = run(variant);
+        EXPECT_GT(cuda::tcg::smem_transpose_launches_for_tests(), taken) << "the shared-memory path was not taken";
+        for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
+        compared += got.size();
+      }
+    set_tc_gemv_rows_per_block_for_tests(0);
+    report("expert_linear smem transpose",
+           "fp4 " + std::to_string(c.E) + "x" + dims({c.out, c.in}) + " n=" + std::to_string(c.n) + " k=" +
+               std::to_string(c.k) + " single / pair / pair through rows, " + std::to_string(compared) +
+               " values: bits differing",
+           static_cast<double>(differ), 0, "the same words, moved through shared memory");
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 TEST(LinearParity, TensorCoreGemvExpertStageFirstKeepsTheBits) {
   DS41_SKIP_WITHOUT_GPU();
   struct Reset {
