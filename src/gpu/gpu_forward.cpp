@@ -71,10 +71,7 @@ bool routed_rows_gather() {
 // DS41_COMPRESS_PAIR=0 (measurement): a ratio-2 compressor's a / b as two launches, as before
 // 2026-12-06, instead of one GEMV pair (gpu_attention_layer.cpp compress()).
 bool GpuForward::compress_pair() {
-  static const bool v = [] {
-    const char* e = std::getenv("DS41_COMPRESS_PAIR");
-    return !(e && std::atoi(e) == 0);
-  }();
+  static const bool v = cuda::switch_on("DS41_COMPRESS_PAIR");
   return v;
 }
 

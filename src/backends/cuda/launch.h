@@ -34,6 +34,11 @@ inline bool switch_on(const char* name) {
   const char* e = std::getenv(name);
   return !(e && std::strcmp(e, "0") == 0);
 }
+// An opt-in switch of the environment: off unless the variable is set to "1" (the caller reads it once).
+inline bool switch_opt_in(const char* name) {
+  const char* e = std::getenv(name);
+  return e && std::strcmp(e, "1") == 0;
+}
 
 // Whether launch() asks for programmatic serialization: DS41_PDL (default on), read once.
 bool pdl_enabled();

@@ -1395,24 +1395,19 @@ int blocks_per_sm(size_t smem) {
 // the reference blocks (a KS that leaves the GPU half empty is not taken); on a tie, the larger KS.
 // From the weight's shape only (and the GPU's SM count, as the rule above): row-count invariant.
 int g_ks_balance = -1;
+bool ks_balance() {
+  if (g_ks_balance >= 0) return g_ks_balance != 0;
+  static const bool on = switch_on("DS41_TCG_KS_BALANCE");
+  return on;
+}
+
 // DS41_TCG_SMEM_TRANSPOSE=1 (opt-in until timed on a device; tests: set_smem_transpose_for_tests): the FP4 and
 // FP8 16-byte-piece kernels transpose their lane quads' words through shared memory (Fp4::transpose_smem).
 int g_smem_tr = -1;
 std::atomic<int64_t> g_smem_tr_launches{0};  // smem_transpose_launches_for_tests
 bool smem_transpose() {
   if (g_smem_tr >= 0) return g_smem_tr != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TCG_SMEM_TRANSPOSE");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-bool ks_balance() {
-  if (g_ks_balance >= 0) return g_ks_balance != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TCG_KS_BALANCE");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = switch_opt_in("DS41_TCG_SMEM_TRANSPOSE");
   return on;
 }
 
@@ -1474,10 +1469,7 @@ int env_ks_log2(const char* name) {
 // DS41_TCG_PAIRS=0: a pair (try_dense / try_experts with a second weight) is refused, so the caller
 // runs two launches (measurements; a pair's experts take another KS, see expert_ks_log2).
 bool pairs_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TCG_PAIRS");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = switch_on("DS41_TCG_PAIRS");
   return on;
 }
 
@@ -1586,20 +1578,14 @@ bool early_on() {
 int g_dense_swiglu = -1;
 bool dense_swiglu() {
   if (g_dense_swiglu >= 0) return g_dense_swiglu != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TCG_DENSE_SWIGLU");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
+  static const bool on = switch_opt_in("DS41_TCG_DENSE_SWIGLU");
   return on;
 }
 
 int g_stage_first = -1;
 bool expert_stage_first() {
   if (g_stage_first >= 0) return g_stage_first != 0;
-  static const bool on = [] {
-    const char* e = std::getenv("DS41_TCG_EXPERT_STAGE_FIRST");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
+  static const bool on = switch_opt_in("DS41_TCG_EXPERT_STAGE_FIRST");
   return on;
 }
 

@@ -1694,6 +1694,59 @@ TEST(LinearParity, TensorCoreGemvEarlyStartKeepsTheBits) {
 // same bits as the default order, for single calls and pairs, routed rows read through a row index
 // (the decode's path) and contiguous ones, FP4 and FP8 experts, x rows per block 2 and 6 (a 6-row
 // unit), 1 and 3 slots (persistent blocks); the released expert shape on a device.
+// Routed experts of one format with their offsets (a random top-k routing of n tokens), x rows (spread:
+// routed row r scaled by 2^(3 (r % 12) - 9)) and a row index (routed row r reads token row (r * 5) % n), and
+// the three expert entry points over them: run(0) run_expert_linear, run(1) the w1 / w3 pair, run(2) the
+// pair through the row index; w1's then w3's outputs of the routed rows.
+struct ExpertCalls {
+  WeightFormat f;
+  int64_t E, out, in, n;
+  Experts w1, w3;
+  std::vector<int64_t> off;
+  int64_t m, m_max;
+  std::vector<float> x;
+  std::vector<int64_t> rows;
+  Dev<int64_t> doff, drows;
+  Dev<float> dx, dg, dy1, dy3;
+  ExpertCalls(WeightFormat f_, int64_t E_, int64_t out_, int64_t in_, int64_t n_, int64_t k, uint64_t& seed,
+              bool spread)
+      : f(f_), E(E_), out(out_), in(in_), n(n_), w1(make_experts(f, E, out, in, ++seed)),
+        w3(make_experts(f, E, out, in, ++seed)), off(routed_offsets(n, k, E, ++seed, 0)), m(off[E]), m_max(m + 2),
+        x(make_x(++seed, spread)), rows(make_rows()), doff(off), drows(rows), dx(x),
+        dg(static_cast<size_t>(m_max * in)), dy1(static_cast<size_t>(m_max * out)), dy3(dy1.n) {}
+  std::vector<float> make_x(uint64_t seed, bool spread) const {
+    auto v = rand_floats(static_cast<size_t>(std::max(m_max, n) * in), seed);
+    if (spread)
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = 0; i < in; ++i) v[r * in + i] = std::ldexp(v[r * in + i], static_cast<int>(3 * (r % 12) - 9));
+    return v;
+  }
+  std::vector<int64_t> make_rows() const {
+    std::vector<int64_t> v(static_cast<size_t>(m_max));
+    for (int64_t r = 0; r < m_max; ++r) v[r] = (r * 5) % n;
+    return v;
+  }
+  std::vector<float> run(int variant) {
+    cudaMemset(dy1.p, 0, dy1.n * sizeof(float));
+    cudaMemset(dy3.p, 0, dy3.n * sizeof(float));
+    Status st = ok_status();
+    if (variant == 0)
+      st = run_expert_linear(w1.dweights->p, E, out, in, doff.p, dx.p, m_max, dy1.p, nullptr, f);
+    else if (variant == 1)
+      st = run_expert_linear_pair(w1.dweights->p, w3.dweights->p, E, out, in, doff.p, dx.p, m_max, dy1.p, dy3.p,
+                                  nullptr, f);
+    else
+      st = run_expert_linear_pair_rows(w1.dweights->p, w3.dweights->p, E, out, in, doff.p, dx.p, drows.p, dg.p,
+                                       m_max, dy1.p, dy3.p, nullptr, f);
+    EXPECT_TRUE(st.ok()) << st.message();
+    std::vector<float> o1 = dy1.get(), o3 = dy3.get();
+    o1.resize(static_cast<size_t>(m * out));
+    o3.resize(o1.size());
+    o1.insert(o1.end(), o3.begin(), o3.end());
+    return o1;
+  }
+};
+
 // The quad transposes through shared memory (DS41_TCG_SMEM_TRANSPOSE=1): the same bits as the shuffles for
 // the FP8 16-byte-piece and FP4 kernels: dense calls of 1, 3 and 7 rows (one and several row-group
 // batches per block), grouped FP8, a dense pair, FP4 experts alone / as a pair / as a pair through a row
@@ -1769,44 +1822,16 @@ TEST(LinearParity, TensorCoreGemvSmemTransposeKeepsTheBits) {
   std::vector<Ex> experts = {{12, 80, 1024, 6, 3}};
   if (!emu) experts.push_back({384, 2304, 5120, 1, 6});
   for (const Ex& c : experts) {
-    const WeightFormat f = WeightFormat::kFp4Rows;
-    const Experts w1 = make_experts(f, c.E, c.out, c.in, ++seed);
-    const Experts w3 = make_experts(f, c.E, c.out, c.in, ++seed);
-    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, 0);
-    const int64_t m = off[c.E], m_max = m + 2;
-    auto x = rand_floats(static_cast<size_t>(std::max(m_max, c.n) * c.in), ++seed);
-    std::vector<int64_t> rows(static_cast<size_t>(m_max));
-    for (int64_t r = 0; r < m_max; ++r) rows[r] = (r * 5) % c.n;
-    Dev<int64_t> doff(off), drows(rows);
-    Dev<float> dx(x), dg(static_cast<size_t>(m_max * c.in)), dy1(static_cast<size_t>(m_max * c.out)), dy3(dy1.n);
-    auto run = [&](int variant) {
-      cudaMemset(dy1.p, 0, dy1.n * sizeof(float));
-      cudaMemset(dy3.p, 0, dy3.n * sizeof(float));
-      Status st = ok_status();
-      if (variant == 0)
-        st = run_expert_linear(w1.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p, nullptr, f);
-      else if (variant == 1)
-        st = run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p,
-                                    dy3.p, nullptr, f);
-      else
-        st = run_expert_linear_pair_rows(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, drows.p,
-                                         dg.p, m_max, dy1.p, dy3.p, nullptr, f);
-      EXPECT_TRUE(st.ok()) << st.message();
-      std::vector<float> out = dy1.get(), o3 = dy3.get();
-      out.resize(static_cast<size_t>(m * c.out));
-      o3.resize(out.size());
-      out.insert(out.end(), o3.begin(), o3.end());
-      return out;
-    };
+    ExpertCalls ec(WeightFormat::kFp4Rows, c.E, c.out, c.in, c.n, c.k, seed, false);
     size_t differ = 0, compared = 0;
     for (int variant : {0, 1, 2})
       for (int nb : {0, 6}) {
         set_tc_gemv_rows_per_block_for_tests(nb);
         cuda::tcg::set_smem_transpose_for_tests(0);
-        const std::vector<float> want = run(variant);
+        const std::vector<float> want = ec.run(variant);
         cuda::tcg::set_smem_transpose_for_tests(1);
         const int64_t taken = cuda::tcg::smem_transpose_launches_for_tests();
-        const std::vector<float> got = run(variant);
+        const std::vector<float> got = ec.run(variant);
         EXPECT_GT(cuda::tcg::smem_transpose_launches_for_tests(), taken) << "the shared-memory path was not taken";
         for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
         compared += got.size();
@@ -1841,36 +1866,7 @@ TEST(LinearParity, TensorCoreGemvExpertStageFirstKeepsTheBits) {
   set_tc_gemv_for_tests(1);
   uint64_t seed = 17700;
   for (const Case& c : cases) {
-    const Experts w1 = make_experts(c.format, c.E, c.out, c.in, ++seed);
-    const Experts w3 = make_experts(c.format, c.E, c.out, c.in, ++seed);
-    const auto off = routed_offsets(c.n, c.k, c.E, ++seed, 0);
-    const int64_t m = off[c.E], m_max = m + 2;
-    auto x = rand_floats(static_cast<size_t>(std::max(m_max, c.n) * c.in), ++seed);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(3 * (r % 12) - 9));
-    std::vector<int64_t> rows(static_cast<size_t>(m_max));  // routed row r reads token row (r * 5) % n
-    for (int64_t r = 0; r < m_max; ++r) rows[r] = (r * 5) % c.n;
-    Dev<int64_t> doff(off), drows(rows);
-    Dev<float> dx(x), dg(static_cast<size_t>(m_max * c.in)), dy1(static_cast<size_t>(m_max * c.out)), dy3(dy1.n);
-    auto run = [&](int variant) {
-      cudaMemset(dy1.p, 0, dy1.n * sizeof(float));
-      cudaMemset(dy3.p, 0, dy3.n * sizeof(float));
-      Status st = ok_status();
-      if (variant == 0)
-        st = run_expert_linear(w1.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p, nullptr, c.format);
-      else if (variant == 1)
-        st = run_expert_linear_pair(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, m_max, dy1.p,
-                                    dy3.p, nullptr, c.format);
-      else
-        st = run_expert_linear_pair_rows(w1.dweights->p, w3.dweights->p, c.E, c.out, c.in, doff.p, dx.p, drows.p,
-                                         dg.p, m_max, dy1.p, dy3.p, nullptr, c.format);
-      EXPECT_TRUE(st.ok()) << st.message();
-      std::vector<float> out = dy1.get(), o3 = dy3.get();
-      out.resize(static_cast<size_t>(m * c.out));
-      o3.resize(out.size());
-      out.insert(out.end(), o3.begin(), o3.end());
-      return out;
-    };
+    ExpertCalls ec(c.format, c.E, c.out, c.in, c.n, c.k, seed, true);
     size_t differ = 0, compared = 0;
     for (int variant : {0, 1, 2})
       for (int nb : {0, 6})
@@ -1879,9 +1875,9 @@ TEST(LinearParity, TensorCoreGemvExpertStageFirstKeepsTheBits) {
           set_tc_gemv_rows_per_block_for_tests(nb);
           set_persist_slot_cap_for_tests(cap);
           set_tc_gemv_expert_stage_first_for_tests(0);
-          const std::vector<float> want = run(variant);
+          const std::vector<float> want = ec.run(variant);
           set_tc_gemv_expert_stage_first_for_tests(1);
-          const std::vector<float> got = run(variant);
+          const std::vector<float> got = ec.run(variant);
           for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
           compared += got.size();
         }
