@@ -167,6 +167,29 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// d = A . B from zero (the first mma of a tile): C is the immediate +0 in the instruction text, so ptxas
+// may read it from the zero register instead of four register moves per tile; the same arithmetic as
+// mma_16816 on a zeroed d (an mma adds its products to C = +0 either way), so the same bits.
+template <bool kBf>
+__device__ __forceinline__ void mma_16816_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+#define DS41_TCG_MMA0(T)                                                                                  \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
+               "{%8, %9}, {%10, %10, %10, %10};"                                                          \
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                           \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f))
+  if constexpr (kBf) {
+    DS41_TCG_MMA0("bf16");
+  } else {
+    DS41_TCG_MMA0("f16");
+  }
+#undef DS41_TCG_MMA0
+#else
+  d[0] = d[1] = d[2] = d[3] = 0.f;
+  mma_16816<kBf>(d, a, b0, b1);
+#endif
+}
+
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
   return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
@@ -281,7 +304,7 @@ struct Fp8 {
   }
   // aux of ring_read for a stage whose first scale byte is at s.
   __device__ static int ring_aux(const uint8_t* s, int) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u); }
-  __device__ static void prepare(Raw&, int, uint32_t*) {}
+  __device__ static void prepare(Raw&, int, uint32_t*, bool) {}
   __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s); }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw& w, int) { return w.s; }
@@ -343,10 +366,13 @@ struct Fp4 {
                shift ? __ldg(wb + 1) : 0u};
   }
   // The shared-memory ring (WarpTask with kRing): a stage holds kRingSteps steps of the warp's 16
-  // rows, one bulk copy per row (row i at i x kRingRowStride: 64 bytes of pad put the two rows of a
-  // quarter-warp's 16-byte reads on distinct banks), then each row's scale words (kRingWords per row:
-  // the steps' words and, when the rows' scales are not 4-byte aligned, the next; cp.async).
-  static constexpr int kRingSteps = 4, kRingRowStride = kRingSteps * kStepBytes + 64;
+  // rows, one bulk copy per row (row i at i x kRingRowStride), then each row's scale words (kRingWords
+  // per row: the steps' words and, when the rows' scales are not 4-byte aligned, the next; cp.async).
+  // ring_read takes a lane's words in the fragments' order straight from shared memory (lane g: word g
+  // of each of the step's four tiles, four 4-byte loads per row), so a ring step needs no quad
+  // transpose; the stride's 16 bytes of pad (68 words, 4 mod 32 banks) put the 32 lanes of each such
+  // load (rows r at 4r, word g) on 32 distinct banks.
+  static constexpr int kRingSteps = 4, kRingRowStride = kRingSteps * kStepBytes + 16;
   static constexpr int kRingWords = kRingSteps + 1;
   static constexpr int kRingStageBytes = 16 * kRingRowStride + 16 * 4 * kRingWords;
   __host__ __device__ static constexpr int64_t row_bytes(int64_t in) { return in / 2; }
@@ -365,15 +391,16 @@ struct Fp4 {
       dev::cp_async4(area + 4 * (i * kRingWords + w), scale_word(ring_scale_at(sc, tiles, o0, row_end, t, i)) + w);
     }
   }
-  // Step j of the stage at st: the lane's 16-byte pieces of rows r and r + 8 and their scale words
-  // (and the next ones when aux = shift != 0), as load_at gives them.
+  // Step j of the stage at st: rows r and r + 8 as load_at's pieces after the quad transpose (word t =
+  // word g of tile t: prepare() is told so) and their scale words (and the next ones when aux = shift != 0).
   __device__ static Raw ring_read(const uint8_t* st, int j, int aux) {
     const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
-    const uint8_t* p = st + r * kRingRowStride + kStepBytes * j + 16 * g;
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(st + r * kRingRowStride + kStepBytes * j) + g;
+    const uint32_t* q = p + 8 * (kRingRowStride / 4);
     const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * kRingRowStride) + r * kRingWords + j;
     const uint32_t* wb = w + 8 * kRingWords;
-    return Raw{*reinterpret_cast<const uint4*>(p), *reinterpret_cast<const uint4*>(p + 8 * kRingRowStride), w[0],
-               wb[0], aux ? w[1] : 0u, aux ? wb[1] : 0u};
+    return Raw{make_uint4(p[0], p[4], p[8], p[12]), make_uint4(q[0], q[4], q[8], q[12]), w[0], wb[0],
+               aux ? w[1] : 0u, aux ? wb[1] : 0u};
   }
   __device__ static int ring_aux(const uint8_t*, int shift) { return shift; }
   __device__ static uint32_t funnel(uint32_t lo, uint32_t hi, int shift) {
@@ -417,9 +444,11 @@ struct Fp4 {
     v = *reinterpret_cast<const uint4*>(tr + rd);
     u = *reinterpret_cast<const uint4*>(tr + 128 + rd);
   }
-  __device__ static void prepare(Raw& w, int shift, uint32_t* tr) {
+  // transposed: the words are already in the fragments' order (ring_read reads them so).
+  __device__ static void prepare(Raw& w, int shift, uint32_t* tr, bool transposed) {
     w.sa = funnel(w.sa, w.sa_hi, shift);
     w.sb = funnel(w.sb, w.sb_hi, shift);
+    if (transposed) return;
     if (tr != nullptr) {
       transpose_smem(w.a, w.b, tr);
     } else {
@@ -505,7 +534,7 @@ struct Fp8x2 {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb),
                static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(sa)))};
   }
-  __device__ static void prepare(Raw& w, int, uint32_t* tr) {
+  __device__ static void prepare(Raw& w, int, uint32_t* tr, bool) {
     if (tr != nullptr) {
       Fp4::transpose_smem(w.a, w.b, tr);
     } else {
@@ -551,7 +580,7 @@ struct Bf16 {
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t*, const uint8_t*, int) {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb)};
   }
-  __device__ static void prepare(Raw&, int, uint32_t*) {}
+  __device__ static void prepare(Raw&, int, uint32_t*, bool) {}
   __device__ static constexpr bool step_fast(const Raw&) { return true; }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw&, int) { return 127u; }
@@ -985,7 +1014,7 @@ struct WarpTask {
       if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
       advance();
     }
-    D::prepare(cur, s_shift, kTr ? tr : nullptr);
+    D::prepare(cur, s_shift, kTr ? tr : nullptr, kRing);
     bool step_fast = D::step_fast(cur);
     if constexpr (!D::kUniformScale) step_fast = __all_sync(0xffffffffu, step_fast);
 #pragma unroll
@@ -1006,8 +1035,8 @@ struct WarpTask {
 #pragma unroll
         for (int c = 0; c < NT; ++c) {
           const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_16816<D::kBf>(d, a0, b0.x, b0.y);
+          float d[4];
+          mma_16816_zero<D::kBf>(d, a0, b0.x, b0.y);
           mma_16816<D::kBf>(d, a1, b1.x, b1.y);
           acc[c][0] = __fmaf_rn(d[0], m0, acc[c][0]);
           acc[c][1] = __fmaf_rn(d[1], m0, acc[c][1]);
