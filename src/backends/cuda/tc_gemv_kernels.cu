@@ -534,7 +534,37 @@ struct Fp8x2 {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb),
                static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(sa)))};
   }
-  __device__ static void prepare(Raw& w, int, uint32_t* tr, bool) {
+  // The shared-memory ring (WarpTask with kRing), as Fp4's: kRingSteps steps of the warp's 16 rows, one
+  // bulk copy per row, ring_read taking the lane's words in the fragments' order (word g of each 16-byte
+  // piece of the row's 64-byte step: the quad transpose's result, four conflict-free 4-byte loads per row)
+  // so that a ring step needs no transpose; then the aligned words around the stage's 2 kRingSteps scale
+  // bytes (the 16 rows share them; cp.async, one word per lane: <= 3 words hold 8 bytes at any place).
+  static constexpr int kRingSteps = 4, kRingRowStride = kRingSteps * kStepBytes + 16;
+  static constexpr int kRingStageBytes = 16 * kRingRowStride + 16;
+  __host__ __device__ static constexpr int64_t row_bytes(int64_t in) { return in; }
+  __device__ static const uint8_t* ring_scale_at(const uint8_t* sc, int64_t tiles, int64_t o0, int64_t, int64_t t,
+                                                 int) {
+    return sc + (o0 >> 5) * tiles + t;
+  }
+  __device__ static void ring_scales(uint8_t* area, const uint8_t* sc, int64_t tiles, int64_t o0, int64_t row_end,
+                                     int64_t t, int steps) {
+    const int lane = threadIdx.x & 31;
+    const uint8_t* s = ring_scale_at(sc, tiles, o0, row_end, t, 0);
+    const int words = (static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u) + kSub * steps + 3) >> 2;
+    if (lane < words) dev::cp_async4(area + 4 * lane, aligned_word(s) + lane);
+  }
+  __device__ static Raw ring_read(const uint8_t* st, int j, int aux) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(st + r * kRingRowStride + kStepBytes * j) + g;
+    const uint32_t* q = p + 8 * (kRingRowStride / 4);
+    const uint8_t* sb = st + 16 * kRingRowStride + aux + kSub * j;
+    return Raw{make_uint4(p[0], p[4], p[8], p[12]), make_uint4(q[0], q[4], q[8], q[12]),
+               static_cast<uint32_t>(sb[0]) | (static_cast<uint32_t>(sb[1]) << 8)};
+  }
+  __device__ static int ring_aux(const uint8_t* s, int) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u); }
+  // transposed: the words are already in the fragments' order (ring_read).
+  __device__ static void prepare(Raw& w, int, uint32_t* tr, bool transposed) {
+    if (transposed) return;
     if (tr != nullptr) {
       Fp4::transpose_smem(w.a, w.b, tr);
     } else {
@@ -1575,6 +1605,13 @@ int ring_depth(size_t smem, int stage_bytes) {
   return 0;
 }
 
+// DS41_TCG_RING_WIDE=0 (measurements): the ring modes above leave the dense FP8 16-byte-piece kernel
+// (Fp8x2) on its register ring, so that DS41_TCG_RING times the experts' FP4 ring alone.
+bool ring_dense() {
+  static const bool on = switch_on("DS41_TCG_RING_WIDE");
+  return on;
+}
+
 // Dense FP8 calls with in % 64 == 0 read 16-byte pieces (Fp8x2) unless DS41_TCG_FP8_WIDE=0 (tests:
 // set_fp8_wide_for_tests). Measured on the H100 (docs/perf/README.md, session of 2026-12-05 11:51 UTC):
 // wo_b 34.1 -> 27.2 us, wq_b 21.1 -> 19.5 us at one row; batch-1 decode 3.261 -> 3.071 ms. The choice
@@ -1777,8 +1814,8 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     constexpr int NB = decltype(nbc)::value;
     constexpr bool kR = NB <= 3;  // the ring for decode-sized blocks only
     if (fp8 && wide) {
-      go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{},
-         Fp8x2::kU, Fp8x2::kSub, 0, true);
+      go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8x2, true, NB, kR>>{},
+         Fp8x2::kU, Fp8x2::kSub, kR && ring_dense() ? Fp8x2::kRingStageBytes : 0, true);
     } else if (fp8) {
       go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8, true, NB, kR>>{}, Fp8::kU,
          Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
