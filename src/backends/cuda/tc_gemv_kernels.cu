@@ -52,7 +52,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -98,10 +97,6 @@ constexpr int kMaxRingDepth = 4;        // stages per warp of the shared-memory 
 // K <= 8192, three rows of 2304, ...) holds them in registers between the row maxima and the parts.
 constexpr int kStageHeld = 4;
 constexpr int kRingBarBytes = kWarps * kMaxRingDepth * 8;  // their mbarriers, first in the ring's region
-// The quad transposes through shared memory (Fp4::transpose_smem; DS41_TCG_SMEM_TRANSPOSE=1): 1 KB per warp in
-// the ring's region of a register-ring kernel, which a launch then asks for (ring_depth < 0 says so).
-constexpr int kTrWords = 256;
-constexpr int kTrBytes = kWarps * kTrWords * 4;
 
 // ---------------------------------------------------------------------------------------------
 // mma.sync m16n8k16, f16 inputs, f32 accumulation: d += A (16 x 16) . B (16 x 8). Fragments (PTX
@@ -164,29 +159,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
       }
   }
   for (int i = 0; i < 4; ++i) d[i] += sum[i];
-#endif
-}
-
-// d = A . B from zero (the first mma of a tile): C is the immediate +0 in the instruction text, so ptxas
-// may read it from the zero register instead of four register moves per tile; the same arithmetic as
-// mma_16816 on a zeroed d (an mma adds its products to C = +0 either way), so the same bits.
-template <bool kBf>
-__device__ __forceinline__ void mma_16816_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__)
-#define DS41_TCG_MMA0(T)                                                                                  \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
-               "{%8, %9}, {%10, %10, %10, %10};"                                                          \
-               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                           \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f))
-  if constexpr (kBf) {
-    DS41_TCG_MMA0("bf16");
-  } else {
-    DS41_TCG_MMA0("f16");
-  }
-#undef DS41_TCG_MMA0
-#else
-  d[0] = d[1] = d[2] = d[3] = 0.f;
-  mma_16816<kBf>(d, a, b0, b1);
 #endif
 }
 
@@ -304,7 +276,7 @@ struct Fp8 {
   }
   // aux of ring_read for a stage whose first scale byte is at s.
   __device__ static int ring_aux(const uint8_t* s, int) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u); }
-  __device__ static void prepare(Raw&, int, uint32_t*, bool) {}
+  __device__ static void prepare(Raw&, int, bool) {}
   __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s); }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw& w, int) { return w.s; }
@@ -420,41 +392,13 @@ struct Fp4 {
     d = __shfl_xor_sync(0xffffffffu, d, 2);
     if (q) { v.x = c; v.y = d; } else { v.z = c; v.w = d; }
   }
-  // The same transpose through the warp's 1 KB of shared memory (tr: 256 words; DS41_TCG_SMEM_TRANSPOSE=1):
-  // 4 stores of one word + 1 16-byte load per uint4 where the shuffles take 4 SHFL + 12 SEL. Word w of lane
-  // L = 4r + j (tile j's word w of row r) goes to word 32w + (L ^ 8w) of the buffer, i.e. row w (128 bytes),
-  // 16-byte chunk r ^ 2w, place j; lane 4r + g reads row g's chunk r ^ 2g: its tiles' words g in tile order.
-  // Conflict-free: a store of word w puts the 32 lanes on 32 banks (chunk r ^ 2w, place j); a phase of the
-  // 16-byte load (lanes 8p .. 8p + 7: r = 2p + b, g = 0..3) reads chunks 2 (p ^ g) + b, eight distinct.
-  // The buffer's second half takes the second uint4; a __syncwarp before the stores (the last step's loads
-  // are done) and before the loads (the stores are visible).
-  __device__ static void transpose_smem(uint4& v, uint4& u, uint32_t* tr) {
-    const int lane = static_cast<int>(threadIdx.x & 31);
-    __syncwarp();
-    tr[lane] = v.x;
-    tr[32 + (lane ^ 8)] = v.y;
-    tr[64 + (lane ^ 16)] = v.z;
-    tr[96 + (lane ^ 24)] = v.w;
-    tr[128 + lane] = u.x;
-    tr[160 + (lane ^ 8)] = u.y;
-    tr[192 + (lane ^ 16)] = u.z;
-    tr[224 + (lane ^ 24)] = u.w;
-    __syncwarp();
-    const int rd = 32 * (lane & 3) + ((lane & ~3) ^ (8 * (lane & 3)));
-    v = *reinterpret_cast<const uint4*>(tr + rd);
-    u = *reinterpret_cast<const uint4*>(tr + 128 + rd);
-  }
   // transposed: the words are already in the fragments' order (ring_read reads them so).
-  __device__ static void prepare(Raw& w, int shift, uint32_t* tr, bool transposed) {
+  __device__ static void prepare(Raw& w, int shift, bool transposed) {
     w.sa = funnel(w.sa, w.sa_hi, shift);
     w.sb = funnel(w.sb, w.sb_hi, shift);
     if (transposed) return;
-    if (tr != nullptr) {
-      transpose_smem(w.a, w.b, tr);
-    } else {
-      transpose(w.a);
-      transpose(w.b);
-    }
+    transpose(w.a);
+    transpose(w.b);
   }
   // After prepare(): the step's four tiles of rows r and r + 8 all on the fast path.
   __device__ static bool step_fast(const Raw& w) { return scale_word_fast(w.sa) && scale_word_fast(w.sb); }
@@ -563,14 +507,10 @@ struct Fp8x2 {
   }
   __device__ static int ring_aux(const uint8_t* s, int) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u); }
   // transposed: the words are already in the fragments' order (ring_read).
-  __device__ static void prepare(Raw& w, int, uint32_t* tr, bool transposed) {
+  __device__ static void prepare(Raw& w, int, bool transposed) {
     if (transposed) return;
-    if (tr != nullptr) {
-      Fp4::transpose_smem(w.a, w.b, tr);
-    } else {
-      Fp4::transpose(w.a);
-      Fp4::transpose(w.b);
-    }
+    Fp4::transpose(w.a);
+    Fp4::transpose(w.b);
   }
   __device__ static bool step_fast(const Raw& w) { return scale_fast(w.s & 0xffu) && scale_fast(w.s >> 8); }
   __device__ static Q sub(const Raw& w, int j) {
@@ -610,7 +550,7 @@ struct Bf16 {
   __device__ static Raw load_at(const uint8_t* ra, const uint8_t* rb, const uint8_t*, const uint8_t*, int) {
     return Raw{ld_w<uint4>(ra), ld_w<uint4>(rb)};
   }
-  __device__ static void prepare(Raw&, int, uint32_t*, bool) {}
+  __device__ static void prepare(Raw&, int, bool) {}
   __device__ static constexpr bool step_fast(const Raw&) { return true; }
   __device__ static Q sub(const Raw& w, int) { return Q{w.a, w.b}; }
   __device__ static uint32_t scale_a(const Raw&, int) { return 127u; }
@@ -859,7 +799,6 @@ struct WarpTask {
   int64_t t0, n;  // steps (D::kSub tiles each)
   typename D::Raw q[kRing ? 1 : U];
   uint8_t* ring = nullptr;  // kRing: this warp's rd stages of D::kRingStageBytes
-  uint32_t* tr = nullptr;    // the quad transposes through shared memory (kTrWords words; null: shuffles)
   uint64_t* bars = nullptr;  // kRing: the stages' mbarriers
   int rd = 0;
   // kRing: the task's rows and scales (issue()), the stage of the next step (slot, its first step
@@ -1024,7 +963,6 @@ struct WarpTask {
   // every column tile with the one decoded A fragment. The scale window is tested once per step (all
   // its tiles, one vote; FP8 / BF16: uniform over the warp, no vote); a tile is tested alone only in a
   // step that fails it (rare).
-  template <bool kTr>
   __device__ __forceinline__ void tile(int u, int64_t k, const uint2* xs, int J, Fast& f, const int* ex,
                                        float (&acc)[NT][4]) {
     typename D::Raw cur;
@@ -1044,7 +982,7 @@ struct WarpTask {
       if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
       advance();
     }
-    D::prepare(cur, s_shift, kTr ? tr : nullptr, kRing);
+    D::prepare(cur, s_shift, kRing);
     bool step_fast = D::step_fast(cur);
     if constexpr (!D::kUniformScale) step_fast = __all_sync(0xffffffffu, step_fast);
 #pragma unroll
@@ -1065,8 +1003,8 @@ struct WarpTask {
 #pragma unroll
         for (int c = 0; c < NT; ++c) {
           const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
-          float d[4];
-          mma_16816_zero<D::kBf>(d, a0, b0.x, b0.y);
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_16816<D::kBf>(d, a0, b0.x, b0.y);
           mma_16816<D::kBf>(d, a1, b1.x, b1.y);
           acc[c][0] = __fmaf_rn(d[0], m0, acc[c][0]);
           acc[c][1] = __fmaf_rn(d[1], m0, acc[c][1]);
@@ -1105,24 +1043,16 @@ struct WarpTask {
 #pragma unroll
     for (int c = 0; c < NT; ++c) f.coff[c] = (min(8 * c + r, J - 1) - col0) * 4;
     f.bstride = 8 * J;
-    // The quad transposes' form is chosen once per task (a loop each), so the shuffle loop has no test per step.
-    if (tr != nullptr)
-      steps<true>(xs, J, ex, f, acc);
-    else
-      steps<false>(xs, J, ex, f, acc);
-  }
-  template <bool kTr>
-  __device__ __forceinline__ void steps(const uint2* xs, int J, const int* ex, Fast& f, float (&acc)[NT][4]) {
     // Unrolled by U (the FP4 loop's SASS has ~5 register moves per tile for the ring; unrolling by 2U
     // to let the registers alternate spilled at 128 registers and was 5-17 % slower on the H200).
     const int64_t full = n - n % U;
     for (int64_t i = 0; i < full; i += U) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) tile<kTr>(u, i + u, xs, J, f, ex, acc);
+      for (int u = 0; u < U; ++u) tile(u, i + u, xs, J, f, ex, acc);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (full + u < n) tile<kTr>(u, full + u, xs, J, f, ex, acc);
+      if (full + u < n) tile(u, full + u, xs, J, f, ex, acc);
   }
 };
 
@@ -1185,8 +1115,6 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
       for (int u = 0; u < ring_depth; ++u) dev::mbar_init(task.bars + u, 1);
     dev::mbar_init_fence();
     __syncwarp();
-  } else if (ring_depth < 0) {  // the quad transposes through shared memory (the ring's region)
-    task.tr = reinterpret_cast<uint32_t*>(ring) + warp * kTrWords;
   }
 
   // stage_first (experts, DS41_TCG_EXPERT_STAGE_FIRST=1): x staged before the first weight loads go out,
@@ -1247,8 +1175,6 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   if constexpr (kRing) dev::cp_async_wait<0>();  // no copy outlives the block (all are empty by now)
 }
 
-// ring_depth < 0 (a register-ring kernel): each warp's kTrWords words past the reduction's for the quad
-// transposes through shared memory (DS41_TCG_SMEM_TRANSPOSE=1; smem_bytes(in, NB) + kTrBytes in all).
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
 // reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
 template <class D, bool kFp8, int NB, bool kRing>
@@ -1457,16 +1383,6 @@ int g_ks_balance = -1;
 bool ks_balance() {
   if (g_ks_balance >= 0) return g_ks_balance != 0;
   static const bool on = switch_on("DS41_TCG_KS_BALANCE");
-  return on;
-}
-
-// DS41_TCG_SMEM_TRANSPOSE=1 (opt-in until timed on a device; tests: set_smem_transpose_for_tests): the FP4 and
-// FP8 16-byte-piece kernels transpose their lane quads' words through shared memory (Fp4::transpose_smem).
-int g_smem_tr = -1;
-std::atomic<int64_t> g_smem_tr_launches{0};  // smem_transpose_launches_for_tests
-bool smem_transpose() {
-  if (g_smem_tr >= 0) return g_smem_tr != 0;
-  static const bool on = switch_opt_in("DS41_TCG_SMEM_TRANSPOSE");
   return on;
 }
 
@@ -1715,8 +1631,6 @@ void set_early_for_tests(int before_wait) { g_early = before_wait < 0 ? -1 : (be
 void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
-void set_smem_transpose_for_tests(int mode) { g_smem_tr = mode < 0 ? -1 : (mode ? 1 : 0); }
-int64_t smem_transpose_launches_for_tests() { return g_smem_tr_launches.load(std::memory_order_relaxed); }
 
 int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool fused, int64_t ref_blocks) {
   const int64_t other = (fused ? 1 : mats) * groups;
@@ -1775,11 +1689,11 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const int64_t units = (n + nbr - 1) / nbr;
   // kernel: the register ring; ring_kernel: the shared-memory ring (stage_bytes 0: none). U (the
   // register ring's) sizes KS in both, so both give the same bits.
-  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes, bool quads = false) {
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    int rd = ring_depth<K, KR>(smem, stage_bytes);
+    const int rd = ring_depth<K, KR>(smem, stage_bytes);
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
@@ -1802,10 +1716,6 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     };
     if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
-    } else if (quads && smem_transpose() && smem + kTrBytes <= static_cast<size_t>(kMaxSmem)) {
-      rd = -1;  // the register ring with its quad transposes through shared memory (the same bits)
-      g_smem_tr_launches.fetch_add(1, std::memory_order_relaxed);
-      run(kernel, smem + kTrBytes);
     } else {
       run(kernel, smem);
     }
@@ -1815,13 +1725,13 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     constexpr bool kR = NB <= 3;  // the ring for decode-sized blocks only
     if (fp8 && wide) {
       go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8x2, true, NB, kR>>{},
-         Fp8x2::kU, Fp8x2::kSub, kR && ring_dense() ? Fp8x2::kRingStageBytes : 0, true);
+         Fp8x2::kU, Fp8x2::kSub, kR && ring_dense() ? Fp8x2::kRingStageBytes : 0);
     } else if (fp8) {
       go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8, true, NB, kR>>{}, Fp8::kU,
          Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
     } else if (fp4) {
       go(KernelT<tc_dense_kernel<Fp4, false, NB, false>>{}, KernelT<tc_dense_kernel<Fp4, false, NB, kR>>{}, Fp4::kU,
-         Fp4::kSub, kR ? Fp4::kRingStageBytes : 0, true);
+         Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
     } else {
       go(KernelT<tc_dense_kernel<Bf16, false, NB, false>>{}, KernelT<tc_dense_kernel<Bf16, false, NB, false>>{},
          Bf16::kU, Bf16::kSub, 0);
@@ -1856,11 +1766,11 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   // Blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
   const int64_t grid_units = std::min(m_max, units);
-  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes, bool quads = false) {  // as try_dense's
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {  // as try_dense's
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
-    int rd = ring_depth<K, KR>(smem, stage_bytes);
+    const int rd = ring_depth<K, KR>(smem, stage_bytes);
     auto run = [&](auto kt, size_t sm) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
@@ -1875,10 +1785,6 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
     };
     if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
-    } else if (quads && smem_transpose() && smem + kTrBytes <= static_cast<size_t>(kMaxSmem)) {
-      rd = -1;  // the register ring with its quad transposes through shared memory (the same bits)
-      g_smem_tr_launches.fetch_add(1, std::memory_order_relaxed);
-      run(kernel, smem + kTrBytes);
     } else {
       run(kernel, smem);
     }
@@ -1891,7 +1797,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
          Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
     } else {
       go(KernelT<tc_expert_kernel<Fp4, false, NB, false>>{}, KernelT<tc_expert_kernel<Fp4, false, NB, kR>>{},
-         Fp4::kU, Fp4::kSub, kR ? Fp4::kRingStageBytes : 0, true);
+         Fp4::kU, Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
     }
   });
   return true;

@@ -41,11 +41,6 @@ void set_expert_stage_first_for_tests(int mode);
 void set_dense_swiglu_for_tests(int mode);
 // The balanced KS rule (tc_gemv_kernels.cu, balanced_ks_log2): 1 on, 0 off, -1 the default (DS41_TCG_KS_BALANCE).
 void set_ks_balance_for_tests(int mode);
-// The quad transposes of the FP4 / FP8 16-byte-piece kernels through shared memory (DS41_TCG_SMEM_TRANSPOSE=1,
-// opt-in until timed): -1 the environment, 0 off, 1 on. No value changes.
-void set_smem_transpose_for_tests(int mode);
-// Launches that took the shared-memory transposes so far (tests: the path is reached).
-int64_t smem_transpose_launches_for_tests();
 // The balanced rule itself (host only, no device): the warps per row group (log2) for a weight of n_rg
 // row groups of 16 in `groups` groups, `mats` matrices per launch (a pair: 2; `fused`: both in one
 // block), given the old rule's l_max and the reference blocks (SMs x blocks per SM by shared memory).
