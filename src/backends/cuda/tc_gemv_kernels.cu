@@ -218,6 +218,14 @@ __device__ __forceinline__ const uint32_t* aligned_word(const uint8_t* p) {
   return reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{3});
 }
 
+// A ring stage's 64-byte step of one row at p, as the lane's 16-byte piece after the quad transpose
+// (Fp4::transpose): word g of each of the four 16-byte pieces (four conflict-free 4-byte loads where the
+// row stride is 4 words mod 32 banks). Fp4 and Fp8x2 ring reads.
+__device__ __forceinline__ uint4 ring_step_words(const uint8_t* p) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p) + (threadIdx.x & 3);
+  return make_uint4(w[0], w[4], w[8], w[12]);
+}
+
 // The formats. Per tile and lane: Q the loaded words of rows r and r + 8.
 // kofs(m, s): K offset in the tile (past 8g) of B slot s (0..3) of mma m: slots 0, 1 = b0's two
 // halves, 2, 3 = b1's.
@@ -366,13 +374,12 @@ struct Fp4 {
   // Step j of the stage at st: rows r and r + 8 as load_at's pieces after the quad transpose (word t =
   // word g of tile t: prepare() is told so) and their scale words (and the next ones when aux = shift != 0).
   __device__ static Raw ring_read(const uint8_t* st, int j, int aux) {
-    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(st + r * kRingRowStride + kStepBytes * j) + g;
-    const uint32_t* q = p + 8 * (kRingRowStride / 4);
+    const int r = (threadIdx.x & 31) >> 2;
+    const uint8_t* p = st + r * kRingRowStride + kStepBytes * j;
     const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * kRingRowStride) + r * kRingWords + j;
     const uint32_t* wb = w + 8 * kRingWords;
-    return Raw{make_uint4(p[0], p[4], p[8], p[12]), make_uint4(q[0], q[4], q[8], q[12]), w[0], wb[0],
-               aux ? w[1] : 0u, aux ? wb[1] : 0u};
+    return Raw{ring_step_words(p), ring_step_words(p + 8 * kRingRowStride), w[0], wb[0], aux ? w[1] : 0u,
+               aux ? wb[1] : 0u};
   }
   __device__ static int ring_aux(const uint8_t*, int shift) { return shift; }
   __device__ static uint32_t funnel(uint32_t lo, uint32_t hi, int shift) {
@@ -486,26 +493,22 @@ struct Fp8x2 {
   static constexpr int kRingSteps = 4, kRingRowStride = kRingSteps * kStepBytes + 16;
   static constexpr int kRingStageBytes = 16 * kRingRowStride + 16;
   __host__ __device__ static constexpr int64_t row_bytes(int64_t in) { return in; }
-  __device__ static const uint8_t* ring_scale_at(const uint8_t* sc, int64_t tiles, int64_t o0, int64_t, int64_t t,
-                                                 int) {
-    return sc + (o0 >> 5) * tiles + t;
+  // The scale bytes as Fp8's (one per tile, shared by the 16 rows), kSub of them per step.
+  __device__ static const uint8_t* ring_scale_at(const uint8_t* sc, int64_t tiles, int64_t o0, int64_t row_end,
+                                                 int64_t t, int i) {
+    return Fp8::ring_scale_at(sc, tiles, o0, row_end, t, i);
   }
   __device__ static void ring_scales(uint8_t* area, const uint8_t* sc, int64_t tiles, int64_t o0, int64_t row_end,
                                      int64_t t, int steps) {
-    const int lane = threadIdx.x & 31;
-    const uint8_t* s = ring_scale_at(sc, tiles, o0, row_end, t, 0);
-    const int words = (static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u) + kSub * steps + 3) >> 2;
-    if (lane < words) dev::cp_async4(area + 4 * lane, aligned_word(s) + lane);
+    Fp8::ring_scales(area, sc, tiles, o0, row_end, t, kSub * steps);
   }
+  __device__ static int ring_aux(const uint8_t* s, int shift) { return Fp8::ring_aux(s, shift); }
   __device__ static Raw ring_read(const uint8_t* st, int j, int aux) {
-    const int lane = threadIdx.x & 31, r = lane >> 2, g = lane & 3;
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(st + r * kRingRowStride + kStepBytes * j) + g;
-    const uint32_t* q = p + 8 * (kRingRowStride / 4);
+    const uint8_t* p = st + ((threadIdx.x & 31) >> 2) * kRingRowStride + kStepBytes * j;
     const uint8_t* sb = st + 16 * kRingRowStride + aux + kSub * j;
-    return Raw{make_uint4(p[0], p[4], p[8], p[12]), make_uint4(q[0], q[4], q[8], q[12]),
+    return Raw{ring_step_words(p), ring_step_words(p + 8 * kRingRowStride),
                static_cast<uint32_t>(sb[0]) | (static_cast<uint32_t>(sb[1]) << 8)};
   }
-  __device__ static int ring_aux(const uint8_t* s, int) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 3u); }
   // transposed: the words are already in the fragments' order (ring_read).
   __device__ static void prepare(Raw& w, int, bool transposed) {
     if (transposed) return;
