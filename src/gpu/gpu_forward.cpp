@@ -198,7 +198,7 @@ Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, c
 
 Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                                  const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
-                                 int64_t m_max, float* y) {
+                                 int64_t m_max, float* y, bool routing_early) {
   const int64_t E = static_cast<int64_t>(experts.size());
   if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {
     expert_scratch_.resize(experts.size());
@@ -207,7 +207,7 @@ Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda:
       return tc_->expert_linear(expert_scratch_, d_w, out_dim, in_dim, ws_.offsets, x, m_max, y);
   }
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
-  return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_, format);
+  return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_, format, routing_early);
 }
 
 Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,

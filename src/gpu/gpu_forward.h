@@ -283,9 +283,11 @@ class GpuForward {
   // (cuda::run_linear_pair), else as two linear() calls.
   Status linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n, float* y,
                      float* y2);
+  // routing_early: the routing (ws_.offsets) was written two or more launches back on stream_ (the
+  // MoE's w2 after its pair: cuda::run_expert_linear's routing_early).
   Status expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                        const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
-                       int64_t m_max, float* y);
+                       int64_t m_max, float* y, bool routing_early = false);
   // Two expert matrices over the same rows (w1 and w3): one launch at decode sizes
   // (cuda::run_expert_linear_pair_rows), else two expert_linear calls. The routed rows are token rows
   // x[x_rows[i]], i < m_max: the tensor-core GEMMs of prefill split them straight from x, and so does

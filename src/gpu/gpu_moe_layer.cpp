@@ -62,7 +62,11 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
     DS41_RETURN_IF_ERROR(expert_linear_pair_swiglu(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I,
                                                    H, x, ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up,
                                                    cuda::SwigluEpilogue{ws_.act, ws_.perm_weight, lim}));
-    return expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm);
+    // The routing is two or more launches back now (the route, then the pair's one or more launches,
+    // each of which waits before it triggers: launch.h contract 3), so w2 may look up its units and
+    // start its weight loads before its PDL wait.
+    return expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm,
+                         /*routing_early=*/true);
   };
   if (shared && side_ok()) {
     // The shared expert (ws_.sg / su / sa / sout, from x alone) on the side stream beside the router

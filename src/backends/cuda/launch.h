@@ -10,8 +10,13 @@
 //
 // The contract every kernel launched here keeps (docs/gpu_kernels.md "PDL"):
 //   1. no global write and no read of a buffer written earlier in the stream before pdl_wait();
-//   2. pdl_trigger() (griddepcontrol.launch_dependents) only after pdl_wait(): a dependent can
-//      then run ahead by at most one kernel.
+//   2. pdl_trigger() (griddepcontrol.launch_dependents) only after pdl_wait(), and no CTA exits
+//      before its pdl_wait(): a dependent can then run ahead by at most one kernel.
+//   3. Hence, when kernel n starts, kernel n - 2 and everything before it have completed and their
+//      writes reached L2 (kernel n - 1 passed its wait before it let n launch): kernel n may read
+//      such buffers before its own wait, through L2 (ld.global.cg: no stale L1 line), where its
+//      caller knows who wrote them (the MoE's w2 reads the routing that way: try_experts'
+//      routing_early). Nothing written by kernel n - 1, and no write at all, before the wait.
 // pdl_wait() returns only after every earlier kernel has completed and its writes are visible, so
 // the results are those of plain stream order. DS41_PDL=0 launches without the attribute (the
 // waits are then no-ops).

@@ -1293,9 +1293,11 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
 
 void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                    const int64_t* offsets, const float* x, int64_t m_max, float* y, cudaStream_t stream,
-                   WeightFormat format) {
+                   WeightFormat format, bool routing_early) {
   // Decode over FP8 / FP4 experts of a known format: the tensor-core GEMV (tc_gemv_kernels.h).
-  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream)) return;
+  if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, nullptr, nullptr,
+                       nullptr, nullptr, routing_early))
+    return;
   if (m_max >= 16 * n_experts) {  // many rows per expert: tiles
     const unsigned gx = ceil_u(out_dim, kTileN);
     const int64_t upper = (m_max + kTileM - 1) / kTileM + n_experts;
@@ -1364,6 +1366,7 @@ void set_tc_gemv_ring_for_tests(int mode) { tcg::set_ring_for_tests(mode); }
 void set_tc_gemv_fp8_wide_for_tests(int mode) { tcg::set_fp8_wide_for_tests(mode); }
 void set_tc_gemv_early_for_tests(int before_wait) { tcg::set_early_for_tests(before_wait); }
 void set_tc_gemv_expert_stage_first_for_tests(int mode) { tcg::set_expert_stage_first_for_tests(mode); }
+void set_tc_gemv_expert_early_for_tests(int mode) { tcg::set_expert_early_for_tests(mode); }
 void set_tc_gemv_dense_swiglu_for_tests(int mode) { tcg::set_dense_swiglu_for_tests(mode); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
@@ -1444,7 +1447,7 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                         cudaStream_t stream, WeightFormat format) {
+                         cudaStream_t stream, WeightFormat format, bool routing_early) {
   const char* fn = "expert_linear";
   if (n_experts <= 0 || n_experts > kMaxExperts)
     return invalid_argument(std::string(fn) + ": n_experts " + std::to_string(n_experts) + " outside [1, " +
@@ -1460,7 +1463,7 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
   if (!weights || !offsets) return invalid_argument(std::string(fn) + ": weights or offsets is null");
   if (m_max == 0) return ok_status();
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
-  launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format);
+  launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format, routing_early);
   return last_launch_status(fn);
 }
 

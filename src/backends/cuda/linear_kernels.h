@@ -46,9 +46,12 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 // payloads aligned (FP8 / FP4 4 bytes, BF16 8, F32 16); rows >= offsets[n_experts] are not written.
 // format: the experts' common format when the caller knows it (kNone: unknown); an FP8 / FP4 format
 // lets decode-sized calls (m_max <= 16) take the tensor-core GEMV (tc_gemv_kernels.h).
+// routing_early: offsets were written two or more launches back in this stream (launch.h contract 3;
+// the MoE's w2 after its pair), so the tensor-core GEMV may start before its PDL wait (tcg::try_experts).
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                         cudaStream_t stream, quant::WeightFormat format = quant::WeightFormat::kNone);
+                         cudaStream_t stream, quant::WeightFormat format = quant::WeightFormat::kNone,
+                         bool routing_early = false);
 
 // Two expert matrices of the same shape and format over the same rows (the MoE's w1 and w3): y =
 // x . weights^T and y2 = x . weights2^T, the contract of run_expert_linear for each. Decode-sized
@@ -118,6 +121,9 @@ void set_tc_gemv_early_for_tests(int before_wait);
 // The expert GEMV's x staging before its first weight loads (tcg::set_expert_stage_first_for_tests, opt-in
 // DS41_TCG_EXPERT_STAGE_FIRST=1): -1 the environment, 0 off, 1 on. No value changes.
 void set_tc_gemv_expert_stage_first_for_tests(int mode);
+// The expert GEMV's early start where run_expert_linear's caller says the routing is settled
+// (tcg::set_expert_early_for_tests, opt-in DS41_TCG_EXPERT_EARLY=1): -1 the environment, 0 off, 1 on.
+void set_tc_gemv_expert_early_for_tests(int mode);
 // A dense pair's SwiGLU as the tensor-core GEMV's epilogue (tcg::set_dense_swiglu_for_tests, opt-in
 // DS41_TCG_DENSE_SWIGLU=1): -1 the environment, 0 off, 1 on. Off: run_linear_pair_swiglu is two launches.
 void set_tc_gemv_dense_swiglu_for_tests(int mode);

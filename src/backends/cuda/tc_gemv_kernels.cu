@@ -1236,8 +1236,15 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
                      const float* __restrict__ x, const int64_t* __restrict__ x_rows, float* __restrict__ y,
-                     float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first, Epilogue sw) {
-  dev::pdl_enter();  // offsets (the routing's) say which weights: nothing to load before the wait
+                     float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first, bool early,
+                     Epilogue sw) {
+  // PDL (pdl.cuh, launch.h): offsets and x_rows (the routing's) say which weights. Without `early` they
+  // may come from the previous kernel, so nothing is loaded before the wait. With `early` (the routing
+  // was written two or more launches back: launch.h contract 3; the MoE's w2 after its pair) the unit
+  // lookup reads them through L2 and the first task's weight loads go out before the wait, which
+  // precedes the x staging (x, the pair's act, is the previous kernel's): the lookup's round trips and
+  // the first loads' latency overlap the previous kernel's tail.
+  if (!early) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * NB];
@@ -1260,14 +1267,17 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     const dev::ThreadRange tr = dev::thread_range(n_experts);  // <= kPer experts per thread
     int64_t o[kPer + 1];
 #pragma unroll
-    for (int i = 0; i <= kPer; ++i) o[i] = tr.begin + i <= tr.end ? offsets[tr.begin + i] : 0;
+    for (int i = 0; i <= kPer; ++i) o[i] = tr.begin + i <= tr.end ? __ldcg(offsets + tr.begin + i) : 0;
     int s = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
       if (tr.begin + i < tr.end) s += static_cast<int>((o[i + 1] - o[i] + NB - 1) / NB);
     int total = 0;
     int run = dev::block_exclusive_scan_shfl(s, wtot, &total);
-    if (u >= total) return;  // block-uniform
+    if (u >= total) {  // block-uniform
+      if (early) dev::pdl_enter();  // waits before it exits (launch.h contract 3 for the next kernel)
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       if (tr.begin + i >= tr.end) break;
@@ -1279,7 +1289,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
         const DeviceWeight* dw2 = sw.act != nullptr ? weights2 + e : nullptr;
         int64_t xr[NB];
 #pragma unroll
-        for (int b = 0; b < NB; ++b) xr[b] = b < nb ? (x_rows ? x_rows[r0 + b] : r0 + b) : 0;
+        for (int b = 0; b < NB; ++b) xr[b] = b < nb ? (x_rows ? __ldcg(x_rows + r0 + b) : r0 + b) : 0;
         unit_w[0] = dw.data;
         unit_w[1] = dw.scale;
         unit_w[2] = dw2 != nullptr ? dw2->data : nullptr;
@@ -1304,7 +1314,10 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   block_rows<D, kFp8, NB, kRing>(unit_w[0], unit_w[1], in, out_dim, 0, ks_log2, smem_u2, nb, ex,
                                  fused ? nullptr : (second ? y2 : y) + r0 * out_dim, out_dim, red_d, ring, ring_depth,
                                  blockIdx.x, gridDim.x,
-                                 [&] { stage_x<D, NB>(x, in, nb, in, smem_u2, red, ex, nullptr, RowNorm{}, unit_x); },
+                                 [&] {
+                                   if (early) dev::pdl_enter();
+                                   stage_x<D, NB>(x, in, nb, in, smem_u2, red, ex, nullptr, RowNorm{}, unit_x);
+                                 },
                                  stage_first, ps);
 }
 
@@ -1574,6 +1587,16 @@ bool expert_stage_first() {
   return on;
 }
 
+// DS41_TCG_EXPERT_EARLY=1 (opt-in until timed on a device): a call whose routing was written two or more
+// launches back (try_experts' routing_early: the MoE's w2) looks its unit up and issues its first weight
+// loads before its PDL wait. No value changes.
+int g_expert_early = -1;
+bool expert_early() {
+  if (g_expert_early >= 0) return g_expert_early != 0;
+  static const bool on = switch_opt_in("DS41_TCG_EXPERT_EARLY");
+  return on;
+}
+
 bool nb_fits(int nb, int64_t in) { return smem_bytes(in, nb) <= static_cast<size_t>(kMaxSmem); }
 
 // rows: x rows of the call (experts: the average per expert); row_groups: 16-row groups of W over
@@ -1632,6 +1655,7 @@ void set_ring_for_tests(int mode) { g_ring = ring_mode_valid(mode) ? mode : -1; 
 void set_fp8_wide_for_tests(int mode) { g_fp8_wide = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_early_for_tests(int before_wait) { g_early = before_wait < 0 ? -1 : (before_wait ? 1 : 0); }
 void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_expert_early_for_tests(int mode) { g_expert_early = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
 
@@ -1746,7 +1770,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2, float* y2, const int64_t* x_rows,
-                 const SwigluEpilogue* swiglu) {
+                 const SwigluEpilogue* swiglu, bool routing_early) {
   if (swiglu != nullptr && (weights2 == nullptr || swiglu->act == nullptr)) return false;
   // Decode and DSpark verification (about one row per used expert): every such call takes this
   // kernel, so a row's bits do not depend on the batch (row-count invariance, as try_dense).
@@ -1784,7 +1808,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       const Epilogue sw = fused ? Epilogue{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_dim}
                                   : Epilogue{};
       launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
-             y2, s.ks_log2, rd, expert_stage_first(), sw);
+             y2, s.ks_log2, rd, expert_stage_first(), routing_early && expert_early(), sw);
     };
     if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));

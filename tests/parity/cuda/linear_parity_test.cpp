@@ -1791,6 +1791,91 @@ TEST(LinearParity, TensorCoreGemvExpertStageFirstKeepsTheBits) {
   }
 }
 
+// The expert GEMV's early start (DS41_TCG_EXPERT_EARLY, opt-in; try_experts' routing_early): the MoE's w2 looks
+// its units up and issues its first weight loads before its PDL wait, trusting launch.h contract 3 (the routing
+// is two or more launches back). The test runs the decode's order on one stream: the offsets buffer poisoned by
+// a copy with another routing of the same row count, the real offsets written by a kernel (a gather of their
+// 32-bit words), the w1 / w3 pair through the row index (reads them after its wait), then w2 over the pair's
+// w1 output with routing_early: equal bits to the same order without it, repeatedly (a w2 that read the
+// offsets too early would take the poisoned routing: checked to differ), FP4 and FP8 experts, the released
+// shape (w2 5120 x 2304 of 384 experts) on a device.
+TEST(LinearParity, TensorCoreGemvExpertEarlyKeepsTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_expert_early_for_tests(-1);
+    }
+  } reset;
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct Case {
+    WeightFormat format;
+    int64_t E, out, in, out2, n, k;
+  };
+  std::vector<Case> cases = {{WeightFormat::kFp4Rows, 12, 256, 1024, 160, 6, 3},
+                             {WeightFormat::kFp8Tiles, 12, 256, 1024, 160, 6, 3}};
+  if (!emu) cases.push_back({WeightFormat::kFp4Rows, 384, 2304, 5120, 5120, 1, 6});
+  set_tc_gemv_for_tests(1);
+  uint64_t seed = 18800;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct StreamGone {
+    cudaStream_t s;
+    ~StreamGone() { cudaStreamDestroy(s); }
+  } gone{stream};
+  for (const Case& c : cases) {
+    ExpertCalls ec(c.format, c.E, c.out, c.in, c.n, c.k, seed, true);
+    Experts w2 = make_experts(c.format, c.E, c.out2, c.out, seed);
+    // Another routing with the same routed rows (the poison), distinct from the real one.
+    std::vector<int64_t> poison;
+    for (uint64_t ps = 1; poison.empty() || poison == ec.off; ++ps) poison = routed_offsets(c.n, c.k, c.E, seed + 97 * ps, 0);
+    ASSERT_EQ(poison[c.E], ec.off[c.E]);
+    const size_t words = static_cast<size_t>(2 * (c.E + 1));  // the int64 offsets as 32-bit words
+    Dev<int64_t> dpoison(poison), dwork(ec.off.size()), didx(std::vector<int64_t>{0});
+    Dev<float> dz(static_cast<size_t>(ec.m_max * c.out2));
+    auto run = [&](bool early, bool poisoned_only) {
+      set_tc_gemv_expert_early_for_tests(early ? 1 : 0);
+      EXPECT_EQ(cudaMemsetAsync(dz.p, 0, dz.n * sizeof(float), stream), cudaSuccess);
+      EXPECT_EQ(cudaMemcpyAsync(dwork.p, dpoison.p, words * 4, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+      if (!poisoned_only) {
+        EXPECT_TRUE(run_gather_rows(reinterpret_cast<const float*>(ec.doff.p), didx.p, 1, static_cast<int64_t>(words),
+                                    reinterpret_cast<float*>(dwork.p), stream)
+                        .ok());
+        const Status st = run_expert_linear_pair_rows(ec.w1.dweights->p, ec.w3.dweights->p, c.E, c.out, c.in, dwork.p,
+                                                      ec.dx.p, ec.drows.p, ec.dg.p, ec.m_max, ec.dy1.p, ec.dy3.p,
+                                                      stream, c.format);
+        EXPECT_TRUE(st.ok()) << st.message();
+      }
+      const Status st = run_expert_linear(w2.dweights->p, c.E, c.out2, c.out, dwork.p, ec.dy1.p, ec.m_max, dz.p, stream,
+                                          c.format, /*routing_early=*/true);
+      EXPECT_TRUE(st.ok()) << st.message();
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      std::vector<float> z = dz.get();
+      z.resize(static_cast<size_t>(ec.m * c.out2));
+      return z;
+    };
+    const std::vector<float> want = run(false, false);
+    // The pair's w1 rows as the poisoned run finds them (the last real run's): only the routing differs.
+    const std::vector<float> poisoned = run(false, true);
+    size_t poison_differ = 0;
+    for (size_t i = 0; i < want.size(); ++i) poison_differ += bits_of(poisoned[i]) != bits_of(want[i]);
+    EXPECT_GT(poison_differ, 0u) << "the poisoned routing must change w2's output, or the test could not fail";
+    size_t differ = 0, compared = 0;
+    const int reps = emu ? 1 : 20;
+    for (int rep = 0; rep < reps; ++rep) {
+      const std::vector<float> got = run(true, false);
+      for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
+      compared += got.size();
+    }
+    report("expert_linear early start",
+           std::string(fmt_name(c.format)) + " " + std::to_string(c.E) + "x" + dims({c.out2, c.out}) + " n=" +
+               std::to_string(c.n) + " k=" + std::to_string(c.k) + " after route-write + pair, x" +
+               std::to_string(reps) + ", " + std::to_string(compared) + " values: bits differing",
+           static_cast<double>(differ), 0, "the same routing read before the wait (launch.h contract 3)");
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 // The same invariance for the scale-free formats (BF16: the head, the MoE gate and the compressor, on
 // the tensor-core GEMV for row-invariant calls; F32 on the CUDA cores): a DSpark verification runs the head and the gate over B x (1 + candidates) rows where the
 // plain decode step runs B, and greedy losslessness (MODEL_SPEC 3.10.7) needs the same logits bits
