@@ -540,7 +540,7 @@ Status GpuForward::hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, fl
 }
 
 Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
-                           const float* collapse_w, const float* norm_weight, float* x) {
+                           const float* collapse_w, const float* norm_weight, float* x, bool collapse) {
   cuda::HcSiteArgs s;
   s.map.n = n;
   s.map.c = c_->hc_mult;
@@ -573,9 +573,12 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, stream_, fork_ev_), "fork the side stream"));
       side_pending_ = true;  // joined before the expand reads post / comb (join_pending)
       DS41_RETURN_IF_ERROR(cuda::run_hc_site(m, side_, cuda::HcSitePart::kMap));
-      return cuda::run_hc_site(s, stream_, cuda::HcSitePart::kCollapse);
+      return collapse ? cuda::run_hc_site(s, stream_, cuda::HcSitePart::kCollapse) : ok_status();
     }
   }
+  if (!collapse)
+    return cuda::hc_site_fused(s) ? cuda::run_hc_site(s, stream_, cuda::HcSitePart::kMap)
+                                  : hc_site_map(hw, n, pre, post, comb);
   return cuda::run_hc_site(s, stream_);
 }
 
@@ -597,10 +600,13 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   // The attention's output projection expands into the streams (after joining the site's map).
   const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
-  // FFN site.
+  // FFN site. A one-row decode step may collapse there in the MoE's entry launch (with the gate and the
+  // router: moe_entry); the site then launches its map alone.
+  const bool entry = moe_entry_ok(w);
   DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
-  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f));  // expands into the streams
+      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x, !entry));
+  if (entry) DS41_RETURN_IF_ERROR(moe_entry(w, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
+  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, entry));  // expands into the streams
   return ok_status();
 }
 

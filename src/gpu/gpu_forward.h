@@ -26,6 +26,7 @@
 #include <span>
 #include <vector>
 
+#include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 #include "gpu/device_model.h"
@@ -239,8 +240,15 @@ class GpuForward {
   // MODEL_SPEC 3.3: the mHC map of one site (pre / post / comb of n rows) from ws_.streams.
   Status hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb);
   // The site map, then x = RMSNorm(collapse(streams, collapse_w)) (one launch: cuda::run_hc_site).
+  // collapse false: the map alone (the MoE entry kernel collapses: moe_entry).
   Status hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
-                 const float* collapse_w, const float* norm_weight, float* x);
+                 const float* collapse_w, const float* norm_weight, float* x, bool collapse = true);
+  // The FFN site's collapse + norm into x, the gate and the routing of a one-row decode step in one
+  // launch (cuda::run_moe_entry) where moe_entry_ok(); moe() then starts at the routed experts.
+  bool moe_entry_ok(const DeviceLayer& w) const;
+  Status moe_entry(const DeviceLayer& w, const float* collapse_w, const float* norm_weight, float* x);
+  // The router's arguments of the MoE of n_ rows through block w (E experts, top-k).
+  cuda::MoeRouteArgs route_args(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
   // kv_index list (with the layer's sink), the inverse rotation, the grouped output projection to y.
   // expand (nullable): y goes into the mHC streams (the layer's attention site: its post / comb) in
@@ -254,8 +262,9 @@ class GpuForward {
                          const cuda::HcExpandEpilogue* expand = nullptr);
   // The MoE of n_ rows into y. With expand_post / expand_comb set it also expands y into ws_.streams
   // (run_hc_expand with that post / comb), fused with the combine and the shared expert's add.
+  // routed_ready: the gate and the routing ran already (moe_entry).
   Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y,
-                  const float* expand_post = nullptr, const float* expand_comb = nullptr);
+                  const float* expand_post = nullptr, const float* expand_comb = nullptr, bool routed_ready = false);
 
   Status engram_stage(int64_t l);
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
@@ -265,7 +274,7 @@ class GpuForward {
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
-             const float* expand_comb = nullptr);
+             const float* expand_comb = nullptr, bool routed_ready = false);
 
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.

@@ -18,10 +18,52 @@
 
 namespace ds41::gpu {
 
+cuda::MoeRouteArgs GpuForward::route_args(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl) {
+  cuda::MoeRouteArgs ra;
+  ra.logits = ws_.gate_logits;
+  ra.n = n_;
+  ra.n_experts = E;
+  ra.k = k;
+  ra.bias = w.gate_bias.ptr;
+  ra.bias_vl = w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr;
+  ra.vl = vl;
+  ra.temp = static_cast<float>(c_->gate_temp);
+  ra.route_scale = static_cast<float>(c_->routed_scaling_factor);
+  ra.experts = ws_.experts;
+  ra.weights = ws_.route_w;
+  ra.offsets = ws_.offsets;
+  ra.perm_rows = ws_.perm_rows;
+  ra.perm_weight = ws_.perm_weight;
+  ra.slot_pos = ws_.slot_pos;
+  ra.workspace = ws_.scratch;
+  ra.counters = ws_.counters;
+  return ra;
+}
+
+// The entry (fused_moe_kernels.h run_moe_entry) is for one row of a decode step (row-invariant: the
+// gate's GEMV is then the tensor-core GEMV whose KS the entry kernel repeats, so a row keeps its bits
+// whatever the step's batch) through a BF16 gate, four mHC streams; opt-in (DS41_MOE_ENTRY=1).
+bool GpuForward::moe_entry_ok(const DeviceLayer& w) const {
+  return n_ == 1 && row_invariant_ && cuda::moe_entry_enabled() && c_->hc_mult == 4 &&
+         w.gate.format == quant::WeightFormat::kBF16 && w.gate.in_dim == c_->hidden_size;
+}
+
+Status GpuForward::moe_entry(const DeviceLayer& w, const float* collapse_w, const float* norm_weight, float* x) {
+  cuda::MoeEntryArgs a;
+  a.streams = ws_.streams;
+  a.collapse_w = collapse_w;
+  a.norm_weight = norm_weight;
+  a.eps = static_cast<float>(c_->rms_norm_eps);
+  a.sum_threads = cuda::rms_norm_sum_threads(1, c_->hidden_size);
+  a.x = x;
+  a.route = route_args(w, c_->n_routed_experts, c_->num_experts_per_tok, vl_);
+  return cuda::run_moe_entry(w.gate, a, stream_);
+}
+
 // The MoE of n_ rows through block w with E routed experts, top-k (the text layers, or a DSpark
 // stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
 Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
-                            float* y, const float* expand_post, const float* expand_comb) {
+                            float* y, const float* expand_post, const float* expand_comb, bool routed_ready) {
   const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
@@ -31,27 +73,9 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   // w2), on the stream current when called.
   auto routed = [&](bool swiglu) -> Status {
     cudaStream_t s = stream_;
-    DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
-    {  // router + bucketing: one launch at decode sizes
-      cuda::MoeRouteArgs ra;
-      ra.logits = ws_.gate_logits;
-      ra.n = n;
-      ra.n_experts = E;
-      ra.k = k;
-      ra.bias = w.gate_bias.ptr;
-      ra.bias_vl = w.gate_bias_vl.size > 0 ? w.gate_bias_vl.ptr : nullptr;
-      ra.vl = vl;
-      ra.temp = static_cast<float>(c_->gate_temp);
-      ra.route_scale = static_cast<float>(c_->routed_scaling_factor);
-      ra.experts = ws_.experts;
-      ra.weights = ws_.route_w;
-      ra.offsets = ws_.offsets;
-      ra.perm_rows = ws_.perm_rows;
-      ra.perm_weight = ws_.perm_weight;
-      ra.slot_pos = ws_.slot_pos;
-      ra.workspace = ws_.scratch;
-      ra.counters = ws_.counters;
-      DS41_RETURN_IF_ERROR(cuda::run_moe_route(ra, s));
+    if (!routed_ready) {
+      DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
+      DS41_RETURN_IF_ERROR(cuda::run_moe_route(route_args(w, E, k, vl), s));  // router + bucketing: one launch
     }
     // The routed rows x[perm_rows[i]]: read straight from x by the prefill GEMMs' split and by the decode
     // GEMV's staging (no gather launch); gathered into xs for the other paths. At decode sizes the
@@ -115,10 +139,10 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out, const float* expand_post,
-                       const float* expand_comb) {
+                       const float* expand_comb, bool routed_ready) {
   const int64_t n = n_, k = c_->num_experts_per_tok, nk = n * k;
-  DS41_RETURN_IF_ERROR(
-      moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post, expand_comb));
+  DS41_RETURN_IF_ERROR(moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post,
+                                expand_comb, routed_ready));
   cudaStream_t s = stream_;
   if (!opt.record) return ok_status();
   std::vector<int32_t> ex(nk);

@@ -12,6 +12,7 @@
 // swiglu_pair: swiglu_kernel's operations (fp64 SiLU, std::min / std::clamp NaN semantics) over
 //   two row sets, the first's blocks first; a float4 per thread where both sets allow it.
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "backends/cuda/block_scan.cuh"
@@ -19,12 +20,15 @@
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
+#include "backends/cuda/moe_bucket_device.cuh"
 #include "backends/cuda/moe_device.cuh"
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/swiglu_device.cuh"
+#include "backends/cuda/tc_gemv_kernels.h"
 
 namespace ds41::cuda {
 namespace {
@@ -54,46 +58,9 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, boo
     if (!last) return;
     __threadfence();
   }
-  // Bucketing of the n * k pairs by the last block (one chunk).
-  int* cnt = reinterpret_cast<int*>(sm.bs);  // the router's scratch, free now: E ints
-  const int t = threadIdx.x;
-  const int64_t pairs = a.n * k;
-  // Alone: the pairs are this block's picks, still in shared memory (no L2 round trip).
-  const int e = t < pairs ? (alone ? sm.sel[t] : __ldcg(a.experts + t)) : -1;
-  const bool valid = e >= 0 && e < E;
-  ex[t] = valid ? e : -1;
-  for (int64_t i = t; i < E; i += blockDim.x) cnt[i] = 0;
-  __syncthreads();
-  int rank = 0;
-  if (valid) {
-    for (int u = 0; u < t; ++u) rank += ex[u] == e;
-    atomicAdd(&cnt[e], 1);  // the count is order-independent
-  }
-  __syncthreads();
-  // Exclusive scan of cnt: thread t owns a contiguous range of experts.
-  const dev::ThreadRange tr = dev::thread_range(E);
-  int s = 0;
-  for (int64_t i = tr.begin; i < tr.end; ++i) s += cnt[i];
-  int total = 0;
-  int run = dev::block_exclusive_scan(s, part, &total);
-  for (int64_t i = tr.begin; i < tr.end; ++i) {
-    const int c = cnt[i];
-    cnt[i] = run;  // the expert's base
-    a.offsets[i] = run;
-    run += c;
-  }
-  if (t == 0) a.offsets[E] = total;
-  __syncthreads();
-  if (t < pairs) {
-    if (!valid) {
-      a.slot_pos[t] = -1;
-    } else {
-      const int64_t pos = static_cast<int64_t>(cnt[e]) + rank;
-      a.perm_rows[pos] = t / k;
-      a.perm_weight[pos] = alone ? sm.wsel[t] : __ldcg(a.weights + t);
-      a.slot_pos[t] = pos;
-    }
-  }
+  // Bucketing of the n * k pairs by the last block (one chunk). Alone: the pairs are this block's
+  // picks, still in shared memory (no L2 round trip).
+  moe::bucket_pairs(a, sm, ex, part, alone);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -251,6 +218,39 @@ Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   }
   launch(moe_route_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a, router_two_stage());
   return last_launch_status("moe_route");
+}
+
+namespace {
+int g_moe_entry = -1;
+std::atomic<uint64_t> g_moe_entry_fused{0};
+}  // namespace
+
+bool moe_entry_enabled() {
+  static const bool env = switch_opt_in("DS41_MOE_ENTRY");
+  return g_moe_entry >= 0 ? g_moe_entry != 0 : env;
+}
+void set_moe_entry_for_tests(int mode) { g_moe_entry = mode < 0 ? -1 : (mode ? 1 : 0); }
+uint64_t moe_entry_fused_launches() { return g_moe_entry_fused.load(); }
+
+Status run_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream) {
+  const MoeRouteArgs& r = a.route;
+  if (r.n != 1) return invalid_argument("moe_entry: one row only (route.n " + std::to_string(r.n) + ")");
+  if (!a.streams || !a.collapse_w || !a.x || !r.logits)
+    return invalid_argument("moe_entry: streams / collapse_w / x / logits is null");
+  if (gate.out_dim != r.n_experts)
+    return invalid_argument("moe_entry: the gate has " + std::to_string(gate.out_dim) + " rows for " +
+                            std::to_string(r.n_experts) + " experts");
+  if (tcg::try_moe_entry(gate, a, stream)) {
+    g_moe_entry_fused.fetch_add(1, std::memory_order_relaxed);
+    return last_launch_status("moe_entry");
+  }
+  // The same operations as three launches: the collapse and its norm, the gate, the router.
+  const int64_t h = gate.in_dim;
+  DS41_RETURN_IF_ERROR(run_hc_collapse(a.streams, a.collapse_w, 1, 4, h, a.x, stream));
+  DS41_RETURN_IF_ERROR(run_rms_norm(a.x, 1, h, a.norm_weight, a.eps, a.x, stream));
+  float* logits = const_cast<float*>(r.logits);  // the router's input: the gate writes it first
+  DS41_RETURN_IF_ERROR(run_linear(gate, a.x, 1, logits, stream, /*row_invariant=*/true));
+  return run_moe_route(r, stream);
 }
 
 Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/device_weight.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -36,6 +37,30 @@ struct MoeRouteArgs {
   uint32_t* counters = nullptr;
 };
 Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
+
+// The MoE's entry at ONE row of a decode step (MODEL_SPEC 3.3 collapse, 3.5 router): the FFN site's
+// collapse of the row's C = 4 streams with collapse_w and its RMSNorm (run_hc_site's collapse part),
+// written to x; the gate's GEMV (run_linear, row-invariant) into route.logits; run_moe_route of the
+// row (route.n = 1). One launch of the tensor-core GEMV (tc_gemv_kernels.h tc_moe_entry_kernel) where
+// it takes the shape (BF16 gate, h % 1024 == 0, 16-byte aligned streams / x / norm weight / gate,
+// route.counters set), the three as separate launches otherwise: the same bits either way (every
+// block collapses the row with hc_collapse_norm_quads_kernel's code, the gate's KS is try_dense's,
+// the router's code is moe_route_kernel's). route.counters[0]: zero before, zero after.
+struct MoeEntryArgs {
+  const float* streams = nullptr;      // [4, h] the row's streams
+  const float* collapse_w = nullptr;   // [4]
+  const float* norm_weight = nullptr;  // [h] (nullable: 1)
+  float eps = 0.0f;
+  int sum_threads = 0;  // rms_norm_sum_threads(1, h)
+  float* x = nullptr;   // [h] the collapsed, normed row
+  MoeRouteArgs route;   // n = 1, logits [n_experts] written
+};
+// Wanted where DS41_MOE_ENTRY=1 (opt-in until timed on a device) or set_moe_entry_for_tests(1).
+bool moe_entry_enabled();
+void set_moe_entry_for_tests(int mode);  // -1 the environment, 0 off, 1 on
+Status run_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream);
+// run_moe_entry calls that took the one launch so far (tests: the path is taken).
+uint64_t moe_entry_fused_launches();
 
 // run_moe_combine(out_perm, slot_pos, experts, n, k, h, y), then y += add (nullable: the shared
 // expert's output), then run_hc_expand(streams, y, post, comb, n, c, h): one launch, one thread per

@@ -22,6 +22,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fake_quant_device.cuh"
+#include "backends/cuda/hc_collapse_device.cuh"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/launch.h"
@@ -182,7 +183,13 @@ __global__ void __launch_bounds__(hc::kThreads)
 // put the scalar collapse block at 12.4 us, 19.6 K warp instructions over its 8 warps, most of them
 // the 64-bit addressing and bounds checks of one scalar load per stream and element; here a thread
 // issues 4 x kQ 16-byte loads with 32-bit offsets before it adds.
-constexpr int kCollapseQ = 5;  // quads per thread in flight (times the 4 streams): h = 5120 in one round
+// The collapse + norm part alone at C = 4 with float4 columns (h % 1024 == 0, 16-byte aligned
+// streams / x / norm weight; hc_site_collapse_quads): one block per row as the kernel's collapse
+// blocks, the same operations per element in the same order (dev::collapse_norm_quads,
+// hc_collapse_device.cuh), so the same bits. Why: ncu (H100, --set full) put the scalar collapse
+// block at 12.4 us, 19.6 K warp instructions over its 8 warps, most of them the 64-bit addressing and
+// bounds checks of one scalar load per stream and element; here a thread issues 4 x kCollapseQ
+// 16-byte loads with 32-bit offsets before it adds.
 __global__ void __launch_bounds__(hc::kThreads)
     hc_collapse_norm_quads_kernel(HcSiteArgs s, int sum_threads) {
   dev::pdl_enter();
@@ -190,60 +197,8 @@ __global__ void __launch_bounds__(hc::kThreads)
   __shared__ double scratch[32];
   const HcMapDeviceArgs& a = s.map;
   const int64_t r = blockIdx.x;
-  const int H4 = static_cast<int>(a.h >> 2), t = threadIdx.x, T = blockDim.x;
-  const float4* S = reinterpret_cast<const float4*>(a.streams + r * 4 * a.h);
-  float4* sm4 = reinterpret_cast<float4*>(smem);
-  const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) w[j] = s.collapse_w[r * 4 + j];
-  auto comb = [&](float s0, float s1, float s2, float s3) {
-    float v = 0.0f;
-    v = __fadd_rn(v, __fmul_rn(w[0], s0));
-    v = __fadd_rn(v, __fmul_rn(w[1], s1));
-    v = __fadd_rn(v, __fmul_rn(w[2], s2));
-    v = __fadd_rn(v, __fmul_rn(w[3], s3));
-    return v;
-  };
-  for (int q0 = t; q0 < H4; q0 += kCollapseQ * T) {
-    float4 sv[kCollapseQ][4];
-#pragma unroll
-    for (int q = 0; q < kCollapseQ; ++q) {
-      const int i = q0 + q * T;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) sv[q][j] = i < H4 ? S[j * H4 + i] : zero4;
-    }
-#pragma unroll
-    for (int q = 0; q < kCollapseQ; ++q) {
-      const int i = q0 + q * T;
-      if (i >= H4) break;
-      sm4[i] = make_float4(comb(sv[q][0].x, sv[q][1].x, sv[q][2].x, sv[q][3].x),
-                           comb(sv[q][0].y, sv[q][1].y, sv[q][2].y, sv[q][3].y),
-                           comb(sv[q][0].z, sv[q][1].z, sv[q][2].z, sv[q][3].z),
-                           comb(sv[q][0].w, sv[q][1].w, sv[q][2].w, sv[q][3].w));
-    }
-  }
-  __syncthreads();
-  const float inv = dev::rms_inv_like_rms_norm([&](int64_t i) { return smem[i]; }, a.h, sum_threads, s.eps, scratch);
-  float4* x4 = reinterpret_cast<float4*>(s.x + r * a.h);
-  const float4* nw4 = reinterpret_cast<const float4*>(s.norm_weight);
-  const float4 ones = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-  for (int q0 = t; q0 < H4; q0 += kCollapseQ * T) {
-    float4 nw[kCollapseQ];
-#pragma unroll
-    for (int q = 0; q < kCollapseQ; ++q) {
-      const int i = q0 + q * T;
-      nw[q] = (i < H4 && nw4) ? nw4[i] : ones;
-    }
-#pragma unroll
-    for (int q = 0; q < kCollapseQ; ++q) {
-      const int i = q0 + q * T;
-      if (i >= H4) break;
-      const float4 v = sm4[i];
-      x4[i] = make_float4(__fmul_rn(v.x, inv) * nw[q].x, __fmul_rn(v.y, inv) * nw[q].y,
-                          __fmul_rn(v.z, inv) * nw[q].z, __fmul_rn(v.w, inv) * nw[q].w);
-    }
-  }
+  dev::collapse_norm_quads(a.streams + r * 4 * a.h, s.collapse_w + r * 4, a.h, s.norm_weight, s.eps, sum_threads,
+                           smem, scratch, s.x + r * a.h, false);
 }
 
 Status bad(const std::string& what) { return invalid_argument("rows_norm_rope_quant: " + what); }

@@ -62,10 +62,13 @@
 #include "backends/cuda/block_scan.cuh"
 #include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/hc_collapse_device.cuh"
 #include "backends/cuda/hc_expand_device.cuh"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/moe_bucket_device.cuh"
+#include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rms_norm_device.cuh"
 #include "backends/cuda/swiglu_device.cuh"
@@ -588,7 +591,16 @@ struct Bf16 {
 // the same floats, so the same bits).
 // resolved (nullable): the row starts already in shared memory, written before a barrier the caller
 // passed (the expert kernel's unit lookup finds them; x, rows and ldx are then unused).
-template <class D, int NB>
+// kGeneric: the rows are read with generic loads instead of the read-only path (they may lie in shared
+// memory, or be written earlier in the same kernel: the MoE entry kernel's collapsed row).
+template <bool kGeneric>
+__device__ __forceinline__ float4 ld_x4(const float4* p) {
+  if constexpr (kGeneric)
+    return *p;
+  else
+    return __ldg(p);
+}
+template <class D, int NB, bool kGeneric = false>
 __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_t in, uint2* xs, float* red,
                         int* ex, const int64_t* __restrict__ rows = nullptr, RowNorm norm = RowNorm{},
                         const float* const* resolved = nullptr) {
@@ -645,8 +657,8 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
   auto load_unit = [&](int i, float4 (&v)[2]) {
     const int b = i / q8, u = i - b * q8, t = u >> 2, g = u & 3;
     const float4* p = reinterpret_cast<const float4*>(xrow[b]);
-    v[0] = __ldg(p + D::x_float4(t, g, 0));
-    v[1] = __ldg(p + D::x_float4(t, g, 1));
+    v[0] = ld_x4<kGeneric>(p + D::x_float4(t, g, 0));
+    v[1] = ld_x4<kGeneric>(p + D::x_float4(t, g, 1));
   };
   auto normed_unit = [&](int i, float4 (&v)[2]) {
     const int b = i / q8, u = i - b * q8, t = u >> 2, g = u & 3;
@@ -734,7 +746,7 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int i = i0 + j * kThreads;
-        v[j] = i < q4 ? __ldg(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[j] = i < q4 ? ld_x4<kGeneric>(xr + i) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j)
@@ -1321,6 +1333,65 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
                                  stage_first, ps);
 }
 
+// The MoE's entry at one row (MoeEntryArgs, tc_gemv_kernels.h): the gate's dense GEMV (D = Bf16, the
+// grid of try_dense's one-row call: the same KS, so the same logits bits) whose staging first collapses
+// and normalizes the row itself (dev::collapse_norm_quads, every block the same floats; the first
+// block also writes them to x for the MoE's other readers), and whose last block (an atomic counter,
+// reset by it) routes and buckets the row (moe::route_row + moe::bucket_pairs, run_moe_route's code).
+// With `early` the first weight loads go out before the PDL wait (the dense kernel's early start).
+// Three launches of the decode step's critical path in one: hc_site's collapse, the gate, the router.
+template <class D, int NB>
+__global__ void __launch_bounds__(kThreads, 1)
+    tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int ks_log2,
+                        bool early, bool two_stage, MoeEntryArgs e) {
+  if (!early) dev::pdl_enter();
+  extern __shared__ __align__(16) float smem[];
+  uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
+  __shared__ float red[kWarps * NB];
+  __shared__ int ex[NB];
+  __shared__ double scratch[32];
+  __shared__ const float* xrow[NB];
+  __shared__ moe::RouterSmem rsm;
+  __shared__ int bex[moe::kChunk];
+  __shared__ int bpart[kThreads];
+  __shared__ int last;
+  const MoeRouteArgs& ra = e.route;
+  const int64_t E = ra.n_experts;
+  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
+  float* xv = red_d + 4 * Cols<NB>::NT * kThreads;  // the collapsed, normed row (in floats)
+  float* logits = const_cast<float*>(ra.logits);  // the router's input: written here first
+  block_rows<D, false, NB, false>(data, sc, in, E, 0, ks_log2, smem_u2, 1, ex, logits, E, red_d, nullptr, 0,
+                                  blockIdx.y, gridDim.y,
+                                  [&] {
+                                    if (early) dev::pdl_enter();
+                                    dev::collapse_norm_quads(e.streams, e.collapse_w, in, e.norm_weight, e.eps,
+                                                             e.sum_threads, xv, scratch,
+                                                             blockIdx.y == 0 ? e.x : nullptr, true);
+                                    if (threadIdx.x == 0) xrow[0] = xv;
+                                    __syncthreads();
+                                    stage_x<D, NB, true>(nullptr, in, 1, in, smem_u2, red, ex, nullptr, RowNorm{},
+                                                         xrow);
+                                  });
+  // The routing by the block that finishes last (its logits are every block's).
+  __threadfence();  // this block's logits (and x), visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(&ra.counters[0], 1u);
+    last = done + 1 == gridDim.x * gridDim.y * gridDim.z;
+    if (last) ra.counters[0] = 0;  // zero again for the next call (kernels of the stream run in order)
+  }
+  __syncthreads();
+  if (!last) return;  // block-uniform
+  __threadfence();
+  float* lg = smem;  // the x parts are done with: the logits through L2 (other blocks wrote them)
+  for (int64_t i = threadIdx.x; i < E; i += kThreads) lg[i] = __ldcg(ra.logits + i);
+  __syncthreads();
+  moe::route_row(lg, E, ra.bias, ra.bias_vl, ra.vl, ra.k, ra.temp, ra.route_scale, ra.experts, ra.weights, 0, rsm,
+                 two_stage);
+  __syncthreads();
+  moe::bucket_pairs(ra, rsm, bex, bpart, true);
+}
+
 // ---------------------------------------------------------------------------------------------
 int g_mode = -1;
 int g_slot_cap = 0;  // set_slot_cap_for_tests
@@ -1827,6 +1898,34 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
          Fp4::kU, Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
     }
   });
+  return true;
+}
+
+bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream) {
+  const MoeRouteArgs& r = a.route;
+  const int64_t in = gate.in_dim, E = gate.out_dim;
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!moe_entry_enabled() || !enabled() || gate.format != WeightFormat::kBF16 || gate.data == nullptr) return false;
+  if (in <= 0 || in % (4 * kThreads) != 0 || in > 16384) return false;  // collapse_norm_quads' float4 columns
+  if (r.n != 1 || E != r.n_experts || r.k < 1 || r.k > moe::kMaxK || E < r.k || E > moe::kMaxExperts ||
+      r.k > moe::kChunk || r.k > kThreads)
+    return false;
+  if (a.streams == nullptr || a.collapse_w == nullptr || a.x == nullptr || r.logits == nullptr ||
+      r.counters == nullptr || r.experts == nullptr || r.weights == nullptr || r.offsets == nullptr ||
+      r.perm_rows == nullptr || r.perm_weight == nullptr || r.slot_pos == nullptr)
+    return false;
+  if (!al(a.streams) || !al(a.x) || (a.norm_weight != nullptr && !al(a.norm_weight)) || !al(gate.data)) return false;
+  if (a.sum_threads < 32 || a.sum_threads % 32 != 0 || a.sum_threads > 1024) return false;
+  const size_t parts = smem_bytes(in, 2), smem = parts + static_cast<size_t>(in) * sizeof(float);
+  if (smem > static_cast<size_t>(kMaxSmem) || static_cast<size_t>(E) * sizeof(float) > parts) return false;
+  // KS (a row's bits) and the slots as try_dense's one-row call of the gate, tc_dense_kernel<Bf16, false, 2>.
+  constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
+  constexpr auto K = tc_moe_entry_kernel<Bf16, 2>;
+  allow_smem<KD>();
+  allow_smem<K>();
+  const Shape s = shape(E, 1, 1, in, Bf16::kU, Bf16::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
+  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
+         router_two_stage(), a);
   return true;
 }
 

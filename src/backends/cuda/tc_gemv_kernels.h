@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/cuda/device_weight.h"
+#include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/linear_epilogue.h"
 
 namespace ds41::cuda::tcg {
@@ -92,5 +93,9 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
                  cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr,
                  const int64_t* x_rows = nullptr, const SwigluEpilogue* swiglu = nullptr,
                  bool routing_early = false);
+
+// The MoE entry's one launch (fused_moe_kernels.h run_moe_entry's contract): true if launched, false if
+// the shape is not taken or moe_entry_enabled() is off (nothing launched).
+bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream);
 
 }  // namespace ds41::cuda::tcg

@@ -15,6 +15,7 @@
 // agreement is checked on a 3-token prefix (every layer's router weights within 1e-5).
 #include <gtest/gtest.h>
 
+#include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/linear_kernels.h"
 #include "gpu/engine/gpu_test_util.h"
@@ -215,6 +216,41 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
   const std::vector<float> off = run(0), on = run(1);
   ASSERT_EQ(off.size(), on.size());
   EXPECT_TRUE(off == on) << "logits differ with programmatic dependent launch on";
+}
+
+// The MoE entry (cuda::run_moe_entry, opt-in DS41_MOE_ENTRY): a one-row decode step collapses the FFN
+// site, runs the gate and routes in one launch instead of three. Decode steps past every limit give the
+// same logits bits with it on and off; the small model (hidden 1024) takes the one launch (counted), the
+// golden tiny one (hidden not a multiple of 1024) its three-launch fallback.
+TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
+  const int64_t V = cpu_.model->config().vocab_size;
+  auto toks = tokens(len_ + 12, 6);
+  struct Back {
+    ~Back() { cuda::set_moe_entry_for_tests(-1); }
+  } back;
+  auto run = [&](int entry) {
+    cuda::set_moe_entry_for_tests(entry);
+    std::vector<float> logits;
+    auto a = eng_->create_sequence();
+    engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
+    engine::StepOutput so;
+    Status s = eng_->step(std::span<const engine::StepItem>(&pi, 1), &so);
+    EXPECT_TRUE(s.ok()) << s.message();
+    for (int64_t t = 0; t < 12 && s.ok(); ++t) {
+      engine::StepItem di{*a, std::span<const int32_t>(&toks[len_ + t], 1), true};
+      s = eng_->step(std::span<const engine::StepItem>(&di, 1), &so);
+      EXPECT_TRUE(s.ok()) << s.message();
+      logits.insert(logits.end(), so.logits.begin() + so.row[0] * V, so.logits.begin() + (so.row[0] + 1) * V);
+    }
+    return logits;
+  };
+  const std::vector<float> off = run(0);
+  const uint64_t before = cuda::moe_entry_fused_launches();
+  const std::vector<float> on = run(1);
+  const uint64_t fused = cuda::moe_entry_fused_launches() - before;
+  ASSERT_EQ(off.size(), on.size());
+  EXPECT_TRUE(off == on) << "logits differ with the MoE entry launch";
+  if (GetParam().small) EXPECT_GT(fused, 0u) << "the small model's decode steps take the one launch";
 }
 
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "backends/cuda/attention_kernels.h"
@@ -422,6 +423,119 @@ TEST(FusedRowsParity, MoeRoute) {
   }
   }
   set_router_two_stage_for_tests(-1);
+}
+
+// The MoE entry of a one-row decode step (run_moe_entry: the FFN site's collapse + norm, the gate, the
+// router and bucketing in one launch) against the same three as separate launches (its fallback:
+// run_hc_collapse + run_rms_norm, run_linear row-invariant, run_moe_route), bit for bit: x, logits,
+// experts, weights, offsets, perm rows / weights, slot_pos; the counter zero after; twice. The released
+// widths (h 5120, 384 experts top 6) on a device, a small one everywhere; an image row (bias_vl); 600
+// experts (the block-wide selection); streams scaled apart (the collapse's weights matter) and a norm
+// weight; and a shape the kernel refuses (h 768) checked to fall back.
+TEST(FusedRowsParity, MoeEntry) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_moe_entry_for_tests(-1); }
+  } reset;
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct C {
+    int64_t h, E, k;
+    bool vl;
+    bool fused;  // the one launch takes it
+  };
+  std::vector<C> cases = {{1024, 24, 3, false, true}, {1024, 600, 10, true, true}, {768, 16, 4, false, false}};
+  if (!emu) {
+    cases.push_back({5120, 384, 6, false, true});
+    cases.push_back({5120, 384, 6, true, true});
+  }
+  uint64_t seed = 9100;
+  for (const C& c : cases) {
+    const int64_t h = c.h, E = c.E, k = c.k;
+    auto streams = rand_floats(static_cast<size_t>(4 * h), ++seed, 2.0f);
+    for (int64_t j = 0; j < 4; ++j)
+      for (int64_t i = 0; i < h; ++i) streams[j * h + i] = std::ldexp(streams[j * h + i], static_cast<int>(3 * j - 4));
+    const std::vector<float> cw = {0.7f, -1.3f, 0.25f, 2.0f};
+    auto nw = rand_floats(static_cast<size_t>(h), ++seed, 0.5f);
+    for (auto& v : nw) v += 1.0f;
+    const HostWeight gate = make_weight(quant::WeightFormat::kBF16, E, h, ++seed);
+    DevWeight dgate(gate);
+    auto bias = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
+    auto bias_vl = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
+    Dev<float> dst(streams), dcw(cw), dnw(nw), db(bias), dbv(bias_vl);
+    Dev<uint8_t> dvl(std::vector<uint8_t>{1}), dws(moe_bucket_workspace_bytes(1, k, E) + 256);
+    struct Out {
+      Dev<float> x, lg, w, pw;
+      Dev<int32_t> ex;
+      Dev<int64_t> off, pr, sp;
+      Dev<uint32_t> cnt;
+      Out(int64_t h, int64_t E, int64_t k)
+          : x(std::vector<float>(h, 1.5f)),
+            lg(std::vector<float>(E, -2.0f)),
+            w(std::vector<float>(k, 0.5f)),
+            pw(std::vector<float>(k, 0.25f)),
+            ex(std::vector<int32_t>(k, 7)),
+            off(std::vector<int64_t>(E + 1, 3)),
+            pr(std::vector<int64_t>(k, 5)),
+            sp(std::vector<int64_t>(k, 9)),
+            cnt(std::vector<uint32_t>(4, 0u)) {}
+    };
+    auto args = [&](Out& o) {
+      MoeEntryArgs a;
+      a.streams = dst.p;
+      a.collapse_w = dcw.p;
+      a.norm_weight = dnw.p;
+      a.eps = 1e-6f;
+      a.sum_threads = rms_norm_sum_threads(1, h);
+      a.x = o.x.p;
+      MoeRouteArgs& r = a.route;
+      r.logits = o.lg.p;
+      r.n = 1;
+      r.n_experts = E;
+      r.k = k;
+      r.bias = db.p;
+      r.bias_vl = c.vl ? dbv.p : nullptr;
+      r.vl = c.vl ? dvl.p : nullptr;
+      r.temp = 1.3f;
+      r.route_scale = 2.5f;
+      r.experts = o.ex.p;
+      r.weights = o.w.p;
+      r.offsets = o.off.p;
+      r.perm_rows = o.pr.p;
+      r.perm_weight = o.pw.p;
+      r.slot_pos = o.sp.p;
+      r.workspace = dws.p;
+      r.counters = o.cnt.p;
+      return a;
+    };
+    Out u(h, E, k), f(h, E, k);
+    set_moe_entry_for_tests(0);
+    const uint64_t before_unfused = moe_entry_fused_launches();
+    Status st = run_moe_entry(dgate.dw, args(u), nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(moe_entry_fused_launches(), before_unfused) << "off: three launches";
+    set_moe_entry_for_tests(1);
+    const std::string shape = dims({h, E, k}) + (c.vl ? " image row" : "") + (c.fused ? "" : " (refused)");
+    for (int rep = 0; rep < 2; ++rep) {
+      const uint64_t before = moe_entry_fused_launches();
+      st = run_moe_entry(dgate.dw, args(f), nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      EXPECT_EQ(moe_entry_fused_launches() - before, c.fused ? 1u : 0u) << shape;
+      size_t bad = count_bit_diffs(f.x.get(), u.x.get()) + count_bit_diffs(f.lg.get(), u.lg.get()) +
+                   count_bit_diffs(f.w.get(), u.w.get()) + count_bit_diffs(f.pw.get(), u.pw.get());
+      bad += f.ex.get() != u.ex.get();
+      bad += f.off.get() != u.off.get();
+      bad += f.pr.get() != u.pr.get();
+      bad += f.sp.get() != u.sp.get();
+      size_t left = 0;
+      for (uint32_t v : f.cnt.get()) left += v != 0;
+      report(rep == 0 ? "moe_entry" : "moe_entry again", shape, static_cast<double>(bad + left), 0,
+             "collapse_norm_quads + the gate's tensor-core GEMV (try_dense's KS) + moe_route's code: x, logits, "
+             "experts, weights, offsets, perm, slot_pos equal; counter zero after");
+      EXPECT_EQ(bad + left, 0u) << shape;
+    }
+    // The routing is not trivially equal: another gate routes otherwise (the test could fail).
+    EXPECT_NE(u.ex.get(), std::vector<int32_t>(static_cast<size_t>(k), 7));
+  }
 }
 
 TEST(FusedRowsParity, MoeCombineExpand) {
