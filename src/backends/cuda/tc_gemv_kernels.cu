@@ -1916,13 +1916,19 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
     return false;
   if (!al(a.streams) || !al(a.x) || (a.norm_weight != nullptr && !al(a.norm_weight)) || !al(gate.data)) return false;
   if (a.sum_threads < 32 || a.sum_threads % 32 != 0 || a.sum_threads > 1024) return false;
+  // The dynamic shared memory beside the router's ~36 KB of static (the attribute: 227 KB in all).
+  constexpr int kEntryMaxSmem = 160 * 1024;
   const size_t parts = smem_bytes(in, 2), smem = parts + static_cast<size_t>(in) * sizeof(float);
-  if (smem > static_cast<size_t>(kMaxSmem) || static_cast<size_t>(E) * sizeof(float) > parts) return false;
+  if (smem > static_cast<size_t>(kEntryMaxSmem) || static_cast<size_t>(E) * sizeof(float) > parts) return false;
   // KS (a row's bits) and the slots as try_dense's one-row call of the gate, tc_dense_kernel<Bf16, false, 2>.
   constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
   constexpr auto K = tc_moe_entry_kernel<Bf16, 2>;
   allow_smem<KD>();
-  allow_smem<K>();
+  static const bool attr = [] {
+    return cudaFuncSetAttribute(reinterpret_cast<const void*>(K), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kEntryMaxSmem) == cudaSuccess;
+  }();
+  if (!attr) return false;
   const Shape s = shape(E, 1, 1, in, Bf16::kU, Bf16::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
   launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
          router_two_stage(), a);
