@@ -42,7 +42,7 @@ cuda::MoeRouteArgs GpuForward::route_args(const DeviceLayer& w, int64_t E, int64
 
 // The entry (fused_moe_kernels.h run_moe_entry) is for one row of a decode step (row-invariant: the
 // gate's GEMV is then the tensor-core GEMV whose KS the entry kernel repeats, so a row keeps its bits
-// whatever the step's batch) through a BF16 gate, four mHC streams; opt-in (DS41_MOE_ENTRY=1).
+// whatever the step's batch) through a BF16 gate, four mHC streams; DS41_MOE_ENTRY=0 turns it off.
 bool GpuForward::moe_entry_ok(const DeviceLayer& w) const {
   return n_ == 1 && row_invariant_ && cuda::moe_entry_enabled() && c_->hc_mult == 4 &&
          w.gate.format == quant::WeightFormat::kBF16 && w.gate.in_dim == c_->hidden_size;

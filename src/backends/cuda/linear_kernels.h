@@ -122,7 +122,7 @@ void set_tc_gemv_early_for_tests(int before_wait);
 // DS41_TCG_EXPERT_STAGE_FIRST=1): -1 the environment, 0 off, 1 on. No value changes.
 void set_tc_gemv_expert_stage_first_for_tests(int mode);
 // The expert GEMV's early start where run_expert_linear's caller says the routing is settled
-// (tcg::set_expert_early_for_tests, opt-in DS41_TCG_EXPERT_EARLY=1): -1 the environment, 0 off, 1 on.
+// (tcg::set_expert_early_for_tests, DS41_TCG_EXPERT_EARLY, default on): -1 the environment, 0 off, 1 on.
 void set_tc_gemv_expert_early_for_tests(int mode);
 // A dense pair's SwiGLU as the tensor-core GEMV's epilogue (tcg::set_dense_swiglu_for_tests, opt-in
 // DS41_TCG_DENSE_SWIGLU=1): -1 the environment, 0 off, 1 on. Off: run_linear_pair_swiglu is two launches.

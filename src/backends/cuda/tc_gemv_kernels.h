@@ -38,7 +38,7 @@ void set_early_for_tests(int before_wait);
 // timed): -1 the environment, 0 off, 1 on. No value changes.
 void set_expert_stage_first_for_tests(int mode);
 // The expert kernel's early start where the caller says the routing is settled (try_experts'
-// routing_early; DS41_TCG_EXPERT_EARLY=1, opt-in until timed): -1 the environment, 0 off, 1 on.
+// routing_early; DS41_TCG_EXPERT_EARLY, default on): -1 the environment, 0 off, 1 on.
 void set_expert_early_for_tests(int mode);
 // A dense pair's SwiGLU epilogue (DS41_TCG_DENSE_SWIGLU=1, opt-in until timed; try_dense with a
 // SwigluEpilogue refuses it while off): -1 the environment, 0 off, 1 on. Experts' pairs take it always.
@@ -87,7 +87,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 // x_rows (nullable): routed row r is x[x_rows[r]] (rows of in_dim floats) instead of x[r].
 // routing_early: offsets and x_rows were written by a kernel two or more launches back in this stream
 // (launch.h contract 3), so the kernel may read them and issue its first weight loads before its PDL
-// wait (with DS41_TCG_EXPERT_EARLY / set_expert_early_for_tests; the same values either way).
+// wait (DS41_TCG_EXPERT_EARLY=0 / set_expert_early_for_tests turn it off; the same values either way).
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr,

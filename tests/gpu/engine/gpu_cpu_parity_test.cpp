@@ -218,7 +218,7 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
   EXPECT_TRUE(off == on) << "logits differ with programmatic dependent launch on";
 }
 
-// The MoE entry (cuda::run_moe_entry, opt-in DS41_MOE_ENTRY): a one-row decode step collapses the FFN
+// The MoE entry (cuda::run_moe_entry, default on, DS41_MOE_ENTRY=0 off): a one-row decode step collapses the FFN
 // site, runs the gate and routes in one launch instead of three. Decode steps past every limit give the
 // same logits bits with it on and off; the small model (hidden 1024) takes the one launch (counted), the
 // golden tiny one (hidden not a multiple of 1024) its three-launch fallback.

@@ -1791,7 +1791,7 @@ TEST(LinearParity, TensorCoreGemvExpertStageFirstKeepsTheBits) {
   }
 }
 
-// The expert GEMV's early start (DS41_TCG_EXPERT_EARLY, opt-in; try_experts' routing_early): the MoE's w2 looks
+// The expert GEMV's early start (DS41_TCG_EXPERT_EARLY, default on; try_experts' routing_early): the MoE's w2 looks
 // its units up and issues its first weight loads before its PDL wait, trusting launch.h contract 3 (the routing
 // is two or more launches back). The test runs the decode's order on one stream: the offsets buffer poisoned by
 // a copy with another routing of the same row count, the real offsets written by a kernel (a gather of their
