@@ -50,12 +50,7 @@ bool GpuForward::moe_entry_ok(const DeviceLayer& w) const {
 
 Status GpuForward::moe_entry(const DeviceLayer& w, const float* collapse_w, const float* norm_weight, float* x) {
   cuda::MoeEntryArgs a;
-  a.streams = ws_.streams;
-  a.collapse_w = collapse_w;
-  a.norm_weight = norm_weight;
-  a.eps = static_cast<float>(c_->rms_norm_eps);
-  a.sum_threads = cuda::rms_norm_sum_threads(1, c_->hidden_size);
-  a.x = x;
+  a.row = collapse_row(collapse_w, norm_weight, x);
   a.route = route_args(w, c_->n_routed_experts, c_->num_experts_per_tok, vl_);
   return cuda::run_moe_entry(w.gate, a, stream_);
 }

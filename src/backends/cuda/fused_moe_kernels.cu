@@ -238,7 +238,8 @@ uint64_t moe_entry_fused_launches() { return g_moe_entry_fused.load(); }
 Status run_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream) {
   const MoeRouteArgs& r = a.route;
   if (r.n != 1) return invalid_argument("moe_entry: one row only (route.n " + std::to_string(r.n) + ")");
-  if (!a.streams || !a.collapse_w || !a.x || !r.logits)
+  const CollapseRow& c = a.row;
+  if (!c.streams || !c.collapse_w || !c.x || !r.logits)
     return invalid_argument("moe_entry: streams / collapse_w / x / logits is null");
   if (gate.out_dim != r.n_experts)
     return invalid_argument("moe_entry: the gate has " + std::to_string(gate.out_dim) + " rows for " +
@@ -249,10 +250,10 @@ Status run_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream
   }
   // The same operations as three launches: the collapse and its norm, the gate, the router.
   const int64_t h = gate.in_dim;
-  DS41_RETURN_IF_ERROR(run_hc_collapse(a.streams, a.collapse_w, 1, 4, h, a.x, stream));
-  DS41_RETURN_IF_ERROR(run_rms_norm(a.x, 1, h, a.norm_weight, a.eps, a.x, stream));
+  DS41_RETURN_IF_ERROR(run_hc_collapse(c.streams, c.collapse_w, 1, 4, h, c.x, stream));
+  DS41_RETURN_IF_ERROR(run_rms_norm(c.x, 1, h, c.norm_weight, c.eps, c.x, stream));
   float* logits = const_cast<float*>(r.logits);  // the router's input: the gate writes it first
-  DS41_RETURN_IF_ERROR(run_linear(gate, a.x, 1, logits, stream, /*row_invariant=*/true));
+  DS41_RETURN_IF_ERROR(run_linear(gate, c.x, 1, logits, stream, /*row_invariant=*/true));
   return run_moe_route(r, stream);
 }
 

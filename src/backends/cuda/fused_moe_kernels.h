@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backends/cuda/device_weight.h"
+#include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -47,13 +48,8 @@ Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream);
 // block collapses the row with hc_collapse_norm_quads_kernel's code, the gate's KS is try_dense's,
 // the router's code is moe_route_kernel's). route.counters[0]: zero before, zero after.
 struct MoeEntryArgs {
-  const float* streams = nullptr;      // [4, h] the row's streams
-  const float* collapse_w = nullptr;   // [4]
-  const float* norm_weight = nullptr;  // [h] (nullable: 1)
-  float eps = 0.0f;
-  int sum_threads = 0;  // rms_norm_sum_threads(1, h)
-  float* x = nullptr;   // [h] the collapsed, normed row
-  MoeRouteArgs route;   // n = 1, logits [n_experts] written
+  CollapseRow row;     // its x required (the MoE's other readers)
+  MoeRouteArgs route;  // n = 1, logits [n_experts] written
 };
 // Wanted unless DS41_MOE_ENTRY=0 or set_moe_entry_for_tests(0) (measured: fused_moe_kernels.cu).
 bool moe_entry_enabled();

@@ -19,6 +19,19 @@ struct SwigluEpilogue {
   float limit = 0.0f;
 };
 
+// The other side of a launch: what a one-row decode linear may compute before its GEMV instead of reading
+// x (tc_gemv_kernels.cu tc_collapse_dense_kernel): the mHC collapse of the row's 4 streams and its RMSNorm
+// (MODEL_SPEC 3.3; run_hc_site's collapse part: hc_collapse_norm_quads_kernel's operations,
+// hc_collapse_device.cuh), every block for itself; the first block writes x where it is set.
+struct CollapseRow {
+  const float* streams = nullptr;      // [4, h] device, 16-byte aligned
+  const float* collapse_w = nullptr;   // [4]
+  const float* norm_weight = nullptr;  // [h], 16-byte aligned (nullable: 1)
+  float eps = 0.0f;
+  int sum_threads = 0;  // rms_norm_sum_threads(1, h)
+  float* x = nullptr;   // [h] the collapsed, normed row (nullable: not written)
+};
+
 struct HcExpandEpilogue {
   float* streams = nullptr;      // [rows, c, out_dim] device, updated in place
   const float* post = nullptr;   // [rows, c]

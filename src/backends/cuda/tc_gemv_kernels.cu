@@ -1333,17 +1333,19 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
                                  stage_first, ps);
 }
 
-// The MoE's entry at one row (MoeEntryArgs, tc_gemv_kernels.h): the gate's dense GEMV (D = Bf16, the
-// grid of try_dense's one-row call: the same KS, so the same logits bits) whose staging first collapses
-// and normalizes the row itself (dev::collapse_norm_quads, every block the same floats; the first
-// block also writes them to x for the MoE's other readers), and whose last block (an atomic counter,
-// reset by it) routes and buckets the row (moe::route_row + moe::bucket_pairs, run_moe_route's code).
-// With `early` the first weight loads go out before the PDL wait (the dense kernel's early start).
-// Three launches of the decode step's critical path in one: hc_site's collapse, the gate, the router.
-template <class D, int NB>
+// A one-row dense GEMV whose staging first collapses and normalizes the row itself (CollapseRow,
+// linear_epilogue.h): every block the same floats with dev::collapse_norm_quads (hc_collapse_norm_quads_
+// kernel's code), the first block also writing them to c.x where set, then stage_x over them with generic
+// loads. The grid is try_dense's one-row call of the weight (the same KS, so the same bits as the collapse
+// launch followed by the plain GEMV). With `early` the first weight loads go out before the PDL wait.
+// kRoute (the MoE entry, MoeEntryArgs): y is the router's logits, and the block that finishes last (an
+// atomic counter, reset by it) routes and buckets the row (moe::route_row + moe::bucket_pairs,
+// run_moe_route's code). One launch for the collapse, the GEMV (and the router) of the decode's critical path.
+template <class D, bool kFp8, int NB, bool kRoute>
 __global__ void __launch_bounds__(kThreads, 1)
-    tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int ks_log2,
-                        bool early, bool two_stage, MoeEntryArgs e) {
+    tc_collapse_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in,
+                             int64_t out_rows, float* __restrict__ y, int ks_log2, bool early, bool two_stage,
+                             CollapseRow c, MoeRouteArgs ra) {
   if (!early) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -1351,45 +1353,44 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int ex[NB];
   __shared__ double scratch[32];
   __shared__ const float* xrow[NB];
-  __shared__ moe::RouterSmem rsm;
-  __shared__ int bex[moe::kChunk];
-  __shared__ int bpart[kThreads];
-  __shared__ int last;
-  const MoeRouteArgs& ra = e.route;
-  const int64_t E = ra.n_experts;
   float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
   float* xv = red_d + 4 * Cols<NB>::NT * kThreads;  // the collapsed, normed row (in floats)
-  float* logits = const_cast<float*>(ra.logits);  // the router's input: written here first
-  block_rows<D, false, NB, false>(data, sc, in, E, 0, ks_log2, smem_u2, 1, ex, logits, E, red_d, nullptr, 0,
-                                  blockIdx.y, gridDim.y,
-                                  [&] {
-                                    if (early) dev::pdl_enter();
-                                    dev::collapse_norm_quads(e.streams, e.collapse_w, in, e.norm_weight, e.eps,
-                                                             e.sum_threads, xv, scratch,
-                                                             blockIdx.y == 0 ? e.x : nullptr, true);
-                                    if (threadIdx.x == 0) xrow[0] = xv;
-                                    __syncthreads();
-                                    stage_x<D, NB, true>(nullptr, in, 1, in, smem_u2, red, ex, nullptr, RowNorm{},
-                                                         xrow);
-                                  });
-  // The routing by the block that finishes last (its logits are every block's).
-  __threadfence();  // this block's logits (and x), visible before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t done = atomicAdd(&ra.counters[0], 1u);
-    last = done + 1 == gridDim.x * gridDim.y * gridDim.z;
-    if (last) ra.counters[0] = 0;  // zero again for the next call (kernels of the stream run in order)
+  block_rows<D, kFp8, NB, false>(data, sc, in, out_rows, 0, ks_log2, smem_u2, 1, ex, y, out_rows, red_d, nullptr, 0,
+                                 blockIdx.y, gridDim.y, [&] {
+                                   if (early) dev::pdl_enter();
+                                   dev::collapse_norm_quads(c.streams, c.collapse_w, in, c.norm_weight, c.eps,
+                                                            c.sum_threads, xv, scratch,
+                                                            blockIdx.y == 0 ? c.x : nullptr, true);
+                                   if (threadIdx.x == 0) xrow[0] = xv;
+                                   __syncthreads();
+                                   stage_x<D, NB, true>(nullptr, in, 1, in, smem_u2, red, ex, nullptr, RowNorm{},
+                                                        xrow);
+                                 });
+  if constexpr (kRoute) {
+    __shared__ moe::RouterSmem rsm;
+    __shared__ int bex[moe::kChunk];
+    __shared__ int bpart[kThreads];
+    __shared__ int last;
+    const int64_t E = ra.n_experts;
+    // The routing by the block that finishes last (its logits are every block's).
+    __threadfence();  // this block's logits (and x), visible before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint32_t done = atomicAdd(&ra.counters[0], 1u);
+      last = done + 1 == gridDim.x * gridDim.y * gridDim.z;
+      if (last) ra.counters[0] = 0;  // zero again for the next call (kernels of the stream run in order)
+    }
+    __syncthreads();
+    if (!last) return;  // block-uniform
+    __threadfence();
+    float* lg = smem;  // the x parts are done with: the logits through L2 (other blocks wrote them)
+    for (int64_t i = threadIdx.x; i < E; i += kThreads) lg[i] = __ldcg(ra.logits + i);
+    __syncthreads();
+    moe::route_row(lg, E, ra.bias, ra.bias_vl, ra.vl, ra.k, ra.temp, ra.route_scale, ra.experts, ra.weights, 0,
+                   rsm, two_stage);
+    __syncthreads();
+    moe::bucket_pairs(ra, rsm, bex, bpart, true);
   }
-  __syncthreads();
-  if (!last) return;  // block-uniform
-  __threadfence();
-  float* lg = smem;  // the x parts are done with: the logits through L2 (other blocks wrote them)
-  for (int64_t i = threadIdx.x; i < E; i += kThreads) lg[i] = __ldcg(ra.logits + i);
-  __syncthreads();
-  moe::route_row(lg, E, ra.bias, ra.bias_vl, ra.vl, ra.k, ra.temp, ra.route_scale, ra.experts, ra.weights, 0, rsm,
-                 two_stage);
-  __syncthreads();
-  moe::bucket_pairs(ra, rsm, bex, bpart, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1902,38 +1903,80 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   return true;
 }
 
+namespace {
+
+bool collapse_row_fits(const CollapseRow& c, int64_t in) {
+  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return in > 0 && in % (4 * kThreads) == 0 && in <= 16384 && c.streams != nullptr && c.collapse_w != nullptr &&
+         al(c.streams) && (c.x == nullptr || al(c.x)) && (c.norm_weight == nullptr || al(c.norm_weight)) &&
+         c.sum_threads >= 32 && c.sum_threads % 32 == 0 && c.sum_threads <= 1024;
+}
+
+// The dynamic shared memory beside the kernel's static (the router's ~36 KB with kRoute; 227 KB in all).
+constexpr int kCollapseMaxSmem = 160 * 1024;
+
+// try_dense's one-row launch of w with the collapse first (kRoute: the router after). false: nothing
+// launched. dry: the checks alone.
+template <bool kRoute>
+bool launch_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, const MoeRouteArgs& ra,
+                      cudaStream_t stream, bool dry) {
+  const int64_t in = w.in_dim, out = w.out_dim;
+  if (!enabled() || !collapse_row_fits(c, in) || y == nullptr || out < 1 || w.data == nullptr) return false;
+  const bool fp8 = w.format == WeightFormat::kFp8Tiles, bf16 = w.format == WeightFormat::kBF16;
+  if (!fp8 && !bf16) return false;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(w.data);
+  if (p % 16 != 0 || (fp8 && w.scale == nullptr)) return false;
+  const bool wide = fp8 && fp8_wide() && in % 64 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 2 == 0;
+  const size_t parts = smem_bytes(in, 2), smem = parts + static_cast<size_t>(in) * sizeof(float);
+  if (smem > static_cast<size_t>(kCollapseMaxSmem)) return false;
+  if (kRoute && static_cast<size_t>(out) * sizeof(float) > parts) return false;
+  if (dry) return true;
+  // KS (a row's bits) and the slots as try_dense's one-row call (NB = 2, the register ring).
+  auto go = [&](auto dense_kt, auto kt, int U, int sub) {
+    constexpr auto KD = decltype(dense_kt)::value;
+    constexpr auto K = decltype(kt)::value;
+    allow_smem<KD>();
+    static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kCollapseMaxSmem) == cudaSuccess;
+    if (!attr) return false;
+    const Shape s = shape(out, 1, 1, in, U, sub, resident_blocks<KD>(parts), env_dense_ks_log2());
+    launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, w.data, w.scale, in, out, y, s.ks_log2, early_on(),
+           router_two_stage(), c, ra);
+    return true;
+  };
+  if constexpr (!kRoute) {  // the router's gate is BF16 (try_moe_entry): no FP8 instance with the route
+    if (wide)
+      return go(KernelT<tc_dense_kernel<Fp8x2, true, 2, false>>{},
+                KernelT<tc_collapse_dense_kernel<Fp8x2, true, 2, false>>{}, Fp8x2::kU, Fp8x2::kSub);
+    if (fp8)
+      return go(KernelT<tc_dense_kernel<Fp8, true, 2, false>>{}, KernelT<tc_collapse_dense_kernel<Fp8, true, 2, false>>{},
+                Fp8::kU, Fp8::kSub);
+  } else {
+    if (!bf16) return false;
+  }
+  return go(KernelT<tc_dense_kernel<Bf16, false, 2, false>>{},
+            KernelT<tc_collapse_dense_kernel<Bf16, false, 2, kRoute>>{}, Bf16::kU, Bf16::kSub);
+}
+
+}  // namespace
+
+bool try_dense_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, cudaStream_t stream, bool dry) {
+  return launch_collapsed<false>(w, c, y, MoeRouteArgs{}, stream, dry);
+}
+
 bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream) {
   const MoeRouteArgs& r = a.route;
-  const int64_t in = gate.in_dim, E = gate.out_dim;
-  const auto al = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (!moe_entry_enabled() || !enabled() || gate.format != WeightFormat::kBF16 || gate.data == nullptr) return false;
-  if (in <= 0 || in % (4 * kThreads) != 0 || in > 16384) return false;  // collapse_norm_quads' float4 columns
+  const int64_t E = gate.out_dim;
+  if (!moe_entry_enabled() || gate.format != WeightFormat::kBF16 || a.row.x == nullptr) return false;
   if (r.n != 1 || E != r.n_experts || r.k < 1 || r.k > moe::kMaxK || E < r.k || E > moe::kMaxExperts ||
       r.k > moe::kChunk || r.k > kThreads)
     return false;
-  if (a.streams == nullptr || a.collapse_w == nullptr || a.x == nullptr || r.logits == nullptr ||
-      r.counters == nullptr || r.experts == nullptr || r.weights == nullptr || r.offsets == nullptr ||
-      r.perm_rows == nullptr || r.perm_weight == nullptr || r.slot_pos == nullptr)
+  if (r.logits == nullptr || r.counters == nullptr || r.experts == nullptr || r.weights == nullptr ||
+      r.offsets == nullptr || r.perm_rows == nullptr || r.perm_weight == nullptr || r.slot_pos == nullptr)
     return false;
-  if (!al(a.streams) || !al(a.x) || (a.norm_weight != nullptr && !al(a.norm_weight)) || !al(gate.data)) return false;
-  if (a.sum_threads < 32 || a.sum_threads % 32 != 0 || a.sum_threads > 1024) return false;
-  // The dynamic shared memory beside the router's ~36 KB of static (the attribute: 227 KB in all).
-  constexpr int kEntryMaxSmem = 160 * 1024;
-  const size_t parts = smem_bytes(in, 2), smem = parts + static_cast<size_t>(in) * sizeof(float);
-  if (smem > static_cast<size_t>(kEntryMaxSmem) || static_cast<size_t>(E) * sizeof(float) > parts) return false;
-  // KS (a row's bits) and the slots as try_dense's one-row call of the gate, tc_dense_kernel<Bf16, false, 2>.
-  constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
-  constexpr auto K = tc_moe_entry_kernel<Bf16, 2>;
-  allow_smem<KD>();
-  static const bool attr = [] {
-    return cudaFuncSetAttribute(reinterpret_cast<const void*>(K), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                kEntryMaxSmem) == cudaSuccess;
-  }();
-  if (!attr) return false;
-  const Shape s = shape(E, 1, 1, in, Bf16::kU, Bf16::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
-  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
-         router_two_stage(), a);
-  return true;
+  // The router's input: the gate writes it first.
+  return launch_collapsed<true>(gate, a.row, const_cast<float*>(r.logits), r, stream, false);
 }
 
 }  // namespace ds41::cuda::tcg

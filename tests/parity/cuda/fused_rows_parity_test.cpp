@@ -17,6 +17,7 @@
 #include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
+#include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/moe_kernels.h"
 #include "kernel_parity_util.h"
@@ -481,12 +482,12 @@ TEST(FusedRowsParity, MoeEntry) {
     };
     auto args = [&](Out& o) {
       MoeEntryArgs a;
-      a.streams = dst.p;
-      a.collapse_w = dcw.p;
-      a.norm_weight = dnw.p;
-      a.eps = 1e-6f;
-      a.sum_threads = rms_norm_sum_threads(1, h);
-      a.x = o.x.p;
+      a.row.streams = dst.p;
+      a.row.collapse_w = dcw.p;
+      a.row.norm_weight = dnw.p;
+      a.row.eps = 1e-6f;
+      a.row.sum_threads = rms_norm_sum_threads(1, h);
+      a.row.x = o.x.p;
       MoeRouteArgs& r = a.route;
       r.logits = o.lg.p;
       r.n = 1;
@@ -535,6 +536,80 @@ TEST(FusedRowsParity, MoeEntry) {
     }
     // The routing is not trivially equal: another gate routes otherwise (the test could fail).
     EXPECT_NE(u.ex.get(), std::vector<int32_t>(static_cast<size_t>(k), 7));
+  }
+}
+
+// A one-row linear whose launch collapses its x from the mHC streams first (run_linear_collapsed: the
+// attention site's collapse inside wq_a's and wkv's launches) against the collapse launch and the plain
+// row-invariant GEMV, bit for bit (y and x): FP8 tiles (the 16-byte-piece kernel) and BF16, h 1024 / 5120
+// (wq_a 1280 x 5120, wkv 512 x 5120 on a device), x written or not (then untouched); h 768 refused (fits
+// false, and run_linear_collapsed an error value).
+TEST(FusedRowsParity, LinearCollapsed) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_linear_collapsed_for_tests(-1); }
+  } reset;
+  set_linear_collapsed_for_tests(1);
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct C {
+    quant::WeightFormat f;
+    int64_t out, h;
+    bool write_x, fits;
+  };
+  std::vector<C> cases = {{quant::WeightFormat::kFp8Tiles, 160, 1024, true, true},
+                          {quant::WeightFormat::kFp8Tiles, 96, 1024, false, true},
+                          {quant::WeightFormat::kBF16, 48, 1024, true, true},
+                          {quant::WeightFormat::kFp8Tiles, 64, 768, true, false}};
+  if (!emu) {
+    cases.push_back({quant::WeightFormat::kFp8Tiles, 1280, 5120, false, true});
+    cases.push_back({quant::WeightFormat::kFp8Tiles, 512, 5120, true, true});
+  }
+  uint64_t seed = 9700;
+  for (const C& c : cases) {
+    const int64_t h = c.h;
+    auto streams = rand_floats(static_cast<size_t>(4 * h), ++seed, 2.0f);
+    for (int64_t j = 0; j < 4; ++j)
+      for (int64_t i = 0; i < h; ++i) streams[j * h + i] = std::ldexp(streams[j * h + i], static_cast<int>(2 * j - 3));
+    const std::vector<float> cw = {1.1f, -0.6f, 0.3f, 1.7f};
+    auto nw = rand_floats(static_cast<size_t>(h), ++seed, 0.5f);
+    for (auto& v : nw) v += 1.0f;
+    const HostWeight w = make_weight(c.f, c.out, h, ++seed);
+    DevWeight dw(w);
+    Dev<float> dst(streams), dcw(cw), dnw(nw), xu(static_cast<size_t>(h)), yu(static_cast<size_t>(c.out));
+    Dev<float> xf(std::vector<float>(static_cast<size_t>(h), 3.0f)), yf(std::vector<float>(static_cast<size_t>(c.out), 3.0f));
+    CollapseRow row;
+    row.streams = dst.p;
+    row.collapse_w = dcw.p;
+    row.norm_weight = dnw.p;
+    row.eps = 1e-6f;
+    row.sum_threads = rms_norm_sum_threads(1, h);
+    row.x = c.write_x ? xf.p : nullptr;
+    const std::string shape = std::string(c.f == quant::WeightFormat::kBF16 ? "bf16 " : "fp8 ") + dims({c.out, h}) +
+                              (c.write_x ? " x written" : "");
+    EXPECT_EQ(linear_collapsed_fits(dw.dw, row), c.fits) << shape;
+    // The unfused: the collapse and its norm, then the plain row-invariant GEMV.
+    ASSERT_TRUE(run_hc_collapse(dst.p, dcw.p, 1, 4, h, xu.p, nullptr).ok());
+    ASSERT_TRUE(run_rms_norm(xu.p, 1, h, dnw.p, 1e-6f, xu.p, nullptr).ok());
+    ASSERT_TRUE(run_linear(dw.dw, xu.p, 1, yu.p, nullptr, true).ok());
+    if (!c.fits) {
+      EXPECT_FALSE(run_linear_collapsed(dw.dw, row, yf.p, nullptr).ok()) << shape << ": refused as a value";
+      continue;
+    }
+    for (int rep = 0; rep < 2; ++rep) {
+      const uint64_t before = linear_collapsed_launches();
+      const Status st = run_linear_collapsed(dw.dw, row, yf.p, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      EXPECT_EQ(linear_collapsed_launches() - before, 1u);
+      size_t bad = count_bit_diffs(yf.get(), yu.get());
+      const std::vector<float> xg = xf.get();
+      if (c.write_x)
+        bad += count_bit_diffs(xg, xu.get());
+      else
+        for (float v : xg) bad += v != 3.0f;  // x untouched
+      report(rep == 0 ? "linear_collapsed" : "linear_collapsed again", shape, static_cast<double>(bad), 0,
+             "collapse_norm_quads in every block + try_dense's KS: y (and x) equal to collapse, norm, linear");
+      EXPECT_EQ(bad, 0u) << shape;
+    }
   }
 }
 
