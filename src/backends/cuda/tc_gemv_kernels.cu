@@ -1915,54 +1915,49 @@ bool collapse_row_fits(const CollapseRow& c, int64_t in) {
 // The dynamic shared memory beside the kernel's static (the router's ~36 KB with kRoute; 227 KB in all).
 constexpr int kCollapseMaxSmem = 160 * 1024;
 
-// try_dense's one-row launch of w with the collapse first (kRoute: the router after). false: nothing
-// launched. dry: the checks alone.
-template <bool kRoute>
-bool launch_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, const MoeRouteArgs& ra,
-                      cudaStream_t stream, bool dry) {
-  const int64_t in = w.in_dim, out = w.out_dim;
-  if (!enabled() || !collapse_row_fits(c, in) || y == nullptr || out < 1 || w.data == nullptr) return false;
+// The launch of tc_collapse_dense_kernel<D, kFp8, 2, kRoute> with try_dense's one-row KS and slots for
+// w (those of tc_dense_kernel<D, kFp8, 2>, the register ring).
+template <class D, bool kFp8, bool kRoute>
+bool go_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, const MoeRouteArgs& ra, size_t parts,
+                  size_t smem, cudaStream_t stream) {
+  constexpr auto KD = tc_dense_kernel<D, kFp8, 2, false>;
+  constexpr auto K = tc_collapse_dense_kernel<D, kFp8, 2, kRoute>;
+  allow_smem<KD>();
+  static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                kCollapseMaxSmem) == cudaSuccess;
+  if (!attr) return false;
+  const Shape s = shape(w.out_dim, 1, 1, w.in_dim, D::kU, D::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
+  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, w.data, w.scale, w.in_dim, w.out_dim, y, s.ks_log2,
+         early_on(), router_two_stage(), c, ra);
+  return true;
+}
+
+// The checks of a collapsed one-row launch of w (FP8 tiles or BF16): its shared memory, or 0 where the
+// launch does not take it; wide: FP8 through 16-byte pieces (try_dense's rule).
+size_t collapsed_smem(const DeviceWeight& w, const CollapseRow& c, bool& wide, size_t& parts) {
+  const int64_t in = w.in_dim;
+  if (!enabled() || !collapse_row_fits(c, in) || w.out_dim < 1 || w.data == nullptr) return 0;
   const bool fp8 = w.format == WeightFormat::kFp8Tiles, bf16 = w.format == WeightFormat::kBF16;
-  if (!fp8 && !bf16) return false;
-  const uintptr_t p = reinterpret_cast<uintptr_t>(w.data);
-  if (p % 16 != 0 || (fp8 && w.scale == nullptr)) return false;
-  const bool wide = fp8 && fp8_wide() && in % 64 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 2 == 0;
-  const size_t parts = smem_bytes(in, 2), smem = parts + static_cast<size_t>(in) * sizeof(float);
-  if (smem > static_cast<size_t>(kCollapseMaxSmem)) return false;
-  if (kRoute && static_cast<size_t>(out) * sizeof(float) > parts) return false;
-  if (dry) return true;
-  // KS (a row's bits) and the slots as try_dense's one-row call (NB = 2, the register ring).
-  auto go = [&](auto dense_kt, auto kt, int U, int sub) {
-    constexpr auto KD = decltype(dense_kt)::value;
-    constexpr auto K = decltype(kt)::value;
-    allow_smem<KD>();
-    static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  kCollapseMaxSmem) == cudaSuccess;
-    if (!attr) return false;
-    const Shape s = shape(out, 1, 1, in, U, sub, resident_blocks<KD>(parts), env_dense_ks_log2());
-    launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, w.data, w.scale, in, out, y, s.ks_log2, early_on(),
-           router_two_stage(), c, ra);
-    return true;
-  };
-  if constexpr (!kRoute) {  // the router's gate is BF16 (try_moe_entry): no FP8 instance with the route
-    if (wide)
-      return go(KernelT<tc_dense_kernel<Fp8x2, true, 2, false>>{},
-                KernelT<tc_collapse_dense_kernel<Fp8x2, true, 2, false>>{}, Fp8x2::kU, Fp8x2::kSub);
-    if (fp8)
-      return go(KernelT<tc_dense_kernel<Fp8, true, 2, false>>{}, KernelT<tc_collapse_dense_kernel<Fp8, true, 2, false>>{},
-                Fp8::kU, Fp8::kSub);
-  } else {
-    if (!bf16) return false;
-  }
-  return go(KernelT<tc_dense_kernel<Bf16, false, 2, false>>{},
-            KernelT<tc_collapse_dense_kernel<Bf16, false, 2, kRoute>>{}, Bf16::kU, Bf16::kSub);
+  if (!fp8 && !bf16) return 0;
+  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || (fp8 && w.scale == nullptr)) return 0;
+  wide = fp8 && fp8_wide() && in % 64 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 2 == 0;
+  parts = smem_bytes(in, 2);
+  const size_t smem = parts + static_cast<size_t>(in) * sizeof(float);
+  return smem <= static_cast<size_t>(kCollapseMaxSmem) ? smem : 0;
 }
 
 }  // namespace
 
 bool try_dense_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, cudaStream_t stream, bool dry) {
-  return launch_collapsed<false>(w, c, y, MoeRouteArgs{}, stream, dry);
+  bool wide = false;
+  size_t parts = 0;
+  const size_t smem = collapsed_smem(w, c, wide, parts);
+  if (smem == 0 || y == nullptr) return false;
+  if (dry) return true;
+  if (wide) return go_collapsed<Fp8x2, true, false>(w, c, y, MoeRouteArgs{}, parts, smem, stream);
+  if (w.format == WeightFormat::kFp8Tiles) return go_collapsed<Fp8, true, false>(w, c, y, MoeRouteArgs{}, parts, smem, stream);
+  return go_collapsed<Bf16, false, false>(w, c, y, MoeRouteArgs{}, parts, smem, stream);
 }
 
 bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream) {
@@ -1975,8 +1970,12 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
   if (r.logits == nullptr || r.counters == nullptr || r.experts == nullptr || r.weights == nullptr ||
       r.offsets == nullptr || r.perm_rows == nullptr || r.perm_weight == nullptr || r.slot_pos == nullptr)
     return false;
+  bool wide = false;
+  size_t parts = 0;
+  const size_t smem = collapsed_smem(gate, a.row, wide, parts);
+  if (smem == 0 || static_cast<size_t>(E) * sizeof(float) > parts) return false;
   // The router's input: the gate writes it first.
-  return launch_collapsed<true>(gate, a.row, const_cast<float*>(r.logits), r, stream, false);
+  return go_collapsed<Bf16, false, true>(gate, a.row, const_cast<float*>(r.logits), r, parts, smem, stream);
 }
 
 }  // namespace ds41::cuda::tcg
