@@ -26,8 +26,7 @@ namespace ds41::gpu {
 using cuda::FakeQuantOp;
 
 Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                             std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand,
-                             const cuda::CollapseRow* entry) {
+                             std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand) {
   const model::LayerPlan& p = m_->schedule().layers[l];
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t n = n_, hd = c_->head_dim, qr = c_->q_lora_rank;
@@ -105,8 +104,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
         cudaStream_t s = stream_;
         float* kv = ws_.kvf;
-        // With `entry` the launch collapses the row itself and writes x (the compressor reads it below).
-        DS41_RETURN_IF_ERROR(entry != nullptr ? cuda::run_linear_collapsed(w.wkv, *entry, kv, s) : linear(w.wkv, x, n, kv));
+        DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
         // Earlier calls' window rows (kvf rows [n, n + ring_rows_)), decoded before this call's rows take
         // their ring slots; then in one launch the norm, the rotation, the ring update (packed from the
         // unquantized rows, as the reference's kvp) and Q_win in place.
@@ -123,13 +121,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
       [&]() -> Status {
         // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
         cudaStream_t s = stream_;
-        if (entry != nullptr) {  // the row collapsed in the launch (not written: wkv's launch writes x)
-          cuda::CollapseRow no_x = *entry;
-          no_x.x = nullptr;
-          DS41_RETURN_IF_ERROR(cuda::run_linear_collapsed(w.wq_a, no_x, ws_.q_r, s));
-        } else {
-          DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
-        }
+        DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
         if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging
           return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
         DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));

@@ -593,17 +593,6 @@ cuda::CollapseRow GpuForward::collapse_row(const float* collapse_w, const float*
   return r;
 }
 
-// One row of a decode step (row-invariant: wq_a and wkv are then the tensor-core GEMV whose KS the
-// collapsed launch repeats, so a row keeps its bits whatever the batch), four streams, and a layer whose
-// main stream reads x only in wq_a (an index source's queries read it too: not there).
-bool GpuForward::attention_entry_ok(int64_t l, const DeviceLayer& w, const cuda::CollapseRow& row) const {
-  const model::LayerPlan& p = m_->schedule().layers[l];
-  if (n_ != 1 || !row_invariant_ || c_->hc_mult != 4 || p.index_source) return false;
-  cuda::CollapseRow no_x = row;
-  no_x.x = nullptr;
-  return cuda::linear_collapsed_fits(w.wkv, row) && cuda::linear_collapsed_fits(w.wq_a, no_x);
-}
-
 Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
                              std::vector<model::SequenceOutput>* out) {
   const DeviceLayer& w = m_->weights().layers[l];
@@ -618,15 +607,10 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   // writes its pre into the other buffer, the next layer collapses with it).
   float* const pi = l % 2 == 0 ? ws_.pi : ws_.pre_f;
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
-  // A one-row decode step may collapse inside wq_a's and wkv's launches instead (attention_entry_ok); the
-  // site then launches its map alone.
-  const cuda::CollapseRow arow = collapse_row(pi, w.attn_norm.ptr, ws_.x);
-  const bool aentry = attention_entry_ok(l, w, arow);
-  DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, !aentry));
+  DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
   // The attention's output projection expands into the streams (after joining the site's map).
   const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
-  DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand, aentry ? &arow : nullptr));
+  DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
   // FFN site. A one-row decode step may collapse there in the MoE's entry launch (with the gate and the
   // router: moe_entry); the site then launches its map alone.
   const bool entry = moe_entry_ok(w);

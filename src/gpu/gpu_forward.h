@@ -249,9 +249,6 @@ class GpuForward {
   Status moe_entry(const DeviceLayer& w, const float* collapse_w, const float* norm_weight, float* x);
   // A one-row site's collapse from ws_.streams (cuda::CollapseRow) with collapse_w and the norm, into x.
   cuda::CollapseRow collapse_row(const float* collapse_w, const float* norm_weight, float* x) const;
-  // The attention site of a one-row decode step collapses inside wq_a's and wkv's launches
-  // (cuda::run_linear_collapsed; wkv's writes x for the side stream's other readers) where it holds.
-  bool attention_entry_ok(int64_t l, const DeviceLayer& w, const cuda::CollapseRow& row) const;
   // The router's arguments of the MoE of n_ rows through block w (E experts, top-k).
   cuda::MoeRouteArgs route_args(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl);
   // MODEL_SPEC 3.4.7-3.4.8: sparse attention of ws_.q over the ws_.kvf rows that kv_offsets /
@@ -272,10 +269,8 @@ class GpuForward {
                   const float* expand_post = nullptr, const float* expand_comb = nullptr, bool routed_ready = false);
 
   Status engram_stage(int64_t l);
-  // entry (nullable): x is not collapsed yet; wq_a and wkv collapse it in their launches (attention_entry_ok).
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                   std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr,
-                   const cuda::CollapseRow* entry = nullptr);
+                   std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr);
   Status compress(int64_t l, const float* x);
   Status index_queries(int64_t l, const float* x, const float* q_r);
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);

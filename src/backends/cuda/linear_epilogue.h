@@ -20,8 +20,8 @@ struct SwigluEpilogue {
 };
 
 // The other side of a launch: what a one-row decode linear may compute before its GEMV instead of reading
-// x (tc_gemv_kernels.cu tc_collapse_dense_kernel): the mHC collapse of the row's 4 streams and its RMSNorm
-// (MODEL_SPEC 3.3; run_hc_site's collapse part: hc_collapse_norm_quads_kernel's operations,
+// x (the MoE entry: tc_gemv_kernels.cu tc_moe_entry_kernel): the mHC collapse of the row's 4 streams and its
+// RMSNorm (MODEL_SPEC 3.3; run_hc_site's collapse part: hc_collapse_norm_quads_kernel's operations,
 // hc_collapse_device.cuh), every block for itself; the first block writes x where it is set.
 struct CollapseRow {
   const float* streams = nullptr;      // [4, h] device, 16-byte aligned

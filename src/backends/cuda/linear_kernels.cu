@@ -16,7 +16,6 @@
 // Expert launches (rows of x grouped by expert through offsets) cut each expert's rows into units
 // (NB or 64 rows); every block scans the offsets once (shared memory) and loops over units.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -1373,33 +1372,6 @@ void set_tc_gemv_dense_swiglu_for_tests(int mode) { tcg::set_dense_swiglu_for_te
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {
   return dense("linear", w, 1, x, n, y, stream, row_invariant);
-}
-
-namespace {
-int g_collapsed = -1;
-std::atomic<uint64_t> g_collapsed_launches{0};
-bool collapsed_on() {
-  // On unless DS41_COLLAPSE_LINEAR=0 (measurements: docs/perf/README.md, session of 2026-12-06 15:19 UTC).
-  static const bool env = switch_on("DS41_COLLAPSE_LINEAR");
-  return g_collapsed >= 0 ? g_collapsed != 0 : env;
-}
-}  // namespace
-
-void set_linear_collapsed_for_tests(int mode) { g_collapsed = mode < 0 ? -1 : (mode ? 1 : 0); }
-uint64_t linear_collapsed_launches() { return g_collapsed_launches.load(); }
-
-bool linear_collapsed_fits(const DeviceWeight& w, const CollapseRow& c) {
-  return collapsed_on() && tcg::try_dense_collapsed(w, c, reinterpret_cast<float*>(16), nullptr, /*dry=*/true);
-}
-
-Status run_linear_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, cudaStream_t stream) {
-  const char* fn = "linear_collapsed";
-  DS41_RETURN_IF_ERROR(check_weight(w, fn));
-  if (!y) return invalid_argument(std::string(fn) + ": y is null");
-  if (!collapsed_on() || !tcg::try_dense_collapsed(w, c, y, stream, /*dry=*/false))
-    return invalid_argument(std::string(fn) + ": the one launch does not take this weight / row (linear_collapsed_fits)");
-  g_collapsed_launches.fetch_add(1, std::memory_order_relaxed);
-  return last_launch_status(fn);
 }
 
 Status run_linear_normed(const DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight, float eps,

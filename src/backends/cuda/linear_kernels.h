@@ -23,17 +23,6 @@ namespace ds41::cuda {
 // DSpark draft's BF16 heads).
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant = false);
-// One row: x = RMSNorm(collapse(c.streams, c.collapse_w)) (the mHC site's collapse part, MODEL_SPEC 3.3;
-// written to c.x where set), then y = x . W^T as run_linear(row-invariant) computes it, in one launch of the
-// tensor-core GEMV (tc_gemv_kernels.h try_dense_collapsed): the same bits as run_hc_site's collapse part
-// followed by run_linear. linear_collapsed_fits: whether the launch takes w and c (FP8 tiles / BF16, h %
-// 1024 == 0, 16-byte aligned streams, x, norm weight and payload) and the switch is on; run_linear_collapsed
-// is InvalidArgument where it does not. DS41_COLLAPSE_LINEAR=0 / set_linear_collapsed_for_tests(0): off.
-bool linear_collapsed_fits(const DeviceWeight& w, const CollapseRow& c);
-Status run_linear_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, cudaStream_t stream);
-void set_linear_collapsed_for_tests(int mode);  // -1 the environment, 0 off, 1 on
-uint64_t linear_collapsed_launches();          // launches so far (tests: the path is taken)
-
 // Two weights of the same shape and format over the same x (the shared expert's w1 and w3): y = x .
 // w^T and y2 = x . w2^T, each as run_linear computes it; calls the tensor-core GEMV takes run as one
 // launch, others as two.

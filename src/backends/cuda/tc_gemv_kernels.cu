@@ -1333,17 +1333,19 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
                                  stage_first, ps);
 }
 
-// A one-row dense GEMV whose staging first collapses and normalizes the row itself (CollapseRow,
-// linear_epilogue.h): every block the same floats with dev::collapse_norm_quads (hc_collapse_norm_quads_
-// kernel's code), the first block also writing them to c.x where set, then stage_x over them with generic
-// loads. The grid is try_dense's one-row call of the weight (the same KS, so the same bits as the collapse
-// launch followed by the plain GEMV). With `early` the first weight loads go out before the PDL wait.
-// kRoute (the MoE entry, MoeEntryArgs): y is the router's logits, and the block that finishes last (an
-// atomic counter, reset by it) routes and buckets the row (moe::route_row + moe::bucket_pairs,
-// run_moe_route's code). One launch for the collapse, the GEMV (and the router) of the decode's critical path.
-template <class D, bool kFp8, int NB, bool kRoute>
+// The MoE's entry at one row (MoeEntryArgs, fused_moe_kernels.h): the gate's one-row dense GEMV whose
+// staging first collapses and normalizes the row itself (CollapseRow, linear_epilogue.h): every block the
+// same floats with dev::collapse_norm_quads (hc_collapse_norm_quads_kernel's code), the first block also
+// writing them to c.x for the MoE's other readers, then stage_x over them with generic loads. The grid is
+// try_dense's one-row call of the gate (the same KS, so the same logits bits as the collapse launch
+// followed by the plain GEMV). The block that finishes last (an atomic counter, reset by it) routes and
+// buckets the row (moe::route_row + moe::bucket_pairs, run_moe_route's code). With `early` the first weight
+// loads go out before the PDL wait. Three launches of the decode step's critical path in one: the FFN
+// site's collapse, the gate, the router. (The same collapse inside the attention site's wq_a and wkv
+// launches measured slower and was removed: docs/gpu_kernels.md.)
+template <class D, bool kFp8, int NB>
 __global__ void __launch_bounds__(kThreads, 1)
-    tc_collapse_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in,
+    tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in,
                              int64_t out_rows, float* __restrict__ y, int ks_log2, bool early, bool two_stage,
                              CollapseRow c, MoeRouteArgs ra) {
   if (!early) dev::pdl_enter();
@@ -1366,7 +1368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    stage_x<D, NB, true>(nullptr, in, 1, in, smem_u2, red, ex, nullptr, RowNorm{},
                                                         xrow);
                                  });
-  if constexpr (kRoute) {
+  {
     __shared__ moe::RouterSmem rsm;
     __shared__ int bex[moe::kChunk];
     __shared__ int bpart[kThreads];
@@ -1912,53 +1914,10 @@ bool collapse_row_fits(const CollapseRow& c, int64_t in) {
          c.sum_threads >= 32 && c.sum_threads % 32 == 0 && c.sum_threads <= 1024;
 }
 
-// The dynamic shared memory beside the kernel's static (the router's ~36 KB with kRoute; 227 KB in all).
-constexpr int kCollapseMaxSmem = 160 * 1024;
-
-// The launch of tc_collapse_dense_kernel<D, kFp8, 2, kRoute> with try_dense's one-row KS and slots for
-// w (those of tc_dense_kernel<D, kFp8, 2>, the register ring).
-template <class D, bool kFp8, bool kRoute>
-bool go_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, const MoeRouteArgs& ra, size_t parts,
-                  size_t smem, cudaStream_t stream) {
-  constexpr auto KD = tc_dense_kernel<D, kFp8, 2, false>;
-  constexpr auto K = tc_collapse_dense_kernel<D, kFp8, 2, kRoute>;
-  allow_smem<KD>();
-  static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                kCollapseMaxSmem) == cudaSuccess;
-  if (!attr) return false;
-  const Shape s = shape(w.out_dim, 1, 1, w.in_dim, D::kU, D::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
-  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, w.data, w.scale, w.in_dim, w.out_dim, y, s.ks_log2,
-         early_on(), router_two_stage(), c, ra);
-  return true;
-}
-
-// The checks of a collapsed one-row launch of w (FP8 tiles or BF16): its shared memory, or 0 where the
-// launch does not take it; wide: FP8 through 16-byte pieces (try_dense's rule).
-size_t collapsed_smem(const DeviceWeight& w, const CollapseRow& c, bool& wide, size_t& parts) {
-  const int64_t in = w.in_dim;
-  if (!enabled() || !collapse_row_fits(c, in) || w.out_dim < 1 || w.data == nullptr) return 0;
-  const bool fp8 = w.format == WeightFormat::kFp8Tiles, bf16 = w.format == WeightFormat::kBF16;
-  if (!fp8 && !bf16) return 0;
-  if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || (fp8 && w.scale == nullptr)) return 0;
-  wide = fp8 && fp8_wide() && in % 64 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 2 == 0;
-  parts = smem_bytes(in, 2);
-  const size_t smem = parts + static_cast<size_t>(in) * sizeof(float);
-  return smem <= static_cast<size_t>(kCollapseMaxSmem) ? smem : 0;
-}
+// The entry kernel's dynamic shared memory beside its static (the router's ~36 KB; 227 KB in all).
+constexpr int kEntryMaxSmem = 160 * 1024;
 
 }  // namespace
-
-bool try_dense_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, cudaStream_t stream, bool dry) {
-  bool wide = false;
-  size_t parts = 0;
-  const size_t smem = collapsed_smem(w, c, wide, parts);
-  if (smem == 0 || y == nullptr) return false;
-  if (dry) return true;
-  if (wide) return go_collapsed<Fp8x2, true, false>(w, c, y, MoeRouteArgs{}, parts, smem, stream);
-  if (w.format == WeightFormat::kFp8Tiles) return go_collapsed<Fp8, true, false>(w, c, y, MoeRouteArgs{}, parts, smem, stream);
-  return go_collapsed<Bf16, false, false>(w, c, y, MoeRouteArgs{}, parts, smem, stream);
-}
 
 bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream) {
   const MoeRouteArgs& r = a.route;
@@ -1970,12 +1929,26 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
   if (r.logits == nullptr || r.counters == nullptr || r.experts == nullptr || r.weights == nullptr ||
       r.offsets == nullptr || r.perm_rows == nullptr || r.perm_weight == nullptr || r.slot_pos == nullptr)
     return false;
-  bool wide = false;
-  size_t parts = 0;
-  const size_t smem = collapsed_smem(gate, a.row, wide, parts);
-  if (smem == 0 || static_cast<size_t>(E) * sizeof(float) > parts) return false;
-  // The router's input: the gate writes it first.
-  return go_collapsed<Bf16, false, true>(gate, a.row, const_cast<float*>(r.logits), r, parts, smem, stream);
+  const int64_t in = gate.in_dim;
+  if (!enabled() || !collapse_row_fits(a.row, in) || gate.data == nullptr ||
+      reinterpret_cast<uintptr_t>(gate.data) % 16 != 0)
+    return false;
+  const size_t parts = smem_bytes(in, 2), smem = parts + static_cast<size_t>(in) * sizeof(float);
+  if (smem > static_cast<size_t>(kEntryMaxSmem) || static_cast<size_t>(E) * sizeof(float) > parts) return false;
+  // KS (a row's bits) and the slots as try_dense's one-row call of the gate (tc_dense_kernel<Bf16, false, 2>,
+  // the register ring).
+  constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
+  constexpr auto K = tc_moe_entry_kernel<Bf16, false, 2>;
+  allow_smem<KD>();
+  static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                kEntryMaxSmem) == cudaSuccess;
+  if (!attr) return false;
+  const Shape s = shape(E, 1, 1, in, Bf16::kU, Bf16::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
+  // The router's input (logits): the gate writes it first.
+  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, E,
+         const_cast<float*>(r.logits), s.ks_log2, early_on(), router_two_stage(), a.row, r);
+  return true;
 }
 
 }  // namespace ds41::cuda::tcg

@@ -94,10 +94,6 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
                  const int64_t* x_rows = nullptr, const SwigluEpilogue* swiglu = nullptr,
                  bool routing_early = false);
 
-// y = x . W^T of one row whose x the launch first collapses from its mHC streams (CollapseRow; linear_kernels.h
-// run_linear_collapsed's contract): FP8 tiles or BF16, h % 1024 == 0. true: launched (dry: would be), false:
-// not taken (nothing launched).
-bool try_dense_collapsed(const DeviceWeight& w, const CollapseRow& c, float* y, cudaStream_t stream, bool dry);
 // The MoE entry's one launch (fused_moe_kernels.h run_moe_entry's contract): true if launched, false if
 // the shape is not taken or moe_entry_enabled() is off (nothing launched).
 bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t stream);

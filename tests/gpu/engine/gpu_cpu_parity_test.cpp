@@ -218,24 +218,18 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
   EXPECT_TRUE(off == on) << "logits differ with programmatic dependent launch on";
 }
 
-// The one-row decode step's site entries: the MoE entry (cuda::run_moe_entry, DS41_MOE_ENTRY: the FFN site's
-// collapse, the gate and the router in one launch instead of three) and the attention site's collapse
-// inside wq_a's and wkv's launches (cuda::run_linear_collapsed, DS41_COLLAPSE_LINEAR), both default on.
-// Decode steps past every limit give the same logits bits with both on and both off; the small model
-// (hidden 1024) takes both launches (counted), the golden tiny one (hidden not a multiple of 1024) the
-// MoE entry's three-launch fallback and the plain site.
+// The MoE entry (cuda::run_moe_entry, default on, DS41_MOE_ENTRY=0 off): a one-row decode step collapses the FFN
+// site, runs the gate and routes in one launch instead of three. Decode steps past every limit give the
+// same logits bits with it on and off; the small model (hidden 1024) takes the one launch (counted), the
+// golden tiny one (hidden not a multiple of 1024) its three-launch fallback.
 TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
   const int64_t V = cpu_.model->config().vocab_size;
   auto toks = tokens(len_ + 12, 6);
   struct Back {
-    ~Back() {
-      cuda::set_moe_entry_for_tests(-1);
-      cuda::set_linear_collapsed_for_tests(-1);
-    }
+    ~Back() { cuda::set_moe_entry_for_tests(-1); }
   } back;
   auto run = [&](int entry) {
     cuda::set_moe_entry_for_tests(entry);
-    cuda::set_linear_collapsed_for_tests(entry);
     std::vector<float> logits;
     auto a = eng_->create_sequence();
     engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
@@ -251,16 +245,12 @@ TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
     return logits;
   };
   const std::vector<float> off = run(0);
-  const uint64_t before = cuda::moe_entry_fused_launches(), before_c = cuda::linear_collapsed_launches();
+  const uint64_t before = cuda::moe_entry_fused_launches();
   const std::vector<float> on = run(1);
   const uint64_t fused = cuda::moe_entry_fused_launches() - before;
-  const uint64_t collapsed = cuda::linear_collapsed_launches() - before_c;
   ASSERT_EQ(off.size(), on.size());
-  EXPECT_TRUE(off == on) << "logits differ with the site entries";
-  if (GetParam().small) {
-    EXPECT_GT(fused, 0u) << "the small model's decode steps take the MoE entry";
-    EXPECT_GT(collapsed, 0u) << "the small model's decode steps take the collapsed wq_a / wkv";
-  }
+  EXPECT_TRUE(off == on) << "logits differ with the MoE entry launch";
+  if (GetParam().small) EXPECT_GT(fused, 0u) << "the small model's decode steps take the one launch";
 }
 
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's
