@@ -1346,8 +1346,8 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
 template <class D, bool kFp8, int NB>
 __global__ void __launch_bounds__(kThreads, 1)
     tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in,
-                             int64_t out_rows, float* __restrict__ y, int ks_log2, bool early, bool two_stage,
-                             CollapseRow c, MoeRouteArgs ra) {
+                        int64_t out_rows, float* __restrict__ y, int ks_log2, bool early, bool two_stage,
+                        CollapseRow c, MoeRouteArgs ra) {
   if (!early) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
