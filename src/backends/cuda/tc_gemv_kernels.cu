@@ -1343,11 +1343,10 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
 // loads go out before the PDL wait. Three launches of the decode step's critical path in one: the FFN
 // site's collapse, the gate, the router. (The same collapse inside the attention site's wq_a and wkv
 // launches measured slower and was removed: docs/gpu_kernels.md.)
-template <class D, bool kFp8, int NB>
+template <class D, int NB>
 __global__ void __launch_bounds__(kThreads, 1)
-    tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in,
-                        int64_t out_rows, float* __restrict__ y, int ks_log2, bool early, bool two_stage,
-                        CollapseRow c, MoeRouteArgs ra) {
+    tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int ks_log2,
+                        bool early, bool two_stage, CollapseRow c, MoeRouteArgs ra) {
   if (!early) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -1357,8 +1356,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ const float* xrow[NB];
   float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
   float* xv = red_d + 4 * Cols<NB>::NT * kThreads;  // the collapsed, normed row (in floats)
-  block_rows<D, kFp8, NB, false>(data, sc, in, out_rows, 0, ks_log2, smem_u2, 1, ex, y, out_rows, red_d, nullptr, 0,
-                                 blockIdx.y, gridDim.y, [&] {
+  const int64_t E = ra.n_experts;
+  float* logits = const_cast<float*>(ra.logits);  // the router's input: the gate writes it first
+  block_rows<D, false, NB, false>(data, sc, in, E, 0, ks_log2, smem_u2, 1, ex, logits, E, red_d, nullptr, 0,
+                                  blockIdx.y, gridDim.y, [&] {
                                    if (early) dev::pdl_enter();
                                    dev::collapse_norm_quads(c.streams, c.collapse_w, in, c.norm_weight, c.eps,
                                                             c.sum_threads, xv, scratch,
@@ -1373,7 +1374,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __shared__ int bex[moe::kChunk];
     __shared__ int bpart[kThreads];
     __shared__ int last;
-    const int64_t E = ra.n_experts;
     // The routing by the block that finishes last (its logits are every block's).
     __threadfence();  // this block's logits (and x), visible before it is counted
     __syncthreads();
@@ -1938,16 +1938,15 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
   // KS (a row's bits) and the slots as try_dense's one-row call of the gate (tc_dense_kernel<Bf16, false, 2>,
   // the register ring).
   constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
-  constexpr auto K = tc_moe_entry_kernel<Bf16, false, 2>;
+  constexpr auto K = tc_moe_entry_kernel<Bf16, 2>;
   allow_smem<KD>();
   static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 kEntryMaxSmem) == cudaSuccess;
   if (!attr) return false;
   const Shape s = shape(E, 1, 1, in, Bf16::kU, Bf16::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
-  // The router's input (logits): the gate writes it first.
-  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, E,
-         const_cast<float*>(r.logits), s.ks_log2, early_on(), router_two_stage(), a.row, r);
+  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
+         router_two_stage(), a.row, r);
   return true;
 }
 

@@ -54,6 +54,25 @@ class GpuCpuParity : public ::testing::TestWithParam<ParityCase> {
   std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
     return seeded_tokens(n, cpu_.model->config().vocab_size, seed);
   }
+  // A fresh GPU sequence prefilled with toks[0, len_) and then decoded one token at a time through the
+  // rest: the decode steps' logits rows, after the prefill's (every row) where with_prefill.
+  std::vector<float> prefill_then_decode_logits(const std::vector<int32_t>& toks, bool with_prefill) {
+    const int64_t V = cpu_.model->config().vocab_size;
+    std::vector<float> logits;
+    auto a = eng_->create_sequence();
+    engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
+    engine::StepOutput so;
+    Status s = eng_->step(std::span<const engine::StepItem>(&pi, 1), &so);
+    EXPECT_TRUE(s.ok()) << s.message();
+    if (with_prefill) logits.insert(logits.end(), so.logits.begin(), so.logits.end());
+    for (int64_t t = len_; t < static_cast<int64_t>(toks.size()) && s.ok(); ++t) {
+      engine::StepItem di{*a, std::span<const int32_t>(&toks[t], 1), true};
+      s = eng_->step(std::span<const engine::StepItem>(&di, 1), &so);
+      EXPECT_TRUE(s.ok()) << s.message();
+      logits.insert(logits.end(), so.logits.begin() + so.row[0] * V, so.logits.begin() + (so.row[0] + 1) * V);
+    }
+    return logits;
+  }
   std::string dir_;
   TestModel cpu_;
   std::unique_ptr<gpu::DeviceModel> dev_;
@@ -193,23 +212,10 @@ TEST_P(GpuCpuParity, DecodeStepsAndFork) {
 // so a prefill past every limit and decode steps give the same bits with it on and off. A kernel
 // that wrote or read too early would race and part the two runs.
 TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
-  const int64_t V = cpu_.model->config().vocab_size;
   auto toks = tokens(len_ + 12, 5);
   auto run = [&](int pdl) {
     cuda::set_pdl_for_tests(pdl);
-    std::vector<float> logits;
-    auto a = eng_->create_sequence();
-    engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
-    engine::StepOutput so;
-    Status s = eng_->step(std::span<const engine::StepItem>(&pi, 1), &so);
-    EXPECT_TRUE(s.ok()) << s.message();
-    logits.insert(logits.end(), so.logits.begin(), so.logits.end());
-    for (int64_t t = 0; t < 12 && s.ok(); ++t) {
-      engine::StepItem di{*a, std::span<const int32_t>(&toks[len_ + t], 1), true};
-      s = eng_->step(std::span<const engine::StepItem>(&di, 1), &so);
-      EXPECT_TRUE(s.ok()) << s.message();
-      logits.insert(logits.end(), so.logits.begin() + so.row[0] * V, so.logits.begin() + (so.row[0] + 1) * V);
-    }
+    std::vector<float> logits = prefill_then_decode_logits(toks, true);
     cuda::set_pdl_for_tests(-1);
     return logits;
   };
@@ -223,26 +229,13 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
 // same logits bits with it on and off; the small model (hidden 1024) takes the one launch (counted), the
 // golden tiny one (hidden not a multiple of 1024) its three-launch fallback.
 TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
-  const int64_t V = cpu_.model->config().vocab_size;
   auto toks = tokens(len_ + 12, 6);
   struct Back {
     ~Back() { cuda::set_moe_entry_for_tests(-1); }
   } back;
   auto run = [&](int entry) {
     cuda::set_moe_entry_for_tests(entry);
-    std::vector<float> logits;
-    auto a = eng_->create_sequence();
-    engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
-    engine::StepOutput so;
-    Status s = eng_->step(std::span<const engine::StepItem>(&pi, 1), &so);
-    EXPECT_TRUE(s.ok()) << s.message();
-    for (int64_t t = 0; t < 12 && s.ok(); ++t) {
-      engine::StepItem di{*a, std::span<const int32_t>(&toks[len_ + t], 1), true};
-      s = eng_->step(std::span<const engine::StepItem>(&di, 1), &so);
-      EXPECT_TRUE(s.ok()) << s.message();
-      logits.insert(logits.end(), so.logits.begin() + so.row[0] * V, so.logits.begin() + (so.row[0] + 1) * V);
-    }
-    return logits;
+    return prefill_then_decode_logits(toks, false);
   };
   const std::vector<float> off = run(0);
   const uint64_t before = cuda::moe_entry_fused_launches();

@@ -335,6 +335,38 @@ TEST(FusedRowsParity, HcMapFullGroupEqualsPartialGroup) {
 namespace ds41::cuda::parity {
 namespace {
 
+// A routing's device outputs (run_moe_route's: experts, weights, offsets, perm rows / weights, slot_pos)
+// for n * k pairs over E experts, filled with values no routing writes, and the differences of two of
+// them (bits of the floats, equality of the integers).
+struct RouteOut {
+  Dev<int32_t> ex;
+  Dev<float> w, pw;
+  Dev<int64_t> off, pr, sp;
+  RouteOut(int64_t nk, int64_t E)
+      : ex(std::vector<int32_t>(nk, 7)),
+        w(std::vector<float>(nk, 0.5f)),
+        pw(std::vector<float>(nk, 0.25f)),
+        off(std::vector<int64_t>(E + 1, 3)),
+        pr(std::vector<int64_t>(nk, 5)),
+        sp(std::vector<int64_t>(nk, 9)) {}
+  void into(MoeRouteArgs& a) const {
+    a.experts = ex.p;
+    a.weights = w.p;
+    a.offsets = off.p;
+    a.perm_rows = pr.p;
+    a.perm_weight = pw.p;
+    a.slot_pos = sp.p;
+  }
+  size_t diffs(const RouteOut& o) const {
+    size_t bad = count_bit_diffs(w.get(), o.w.get()) + count_bit_diffs(pw.get(), o.pw.get());
+    bad += ex.get() != o.ex.get();
+    bad += off.get() != o.off.get();
+    bad += pr.get() != o.pr.get();
+    bad += sp.get() != o.sp.get();
+    return bad;
+  }
+};
+
 TEST(FusedRowsParity, MoeRoute) {
   DS41_SKIP_WITHOUT_GPU();
   struct C {
@@ -367,19 +399,7 @@ TEST(FusedRowsParity, MoeRoute) {
     for (int64_t r = 0; r < n; ++r) vl[r] = r % 2;
     Dev<float> dl(logits), db(bias), dbv(bias_vl);
     Dev<uint8_t> dvl(vl), dws(moe_bucket_workspace_bytes(n, k, E) + 256);
-    struct Out {
-      Dev<int32_t> ex;
-      Dev<float> w, pw;
-      Dev<int64_t> off, pr, sp;
-      Out(int64_t nk, int64_t E)
-          : ex(std::vector<int32_t>(nk, 7)),
-            w(std::vector<float>(nk, 0.5f)),
-            pw(std::vector<float>(nk, 0.25f)),
-            off(std::vector<int64_t>(E + 1, 3)),
-            pr(std::vector<int64_t>(nk, 5)),
-            sp(std::vector<int64_t>(nk, 9)) {}
-    };
-    Out u(nk, E), f(nk, E);
+    RouteOut u(nk, E), f(nk, E);
     const float temp = 1.3f, scale = 2.5f;
     ASSERT_TRUE(run_router(dl.p, n, E, db.p, c.vl ? dbv.p : nullptr, c.vl ? dvl.p : nullptr, k, temp, scale,
                            u.ex.p, u.w.p, nullptr)
@@ -396,12 +416,7 @@ TEST(FusedRowsParity, MoeRoute) {
     a.vl = c.vl ? dvl.p : nullptr;
     a.temp = temp;
     a.route_scale = scale;
-    a.experts = f.ex.p;
-    a.weights = f.w.p;
-    a.offsets = f.off.p;
-    a.perm_rows = f.pr.p;
-    a.perm_weight = f.pw.p;
-    a.slot_pos = f.sp.p;
+    f.into(a);
     a.workspace = dws.p;
     a.counters = counters.p;
     const std::string shape = dims({n, E, k}) + (c.vl ? " vl" : "") + (c.ties ? " ties" : "") +
@@ -409,11 +424,7 @@ TEST(FusedRowsParity, MoeRoute) {
     for (int rep = 0; rep < 2; ++rep) {
       const Status st = run_moe_route(a, nullptr);
       ASSERT_TRUE(st.ok()) << st.message();
-      size_t bad = count_bit_diffs(f.w.get(), u.w.get()) + count_bit_diffs(f.pw.get(), u.pw.get());
-      bad += f.ex.get() != u.ex.get();
-      bad += f.off.get() != u.off.get();
-      bad += f.pr.get() != u.pr.get();
-      bad += f.sp.get() != u.sp.get();
+      const size_t bad = f.diffs(u);
       size_t left = 0;
       for (uint32_t v : counters.get()) left += v != 0;
       report(
@@ -465,19 +476,13 @@ TEST(FusedRowsParity, MoeEntry) {
     Dev<float> dst(streams), dcw(cw), dnw(nw), db(bias), dbv(bias_vl);
     Dev<uint8_t> dvl(std::vector<uint8_t>{1}), dws(moe_bucket_workspace_bytes(1, k, E) + 256);
     struct Out {
-      Dev<float> x, lg, w, pw;
-      Dev<int32_t> ex;
-      Dev<int64_t> off, pr, sp;
+      Dev<float> x, lg;
+      RouteOut route;
       Dev<uint32_t> cnt;
       Out(int64_t h, int64_t E, int64_t k)
           : x(std::vector<float>(h, 1.5f)),
             lg(std::vector<float>(E, -2.0f)),
-            w(std::vector<float>(k, 0.5f)),
-            pw(std::vector<float>(k, 0.25f)),
-            ex(std::vector<int32_t>(k, 7)),
-            off(std::vector<int64_t>(E + 1, 3)),
-            pr(std::vector<int64_t>(k, 5)),
-            sp(std::vector<int64_t>(k, 9)),
+            route(k, E),
             cnt(std::vector<uint32_t>(4, 0u)) {}
     };
     auto args = [&](Out& o) {
@@ -498,12 +503,7 @@ TEST(FusedRowsParity, MoeEntry) {
       r.vl = c.vl ? dvl.p : nullptr;
       r.temp = 1.3f;
       r.route_scale = 2.5f;
-      r.experts = o.ex.p;
-      r.weights = o.w.p;
-      r.offsets = o.off.p;
-      r.perm_rows = o.pr.p;
-      r.perm_weight = o.pw.p;
-      r.slot_pos = o.sp.p;
+      o.route.into(r);
       r.workspace = dws.p;
       r.counters = o.cnt.p;
       return a;
@@ -521,12 +521,8 @@ TEST(FusedRowsParity, MoeEntry) {
       st = run_moe_entry(dgate.dw, args(f), nullptr);
       ASSERT_TRUE(st.ok()) << st.message();
       EXPECT_EQ(moe_entry_fused_launches() - before, c.fused ? 1u : 0u) << shape;
-      size_t bad = count_bit_diffs(f.x.get(), u.x.get()) + count_bit_diffs(f.lg.get(), u.lg.get()) +
-                   count_bit_diffs(f.w.get(), u.w.get()) + count_bit_diffs(f.pw.get(), u.pw.get());
-      bad += f.ex.get() != u.ex.get();
-      bad += f.off.get() != u.off.get();
-      bad += f.pr.get() != u.pr.get();
-      bad += f.sp.get() != u.sp.get();
+      const size_t bad =
+          count_bit_diffs(f.x.get(), u.x.get()) + count_bit_diffs(f.lg.get(), u.lg.get()) + f.route.diffs(u.route);
       size_t left = 0;
       for (uint32_t v : f.cnt.get()) left += v != 0;
       report(rep == 0 ? "moe_entry" : "moe_entry again", shape, static_cast<double>(bad + left), 0,
@@ -535,7 +531,7 @@ TEST(FusedRowsParity, MoeEntry) {
       EXPECT_EQ(bad + left, 0u) << shape;
     }
     // The routing is not trivially equal: another gate routes otherwise (the test could fail).
-    EXPECT_NE(u.ex.get(), std::vector<int32_t>(static_cast<size_t>(k), 7));
+    EXPECT_NE(u.route.ex.get(), std::vector<int32_t>(static_cast<size_t>(k), 7));
   }
 }
 
