@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/expert_gemm_kernels.h"
 #include "backends/cuda/tc_prep_kernels.h"
 #include "backends/cuda/weight_dequant.h"
 
@@ -81,6 +82,14 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
                                                          "tensor-core linears: grouped GEMM pointers"));
   DS41_ASSIGN_OR_RETURN(t->ptrs_host_, PinnedBuffer::allocate(static_cast<size_t>(6 * E) * sizeof(void*),
                                                               "tensor-core linears: grouped GEMM pointers"));
+  const int64_t max_units = cuda::expert_gemm_max_units(std::max<int64_t>(lim.max_expert_rows, 1), E);
+  DS41_ASSIGN_OR_RETURN(t->units_, DeviceBuffer::allocate(static_cast<size_t>(max_units) * sizeof(cuda::ExpertGemmUnit),
+                                                          "tensor-core linears: FP4 expert GEMM units"));
+  DS41_ASSIGN_OR_RETURN(t->units_host_, PinnedBuffer::allocate(
+                                            static_cast<size_t>(max_units) * sizeof(cuda::ExpertGemmUnit),
+                                            "tensor-core linears: FP4 expert GEMM units"));
+  DS41_ASSIGN_OR_RETURN(t->window_count_, DeviceBuffer::allocate(sizeof(int32_t), "tensor-core linears: scale check"));
+  DS41_ASSIGN_OR_RETURN(t->window_host_, PinnedBuffer::allocate(sizeof(int32_t), "tensor-core linears: scale check"));
   if (lim.split_parts != 2 && lim.split_parts != 3)
     return invalid_argument("tensor-core linears: split_parts must be 2 or 3, got " +
                             std::to_string(lim.split_parts));
@@ -341,6 +350,18 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
   if (w2 && (w2->size() != w.size() || !d_w2 || !y2))
     return invalid_argument("tensor-core linears: a pair needs two expert lists of one size and two outputs");
   const int64_t E = static_cast<int64_t>(w.size());
+  // The FP4 expert GEMM's scale check goes out before the offsets' copy: one synchronisation for both.
+  const bool fp4g = fp4_gemm_eligible(w, w2, out_dim, in_dim, m_max);
+  int32_t* outside = static_cast<int32_t*>(window_host_.data());
+  if (fp4g) {
+    int32_t* count = window_count_.as<int32_t>();
+    DS41_RETURN_IF_ERROR(
+        cuda::cuda_status(cudaMemsetAsync(count, 0, sizeof(int32_t), stream_), "clear the scale check"));
+    DS41_RETURN_IF_ERROR(cuda::run_fp4_scales_outside_window(d_w, E, out_dim, in_dim, count, stream_));
+    if (w2) DS41_RETURN_IF_ERROR(cuda::run_fp4_scales_outside_window(d_w2, E, out_dim, in_dim, count, stream_));
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(
+        cudaMemcpyAsync(outside, count, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "copy the scale check"));
+  }
   int64_t* off = static_cast<int64_t*>(offsets_host_.data());
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
       cudaMemcpyAsync(off, offsets, static_cast<size_t>(E + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, stream_),
@@ -351,6 +372,8 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
     return internal_error("tensor-core linears: expert offsets end at " + std::to_string(m) + " > m_max " +
                           std::to_string(m_max));
   if (m == 0) return ok_status();
+  if (fp4g && *outside == 0)
+    return fp4_gemm(off, E, d_w, w2 ? d_w2 : nullptr, out_dim, in_dim, x, x_rows, y, w2 ? y2 : nullptr);
   // The fp16 split when every expert of both matrices takes it (one call, one numerics).
   bool h = lim_.split_parts == 2 && lim_.decode_weights &&
            out_dim <= std::max(lim_.expert_out, lim_.expert_in) &&  // the experts' bands fit w_shift_
@@ -404,6 +427,39 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
       DS41_RETURN_IF_ERROR(cuda::run_sum3(y3_.as<float>(), m, out_dim, offsets, E, out, stream_));
   }
   return ok_status();
+}
+
+bool TensorCoreLinear::fp4_gemm_eligible(const std::vector<cuda::DeviceWeight>& w,
+                                         const std::vector<cuda::DeviceWeight>* w2, int64_t out_dim, int64_t in_dim,
+                                         int64_t m_max) const {
+  if (!lim_.fp4_expert_gemm || lim_.split_parts != 3 || !cuda::expert_gemm_supported(out_dim, in_dim)) return false;
+  if (m_max > shift_rows_ || static_cast<int64_t>(w.size()) > 65535) return false;  // ex: row_shift_
+  const int64_t max_units = cuda::expert_gemm_max_units(m_max, static_cast<int64_t>(w.size()));
+  if (max_units > 65535 || static_cast<size_t>(max_units) * sizeof(cuda::ExpertGemmUnit) > units_host_.size())
+    return false;
+  auto ok = [](const std::vector<cuda::DeviceWeight>& list) {
+    for (const cuda::DeviceWeight& e : list)
+      if (e.format != WeightFormat::kFp4Rows || !aligned16(e.data) || (reinterpret_cast<uintptr_t>(e.scale) & 3u) != 0)
+        return false;
+    return true;
+  };
+  return ok(w) && (w2 == nullptr || ok(*w2));
+}
+
+Status TensorCoreLinear::fp4_gemm(const int64_t* off, int64_t E, const cuda::DeviceWeight* d_w,
+                                  const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
+                                  const int64_t* x_rows, float* y, float* y2) {
+  auto* units = static_cast<cuda::ExpertGemmUnit*>(units_host_.data());
+  const int64_t n = cuda::expert_gemm_units(off, E, units);
+  DS41_RETURN_IF_ERROR(cuda::cuda_status(
+      cudaMemcpyAsync(units_.data(), units, static_cast<size_t>(n) * sizeof(cuda::ExpertGemmUnit),
+                      cudaMemcpyHostToDevice, stream_),
+      "upload the expert GEMM units"));
+  uint2* parts = x3_.as<uint2>();
+  int32_t* ex = row_shift_.as<int32_t>();
+  DS41_RETURN_IF_ERROR(cuda::run_expert_gemm_split(x, in_dim, x_rows, off[E], parts, ex, stream_));
+  return cuda::run_expert_gemm_fp4(d_w, d_w2, units_.as<cuda::ExpertGemmUnit>(), n, out_dim, in_dim, parts, ex, y, y2,
+                                   stream_);
 }
 
 // The pipeline (TensorCoreLimits::expert_streams): the scratch holds nbuf buffers of `batch`

@@ -70,6 +70,13 @@ struct TensorCoreLimits {
   // launch on the engine stream in order (a grouped cuBLAS call when the library takes it).
   // GpuForward reads DS41_TC_EXPERT_STREAMS.
   int expert_streams = 4;
+  // FP4 routed experts on the three parts: true runs them as ONE grouped GEMM on the tensor cores that
+  // reads the packed E2M1 rows and E8M0 scales in place (backends/cuda/expert_gemm_kernels.h: the decode
+  // GEMV's numerics, no per-chunk decode into the scratch, no per-expert cuBLAS launches) when every
+  // scale byte of the call's experts lies in the kernel's window (counted on the device in the same
+  // synchronisation as the offsets: real checkpoints' scales do); otherwise, and for other formats, the
+  // decode and cuBLAS above. GpuForward reads DS41_TC_FP4_GEMM (0 turns it off, for A/B runs).
+  bool fp4_expert_gemm = true;
 };
 
 class TensorCoreLinear {
@@ -121,6 +128,14 @@ class TensorCoreLinear {
   Status expert_gemms_streams(const int64_t* off, const int32_t* ids, int64_t used, int mats,
                               const cuda::DeviceWeight* const* dws, float* const* outs, int64_t out, int64_t in,
                               const int64_t* offsets, int64_t E);
+  // Whether the FP4 expert GEMM may take these experts (and w2's): the switch, three parts, FP4 rows of a
+  // shape it takes, aligned payloads and scales (the scale window is checked on the device).
+  bool fp4_gemm_eligible(const std::vector<cuda::DeviceWeight>& w, const std::vector<cuda::DeviceWeight>* w2,
+                         int64_t out_dim, int64_t in_dim, int64_t m_max) const;
+  // The FP4 expert GEMM of the routed rows off[0 .. E] (host offsets, read back): units uploaded, x split
+  // into the kernel's fragments (x_rows as in expert_linear_pair), one launch for the matrix or the pair.
+  Status fp4_gemm(const int64_t* off, int64_t E, const cuda::DeviceWeight* d_w, const cuda::DeviceWeight* d_w2,
+                  int64_t out_dim, int64_t in_dim, const float* x, const int64_t* x_rows, float* y, float* y2);
   // gemm() on a given cuBLAS handle (an expert stream's).
   Status gemm_on(void* handle, const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp,
                  int dtype, float beta = 0.0f);
@@ -134,6 +149,10 @@ class TensorCoreLinear {
   int64_t dense_shift_at_ = 0;  // where the dense weight's bands start in w_shift_
   int64_t shift_rows_ = 0;      // rows of row_shift_
   PinnedBuffer offsets_host_, ids_host_;
+  DeviceBuffer units_;         // FP4 expert GEMM: its units (cuda::ExpertGemmUnit), uploaded per call
+  PinnedBuffer units_host_;
+  DeviceBuffer window_count_;  // FP4 expert GEMM: scale bytes outside the kernel's window (device int32)
+  PinnedBuffer window_host_;
   DeviceBuffer ptrs_;    // grouped GEMM: device arrays of A / B / C pointers, 3 x n_experts per matrix of a pair
   PinnedBuffer ptrs_host_;
   bool grouped_ok_ = true;  // cleared when cuBLAS refuses the grouped call (then per-expert GEMMs)

@@ -72,6 +72,7 @@
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rms_norm_device.cuh"
 #include "backends/cuda/swiglu_device.cuh"
+#include "backends/cuda/tc_frag.cuh"
 
 // nvcc's __noinline__ (the host SIMT emulator compiles this file with g++, where libstdc++ spells
 // __attribute__((__noinline__)) itself, so the macro cannot be defined there).
@@ -100,70 +101,6 @@ constexpr int kMaxRingDepth = 4;        // stages per warp of the shared-memory 
 // K <= 8192, three rows of 2304, ...) holds them in registers between the row maxima and the parts.
 constexpr int kStageHeld = 4;
 constexpr int kRingBarBytes = kWarps * kMaxRingDepth * 8;  // their mbarriers, first in the ring's region
-
-// ---------------------------------------------------------------------------------------------
-// mma.sync m16n8k16, f16 inputs, f32 accumulation: d += A (16 x 16) . B (16 x 8). Fragments (PTX
-// ISA, "mma.m16n8k16"): a[0] = rows r, k (2g, 2g+1); a[1] = rows r + 8, same k; a[2] = rows r,
-// k (8+2g, 9+2g); a[3] = rows r + 8, same; b0 = k (2g, 2g+1), b1 = k (8+2g, 9+2g), column r;
-// d[0..1] = row r, columns (2g, 2g+1); d[2..3] = row r + 8. kBf: the same with bf16 inputs (BF16
-// weights). Without a device (the host SIMT emulator) the same arithmetic through warp shuffles.
-// The 16-bit parts of x: f16 (FP8 / FP4 weights, decoded to f16) or bf16 (BF16 weights as they are).
-template <bool kBf>
-__host__ __device__ __forceinline__ float part_float(uint32_t bits) {
-  if constexpr (kBf) {
-    __nv_bfloat16_raw raw;
-    raw.x = static_cast<unsigned short>(bits & 0xffffu);
-    return __bfloat162float(__nv_bfloat16(raw));
-  } else {
-    __half_raw raw;
-    raw.x = static_cast<unsigned short>(bits & 0xffffu);
-    return __half2float(__half(raw));
-  }
-}
-template <bool kBf>
-__device__ __forceinline__ uint32_t part_bits(float v) {  // round to nearest even
-  if constexpr (kBf) {
-    return __nv_bfloat16_raw(__float2bfloat16_rn(v)).x;
-  } else {
-    return __half_raw(__float2half_rn(v)).x;
-  }
-}
-
-template <bool kBf>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__)
-// One instruction text per input type T (a string literal: "f16" or "bf16").
-#define DS41_TCG_MMA(T)                                                                                   \
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, " \
-               "{%8, %9}, {%0, %1, %2, %3};"                                                              \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                           \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-  if constexpr (kBf) {
-    DS41_TCG_MMA("bf16");
-  } else {
-    DS41_TCG_MMA("f16");
-  }
-#undef DS41_TCG_MMA
-#else
-  const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, g = lane & 3;
-  auto h = [](uint32_t v, int i) { return part_float<kBf>(i ? v >> 16 : v); };
-  float sum[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int gs = 0; gs < 4; ++gs) {
-    uint32_t ar[4], bc[2][2];
-    for (int i = 0; i < 4; ++i) ar[i] = __shfl_sync(0xffffffffu, a[i], 4 * r + gs);
-    for (int c = 0; c < 2; ++c) {
-      bc[c][0] = __shfl_sync(0xffffffffu, b0, 4 * (2 * g + c) + gs);
-      bc[c][1] = __shfl_sync(0xffffffffu, b1, 4 * (2 * g + c) + gs);
-    }
-    for (int c = 0; c < 2; ++c)
-      for (int i = 0; i < 2; ++i) {  // k = 2gs + i and 8 + 2gs + i
-        sum[c] += h(ar[0], i) * h(bc[c][0], i) + h(ar[2], i) * h(bc[c][1], i);
-        sum[2 + c] += h(ar[1], i) * h(bc[c][0], i) + h(ar[3], i) * h(bc[c][1], i);
-      }
-  }
-  for (int i = 0; i < 4; ++i) d[i] += sum[i];
-#endif
-}
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
@@ -198,22 +135,6 @@ __device__ __forceinline__ T ld_w(const void* p) {
 #else
   return ld_nc<T>(p);
 #endif
-}
-
-// The fast path's scale window: a tile whose E8M0 scale byte sb is in [64, 191] multiplies its
-// mma sum by 2^(sb - 127), a normal float in [2^-63, 2^64], into the accumulator; x's power of two
-// 2^(e + kExp) is applied once, to the finished output (WarpTask::run, block_rows). In that window no
-// dequantized weight overflows (max |E4M3| 448 * 2^64 < 2^73), no partial sum overflows (|x'| < 2^15,
-// K <= 2^16: < 2^105) and no nonzero product leaves the normal floats (>= 2^-24 * 2^-15 * 2^-63), so
-// the accumulator holds y * 2^-(e + kExp) with the bits the former per-tile multiplier 2^(sb - 127 + e)
-// gave (an fma's rounding does not see a power-of-two scale of all its operands): the window depends
-// on the weight alone, not on x. Any other byte (NaN 255 included) sends its tile to exact_tile.
-constexpr uint32_t kFastScaleLo = 64, kFastScaleSpan = 127;
-__host__ __device__ __forceinline__ bool scale_fast(uint32_t sb) { return sb - kFastScaleLo <= kFastScaleSpan; }
-// All four bytes of v in the window: a byte b = 128 h + l is in [64, 191] iff bit 7 of h XOR (l + 64)
-// is set (l + 64 < 256: no carry between bytes).
-__host__ __device__ __forceinline__ bool scale_word_fast(uint32_t v) {
-  return ((v ^ ((v & 0x7f7f7f7fu) + 0x40404040u)) & 0x80808080u) == 0x80808080u;
 }
 
 // The aligned 32-bit word around byte p (scale bytes: one aligned load or copy serves four).
@@ -317,7 +238,7 @@ struct Fp4 {
   };
   static constexpr int kExp = 14;  // E2M1 decoded as value * 2^-14
   static constexpr bool kBf = false;
-  __host__ __device__ static constexpr int kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
+  __host__ __device__ static constexpr int kofs(int m, int s) { return fp4_kofs(m, s); }
   __host__ __device__ static constexpr int64_t x_float4(int64_t t, int g, int h) { return 8 * t + 2 * g + h; }
   // A step = four tiles (128 K): lane g loads bytes [16g, 16g + 16) of the rows' 64-byte span, i.e.
   // tile g whole (four lanes read a row's 64 contiguous bytes: a quarter of the L1 wavefronts of
@@ -420,28 +341,8 @@ struct Fp4 {
     const uint32_t code = ((row ? q.b : q.a) >> (4 * idx)) & 0xfu;
     return __fmul_rn(dev::e2m1_decode(code), dev::e8m0_decode(sb));
   }
-  // The A fragments of both mmas from a row's word of 8 codes (code j = bits 4j .. 4j + 3, K offset
-  // 8g + j): f16x2 pairs of codes (i, i + 4), i = 0..3, each code as the f16 bits s.000e1e0m.000000000
-  // (the E2M1 value times 2^-14, subnormal 0.5 included; as WideFp4::pair). First every byte's two
-  // codes become the high bytes of their f16 (s << 7 | e1e0m << 1): xe from the even codes (low
-  // nibbles), xo from the odd ones; then a byte permute with zero low bytes picks each pair: codes
-  // (0, 4) = xe bytes 0, 2; (2, 6) = xe bytes 1, 3; (1, 5), (3, 7) from xo. 11 instructions per 8
-  // codes where the per-pair shifts and masks took 16; the same fragments, bit for bit.
-  __device__ static uint32_t pick(uint32_t v, bool hi) {  // bytes 0, 2 (hi: 1, 3) into bytes 1, 3
-#if defined(__CUDA_ARCH__)
-    return __byte_perm(v, 0u, hi ? 0x3414u : 0x2404u);
-#else
-    return hi ? (v & 0xff00ff00u) : ((v << 8) & 0xff00ff00u);
-#endif
-  }
-  __device__ static void row_pairs(uint32_t w, uint32_t (&p)[4]) {
-    const uint32_t xe = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);
-    const uint32_t xo = (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);
-    p[0] = pick(xe, false);
-    p[1] = pick(xo, false);
-    p[2] = pick(xe, true);
-    p[3] = pick(xo, true);
-  }
+  // The A fragments of both mmas from a row's word of 8 codes: tc_frag.cuh fp4_row_pairs.
+  __device__ static void row_pairs(uint32_t w, uint32_t (&p)[4]) { fp4_row_pairs(w, p); }
   __device__ static void frags(const Q& q, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
     uint32_t pa[4], pb[4];
     row_pairs(q.a, pa);

@@ -332,6 +332,68 @@ TEST(TensorCoreLinear, ExpertStreamsKeepTheBits) {
   }
 }
 
+// The FP4 expert GEMM (TensorCoreLimits::fp4_expert_gemm, the default) against the decode and cuBLAS path
+// (the switch off) and the CPU op, a pair through a row index (the MoE's permutation); then one scale byte
+// of one expert outside the GEMM's window: the call must take the decode path, so its bits equal the
+// switch-off run's exactly (and the CPU op's values within the tolerance).
+TEST(TensorCoreLinear, Fp4ExpertGemmAndItsFallback) {
+  DS41_SKIP_WITHOUT_GPU();
+  backends::cpu::CpuBackend cpu(&cuda::parity::ref_pool(), backends::cpu::CpuBackendOptions{false});
+  auto on = make(3);
+  TensorCoreLimits lo = limits(3);
+  lo.fp4_expert_gemm = false;
+  auto ro = TensorCoreLinear::create(lo, nullptr);
+  ASSERT_TRUE(on && ro.ok());
+  auto off_tc = std::move(ro).value();
+  const int64_t E = 24, out = 384, in = 1024;
+  uint64_t seed = 9800;
+  PairWeights pw = pair_weights(E, out, in, &seed);
+  const auto off = routing(400, 3, E, ++seed, 5);
+  const int64_t m = off[E], tokens = 400;
+  auto x = cuda::parity::rand_floats(static_cast<size_t>(tokens * in), ++seed);
+  std::vector<int64_t> rows_of(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) rows_of[i] = (i * 37 + 11) % tokens;
+  std::vector<float> xr(static_cast<size_t>(m * in));
+  for (int64_t i = 0; i < m; ++i) std::copy_n(x.begin() + rows_of[i] * in, in, xr.begin() + i * in);
+  auto want = [&](const std::vector<HostWeight>& h) {
+    std::vector<float> w(static_cast<size_t>(m * out));
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        cpu.linear(cuda::parity::host_ref(h[e], h[e].data.data(), h[e].scale.data()), xr.data() + off[e] * in,
+                   off[e + 1] - off[e], w.data() + off[e] * out);
+    return w;
+  };
+  Dev<int64_t> doff(off), drows(rows_of);
+  Dev<float> dx(x);
+  auto pair = [&](TensorCoreLinear& tc, const Dev<DeviceWeight>& d1, const Dev<DeviceWeight>& d2) {
+    Dev<float> y1(static_cast<size_t>(m * out)), y2(static_cast<size_t>(m * out));
+    Status s = tc.expert_linear_pair(pw.l1, &pw.l2, d1.p, d2.p, out, in, doff.p, dx.p, m, y1.p, y2.p, drows.p);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return std::make_pair(y1.get(), y2.get());
+  };
+  {
+    Dev<DeviceWeight> d1(pw.l1), d2(pw.l2);
+    const auto g = pair(*on, d1, d2), r = pair(*off_tc, d1, d2);
+    const auto w1 = want(pw.h1), w3 = want(pw.h2);
+    cuda::parity::report("tc fp4 expert gemm", "pair of 24 fp4 experts 384x1024 m=" + std::to_string(m) + " rows_of",
+                         std::max(cuda::parity::rel_to_max(g.first, w1), cuda::parity::rel_to_max(g.second, w3)), kTol,
+                         kWhy);
+    EXPECT_LE(cuda::parity::rel_to_max(g.first, w1), kTol);
+    EXPECT_LE(cuda::parity::rel_to_max(g.second, w3), kTol);
+    EXPECT_LE(cuda::parity::rel_to_max(r.second, w3), kTol);
+    EXPECT_GT(cuda::parity::count_bit_diffs(g.second, r.second), 0u) << "the GEMM did not run (the same bits as cuBLAS)";
+  }
+  // Expert 6 (it has rows: empty_every 5 empties 0, 5, 10, ...) gets a scale byte of 200 in w3.
+  ASSERT_GT(off[7], off[6]);
+  pw.h2[6].scale[3] = 200;
+  cudaMemcpy(const_cast<uint8_t*>(pw.l2[6].scale) + 3, &pw.h2[6].scale[3], 1, cudaMemcpyHostToDevice);
+  Dev<DeviceWeight> d1(pw.l1), d2(pw.l2);
+  const auto g = pair(*on, d1, d2), r = pair(*off_tc, d1, d2);
+  EXPECT_EQ(cuda::parity::count_bit_diffs(g.first, r.first), 0u) << "a pair with an out-of-window scale must fall back";
+  EXPECT_EQ(cuda::parity::count_bit_diffs(g.second, r.second), 0u);
+  EXPECT_LE(cuda::parity::rel_to_max(g.second, want(pw.h2)), kTol);
+}
+
 // x rows whose magnitudes fp16 alone cannot hold: row r % 6 = 0 plain, 1 x 1e20, 2 x 1e-15,
 // 3 each element x 10^U(-20, 20), 4 zeros, 5 plain with one +inf (rows of kind 5 only when
 // with_inf).

@@ -1,0 +1,362 @@
+// ds41 backends/cuda: the grouped FP4 expert GEMM of prefill (expert_gemm_kernels.h has the contract and
+// the numerics).
+//
+// The GEMM (expert_gemm_fp4_kernel): a block of 4 warps owns 128 W rows of one expert's matrix (grid x)
+// and one unit of <= 32 routed rows (grid y; the second matrix of a pair: grid z). Each warp owns 32 W
+// rows (two mma row tiles) and every column of the unit: 3 parts x 32 rows = 96 B columns in 12 column
+// tiles, 96 fp32 accumulators per lane. K streams through a 3-stage cp.async pipeline in steps of 4
+// K tiles (128 K): a stage holds the unit's B fragments of the step as the decode GEMV stages x
+// ([tile][mma][column][lane group] of 4 f16: one conflict-free 8-byte load per fragment), the 128 W
+// rows' 64 bytes of E2M1 codes (rows 80 bytes apart: a lane's word g of each tile is a conflict-free
+// 4-byte load, the fragments' order without the quad transpose) and each row's four scale bytes (one
+// word). Per tile, a lane decodes the 8 codes of each of its 4 rows once (fp4_row_pairs) and multiplies
+// them with every valid column tile: 2 mmas from zero, then acc = fma(d, 2^(scale - 127), acc). The
+// epilogue meets the three parts' accumulators in shared memory and writes y = (hi + (lo + lo2)) 2^(e +
+// 14) row by row (the decode GEMV's block_rows, one K split).
+//
+// Grid order: the W row blocks of a unit are the fastest (a unit's parts, <= 983 KB at K = 5120, stay in
+// L2 while its 18-40 blocks read them) and the units of an expert are adjacent (its W rows are read by
+// them at about the same time: L2 hits rather than a second HBM pass).
+#include "backends/cuda/expert_gemm_kernels.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/cuda_status.h"
+#include "backends/cuda/launch.h"
+#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/tc_frag.cuh"
+
+namespace ds41::cuda {
+namespace {
+
+using tcg::fp4_kofs;
+using tcg::fp4_row_pairs;
+using tcg::mma_16816;
+using tcg::part_bits;
+using tcg::part_float;
+
+constexpr int kThreads = 128, kWarps = kThreads / 32;
+constexpr int kRowsPerWarp = 32, kRowsPerBlock = kWarps * kRowsPerWarp;  // W rows
+constexpr int kJ = 3 * kExpertGemmRows;                                 // B columns of a unit
+constexpr int kNT = kJ / 8;                                              // column tiles
+constexpr int kStepTiles = 4;                                            // K tiles (of 32) per stage
+constexpr int kStages = 3;
+constexpr int kXStageU2 = kStepTiles * 2 * kJ * 4;        // B fragments of a stage (uint2): 24 KB
+constexpr int kWRowStride = kStepTiles * 16 + 16;         // a W row's 64 bytes, 16 of pad
+constexpr int kWStageBytes = kRowsPerBlock * kWRowStride;  // 10 KB
+constexpr int kSStageBytes = kRowsPerBlock * 4;            // each row's 4 scale bytes
+constexpr int kStageBytes = kXStageU2 * 8 + kWStageBytes + kSStageBytes;
+constexpr int kSmem = kStages * kStageBytes;  // ~104 KB: two blocks per SM
+constexpr int kRedFloats = kWarps * 2 * kNT * 4 * 32;
+static_assert(kRedFloats * 4 <= kSmem, "the epilogue's accumulators reuse the stages");
+constexpr int kSplitThreads = 128;
+constexpr int64_t kMaxIn = 16384;  // the parts' uint2 offsets of a row stay 32-bit; K tiles per step
+
+// ---- The split: one block per routed row ----
+// The decode GEMV's staging (tc_gemv_kernels.cu stage_x) of one row: e = ilogb(max |x|) - 14 (0 for a
+// zero or non-finite maximum), x' = x 2^-e as one or two exact power-of-two products, three f16 parts of
+// each x' (hi, the rounded rest, the rounded rest of that), in B fragment order: the lane group g of tile
+// t holds K 8g .. 8g + 7, slot s of mma m being K 8g + fp4_kofs(m, s).
+__global__ void __launch_bounds__(kSplitThreads)
+    expert_gemm_split_kernel(const float* __restrict__ x, int64_t in, const int64_t* __restrict__ rows_of,
+                             uint2* __restrict__ parts, int32_t* __restrict__ ex) {
+  dev::pdl_enter();
+  __shared__ float red[kSplitThreads / 32];
+  __shared__ float inv_s[2];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t i = blockIdx.x;
+  const float4* xr = reinterpret_cast<const float4*>(x + (rows_of ? rows_of[i] : i) * in);
+  const int q4 = static_cast<int>(in / 4), units = static_cast<int>(in / 8);
+  float m = 0.f;
+  for (int q = tid; q < q4; q += kSplitThreads) {
+    const float4 v = __ldg(xr + q);
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  if (tid == 0) {
+    float mx = 0.f;
+    for (int w = 0; w < kSplitThreads / 32; ++w) mx = fmaxf(mx, red[w]);
+    const int e = (mx > 0.f && isfinite(mx)) ? ilogbf(mx) - 14 : 0;  // in [-163, 113]
+    ex[i] = e;
+    const int a = min(-e, 127), b = -e - a;
+    inv_s[0] = __uint_as_float(static_cast<uint32_t>(127 + a) << 23);
+    inv_s[1] = __uint_as_float(static_cast<uint32_t>(127 + b) << 23);
+  }
+  __syncthreads();
+  const float i0f = inv_s[0], i1f = inv_s[1];
+  uint2* pr = parts + i * (in / 32) * 24;
+  for (int u = tid; u < units; u += kSplitThreads) {
+    const int t = u >> 2, g = u & 3;
+    const float4 v0 = __ldg(xr + 8 * t + 2 * g), v1 = __ldg(xr + 8 * t + 2 * g + 1);
+    const float f[8] = {v0.x * i0f * i1f, v0.y * i0f * i1f, v0.z * i0f * i1f, v0.w * i0f * i1f,
+                        v1.x * i0f * i1f, v1.y * i0f * i1f, v1.z * i0f * i1f, v1.w * i0f * i1f};
+#pragma unroll
+    for (int mm = 0; mm < 2; ++mm) {
+      uint32_t h[3][4];
+#pragma unroll
+      for (int sl = 0; sl < 4; ++sl) {
+        const float val = f[fp4_kofs(mm, sl)];
+        const uint32_t p0 = part_bits<false>(val);
+        const float r1 = val - part_float<false>(p0);
+        const uint32_t p1 = part_bits<false>(r1);
+        h[0][sl] = p0;
+        h[1][sl] = p1;
+        h[2][sl] = part_bits<false>(r1 - part_float<false>(p1));
+      }
+#pragma unroll
+      for (int p = 0; p < 3; ++p)
+        pr[((t * 2 + mm) * 3 + p) * 4 + g] = make_uint2(h[p][0] | (h[p][1] << 16), h[p][2] | (h[p][3] << 16));
+    }
+  }
+}
+
+// ---- The scale check ----
+__global__ void scales_outside_window_kernel(const DeviceWeight* __restrict__ weights, int64_t bytes,
+                                             int32_t* __restrict__ count) {
+  dev::pdl_enter();
+  const uint8_t* sc = weights[blockIdx.y].scale;
+  int bad = 0;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < bytes;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    bad += tcg::scale_fast(__ldg(sc + q)) ? 0 : 1;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
+  if ((threadIdx.x & 31) == 0 && bad != 0) atomicAdd(count, bad);
+}
+
+// ---- The GEMM ----
+struct Stage {
+  uint2* xs;     // [tile][mma][column][lane group]
+  uint8_t* ws;   // W rows, kWRowStride apart
+  uint8_t* ss;   // scale words, one per row
+  __device__ explicit Stage(uint8_t* base)
+      : xs(reinterpret_cast<uint2*>(base)), ws(base + kXStageU2 * 8), ss(base + kXStageU2 * 8 + kWStageBytes) {}
+};
+
+__global__ void __launch_bounds__(kThreads, 2)
+    expert_gemm_fp4_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
+                           const ExpertGemmUnit* __restrict__ units, int64_t out_dim, int64_t in,
+                           const uint2* __restrict__ parts, const int32_t* __restrict__ ex, float* __restrict__ y,
+                           float* __restrict__ y2) {
+  extern __shared__ __align__(16) float smem[];  // the host emulator's rewrite expects this spelling
+  uint8_t* const sm = reinterpret_cast<uint8_t*>(smem);
+  dev::pdl_enter();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, g = lane & 3;
+  const ExpertGemmUnit u = units[blockIdx.y];
+  const bool second = blockIdx.z != 0;
+  const DeviceWeight w = (second ? weights2 : weights)[u.expert];
+  float* __restrict__ out = second ? y2 : y;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  const int tiles = static_cast<int>(in / 32), steps = tiles / kStepTiles;
+  const int nrows = u.rows, nt = (3 * nrows + 7) / 8;
+  const int64_t half_in = in / 2;
+  const uint2* __restrict__ xp = parts + static_cast<int64_t>(u.row0) * tiles * 24;
+
+  // Step k into stage slot: the unit's B fragments of tiles [4k, 4k + 4) (for each row b, tile and mma
+  // the 96 bytes of its three parts are contiguous both in parts and in the stage), the block's W rows
+  // (rows past out_dim read the last row: their outputs are not written) and their scale words. One
+  // cp.async group per call.
+  auto load = [&](int slot, int k) {
+    Stage st(sm + slot * kStageBytes);
+    for (int q = tid; q < nrows * 48; q += kThreads) {
+      const int b = q / 48, rem = q - b * 48, tl = rem / 12, mm = (rem / 6) & 1, c = rem % 6;
+      const int t = k * kStepTiles + tl;
+      dev::cp_async16(reinterpret_cast<uint8_t*>(st.xs + ((tl * 2 + mm) * kJ + 3 * b) * 4) + 16 * c,
+                      reinterpret_cast<const uint8_t*>(xp + static_cast<int64_t>(b) * tiles * 24 + (t * 2 + mm) * 12) +
+                          16 * c);
+    }
+#pragma unroll
+    for (int q = tid; q < kRowsPerBlock * kStepTiles; q += kThreads) {
+      const int row = q >> 2, j = q & 3;
+      const int64_t o = min(o0 + row, out_dim - 1);
+      dev::cp_async16(st.ws + row * kWRowStride + 16 * j, w.data + o * half_in + (k * kStepTiles + j) * 16);
+    }
+    {
+      const int64_t o = min(o0 + tid, out_dim - 1);
+      dev::cp_async4(st.ss + 4 * tid, w.scale + o * tiles + k * kStepTiles);
+    }
+    dev::cp_async_commit();
+  };
+
+  float acc[2][kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int c = 0; c < kNT; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][c][i] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps)
+      load(s, s);
+    else
+      dev::cp_async_commit();
+  }
+  const int row_a = warp * kRowsPerWarp + r;  // the lane's rows: row_a + 16 mt (+ 8)
+  for (int k = 0; k < steps; ++k) {
+    dev::cp_async_wait<kStages - 2>();  // this thread's copies of step k have landed
+    __syncthreads();                    // everyone's, and everyone is done with step k - 1's stage
+    if (k + kStages - 1 < steps)
+      load((k + kStages - 1) % kStages, k + kStages - 1);
+    else
+      dev::cp_async_commit();
+    const Stage st(sm + (k % kStages) * kStageBytes);
+    uint32_t wa[2][kStepTiles], wb[2][kStepTiles], sa[2], sb[2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const uint8_t* pa = st.ws + (row_a + 16 * mt) * kWRowStride + 4 * g;
+      const uint8_t* pb = pa + 8 * kWRowStride;
+#pragma unroll
+      for (int j = 0; j < kStepTiles; ++j) {
+        wa[mt][j] = *reinterpret_cast<const uint32_t*>(pa + 16 * j);
+        wb[mt][j] = *reinterpret_cast<const uint32_t*>(pb + 16 * j);
+      }
+      sa[mt] = *reinterpret_cast<const uint32_t*>(st.ss + 4 * (row_a + 16 * mt));
+      sb[mt] = *reinterpret_cast<const uint32_t*>(st.ss + 4 * (row_a + 16 * mt + 8));
+    }
+#pragma unroll
+    for (int j = 0; j < kStepTiles; ++j) {
+      uint32_t a0[2][4], a1[2][4];
+      float m0[2], m1[2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t pa[4], pb[4];
+        fp4_row_pairs(wa[mt][j], pa);
+        fp4_row_pairs(wb[mt][j], pb);
+        a0[mt][0] = pa[0];
+        a0[mt][1] = pb[0];
+        a0[mt][2] = pa[1];
+        a0[mt][3] = pb[1];
+        a1[mt][0] = pa[2];
+        a1[mt][1] = pb[2];
+        a1[mt][2] = pa[3];
+        a1[mt][3] = pb[3];
+        // 2^(scale - 127): the float with exponent bits = the scale byte (in the window: normal).
+        m0[mt] = __uint_as_float(((sa[mt] >> (8 * j)) & 0xffu) << 23);
+        m1[mt] = __uint_as_float(((sb[mt] >> (8 * j)) & 0xffu) << 23);
+      }
+      // Column tile c's fragments: column 8c + r (columns past the unit's 3 nrows read stale values:
+      // their D columns are never read, and a D column depends on its own B column only).
+      const uint2* xb = st.xs + ((j * 2) * kJ + r) * 4 + g;
+#pragma unroll
+      for (int c = 0; c < kNT; ++c) {
+        if (c < nt) {
+          const uint2 b0 = xb[c * 32], b1 = xb[c * 32 + kJ * 4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_16816<false>(d, a0[mt], b0.x, b0.y);
+            mma_16816<false>(d, a1[mt], b1.x, b1.y);
+            acc[mt][c][0] = __fmaf_rn(d[0], m0[mt], acc[mt][c][0]);
+            acc[mt][c][1] = __fmaf_rn(d[1], m0[mt], acc[mt][c][1]);
+            acc[mt][c][2] = __fmaf_rn(d[2], m1[mt], acc[mt][c][2]);
+            acc[mt][c][3] = __fmaf_rn(d[3], m1[mt], acc[mt][c][3]);
+          }
+        }
+      }
+    }
+  }
+  dev::cp_async_wait<0>();
+  __syncthreads();  // the stages are free: the accumulators meet there
+  float* red = smem;  // [warp][mt][column tile][entry][lane]
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int c = 0; c < kNT; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[(((warp * 2 + mt) * kNT + c) * 4 + i) * 32 + lane] = acc[mt][c][i];
+  __syncthreads();
+  // Output (row, b): W row o0 + row, routed row row0 + b. Part p is column j = 3b + p: column tile j / 8,
+  // lane 4 (row % 8) + (j % 8) / 2, entry (j % 2) + 2 (row % 16 >= 8) of the row's warp and row tile.
+  for (int q = tid; q < kRowsPerBlock * nrows; q += kThreads) {
+    const int b = q / kRowsPerBlock, row = q - b * kRowsPerBlock;
+    const int64_t o = o0 + row;
+    if (o >= out_dim) continue;
+    const int wp = row >> 5, mt = (row >> 4) & 1, rr = row & 15;
+    float part[3];
+#pragma unroll
+    for (int p = 0; p < 3; ++p) {
+      const int j = 3 * b + p, c = j >> 3, jj = j & 7, ln = 4 * (rr & 7) + (jj >> 1), i = (rr >= 8 ? 2 : 0) + (jj & 1);
+      part[p] = red[(((wp * 2 + mt) * kNT + c) * 4 + i) * 32 + ln];
+    }
+    const int64_t rowg = static_cast<int64_t>(u.row0) + b;
+    out[rowg * out_dim + o] = scalbnf(part[0] + (part[1] + part[2]), ex[rowg] + 14);
+  }
+}
+
+}  // namespace
+
+int64_t expert_gemm_max_units(int64_t m_max, int64_t E) { return m_max / kExpertGemmRows + E + 1; }
+
+int64_t expert_gemm_units(const int64_t* off, int64_t E, ExpertGemmUnit* units) {
+  int64_t n = 0;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r0 = off[e]; r0 < off[e + 1]; r0 += kExpertGemmRows) {
+      ExpertGemmUnit u;
+      u.expert = static_cast<int32_t>(e);
+      u.row0 = static_cast<int32_t>(r0);
+      u.rows = static_cast<int32_t>(std::min<int64_t>(kExpertGemmRows, off[e + 1] - r0));
+      units[n++] = u;
+    }
+  return n;
+}
+
+bool expert_gemm_supported(int64_t out_dim, int64_t in_dim) {
+  return out_dim > 0 && out_dim <= int64_t{65535} * kRowsPerBlock && in_dim > 0 &&
+         in_dim % (32 * kStepTiles) == 0 && in_dim <= kMaxIn;
+}
+
+Status run_expert_gemm_split(const float* x, int64_t in_dim, const int64_t* rows_of, int64_t m, uint2* parts,
+                             int32_t* ex, cudaStream_t stream) {
+  if (in_dim <= 0 || in_dim % 32 != 0 || in_dim > kMaxIn)
+    return invalid_argument("expert GEMM split: in_dim " + std::to_string(in_dim) +
+                            " must be a positive multiple of 32 up to " + std::to_string(kMaxIn));
+  if (m < 0 || m > int64_t{1} << 31) return invalid_argument("expert GEMM split: rows " + std::to_string(m));
+  if (m == 0) return ok_status();
+  launch(expert_gemm_split_kernel, static_cast<unsigned>(m), kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+  return last_launch_status("expert_gemm_split_kernel");
+}
+
+Status run_fp4_scales_outside_window(const DeviceWeight* weights, int64_t E, int64_t out_dim, int64_t in_dim,
+                                     int32_t* count, cudaStream_t stream) {
+  if (E <= 0 || E > 65535 || out_dim <= 0 || in_dim <= 0 || in_dim % 32 != 0)
+    return invalid_argument("FP4 scale check: " + std::to_string(E) + " experts of " + std::to_string(out_dim) +
+                            " x " + std::to_string(in_dim));
+  const int64_t bytes = out_dim * (in_dim / 32);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((bytes + 255) / 256, 64));
+  launch(scales_outside_window_kernel, dim3(blocks, static_cast<unsigned>(E)), 256, 0, stream, weights, bytes, count);
+  return last_launch_status("scales_outside_window_kernel");
+}
+
+Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,
+                           int64_t n_units, int64_t out_dim, int64_t in_dim, const uint2* parts, const int32_t* ex,
+                           float* y, float* y2, cudaStream_t stream) {
+  if (!expert_gemm_supported(out_dim, in_dim))
+    return invalid_argument("expert GEMM: " + std::to_string(out_dim) + " x " + std::to_string(in_dim) +
+                            " (in_dim must be a positive multiple of 128 up to " + std::to_string(kMaxIn) + ")");
+  if ((weights2 == nullptr) != (y2 == nullptr))
+    return invalid_argument("expert GEMM: a pair needs both the second weights and its output");
+  if (n_units < 0 || n_units > 65535) return invalid_argument("expert GEMM: units " + std::to_string(n_units));
+  if (n_units == 0) return ok_status();
+  static const bool smem_ok = [] {
+    return cudaFuncSetAttribute(reinterpret_cast<const void*>(expert_gemm_fp4_kernel),
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
+  }();
+  if (!smem_ok) return internal_error("expert GEMM: the device does not give " + std::to_string(kSmem) +
+                                      " bytes of shared memory to a block");
+  const dim3 grid(static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>(n_units), weights2 ? 2u : 1u);
+  launch(expert_gemm_fp4_kernel, grid, kThreads, kSmem, stream, weights, weights2, units, out_dim, in_dim, parts, ex,
+         y, y2);
+  return last_launch_status("expert_gemm_fp4_kernel");
+}
+
+}  // namespace ds41::cuda
