@@ -137,9 +137,10 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
     if (const char* e = std::getenv("DS41_TC_ACCUMULATE")) tl.accumulate_parts = std::atoi(e) != 0;
     // DS41_TC_EXPERT_STREAMS=n: the routed experts' GEMMs over n streams (0: in order on the engine stream).
     if (const char* e = std::getenv("DS41_TC_EXPERT_STREAMS")) tl.expert_streams = std::clamp(std::atoi(e), 0, 16);
-    // DS41_TC_FP4_GEMM=1: FP4 routed experts through the grouped FP4 GEMM instead of the decode and cuBLAS
-    // (opt-in until timed on a device).
-    tl.fp4_expert_gemm = cuda::switch_opt_in("DS41_TC_FP4_GEMM");
+    // DS41_TC_FP4_GEMM=0: FP4 routed experts through the decode and cuBLAS instead of the grouped FP4 GEMM.
+    tl.fp4_expert_gemm = f->lim_.fp4_expert_gemm >= 0 ? f->lim_.fp4_expert_gemm != 0 : cuda::switch_on("DS41_TC_FP4_GEMM");
+    if (const char* e = std::getenv("DS41_TC_FP4_GEMM_ROWS"))
+      tl.fp4_gemm_rows_per_expert = std::max<int64_t>(0, std::atoll(e));
     DS41_ASSIGN_OR_RETURN(f->tc_, TensorCoreLinear::create(tl, stream));
   }
   int64_t graphs = f->lim_.decode_graphs;

@@ -31,6 +31,9 @@ struct GpuLimits {
   // their results are read (gpu_forward.h "Side stream"): the same kernels on the same buffers, so
   // the same bits. 1 on, 0 off, -1: on unless DS41_SIDE_STREAM=0.
   int64_t side_stream = -1;
+  // Prefill's routed FP4 experts as the grouped FP4 GEMM (TensorCoreLimits::fp4_expert_gemm): 1 on, 0 off,
+  // -1: on unless DS41_TC_FP4_GEMM=0.
+  int64_t fp4_expert_gemm = -1;
 };
 
 // The limits with every 0 resolved from the config.

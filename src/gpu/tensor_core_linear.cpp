@@ -372,7 +372,7 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
     return internal_error("tensor-core linears: expert offsets end at " + std::to_string(m) + " > m_max " +
                           std::to_string(m_max));
   if (m == 0) return ok_status();
-  if (fp4g && *outside == 0)
+  if (fp4g && *outside == 0 && m <= lim_.fp4_gemm_rows_per_expert * E)
     return fp4_gemm(off, E, d_w, w2 ? d_w2 : nullptr, out_dim, in_dim, x, x_rows, y, w2 ? y2 : nullptr);
   // The fp16 split when every expert of both matrices takes it (one call, one numerics).
   bool h = lim_.split_parts == 2 && lim_.decode_weights &&

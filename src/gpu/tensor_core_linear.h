@@ -77,6 +77,11 @@ struct TensorCoreLimits {
   // synchronisation as the offsets: real checkpoints' scales do); otherwise, and for other formats, the
   // decode and cuBLAS above. GpuForward reads DS41_TC_FP4_GEMM (0 turns it off, for A/B runs).
   bool fp4_expert_gemm = true;
+  // ... for calls of at most this many routed rows per expert on average (m <= this x E): measured on the
+  // H100 (docs/perf/README.md, session of 2026-12-06 18:08 UTC), the GEMM made a prefill at chunk 2048 (32
+  // rows per expert) 20 % faster and one at chunk 4096 (64 rows) 8 % slower than the decode and cuBLAS,
+  // whose per-chunk decode is then amortized over twice the rows. GpuForward reads DS41_TC_FP4_GEMM_ROWS.
+  int64_t fp4_gemm_rows_per_expert = 48;
 };
 
 class TensorCoreLinear {

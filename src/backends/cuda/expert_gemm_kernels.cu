@@ -159,28 +159,32 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t half_in = in / 2;
   const uint2* __restrict__ xp = parts + static_cast<int64_t>(u.row0) * tiles * 24;
 
-  // Step k into stage slot: the unit's B fragments of tiles [4k, 4k + 4) (for each row b, tile and mma
-  // the 96 bytes of its three parts are contiguous both in parts and in the stage), the block's W rows
-  // (rows past out_dim read the last row: their outputs are not written) and their scale words. One
-  // cp.async group per call.
+  // Step k into stage slot: the unit's B fragments of tiles [4k, 4k + 4) (a row's step is 768 contiguous
+  // bytes of parts: 48 pieces of 16, piece q = (tile * 2 + mma) * 6 + c landing at (tile * 2 + mma) * 3072 +
+  // 96 b + 16 c in the stage), the block's W rows (rows past out_dim read the last row: their outputs are not
+  // written) and their scale words. The copies a thread issues are fixed at the start: warps 0-2 copy the
+  // B fragments (thread t: piece t % 48 of rows t / 48, + 2, + 4, ...), warp 3 the W rows (lane l: rows
+  // l + 32 i, four pieces each) and their scale words. One cp.async group per thread and call.
+  const int64_t row_bytes = static_cast<int64_t>(tiles) * 192;
+  const int xq = tid % 48, xb0 = tid / 48;
+  const int x_soff = (xq / 6) * (kJ * 32) + (xq % 6) * 16;
+  const uint8_t* const x_g = reinterpret_cast<const uint8_t*>(xp) + xb0 * row_bytes + xq * 16;
   auto load = [&](int slot, int k) {
-    Stage st(sm + slot * kStageBytes);
-    for (int q = tid; q < nrows * 48; q += kThreads) {
-      const int b = q / 48, rem = q - b * 48, tl = rem / 12, mm = (rem / 6) & 1, c = rem % 6;
-      const int t = k * kStepTiles + tl;
-      dev::cp_async16(reinterpret_cast<uint8_t*>(st.xs + ((tl * 2 + mm) * kJ + 3 * b) * 4) + 16 * c,
-                      reinterpret_cast<const uint8_t*>(xp + static_cast<int64_t>(b) * tiles * 24 + (t * 2 + mm) * 12) +
-                          16 * c);
-    }
+    uint8_t* const base = sm + slot * kStageBytes;
+    if (warp < 3) {
+      const uint8_t* src = x_g + k * (kStepTiles * 192);
+      for (int b = xb0; b < nrows; b += 2, src += 2 * row_bytes) dev::cp_async16(base + x_soff + 96 * b, src);
+    } else {
+      uint8_t* const ws = base + kXStageU2 * 8;
 #pragma unroll
-    for (int q = tid; q < kRowsPerBlock * kStepTiles; q += kThreads) {
-      const int row = q >> 2, j = q & 3;
-      const int64_t o = min(o0 + row, out_dim - 1);
-      dev::cp_async16(st.ws + row * kWRowStride + 16 * j, w.data + o * half_in + (k * kStepTiles + j) * 16);
-    }
-    {
-      const int64_t o = min(o0 + tid, out_dim - 1);
-      dev::cp_async4(st.ss + 4 * tid, w.scale + o * tiles + k * kStepTiles);
+      for (int i = 0; i < kRowsPerBlock / 32; ++i) {
+        const int row = lane + 32 * i;
+        const int64_t o = min(o0 + row, out_dim - 1);
+        const uint8_t* src = w.data + o * half_in + k * (kStepTiles * 16);
+#pragma unroll
+        for (int j = 0; j < kStepTiles; ++j) dev::cp_async16(ws + row * kWRowStride + 16 * j, src + 16 * j);
+        dev::cp_async4(ws + kWStageBytes + 4 * row, w.scale + o * tiles + k * kStepTiles);
+      }
     }
     dev::cp_async_commit();
   };

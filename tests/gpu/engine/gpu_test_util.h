@@ -79,8 +79,9 @@ inline std::string small_model_dir() {
 inline std::unique_ptr<gpu::CudaEngine> make_engine(const gpu::DeviceModel& m, int64_t logit_rows,
                                                     int64_t max_context = 4096, int64_t step_tokens = 1024,
                                                     int64_t tensor_core_min_rows = 128, int64_t decode_graphs = -1,
-                                                    int64_t side_stream = -1) {
+                                                    int64_t side_stream = -1, int64_t fp4_expert_gemm = -1) {
   gpu::CudaEngineOptions o;
+  o.limits.fp4_expert_gemm = fp4_expert_gemm;
   o.limits.tensor_core_min_rows = tensor_core_min_rows;
   o.limits.decode_graphs = decode_graphs;
   o.limits.side_stream = side_stream;

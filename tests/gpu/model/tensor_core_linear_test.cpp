@@ -50,6 +50,7 @@ TensorCoreLimits limits(int parts = 3) {
   l.expert_in = 5120;
   l.max_expert_rows = 2048 * 6;
   l.weight_scratch_bytes = int64_t{512} << 20;
+  l.fp4_gemm_rows_per_expert = int64_t{1} << 30;  // the FP4 GEMM at every row count (its threshold: below)
   return l;
 }
 
@@ -302,6 +303,7 @@ TEST(TensorCoreLinear, ExpertStreamsKeepTheBits) {
       l.max_expert_rows = m;
       l.weight_scratch_bytes = 5 * out * in * static_cast<int64_t>(sizeof(uint16_t));
       l.expert_streams = streams;
+      l.fp4_expert_gemm = false;  // these FP4 experts take the decode and cuBLAS on the streams
       auto r = TensorCoreLinear::create(l, nullptr);
       ASSERT_TRUE(r.ok()) << r.status().message();
       auto tc = std::move(r).value();
@@ -392,6 +394,17 @@ TEST(TensorCoreLinear, Fp4ExpertGemmAndItsFallback) {
   EXPECT_EQ(cuda::parity::count_bit_diffs(g.first, r.first), 0u) << "a pair with an out-of-window scale must fall back";
   EXPECT_EQ(cuda::parity::count_bit_diffs(g.second, r.second), 0u);
   EXPECT_LE(cuda::parity::rel_to_max(g.second, want(pw.h2)), kTol);
+  // Above fp4_gemm_rows_per_expert routed rows per expert the call takes the decode path too (the scale
+  // restored, so only the threshold sends it there).
+  pw.h2[6].scale[3] = pw.h1[6].scale[3];
+  cudaMemcpy(const_cast<uint8_t*>(pw.l2[6].scale) + 3, &pw.h2[6].scale[3], 1, cudaMemcpyHostToDevice);
+  TensorCoreLimits lt = limits(3);
+  lt.fp4_gemm_rows_per_expert = m / E - 1;
+  auto rt = TensorCoreLinear::create(lt, nullptr);
+  ASSERT_TRUE(rt.ok());
+  const auto t = pair(*rt.value(), d1, d2), r2 = pair(*off_tc, d1, d2), g2 = pair(*on, d1, d2);
+  EXPECT_EQ(cuda::parity::count_bit_diffs(t.second, r2.second), 0u) << "above the rows threshold: the decode path";
+  EXPECT_GT(cuda::parity::count_bit_diffs(g2.second, r2.second), 0u) << "the GEMM again with the scale restored";
 }
 
 // x rows whose magnitudes fp16 alone cannot hold: row r % 6 = 0 plain, 1 x 1e20, 2 x 1e-15,
