@@ -1,18 +1,18 @@
 // ds41 backends/cuda: the grouped FP4 expert GEMM of prefill (expert_gemm_kernels.h has the contract and
 // the numerics).
 //
-// The GEMM (expert_gemm_fp4_kernel): a block of 4 warps owns 128 W rows of one expert's matrix (grid x)
-// and one unit of <= 32 routed rows (grid y; the second matrix of a pair: grid z). Each warp owns 32 W
-// rows (two mma row tiles) and every column of the unit: 3 parts x 32 rows = 96 B columns in 12 column
-// tiles, 96 fp32 accumulators per lane. K streams through a 3-stage cp.async pipeline in steps of 4
-// K tiles (128 K): a stage holds the unit's B fragments of the step as the decode GEMV stages x
-// ([tile][mma][column][lane group] of 4 f16: one conflict-free 8-byte load per fragment), the 128 W
-// rows' 64 bytes of E2M1 codes (rows 80 bytes apart: a lane's word g of each tile is a conflict-free
-// 4-byte load, the fragments' order without the quad transpose) and each row's four scale bytes (one
-// word). Per tile, a lane decodes the 8 codes of each of its 4 rows once (fp4_row_pairs) and multiplies
-// them with every valid column tile: 2 mmas from zero, then acc = fma(d, 2^(scale - 127), acc). The
-// epilogue meets the three parts' accumulators in shared memory and writes y = (hi + (lo + lo2)) 2^(e +
-// 14) row by row (the decode GEMV's block_rows, one K split).
+// The GEMM (expert_gemm_fp4_kernel): a block of 8 warps owns 128 W rows of one expert's matrix (grid x)
+// and one unit of <= 32 routed rows (grid y; the second matrix of a pair: grid z): 3 parts x 32 rows = 96 B
+// columns in 12 column tiles. Warp (wm, wn) owns W rows [32 wm, 32 wm + 32) (two mma row tiles) and column
+// tiles [6 wn, 6 wn + 6): 48 fp32 accumulators per lane, 127 registers, two blocks per SM. K streams
+// through a 3-stage cp.async pipeline in steps of 4 K tiles (128 K): a stage holds the unit's B fragments
+// of the step as the decode GEMV stages x ([tile][mma][column][lane group] of 4 f16: one conflict-free
+// 8-byte load per fragment), the 128 W rows' 64 bytes of E2M1 codes (rows 80 bytes apart: a lane's word g
+// of each tile is a conflict-free 4-byte load, the fragments' order without the quad transpose) and each
+// row's four scale bytes (one word). Per tile, a lane decodes the 8 codes of each of its 4 rows once
+// (fp4_row_pairs) and multiplies them with every valid column tile of its warp: 2 mmas from zero, then
+// acc = fma(d, 2^(scale - 127), acc). The epilogue meets the three parts' accumulators in shared memory
+// and writes y = (hi + (lo + lo2)) 2^(e + 14) row by row (the decode GEMV's block_rows, one K split).
 //
 // Grid order: the W row blocks of a unit are the fastest (a unit's parts, <= 983 KB at K = 5120, stay in
 // L2 while its 18-40 blocks read them) and the units of an expert are adjacent (its W rows are read by
@@ -39,10 +39,14 @@ using tcg::mma_16816;
 using tcg::part_bits;
 using tcg::part_float;
 
-constexpr int kThreads = 128, kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = 32, kRowsPerBlock = kWarps * kRowsPerWarp;  // W rows
-constexpr int kJ = 3 * kExpertGemmRows;                                 // B columns of a unit
-constexpr int kNT = kJ / 8;                                              // column tiles
+// 8 warps: 4 groups of 32 W rows x 2 groups of 6 column tiles (48 accumulators a lane: 2 blocks of 16 warps
+// per SM; with 4 warps of 32 rows x 12 column tiles, 197 registers held an SM at 8 warps and ncu showed a
+// warp issuing every 6.4 cycles, mostly waiting on fixed-latency dependencies).
+constexpr int kThreads = 256, kWarps = kThreads / 32, kWarpsM = 4, kWarpsN = 2;
+constexpr int kRowsPerWarp = 32, kRowsPerBlock = kWarpsM * kRowsPerWarp;  // W rows
+constexpr int kJ = 3 * kExpertGemmRows;                                  // B columns of a unit
+constexpr int kNT = kJ / 8;                                               // column tiles
+constexpr int kNTW = kNT / kWarpsN;                                       // column tiles of a warp
 constexpr int kStepTiles = 4;                                            // K tiles (of 32) per stage
 constexpr int kStages = 3;
 constexpr int kXStageU2 = kStepTiles * 2 * kJ * 4;        // B fragments of a stage (uint2): 24 KB
@@ -51,7 +55,7 @@ constexpr int kWStageBytes = kRowsPerBlock * kWRowStride;  // 10 KB
 constexpr int kSStageBytes = kRowsPerBlock * 4;            // each row's 4 scale bytes
 constexpr int kStageBytes = kXStageU2 * 8 + kWStageBytes + kSStageBytes;
 constexpr int kSmem = kStages * kStageBytes;  // ~104 KB: two blocks per SM
-constexpr int kRedFloats = kWarps * 2 * kNT * 4 * 32;
+constexpr int kRedFloats = kWarps * 2 * kNTW * 4 * 32;
 static_assert(kRedFloats * 4 <= kSmem, "the epilogue's accumulators reuse the stages");
 constexpr int kSplitThreads = 128;
 constexpr int64_t kMaxIn = 16384;  // the parts' uint2 offsets of a row stay 32-bit; K tiles per step
@@ -149,6 +153,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   uint8_t* const sm = reinterpret_cast<uint8_t*>(smem);
   dev::pdl_enter();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, g = lane & 3;
+  const int wm = warp % kWarpsM, wn = warp / kWarpsM;  // the warp's W rows and column tiles
   const ExpertGemmUnit u = units[blockIdx.y];
   const bool second = blockIdx.z != 0;
   const DeviceWeight w = (second ? weights2 : weights)[u.expert];
@@ -163,22 +168,22 @@ __global__ void __launch_bounds__(kThreads, 2)
   // bytes of parts: 48 pieces of 16, piece q = (tile * 2 + mma) * 6 + c landing at (tile * 2 + mma) * 3072 +
   // 96 b + 16 c in the stage), the block's W rows (rows past out_dim read the last row: their outputs are not
   // written) and their scale words. The copies a thread issues are fixed at the start: warps 0-2 copy the
-  // B fragments (thread t: piece t % 48 of rows t / 48, + 2, + 4, ...), warp 3 the W rows (lane l: rows
-  // l + 32 i, four pieces each) and their scale words. One cp.async group per thread and call.
+  // B fragments (thread t: piece t % 48 of rows t / 48, + 4, + 8, ...), warps 6-7 the W rows (thread 192 + l:
+  // rows l + 64 i, four pieces each) and their scale words. One cp.async group per thread and call.
   const int64_t row_bytes = static_cast<int64_t>(tiles) * 192;
   const int xq = tid % 48, xb0 = tid / 48;
   const int x_soff = (xq / 6) * (kJ * 32) + (xq % 6) * 16;
   const uint8_t* const x_g = reinterpret_cast<const uint8_t*>(xp) + xb0 * row_bytes + xq * 16;
   auto load = [&](int slot, int k) {
     uint8_t* const base = sm + slot * kStageBytes;
-    if (warp < 3) {
+    if (warp < 6) {
       const uint8_t* src = x_g + k * (kStepTiles * 192);
-      for (int b = xb0; b < nrows; b += 2, src += 2 * row_bytes) dev::cp_async16(base + x_soff + 96 * b, src);
+      for (int b = xb0; b < nrows; b += 4, src += 4 * row_bytes) dev::cp_async16(base + x_soff + 96 * b, src);
     } else {
       uint8_t* const ws = base + kXStageU2 * 8;
 #pragma unroll
-      for (int i = 0; i < kRowsPerBlock / 32; ++i) {
-        const int row = lane + 32 * i;
+      for (int i = 0; i < kRowsPerBlock / 64; ++i) {
+        const int row = tid - 192 + 64 * i;
         const int64_t o = min(o0 + row, out_dim - 1);
         const uint8_t* src = w.data + o * half_in + k * (kStepTiles * 16);
 #pragma unroll
@@ -189,11 +194,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     dev::cp_async_commit();
   };
 
-  float acc[2][kNT][4];
+  float acc[2][kNTW][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int c = 0; c < kNT; ++c)
+    for (int c = 0; c < kNTW; ++c)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][c][i] = 0.f;
 
@@ -204,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     else
       dev::cp_async_commit();
   }
-  const int row_a = warp * kRowsPerWarp + r;  // the lane's rows: row_a + 16 mt (+ 8)
+  const int row_a = wm * kRowsPerWarp + r;  // the lane's rows: row_a + 16 mt (+ 8)
   for (int k = 0; k < steps; ++k) {
     dev::cp_async_wait<kStages - 2>();  // this thread's copies of step k have landed
     __syncthreads();                    // everyone's, and everyone is done with step k - 1's stage
@@ -249,10 +254,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       // Column tile c's fragments: column 8c + r (columns past the unit's 3 nrows read stale values:
       // their D columns are never read, and a D column depends on its own B column only).
-      const uint2* xb = st.xs + ((j * 2) * kJ + r) * 4 + g;
+      const uint2* xb = st.xs + ((j * 2) * kJ + kNTW * 8 * wn + r) * 4 + g;
 #pragma unroll
-      for (int c = 0; c < kNT; ++c) {
-        if (c < nt) {
+      for (int c = 0; c < kNTW; ++c) {
+        if (kNTW * wn + c < nt) {
           const uint2 b0 = xb[c * 32], b1 = xb[c * 32 + kJ * 4];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
@@ -270,26 +275,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   dev::cp_async_wait<0>();
   __syncthreads();  // the stages are free: the accumulators meet there
-  float* red = smem;  // [warp][mt][column tile][entry][lane]
+  float* red = smem;  // [warp][mt][the warp's column tile][entry][lane]
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int c = 0; c < kNT; ++c)
+    for (int c = 0; c < kNTW; ++c)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[(((warp * 2 + mt) * kNT + c) * 4 + i) * 32 + lane] = acc[mt][c][i];
+      for (int i = 0; i < 4; ++i) red[(((warp * 2 + mt) * kNTW + c) * 4 + i) * 32 + lane] = acc[mt][c][i];
   __syncthreads();
-  // Output (row, b): W row o0 + row, routed row row0 + b. Part p is column j = 3b + p: column tile j / 8,
-  // lane 4 (row % 8) + (j % 8) / 2, entry (j % 2) + 2 (row % 16 >= 8) of the row's warp and row tile.
+  // Output (row, b): W row o0 + row, routed row row0 + b. Part p is column j = 3b + p: column tile j / 8 (of
+  // the warp wm + 4 (j / 8 / 6) of the row's group), lane 4 (row % 8) + (j % 8) / 2, entry (j % 2) + 2 (row %
+  // 16 >= 8) of the row tile.
   for (int q = tid; q < kRowsPerBlock * nrows; q += kThreads) {
     const int b = q / kRowsPerBlock, row = q - b * kRowsPerBlock;
     const int64_t o = o0 + row;
     if (o >= out_dim) continue;
-    const int wp = row >> 5, mt = (row >> 4) & 1, rr = row & 15;
+    const int rwm = row >> 5, mt = (row >> 4) & 1, rr = row & 15;
     float part[3];
 #pragma unroll
     for (int p = 0; p < 3; ++p) {
-      const int j = 3 * b + p, c = j >> 3, jj = j & 7, ln = 4 * (rr & 7) + (jj >> 1), i = (rr >= 8 ? 2 : 0) + (jj & 1);
-      part[p] = red[(((wp * 2 + mt) * kNT + c) * 4 + i) * 32 + ln];
+      const int j = 3 * b + p, cg = j >> 3, jj = j & 7, ln = 4 * (rr & 7) + (jj >> 1), i = (rr >= 8 ? 2 : 0) + (jj & 1);
+      const int wp = rwm + kWarpsM * (cg / kNTW), c = cg % kNTW;
+      part[p] = red[(((wp * 2 + mt) * kNTW + c) * 4 + i) * 32 + ln];
     }
     const int64_t rowg = static_cast<int64_t>(u.row0) + b;
     out[rowg * out_dim + o] = scalbnf(part[0] + (part[1] + part[2]), ex[rowg] + 14);
