@@ -39,14 +39,23 @@ using tcg::mma_16816;
 using tcg::part_bits;
 using tcg::part_float;
 
-// 8 warps: 4 groups of 32 W rows x 2 groups of 6 column tiles (48 accumulators a lane: 2 blocks of 16 warps
-// per SM; with 4 warps of 32 rows x 12 column tiles, 197 registers held an SM at 8 warps and ncu showed a
-// warp issuing every 6.4 cycles, mostly waiting on fixed-latency dependencies).
-constexpr int kThreads = 256, kWarps = kThreads / 32, kWarpsM = 4, kWarpsN = 2;
+// The block's warps: 4 groups of 32 W rows x WN groups of 12 / WN column tiles. WN = 1 (the default): 4
+// warps of 12 column tiles, 96 accumulators a lane, 207 registers (197 as timed), 8 warps per SM (ncu on
+// the H100: a warp issues every 6.4 cycles, mostly waiting on fixed-latency dependencies; 167 TFLOP/s for
+// the pair at chunk 4096). WN = 2 (DS41_TC_FP4_GEMM_WARPS8=1, not yet timed on a device): 8 warps of 6
+// column tiles, 48 accumulators, 127 registers, 16 warps per SM.
+constexpr int kWarpsM = 4;
 constexpr int kRowsPerWarp = 32, kRowsPerBlock = kWarpsM * kRowsPerWarp;  // W rows
 constexpr int kJ = 3 * kExpertGemmRows;                                  // B columns of a unit
 constexpr int kNT = kJ / 8;                                               // column tiles
-constexpr int kNTW = kNT / kWarpsN;                                       // column tiles of a warp
+template <int WN>
+struct Layout {
+  static constexpr int kThreads = 32 * kWarpsM * WN;
+  static constexpr int kNTW = kNT / WN;        // column tiles of a warp
+  static constexpr int kXWarps = 3 * WN;       // warps copying B fragments: 48 pieces per row, kXRows rows a round
+  static constexpr int kXRows = 2 * WN;
+  static constexpr int kWThreads = 32 * WN;    // the other warps' threads copy the W rows
+};
 constexpr int kStepTiles = 4;                                            // K tiles (of 32) per stage
 constexpr int kStages = 3;
 constexpr int kXStageU2 = kStepTiles * 2 * kJ * 4;        // B fragments of a stage (uint2): 24 KB
@@ -55,9 +64,10 @@ constexpr int kWStageBytes = kRowsPerBlock * kWRowStride;  // 10 KB
 constexpr int kSStageBytes = kRowsPerBlock * 4;            // each row's 4 scale bytes
 constexpr int kStageBytes = kXStageU2 * 8 + kWStageBytes + kSStageBytes;
 constexpr int kSmem = kStages * kStageBytes;  // ~104 KB: two blocks per SM
-constexpr int kRedFloats = kWarps * 2 * kNTW * 4 * 32;
+constexpr int kRedFloats = kWarpsM * 2 * kNT * 4 * 32;  // any WN: warps x column tiles of a warp = 4 x 12
 static_assert(kRedFloats * 4 <= kSmem, "the epilogue's accumulators reuse the stages");
 constexpr int kSplitThreads = 128;
+int warps8_for_tests = -1;  // set_expert_gemm_warps8_for_tests
 constexpr int64_t kMaxIn = 16384;  // the parts' uint2 offsets of a row stay 32-bit; K tiles per step
 
 // ---- The split: one block per routed row ----
@@ -144,7 +154,8 @@ struct Stage {
       : xs(reinterpret_cast<uint2*>(base)), ws(base + kXStageU2 * 8), ss(base + kXStageU2 * 8 + kWStageBytes) {}
 };
 
-__global__ void __launch_bounds__(kThreads, 2)
+template <int WN>
+__global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
     expert_gemm_fp4_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                            const ExpertGemmUnit* __restrict__ units, int64_t out_dim, int64_t in,
                            const uint2* __restrict__ parts, const int32_t* __restrict__ ex, float* __restrict__ y,
@@ -152,6 +163,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) float smem[];  // the host emulator's rewrite expects this spelling
   uint8_t* const sm = reinterpret_cast<uint8_t*>(smem);
   dev::pdl_enter();
+  using L = Layout<WN>;
+  constexpr int kThreads = L::kThreads, kNTW = L::kNTW;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, g = lane & 3;
   const int wm = warp % kWarpsM, wn = warp / kWarpsM;  // the warp's W rows and column tiles
   const ExpertGemmUnit u = units[blockIdx.y];
@@ -167,23 +180,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Step k into stage slot: the unit's B fragments of tiles [4k, 4k + 4) (a row's step is 768 contiguous
   // bytes of parts: 48 pieces of 16, piece q = (tile * 2 + mma) * 6 + c landing at (tile * 2 + mma) * 3072 +
   // 96 b + 16 c in the stage), the block's W rows (rows past out_dim read the last row: their outputs are not
-  // written) and their scale words. The copies a thread issues are fixed at the start: warps 0-2 copy the
-  // B fragments (thread t: piece t % 48 of rows t / 48, + 4, + 8, ...), warps 6-7 the W rows (thread 192 + l:
-  // rows l + 64 i, four pieces each) and their scale words. One cp.async group per thread and call.
+  // written) and their scale words. The copies a thread issues are fixed at the start: warps [0, 3 WN) copy
+  // the B fragments (thread t: piece t % 48 of rows t / 48, + 2 WN, ...), the last WN warps the W rows
+  // (thread l of them: rows l + 32 WN i, four pieces each) and their scale words. One cp.async group per
+  // thread and call.
   const int64_t row_bytes = static_cast<int64_t>(tiles) * 192;
   const int xq = tid % 48, xb0 = tid / 48;
   const int x_soff = (xq / 6) * (kJ * 32) + (xq % 6) * 16;
   const uint8_t* const x_g = reinterpret_cast<const uint8_t*>(xp) + xb0 * row_bytes + xq * 16;
   auto load = [&](int slot, int k) {
     uint8_t* const base = sm + slot * kStageBytes;
-    if (warp < 6) {
+    if (warp < L::kXWarps) {
       const uint8_t* src = x_g + k * (kStepTiles * 192);
-      for (int b = xb0; b < nrows; b += 4, src += 4 * row_bytes) dev::cp_async16(base + x_soff + 96 * b, src);
+      for (int b = xb0; b < nrows; b += L::kXRows, src += L::kXRows * row_bytes)
+        dev::cp_async16(base + x_soff + 96 * b, src);
     } else {
       uint8_t* const ws = base + kXStageU2 * 8;
 #pragma unroll
-      for (int i = 0; i < kRowsPerBlock / 64; ++i) {
-        const int row = tid - 192 + 64 * i;
+      for (int i = 0; i < kRowsPerBlock / L::kWThreads; ++i) {
+        const int row = tid - 32 * L::kXWarps + L::kWThreads * i;
         const int64_t o = min(o0 + row, out_dim - 1);
         const uint8_t* src = w.data + o * half_in + k * (kStepTiles * 16);
 #pragma unroll
@@ -305,6 +320,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 }  // namespace
 
+void set_expert_gemm_warps8_for_tests(int mode) { warps8_for_tests = mode; }
+
 int64_t expert_gemm_max_units(int64_t m_max, int64_t E) { return m_max / kExpertGemmRows + E + 1; }
 
 int64_t expert_gemm_units(const int64_t* off, int64_t E, ExpertGemmUnit* units) {
@@ -358,15 +375,22 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
   if (n_units < 0 || n_units > 65535) return invalid_argument("expert GEMM: units " + std::to_string(n_units));
   if (n_units == 0) return ok_status();
   static const bool smem_ok = [] {
-    return cudaFuncSetAttribute(reinterpret_cast<const void*>(expert_gemm_fp4_kernel),
+    return cudaFuncSetAttribute(reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1>),
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess &&
+           cudaFuncSetAttribute(reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2>),
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
   }();
   if (!smem_ok) return internal_error("expert GEMM: the device does not give " + std::to_string(kSmem) +
                                       " bytes of shared memory to a block");
   const dim3 grid(static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(n_units), weights2 ? 2u : 1u);
-  launch(expert_gemm_fp4_kernel, grid, kThreads, kSmem, stream, weights, weights2, units, out_dim, in_dim, parts, ex,
-         y, y2);
+  static const bool eight = switch_opt_in("DS41_TC_FP4_GEMM_WARPS8");
+  if (warps8_for_tests >= 0 ? warps8_for_tests != 0 : eight)
+    launch(expert_gemm_fp4_kernel<2>, grid, Layout<2>::kThreads, kSmem, stream, weights, weights2, units, out_dim,
+           in_dim, parts, ex, y, y2);
+  else
+    launch(expert_gemm_fp4_kernel<1>, grid, Layout<1>::kThreads, kSmem, stream, weights, weights2, units, out_dim,
+           in_dim, parts, ex, y, y2);
   return last_launch_status("expert_gemm_fp4_kernel");
 }
 

@@ -68,6 +68,11 @@ Status run_fp4_scales_outside_window(const DeviceWeight* weights, int64_t E, int
 // from weights, a DEVICE array), from run_expert_gemm_split's parts / ex. weights2 / y2 (both or neither):
 // the second matrix of a pair over the same rows (the MoE's w1 and w3), in the same launch. Rows of y
 // not in a unit are not written.
+// The block layout (expert_gemm_kernels.cu Layout): 4 warps of 32 W rows x 12 column tiles by default;
+// DS41_TC_FP4_GEMM_WARPS8=1 takes 8 warps of 32 rows x 6 column tiles (the same arithmetic per output, so the
+// same bits; not yet timed). Tests: 1 / 0 force one, -1 the switch.
+void set_expert_gemm_warps8_for_tests(int mode);
+
 Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,
                            int64_t n_units, int64_t out_dim, int64_t in_dim, const uint2* parts, const int32_t* ex,
                            float* y, float* y2, cudaStream_t stream);

@@ -7,7 +7,8 @@
 //   - x rows of every magnitude (1e20, 1e-15, zeros, elements spread over 40 decades, plain): each routed
 //     row is compared with its own largest |y| (rows are independent), tolerance 2e-5 as the tensor-core
 //     prefill linears (exact products, fp32 sums in the tensor core's order);
-//   - a pair (two matrices in one launch) gives each matrix the bits of its own launch;
+//   - a pair (two matrices in one launch) gives each matrix the bits of its own launch, and the 8-warp block
+//     layout the 4-warp layout's bits;
 //   - row-count invariance: a routed row gets the same bits in a unit of 1 row and in full units;
 //   - rows of y outside the units are not written (NaN sentinel);
 //   - the scale check counts the bytes outside the fast window (and none for in-window weights).
@@ -155,6 +156,12 @@ TEST(ExpertGemmParity, MatchesTheCpuOp) {
     const GemmOut single2 = run_gemm(p, w2, nullptr, p.off, m_pad);
     const std::string shape = "fp4 " + parity::dims({c.out, c.in}) + " E=" + std::to_string(p.E) +
                               " m=" + std::to_string(m);
+    // The 8-warp layout (DS41_TC_FP4_GEMM_WARPS8): the same operations per output, so the same bits.
+    set_expert_gemm_warps8_for_tests(1);
+    const GemmOut pair8 = run_gemm(p, w1, &w2, p.off, m_pad);
+    set_expert_gemm_warps8_for_tests(-1);
+    EXPECT_EQ(parity::count_bit_diffs(pair8.y, pair.y), 0u) << shape << ": 8 warps, first matrix";
+    EXPECT_EQ(parity::count_bit_diffs(pair8.y2, pair.y2), 0u) << shape << ": 8 warps, second matrix";
     std::vector<float> g1(pair.y.begin(), pair.y.begin() + m * c.out), g2(pair.y2.begin(), pair.y2.begin() + m * c.out);
     parity::report("expert gemm", shape + " w1", worst_row_error(g1, cpu_ref(p, p.w1), m, c.out), kTol, kWhy);
     EXPECT_LE(worst_row_error(g1, cpu_ref(p, p.w1), m, c.out), kTol) << shape;
