@@ -33,11 +33,12 @@
 namespace ds41::cuda {
 namespace {
 
-using tcg::fp4_kofs;
 using tcg::fp4_row_pairs;
 using tcg::mma_16816;
-using tcg::part_bits;
-using tcg::part_float;
+
+struct Fp4Order {  // the K order of fp4_row_pairs' fragments, for tcg::stage_fragments
+  __host__ __device__ static constexpr int kofs(int m, int s) { return tcg::fp4_kofs(m, s); }
+};
 
 // The block's warps: 4 groups of 32 W rows x WN groups of 12 / WN column tiles. WN = 1 (the default): 4
 // warps of 12 column tiles, 96 accumulators a lane, 207 registers (197 as timed), 8 warps per SM (ncu on
@@ -68,7 +69,7 @@ constexpr int kRedFloats = kWarpsM * 2 * kNT * 4 * 32;  // any WN: warps x colum
 static_assert(kRedFloats * 4 <= kSmem, "the epilogue's accumulators reuse the stages");
 constexpr int kSplitThreads = 128;
 int warps8_for_tests = -1;  // set_expert_gemm_warps8_for_tests
-constexpr int64_t kMaxIn = 16384;  // the parts' uint2 offsets of a row stay 32-bit; K tiles per step
+constexpr int64_t kMaxIn = 16384;  // K of a call (the loader's per-row offsets are int)
 
 // ---- The split: one block per routed row ----
 // The decode GEMV's staging (tc_gemv_kernels.cu stage_x) of one row: e = ilogb(max |x|) - 14 (0 for a
@@ -97,11 +98,9 @@ __global__ void __launch_bounds__(kSplitThreads)
   if (tid == 0) {
     float mx = 0.f;
     for (int w = 0; w < kSplitThreads / 32; ++w) mx = fmaxf(mx, red[w]);
-    const int e = (mx > 0.f && isfinite(mx)) ? ilogbf(mx) - 14 : 0;  // in [-163, 113]
+    const int e = tcg::stage_exponent(mx);
     ex[i] = e;
-    const int a = min(-e, 127), b = -e - a;
-    inv_s[0] = __uint_as_float(static_cast<uint32_t>(127 + a) << 23);
-    inv_s[1] = __uint_as_float(static_cast<uint32_t>(127 + b) << 23);
+    tcg::stage_factors(e, inv_s[0], inv_s[1]);
   }
   __syncthreads();
   const float i0f = inv_s[0], i1f = inv_s[1];
@@ -111,23 +110,12 @@ __global__ void __launch_bounds__(kSplitThreads)
     const float4 v0 = __ldg(xr + 8 * t + 2 * g), v1 = __ldg(xr + 8 * t + 2 * g + 1);
     const float f[8] = {v0.x * i0f * i1f, v0.y * i0f * i1f, v0.z * i0f * i1f, v0.w * i0f * i1f,
                         v1.x * i0f * i1f, v1.y * i0f * i1f, v1.z * i0f * i1f, v1.w * i0f * i1f};
+    uint2 fr[2][3];
+    tcg::stage_fragments<false, Fp4Order>(f, fr);
 #pragma unroll
-    for (int mm = 0; mm < 2; ++mm) {
-      uint32_t h[3][4];
+    for (int mm = 0; mm < 2; ++mm)
 #pragma unroll
-      for (int sl = 0; sl < 4; ++sl) {
-        const float val = f[fp4_kofs(mm, sl)];
-        const uint32_t p0 = part_bits<false>(val);
-        const float r1 = val - part_float<false>(p0);
-        const uint32_t p1 = part_bits<false>(r1);
-        h[0][sl] = p0;
-        h[1][sl] = p1;
-        h[2][sl] = part_bits<false>(r1 - part_float<false>(p1));
-      }
-#pragma unroll
-      for (int p = 0; p < 3; ++p)
-        pr[((t * 2 + mm) * 3 + p) * 4 + g] = make_uint2(h[p][0] | (h[p][1] << 16), h[p][2] | (h[p][3] << 16));
-    }
+      for (int p = 0; p < 3; ++p) pr[((t * 2 + mm) * 3 + p) * 4 + g] = fr[mm][p];
   }
 }
 
@@ -195,15 +183,15 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
       for (int b = xb0; b < nrows; b += L::kXRows, src += L::kXRows * row_bytes)
         dev::cp_async16(base + x_soff + 96 * b, src);
     } else {
-      uint8_t* const ws = base + kXStageU2 * 8;
+      const Stage st(base);
 #pragma unroll
       for (int i = 0; i < kRowsPerBlock / L::kWThreads; ++i) {
         const int row = tid - 32 * L::kXWarps + L::kWThreads * i;
         const int64_t o = min(o0 + row, out_dim - 1);
         const uint8_t* src = w.data + o * half_in + k * (kStepTiles * 16);
 #pragma unroll
-        for (int j = 0; j < kStepTiles; ++j) dev::cp_async16(ws + row * kWRowStride + 16 * j, src + 16 * j);
-        dev::cp_async4(ws + kWStageBytes + 4 * row, w.scale + o * tiles + k * kStepTiles);
+        for (int j = 0; j < kStepTiles; ++j) dev::cp_async16(st.ws + row * kWRowStride + 16 * j, src + 16 * j);
+        dev::cp_async4(st.ss + 4 * row, w.scale + o * tiles + k * kStepTiles);
       }
     }
     dev::cp_async_commit();

@@ -119,4 +119,39 @@ __device__ __forceinline__ void fp4_row_pairs(uint32_t w, uint32_t (&p)[4]) {
 // 2, 3 = b1's) for fp4_row_pairs' fragments: a0 = (pa[0], pb[0], pa[1], pb[1]), a1 = the pairs 2, 3.
 __host__ __device__ constexpr int fp4_kofs(int m, int s) { return 2 * m + ((s & 1) ? 4 : 0) + (s >> 1); }
 
+// x staged for the mma's B operand (the decode GEMV's stage_x, the FP4 expert GEMM's split): a row's
+// exponent e = ilogb(max |x|) - 14 (subnormal maxima included; 0 for zero, inf or NaN, which propagate), in
+// [-163, 113], so that x' = x 2^-e has its largest |x'| in [2^14, 2^15).
+__device__ __forceinline__ int stage_exponent(float max_abs) {
+  return (max_abs > 0.f && isfinite(max_abs)) ? ilogbf(max_abs) - 14 : 0;
+}
+// 2^-e as one or two exact power-of-two factors (2^-e up to 2^163): x' = x * f0 * f1.
+__device__ __forceinline__ void stage_factors(int e, float& f0, float& f1) {
+  const int a = min(-e, 127), b = -e - a;
+  f0 = __uint_as_float(static_cast<uint32_t>(127 + a) << 23);
+  f1 = __uint_as_float(static_cast<uint32_t>(127 + b) << 23);
+}
+// A lane group's 8 values of x' (f, in K order) as its B fragments: out[m][p] = (b0, b1) of mma m and part p
+// (hi = the 16-bit rounding of x', lo = of the rest, lo2 = of the rest of that; the differences are exact in
+// fp32), slot s of mma m holding f[Order::kofs(m, s)].
+template <bool kBf, class Order>
+__device__ __forceinline__ void stage_fragments(const float (&f)[8], uint2 (&out)[2][3]) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    uint32_t h[3][4];
+#pragma unroll
+    for (int sl = 0; sl < 4; ++sl) {
+      const float val = f[Order::kofs(m, sl)];
+      const uint32_t p0 = part_bits<kBf>(val);
+      const float r1 = val - part_float<kBf>(p0);
+      const uint32_t p1 = part_bits<kBf>(r1);
+      h[0][sl] = p0;
+      h[1][sl] = p1;
+      h[2][sl] = part_bits<kBf>(r1 - part_float<kBf>(p1));
+    }
+#pragma unroll
+    for (int p = 0; p < 3; ++p) out[m][p] = make_uint2(h[p][0] | (h[p][1] << 16), h[p][2] | (h[p][3] << 16));
+  }
+}
+
 }  // namespace ds41::cuda::tcg

@@ -544,13 +544,9 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
     if (tid < nb) {
       float m = 0.f;
       for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red[w * NB + tid]);
-      // e = ilogb(max |x|) - 14 (subnormal maxima included); 0 for zero, inf or NaN (propagated).
-      const int e = (m > 0.f && isfinite(m)) ? ilogbf(m) - 14 : 0;  // in [-163, 113]
+      const int e = stage_exponent(m);
       ex[tid] = e;
-      // x * 2^-e as one or two exact power-of-two products (2^-e up to 2^163).
-      const int a = min(-e, 127), b = -e - a;
-      inv_s[tid][0] = __uint_as_float(static_cast<uint32_t>(127 + a) << 23);
-      inv_s[tid][1] = __uint_as_float(static_cast<uint32_t>(127 + b) << 23);
+      stage_factors(e, inv_s[tid][0], inv_s[tid][1]);
     }
   };
   // The lane group's 8 K of tile t of row b: two float4 of x (D::x_float4: K 8g .. 8g + 7, or Fp8x2's
@@ -572,23 +568,12 @@ __device__ void stage_x(const float* __restrict__ x, int64_t ldx, int nb, int64_
     const float i0f = inv_s[b][0], i1f = inv_s[b][1];
     const float f[8] = {v[0].x * i0f * i1f, v[0].y * i0f * i1f, v[0].z * i0f * i1f, v[0].w * i0f * i1f,
                         v[1].x * i0f * i1f, v[1].y * i0f * i1f, v[1].z * i0f * i1f, v[1].w * i0f * i1f};
+    uint2 fr[2][3];
+    stage_fragments<D::kBf, D>(f, fr);
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      uint32_t h[3][4];
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int sl = 0; sl < 4; ++sl) {
-        const float val = f[D::kofs(m, sl)];
-        const uint32_t p0 = part_bits<D::kBf>(val);
-        const float r1 = val - part_float<D::kBf>(p0);
-        const uint32_t p1 = part_bits<D::kBf>(r1);
-        h[0][sl] = p0;
-        h[1][sl] = p1;
-        h[2][sl] = part_bits<D::kBf>(r1 - part_float<D::kBf>(p1));
-      }
-#pragma unroll
-      for (int pt = 0; pt < 3; ++pt)
-        xs[((t * 2 + m) * J + 3 * b + pt) * 4 + g] = make_uint2(h[pt][0] | (h[pt][1] << 16), h[pt][2] | (h[pt][3] << 16));
-    }
+      for (int pt = 0; pt < 3; ++pt) xs[((t * 2 + m) * J + 3 * b + pt) * 4 + g] = fr[m][pt];
   };
   auto max8 = [](const float4 (&v)[2]) {
     return fmaxf(fmaxf(fmaxf(fabsf(v[0].x), fabsf(v[0].y)), fmaxf(fabsf(v[0].z), fabsf(v[0].w))),
