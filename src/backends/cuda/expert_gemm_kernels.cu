@@ -69,6 +69,7 @@ constexpr int kRedFloats = kWarpsM * 2 * kNT * 4 * 32;  // any WN: warps x colum
 static_assert(kRedFloats * 4 <= kSmem, "the epilogue's accumulators reuse the stages");
 constexpr int kSplitThreads = 128;
 int warps8_for_tests = -1;  // set_expert_gemm_warps8_for_tests
+int fold_for_tests = -1;    // set_expert_gemm_fold_for_tests
 constexpr int64_t kMaxIn = 16384;  // K of a call (the loader's per-row offsets are int)
 
 // ---- The split: one block per routed row ----
@@ -133,6 +134,46 @@ __global__ void scales_outside_window_kernel(const DeviceWeight* __restrict__ we
   if ((threadIdx.x & 31) == 0 && bad != 0) atomicAdd(count, bad);
 }
 
+// ---- The step fold (kFold) ----
+// A step's four tiles of a W row carry scale bytes s_0..s_3; with s_min their least and every s_j - s_min <= 15,
+// the row's decoded f16 weights of tile j times 2^(s_j - s_min) are exact (a power of two, the f16 exponent field
+// 0..3 of a decoded E2M1 value plus at most 15: normal; the subnormal 0.5 becomes a normal, zero stays zero), so
+// ONE mma chain over the step's 128 K gives sum_j 2^(s_j - s_min) t_j (t_j: tile j's sum) and one fma with
+// 2^(s_min - 127) adds the step to the accumulator: the same terms as the per-tile fmas, summed in another order
+// (every product stays exact in fp32: |a| <= 6 * 2^1, |x'| < 2^15; the least nonzero product 2^-15 * 2^-24 is
+// normal). A quarter of the fmas, and each waits on one chain of 8 mmas instead of 2.
+__device__ __forceinline__ uint32_t byte_min(uint32_t v) {  // the least of v's four bytes
+#if defined(__CUDA_ARCH__)
+  const uint32_t t = __vminu4(v, v >> 16);
+  return __vminu4(t, t >> 8) & 0xffu;
+#else
+  uint32_t m = v & 0xffu;
+  for (int i = 1; i < 4; ++i) m = std::min(m, (v >> (8 * i)) & 0xffu);
+  return m;
+#endif
+}
+// Every byte of v (all >= mn, mn >= 64: the window) within mn + 15: v - (mn - 15) per byte (no borrow) is 15 +
+// s_j - mn, <= 30 iff + 97 keeps bit 7 clear (<= 142 + 97 < 256: no carry).
+__device__ __forceinline__ bool spread_within_15(uint32_t v, uint32_t mn) {
+  return (((v - (mn - 15u) * 0x01010101u) + 0x61616161u) & 0x80808080u) == 0u;
+}
+// f16x2 (2^(s_j - mn), 2^(s_j - mn)): the exponent field 15 + s_j - mn in both halves.
+__device__ __forceinline__ uint32_t fold_factor(uint32_t v, uint32_t mn, int j) {
+  return (((v >> (8 * j)) & 0xffu) + 15u - mn) * 0x04000400u;
+}
+// f16x2 a * f, round to nearest (exact here: f a power of two, no overflow).
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t f) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(f));
+  return d;
+#else
+  const float lo = tcg::part_float<false>(a) * tcg::part_float<false>(f);
+  const float hi = tcg::part_float<false>(a >> 16) * tcg::part_float<false>(f >> 16);
+  return tcg::part_bits<false>(lo) | (tcg::part_bits<false>(hi) << 16);
+#endif
+}
+
 // ---- The GEMM ----
 struct Stage {
   uint2* xs;     // [tile][mma][column][lane group]
@@ -142,7 +183,7 @@ struct Stage {
       : xs(reinterpret_cast<uint2*>(base)), ws(base + kXStageU2 * 8), ss(base + kXStageU2 * 8 + kWStageBytes) {}
 };
 
-template <int WN>
+template <int WN, bool kFold>
 __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
     expert_gemm_fp4_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                            const ExpertGemmUnit* __restrict__ units, int64_t out_dim, int64_t in,
@@ -234,43 +275,115 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
       sa[mt] = *reinterpret_cast<const uint32_t*>(st.ss + 4 * (row_a + 16 * mt));
       sb[mt] = *reinterpret_cast<const uint32_t*>(st.ss + 4 * (row_a + 16 * mt + 8));
     }
-#pragma unroll
-    for (int j = 0; j < kStepTiles; ++j) {
-      uint32_t a0[2][4], a1[2][4];
-      float m0[2], m1[2];
+    // The fold (kFold, "The step fold" above): when every row of the warp has its step's four scale bytes within
+    // 15 of their minimum, one mma chain per output covers the step; else the per-tile products.
+    uint32_t mn_a[2], mn_b[2];
+    bool narrow = kFold;
+    if constexpr (kFold) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        uint32_t pa[4], pb[4];
-        fp4_row_pairs(wa[mt][j], pa);
-        fp4_row_pairs(wb[mt][j], pb);
-        a0[mt][0] = pa[0];
-        a0[mt][1] = pb[0];
-        a0[mt][2] = pa[1];
-        a0[mt][3] = pb[1];
-        a1[mt][0] = pa[2];
-        a1[mt][1] = pb[2];
-        a1[mt][2] = pa[3];
-        a1[mt][3] = pb[3];
-        // 2^(scale - 127): the float with exponent bits = the scale byte (in the window: normal).
-        m0[mt] = __uint_as_float(((sa[mt] >> (8 * j)) & 0xffu) << 23);
-        m1[mt] = __uint_as_float(((sb[mt] >> (8 * j)) & 0xffu) << 23);
+        mn_a[mt] = byte_min(sa[mt]);
+        mn_b[mt] = byte_min(sb[mt]);
+        narrow = narrow && spread_within_15(sa[mt], mn_a[mt]) && spread_within_15(sb[mt], mn_b[mt]);
       }
-      // Column tile c's fragments: column 8c + r (columns past the unit's 3 nrows read stale values:
-      // their D columns are never read, and a D column depends on its own B column only).
-      const uint2* xb = st.xs + ((j * 2) * kJ + kNTW * 8 * wn + r) * 4 + g;
+      narrow = __all_sync(0xffffffffu, narrow);
+    }
+    if (kFold && narrow) {
+      // The row tiles decoded at once: both with 4 warps (227 registers), one at a time with 8 (which then reads
+      // its B fragments twice: both at once spill under the 128-register bound).
+      constexpr int kMtPer = WN == 1 ? 2 : 1;
 #pragma unroll
-      for (int c = 0; c < kNTW; ++c) {
-        if (kNTW * wn + c < nt) {
-          const uint2 b0 = xb[c * 32], b1 = xb[c * 32 + kJ * 4];
+      for (int mq = 0; mq < 2; mq += kMtPer) {
+        uint32_t a[kStepTiles][kMtPer][8];  // [tile][row tile]: a0 (4 registers), a1 (4), times 2^(s_j - s_min)
+        float m0[kMtPer], m1[kMtPer];
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_16816<false>(d, a0[mt], b0.x, b0.y);
-            mma_16816<false>(d, a1[mt], b1.x, b1.y);
-            acc[mt][c][0] = __fmaf_rn(d[0], m0[mt], acc[mt][c][0]);
-            acc[mt][c][1] = __fmaf_rn(d[1], m0[mt], acc[mt][c][1]);
-            acc[mt][c][2] = __fmaf_rn(d[2], m1[mt], acc[mt][c][2]);
-            acc[mt][c][3] = __fmaf_rn(d[3], m1[mt], acc[mt][c][3]);
+        for (int q = 0; q < kMtPer; ++q) {
+          const int mt = mq + q;
+#pragma unroll
+          for (int j = 0; j < kStepTiles; ++j) {
+            uint32_t pa[4], pb[4];
+            fp4_row_pairs(wa[mt][j], pa);
+            fp4_row_pairs(wb[mt][j], pb);
+            const uint32_t fa = fold_factor(sa[mt], mn_a[mt], j), fb = fold_factor(sb[mt], mn_b[mt], j);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              a[j][q][4 * h + 0] = hmul2_bits(pa[2 * h], fa);
+              a[j][q][4 * h + 1] = hmul2_bits(pb[2 * h], fb);
+              a[j][q][4 * h + 2] = hmul2_bits(pa[2 * h + 1], fa);
+              a[j][q][4 * h + 3] = hmul2_bits(pb[2 * h + 1], fb);
+            }
+          }
+          m0[q] = __uint_as_float(mn_a[mt] << 23);  // 2^(s_min - 127)
+          m1[q] = __uint_as_float(mn_b[mt] << 23);
+        }
+        const uint2* xb = st.xs + (kNTW * 8 * wn + r) * 4 + g;
+#pragma unroll
+        for (int c = 0; c < kNTW; ++c) {
+          if (kNTW * wn + c < nt) {
+            uint2 bf[kStepTiles][2];
+#pragma unroll
+            for (int j = 0; j < kStepTiles; ++j) {
+              bf[j][0] = xb[(j * 2) * kJ * 4 + c * 32];
+              bf[j][1] = xb[(j * 2 + 1) * kJ * 4 + c * 32];
+            }
+#pragma unroll
+            for (int q = 0; q < kMtPer; ++q) {
+              float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+              for (int j = 0; j < kStepTiles; ++j) {
+                const uint32_t a0[4] = {a[j][q][0], a[j][q][1], a[j][q][2], a[j][q][3]};
+                const uint32_t a1[4] = {a[j][q][4], a[j][q][5], a[j][q][6], a[j][q][7]};
+                mma_16816<false>(d, a0, bf[j][0].x, bf[j][0].y);
+                mma_16816<false>(d, a1, bf[j][1].x, bf[j][1].y);
+              }
+              float* ac = acc[mq + q][c];
+              ac[0] = __fmaf_rn(d[0], m0[q], ac[0]);
+              ac[1] = __fmaf_rn(d[1], m0[q], ac[1]);
+              ac[2] = __fmaf_rn(d[2], m1[q], ac[2]);
+              ac[3] = __fmaf_rn(d[3], m1[q], ac[3]);
+            }
+          }
+        }
+      }
+    } else {
+  #pragma unroll
+      for (int j = 0; j < kStepTiles; ++j) {
+        uint32_t a0[2][4], a1[2][4];
+        float m0[2], m1[2];
+  #pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          uint32_t pa[4], pb[4];
+          fp4_row_pairs(wa[mt][j], pa);
+          fp4_row_pairs(wb[mt][j], pb);
+          a0[mt][0] = pa[0];
+          a0[mt][1] = pb[0];
+          a0[mt][2] = pa[1];
+          a0[mt][3] = pb[1];
+          a1[mt][0] = pa[2];
+          a1[mt][1] = pb[2];
+          a1[mt][2] = pa[3];
+          a1[mt][3] = pb[3];
+          // 2^(scale - 127): the float with exponent bits = the scale byte (in the window: normal).
+          m0[mt] = __uint_as_float(((sa[mt] >> (8 * j)) & 0xffu) << 23);
+          m1[mt] = __uint_as_float(((sb[mt] >> (8 * j)) & 0xffu) << 23);
+        }
+        // Column tile c's fragments: column 8c + r (columns past the unit's 3 nrows read stale values:
+        // their D columns are never read, and a D column depends on its own B column only).
+        const uint2* xb = st.xs + ((j * 2) * kJ + kNTW * 8 * wn + r) * 4 + g;
+  #pragma unroll
+        for (int c = 0; c < kNTW; ++c) {
+          if (kNTW * wn + c < nt) {
+            const uint2 b0 = xb[c * 32], b1 = xb[c * 32 + kJ * 4];
+  #pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              float d[4] = {0.f, 0.f, 0.f, 0.f};
+              mma_16816<false>(d, a0[mt], b0.x, b0.y);
+              mma_16816<false>(d, a1[mt], b1.x, b1.y);
+              acc[mt][c][0] = __fmaf_rn(d[0], m0[mt], acc[mt][c][0]);
+              acc[mt][c][1] = __fmaf_rn(d[1], m0[mt], acc[mt][c][1]);
+              acc[mt][c][2] = __fmaf_rn(d[2], m1[mt], acc[mt][c][2]);
+              acc[mt][c][3] = __fmaf_rn(d[3], m1[mt], acc[mt][c][3]);
+            }
           }
         }
       }
@@ -309,6 +422,7 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
 }  // namespace
 
 void set_expert_gemm_warps8_for_tests(int mode) { warps8_for_tests = mode; }
+void set_expert_gemm_fold_for_tests(int mode) { fold_for_tests = mode; }
 
 int64_t expert_gemm_max_units(int64_t m_max, int64_t E) { return m_max / kExpertGemmRows + E + 1; }
 
@@ -363,22 +477,28 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
   if (n_units < 0 || n_units > 65535) return invalid_argument("expert GEMM: units " + std::to_string(n_units));
   if (n_units == 0) return ok_status();
   static const bool smem_ok = [] {
-    return cudaFuncSetAttribute(reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1>),
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess &&
-           cudaFuncSetAttribute(reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2>),
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
+    for (const void* f : {reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, false>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, false>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, true>)})
+      if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return false;
+    return true;
   }();
   if (!smem_ok) return internal_error("expert GEMM: the device does not give " + std::to_string(kSmem) +
                                       " bytes of shared memory to a block");
   const dim3 grid(static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(n_units), weights2 ? 2u : 1u);
   static const bool eight = switch_opt_in("DS41_TC_FP4_GEMM_WARPS8");
-  if (warps8_for_tests >= 0 ? warps8_for_tests != 0 : eight)
-    launch(expert_gemm_fp4_kernel<2>, grid, Layout<2>::kThreads, kSmem, stream, weights, weights2, units, out_dim,
-           in_dim, parts, ex, y, y2);
+  static const bool fold_env = switch_opt_in("DS41_TC_FP4_GEMM_FOLD");
+  const bool wide = warps8_for_tests >= 0 ? warps8_for_tests != 0 : eight;
+  const bool fold = fold_for_tests >= 0 ? fold_for_tests != 0 : fold_env;
+  auto go = [&](auto kernel, int threads) {
+    launch(kernel, grid, threads, kSmem, stream, weights, weights2, units, out_dim, in_dim, parts, ex, y, y2);
+  };
+  if (wide)
+    fold ? go(expert_gemm_fp4_kernel<2, true>, Layout<2>::kThreads) : go(expert_gemm_fp4_kernel<2, false>, Layout<2>::kThreads);
   else
-    launch(expert_gemm_fp4_kernel<1>, grid, Layout<1>::kThreads, kSmem, stream, weights, weights2, units, out_dim,
-           in_dim, parts, ex, y, y2);
+    fold ? go(expert_gemm_fp4_kernel<1, true>, Layout<1>::kThreads) : go(expert_gemm_fp4_kernel<1, false>, Layout<1>::kThreads);
   return last_launch_status("expert_gemm_fp4_kernel");
 }
 

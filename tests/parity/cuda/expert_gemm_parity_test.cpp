@@ -10,6 +10,8 @@
 //   - a pair (two matrices in one launch) gives each matrix the bits of its own launch, and the 8-warp block
 //     layout the 4-warp layout's bits;
 //   - row-count invariance: a routed row gets the same bits in a unit of 1 row and in full units;
+//   - the step fold (opt-in): within tolerance, the same bits in both layouts, the per-tile bits for a warp
+//     whose rows' scales span 16 in a step, invariant to the row count;
 //   - rows of y outside the units are not written (NaN sentinel);
 //   - the scale check counts the bytes outside the fast window (and none for in-window weights).
 // Label gpu: skips without a device; scripts/cuda-host-emu/run.sh runs it on the host emulator.
@@ -191,6 +193,80 @@ TEST(ExpertGemmParity, MatchesTheCpuOp) {
     const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad);
     EXPECT_EQ(parity::count_bit_diffs(alone.y, single1.y), 0u) << shape << ": a row alone vs in full units";
   }
+}
+
+// The step fold (DS41_TC_FP4_GEMM_FOLD): a step's four tiles of a row as one mma chain when every row of the
+// warp has the step's scale bytes within 15 of their least. Scales chosen per W row block of 32 (a warp's rows):
+// rows 0..31 hold one row (5) whose every step spans 16 (the warp's vote sends all 32 rows to the per-tile
+// products: their bits are the unfolded kernel's), rows 32..63 one row (40) spanning exactly 15 (folded at the
+// bound: factors up to 2^15), rows 64..95 scales anywhere in the window (mostly wide steps), rows 96..127
+// [100, 115] (always folded), the rest as made ([120, 126]).
+TEST(ExpertGemmParity, StepFoldMatchesTheCpuOp) {
+  DS41_SKIP_WITHOUT_GPU();
+  Problem p = problem(200, 640, {0, 33, 1, 70}, 43000);
+  const int64_t m = p.off[p.E], m_pad = m + 4, tiles = p.in / 32;
+  parity::Rng r(43999);
+  auto pick = [&](int lo, int hi) { return static_cast<uint8_t>(lo + static_cast<int>(r.next() % (hi - lo + 1))); };
+  for (std::vector<HostWeight>* list : {&p.w1, &p.w2})
+    for (HostWeight& w : *list)
+      for (int64_t o = 0; o < p.out; ++o)
+        for (int64_t t = 0; t < tiles; ++t) {
+          uint8_t& sb = w.scale[static_cast<size_t>(o * tiles + t)];
+          const int64_t j = t % 4;
+          if (o == 5) sb = j == 0 ? 110 : j == 1 ? 126 : pick(110, 126);
+          else if (o == 40) sb = j == 0 ? 111 : j == 1 ? 126 : pick(111, 126);
+          else if (o >= 64 && o < 96) sb = pick(64, 191);
+          else if (o >= 96 && o < 128) sb = pick(100, 115);
+        }
+  DevWeightList w1(p.w1), w2(p.w2);
+  set_expert_gemm_fold_for_tests(0);
+  const GemmOut plain = run_gemm(p, w1, &w2, p.off, m_pad);
+  set_expert_gemm_fold_for_tests(1);
+  const GemmOut fold = run_gemm(p, w1, &w2, p.off, m_pad);
+  const GemmOut fold_single = run_gemm(p, w1, nullptr, p.off, m_pad);
+  set_expert_gemm_warps8_for_tests(1);
+  const GemmOut fold8 = run_gemm(p, w1, &w2, p.off, m_pad);
+  set_expert_gemm_warps8_for_tests(-1);
+  const std::string shape = "fp4 " + parity::dims({p.out, p.in}) + " E=" + std::to_string(p.E) + " m=" +
+                            std::to_string(m) + " step fold";
+  std::vector<float> g1(fold.y.begin(), fold.y.begin() + m * p.out), g2(fold.y2.begin(), fold.y2.begin() + m * p.out);
+  const double err1 = worst_row_error(g1, cpu_ref(p, p.w1), m, p.out);
+  parity::report("expert gemm", shape + " w1", err1, kTol, kWhy);
+  EXPECT_LE(err1, kTol) << shape;
+  EXPECT_LE(worst_row_error(g2, cpu_ref(p, p.w2), m, p.out), kTol) << shape;
+  EXPECT_EQ(parity::count_bit_diffs(fold8.y, fold.y), 0u) << shape << ": 8 warps, first matrix";
+  EXPECT_EQ(parity::count_bit_diffs(fold8.y2, fold.y2), 0u) << shape << ": 8 warps, second matrix";
+  EXPECT_EQ(parity::count_bit_diffs(fold_single.y, fold.y), 0u) << shape << ": the pair's first matrix";
+  // Rows 0..31: the warp's vote took the per-tile products (the unfolded bits); rows 32..63 and 96..127 folded
+  // (the terms summed in another order: some outputs' bits differ).
+  size_t same_wide = 0, wide = 0, differ_folded = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t o = 0; o < p.out; ++o) {
+      const size_t q = static_cast<size_t>(i * p.out + o);
+      if (o < 32) {
+        ++wide;
+        same_wide += parity::bits_of(fold.y[q]) == parity::bits_of(plain.y[q]);
+      } else if ((o >= 32 && o < 64) || (o >= 96 && o < 128)) {
+        differ_folded += parity::bits_of(fold.y[q]) != parity::bits_of(plain.y[q]);
+      }
+    }
+  EXPECT_EQ(same_wide, wide) << shape << ": a warp with a row spanning 16 must take the per-tile products";
+  EXPECT_GT(differ_folded, 0u) << shape << ": the folded rows gave the per-tile bits everywhere (fold not taken?)";
+  // Row-count invariance under the fold: every routed row alone in a unit of one.
+  std::vector<int64_t> single_off(1, 0);
+  Problem q = p;
+  q.w1.clear();
+  for (int64_t e = 0; e < p.E; ++e)
+    for (int64_t i = p.off[e]; i < p.off[e + 1]; ++i) {
+      q.w1.push_back(p.w1[e]);
+      single_off.push_back(single_off.back() + 1);
+    }
+  q.E = static_cast<int64_t>(q.w1.size());
+  q.off = single_off;
+  DevWeightList wq(q.w1);
+  const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad);
+  set_expert_gemm_fold_for_tests(-1);
+  EXPECT_EQ(parity::count_bit_diffs(alone.y, fold_single.y), 0u) << shape << ": a row alone vs in full units";
 }
 
 TEST(ExpertGemmParity, ScaleCheckCountsBytesOutsideTheWindow) {
