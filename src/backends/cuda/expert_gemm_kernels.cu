@@ -10,8 +10,10 @@
 // 8-byte load per fragment), the 128 W rows' 64 bytes of E2M1 codes (rows 80 bytes apart: a lane's word g
 // of each tile is a conflict-free 4-byte load, the fragments' order without the quad transpose) and each
 // row's four scale bytes (one word). Per tile, a lane decodes the 8 codes of each of its 4 rows once
-// (fp4_row_pairs) and multiplies them with every valid column tile of its warp: 2 mmas from zero, then
-// acc = fma(d, 2^(scale - 127), acc). The epilogue meets the three parts' accumulators in shared memory
+// (fp4_row_pairs) and multiplies them with every valid column tile of its warp. By default a step is folded
+// ("The step fold" below: the weights of tile j times 2^(s_j - s_min), one chain of 8 mmas from zero, then acc =
+// fma(d, 2^(s_min - 127), acc)); a warp with a row whose step spans more than 15 binades takes the per-tile form
+// (2 mmas from zero, then acc = fma(d, 2^(scale - 127), acc)) for that step. The epilogue meets the three parts' accumulators in shared memory
 // and writes y = (hi + (lo + lo2)) 2^(e + 14) row by row (the decode GEMV's block_rows, one K split).
 //
 // Grid order: the W row blocks of a unit are the fastest (a unit's parts, <= 983 KB at K = 5120, stay in
@@ -41,10 +43,12 @@ struct Fp4Order {  // the K order of fp4_row_pairs' fragments, for tcg::stage_fr
 };
 
 // The block's warps: 4 groups of 32 W rows x WN groups of 12 / WN column tiles. WN = 1 (the default): 4
-// warps of 12 column tiles, 96 accumulators a lane, 207 registers (197 as timed), 8 warps per SM (ncu on
-// the H100: a warp issues every 6.4 cycles, mostly waiting on fixed-latency dependencies; 167 TFLOP/s for
-// the pair at chunk 4096). WN = 2 (DS41_TC_FP4_GEMM_WARPS8=1, not yet timed on a device): 8 warps of 6
-// column tiles, 48 accumulators, 127 registers, 16 warps per SM.
+// warps of 12 column tiles, 96 accumulators a lane, 227 registers with the fold (207 without), 8 warps per SM
+// (ncu on the H200, folded: a warp issues every 5.7 cycles, the tensor pipe 32 % busy, 207 TFLOP/s of MMA work
+// for the pair at chunk 4096; 167 unfolded on the H100). WN = 2 (DS41_TC_FP4_GEMM_WARPS8=1): 8 warps of 6 column
+// tiles, 48 accumulators, 127 registers unfolded, 16 warps per SM; folded it reads its B fragments once per row
+// tile (both at once spill). On the H200 (prefill, 32K / 4096, forced): 4 warps 9,339 tok/s, folded 10,557; 8
+// warps 10,130, folded 9,492: the default is 4 warps folded (docs/perf, session of 2026-12-06 21:19 UTC).
 constexpr int kWarpsM = 4;
 constexpr int kRowsPerWarp = 32, kRowsPerBlock = kWarpsM * kRowsPerWarp;  // W rows
 constexpr int kJ = 3 * kExpertGemmRows;                                  // B columns of a unit
@@ -141,7 +145,9 @@ __global__ void scales_outside_window_kernel(const DeviceWeight* __restrict__ we
 // ONE mma chain over the step's 128 K gives sum_j 2^(s_j - s_min) t_j (t_j: tile j's sum) and one fma with
 // 2^(s_min - 127) adds the step to the accumulator: the same terms as the per-tile fmas, summed in another order
 // (every product stays exact in fp32: |a| <= 6 * 2^1, |x'| < 2^15; the least nonzero product 2^-15 * 2^-24 is
-// normal). A quarter of the fmas, and each waits on one chain of 8 mmas instead of 2.
+// normal). A quarter of the fmas, and each waits on one chain of 8 mmas instead of 2: +13 % prefill at 32K /
+// 4096 and +14 % at 8K / 2048 on the H200 (the GEMM's pair 207 TFLOP/s against 167 unfolded on the H100).
+// DS41_TC_FP4_GEMM_FOLD=0 turns it off (A/B runs).
 __device__ __forceinline__ uint32_t byte_min(uint32_t v) {  // the least of v's four bytes
 #if defined(__CUDA_ARCH__)
   const uint32_t t = __vminu4(v, v >> 16);
@@ -489,7 +495,7 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
   const dim3 grid(static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(n_units), weights2 ? 2u : 1u);
   static const bool eight = switch_opt_in("DS41_TC_FP4_GEMM_WARPS8");
-  static const bool fold_env = switch_opt_in("DS41_TC_FP4_GEMM_FOLD");
+  static const bool fold_env = switch_on("DS41_TC_FP4_GEMM_FOLD");
   const bool wide = warps8_for_tests >= 0 ? warps8_for_tests != 0 : eight;
   const bool fold = fold_for_tests >= 0 ? fold_for_tests != 0 : fold_env;
   auto go = [&](auto kernel, int threads) {

@@ -70,10 +70,10 @@ Status run_fp4_scales_outside_window(const DeviceWeight* weights, int64_t E, int
 // not in a unit are not written.
 // The block layout (expert_gemm_kernels.cu Layout): 4 warps of 32 W rows x 12 column tiles by default;
 // DS41_TC_FP4_GEMM_WARPS8=1 takes 8 warps of 32 rows x 6 column tiles (the same arithmetic per output, so the
-// same bits; not yet timed). Tests: 1 / 0 force one, -1 the switch.
+// same bits; slower folded, docs/perf). Tests: 1 / 0 force one, -1 the switch.
 void set_expert_gemm_warps8_for_tests(int mode);
-// The step fold (expert_gemm_kernels.cu, "The step fold"), opt-in DS41_TC_FP4_GEMM_FOLD=1: a step's four K tiles
-// of a W row as one mma chain, the weights times 2^(s_j - s_min) (exact), where every row of a warp has its
+// The step fold (expert_gemm_kernels.cu, "The step fold"; on unless DS41_TC_FP4_GEMM_FOLD=0): a step's four K
+// tiles of a W row as one mma chain, the weights times 2^(s_j - s_min) (exact), where every row of a warp has its
 // step's scale bytes within 15 of their least (else that step takes the per-tile products): the same terms
 // summed in another order, so not the bits of the per-tile form. Tests: 1 / 0 force it, -1 the switch.
 void set_expert_gemm_fold_for_tests(int mode);

@@ -10,7 +10,7 @@
 //   - a pair (two matrices in one launch) gives each matrix the bits of its own launch, and the 8-warp block
 //     layout the 4-warp layout's bits;
 //   - row-count invariance: a routed row gets the same bits in a unit of 1 row and in full units;
-//   - the step fold (opt-in): within tolerance, the same bits in both layouts, the per-tile bits for a warp
+//   - the step fold (the default): within tolerance, the same bits in both layouts, the per-tile bits for a warp
 //     whose rows' scales span 16 in a step, invariant to the row count;
 //   - rows of y outside the units are not written (NaN sentinel);
 //   - the scale check counts the bytes outside the fast window (and none for in-window weights).
