@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/cp_async.cuh"
@@ -74,6 +75,7 @@ static_assert(kRedFloats * 4 <= kSmem, "the epilogue's accumulators reuse the st
 constexpr int kSplitThreads = 128;
 int warps8_for_tests = -1;  // set_expert_gemm_warps8_for_tests
 int fold_for_tests = -1;    // set_expert_gemm_fold_for_tests
+int group_for_tests = 0;     // set_expert_gemm_group_for_tests
 constexpr int64_t kMaxIn = 16384;  // K of a call (the loader's per-row offsets are int)
 
 // ---- The split: one block per routed row ----
@@ -189,7 +191,7 @@ struct Stage {
       : xs(reinterpret_cast<uint2*>(base)), ws(base + kXStageU2 * 8), ss(base + kXStageU2 * 8 + kWStageBytes) {}
 };
 
-template <int WN, bool kFold>
+template <int WN, bool kFold, int kCG>
 __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
     expert_gemm_fp4_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                            const ExpertGemmUnit* __restrict__ units, int64_t out_dim, int64_t in,
@@ -323,40 +325,83 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
           m1[q] = __uint_as_float(mn_b[mt] << 23);
         }
         const uint2* xb = st.xs + (kNTW * 8 * wn + r) * 4 + g;
+        // kCG = 1: column tile by column tile, each valid one's kMtPer chains of 8 mmas in turn (a branch per
+        // tile). kCG > 1 (DS41_TC_FP4_GEMM_CG): column tiles in groups of kCG; a group runs when its first tile
+        // holds columns of the unit (the rest may multiply stale fragments into accumulators the epilogue never
+        // reads), with no branch inside, so its kCG x kMtPer chains interleave tile by tile.
+        if constexpr (kCG == 1) {
 #pragma unroll
-        for (int c = 0; c < kNTW; ++c) {
-          if (kNTW * wn + c < nt) {
-            uint2 bf[kStepTiles][2];
-#pragma unroll
-            for (int j = 0; j < kStepTiles; ++j) {
-              bf[j][0] = xb[(j * 2) * kJ * 4 + c * 32];
-              bf[j][1] = xb[(j * 2 + 1) * kJ * 4 + c * 32];
-            }
-#pragma unroll
-            for (int q = 0; q < kMtPer; ++q) {
-              float d[4] = {0.f, 0.f, 0.f, 0.f};
+          for (int c = 0; c < kNTW; ++c) {
+            if (kNTW * wn + c < nt) {
+              uint2 bf[kStepTiles][2];
 #pragma unroll
               for (int j = 0; j < kStepTiles; ++j) {
-                const uint32_t a0[4] = {a[j][q][0], a[j][q][1], a[j][q][2], a[j][q][3]};
-                const uint32_t a1[4] = {a[j][q][4], a[j][q][5], a[j][q][6], a[j][q][7]};
-                mma_16816<false>(d, a0, bf[j][0].x, bf[j][0].y);
-                mma_16816<false>(d, a1, bf[j][1].x, bf[j][1].y);
+                bf[j][0] = xb[(j * 2) * kJ * 4 + c * 32];
+                bf[j][1] = xb[(j * 2 + 1) * kJ * 4 + c * 32];
               }
-              float* ac = acc[mq + q][c];
-              ac[0] = __fmaf_rn(d[0], m0[q], ac[0]);
-              ac[1] = __fmaf_rn(d[1], m0[q], ac[1]);
-              ac[2] = __fmaf_rn(d[2], m1[q], ac[2]);
-              ac[3] = __fmaf_rn(d[3], m1[q], ac[3]);
+#pragma unroll
+              for (int q = 0; q < kMtPer; ++q) {
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int j = 0; j < kStepTiles; ++j) {
+                  const uint32_t a0[4] = {a[j][q][0], a[j][q][1], a[j][q][2], a[j][q][3]};
+                  const uint32_t a1[4] = {a[j][q][4], a[j][q][5], a[j][q][6], a[j][q][7]};
+                  mma_16816<false>(d, a0, bf[j][0].x, bf[j][0].y);
+                  mma_16816<false>(d, a1, bf[j][1].x, bf[j][1].y);
+                }
+                float* ac = acc[mq + q][c];
+                ac[0] = __fmaf_rn(d[0], m0[q], ac[0]);
+                ac[1] = __fmaf_rn(d[1], m0[q], ac[1]);
+                ac[2] = __fmaf_rn(d[2], m1[q], ac[2]);
+                ac[3] = __fmaf_rn(d[3], m1[q], ac[3]);
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int cg = 0; cg < kNTW; cg += kCG) {
+            if (kNTW * wn + cg < nt) {
+              float d[kCG][kMtPer][4];
+#pragma unroll
+              for (int ci = 0; ci < kCG; ++ci)
+#pragma unroll
+                for (int q = 0; q < kMtPer; ++q)
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) d[ci][q][i] = 0.f;
+#pragma unroll
+              for (int j = 0; j < kStepTiles; ++j) {
+#pragma unroll
+                for (int ci = 0; ci < kCG; ++ci) {
+                  const uint2 b0 = xb[(j * 2) * kJ * 4 + (cg + ci) * 32], b1 = xb[(j * 2 + 1) * kJ * 4 + (cg + ci) * 32];
+#pragma unroll
+                  for (int q = 0; q < kMtPer; ++q) {
+                    const uint32_t a0[4] = {a[j][q][0], a[j][q][1], a[j][q][2], a[j][q][3]};
+                    const uint32_t a1[4] = {a[j][q][4], a[j][q][5], a[j][q][6], a[j][q][7]};
+                    mma_16816<false>(d[ci][q], a0, b0.x, b0.y);
+                    mma_16816<false>(d[ci][q], a1, b1.x, b1.y);
+                  }
+                }
+              }
+#pragma unroll
+              for (int ci = 0; ci < kCG; ++ci)
+#pragma unroll
+                for (int q = 0; q < kMtPer; ++q) {
+                  float* ac = acc[mq + q][cg + ci];
+                  ac[0] = __fmaf_rn(d[ci][q][0], m0[q], ac[0]);
+                  ac[1] = __fmaf_rn(d[ci][q][1], m0[q], ac[1]);
+                  ac[2] = __fmaf_rn(d[ci][q][2], m1[q], ac[2]);
+                  ac[3] = __fmaf_rn(d[ci][q][3], m1[q], ac[3]);
+                }
             }
           }
         }
       }
     } else {
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kStepTiles; ++j) {
         uint32_t a0[2][4], a1[2][4];
         float m0[2], m1[2];
-  #pragma unroll
+#pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           uint32_t pa[4], pb[4];
           fp4_row_pairs(wa[mt][j], pa);
@@ -376,11 +421,11 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
         // Column tile c's fragments: column 8c + r (columns past the unit's 3 nrows read stale values:
         // their D columns are never read, and a D column depends on its own B column only).
         const uint2* xb = st.xs + ((j * 2) * kJ + kNTW * 8 * wn + r) * 4 + g;
-  #pragma unroll
+#pragma unroll
         for (int c = 0; c < kNTW; ++c) {
           if (kNTW * wn + c < nt) {
             const uint2 b0 = xb[c * 32], b1 = xb[c * 32 + kJ * 4];
-  #pragma unroll
+#pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
               float d[4] = {0.f, 0.f, 0.f, 0.f};
               mma_16816<false>(d, a0[mt], b0.x, b0.y);
@@ -429,6 +474,7 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
 
 void set_expert_gemm_warps8_for_tests(int mode) { warps8_for_tests = mode; }
 void set_expert_gemm_fold_for_tests(int mode) { fold_for_tests = mode; }
+void set_expert_gemm_group_for_tests(int tiles) { group_for_tests = tiles; }
 
 int64_t expert_gemm_max_units(int64_t m_max, int64_t E) { return m_max / kExpertGemmRows + E + 1; }
 
@@ -482,11 +528,16 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
     return invalid_argument("expert GEMM: a pair needs both the second weights and its output");
   if (n_units < 0 || n_units > 65535) return invalid_argument("expert GEMM: units " + std::to_string(n_units));
   if (n_units == 0) return ok_status();
+  // The instantiations: (warps / 4, fold, column tiles per group).
   static const bool smem_ok = [] {
-    for (const void* f : {reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, false>),
-                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, false>),
-                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true>),
-                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, true>)})
+    for (const void* f : {reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, false, 1>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, false, 1>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true, 1>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true, 2>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true, 3>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true, 4>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, true, 1>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, true, 3>)})
       if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return false;
     return true;
   }();
@@ -496,15 +547,28 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
                   static_cast<unsigned>(n_units), weights2 ? 2u : 1u);
   static const bool eight = switch_opt_in("DS41_TC_FP4_GEMM_WARPS8");
   static const bool fold_env = switch_on("DS41_TC_FP4_GEMM_FOLD");
+  static const int cg_env = [] {
+    const char* e = std::getenv("DS41_TC_FP4_GEMM_CG");
+    return e ? std::atoi(e) : 1;
+  }();
   const bool wide = warps8_for_tests >= 0 ? warps8_for_tests != 0 : eight;
   const bool fold = fold_for_tests >= 0 ? fold_for_tests != 0 : fold_env;
+  const int cg = fold ? (group_for_tests > 0 ? group_for_tests : cg_env) : 1;
   auto go = [&](auto kernel, int threads) {
     launch(kernel, grid, threads, kSmem, stream, weights, weights2, units, out_dim, in_dim, parts, ex, y, y2);
   };
-  if (wide)
-    fold ? go(expert_gemm_fp4_kernel<2, true>, Layout<2>::kThreads) : go(expert_gemm_fp4_kernel<2, false>, Layout<2>::kThreads);
-  else
-    fold ? go(expert_gemm_fp4_kernel<1, true>, Layout<1>::kThreads) : go(expert_gemm_fp4_kernel<1, false>, Layout<1>::kThreads);
+  const int t1 = Layout<1>::kThreads, t2 = Layout<2>::kThreads;
+  if (wide) {
+    if (!fold) go(expert_gemm_fp4_kernel<2, false, 1>, t2);
+    else if (cg == 3) go(expert_gemm_fp4_kernel<2, true, 3>, t2);
+    else go(expert_gemm_fp4_kernel<2, true, 1>, t2);
+  } else {
+    if (!fold) go(expert_gemm_fp4_kernel<1, false, 1>, t1);
+    else if (cg == 2) go(expert_gemm_fp4_kernel<1, true, 2>, t1);
+    else if (cg == 3) go(expert_gemm_fp4_kernel<1, true, 3>, t1);
+    else if (cg == 4) go(expert_gemm_fp4_kernel<1, true, 4>, t1);
+    else go(expert_gemm_fp4_kernel<1, true, 1>, t1);
+  }
   return last_launch_status("expert_gemm_fp4_kernel");
 }
 

@@ -77,6 +77,10 @@ void set_expert_gemm_warps8_for_tests(int mode);
 // step's scale bytes within 15 of their least (else that step takes the per-tile products): the same terms
 // summed in another order, so not the bits of the per-tile form. Tests: 1 / 0 force it, -1 the switch.
 void set_expert_gemm_fold_for_tests(int mode);
+// The folded step's column tiles in groups of DS41_TC_FP4_GEMM_CG (1, the default: tile by tile; 4 warps: 2, 3
+// or 4; 8 warps: 3) with no branch between them, so their mma chains interleave (opt-in until timed); the same
+// operations per output, so the folded bits. Tests: the group's tiles, 0 the switch.
+void set_expert_gemm_group_for_tests(int tiles);
 
 Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,
                            int64_t n_units, int64_t out_dim, int64_t in_dim, const uint2* parts, const int32_t* ex,

@@ -10,8 +10,8 @@
 //   - a pair (two matrices in one launch) gives each matrix the bits of its own launch, and the 8-warp block
 //     layout the 4-warp layout's bits;
 //   - row-count invariance: a routed row gets the same bits in a unit of 1 row and in full units;
-//   - the step fold (the default): within tolerance, the same bits in both layouts, the per-tile bits for a warp
-//     whose rows' scales span 16 in a step, invariant to the row count;
+//   - the step fold (the default): within tolerance, the same bits in both layouts and column-tile groupings,
+//     the per-tile bits for a warp whose rows' scales span 16 in a step, invariant to the row count;
 //   - rows of y outside the units are not written (NaN sentinel);
 //   - the scale check counts the bytes outside the fast window (and none for in-window weights).
 // Label gpu: skips without a device; scripts/cuda-host-emu/run.sh runs it on the host emulator.
@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
@@ -226,7 +227,17 @@ TEST(ExpertGemmParity, StepFoldMatchesTheCpuOp) {
   const GemmOut fold_single = run_gemm(p, w1, nullptr, p.off, m_pad);
   set_expert_gemm_warps8_for_tests(1);
   const GemmOut fold8 = run_gemm(p, w1, &w2, p.off, m_pad);
+  // The column tiles in groups (DS41_TC_FP4_GEMM_CG; units of 1, 6 and 32 rows: groups past the unit's columns
+  // multiply stale fragments into accumulators nobody reads): the folded bits.
+  std::vector<std::pair<int, GemmOut>> grouped;
+  set_expert_gemm_group_for_tests(3);
+  grouped.emplace_back(8 * 100 + 3, run_gemm(p, w1, &w2, p.off, m_pad));
   set_expert_gemm_warps8_for_tests(-1);
+  for (int tiles : {2, 3, 4}) {
+    set_expert_gemm_group_for_tests(tiles);
+    grouped.emplace_back(4 * 100 + tiles, run_gemm(p, w1, &w2, p.off, m_pad));
+  }
+  set_expert_gemm_group_for_tests(0);
   const std::string shape = "fp4 " + parity::dims({p.out, p.in}) + " E=" + std::to_string(p.E) + " m=" +
                             std::to_string(m) + " step fold";
   std::vector<float> g1(fold.y.begin(), fold.y.begin() + m * p.out), g2(fold.y2.begin(), fold.y2.begin() + m * p.out);
@@ -237,6 +248,12 @@ TEST(ExpertGemmParity, StepFoldMatchesTheCpuOp) {
   EXPECT_EQ(parity::count_bit_diffs(fold8.y, fold.y), 0u) << shape << ": 8 warps, first matrix";
   EXPECT_EQ(parity::count_bit_diffs(fold8.y2, fold.y2), 0u) << shape << ": 8 warps, second matrix";
   EXPECT_EQ(parity::count_bit_diffs(fold_single.y, fold.y), 0u) << shape << ": the pair's first matrix";
+  for (const auto& [layout, out] : grouped) {
+    EXPECT_EQ(parity::count_bit_diffs(out.y, fold.y), 0u) << shape << ": " << layout / 100 << " warps, groups of "
+                                                          << layout % 100 << " tiles, first matrix";
+    EXPECT_EQ(parity::count_bit_diffs(out.y2, fold.y2), 0u) << shape << ": " << layout / 100 << " warps, groups of "
+                                                            << layout % 100 << " tiles, second matrix";
+  }
   // Rows 0..31: the warp's vote took the per-tile products (the unfolded bits); rows 32..63 and 96..127 folded
   // (the terms summed in another order: some outputs' bits differ).
   size_t same_wide = 0, wide = 0, differ_folded = 0;
