@@ -77,9 +77,10 @@ void set_expert_gemm_warps8_for_tests(int mode);
 // step's scale bytes within 15 of their least (else that step takes the per-tile products): the same terms
 // summed in another order, so not the bits of the per-tile form. Tests: 1 / 0 force it, -1 the switch.
 void set_expert_gemm_fold_for_tests(int mode);
-// The folded step's column tiles in groups of DS41_TC_FP4_GEMM_CG (1, the default: tile by tile; 4 warps: 2, 3
-// or 4; 8 warps: 3) with no branch between them, so their mma chains interleave (opt-in until timed); the same
-// operations per output, so the folded bits. Tests: the group's tiles, 0 the switch.
+// The folded step's column tiles in groups of DS41_TC_FP4_GEMM_CG (4 warps: 2, the default, 3 or 4; 8 warps: 3;
+// 1 or any other value: tile by tile) with no branch between them, so their mma chains interleave (+5 % prefill at
+// 8K / 2048 on the H100); the same operations per output, so the folded bits. Tests: the group's tiles, 0 the
+// switch.
 void set_expert_gemm_group_for_tests(int tiles);
 
 Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,

@@ -227,13 +227,13 @@ TEST(ExpertGemmParity, StepFoldMatchesTheCpuOp) {
   const GemmOut fold_single = run_gemm(p, w1, nullptr, p.off, m_pad);
   set_expert_gemm_warps8_for_tests(1);
   const GemmOut fold8 = run_gemm(p, w1, &w2, p.off, m_pad);
-  // The column tiles in groups (DS41_TC_FP4_GEMM_CG; units of 1, 6 and 32 rows: groups past the unit's columns
-  // multiply stale fragments into accumulators nobody reads): the folded bits.
+  // The column tiles in groups (DS41_TC_FP4_GEMM_CG, the default 2; units of 1, 6 and 32 rows: groups past the
+  // unit's columns multiply stale fragments into accumulators nobody reads) and tile by tile (1): the same bits.
   std::vector<std::pair<int, GemmOut>> grouped;
   set_expert_gemm_group_for_tests(3);
   grouped.emplace_back(8 * 100 + 3, run_gemm(p, w1, &w2, p.off, m_pad));
   set_expert_gemm_warps8_for_tests(-1);
-  for (int tiles : {2, 3, 4}) {
+  for (int tiles : {1, 3, 4}) {
     set_expert_gemm_group_for_tests(tiles);
     grouped.emplace_back(4 * 100 + tiles, run_gemm(p, w1, &w2, p.off, m_pad));
   }
