@@ -112,6 +112,21 @@ std::vector<float> cpu_ref(const Problem& p, const std::vector<HostWeight>& w) {
   return want;
 }
 
+// p with every routed row alone in a unit (offsets of one row per "expert" slot are not expressible, so:
+// each expert's rows cut into single-row experts that point at the same w1 weights).
+Problem one_row_experts(const Problem& p) {
+  Problem q = p;
+  q.w1.clear();
+  q.off.assign(1, 0);
+  for (int64_t e = 0; e < p.E; ++e)
+    for (int64_t i = p.off[e]; i < p.off[e + 1]; ++i) {
+      q.w1.push_back(p.w1[e]);
+      q.off.push_back(q.off.back() + 1);
+    }
+  q.E = static_cast<int64_t>(q.w1.size());
+  return q;
+}
+
 // One run: the split, the units, the GEMM (a pair when w2list is set). y / y2 sized m_pad rows.
 struct GemmOut {
   std::vector<float> y, y2;
@@ -176,20 +191,9 @@ TEST(ExpertGemmParity, MatchesTheCpuOp) {
     for (size_t i = static_cast<size_t>(m * c.out); i < pair.y.size(); ++i)
       touched += parity::bits_of(pair.y[i]) != 0xffffffffu || parity::bits_of(pair.y2[i]) != 0xffffffffu;
     EXPECT_EQ(touched, 0u) << shape << ": rows past the units were written";
-    // Row-count invariance: every routed row alone in its own unit (offsets of one row per "expert"
-    // slot are not expressible, so: each expert's rows in units of 1 by cutting the routing into
-    // single-row experts that point at the same weights).
-    std::vector<int64_t> single_off(1, 0);
-    Problem q = p;
-    q.w1.clear();
-    for (int64_t e = 0; e < p.E; ++e)
-      for (int64_t i = p.off[e]; i < p.off[e + 1]; ++i) {
-        q.w1.push_back(p.w1[e]);
-        single_off.push_back(single_off.back() + 1);
-      }
-    q.E = static_cast<int64_t>(q.w1.size());
+    // Row-count invariance: every routed row alone in its own unit.
+    const Problem q = one_row_experts(p);
     if (q.E == 0) continue;
-    q.off = single_off;
     DevWeightList wq(q.w1);
     const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad);
     EXPECT_EQ(parity::count_bit_diffs(alone.y, single1.y), 0u) << shape << ": a row alone vs in full units";
@@ -270,16 +274,7 @@ TEST(ExpertGemmParity, StepFoldMatchesTheCpuOp) {
   EXPECT_EQ(same_wide, wide) << shape << ": a warp with a row spanning 16 must take the per-tile products";
   EXPECT_GT(differ_folded, 0u) << shape << ": the folded rows gave the per-tile bits everywhere (fold not taken?)";
   // Row-count invariance under the fold: every routed row alone in a unit of one.
-  std::vector<int64_t> single_off(1, 0);
-  Problem q = p;
-  q.w1.clear();
-  for (int64_t e = 0; e < p.E; ++e)
-    for (int64_t i = p.off[e]; i < p.off[e + 1]; ++i) {
-      q.w1.push_back(p.w1[e]);
-      single_off.push_back(single_off.back() + 1);
-    }
-  q.E = static_cast<int64_t>(q.w1.size());
-  q.off = single_off;
+  const Problem q = one_row_experts(p);
   DevWeightList wq(q.w1);
   const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad);
   set_expert_gemm_fold_for_tests(-1);
