@@ -46,9 +46,9 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   const int64_t* kv_offsets = win_offsets_;
   const int32_t* kv_index = win_index_;
   int64_t max_entries = W;
-  auto entries = [&]() -> Status {
-    if (p.ratio == 0) return ok_status();
-    cudaStream_t s = stream_;
+  // The decode-shaped form's arguments (selected_entries), or false for the table form.
+  cuda::SelectedEntriesArgs se;
+  auto selected_args = [&]() -> bool {
     const PlanSource& src = sources_[source_of_layer_[p.kv_owner]];
     const KvPageGeometry& g = pool_->geometry();
     const int64_t comp_base = n + ring_rows_;
@@ -59,39 +59,46 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
     pa.page_bytes = g.page_bytes();
     pa.offset_in_page = g.kv_offset_in_page();
     pa.row_bytes = g.kv_row_bytes;
-    const bool table = !row_invariant_ && src.total_keys < n * K && table_decode_enabled();
-    if (table) {
+    se.pages = pa;
+    se.sel = ws_.sel;
+    se.n = n;
+    se.k = K;
+    se.row_seq = row_seq_;
+    se.op = FakeQuantOp::kKv;
+    se.channels = hd;
+    se.base = pool_->base();
+    se.rows = ws_.kvf + comp_base * hd;
+    se.win_offsets = win_offsets_;
+    se.win_index = win_index_;
+    se.comp_base = comp_base;
+    se.kv_offsets = ws_.kv_offsets;
+    se.kv_index = ws_.kv_index;
+    return row_invariant_ || src.total_keys >= n * K || !table_decode_enabled();
+  };
+  auto entries_listed = [&]() {  // the attention reads the lists the entries' launch wrote
+    kv_offsets = ws_.kv_offsets;
+    kv_index = ws_.kv_index;
+    max_entries = W + K;
+  };
+  auto entries = [&]() -> Status {
+    if (p.ratio == 0) return ok_status();
+    cudaStream_t s = stream_;
+    if (!selected_args()) {
+      const PlanSource& src = sources_[source_of_layer_[p.kv_owner]];
       const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
       DS41_RETURN_IF_ERROR(
-          cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.total_keys, ws_.sel_offsets, s));
+          cuda::run_paged_row_offsets(se.pages, src.key_row_begin, n_seqs, src.total_keys, ws_.sel_offsets, s));
       if (src.total_keys > 0)
         DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kKv, hd, pool_->base(), ws_.sel_offsets,
-                                                          src.total_keys, ws_.kvf + comp_base * hd, s));
-      DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, comp_base,
+                                                          src.total_keys, se.rows, s));
+      DS41_RETURN_IF_ERROR(cuda::run_build_sparse_index(win_offsets_, win_index_, ws_.sel, n, K, se.comp_base,
                                                         ws_.kv_offsets, ws_.kv_index, s, row_seq_,
                                                         src.key_row_begin, src.total_keys));
     } else {
       // Decode-shaped calls: the selections' rows and the entry lists in one launch.
-      cuda::SelectedEntriesArgs se;
-      se.pages = pa;
-      se.sel = ws_.sel;
-      se.n = n;
-      se.k = K;
-      se.row_seq = row_seq_;
-      se.op = FakeQuantOp::kKv;
-      se.channels = hd;
-      se.base = pool_->base();
-      se.rows = ws_.kvf + comp_base * hd;
-      se.win_offsets = win_offsets_;
-      se.win_index = win_index_;
-      se.comp_base = comp_base;
-      se.kv_offsets = ws_.kv_offsets;
-      se.kv_index = ws_.kv_index;
       DS41_RETURN_IF_ERROR(cuda::run_selected_entries(se, ws_.sel_offsets, s));
     }
-    kv_offsets = ws_.kv_offsets;
-    kv_index = ws_.kv_index;
-    max_entries = W + K;
+    entries_listed();
     return ok_status();
   };
 
@@ -108,13 +115,23 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         // Earlier calls' window rows (kvf rows [n, n + ring_rows_)), decoded before this call's rows take
         // their ring slots; then in one launch the norm, the rotation, the ring update (packed from the
         // unquantized rows, as the reference's kvp) and Q_win in place.
+        // A layer that neither writes nor scores keys (Reuse) decodes its selected entries in the same launch
+        // (gx_step_kernels.h run_window_kv_step: one launch for the three where the plan found the ring
+        // slots read and written disjoint, ring_disjoint_; the same bits either way).
         uint8_t* ring = slots_->ring_layer_base(l);
-        if (ring_rows_ > 0)
-          DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kWin, hd, ring, ring_read_, ring_rows_,
-                                                            ws_.kvf + n * hd, s));
-        DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(
-            cuda::window_kv_rows(n, hd, kv, w.kv_norm.ptr, eps, pos_, inv.ptr, inv.size, ring, ring_write_, true),
-            s));
+        cuda::WindowKvStepArgs wk;
+        wk.rows = cuda::window_kv_rows(n, hd, kv, w.kv_norm.ptr, eps, pos_, inv.ptr, inv.size, ring, ring_write_, true);
+        wk.ring_read = ring_read_;
+        wk.ring_rows = ring_rows_;
+        wk.ring_out = ws_.kvf + n * hd;
+        wk.slots_disjoint = ring_disjoint_;
+        const bool with_entries = p.ratio != 0 && !p.kv_source && !p.index_source && selected_args();
+        if (with_entries) wk.entries = &se;
+        DS41_RETURN_IF_ERROR(cuda::run_window_kv_step(wk, ws_.sel_offsets, s));
+        if (with_entries) {
+          entries_listed();
+          return ok_status();
+        }
         if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
         return p.index_source ? ok_status() : entries();
       },

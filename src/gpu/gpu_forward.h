@@ -364,6 +364,9 @@ class GpuForward {
   int64_t ring_rows_ = 0;
   const int64_t* ring_read_ = nullptr;      // [ring_rows_] byte offsets in a layer's rings
   const int64_t* ring_write_ = nullptr;     // [n] byte offsets or -1
+  // No ring slot written by this call's rows is read as an earlier row (a decode step: the slot written
+  // is the one whose row left the window): the window KV step may run in one launch (gx_step_kernels.h).
+  bool ring_disjoint_ = false;
   std::vector<const int64_t*> engram_ids_;  // per engram layer index: [n, cols]
   std::vector<PlanSource> sources_;
   std::vector<int64_t> source_of_layer_;

@@ -13,6 +13,12 @@
 
 namespace ds41::gpu {
 
+namespace {
+// Calls of up to this many rows are checked for ring slots both read and written (ring_disjoint_);
+// run_window_kv_step takes fewer than 256 rows in one launch.
+constexpr int64_t kRingFusedRows = 255;
+}  // namespace
+
 template <class T>
 const T* GpuForward::put(const std::vector<T>& v) {
   // Every list takes whole 256-byte granules, an empty one too: lists whose length changes a
@@ -253,6 +259,16 @@ Status GpuForward::plan(std::span<const GpuSeqInput> batch) {
   }
   win_offsets_ = win_offsets_list_[0];
   win_index_ = win_index_list_[0];
+  // Decode-shaped calls: whether a written slot is among those read (then the ring's decode must finish
+  // before the rows are packed: two launches). Prefill chunks keep the two launches.
+  ring_disjoint_ = false;
+  if (n <= kRingFusedRows) {
+    std::vector<int64_t> read_sorted = ring_read;
+    std::sort(read_sorted.begin(), read_sorted.end());
+    ring_disjoint_ = std::none_of(ring_write.begin(), ring_write.end(), [&](int64_t o) {
+      return o >= 0 && std::binary_search(read_sorted.begin(), read_sorted.end(), o);
+    });
+  }
   ring_read_ = put(ring_read);
   ring_write_ = put(ring_write);
   // Compressor emit schedule and page tables per KV source (MODEL_SPEC 3.4.4).

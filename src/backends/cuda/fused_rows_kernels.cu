@@ -1,12 +1,8 @@
 // ds41 backends/cuda: fused row kernels of the decode step (fused_rows_kernels.h).
 //
 // rows_norm_rope_quant: one CTA per row, one thread per channel (blockDim = dim rounded up to 32,
-//   dim <= 1024). The row is loaded once; RMSNorm's sum of squares runs in run_rms_norm's order
-//   (rms_norm_device.cuh) and scales as rms_norm_kernel does; the RoPE angles are rope_kernel's
-//   (float32 angle, float64 sincos rounded to float32) and the pair update its four roundings; the
-//   fake quantization is fq::encode_lane per channel as encode_rows_scatter_kernel /
-//   fake_quant_inplace_kernel run it (a quantization block is a warp or a half warp of one row, so
-//   the blocks are the same). Bit-identical to the unfused sequence; other shapes run it.
+//   dim <= 1024), the row's code in rows_norm_rope_quant_device.cuh (shared with the window KV step
+//   of gx_step_kernels.cu). Bit-identical to the unfused sequence; other shapes run it.
 // hc_site: the grid is the hc_map split-K blocks (hc::hc_map_partial_block, the same geometry as
 //   run_hc_map) followed by one block per row for the collapse (hc_collapse_kernel's fp32 order per
 //   element, into shared memory) and the RMSNorm (rms_norm_device.cuh plays run_rms_norm's
@@ -31,13 +27,14 @@
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rms_norm_device.cuh"
 #include "backends/cuda/rope_table.cuh"
+#include "backends/cuda/rows_norm_rope_quant_device.cuh"
 
 namespace ds41::cuda {
 namespace {
 
-constexpr int64_t kMaxRowDim = 1024;
+constexpr int64_t kMaxRowDim = dev::kMaxNormRopeRowDim;
 
-// kOp: fq::kWin / kKv / kIdx, or -1 (no quantization).
+// kOp: fq::kWin / kKv / kIdx, or -1 (no quantization). One CTA per row (rows_norm_rope_quant_device.cuh).
 template <int kOp>
 __global__ void __launch_bounds__(kMaxRowDim)
     rows_norm_rope_quant_kernel(RowsNormRopeQuantArgs a, int sum_threads) {
@@ -45,44 +42,7 @@ __global__ void __launch_bounds__(kMaxRowDim)
   __shared__ float row[kMaxRowDim];
   __shared__ float cs[kMaxRowDim];
   __shared__ double scratch[32];
-  const int64_t r = blockIdx.x, dim = a.dim;
-  const int t = threadIdx.x;
-  const bool active = t < dim;
-  float v = active ? a.in[r * dim + t] : 0.0f;
-  if (a.norm) {
-    if (active) row[t] = v;
-    __syncthreads();
-    const float inv =
-        dev::rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, dim, sum_threads, a.eps, scratch);
-    if (active) {
-      v = __fmul_rn(v, inv) * (a.norm_weight ? a.norm_weight[t] : 1.0f);
-      if (a.normed) a.normed[r * dim + t] = v;
-    }
-  }
-  if (a.n_freq > 0) {
-    __syncthreads();  // the norm's reads of row[] are done
-    if (active) row[t] = v;
-    const float p = static_cast<float>(a.pos[r / a.rows_per_pos]);
-    dev::rope_table_fill(p, a.inv_freq, a.n_freq, a.inverse, cs, t, blockDim.x);
-    __syncthreads();
-    const int64_t off = dim - 2 * a.n_freq;
-    if (active && t >= off) {
-      const int64_t q = (t - off) >> 1;
-      const float e = row[off + 2 * q], o = row[off + 2 * q + 1], c = cs[2 * q], s = cs[2 * q + 1];
-      v = ((t - off) & 1) == 0 ? __fsub_rn(__fmul_rn(e, c), __fmul_rn(o, s))
-                               : __fadd_rn(__fmul_rn(e, s), __fmul_rn(o, c));
-    }
-  }
-  if constexpr (kOp >= 0) {
-    const fq::LaneCode c = fq::encode_lane<kOp>(v);  // every lane: shuffles
-    const uint32_t packed = fq::pack_byte<kOp>(c);
-    if (active && a.offsets) {
-      const int64_t off = a.offsets[r];
-      if (off >= 0) fq::store_lane<kOp>(a.base + off, dim, t, c, packed);
-    }
-    if (a.quant_inplace) v = fq::decode_code<kOp>(c.code, c.scale);
-  }
-  if (active && a.out) a.out[r * dim + t] = v;
+  dev::norm_rope_quant_row<kOp>(a, sum_threads, blockIdx.x, row, cs, scratch);
 }
 
 constexpr int64_t kMaxSiteH = 10240;  // the collapsed row in dynamic shared memory: <= 40 KB (no opt-in)

@@ -2,11 +2,13 @@
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fake_quant_device.cuh"
 #include "backends/cuda/gx_step_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
+#include "backends/cuda/rows_norm_rope_quant_device.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -245,6 +247,49 @@ __global__ void __launch_bounds__(kScanThreads) selected_entries_kernel(Selected
   a.rows[e] = off < 0 ? 0.0f : fq::decode_elem<kOp>(a.base + off, a.channels, c);
 }
 
+// run_window_kv_step (gx_step_kernels.h): blocks [0, rows) this call's rows (dev::norm_rope_quant_row,
+// rows_norm_rope_quant_kernel's code; threads >= dim idle), then ring_blocks blocks decoding the earlier
+// rows (decode_rows_gather_kernel's element e = (row, channel) per thread), then with kEntries
+// selected_entries_kernel's blocks (the first builds the lists, the others decode the selections). The
+// ring and entry blocks read nothing the previous launch writes, so their work comes before the PDL
+// wait; every block waits before it triggers (launch.h contract 3).
+template <int kWin, int kKv, bool kEntries>
+__global__ void __launch_bounds__(kScanThreads)
+    window_kv_step_kernel(WindowKvStepArgs a, SelectedEntriesArgs se, int sum_threads, int64_t ring_blocks) {
+  __shared__ float row[dev::kMaxNormRopeRowDim];
+  __shared__ float cs[dev::kMaxNormRopeRowDim];
+  __shared__ double scratch[32];
+  const int64_t b = blockIdx.x, nr = a.rows.rows;
+  if (b < nr) {
+    dev::pdl_enter();
+    dev::norm_rope_quant_row<kWin>(a.rows, sum_threads, b, row, cs, scratch);
+    return;
+  }
+  const int64_t q = b - nr;
+  if (q < ring_blocks) {
+    const int64_t dim = a.rows.dim, e = q * blockDim.x + threadIdx.x;
+    if (e < a.ring_rows * dim) {
+      const int64_t r = e / dim, i = e % dim;
+      const int64_t off = a.ring_read[r];
+      a.ring_out[e] = off < 0 ? 0.0f : fq::decode_elem<kWin>(a.rows.base + off, dim, i);
+    }
+  } else if constexpr (kEntries) {
+    if (q == ring_blocks) {
+      build_index_block(se.win_offsets, se.win_index, se.sel, se.n, se.k, se.comp_base, se.kv_offsets, se.kv_index,
+                        nullptr, nullptr);
+    } else {
+      const int64_t e = (q - ring_blocks - 1) * blockDim.x + threadIdx.x;
+      if (e < se.n * se.k * se.channels) {
+        const int64_t i = e / se.channels, c = e % se.channels;
+        const int32_t sv = se.sel[i];
+        const int64_t off = sv < 0 ? -1 : paged_offset(se.pages, se.row_seq[i / se.k], sv);
+        se.rows[e] = off < 0 ? 0.0f : fq::decode_elem<kKv>(se.base + off, se.channels, c);
+      }
+    }
+  }
+  dev::pdl_enter();
+}
+
 unsigned blocks_for(int64_t total) { return static_cast<unsigned>((total + kThreads - 1) / kThreads); }
 
 Status check_paged(const PagedRowsArgs& p) {
@@ -326,6 +371,63 @@ Status run_selected_entries(const SelectedEntriesArgs& a, int64_t* offsets_scrat
     launch(selected_entries_kernel<kOp>, static_cast<unsigned>(decode_blocks + 1), kScanThreads, 0, stream, a);
   });
   return last_launch_status("selected_entries");
+}
+
+bool window_kv_step_fused(const WindowKvStepArgs& a) {
+  const RowsNormRopeQuantArgs& r = a.rows;
+  const int64_t win_block = fq::block_of(static_cast<int>(FakeQuantOp::kWin));
+  if (!a.slots_disjoint || !r.quant || r.op != FakeQuantOp::kWin || !r.offsets || !r.base || !r.in) return false;
+  if (r.rows <= 0 || r.rows >= kWideRows || r.dim <= 0 || r.dim > dev::kMaxNormRopeRowDim || r.dim % win_block)
+    return false;
+  if (r.rows_per_pos <= 0 || r.rows % r.rows_per_pos || r.n_freq < 0 || 2 * r.n_freq > r.dim ||
+      (r.n_freq > 0 && (!r.pos || !r.inv_freq)))
+    return false;
+  if (a.ring_rows < 0 || (a.ring_rows > 0 && (!a.ring_read || !a.ring_out))) return false;
+  int64_t blocks = r.rows + (a.ring_rows * r.dim + kScanThreads - 1) / kScanThreads;
+  if (a.entries) {
+    const SelectedEntriesArgs& e = *a.entries;
+    if (e.op != FakeQuantOp::kKv || !check_paged(e.pages).ok() || e.n <= 0 || e.n >= kWideRows || e.k <= 0 ||
+        e.channels <= 0 || e.channels % fq::block_of(static_cast<int>(FakeQuantOp::kKv)) ||
+        e.channels > (int64_t{1} << 24) || e.comp_base < 0 || e.comp_base + e.n * e.k > INT32_MAX)
+      return false;
+    blocks += 1 + (e.n * e.k * e.channels + kScanThreads - 1) / kScanThreads;
+  }
+  return blocks <= 0x7fffffff;
+}
+
+namespace {
+int g_window_kv_step = -1;
+}  // namespace
+
+bool window_kv_step_enabled() {
+  if (g_window_kv_step >= 0) return g_window_kv_step != 0;
+  static const bool on = switch_on("DS41_WINDOW_KV_STEP");
+  return on;
+}
+
+void set_window_kv_step_for_tests(int mode) { g_window_kv_step = mode < 0 ? -1 : (mode ? 1 : 0); }
+
+Status run_window_kv_step(const WindowKvStepArgs& a, int64_t* offsets_scratch, cudaStream_t stream) {
+  if (!window_kv_step_enabled() || !window_kv_step_fused(a)) {  // the sequence it stands for
+    if (a.ring_rows != 0)
+      DS41_RETURN_IF_ERROR(run_decode_rows_gather(a.rows.op, a.rows.dim, a.rows.base, a.ring_read, a.ring_rows,
+                                                  a.ring_out, stream));
+    DS41_RETURN_IF_ERROR(run_rows_norm_rope_quant(a.rows, stream));
+    return a.entries ? run_selected_entries(*a.entries, offsets_scratch, stream) : ok_status();
+  }
+  const int64_t ring_blocks = (a.ring_rows * a.rows.dim + kScanThreads - 1) / kScanThreads;
+  const int sum_threads = rms_norm_sum_threads(a.rows.rows, a.rows.dim);
+  constexpr int kWin = static_cast<int>(FakeQuantOp::kWin), kKv = static_cast<int>(FakeQuantOp::kKv);
+  if (a.entries) {
+    const SelectedEntriesArgs& e = *a.entries;
+    const int64_t blocks = a.rows.rows + ring_blocks + 1 + (e.n * e.k * e.channels + kScanThreads - 1) / kScanThreads;
+    launch(window_kv_step_kernel<kWin, kKv, true>, static_cast<unsigned>(blocks), kScanThreads, 0, stream, a, e,
+           sum_threads, ring_blocks);
+  } else {
+    launch(window_kv_step_kernel<kWin, kKv, false>, static_cast<unsigned>(a.rows.rows + ring_blocks), kScanThreads,
+           0, stream, a, SelectedEntriesArgs{}, sum_threads, ring_blocks);
+  }
+  return last_launch_status("window_kv_step");
 }
 
 }  // namespace ds41::cuda

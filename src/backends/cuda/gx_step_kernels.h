@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backends/cuda/fake_quant_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -72,5 +73,33 @@ struct SelectedEntriesArgs {
   int32_t* kv_index = nullptr;
 };
 Status run_selected_entries(const SelectedEntriesArgs& a, int64_t* offsets_scratch, cudaStream_t stream);
+
+// A decode-shaped call's window KV step in one launch (MODEL_SPEC 3.4.3, 3.4.7; issue 11: launches per
+// layer). Equivalent to, in this order,
+//   run_decode_rows_gather(rows.op, rows.dim, rows.base, ring_read, ring_rows, ring_out)  (earlier rows)
+//   run_rows_norm_rope_quant(rows)                          (this call's rows into their ring slots)
+//   run_selected_entries(*entries, offsets_scratch)         (entries set: a layer that scores no keys)
+// bit for bit: the parts write disjoint outputs and read nothing another part writes, provided the
+// ring slots read (ring_read) and written (rows.offsets) are disjoint. The caller's step plan knows
+// (one row per sequence: the slot written is the one whose row left the window) and says so in
+// slots_disjoint; without it, or for shapes the kernel does not take (rows.op not Q_win, no packing,
+// dim > 1024, entries of a wide call or not Q_kv), the sequence above runs instead.
+// The ring and entry blocks read data written two or more launches back only (the ring of an earlier
+// step, the selections and pages of earlier layers), so they run before the kernel's PDL wait; the
+// rows' blocks read this call's rows (the previous launch's output) after it.
+struct WindowKvStepArgs {
+  RowsNormRopeQuantArgs rows;         // window_kv_rows(...): its base is the layer's ring
+  const int64_t* ring_read = nullptr;  // [ring_rows] byte offsets of the earlier rows in the ring
+  int64_t ring_rows = 0;
+  float* ring_out = nullptr;           // [ring_rows, rows.dim] their decoded values
+  const SelectedEntriesArgs* entries = nullptr;  // nullable
+  bool slots_disjoint = false;
+};
+// Whether run_window_kv_step takes a's shape in one launch (the host's checks only).
+bool window_kv_step_fused(const WindowKvStepArgs& a);
+// DS41_WINDOW_KV_STEP=0 turns the one launch off (measurements); default on.
+bool window_kv_step_enabled();
+void set_window_kv_step_for_tests(int mode);  // -1 the environment, 0 off, 1 on
+Status run_window_kv_step(const WindowKvStepArgs& a, int64_t* offsets_scratch, cudaStream_t stream);
 
 }  // namespace ds41::cuda

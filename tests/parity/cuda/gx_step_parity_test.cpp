@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_status.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/gx_step_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "quant/fake_quant.h"
@@ -281,6 +284,173 @@ TEST(GxStepKernels, SelectedEntriesEqualTheThreeLaunches) {
   bad.n = 1;
   bad.k = 1;
   EXPECT_FALSE(run_selected_entries(bad, nullptr, nullptr).ok());
+}
+
+// run_window_kv_step (one launch for the ring's decode, the new rows' norm / RoPE / Q_win packing and, for a
+// layer that scores no keys, the selected entries) against the three launches it stands for: every output
+// bit for bit (the decoded ring rows, the new rows in place, the ring bytes, the selected rows, the lists).
+// Random ring and pool bytes (every code and scale pattern, NaNs included); the released decode shape (512
+// channels, 127 earlier rows, 512 selections with -1 padding) at one and five sequences; no entries; an
+// empty ring; and a call whose written slots are also read, which must run the sequence (slots_disjoint
+// false): with a written slot read back after its packing, a fused launch would decode new bytes there.
+TEST(GxStepKernels, WindowKvStepEqualsTheThreeLaunches) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 g(41);
+  struct Case {
+    const char* what;
+    int64_t seqs, dim, ring_per_seq, k, n_freq;
+    bool entries, overlap;
+  };
+  for (const Case& c : {Case{"released decode, 1 sequence", 1, 512, 127, 512, 32, true, false},
+                        Case{"released decode, 5 sequences", 5, 512, 127, 512, 32, true, false},
+                        Case{"no entries (index layer)", 3, 512, 127, 0, 32, false, false},
+                        Case{"empty ring", 2, 256, 0, 48, 16, true, false},
+                        Case{"slots read and written", 4, 128, 100, 24, 8, true, true}}) {
+    const int64_t n = c.seqs, d = c.dim, R = c.seqs * c.ring_per_seq, k = c.k;
+    const int64_t win_row = d + d / 32;
+    // The ring: seqs x 128 slots; sequence s's earlier rows in slots [0, ring_per_seq) of its own 128,
+    // shuffled; its new row in slot 127 (or, overlapping, in one of the slots read).
+    const int64_t slots = 128;
+    std::vector<uint8_t> ring(static_cast<size_t>(n * slots * win_row));
+    for (auto& b : ring) b = static_cast<uint8_t>(g());
+    std::vector<int64_t> ring_read, ring_write(n);
+    for (int64_t s = 0; s < n; ++s) {
+      std::vector<int64_t> own;
+      for (int64_t i = 0; i < c.ring_per_seq; ++i) own.push_back((s * slots + i) * win_row);
+      std::shuffle(own.begin(), own.end(), g);
+      ring_read.insert(ring_read.end(), own.begin(), own.end());
+      ring_write[s] = c.overlap ? own[g() % own.size()] : (s * slots + slots - 1) * win_row;
+    }
+    std::vector<float> kv(static_cast<size_t>(n * d)), kv_norm(static_cast<size_t>(d)), inv(std::max<int64_t>(c.n_freq, 1));
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    for (auto& v : kv) v = nd(g);
+    for (auto& v : kv_norm) v = 1.0f + 0.1f * nd(g);
+    for (int64_t i = 0; i < c.n_freq; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / c.n_freq);
+    std::vector<int64_t> pos(n);
+    for (int64_t s = 0; s < n; ++s) pos[s] = 4096 + 977 * s;
+    // The KV owner's pages and the selections (as SelectedEntriesEqualTheThreeLaunches).
+    Paged p;
+    p.E = 16;
+    p.row = quant::kv_row_bytes(d);
+    p.off = 48;
+    p.page_bytes = p.off + p.E * p.row + 16;
+    int32_t next = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t cnt = 600 + static_cast<int64_t>(g() % 700);
+      p.counts.push_back(cnt);
+      p.page_begin.push_back(static_cast<int64_t>(p.pages.size()));
+      for (int64_t i = 0; i < (cnt + p.E - 1) / p.E; ++i) p.pages.push_back(next++);
+    }
+    std::shuffle(p.pages.begin(), p.pages.end(), g);
+    std::vector<uint8_t> pool(static_cast<size_t>(std::max<int32_t>(next, 1) * p.page_bytes));
+    for (auto& b : pool) b = static_cast<uint8_t>(g());
+    std::vector<int32_t> sel(std::max<int64_t>(n * k, 1), -1), row_seq(n);
+    for (int64_t r = 0; r < n; ++r) {
+      row_seq[r] = static_cast<int32_t>(r);
+      for (int64_t j = 0; j < k; ++j) sel[r * k + j] = g() % 7 == 0 ? -1 : static_cast<int32_t>(g() % p.counts[r]);
+    }
+    std::vector<int64_t> win_off{0};
+    std::vector<int32_t> win_idx;
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t i = 0; i < c.ring_per_seq; ++i) win_idx.push_back(static_cast<int32_t>(n + r * c.ring_per_seq + i));
+      win_idx.push_back(static_cast<int32_t>(r));
+      win_off.push_back(static_cast<int64_t>(win_idx.size()));
+    }
+    const int64_t comp_base = n + R, kvf_rows = comp_base + std::max<int64_t>(n * k, 1);
+    int32_t* d_pages = to_device(p.pages);
+    int64_t* d_pb = to_device(p.page_begin);
+    uint8_t* d_pool = to_device(pool);
+    int32_t* d_sel = to_device(sel);
+    int32_t* d_rs = to_device(row_seq);
+    int64_t* d_wo = to_device(win_off);
+    int32_t* d_wi = to_device(win_idx);
+    int64_t* d_read = to_device(ring_read);
+    int64_t* d_write = to_device(ring_write);
+    int64_t* d_pos = to_device(pos);
+    float* d_norm = to_device(kv_norm);
+    float* d_inv = to_device(inv);
+    int64_t* d_scratch = to_device(std::vector<int64_t>(std::max<int64_t>(n * k, 1), -7));
+    // Two copies of every output: [0] the sequence, [1] the step.
+    uint8_t* d_ring[2];
+    float* d_kvf[2];
+    int64_t* d_off[2];
+    int32_t* d_idx[2];
+    WindowKvStepArgs wk[2];
+    SelectedEntriesArgs se[2];
+    for (int v = 0; v < 2; ++v) {
+      d_ring[v] = to_device(ring);
+      std::vector<float> kvf(static_cast<size_t>(kvf_rows * d), v ? 5.0f : 3.0f);
+      std::copy(kv.begin(), kv.end(), kvf.begin());
+      d_kvf[v] = to_device(kvf);
+      d_off[v] = to_device(std::vector<int64_t>(n + 1, v ? -9 : -7));
+      d_idx[v] = to_device(std::vector<int32_t>(win_idx.size() + n * k + 1, v ? -9 : -7));
+      se[v].pages = PagedRowsArgs{d_pages, d_pb, p.E, p.page_bytes, p.off, p.row};
+      se[v].sel = d_sel;
+      se[v].n = n;
+      se[v].k = k;
+      se[v].row_seq = d_rs;
+      se[v].op = FakeQuantOp::kKv;
+      se[v].channels = d;
+      se[v].base = d_pool;
+      se[v].rows = d_kvf[v] + comp_base * d;
+      se[v].win_offsets = d_wo;
+      se[v].win_index = d_wi;
+      se[v].comp_base = comp_base;
+      se[v].kv_offsets = d_off[v];
+      se[v].kv_index = d_idx[v];
+      wk[v].rows = window_kv_rows(n, d, d_kvf[v], d_norm, 1e-6f, d_pos, d_inv, c.n_freq, d_ring[v], d_write, true);
+      wk[v].ring_read = d_read;
+      wk[v].ring_rows = R;
+      wk[v].ring_out = d_kvf[v] + n * d;
+      wk[v].entries = c.entries ? &se[v] : nullptr;
+      wk[v].slots_disjoint = !c.overlap;
+    }
+    // The sequence: the three launches.
+    if (R > 0) {
+      ASSERT_TRUE(run_decode_rows_gather(FakeQuantOp::kWin, d, d_ring[0], d_read, R, wk[0].ring_out, nullptr).ok());
+    }
+    ASSERT_TRUE(run_rows_norm_rope_quant(wk[0].rows, nullptr).ok());
+    if (c.entries) {
+      ASSERT_TRUE(run_selected_entries(se[0], d_scratch, nullptr).ok());
+    }
+    // The step.
+    EXPECT_EQ(window_kv_step_fused(wk[1]), !c.overlap) << c.what;
+    const Status st = run_window_kv_step(wk[1], d_scratch, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const int64_t used = (comp_base + (c.entries ? n * k : 0)) * d;
+    const std::vector<float> a = to_host(d_kvf[0], used), b = to_host(d_kvf[1], used);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < used; ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << c.what;
+    EXPECT_EQ(to_host(d_ring[0], ring.size()), to_host(d_ring[1], ring.size())) << c.what;
+    if (c.entries) {
+      EXPECT_EQ(to_host(d_off[0], n + 1), to_host(d_off[1], n + 1)) << c.what;
+      const size_t entries = static_cast<size_t>(to_host(d_off[0] + n, 1)[0]);
+      EXPECT_EQ(entries, win_idx.size() + static_cast<size_t>(std::count_if(sel.begin(), sel.begin() + n * k,
+                                                                               [](int32_t e) { return e >= 0; })));
+      EXPECT_EQ(to_host(d_idx[0], entries), to_host(d_idx[1], entries)) << c.what;
+    }
+    std::printf("window_kv_step %s: %lld rows of %lld, %lld ring rows, %lld selections: %s, %lld of %lld floats differ\n",
+                c.what, (long long)n, (long long)d, (long long)R, (long long)(c.entries ? n * k : 0),
+                window_kv_step_fused(wk[1]) ? "one launch" : "the sequence", (long long)differ, (long long)used);
+    for (void* q : {(void*)d_pages, (void*)d_pb, (void*)d_pool, (void*)d_sel, (void*)d_rs, (void*)d_wo, (void*)d_wi,
+                    (void*)d_read, (void*)d_write, (void*)d_pos, (void*)d_norm, (void*)d_inv, (void*)d_scratch,
+                    (void*)d_ring[0], (void*)d_ring[1], (void*)d_kvf[0], (void*)d_kvf[1], (void*)d_off[0],
+                    (void*)d_off[1], (void*)d_idx[0], (void*)d_idx[1]})
+      cudaFree(q);
+  }
+  // The switch off: the sequence, the same outputs (checked above through the fallback case); bad input is
+  // the sequence's error.
+  WindowKvStepArgs bad;
+  float dummy[64] = {};
+  bad.rows.in = bad.rows.out = dummy;
+  bad.rows.rows = 1;
+  bad.rows.dim = 48;  // not a multiple of Q_win's block
+  bad.rows.quant = true;
+  bad.slots_disjoint = true;
+  EXPECT_FALSE(window_kv_step_fused(bad));
+  EXPECT_FALSE(run_window_kv_step(bad, nullptr, nullptr).ok());
 }
 
 }  // namespace
