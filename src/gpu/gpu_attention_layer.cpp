@@ -133,7 +133,10 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
           return ok_status();
         }
         if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
-        return p.index_source ? ok_status() : entries();
+        // An index source's head weights and key offsets read x and the plan only: here, beside the query
+        // path (H100: ~19 us of launches off an index layer's main chain).
+        if (p.index_source) return index_side_on() ? index_side(l, x).with_context("indexer") : ok_status();
+        return entries();
       },
       [&]() -> Status {
         // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
@@ -141,9 +144,21 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
         if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging
           return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
-        DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
-        DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
-        return index_queries(l, x, ws_.q_r).with_context("indexer");
+        if (!index_side_on()) {  // DS41_INDEX_SIDE=0: the index source's chain as before (measurements)
+          DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
+          DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));
+          DS41_RETURN_IF_ERROR(index_queries(l, ws_.q_r, nullptr).with_context("indexer"));
+          return index_weights(l, x).with_context("indexer");
+        }
+        // q_r feeds wq_b and the indexer's queries: where wq_b's GEMV normalizes it in its staging (decode
+        // steps), q_r stays raw for idx_wq_b's to do the same (one norm launch fewer on the chain).
+        bool normed = false;
+        DS41_RETURN_IF_ERROR(try_linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr, &normed));
+        if (!normed) {
+          DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
+          DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
+        }
+        return index_queries(l, ws_.q_r, normed ? w.q_norm.ptr : nullptr).with_context("indexer");
       }));
   if (p.index_source) {
     DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));
@@ -268,14 +283,19 @@ Status GpuForward::compress(int64_t l, const float* x) {
   return ok_status();
 }
 
-// 3.4.6 the indexer's queries: Q_idx(rotate(idx_wq_b q_r)) per head into ws_.qi and the head
-// weights idx_weights_proj x / sqrt(heads) into ws_.wt (they read the query path's q_r and x only).
-Status GpuForward::index_queries(int64_t l, const float* x, const float* q_r) {
+// 3.4.6 the indexer's queries: Q_idx(rotate(idx_wq_b q_r)) per head into ws_.qi (the query path's q_r
+// only; the head weights are index_side's). q_norm set: q_r is raw, RMSNorm(q_r; q_norm) is the input
+// (normalized in idx_wq_b's staging, or in place first where the GEMV does not take the call).
+Status GpuForward::index_queries(int64_t l, float* q_r, const float* q_norm) {
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim;
   const DeviceVec& inv = m_->rope_inv_freq(true);
   cudaStream_t s = stream_;
-  DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
+  bool normed = false;
+  if (q_norm != nullptr) DS41_RETURN_IF_ERROR(try_linear_normed(w.idx_wq_b, q_r, n, ws_.qi, q_norm, &normed));
+  if (q_norm != nullptr && !normed)
+    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(q_r, n, c_->q_lora_rank, q_norm, static_cast<float>(c_->rms_norm_eps), q_r, s));
+  if (!normed) DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
   {  // rotate every head, Q_idx in place: one launch
     cuda::RowsNormRopeQuantArgs a;
     a.rows = n * nih;
@@ -291,8 +311,68 @@ Status GpuForward::index_queries(int64_t l, const float* x, const float* q_r) {
     a.quant_inplace = true;
     DS41_RETURN_IF_ERROR(cuda::run_rows_norm_rope_quant(a, s));
   }
+  return ok_status();
+}
+
+// The head weights (3.4.6: idx_weights_proj x / sqrt(index heads)) and, for a source whose keys this step
+// has not yet listed, the byte offsets of its Q_idx rows (and, for float-key calls, their decode), in
+// the order the reference needs them: after this layer's compressor wrote its new keys (the side
+// stream's chain; index() runs after the join).
+Status GpuForward::index_side(int64_t l, const float* x) {
+  DS41_RETURN_IF_ERROR(index_weights(l, x));
+  return index_keys(l);
+}
+
+Status GpuForward::index_weights(int64_t l, const float* x) {
+  const DeviceLayer& w = m_->weights().layers[l];
+  const int64_t n = n_, nih = c_->index_n_heads;
   DS41_RETURN_IF_ERROR(linear(w.idx_weights_proj, x, n, ws_.wt));
-  return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), s);
+  return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), stream_);
+}
+
+// DS41_INDEX_SIDE=0: an index source's head weights and key offsets on the main stream after its queries,
+// its q_r normalized in place before wq_b (measurements; the same bits either way). Default on.
+bool GpuForward::index_side_on() {
+  static const bool on = cuda::switch_on("DS41_INDEX_SIDE");
+  return on;
+}
+
+// The index keys of layer l's KV owner for this step (the offsets of its packed Q_idx rows; float keys
+// decoded from them where the indexer does not read the packed rows), once per source and step
+// (carry_.keys_of_source).
+Status GpuForward::index_keys(int64_t l) {
+  const model::LayerPlan& p = m_->schedule().layers[l];
+  const int64_t dI = c_->index_head_dim;
+  const PlanIndex& pi = index_[l];
+  const int64_t j = source_of_layer_[p.kv_owner];
+  const PlanSource& src = sources_[j];
+  if (pi.ts == 0 || carry_.keys_of_source == j) return ok_status();
+  cudaStream_t s = stream_;
+  const KvPageGeometry& g = pool_->geometry();
+  cuda::PagedRowsArgs pa;
+  pa.pages = src.pages;
+  pa.seq_page_begin = src.seq_page_begin;
+  pa.entries_per_page = g.entries_per_page;
+  pa.page_bytes = g.page_bytes();
+  pa.offset_in_page = g.key_offset_in_page();
+  pa.row_bytes = g.key_row_bytes;
+  const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
+  DS41_RETURN_IF_ERROR(cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.decode_keys, ws_.key_offsets, s));
+  if (!index_packed())
+    DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
+                                                      src.decode_keys, ws_.keys, s));
+  carry_.keys_of_source = j;
+  return ok_status();
+}
+
+// Whether this call's indexer scores the packed Q_idx rows (the step's shape only: the same for every
+// index layer of the step).
+bool GpuForward::index_packed() const {
+  cuda::IndexerDeviceArgs ia;
+  ia.n = n_;
+  ia.n_heads = c_->index_n_heads;
+  ia.head_dim = c_->index_head_dim;
+  return cuda::indexer_scores_packed_supported(ia);
 }
 
 // 3.4.6: scores of the queries (index_queries) over the visible keys of the KV owner (decoded once
@@ -304,7 +384,6 @@ Status GpuForward::index(int64_t l, const GpuForwardOptions& opt, std::vector<mo
   const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim, K = c_->index_topk;
   const PlanIndex& pi = index_[l];
   const int64_t j = source_of_layer_[p.kv_owner];
-  const PlanSource& src = sources_[j];
   cudaStream_t s = stream_;
   const bool none = pi.ts == 0 || (p.candidate_restricted && !p.candidate_source && carry_.cand_stride == 0);
   if (p.candidate_source) {
@@ -330,23 +409,7 @@ Status GpuForward::index(int64_t l, const GpuForwardOptions& opt, std::vector<mo
     // (prefill chunks: the tensor cores) read float keys decoded once per source and step. The choice
     // depends on the step's shape only, so it is the same for every index layer of the step.
     const bool packed = cuda::indexer_scores_packed_supported(ia);
-    if (carry_.keys_of_source != j) {
-      const KvPageGeometry& g = pool_->geometry();
-      cuda::PagedRowsArgs pa;
-      pa.pages = src.pages;
-      pa.seq_page_begin = src.seq_page_begin;
-      pa.entries_per_page = g.entries_per_page;
-      pa.page_bytes = g.page_bytes();
-      pa.offset_in_page = g.key_offset_in_page();
-      pa.row_bytes = g.key_row_bytes;
-      const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
-      DS41_RETURN_IF_ERROR(
-          cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.decode_keys, ws_.key_offsets, s));
-      if (!packed)
-        DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
-                                                          src.decode_keys, ws_.keys, s));
-      carry_.keys_of_source = j;
-    }
+    DS41_RETURN_IF_ERROR(index_keys(l));  // listed on the side stream already, unless this call had none
     if (packed) {
       ia.key_base = pool_->base();
       ia.key_offsets = ws_.key_offsets;

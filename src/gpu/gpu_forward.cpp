@@ -185,6 +185,14 @@ Status GpuForward::linear_normed(const cuda::DeviceWeight& w, float* x, int64_t 
   return cuda::run_linear_normed(w, x, n, y, norm_weight, eps, stream_, row_invariant_);
 }
 
+Status GpuForward::try_linear_normed(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y,
+                                     const float* norm_weight, bool* took) {
+  *took = false;
+  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) return ok_status();  // prefill: the GEMMs
+  return cuda::try_linear_normed(w, x, n, y, norm_weight, static_cast<float>(c_->rms_norm_eps), stream_,
+                                 row_invariant_, took);
+}
+
 Status GpuForward::linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
                                int64_t n, float* y, float* y2) {
   if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) {  // prefill: the GEMMs

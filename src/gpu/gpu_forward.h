@@ -272,7 +272,12 @@ class GpuForward {
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                    std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr);
   Status compress(int64_t l, const float* x);
-  Status index_queries(int64_t l, const float* x, const float* q_r);
+  Status index_queries(int64_t l, float* q_r, const float* q_norm);
+  Status index_side(int64_t l, const float* x);
+  Status index_weights(int64_t l, const float* x);
+  static bool index_side_on();
+  Status index_keys(int64_t l);
+  bool index_packed() const;
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
@@ -285,6 +290,10 @@ class GpuForward {
   // staging of x where it takes the call (cuda::run_linear_normed), else x normalized in place first (the
   // prefill GEMMs too): x holds the raw rows only until this call.
   Status linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight);
+  // linear_normed's one-launch form alone (cuda::try_linear_normed): *took false, nothing launched, x raw,
+  // where the call is not a decode-sized tensor-core GEMV.
+  Status try_linear_normed(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y, const float* norm_weight,
+                           bool* took);
   Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y);
   // y = x . W^T expanded into the rows' mHC streams (cuda::run_linear_expand at decode sizes: one launch,
   // y not written; prefill: the GEMM, then run_hc_expand).

@@ -1374,17 +1374,29 @@ Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cu
   return dense("linear", w, 1, x, n, y, stream, row_invariant);
 }
 
+Status try_linear_normed(const DeviceWeight& w, const float* x, int64_t n, float* y, const float* norm_weight,
+                         float eps, cudaStream_t stream, bool row_invariant, bool* took) {
+  *took = false;
+  if (!check_weight(w, "linear_normed").ok() || !norm_weight) return ok_status();
+  if (n > 0 && n <= int64_t{65535} * kTileM && x && y) {
+    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
+    const tcg::RowNorm norm{norm_weight, eps, rms_norm_sum_threads(n, w.in_dim)};
+    if (tc_rows && tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, y, w.out_dim, stream, nullptr, nullptr, &norm)) {
+      *took = true;
+      return last_launch_status("linear_normed");
+    }
+  }
+  return ok_status();
+}
+
 Status run_linear_normed(const DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight, float eps,
                          cudaStream_t stream, bool row_invariant) {
   const char* fn = "linear_normed";
   DS41_RETURN_IF_ERROR(check_weight(w, fn));
   if (!norm_weight) return invalid_argument(std::string(fn) + ": norm_weight is null");
-  if (n > 0 && n <= int64_t{65535} * kTileM && x && y) {
-    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
-    const tcg::RowNorm norm{norm_weight, eps, rms_norm_sum_threads(n, w.in_dim)};
-    if (tc_rows && tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, y, w.out_dim, stream, nullptr, nullptr, &norm))
-      return last_launch_status(fn);
-  }
+  bool took = false;
+  DS41_RETURN_IF_ERROR(try_linear_normed(w, x, n, y, norm_weight, eps, stream, row_invariant, &took));
+  if (took) return ok_status();
   DS41_RETURN_IF_ERROR(run_rms_norm(x, n, w.in_dim, norm_weight, eps, x, stream));
   return run_linear(w, x, n, y, stream, row_invariant);
 }

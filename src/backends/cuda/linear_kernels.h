@@ -33,6 +33,12 @@ Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cu
 // overwritten: the caller must not read the raw rows afterwards).
 Status run_linear_normed(const DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight, float eps,
                          cudaStream_t stream, bool row_invariant = false);
+// run_linear_normed's one-launch form alone: *took = true when the tensor-core GEMV took the call (the norm
+// inside its staging, x untouched), false when nothing was launched (x untouched; a bad weight is left to
+// the caller's fallback to report). So x may feed several normed calls (an index source's wq_b and
+// idx_wq_b, MODEL_SPEC 3.4.2 / 3.4.6).
+Status try_linear_normed(const DeviceWeight& w, const float* x, int64_t n, float* y, const float* norm_weight,
+                         float eps, cudaStream_t stream, bool row_invariant, bool* took);
 Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
                        cudaStream_t stream, bool row_invariant = false);
 // MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).

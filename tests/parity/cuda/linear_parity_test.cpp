@@ -1459,6 +1459,19 @@ TEST(LinearParity, LinearNormedEqualsNormThenLinear) {
              static_cast<double>(differ), 0, "run_rms_norm's sums and products inside the staging");
       EXPECT_EQ(differ, 0u);
       EXPECT_EQ(x_changed, 0u) << "the fused path leaves x as it was";
+      // The one-launch form alone (an index source's wq_b and idx_wq_b both read the raw row): the same
+      // bits where it takes the call, and where it does not, nothing written and x left raw.
+      Dev<float> dx2(x), dy2(std::vector<float>(static_cast<size_t>(n * c.out), 7.0f));
+      bool took = !fused;
+      const Status st2 = try_linear_normed(dw.dw, dx2.p, n, dy2.p, dnw.p, eps, nullptr, c.row_invariant, &took);
+      ASSERT_TRUE(st2.ok()) << st2.message();
+      EXPECT_EQ(took, fused);
+      const std::vector<float> got2 = dy2.get(), x2 = dx2.get();
+      size_t differ2 = 0, x2_changed = 0;
+      for (size_t i = 0; i < got2.size(); ++i) differ2 += bits_of(got2[i]) != bits_of(took ? want[i] : 7.0f);
+      for (size_t i = 0; i < x2.size(); ++i) x2_changed += bits_of(x2[i]) != bits_of(x[i]);
+      EXPECT_EQ(differ2, 0u);
+      EXPECT_EQ(x2_changed, 0u);
     }
   }
   set_tc_gemv_for_tests(-1);
