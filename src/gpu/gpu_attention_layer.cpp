@@ -133,8 +133,8 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
           return ok_status();
         }
         if (p.kv_source) DS41_RETURN_IF_ERROR(compress(l, x).with_context("compressor"));
-        // An index source's head weights and key offsets read x and the plan only: here, beside the query
-        // path (H100: ~19 us of launches off an index layer's main chain).
+        // An index source's head weights and key offsets read x and the plan only: with DS41_INDEX_SIDE=1
+        // here, beside the query path (measured slower: index_side_on).
         if (p.index_source) return index_side_on() ? index_side(l, x).with_context("indexer") : ok_status();
         return entries();
       },
@@ -144,7 +144,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
         if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging
           return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
-        if (!index_side_on()) {  // DS41_INDEX_SIDE=0: the index source's chain as before (measurements)
+        if (!index_side_on()) {  // the default: q_r normalized in place, the head weights after the queries
           DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
           DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));
           DS41_RETURN_IF_ERROR(index_queries(l, ws_.q_r, nullptr).with_context("indexer"));
@@ -330,10 +330,13 @@ Status GpuForward::index_weights(int64_t l, const float* x) {
   return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), stream_);
 }
 
-// DS41_INDEX_SIDE=0: an index source's head weights and key offsets on the main stream after its queries,
-// its q_r normalized in place before wq_b (measurements; the same bits either way). Default on.
+// DS41_INDEX_SIDE=1: an index source's head weights and key offsets on the side stream, its q_r normalized
+// in both GEMVs' staging (index_side, try_linear_normed). Measured slower, so opt-in (H100, same machine,
+// alternating, session of 2026-12-07 00:38 UTC: batch-1 layers 2,106 / 2,108 us with it against 2,080 /
+// 2,079 without, the three index layers 8-13 us longer each; not yet split into its two parts). Off: the
+// weights and the keys on the main stream after the queries, q_r normalized in place. The same bits.
 bool GpuForward::index_side_on() {
-  static const bool on = cuda::switch_on("DS41_INDEX_SIDE");
+  static const bool on = cuda::switch_opt_in("DS41_INDEX_SIDE");
   return on;
 }
 
