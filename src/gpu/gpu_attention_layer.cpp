@@ -144,21 +144,18 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
         if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging
           return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
-        if (!index_side_on()) {  // the default: q_r normalized in place, the head weights after the queries
-          DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
-          DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));
-          DS41_RETURN_IF_ERROR(index_queries(l, ws_.q_r, nullptr).with_context("indexer"));
-          return index_weights(l, x).with_context("indexer");
-        }
-        // q_r feeds wq_b and the indexer's queries: where wq_b's GEMV normalizes it in its staging (decode
-        // steps), q_r stays raw for idx_wq_b's to do the same (one norm launch fewer on the chain).
+        // q_r feeds wq_b and the indexer's queries: with DS41_INDEX_NORM_STAGED=1, where wq_b's GEMV normalizes
+        // it in its staging (decode steps), q_r stays raw for idx_wq_b's to do the same (one norm launch
+        // fewer on the chain); by default normalized in place first (index_norm_staged_on).
         bool normed = false;
-        DS41_RETURN_IF_ERROR(try_linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr, &normed));
+        if (index_norm_staged_on())
+          DS41_RETURN_IF_ERROR(try_linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr, &normed));
         if (!normed) {
           DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
           DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
         }
-        return index_queries(l, ws_.q_r, normed ? w.q_norm.ptr : nullptr).with_context("indexer");
+        DS41_RETURN_IF_ERROR(index_queries(l, ws_.q_r, normed ? w.q_norm.ptr : nullptr).with_context("indexer"));
+        return index_side_on() ? ok_status() : index_weights(l, x).with_context("indexer");
       }));
   if (p.index_source) {
     DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));
@@ -330,13 +327,18 @@ Status GpuForward::index_weights(int64_t l, const float* x) {
   return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), stream_);
 }
 
-// DS41_INDEX_SIDE=1: an index source's head weights and key offsets on the side stream, its q_r normalized
-// in both GEMVs' staging (index_side, try_linear_normed). Measured slower, so opt-in (H100, same machine,
-// alternating, session of 2026-12-07 00:38 UTC: batch-1 layers 2,106 / 2,108 us with it against 2,080 /
-// 2,079 without, the three index layers 8-13 us longer each; not yet split into its two parts). Off: the
-// weights and the keys on the main stream after the queries, q_r normalized in place. The same bits.
+// DS41_INDEX_SIDE=1: an index source's head weights and key offsets on the side stream (index_side);
+// DS41_INDEX_NORM_STAGED=1: its q_r normalized in both GEMVs' staging (try_linear_normed). Both on together
+// were measured slower, so both are opt-in (H100, same machine, alternating, session of 2026-12-07 00:38
+// UTC: batch-1 layers 2,106 / 2,108 us with both against 2,080 / 2,079 without, the three index layers 8-13
+// us longer each); each alone is not yet timed. Off: the weights and the keys on the main stream after the
+// queries, q_r normalized in place. The same bits either way.
 bool GpuForward::index_side_on() {
   static const bool on = cuda::switch_opt_in("DS41_INDEX_SIDE");
+  return on;
+}
+bool GpuForward::index_norm_staged_on() {
+  static const bool on = cuda::switch_opt_in("DS41_INDEX_NORM_STAGED");
   return on;
 }
 

@@ -276,6 +276,7 @@ class GpuForward {
   Status index_side(int64_t l, const float* x);
   Status index_weights(int64_t l, const float* x);
   static bool index_side_on();
+  static bool index_norm_staged_on();
   Status index_keys(int64_t l);
   bool index_packed() const;
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
