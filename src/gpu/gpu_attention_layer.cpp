@@ -291,7 +291,8 @@ Status GpuForward::index_queries(int64_t l, float* q_r, const float* q_norm) {
   bool normed = false;
   if (q_norm != nullptr) DS41_RETURN_IF_ERROR(try_linear_normed(w.idx_wq_b, q_r, n, ws_.qi, q_norm, &normed));
   if (q_norm != nullptr && !normed)
-    DS41_RETURN_IF_ERROR(cuda::run_rms_norm(q_r, n, c_->q_lora_rank, q_norm, static_cast<float>(c_->rms_norm_eps), q_r, s));
+    DS41_RETURN_IF_ERROR(
+        cuda::run_rms_norm(q_r, n, c_->q_lora_rank, q_norm, static_cast<float>(c_->rms_norm_eps), q_r, s));
   if (!normed) DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
   {  // rotate every head, Q_idx in place: one launch
     cuda::RowsNormRopeQuantArgs a;

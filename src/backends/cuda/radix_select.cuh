@@ -380,4 +380,67 @@ __device__ int64_t select_emit(const Load& load, int64_t t, const Threshold& th,
   return run_gt + min(run_eq, th.take_eq);
 }
 
+// select_emit's emit calls and return value with one barrier instead of two per blockDim entries (for loads
+// from shared memory: the entries are read twice). Warp w owns the contiguous entries [w P, (w + 1) P),
+// P = 32 ceil(t / (32 nwarps)); at step j lane l has entry w P + 32 j + l, so a warp walks its entries in
+// index order. Pass 1 counts the warp's entries > T and == T (ballots, no barrier); one barrier publishes
+// the warps' counts; pass 2 reads the entries again and emits each with select_emit's rank (entries > T and
+// the first take_eq entries == T, in index order). The same calls with the same arguments, so the same
+// outputs. All threads of the CTA call it.
+template <typename Load, typename Emit>
+__device__ int64_t select_emit_runs(const Load& load, int64_t t, const Threshold& th, SelectShared& sh,
+                                    const Emit& emit) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  const int64_t per_warp = (t + 32 * nwarps - 1) / (32 * nwarps) * 32;
+  const int64_t b0 = warp * per_warp, b1 = min(t, b0 + per_warp);  // b1 <= b0: no entries (uniform per warp)
+  auto flags = [&](int64_t i, bool& gt, bool& eq) {
+    gt = eq = false;
+    if (i < b1) {
+      const float x = load(i);
+      if (selectable(x)) {
+        const uint32_t key = order_key(x);
+        gt = th.take_all || key > th.key;
+        eq = !th.take_all && key == th.key;
+      }
+    }
+  };
+  int64_t cnt_gt = 0, cnt_eq = 0;
+  for (int64_t base = b0; base < b1; base += 32) {
+    bool gt, eq;
+    flags(base + lane, gt, eq);
+    cnt_gt += __popc(__ballot_sync(kFull, gt));
+    cnt_eq += __popc(__ballot_sync(kFull, eq));
+  }
+  if (lane == 0) {
+    sh.warp_gt[warp] = static_cast<uint32_t>(cnt_gt);
+    sh.warp_eq[warp] = static_cast<uint32_t>(cnt_eq);
+  }
+  __syncthreads();
+  int64_t run_gt = 0, run_eq = 0, tot_gt = 0, tot_eq = 0;
+  for (int w = 0; w < nwarps; ++w) {
+    if (w < warp) {
+      run_gt += sh.warp_gt[w];
+      run_eq += sh.warp_eq[w];
+    }
+    tot_gt += sh.warp_gt[w];
+    tot_eq += sh.warp_eq[w];
+  }
+  for (int64_t base = b0; base < b1; base += 32) {
+    const int64_t i = base + lane;
+    bool gt, eq;
+    flags(i, gt, eq);
+    const unsigned gt_b = __ballot_sync(kFull, gt), eq_b = __ballot_sync(kFull, eq);
+    if (i < b1) {
+      const int64_t gt_before = run_gt + __popc(gt_b & lt_mask), eq_before = run_eq + __popc(eq_b & lt_mask);
+      const bool s = gt || (eq && eq_before < th.take_eq);
+      emit(i, s, gt_before + min(eq_before, th.take_eq));
+    }
+    run_gt += __popc(gt_b);
+    run_eq += __popc(eq_b);
+  }
+  __syncthreads();  // warp_gt / warp_eq may be rewritten by the caller
+  return tot_gt + min(tot_eq, th.take_eq);
+}
+
 }  // namespace ds41::cuda::sel

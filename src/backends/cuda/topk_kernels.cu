@@ -64,11 +64,14 @@ __device__ sel::Threshold threshold(const Load& load, int64_t m, int64_t k, sel:
 __device__ inline sel::SelectShared& emit_shared(sel::SelectShared& sh) { return sh; }
 __device__ inline sel::SelectShared& emit_shared(sel::WideShared& sh) { return sh.fallback; }
 
-// The k best of load(0..m) emitted in ascending order (radix_select.cuh), o[taken..k) = -1.
+// The k best of load(0..m) emitted in ascending order (radix_select.cuh), o[taken..k) = -1. runs: the emit
+// with one barrier (sel::select_emit_runs; loads from shared memory only), else select_emit's chunks.
 template <typename Shared, typename Load, typename Emit>
-__device__ void select_padded(const Load& load, int64_t m, int64_t k, Shared& sh, const Emit& emit, int32_t* o) {
+__device__ void select_padded(const Load& load, int64_t m, int64_t k, Shared& sh, const Emit& emit, int32_t* o,
+                              bool runs = false) {
   const sel::Threshold th = threshold(load, m, k, sh);
-  const int64_t taken = sel::select_emit(load, m, th, emit_shared(sh), emit);
+  const int64_t taken = runs ? sel::select_emit_runs(load, m, th, emit_shared(sh), emit)
+                             : sel::select_emit(load, m, th, emit_shared(sh), emit);
   for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
 }
 
@@ -77,7 +80,7 @@ __device__ void select_padded(const Load& load, int64_t m, int64_t k, Shared& sh
 // read the row from global memory (through L2) each time. The same selection either way.
 template <bool Wide>
 __global__ void __launch_bounds__(1024) topk_rows_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
-                                 int32_t* __restrict__ out, bool cached) {
+                                 int32_t* __restrict__ out, bool cached, bool runs) {
   dev::pdl_enter();
   __shared__ SelShared<Wide> sh;
   extern __shared__ float smem[];  // the cached row
@@ -89,7 +92,7 @@ __global__ void __launch_bounds__(1024) topk_rows_kernel(const float* __restrict
   };
   if (cached) {
     cache_row(row, t, smem);
-    select_padded([&](int64_t i) { return smem[i]; }, t, k, sh, emit, o);
+    select_padded([&](int64_t i) { return smem[i]; }, t, k, sh, emit, o, runs);
   } else {
     select_padded([row](int64_t i) { return row[i]; }, t, k, sh, emit, o);
   }
@@ -105,7 +108,7 @@ __global__ void __launch_bounds__(1024) topk_rows_kernel(const float* __restrict
 // row's ascending index order. The same set and order as topk_rows_kernel, bit for bit.
 template <bool Wide>
 __global__ void __launch_bounds__(1024) topk_chunks_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
-                                                           int64_t chunk, int32_t* __restrict__ cand) {
+                                                           int64_t chunk, int32_t* __restrict__ cand, bool runs) {
   dev::pdl_enter();
   __shared__ SelShared<Wide> sh;
   extern __shared__ float smem[];  // the chunk's scores (chunk <= kMaxCachedScores)
@@ -118,13 +121,13 @@ __global__ void __launch_bounds__(1024) topk_chunks_kernel(const float* __restri
   auto emit = [o, b0](int64_t i, bool s, int64_t pos) {
     if (s) o[pos] = static_cast<int32_t>(b0 + i);
   };
-  select_padded(load, m, k, sh, emit, o);
+  select_padded(load, m, k, sh, emit, o, runs);
 }
 
 template <bool Wide>
 __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
                                                           int64_t g, const int32_t* __restrict__ cand,
-                                                          int32_t* __restrict__ out) {
+                                                          int32_t* __restrict__ out, bool runs) {
   dev::pdl_enter();
   __shared__ SelShared<Wide> sh;
   extern __shared__ float smem[];  // the candidates' scores (-inf for padding)
@@ -141,7 +144,7 @@ __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restric
   auto emit = [o, cr](int64_t i, bool s, int64_t pos) {
     if (s) o[pos] = cr[i];
   };
-  select_padded(load, m, k, sh, emit, o);
+  select_padded(load, m, k, sh, emit, o, runs);
 }
 
 // bs: the workspace row (written and read here: plain loads, no read-only cache path).
@@ -242,6 +245,15 @@ bool wide_on() {
   return g_wide >= 0 ? g_wide != 0 : env;
 }
 
+// DS41_TOPK_EMIT_RUNS=1: the emit of rows in shared memory with one barrier (sel::select_emit_runs) instead of
+// two per blockDim scores. Opt-in: written without a device (session of 2026-12-07 00:38 UTC), not yet timed;
+// the same outputs either way (SelectionParity runs both).
+int g_runs = -1;
+bool runs_on() {
+  static const bool env = switch_opt_in("DS41_TOPK_EMIT_RUNS");
+  return g_runs >= 0 ? g_runs != 0 : env;
+}
+
 // The wide kernels' static shared memory (sel::WideShared, ~18 KB) and a cached row of up to
 // kMaxCachedScores floats exceed the 48 KB a block gets without opting in.
 template <typename K>
@@ -262,6 +274,7 @@ void allow_wide_once() {
 }  // namespace
 
 void set_topk_wide_for_tests(int wide) { g_wide = wide < 0 ? -1 : (wide ? 1 : 0); }
+void set_topk_emit_runs_for_tests(int runs) { g_runs = runs < 0 ? -1 : (runs ? 1 : 0); }
 
 size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k) {
   const Chunks c = chunks_for(std::min(n, kChunkedMaxRows), t, k);
@@ -283,18 +296,18 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
     if (!workspace) return invalid_argument("topk_rows: the chunked path needs topk_workspace_bytes of workspace");
     int32_t* cand = static_cast<int32_t*>(workspace);
     launch(wide ? topk_chunks_kernel<true> : topk_chunks_kernel<false>, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)), threads_for(ch.chunk),
-           static_cast<size_t>(ch.chunk) * sizeof(float), stream, scores, t, k, ch.chunk, cand);
+           static_cast<size_t>(ch.chunk) * sizeof(float), stream, scores, t, k, ch.chunk, cand, runs_on());
     DS41_RETURN_IF_ERROR(last_launch_status("topk_rows (chunks)"));
     launch(wide ? topk_merge_kernel<true> : topk_merge_kernel<false>, static_cast<unsigned>(n), threads_for(ch.g * k),
            static_cast<size_t>(ch.g * k) * sizeof(float), stream, scores, t, k, ch.g,
-           static_cast<const int32_t*>(cand), out);
+           static_cast<const int32_t*>(cand), out, runs_on());
     return last_launch_status("topk_rows (merge)");
   }
   static const bool cache_allowed = switch_on("DS41_TOPK_CACHE");
   const bool cached = cache_allowed && t <= kMaxCachedScores;
   const int threads = threads_for(t);
   launch(wide ? topk_rows_kernel<true> : topk_rows_kernel<false>, static_cast<unsigned>(n), threads, cached ? static_cast<size_t>(t) * sizeof(float) : 0,
-         stream, scores, t, k, out, cached);
+         stream, scores, t, k, out, cached, cached && runs_on());
   return last_launch_status("topk_rows");
 }
 

@@ -23,6 +23,9 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
 // chosen bin's keys; radix_select.cuh) by default, the four-pass select with DS41_TOPK_WIDE=0. The
 // same index sets. Tests: 1 wide, 0 four-pass, -1 back to the environment.
 void set_topk_wide_for_tests(int wide);
+// The emit of rows held in shared memory with one barrier (DS41_TOPK_EMIT_RUNS=1, opt-in until timed) or in
+// chunks of blockDim scores with two each; the same outputs. Tests: 1 / 0, -1 back to the environment.
+void set_topk_emit_runs_for_tests(int runs);
 // As ops::Backend::candidate_pool (mask [n, t]).
 size_t candidate_pool_workspace_bytes(int64_t n, int64_t t, int64_t block, int64_t keep_blocks);
 Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n, int64_t t, int64_t block,

@@ -321,7 +321,8 @@ TEST(GxStepKernels, WindowKvStepEqualsTheThreeLaunches) {
       ring_read.insert(ring_read.end(), own.begin(), own.end());
       ring_write[s] = c.overlap ? own[g() % own.size()] : (s * slots + slots - 1) * win_row;
     }
-    std::vector<float> kv(static_cast<size_t>(n * d)), kv_norm(static_cast<size_t>(d)), inv(std::max<int64_t>(c.n_freq, 1));
+    std::vector<float> kv(static_cast<size_t>(n * d)), kv_norm(static_cast<size_t>(d));
+    std::vector<float> inv(std::max<int64_t>(c.n_freq, 1));
     std::normal_distribution<float> nd(0.0f, 2.0f);
     for (auto& v : kv) v = nd(g);
     for (auto& v : kv_norm) v = 1.0f + 0.1f * nd(g);
@@ -431,7 +432,8 @@ TEST(GxStepKernels, WindowKvStepEqualsTheThreeLaunches) {
                                                                                [](int32_t e) { return e >= 0; })));
       EXPECT_EQ(to_host(d_idx[0], entries), to_host(d_idx[1], entries)) << c.what;
     }
-    std::printf("window_kv_step %s: %lld rows of %lld, %lld ring rows, %lld selections: %s, %lld of %lld floats differ\n",
+    std::printf("window_kv_step %s: %lld rows of %lld, %lld ring rows, %lld selections: %s, %lld of %lld floats "
+                "differ\n",
                 c.what, (long long)n, (long long)d, (long long)R, (long long)(c.entries ? n * k : 0),
                 window_kv_step_fused(wk[1]) ? "one launch" : "the sequence", (long long)differ, (long long)used);
     for (void* q : {(void*)d_pages, (void*)d_pb, (void*)d_pool, (void*)d_sel, (void*)d_rs, (void*)d_wo, (void*)d_wi,

@@ -85,8 +85,9 @@ struct TopkCase {
   Gen gen;
 };
 
-// One top-k case against the CPU op with each select (the wide one, then the four passes): the rows
-// generated and the CPU's sets computed once, one report line and one assertion per select.
+// One top-k case against the CPU op with each select (the wide one, then the four passes) and each emit
+// (select_emit's chunks, then select_emit_runs' one barrier): the rows generated and the CPU's sets computed
+// once, one report line and one assertion per select and emit.
 void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<float> sc(c.n * c.t);
@@ -94,8 +95,10 @@ void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, 
   std::vector<int32_t> want(c.n * c.k);
   cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
   auto dsc = upload(sc);
-  for (int wide : {1, 0}) {
+  for (int mode : {2, 0, 3, 1}) {  // bit 1: wide select, bit 0: the one-barrier emit
+    const int wide = mode >> 1, runs = mode & 1;
     set_topk_wide_for_tests(wide);
+    set_topk_emit_runs_for_tests(runs);
     DevBuf<int32_t> dout(want.size());
     DevBuf<uint8_t> ws(topk_workspace_bytes(c.n, c.t, c.k));
     ASSERT_TRUE(dsc->p && dout.p && ws.p);
@@ -103,13 +106,18 @@ void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, 
     auto got = from_dev(dout.p, want.size());
     int64_t bad = 0;
     for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
-    report(wide ? "topk_rows (wide select)" : "topk_rows (four-pass select)",
+    static const char* const kNames[4] = {"topk_rows (four-pass select)",
+                                          "topk_rows (four-pass select, one-barrier emit)",
+                                          "topk_rows (wide select)", "topk_rows (wide select, one-barrier emit)"};
+    report(kNames[mode],
            std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
                " k=" + std::to_string(c.k),
            static_cast<double>(bad), 0, "index sets in the tie order: exact");
-    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " n=" << c.n << " t=" << c.t << " k=" << c.k << " wide=" << wide;
+    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " n=" << c.n << " t=" << c.t << " k=" << c.k << " wide=" << wide
+                      << " runs=" << runs;
   }
   set_topk_wide_for_tests(-1);
+  set_topk_emit_runs_for_tests(-1);
 }
 
 TEST(SelectionParity, TopkRows) {
