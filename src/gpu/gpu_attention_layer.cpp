@@ -50,16 +50,8 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
   cuda::SelectedEntriesArgs se;
   auto selected_args = [&]() -> bool {
     const PlanSource& src = sources_[source_of_layer_[p.kv_owner]];
-    const KvPageGeometry& g = pool_->geometry();
     const int64_t comp_base = n + ring_rows_;
-    cuda::PagedRowsArgs pa;
-    pa.pages = src.pages;
-    pa.seq_page_begin = src.seq_page_begin;
-    pa.entries_per_page = g.entries_per_page;
-    pa.page_bytes = g.page_bytes();
-    pa.offset_in_page = g.kv_offset_in_page();
-    pa.row_bytes = g.kv_row_bytes;
-    se.pages = pa;
+    se.pages = source_rows(src, /*keys=*/false);
     se.sel = ws_.sel;
     se.n = n;
     se.k = K;
@@ -354,21 +346,27 @@ Status GpuForward::index_keys(int64_t l) {
   const PlanSource& src = sources_[j];
   if (pi.ts == 0 || carry_.keys_of_source == j) return ok_status();
   cudaStream_t s = stream_;
+  const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
+  DS41_RETURN_IF_ERROR(cuda::run_paged_row_offsets(source_rows(src, /*keys=*/true), src.key_row_begin, n_seqs,
+                                                   src.decode_keys, ws_.key_offsets, s));
+  if (!index_packed())
+    DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
+                                                      src.decode_keys, ws_.keys, s));
+  carry_.keys_of_source = j;
+  return ok_status();
+}
+
+// A KV source's rows in the pool: its Q_kv entries, or (keys) its Q_idx keys (MODEL_SPEC 5.2).
+cuda::PagedRowsArgs GpuForward::source_rows(const PlanSource& src, bool keys) const {
   const KvPageGeometry& g = pool_->geometry();
   cuda::PagedRowsArgs pa;
   pa.pages = src.pages;
   pa.seq_page_begin = src.seq_page_begin;
   pa.entries_per_page = g.entries_per_page;
   pa.page_bytes = g.page_bytes();
-  pa.offset_in_page = g.key_offset_in_page();
-  pa.row_bytes = g.key_row_bytes;
-  const int64_t n_seqs = static_cast<int64_t>(seqs_.size());
-  DS41_RETURN_IF_ERROR(cuda::run_paged_row_offsets(pa, src.key_row_begin, n_seqs, src.decode_keys, ws_.key_offsets, s));
-  if (!index_packed())
-    DS41_RETURN_IF_ERROR(cuda::run_decode_rows_gather(FakeQuantOp::kIdx, dI, pool_->base(), ws_.key_offsets,
-                                                      src.decode_keys, ws_.keys, s));
-  carry_.keys_of_source = j;
-  return ok_status();
+  pa.offset_in_page = keys ? g.key_offset_in_page() : g.kv_offset_in_page();
+  pa.row_bytes = keys ? g.key_row_bytes : g.kv_row_bytes;
+  return pa;
 }
 
 // Whether this call's indexer scores the packed Q_idx rows (the step's shape only: the same for every
@@ -414,7 +412,7 @@ Status GpuForward::index(int64_t l, const GpuForwardOptions& opt, std::vector<mo
     // Decode-shaped calls score the packed Q_idx rows in the pool directly (the same bits); the others
     // (prefill chunks: the tensor cores) read float keys decoded once per source and step. The choice
     // depends on the step's shape only, so it is the same for every index layer of the step.
-    const bool packed = cuda::indexer_scores_packed_supported(ia);
+    const bool packed = index_packed();
     DS41_RETURN_IF_ERROR(index_keys(l));  // listed on the side stream already, unless this call had none
     if (packed) {
       ia.key_base = pool_->base();

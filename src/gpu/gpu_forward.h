@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "backends/cuda/fused_moe_kernels.h"
+#include "backends/cuda/gx_step_kernels.h"
 #include "backends/cuda/linear_epilogue.h"
 #include "core/status.h"
 #include "gpu/device_model.h"
@@ -279,6 +280,7 @@ class GpuForward {
   static bool index_norm_staged_on();
   Status index_keys(int64_t l);
   bool index_packed() const;
+  cuda::PagedRowsArgs source_rows(const PlanSource& src, bool keys) const;
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,

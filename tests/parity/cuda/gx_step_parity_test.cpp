@@ -67,6 +67,26 @@ Paged make_paged(std::mt19937& g, int64_t seqs, int64_t max_count, int64_t E) {
   return p;
 }
 
+// Q_kv pages (16 entries each, rows of kv_row_bytes(hd) after a 48-byte header) for sequences of `counts`
+// entries, in scrambled physical order, and a pool of random bytes holding them.
+Paged make_kv_pages(std::mt19937& g, const std::vector<int64_t>& counts, int64_t hd, std::vector<uint8_t>* pool) {
+  Paged p;
+  p.E = 16;
+  p.row = quant::kv_row_bytes(hd);
+  p.off = 48;
+  p.page_bytes = p.off + p.E * p.row + 16;
+  int32_t next = 0;
+  for (const int64_t c : counts) {
+    p.counts.push_back(c);
+    p.page_begin.push_back(static_cast<int64_t>(p.pages.size()));
+    for (int64_t i = 0; i < (c + p.E - 1) / p.E; ++i) p.pages.push_back(next++);
+  }
+  std::shuffle(p.pages.begin(), p.pages.end(), g);
+  pool->assign(static_cast<size_t>(std::max<int32_t>(next, 1) * p.page_bytes), 0);
+  for (auto& b : *pool) b = static_cast<uint8_t>(g());
+  return p;
+}
+
 TEST(GxStepKernels, PagedAndSelectionOffsets) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 g(7);
@@ -198,21 +218,10 @@ TEST(GxStepKernels, SelectedEntriesEqualTheThreeLaunches) {
                                 {40, 8, 128, 5},
                                 {300, 16, 64, 7},
                                 {2, 0, 64, 1}}) {
-    Paged p;
-    p.E = 16;
-    p.row = quant::kv_row_bytes(hd);
-    p.off = 48;
-    p.page_bytes = p.off + p.E * p.row + 16;
-    int32_t next = 0;
-    for (int64_t s = 0; s < seqs; ++s) {
-      const int64_t c = (s % 3 == 2) ? 0 : 1 + static_cast<int64_t>(g() % 700);
-      p.counts.push_back(c);
-      p.page_begin.push_back(static_cast<int64_t>(p.pages.size()));
-      for (int64_t i = 0; i < (c + p.E - 1) / p.E; ++i) p.pages.push_back(next++);
-    }
-    std::shuffle(p.pages.begin(), p.pages.end(), g);
-    std::vector<uint8_t> pool(static_cast<size_t>(std::max<int32_t>(next, 1) * p.page_bytes));
-    for (auto& b : pool) b = static_cast<uint8_t>(g());
+    std::vector<int64_t> counts;
+    for (int64_t s = 0; s < seqs; ++s) counts.push_back((s % 3 == 2) ? 0 : 1 + static_cast<int64_t>(g() % 700));
+    std::vector<uint8_t> pool;
+    const Paged p = make_kv_pages(g, counts, hd, &pool);
     std::vector<int32_t> sel(n * k), row_seq(n);
     for (int64_t r = 0; r < n; ++r) {
       row_seq[r] = static_cast<int32_t>(g() % seqs);
@@ -330,21 +339,10 @@ TEST(GxStepKernels, WindowKvStepEqualsTheThreeLaunches) {
     std::vector<int64_t> pos(n);
     for (int64_t s = 0; s < n; ++s) pos[s] = 4096 + 977 * s;
     // The KV owner's pages and the selections (as SelectedEntriesEqualTheThreeLaunches).
-    Paged p;
-    p.E = 16;
-    p.row = quant::kv_row_bytes(d);
-    p.off = 48;
-    p.page_bytes = p.off + p.E * p.row + 16;
-    int32_t next = 0;
-    for (int64_t s = 0; s < n; ++s) {
-      const int64_t cnt = 600 + static_cast<int64_t>(g() % 700);
-      p.counts.push_back(cnt);
-      p.page_begin.push_back(static_cast<int64_t>(p.pages.size()));
-      for (int64_t i = 0; i < (cnt + p.E - 1) / p.E; ++i) p.pages.push_back(next++);
-    }
-    std::shuffle(p.pages.begin(), p.pages.end(), g);
-    std::vector<uint8_t> pool(static_cast<size_t>(std::max<int32_t>(next, 1) * p.page_bytes));
-    for (auto& b : pool) b = static_cast<uint8_t>(g());
+    std::vector<int64_t> counts;
+    for (int64_t s = 0; s < n; ++s) counts.push_back(600 + static_cast<int64_t>(g() % 700));
+    std::vector<uint8_t> pool;
+    const Paged p = make_kv_pages(g, counts, d, &pool);
     std::vector<int32_t> sel(std::max<int64_t>(n * k, 1), -1), row_seq(n);
     for (int64_t r = 0; r < n; ++r) {
       row_seq[r] = static_cast<int32_t>(r);
