@@ -18,9 +18,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/attention_kernels.h"
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
@@ -551,7 +553,15 @@ __device__ __forceinline__ void split_count_and_combine(int64_t n_heads, int64_t
 // lane's float4 (q_off is even). Float sums in another order than the scalar kernel and fused
 // multiply-adds: the same tolerance to the CPU op (convex weights, float accumulation), run to run
 // bit-identical, and a row's result does not depend on the other rows of the call.
-template <int kJ>
+//
+// kP (the prefetch ring, DS41_ATTN_PREFETCH): 0 keeps one entry in flight per warp (the next row in
+// registers while this one is multiplied), so a warp's ~10 entries of a batch-1 step cost ~10 dependent
+// L2 round trips. kP > 0 streams the warp's entries through kP slots of shared memory by cp.async
+// (kP - 1 entries in flight beside the one multiplied, no registers held for them): each lane copies
+// exactly the 16-byte pieces it later reads (channels 128 j + 4 lane), so the lane's own wait_group
+// orders them and no barrier is needed; the entry indices come 32 at a time, one per lane, through a
+// shuffle. The same v values reach the same arithmetic in the same order: the same bits as kP = 0.
+template <int kJ, int kP>
 __global__ void __launch_bounds__(kThreads, 2)
     sparse_attention_split_vec_kernel(int64_t n_heads, const float* __restrict__ q,
                                       const int64_t* __restrict__ kv_offsets, const int32_t* __restrict__ kv_index,
@@ -613,20 +623,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     m[h] = seed && h < nh ? sink[h0 + h] : -INFINITY;
     l[h] = seed ? 1.0f : 0.0f;
   }
-  float4 v[kJ], vn[kJ];
-  auto load_row = [&](float4* dst, int32_t row) {
-    const float4* vp = reinterpret_cast<const float4*>(kv + static_cast<int64_t>(row) * kD) + lane;
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) dst[j] = vp[32 * j];
-  };
-  int64_t e = e0 + warp;
-  if (e < e1) load_row(v, kv_index[e]);
-  int32_t idx_next = e + kWarps < e1 ? kv_index[e + kWarps] : 0;
-  for (; e < e1; e += kWarps) {
-    if (e + kWarps < e1) {
-      load_row(vn, idx_next);
-      idx_next = e + 2 * kWarps < e1 ? kv_index[e + 2 * kWarps] : 0;
-    }
+  // One entry's row v (this lane's channels) into the online softmax of every head.
+  auto consume = [&](const float4 (&v)[kJ]) {
 #pragma unroll
     for (int h = 0; h < kSplitHeads; ++h) {
       float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
@@ -654,8 +652,56 @@ __global__ void __launch_bounds__(kThreads, 2)
         acc[h][j] = make_float4(__fmaf_rn(p, v[j].x, acc[h][j].x), __fmaf_rn(p, v[j].y, acc[h][j].y),
                                 __fmaf_rn(p, v[j].z, acc[h][j].z), __fmaf_rn(p, v[j].w, acc[h][j].w));
     }
+  };
+  if constexpr (kP == 0) {
+    float4 v[kJ], vn[kJ];
+    auto load_row = [&](float4* dst, int32_t row) {
+      const float4* vp = reinterpret_cast<const float4*>(kv + static_cast<int64_t>(row) * kD) + lane;
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) v[j] = vn[j];
+      for (int j = 0; j < kJ; ++j) dst[j] = vp[32 * j];
+    };
+    int64_t e = e0 + warp;
+    if (e < e1) load_row(v, kv_index[e]);
+    int32_t idx_next = e + kWarps < e1 ? kv_index[e + kWarps] : 0;
+    for (; e < e1; e += kWarps) {
+      if (e + kWarps < e1) {
+        load_row(vn, idx_next);
+        idx_next = e + 2 * kWarps < e1 ? kv_index[e + 2 * kWarps] : 0;
+      }
+      consume(v);
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) v[j] = vn[j];
+    }
+  } else {
+    // The warp's entries e0 + warp + i kWarps, i < cnt; entry i in slot i % kP of the warp's ring.
+    extern __shared__ __align__(16) float smem[];  // (the name the host emulator's rewrite knows)
+    float4* ring = reinterpret_cast<float4*>(smem) + static_cast<int64_t>(warp) * kP * kJ * 32 + lane;
+    const int64_t first = e0 + warp;
+    const int64_t cnt = first < e1 ? (e1 - first + kWarps - 1) / kWarps : 0;
+    int32_t idx_lane = 0;  // entry (i & ~31) + lane's index, for the issue of entries i .. i | 31
+    auto issue = [&](int64_t i) {  // warp-uniform i; one cp.async group per call (empty past cnt)
+      if (i < cnt) {
+        if ((i & 31) == 0) idx_lane = i + lane < cnt ? kv_index[first + (i + lane) * kWarps] : 0;
+        const int32_t row = __shfl_sync(kFull, idx_lane, static_cast<int>(i & 31));
+        const float4* src = reinterpret_cast<const float4*>(kv + static_cast<int64_t>(row) * kD) + lane;
+        float4* dst = ring + (i % kP) * kJ * 32;
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) dev::cp_async16(dst + 32 * j, src + 32 * j);
+      }
+      dev::cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < kP; ++i) issue(i);
+    for (int64_t i = 0; i < cnt; ++i) {
+      dev::cp_async_wait<kP - 1>();  // entry i's group (the oldest of the kP this lane has open)
+      float4 v[kJ];
+      const float4* src = ring + (i % kP) * kJ * 32;
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) v[j] = src[32 * j];
+      consume(v);
+      issue(i + kP);  // into the slot just read (its values are in registers and used)
+    }
+    dev::cp_async_wait<0>();
   }
 #pragma unroll
   for (int h = 0; h < kSplitHeads; ++h) {
@@ -717,6 +763,20 @@ __global__ void __launch_bounds__(kCombineThreads)
   sparse_attention_combine_head(n_heads, d, kv_offsets, splits, part_acc, part_ml, r, h, ov);
   __syncthreads();  // ov and cs complete
   rotate_back_head(ov, cs, d, n_freq, o, static_cast<int>(threadIdx.x), kCombineThreads);
+}
+
+// The vector split kernel's prefetch ring depth: DS41_ATTN_PREFETCH = 2 or 4 (opt-in until timed; 0 or
+// unset: one entry in flight, the register double buffer), or a test's override.
+int g_prefetch = -1;
+int attention_prefetch_depth() {
+  if (g_prefetch >= 0) return g_prefetch;
+  static const int env = [] {
+    const char* e = std::getenv("DS41_ATTN_PREFETCH");
+    if (e == nullptr) return 0;
+    const int v = std::atoi(e);
+    return v == 2 || v == 4 ? v : 0;
+  }();
+  return env;
 }
 
 // Splits per row of the decode kernel: enough CTAs for ~2 per SM, at least kMinSplitEntries entries
@@ -811,17 +871,44 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
                      a.counters != nullptr && a.counters_size >= a.n * split_groups &&
                      static_cast<int64_t>(grid) <= kTargetCtas;
   if (vec) {
-    auto go = [&](auto kernel) {
-      launch(kernel, grid, kThreads, 0, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
+    // The prefetch ring's depth (kP of the vector kernel): its slots are dynamic shared memory beside the
+    // kernel's static ~34 KB, kWarps x kP x head_dim floats (64 KB at 4 x 512), two CTAs per SM still.
+    const int depth = attention_prefetch_depth();
+    auto go = [&](auto kernel, int kp) {
+      const size_t smem = static_cast<size_t>(kWarps) * kp * a.head_dim * sizeof(float);
+      if (smem > 0) {
+        const Status st = cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                           static_cast<int>(smem)),
+                                      "sparse_attention_split: shared memory attribute");
+        if (!st.ok()) return st;
+      }
+      launch(kernel, grid, kThreads, smem, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
              a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf, rn,
              fused ? a.counters : nullptr, a.rope_pos, a.rope_inv_freq, a.rope_n_freq);
+      return ok_status();
     };
-    switch (a.head_dim / 128) {
-      case 1: go(sparse_attention_split_vec_kernel<1>); break;
-      case 2: go(sparse_attention_split_vec_kernel<2>); break;
-      case 3: go(sparse_attention_split_vec_kernel<3>); break;
-      default: go(sparse_attention_split_vec_kernel<4>); break;
-    }
+    auto by_depth = [&](auto k0, auto k2, auto k4) {
+      return depth == 4 ? go(k4, 4) : depth == 2 ? go(k2, 2) : go(k0, 0);
+    };
+    auto by_width = [&]() -> Status {
+      switch (a.head_dim / 128) {
+        case 1:
+          return by_depth(sparse_attention_split_vec_kernel<1, 0>, sparse_attention_split_vec_kernel<1, 2>,
+                          sparse_attention_split_vec_kernel<1, 4>);
+        case 2:
+          return by_depth(sparse_attention_split_vec_kernel<2, 0>, sparse_attention_split_vec_kernel<2, 2>,
+                          sparse_attention_split_vec_kernel<2, 4>);
+        case 3:
+          return by_depth(sparse_attention_split_vec_kernel<3, 0>, sparse_attention_split_vec_kernel<3, 2>,
+                          sparse_attention_split_vec_kernel<3, 4>);
+        default:
+          return by_depth(sparse_attention_split_vec_kernel<4, 0>, sparse_attention_split_vec_kernel<4, 2>,
+                          sparse_attention_split_vec_kernel<4, 4>);
+      }
+    };
+    const Status st = by_width();
+    DS41_RETURN_IF_ERROR(st);
   } else {
     launch(sparse_attention_split_kernel, grid, kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets,
            a.kv_index, a.kv, a.sink, a.scale, a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf,
@@ -837,6 +924,8 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
 }
 
 }  // namespace
+
+void set_attention_prefetch_for_tests(int depth) { g_prefetch = depth == 0 || depth == 2 || depth == 4 ? depth : -1; }
 
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {
   if (a.n < 0) return invalid_argument("sparse_attention: n " + std::to_string(a.n) + " is negative");

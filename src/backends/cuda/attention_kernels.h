@@ -68,5 +68,8 @@ size_t sparse_attention_workspace_bytes(int64_t n, int64_t n_heads, int64_t head
 // Counters SparseAttentionArgs::counters needs for any call with up to n rows (0 for n <= 0).
 int64_t sparse_attention_counter_count(int64_t n, int64_t n_heads);
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
+// Tests: the decode vector kernel's prefetch ring depth (0: one entry in flight; 2, 4: cp.async slots),
+// -1 back to DS41_ATTN_PREFETCH. Every depth gives the same bits.
+void set_attention_prefetch_for_tests(int depth);
 
 }  // namespace ds41::cuda

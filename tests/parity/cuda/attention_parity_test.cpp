@@ -234,6 +234,102 @@ TEST(AttentionParity, SparseAttentionTensorCoresSmall) {
   for (const AttnCase& c : kAttnTcSmallCases) check_sparse_attention(c, cpu, true);
 }
 
+// The decode vector kernel's prefetch ring (DS41_ATTN_PREFETCH = 2 / 4: each warp's entries streamed
+// through cp.async slots of shared memory) against one entry in flight: the same bits at every depth, with
+// and without the fused combine. Cases: the released decode shapes (8 splits of 10 entries per warp at one
+// row; at 6 rows one split of 640 entries, 80 per warp: the entry indices are fetched 32 per lane, so
+// several refills), and small shapes of every vector width for the host emulator, one of them past 32
+// entries per warp too (16 rows x 17 head pairs: one split).
+struct PrefetchCase {
+  const char* name;
+  int64_t n, heads, dim, kv_rows, entries;
+};
+void check_prefetch_bits(const PrefetchCase& c) {
+  std::mt19937 rng(static_cast<uint32_t>(c.n * 977 + c.heads * 13 + c.dim + c.entries));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t H = c.heads, D = c.dim;
+  std::vector<float> q(c.n * H * D), kv(c.kv_rows * D), sink(H);
+  for (float& v : q) v = nd(rng) * 2.0f;
+  for (float& v : kv) v = nd(rng);
+  for (float& v : sink) v = nd(rng);
+  quant::q_win_inplace(kv.data(), static_cast<int64_t>(kv.size()));
+  std::vector<int64_t> offs(c.n + 1, 0);
+  std::vector<int32_t> index;
+  for (int64_t r = 0; r < c.n; ++r) {
+    const int64_t e = r == 1 && c.n > 2 ? 1 : c.entries - static_cast<int64_t>(rng() % 7);  // a row of one entry
+    for (int64_t j = 0; j < e; ++j) index.push_back(static_cast<int32_t>(rng() % c.kv_rows));
+    offs[r + 1] = static_cast<int64_t>(index.size());
+  }
+  auto dq = upload(q);
+  auto dkv = upload(kv);
+  auto dsink = upload(sink);
+  auto doffs = upload(offs);
+  auto dindex = upload(index);
+  const size_t outs = static_cast<size_t>(c.n * H * D);
+  DevBuf<float> dout(outs);
+  ASSERT_TRUE(dq->p && dkv->p && dsink->p && doffs->p && dindex->p && dout.p);
+  SparseAttentionArgs ga;
+  ga.n = c.n;
+  ga.n_heads = H;
+  ga.head_dim = D;
+  ga.q = dq->p;
+  ga.kv_offsets = doffs->p;
+  ga.kv_index = dindex->p;
+  ga.kv = dkv->p;
+  ga.sink = dsink->p;
+  ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  ga.out = dout.p;
+  ga.max_entries_per_row = c.entries;
+  ga.workspace_bytes = sparse_attention_workspace_bytes(c.n, H, D, c.entries);
+  DevBuf<uint8_t> dws(std::max<size_t>(ga.workspace_bytes, 1));
+  ga.workspace = dws.p;
+  const int64_t nc = sparse_attention_counter_count(c.n, H);
+  auto dcnt = upload(std::vector<uint32_t>(static_cast<size_t>(std::max<int64_t>(nc, 1)), 0u));
+  for (const bool fused : {false, true}) {
+    SparseAttentionArgs a = ga;
+    if (fused) {
+      a.counters = dcnt->p;
+      a.counters_size = nc;
+    }
+    set_attention_prefetch_for_tests(0);
+    KC_OK(run_sparse_attention(a, nullptr));
+    const std::vector<float> want = from_dev(dout.p, outs);
+    for (const int depth : {2, 4}) {
+      set_attention_prefetch_for_tests(depth);
+      KC_OK(run_sparse_attention(a, nullptr));
+      const int64_t differ = bit_mismatches(from_dev(dout.p, outs), want);
+      report("sparse_attention prefetch",
+             std::string(c.name) + " n=" + std::to_string(c.n) + " " + std::to_string(H) + "x" + std::to_string(D) +
+                 " ~" + std::to_string(c.entries) + " entries, depth " + std::to_string(depth) +
+                 (fused ? ", fused combine" : "") + ": bits differing from depth 0",
+             static_cast<double>(differ), 0, "the same rows reach the same arithmetic in the same order");
+      EXPECT_EQ(differ, 0) << c.name << " depth " << depth << (fused ? " fused" : "");
+    }
+  }
+  set_attention_prefetch_for_tests(-1);
+}
+
+TEST(AttentionParity, SparseAttentionPrefetchKeepsTheBits) {
+  KC_SKIP_WITHOUT_GPU();
+  const PrefetchCase cases[] = {
+      {"released decode", 1, 64, 512, 4096, 640},
+      {"released decode, 6 rows", 6, 64, 512, 4096, 640},
+      {"released window", 1, 64, 512, 4096, 128},
+  };
+  for (const PrefetchCase& c : cases) check_prefetch_bits(c);
+}
+
+TEST(AttentionParity, SparseAttentionPrefetchKeepsTheBitsSmall) {
+  KC_SKIP_WITHOUT_GPU();
+  const PrefetchCase cases[] = {
+      {"vec 128 splits", 1, 4, 128, 300, 200},
+      {"vec 256 two rows", 2, 6, 256, 300, 90},
+      {"vec 384", 3, 2, 384, 200, 70},
+      {"vec 128 one split, > 32 entries a warp", 16, 34, 128, 500, 300},
+  };
+  for (const PrefetchCase& c : cases) check_prefetch_bits(c);
+}
+
 // SparseAttentionArgs::row_invariant (decode steps and DSpark verification forwards): a row gets the
 // same bits alone as in a call of 80 rows (two passes of the workspace's 64), with the inverse
 // rotation fused into the combine, and those of a plain one-row decode call; the released width
