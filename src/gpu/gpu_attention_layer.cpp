@@ -94,6 +94,11 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
     return ok_status();
   };
 
+  // DS41_QKV_DUAL=1 (opt-in until timed): wq_a and wkv of a decode step in one launch on the main stream
+  // before the fork (try_linear_dual: both read x; each output the bits of its own launch), so the side
+  // chain starts at the window step; one launch fewer per layer. Otherwise wkv opens the side chain.
+  bool dual = false;
+  if (qkv_dual_on()) DS41_RETURN_IF_ERROR(try_linear_dual(w.wq_a, w.wkv, x, n, ws_.q_r, ws_.kvf, &dual));
   // Two chains that share no buffer until the indexer scores keys: the window KV and the compressor
   // (ws_.kvf, the rings, the compressor buffers and pages) on the side stream, the query path with
   // the indexer's queries (ws_.q_r, ws_.q, ws_.qi, ws_.wt) on the main one (gpu_forward.h "Side
@@ -103,7 +108,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         // 3.4.3 window KV: RMSNorm(wkv x), rotate, Q_win. This call's rows are kvf rows [0, n).
         cudaStream_t s = stream_;
         float* kv = ws_.kvf;
-        DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
+        if (!dual) DS41_RETURN_IF_ERROR(linear(w.wkv, x, n, kv));
         // Earlier calls' window rows (kvf rows [n, n + ring_rows_)), decoded before this call's rows take
         // their ring slots; then in one launch the norm, the rotation, the ring update (packed from the
         // unquantized rows, as the reference's kvp) and Q_win in place.
@@ -133,7 +138,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
       [&]() -> Status {
         // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
         cudaStream_t s = stream_;
-        DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
+        if (!dual) DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
         if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging
           return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
         // q_r feeds wq_b and the indexer's queries: with DS41_INDEX_NORM_STAGED=1, where wq_b's GEMV normalizes
@@ -332,6 +337,10 @@ bool GpuForward::index_side_on() {
 }
 bool GpuForward::index_norm_staged_on() {
   static const bool on = cuda::switch_opt_in("DS41_INDEX_NORM_STAGED");
+  return on;
+}
+bool GpuForward::qkv_dual_on() {
+  static const bool on = cuda::switch_opt_in("DS41_QKV_DUAL");
   return on;
 }
 

@@ -202,6 +202,13 @@ Status GpuForward::linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWe
   return cuda::run_linear_pair(w, w2, x, n, y, y2, stream_, row_invariant_);
 }
 
+Status GpuForward::try_linear_dual(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
+                                   int64_t n, float* y, float* y2, bool* took) {
+  *took = false;
+  if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) return ok_status();  // prefill
+  return cuda::try_linear_dual(w, w2, x, n, y, y2, stream_, row_invariant_, took);
+}
+
 Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
                                   float* y) {
   if (tc_ && !row_invariant_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);

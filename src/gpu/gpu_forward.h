@@ -278,6 +278,7 @@ class GpuForward {
   Status index_weights(int64_t l, const float* x);
   static bool index_side_on();
   static bool index_norm_staged_on();
+  static bool qkv_dual_on();
   Status index_keys(int64_t l);
   bool index_packed() const;
   cuda::PagedRowsArgs source_rows(const PlanSource& src, bool keys) const;
@@ -306,6 +307,12 @@ class GpuForward {
   // (cuda::run_linear_pair), else as two linear() calls.
   Status linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n, float* y,
                      float* y2);
+  // Two weights of one input width over the same x, each its own output width (the attention's wq_a and
+  // wkv): *took true where one launch ran them at decode sizes (cuda::try_linear_dual: each output the
+  // bits of its own linear()); false with nothing launched otherwise (prefill: the GEMMs; the caller runs
+  // the two linears).
+  Status try_linear_dual(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n,
+                         float* y, float* y2, bool* took);
   // routing_early: the routing (ws_.offsets) was written two or more launches back on stream_ (the
   // MoE's w2 after its pair: cuda::run_expert_linear's routing_early).
   Status expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,

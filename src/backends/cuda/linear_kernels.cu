@@ -1415,6 +1415,21 @@ Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const floa
   return run_linear(w2, x, n, y2, stream, row_invariant);
 }
 
+Status try_linear_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
+                       cudaStream_t stream, bool row_invariant, bool* took) {
+  *took = false;
+  if (!check_weight(w, "linear_dual").ok() || !check_weight(w2, "linear_dual").ok()) return ok_status();
+  if (n > 0 && n <= int64_t{65535} * kTileM && x && y && y2 && w.format == w2.format && w.in_dim == w2.in_dim) {
+    // run_linear's tensor-core condition (dense()) for both weights: each alone would take try_dense.
+    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
+    if (tc_rows && tcg::try_dense_dual(w, w2, x, n, y, w.out_dim, y2, w2.out_dim, stream)) {
+      *took = true;
+      return last_launch_status("linear_dual");
+    }
+  }
+  return ok_status();
+}
+
 Status run_linear_expand(const DeviceWeight& w, const float* x, int64_t n, float* y, const HcExpandEpilogue& ex,
                          cudaStream_t stream, bool row_invariant) {
   const char* fn = "linear_expand";

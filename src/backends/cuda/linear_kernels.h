@@ -41,6 +41,13 @@ Status try_linear_normed(const DeviceWeight& w, const float* x, int64_t n, float
                          float eps, cudaStream_t stream, bool row_invariant, bool* took);
 Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
                        cudaStream_t stream, bool row_invariant = false);
+// Two weights of one format and input width over the same rows of x, each with its own output width (y:
+// rows of w.out_dim floats, y2: rows of w2.out_dim), in one launch where the tensor-core GEMV takes both
+// (decode-sized or row_invariant calls): *took = true, and y, y2 hold the bits of run_linear(w) and
+// run_linear(w2). Otherwise nothing is launched and *took = false (the caller runs the two linears; a bad
+// weight is left to them to report). The attention's wq_a and wkv of a decode step (one launch fewer).
+Status try_linear_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
+                       cudaStream_t stream, bool row_invariant, bool* took);
 // MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).
 Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
                           cudaStream_t stream, bool row_invariant = false);

@@ -1076,6 +1076,15 @@ __device__ void block_rows(const uint8_t* data, const uint8_t* sc, int64_t in, i
   if constexpr (kRing) dev::cp_async_wait<0>();  // no copy outlives the block (all are empty by now)
 }
 
+// Two weights of one input width and format over the same x with their own output widths, in one launch
+// (try_dense_dual: the attention's wq_a and wkv of a decode step): the grid's slots [0, slots1) run the
+// first weight as its own launch would (its KS, its slots), [slots1, slots1 + slots2) the second into y2
+// (rows of ldy2 floats), so each output's bits are those of its own launch. out_rows2 = 0: not dual.
+struct Dual {
+  int64_t out_rows2 = 0, ldy2 = 0;
+  int ks2 = 0, slots1 = 0, slots2 = 0;
+};
+
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
 // reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
 template <class D, bool kFp8, int NB, bool kRing>
@@ -1083,7 +1092,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
-                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, Epilogue sw) {
+                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, Epilogue sw, Dual du) {
   // PDL (pdl.cuh): with `early` (early_on) the first task's weight loads go out before the wait (the
   // weights are written by no kernel), so they stream while the previous kernel finishes; x, the norm
   // and y are touched only after it (in the staging).
@@ -1099,8 +1108,12 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   // A pair (data2 set: one group, z = 1 the second weight over the same x, into y2) or z = the group.
   // sw.act set: the pair with its SwiGLU in every block (grid z = 1; Epilogue), rows of act from r0;
   // sw.streams set: the expand into the streams of rows from r0.
-  const bool fused = sw.act != nullptr, expand = sw.streams != nullptr;
-  const bool second = !fused && data2 != nullptr && blockIdx.z != 0;
+  const bool fused = sw.act != nullptr, expand = sw.streams != nullptr, dual = du.out_rows2 > 0;
+  const bool second = dual ? static_cast<int>(blockIdx.y) >= du.slots1 : !fused && data2 != nullptr && blockIdx.z != 0;
+  const int64_t slot = dual && second ? blockIdx.y - du.slots1 : blockIdx.y;
+  const int64_t n_slots = dual ? (second ? du.slots2 : du.slots1) : gridDim.y;
+  const int64_t rows = dual && second ? du.out_rows2 : out_rows, ldo = dual && second ? du.ldy2 : ldy;
+  const int ks = dual && second ? du.ks2 : ks_log2;
   const int64_t grp = second || fused ? 0 : blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
@@ -1115,10 +1128,10 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     ps.c = sw.c;
     ps.h = sw.h;
   }
-  block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, out_rows, grp * out_rows, ks_log2,
+  block_rows<D, kFp8, NB, kRing>(second ? data2 : data, second ? sc2 : sc, in, rows, grp * out_rows, ks,
                                  smem_u2, nb, ex,
-                                 fused || expand ? nullptr : (second ? y2 : y) + r0 * ldy + grp * out_rows, ldy,
-                                 red_d, ring, ring_depth, blockIdx.y, gridDim.y,
+                                 fused || expand ? nullptr : (second ? y2 : y) + r0 * ldo + grp * out_rows, ldo,
+                                 red_d, ring, ring_depth, slot, n_slots,
                                  [&] {
                                    if (early) dev::pdl_enter();
                                    stage_x<D, NB>(xb, ldx, nb, in, smem_u2, red, ex, nullptr, norm);
@@ -1700,7 +1713,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
       }
       launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
-             norm != nullptr ? *norm : RowNorm{}, early_on(), sw);
+             norm != nullptr ? *norm : RowNorm{}, early_on(), sw, Dual{});
     };
     if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
@@ -1726,6 +1739,69 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     }
   });
   return true;
+}
+
+bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, int64_t ldy,
+                    float* y2, int64_t ldy2, cudaStream_t stream) {
+  // try_dense's conditions for each weight alone (one group, rows of x of in floats), plus one format and width.
+  if (!enabled() || !pairs_enabled() || n < 1 || n > kMaxRows || y == nullptr || y2 == nullptr) return false;
+  if (ring_mode() != 0) return false;  // the shared-memory ring (measurements) takes no dual launch
+  if (w.format != w2.format || w.in_dim != w2.in_dim || w.in_dim % 32 != 0 || w.out_dim < 1 || w2.out_dim < 1 ||
+      ldy < w.out_dim || ldy2 < w2.out_dim)
+    return false;
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || w.in_dim % 4 != 0) return false;  // float4 staging
+  const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows,
+             bf16 = w.format == WeightFormat::kBF16;
+  if (!fp8 && !fp4 && !bf16) return false;
+  if (fp4 && w.in_dim % 128 != 0) return false;
+  for (const DeviceWeight* d : {&w, &w2}) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(d->data);
+    if (p % (fp8 ? 8 : 16) != 0 || (!bf16 && d->scale == nullptr)) return false;
+  }
+  if (smem_bytes(w.in_dim, 2) > static_cast<size_t>(kMaxSmem)) return false;
+  // The kernel each weight alone would take (the wide FP8 pieces by each weight's own alignment).
+  auto wide_ok = [&](const DeviceWeight& d) {
+    return fp8 && fp8_wide() && d.in_dim % 64 == 0 && reinterpret_cast<uintptr_t>(d.data) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(d.scale) % 2 == 0;
+  };
+  const bool wide = wide_ok(w);
+  if (wide != wide_ok(w2)) return false;
+  // NB by the first weight's rule (a row's bits do not depend on NB), so one kernel serves both.
+  const int nbr = pick_nb(n, w.in_dim, (w.out_dim + 15) / 16, 1);
+  const size_t smem = smem_bytes(w.in_dim, nbr);
+  const int64_t units = (n + nbr - 1) / nbr;
+  bool launched = false;
+  auto go = [&](auto kernel, int U, int sub) {
+    constexpr auto K = decltype(kernel)::value;
+    allow_smem<K>();
+    const int per_sm = resident_blocks<K>(smem);
+    // Each weight's shape as its own launch computes it (try_dense: mats 1, one group).
+    const Shape s1 = shape(w.out_dim, 1, units, w.in_dim, U, sub, per_sm, env_dense_ks_log2());
+    const Shape s2 = shape(w2.out_dim, 1, units, w.in_dim, U, sub, per_sm, env_dense_ks_log2());
+    Dual du;
+    du.out_rows2 = w2.out_dim;
+    du.ldy2 = ldy2;
+    du.ks2 = s2.ks_log2;
+    du.slots1 = static_cast<int>(s1.slots);
+    du.slots2 = static_cast<int>(s2.slots);
+    const dim3 grid(static_cast<unsigned>(units), s1.slots + s2.slots, 1);
+    launch(K, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, w.out_dim, x, w.in_dim, n, y, ldy, s1.ks_log2,
+           w2.data, w2.scale, y2, 0, RowNorm{}, early_on(), Epilogue{}, du);
+    launched = true;
+  };
+  with_nb(nbr, [&](auto nbc) {
+    constexpr int NB = decltype(nbc)::value;
+    if (fp8 && wide) {
+      go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, Fp8x2::kU, Fp8x2::kSub);
+    } else if (fp8) {
+      go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, Fp8::kU, Fp8::kSub);
+    } else if (fp4) {
+      go(KernelT<tc_dense_kernel<Fp4, false, NB, false>>{}, Fp4::kU, Fp4::kSub);
+    } else {
+      go(KernelT<tc_dense_kernel<Bf16, false, NB, false>>{}, Bf16::kU, Bf16::kSub);
+    }
+  });
+  return launched;
 }
 
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,

@@ -88,6 +88,13 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 // routing_early: offsets and x_rows were written by a kernel two or more launches back in this stream
 // (launch.h contract 3), so the kernel may read them and issue its first weight loads before its PDL
 // wait (DS41_TCG_EXPERT_EARLY=0 / set_expert_early_for_tests turn it off; the same values either way).
+// Two weights of one format and input width over the same rows of x (ldx = in), each with its own output
+// width, in one launch: the slots of each run as its own try_dense launch would (its KS and slots), so y
+// and y2 get the bits of two try_dense calls. False (nothing launched) where either would not be taken,
+// or where the weights would take the shared-memory ring (DS41_TCG_RING).
+bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, int64_t ldy,
+                    float* y2, int64_t ldy2, cudaStream_t stream);
+
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr,

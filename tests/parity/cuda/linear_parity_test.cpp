@@ -550,6 +550,70 @@ size_t off_sentinel(const std::vector<float>& v) {
   return n;
 }
 
+// Two weights of one input width with their own output widths in one launch (try_linear_dual: the
+// attention's wq_a and wkv of a decode step, DS41_QKV_DUAL): each output bit for bit the output of its own
+// run_linear (the same KS and slots per weight), rows of exponents 2^-8 .. 2^8, 1 / 3 / 7 rows; a pair of
+// formats the launch cannot take launches nothing and leaves the outputs alone.
+struct DualCase {
+  WeightFormat format;
+  int64_t out1, out2, in;
+};
+void check_linear_dual(const std::vector<DualCase>& cases, uint64_t seed) {
+  for (const DualCase& c : cases) {
+    const HostWeight h1 = make_weight(c.format, c.out1, c.in, ++seed), h2 = make_weight(c.format, c.out2, c.in, ++seed);
+    const DevWeight d1(h1), d2(h2);
+    for (int64_t n : {1, 3, 7}) {
+      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(2 * (r % 9) - 8));
+      Dev<float> dx(x), a1(static_cast<size_t>(n * c.out1)), a2(static_cast<size_t>(n * c.out2)), b1(a1.n), b2(a2.n);
+      const bool inv = c.format == WeightFormat::kBF16;  // BF16 takes the tensor cores as decode steps do
+      ASSERT_TRUE(run_linear(d1.dw, dx.p, n, a1.p, nullptr, inv).ok());
+      ASSERT_TRUE(run_linear(d2.dw, dx.p, n, a2.p, nullptr, inv).ok());
+      bool took = false;
+      ASSERT_TRUE(try_linear_dual(d1.dw, d2.dw, dx.p, n, b1.p, b2.p, nullptr, inv, &took).ok());
+      const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out1, c.in}) + " | " +
+                                dims({c.out2, c.in}) + " n=" + std::to_string(n);
+      EXPECT_TRUE(took) << shape << ": the dual launch must take a decode-sized call of one format";
+      const std::vector<float> w1 = a1.get(), w2 = a2.get(), g1 = b1.get(), g2 = b2.get();
+      size_t differ = 0;
+      for (size_t i = 0; i < w1.size(); ++i) differ += bits_of(w1[i]) != bits_of(g1[i]);
+      for (size_t i = 0; i < w2.size(); ++i) differ += bits_of(w2[i]) != bits_of(g2[i]);
+      report("linear dual", shape + ": bits differing from two run_linear launches", static_cast<double>(differ), 0,
+             "each weight's slots run its own launch's KS and order");
+      EXPECT_EQ(differ, 0u) << shape;
+    }
+  }
+  {  // two formats: nothing launched, outputs untouched
+    const HostWeight h1 = make_weight(WeightFormat::kFp8Tiles, 64, 256, ++seed),
+                     h2 = make_weight(WeightFormat::kBF16, 32, 256, ++seed);
+    const DevWeight d1(h1), d2(h2);
+    Dev<float> dx(rand_floats(256, ++seed)), y1(64), y2(32);
+    ASSERT_EQ(cudaMemset(y1.p, 0xff, 64 * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemset(y2.p, 0xff, 32 * sizeof(float)), cudaSuccess);
+    bool took = true;
+    ASSERT_TRUE(try_linear_dual(d1.dw, d2.dw, dx.p, 1, y1.p, y2.p, nullptr, true, &took).ok());
+    EXPECT_FALSE(took);
+    EXPECT_EQ(off_sentinel(y1.get()) + off_sentinel(y2.get()), 0u) << "a refused dual call must write nothing";
+  }
+}
+
+TEST(LinearParity, LinearDualEqualsTwoLaunches) {
+  DS41_SKIP_WITHOUT_GPU();
+  // The released wq_a | wkv; then weights whose own launches take different KS (16384 rows: 1,024 row groups
+  // at 2 warps each, against 32 row groups at 4), so a second weight run at the first's KS would differ.
+  check_linear_dual({{WeightFormat::kFp8Tiles, 1280, 512, 5120}, {WeightFormat::kFp8Tiles, 16384, 512, 2048},
+                     {WeightFormat::kFp4Rows, 2304, 208, 5120}, {WeightFormat::kBF16, 384, 512, 5120}},
+                    17100);
+}
+
+TEST(LinearParity, LinearDualEqualsTwoLaunchesSmall) {
+  DS41_SKIP_WITHOUT_GPU();
+  check_linear_dual({{WeightFormat::kFp8Tiles, 160, 64, 1024}, {WeightFormat::kFp4Rows, 208, 48, 1024},
+                     {WeightFormat::kBF16, 96, 32, 512}, {WeightFormat::kFp8Tiles, 40, 24, 256}},
+                    17200);
+}
+
 // A pair with its SwiGLU as the launch's epilogue (run_expert_linear_pair_swiglu: the decode MoE's routed
 // w1 / w3 then act; run_linear_pair_swiglu with the opt-in dense switch: the shared expert's): against the CPU ops (linear, linear, swiglu), and
 // bit for bit against the two-launch path (the pair, then run_swiglu) where the pair's warps per row
