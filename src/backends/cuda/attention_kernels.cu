@@ -19,7 +19,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cp_async.cuh"
@@ -765,6 +767,20 @@ __global__ void __launch_bounds__(kCombineThreads)
   rotate_back_head(ov, cs, d, n_freq, o, static_cast<int>(threadIdx.x), kCombineThreads);
 }
 
+// cudaFuncAttributeMaxDynamicSharedMemorySize once per kernel (a kernel's size is fixed by its template
+// arguments; a decode step launches it per layer, and a captured step must not repeat host calls).
+Status allow_dynamic_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::vector<const void*> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (std::find(done.begin(), done.end(), kernel) != done.end()) return ok_status();
+  DS41_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+      "sparse_attention_split: shared memory attribute"));
+  done.push_back(kernel);
+  return ok_status();
+}
+
 // The vector split kernel's prefetch ring depth: DS41_ATTN_PREFETCH = 2 or 4 (opt-in until timed; 0 or
 // unset: one entry in flight, the register double buffer), or a test's override.
 int g_prefetch = -1;
@@ -876,13 +892,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
     const int depth = attention_prefetch_depth();
     auto go = [&](auto kernel, int kp) {
       const size_t smem = static_cast<size_t>(kWarps) * kp * a.head_dim * sizeof(float);
-      if (smem > 0) {
-        const Status st = cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                           static_cast<int>(smem)),
-                                      "sparse_attention_split: shared memory attribute");
-        if (!st.ok()) return st;
-      }
+      if (smem > 0) DS41_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
       launch(kernel, grid, kThreads, smem, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
              a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf, rn,
              fused ? a.counters : nullptr, a.rope_pos, a.rope_inv_freq, a.rope_n_freq);
