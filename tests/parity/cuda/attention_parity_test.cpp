@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -115,6 +116,32 @@ std::vector<float> cpu_sparse_attention(backends::cpu::CpuBackend& cpu, const st
   return out;
 }
 
+// A sparse attention call's host inputs on the device and the arguments over them (out, the workspace and
+// the switches are the caller's).
+struct DeviceAttention {
+  std::unique_ptr<DevBuf<float>> q, kv, sink;
+  std::unique_ptr<DevBuf<int64_t>> offs;
+  std::unique_ptr<DevBuf<int32_t>> index;
+  SparseAttentionArgs args;
+  bool ok() const { return q->p && kv->p && sink->p && offs->p && index->p; }
+};
+DeviceAttention upload_attention(const std::vector<float>& q, const std::vector<float>& kv,
+                                 const std::vector<float>& sink, const std::vector<int64_t>& offs,
+                                 const std::vector<int32_t>& index, int64_t n, int64_t H, int64_t D, int64_t max_e) {
+  DeviceAttention d{upload(q), upload(kv), upload(sink), upload(offs), upload(index), {}};
+  d.args.n = n;
+  d.args.n_heads = H;
+  d.args.head_dim = D;
+  d.args.q = d.q->p;
+  d.args.kv_offsets = d.offs->p;
+  d.args.kv_index = d.index->p;
+  d.args.kv = d.kv->p;
+  d.args.sink = d.sink->p;
+  d.args.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  d.args.max_entries_per_row = max_e;
+  return d;
+}
+
 void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu, bool tc = false) {
   const bool grid_promise = tc;
   std::mt19937 rng(static_cast<uint32_t>(c.n * 131 + c.heads * 7 + c.dim));
@@ -143,25 +170,11 @@ void check_sparse_attention(const AttnCase& c, backends::cpu::CpuBackend& cpu, b
   const std::vector<float> want = cpu_sparse_attention(cpu, q, kv, offs, index, sink, c.n, H, D);
 
   if (index.empty()) index.push_back(0);
-  auto dq = upload(q);
-  auto dkv = upload(kv);
-  auto dsink = upload(sink);
-  auto doffs = upload(offs);
-  auto dindex = upload(index);
+  const DeviceAttention da = upload_attention(q, kv, sink, offs, index, c.n, H, D, max_e);
   DevBuf<float> dout(want.size());
-  ASSERT_TRUE(dq->p && dkv->p && dsink->p && doffs->p && dindex->p && dout.p);
-  SparseAttentionArgs ga;
-  ga.n = c.n;
-  ga.n_heads = H;
-  ga.head_dim = D;
-  ga.q = dq->p;
-  ga.kv_offsets = doffs->p;
-  ga.kv_index = dindex->p;
-  ga.kv = dkv->p;
-  ga.sink = dsink->p;
-  ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  ASSERT_TRUE(da.ok() && dout.p);
+  SparseAttentionArgs ga = da.args;
   ga.out = dout.p;
-  ga.max_entries_per_row = max_e;
   ga.entries_on_bf16_grid = grid_promise;
   tc = tc && sparse_attention_tc_supported(ga);  // else run_sparse_attention falls back
   if (tc) ASSERT_GT(c.n, 16) << c.name << ": the tensor-core kernel serves calls of more than 16 rows";
@@ -260,26 +273,12 @@ void check_prefetch_bits(const PrefetchCase& c) {
     for (int64_t j = 0; j < e; ++j) index.push_back(static_cast<int32_t>(rng() % c.kv_rows));
     offs[r + 1] = static_cast<int64_t>(index.size());
   }
-  auto dq = upload(q);
-  auto dkv = upload(kv);
-  auto dsink = upload(sink);
-  auto doffs = upload(offs);
-  auto dindex = upload(index);
+  const DeviceAttention da = upload_attention(q, kv, sink, offs, index, c.n, H, D, c.entries);
   const size_t outs = static_cast<size_t>(c.n * H * D);
   DevBuf<float> dout(outs);
-  ASSERT_TRUE(dq->p && dkv->p && dsink->p && doffs->p && dindex->p && dout.p);
-  SparseAttentionArgs ga;
-  ga.n = c.n;
-  ga.n_heads = H;
-  ga.head_dim = D;
-  ga.q = dq->p;
-  ga.kv_offsets = doffs->p;
-  ga.kv_index = dindex->p;
-  ga.kv = dkv->p;
-  ga.sink = dsink->p;
-  ga.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  ASSERT_TRUE(da.ok() && dout.p);
+  SparseAttentionArgs ga = da.args;
   ga.out = dout.p;
-  ga.max_entries_per_row = c.entries;
   ga.workspace_bytes = sparse_attention_workspace_bytes(c.n, H, D, c.entries);
   DevBuf<uint8_t> dws(std::max<size_t>(ga.workspace_bytes, 1));
   ga.workspace = dws.p;
