@@ -147,11 +147,15 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         bool normed = false;
         if (index_norm_staged_on())
           DS41_RETURN_IF_ERROR(try_linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr, &normed));
+        // With DS41_QKV_DUAL=1 wq_b and idx_wq_b (both over the normalized q_r) in one launch too.
+        bool qi_done = false;
         if (!normed) {
           DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
-          DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
+          if (qkv_dual_on()) DS41_RETURN_IF_ERROR(try_linear_dual(w.wq_b, w.idx_wq_b, ws_.q_r, n, ws_.q, ws_.qi, &qi_done));
+          if (!qi_done) DS41_RETURN_IF_ERROR(linear(w.wq_b, ws_.q_r, n, ws_.q));  // rotated in attention_output
         }
-        DS41_RETURN_IF_ERROR(index_queries(l, ws_.q_r, normed ? w.q_norm.ptr : nullptr).with_context("indexer"));
+        DS41_RETURN_IF_ERROR(
+            index_queries(l, ws_.q_r, normed ? w.q_norm.ptr : nullptr, qi_done).with_context("indexer"));
         return index_side_on() ? ok_status() : index_weights(l, x).with_context("indexer");
       }));
   if (p.index_source) {
@@ -280,7 +284,7 @@ Status GpuForward::compress(int64_t l, const float* x) {
 // 3.4.6 the indexer's queries: Q_idx(rotate(idx_wq_b q_r)) per head into ws_.qi (the query path's q_r
 // only; the head weights are index_side's). q_norm set: q_r is raw, RMSNorm(q_r; q_norm) is the input
 // (normalized in idx_wq_b's staging, or in place first where the GEMV does not take the call).
-Status GpuForward::index_queries(int64_t l, float* q_r, const float* q_norm) {
+Status GpuForward::index_queries(int64_t l, float* q_r, const float* q_norm, bool qi_done) {
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t n = n_, nih = c_->index_n_heads, dI = c_->index_head_dim;
   const DeviceVec& inv = m_->rope_inv_freq(true);
@@ -290,7 +294,7 @@ Status GpuForward::index_queries(int64_t l, float* q_r, const float* q_norm) {
   if (q_norm != nullptr && !normed)
     DS41_RETURN_IF_ERROR(
         cuda::run_rms_norm(q_r, n, c_->q_lora_rank, q_norm, static_cast<float>(c_->rms_norm_eps), q_r, s));
-  if (!normed) DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
+  if (!normed && !qi_done) DS41_RETURN_IF_ERROR(linear(w.idx_wq_b, q_r, n, ws_.qi));
   {  // rotate every head, Q_idx in place: one launch
     cuda::RowsNormRopeQuantArgs a;
     a.rows = n * nih;

@@ -273,7 +273,8 @@ class GpuForward {
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                    std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr);
   Status compress(int64_t l, const float* x);
-  Status index_queries(int64_t l, float* q_r, const float* q_norm);
+  // qi_done: idx_wq_b already ran into ws_.qi (with wq_b in one launch, DS41_QKV_DUAL); then only the rotation.
+  Status index_queries(int64_t l, float* q_r, const float* q_norm, bool qi_done = false);
   Status index_side(int64_t l, const float* x);
   Status index_weights(int64_t l, const float* x);
   static bool index_side_on();
