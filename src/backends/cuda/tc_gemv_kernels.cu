@@ -87,6 +87,12 @@ namespace {
 
 using quant::WeightFormat;
 
+// The step's loads issued after its quad transposes (1, WarpTask::tile) or before them (0, as measured
+// until 2026-12-07): a build-time A/B (-DDS41_TCG_LOAD_AFTER_PREPARE=0); the same bits either way.
+#ifndef DS41_TCG_LOAD_AFTER_PREPARE
+#define DS41_TCG_LOAD_AFTER_PREPARE 1
+#endif
+
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Every row count: a decode step or a DSpark verification of any batch gets a one-row call's bits
@@ -880,10 +886,22 @@ struct WarpTask {
       cur = D::ring_read(st, r_j, r_aux);
     } else {
       cur = q[u];
+#if !DS41_TCG_LOAD_AFTER_PREPARE
+      if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
+      advance();
+#endif
+    }
+    D::prepare(cur, s_shift, kRing);
+#if DS41_TCG_LOAD_AFTER_PREPARE
+    // The loads of step k + U after prepare() (FP4 / Fp8x2: the quad transposes and the scale funnels write
+    // new registers, so q[u]'s are dead): the loads may then land in q[u]'s own registers, where loading
+    // before prepare() kept both alive and the two-step ring paid ~30 register moves per step (SASS,
+    // docs/perf/README.md, session of 2026-12-07 07:09 UTC). The same loads, a few dozen instructions later.
+    if constexpr (!kRing) {
       if (k + U < n) q[u] = D::load_at(ra, rb, sa, sb, s_shift);
       advance();
     }
-    D::prepare(cur, s_shift, kRing);
+#endif
     bool step_fast = D::step_fast(cur);
     if constexpr (!D::kUniformScale) step_fast = __all_sync(0xffffffffu, step_fast);
 #pragma unroll
