@@ -92,6 +92,12 @@ using quant::WeightFormat;
 #ifndef DS41_TCG_LOAD_AFTER_PREPARE
 #define DS41_TCG_LOAD_AFTER_PREPARE 1
 #endif
+// FP4: a step whose tiles all pass the scale window runs them without a branch between tiles (1,
+// WarpTask::tile), or every tile tested in the loop (0, as measured until 2026-12-07): a build-time A/B
+// (-DDS41_TCG_STEP_FAST=0); the same bits either way.
+#ifndef DS41_TCG_STEP_FAST
+#define DS41_TCG_STEP_FAST 1
+#endif
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -864,6 +870,53 @@ struct WarpTask {
     int bstride;                // uint2 per tile: 2 mmas x J columns x 4 lane groups
   };
 
+  // One tile on the fast path: the decoded A fragments times every column tile's B fragments at bp, the
+  // sum times 2^(scale - 127) into acc: one exact power of two (FP8: the tile's scale; FP4: rows r and r + 8
+  // each their own).
+  __device__ __forceinline__ static void fast_tile(const typename D::Q& w, uint32_t sc0, uint32_t sc1, const uint2* bp,
+                                                   const Fast& f, int J, float (&acc)[NT][4]) {
+    uint32_t a0[4], a1[4];
+    D::frags(w, a0, a1);
+    const float m0 = __uint_as_float(sc0 << 23), m1 = __uint_as_float(sc1 << 23);
+#pragma unroll
+    for (int c = 0; c < NT; ++c) {
+      const uint2 b0 = c == 0 ? bp[0] : bp[f.coff[c]], b1 = c == 0 ? bp[4 * J] : bp[f.coff[c] + 4 * J];
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_16816<D::kBf>(d, a0, b0.x, b0.y);
+      mma_16816<D::kBf>(d, a1, b1.x, b1.y);
+      acc[c][0] = __fmaf_rn(d[0], m0, acc[c][0]);
+      acc[c][1] = __fmaf_rn(d[1], m0, acc[c][1]);
+      acc[c][2] = __fmaf_rn(d[2], m1, acc[c][2]);
+      acc[c][3] = __fmaf_rn(d[3], m1, acc[c][3]);
+    }
+  }
+
+  // A step's tiles in order, each tested alone where the step's vote failed (step_fast false): a tile on
+  // the fast path as fast_tile, another in the oracle's arithmetic (exact_tile: a scale that can overflow a
+  // dequantized weight, where the oracle's fl(w * s) is inf, a NaN scale, or a multiplier outside the
+  // normal floats; rare). f.b advances past the step. t: the step's first tile.
+  __device__ __forceinline__ static void step_tiles(const typename D::Raw& cur, bool step_fast, Fast& f, int J, int64_t t,
+                                                    const uint2* xs, const int* ex, float (&acc)[NT][4]) {
+#pragma unroll
+    for (int j = 0; j < D::kSub; ++j) {
+      const typename D::Q w = D::sub(cur, j);
+      const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
+      const uint2* bp = f.b;
+      f.b += f.bstride;
+      bool fast = step_fast;
+      if (D::kSub > 1 && !fast) fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
+      if (fast) {
+        fast_tile(w, sc0, sc1, bp, f, J, acc);
+      } else {
+        const Adds add = exact_tile(w, sc0, sc1, xs, J, t + j, ex);
+#pragma unroll
+        for (int c = 0; c < NT; ++c)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[c][i] += add.v[c][i];
+      }
+    }
+  }
+
   // Step t0 + k from registers q[u] (u = k % U); the loads of step k + U (if any) issued before it
   // is multiplied; its kSub tiles one by one. The arithmetic is the one documented at the top:
   // d = mma(m = 0) then mma(m = 1) from zero, acc = fma(d, 2^(scale - 127), acc), tile by tile, for
@@ -904,41 +957,53 @@ struct WarpTask {
 #endif
     bool step_fast = D::step_fast(cur);
     if constexpr (!D::kUniformScale) step_fast = __all_sync(0xffffffffu, step_fast);
+    // FP4 (issue-bound: ~65 warp instructions per tile, the FP8 kernels ~45): a step whose tiles are all on
+    // the fast path (nearly every step) runs them straight, without a branch between tiles; another step
+    // tests each tile (step_tiles, the same arithmetic). The FP8 / BF16 kernels keep the per-tile test in
+    // the loop (the straight form spilled there at 128 registers).
+    if constexpr (DS41_TCG_STEP_FAST && std::is_same_v<D, Fp4>) {
+      if (step_fast) {
 #pragma unroll
-    for (int j = 0; j < D::kSub; ++j) {
-      const typename D::Q w = D::sub(cur, j);
-      const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
-      const uint2* bp = f.b;
-      const uint2 b00 = bp[0], b10 = bp[4 * J];  // column tile 0's fragments, loaded before the branch
-      f.b += f.bstride;
-      bool fast = step_fast;
-      if (D::kSub > 1 && !fast) fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
-      if (fast) {
-        uint32_t a0[4], a1[4];
-        D::frags(w, a0, a1);
-        // acc += sum * 2^(scale - 127): one exact power of two (FP8: the tile's scale; FP4: rows r
-        // and r + 8 each their own).
-        const float m0 = __uint_as_float(sc0 << 23), m1 = __uint_as_float(sc1 << 23);
-#pragma unroll
-        for (int c = 0; c < NT; ++c) {
-          const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_16816<D::kBf>(d, a0, b0.x, b0.y);
-          mma_16816<D::kBf>(d, a1, b1.x, b1.y);
-          acc[c][0] = __fmaf_rn(d[0], m0, acc[c][0]);
-          acc[c][1] = __fmaf_rn(d[1], m0, acc[c][1]);
-          acc[c][2] = __fmaf_rn(d[2], m1, acc[c][2]);
-          acc[c][3] = __fmaf_rn(d[3], m1, acc[c][3]);
-        }
+        for (int j = 0; j < D::kSub; ++j)
+          fast_tile(D::sub(cur, j), D::scale_a(cur, j), D::scale_b(cur, j), f.b + j * f.bstride, f, J, acc);
       } else {
-        // A scale that can overflow a dequantized weight (the oracle's fl(w * s) is then inf), a
-        // NaN scale, or a multiplier outside the normal floats: the oracle's arithmetic (rare).
-        const int64_t t = (t0 + k) * D::kSub + j;
-        const Adds add = exact_tile(w, sc0, sc1, xs, J, t, ex);
+        Fast g = f;
+        step_tiles(cur, false, g, J, (t0 + k) * D::kSub, xs, ex, acc);
+      }
+      f.b += D::kSub * f.bstride;
+    } else {
 #pragma unroll
-        for (int c = 0; c < NT; ++c)
+      for (int j = 0; j < D::kSub; ++j) {
+        const typename D::Q w = D::sub(cur, j);
+        const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
+        const uint2* bp = f.b;
+        const uint2 b00 = bp[0], b10 = bp[4 * J];  // column tile 0's fragments, loaded before the branch
+        f.b += f.bstride;
+        bool fast = step_fast;
+        if (D::kSub > 1 && !fast) fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
+        if (fast) {
+          uint32_t a0[4], a1[4];
+          D::frags(w, a0, a1);
+          const float m0 = __uint_as_float(sc0 << 23), m1 = __uint_as_float(sc1 << 23);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[c][i] += add.v[c][i];
+          for (int c = 0; c < NT; ++c) {
+            const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_16816<D::kBf>(d, a0, b0.x, b0.y);
+            mma_16816<D::kBf>(d, a1, b1.x, b1.y);
+            acc[c][0] = __fmaf_rn(d[0], m0, acc[c][0]);
+            acc[c][1] = __fmaf_rn(d[1], m0, acc[c][1]);
+            acc[c][2] = __fmaf_rn(d[2], m1, acc[c][2]);
+            acc[c][3] = __fmaf_rn(d[3], m1, acc[c][3]);
+          }
+        } else {
+          const int64_t t = (t0 + k) * D::kSub + j;
+          const Adds add = exact_tile(w, sc0, sc1, xs, J, t, ex);
+#pragma unroll
+          for (int c = 0; c < NT; ++c)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[c][i] += add.v[c][i];
+        }
       }
     }
     if constexpr (kRing) {  // the stage's last step: refill it with the stage rd further on

@@ -1467,6 +1467,54 @@ TEST(LinearParity, TensorCoreGemvFp8WidePieces) {
   }
 }
 
+// FP4 steps whose four tiles do not all pass the scale window (DS41_TCG_STEP_FAST: such a step leaves the
+// straight fast path and tests each tile): rows with one tile's scale at 200 (2^73: the exact path) in the
+// first, a middle and the last step of a row, a row whose every tile is outside, beside rows wholly inside;
+// within the parity tolerance of the CPU op, and each row's bits the same alone and in a call of 3 rows.
+TEST(LinearParity, TensorCoreGemvFp4StepsOutsideTheWindow) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_tc_gemv_for_tests(-1); }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  const int64_t out = 40, in = 1024, tiles = in / 32;  // 8 steps of four tiles per row
+  HostWeight hw = make_weight(WeightFormat::kFp4Rows, out, in, 17001);
+  for (int64_t t : {1, 14, 31}) hw.scale[3 * tiles + t] = 200;
+  for (int64_t t = 0; t < tiles; ++t) hw.scale[17 * tiles + t] = 200;
+  hw.scale[39 * tiles + 5] = 200;
+  DevWeight dw(hw);
+  const ops::WeightRef ref = host_ref(hw, hw.data.data(), hw.scale.data());
+  backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+  const int64_t n = 3;
+  const auto x = rand_floats(static_cast<size_t>(n * in), 17002, 1.0f);
+  std::vector<float> want(static_cast<size_t>(n * out));
+  cpu.linear(ref, x.data(), n, want.data());
+  Dev<float> dx(x), dy(want.size());
+  ASSERT_TRUE(run_linear(dw.dw, dx.p, n, dy.p, nullptr, true).ok());
+  const std::vector<float> got = dy.get();
+  // Per output (rows 3, 17 and 39 are ~2^73 times the others: one maximum over all would hide the others' errors).
+  double err = 0;
+  for (int64_t o = 0; o < out; ++o) {
+    std::vector<float> g, w;
+    for (int64_t r = 0; r < n; ++r) {
+      g.push_back(got[r * out + o]);
+      w.push_back(want[r * out + o]);
+    }
+    err = std::max(err, rel_to_max(g, w));
+  }
+  report("linear fp4 tc-gemv", "steps outside the scale window " + dims({out, in}) + " n=3, worst output", err,
+         kLinearTol, kLinearWhy);
+  size_t differ = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    Dev<float> d1(std::vector<float>(x.begin() + r * in, x.begin() + (r + 1) * in)), y1(out);
+    ASSERT_TRUE(run_linear(dw.dw, d1.p, 1, y1.p, nullptr, true).ok());
+    const std::vector<float> one = y1.get();
+    for (int64_t i = 0; i < out; ++i) differ += bits_of(one[i]) != bits_of(got[r * out + i]);
+  }
+  report("linear fp4 tc-gemv", "steps outside the window: rows alone vs n=3, bits differing",
+         static_cast<double>(differ), 0, "KS from the weight's shape only");
+}
+
 // run_linear_normed (the query path's RMSNorm inside wq_b's staging of x): the bits of run_rms_norm
 // followed by run_linear, on the fused path (decode-sized calls and row_invariant ones, FP8 / FP4 /
 // BF16; x left as it was) and on the fallback (the norm in place, then the plain call: 40 rows without
