@@ -873,14 +873,15 @@ struct WarpTask {
   // One tile on the fast path: the decoded A fragments times every column tile's B fragments at bp, the
   // sum times 2^(scale - 127) into acc: one exact power of two (FP8: the tile's scale; FP4: rows r and r + 8
   // each their own).
+  // b00, b10: column tile 0's fragments (bp[0], bp[4 J]), loaded by the caller (before its branch, where it has one).
   __device__ __forceinline__ static void fast_tile(const typename D::Q& w, uint32_t sc0, uint32_t sc1, const uint2* bp,
-                                                   const Fast& f, int J, float (&acc)[NT][4]) {
+                                                   uint2 b00, uint2 b10, const Fast& f, int J, float (&acc)[NT][4]) {
     uint32_t a0[4], a1[4];
     D::frags(w, a0, a1);
     const float m0 = __uint_as_float(sc0 << 23), m1 = __uint_as_float(sc1 << 23);
 #pragma unroll
     for (int c = 0; c < NT; ++c) {
-      const uint2 b0 = c == 0 ? bp[0] : bp[f.coff[c]], b1 = c == 0 ? bp[4 * J] : bp[f.coff[c] + 4 * J];
+      const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
       float d[4] = {0.f, 0.f, 0.f, 0.f};
       mma_16816<D::kBf>(d, a0, b0.x, b0.y);
       mma_16816<D::kBf>(d, a1, b1.x, b1.y);
@@ -906,7 +907,7 @@ struct WarpTask {
       bool fast = step_fast;
       if (D::kSub > 1 && !fast) fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
       if (fast) {
-        fast_tile(w, sc0, sc1, bp, f, J, acc);
+        fast_tile(w, sc0, sc1, bp, bp[0], bp[4 * J], f, J, acc);
       } else {
         const Adds add = exact_tile(w, sc0, sc1, xs, J, t + j, ex);
 #pragma unroll
@@ -965,7 +966,10 @@ struct WarpTask {
       if (step_fast) {
 #pragma unroll
         for (int j = 0; j < D::kSub; ++j)
-          fast_tile(D::sub(cur, j), D::scale_a(cur, j), D::scale_b(cur, j), f.b + j * f.bstride, f, J, acc);
+        {
+          const uint2* bp = f.b + j * f.bstride;
+          fast_tile(D::sub(cur, j), D::scale_a(cur, j), D::scale_b(cur, j), bp, bp[0], bp[4 * J], f, J, acc);
+        }
       } else {
         Fast g = f;
         step_tiles(cur, false, g, J, (t0 + k) * D::kSub, xs, ex, acc);
@@ -982,20 +986,7 @@ struct WarpTask {
         bool fast = step_fast;
         if (D::kSub > 1 && !fast) fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
         if (fast) {
-          uint32_t a0[4], a1[4];
-          D::frags(w, a0, a1);
-          const float m0 = __uint_as_float(sc0 << 23), m1 = __uint_as_float(sc1 << 23);
-#pragma unroll
-          for (int c = 0; c < NT; ++c) {
-            const uint2 b0 = c == 0 ? b00 : bp[f.coff[c]], b1 = c == 0 ? b10 : bp[f.coff[c] + 4 * J];
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
-            mma_16816<D::kBf>(d, a0, b0.x, b0.y);
-            mma_16816<D::kBf>(d, a1, b1.x, b1.y);
-            acc[c][0] = __fmaf_rn(d[0], m0, acc[c][0]);
-            acc[c][1] = __fmaf_rn(d[1], m0, acc[c][1]);
-            acc[c][2] = __fmaf_rn(d[2], m1, acc[c][2]);
-            acc[c][3] = __fmaf_rn(d[3], m1, acc[c][3]);
-          }
+          fast_tile(w, sc0, sc1, bp, b00, b10, f, J, acc);
         } else {
           const int64_t t = (t0 + k) * D::kSub + j;
           const Adds add = exact_tile(w, sc0, sc1, xs, J, t, ex);
