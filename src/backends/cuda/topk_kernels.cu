@@ -3,8 +3,10 @@
 // reference: both are defined by the same total order (score desc, index asc), and the selection
 // (radix_select.cuh) computes that order's k-th element exactly.
 //
-// topk_rows: one CTA per row (radix select over the row, then the ascending emit), no workspace;
-//   rows of up to 10240 scores are first copied into shared memory. Long rows of calls of at most
+// topk_rows: one CTA per row, no workspace: rows of up to 10240 scores by the register select
+//   (reg_select.cuh: the keys in registers, the k-th key by a radix-4 search of block-wide counts, then the
+//   ascending emit); with DS41_TOPK_REG=0 (or longer rows of calls of more than 64 rows) the radix selects
+//   (radix_select.cuh), rows of up to 10240 scores first copied into shared memory. Long rows of calls of at most
 //   64 rows (decode steps at long contexts) take two launches: the k best of each chunk of the row
 //   (many CTAs), then the k best of the chunks' candidates (topk_chunks_kernel, topk_merge_kernel);
 //   the same selection, with the candidates in the workspace.
@@ -19,6 +21,7 @@
 
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/radix_select.cuh"
+#include "backends/cuda/reg_select.cuh"
 #include "backends/cuda/topk_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
@@ -147,6 +150,81 @@ __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restric
   select_padded(load, m, k, sh, emit, o, runs);
 }
 
+// The register select (reg_select.cuh; DS41_TOPK_REG, on by default) for rows, chunks and merges of at most
+// kRegMaxScores scores: 256 threads with KPT keys each, no shared-memory row, no dynamic shared memory. The same
+// sets and order as the radix selects' kernels above (the same Threshold and emit ranks).
+constexpr int64_t kRegMaxScores = 40 * sel::kRegThreads;  // 10,240 (= kMaxCachedScores)
+
+template <int KPT>
+__global__ void __launch_bounds__(sel::kRegThreads) topk_rows_reg_kernel(const float* __restrict__ scores, int64_t t,
+                                                                         int64_t k, int32_t* __restrict__ out) {
+  dev::pdl_enter();
+  __shared__ sel::RegShared sh;
+  const float* row = scores + static_cast<int64_t>(blockIdx.x) * t;
+  int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
+  const int64_t taken = sel::reg_select<KPT>([row](int64_t i) { return row[i]; }, t, k, sh,
+                                             [o](int64_t i, bool s, int64_t pos) {
+                                               if (s) o[pos] = static_cast<int32_t>(i);
+                                             });
+  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+}
+
+// topk_chunks_kernel's phase 1 with the register select (chunk <= kRegMaxScores).
+template <int KPT>
+__global__ void __launch_bounds__(sel::kRegThreads) topk_chunks_reg_kernel(const float* __restrict__ scores,
+                                                                           int64_t t, int64_t k, int64_t chunk,
+                                                                           int32_t* __restrict__ cand) {
+  dev::pdl_enter();
+  __shared__ sel::RegShared sh;
+  const int64_t c = blockIdx.x, g = gridDim.x, r = blockIdx.y;
+  const int64_t b0 = c * chunk, e0 = b0 + chunk < t ? b0 + chunk : t, m = e0 > b0 ? e0 - b0 : 0;
+  const float* row = scores + r * t + b0;
+  int32_t* o = cand + (r * g + c) * k;
+  const int64_t taken = sel::reg_select<KPT>([row](int64_t i) { return row[i]; }, m, k, sh,
+                                             [o, b0](int64_t i, bool s, int64_t pos) {
+                                               if (s) o[pos] = static_cast<int32_t>(b0 + i);
+                                             });
+  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+}
+
+// topk_merge_kernel's phase 2 with the register select (g x k <= kRegMaxScores): the candidates' scores
+// gathered from the row (-inf for padding), list position as the index.
+template <int KPT>
+__global__ void __launch_bounds__(sel::kRegThreads) topk_merge_reg_kernel(const float* __restrict__ scores, int64_t t,
+                                                                          int64_t k, int64_t g,
+                                                                          const int32_t* __restrict__ cand,
+                                                                          int32_t* __restrict__ out) {
+  dev::pdl_enter();
+  __shared__ sel::RegShared sh;
+  const int64_t r = blockIdx.x, m = g * k;
+  const float* row = scores + r * t;
+  const int32_t* cr = cand + r * m;
+  int32_t* o = out + r * k;
+  const int64_t taken = sel::reg_select<KPT>(
+      [row, cr](int64_t i) {
+        const int32_t j = cr[i];
+        return j >= 0 ? row[j] : -INFINITY;
+      },
+      m, k, sh,
+      [o, cr](int64_t i, bool s, int64_t pos) {
+        if (s) o[pos] = cr[i];
+      });
+  for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
+}
+
+// f(std::integral_constant<int, KPT>) with the smallest KPT of 4, 8, 16, 24, 40 whose 256 x KPT keys hold m
+// scores; false (f not called) past kRegMaxScores.
+template <typename F>
+bool with_reg_kpt(int64_t m, const F& f) {
+  constexpr int64_t T = sel::kRegThreads;
+  if (m <= 4 * T) return f(std::integral_constant<int, 4>{}), true;
+  if (m <= 8 * T) return f(std::integral_constant<int, 8>{}), true;
+  if (m <= 16 * T) return f(std::integral_constant<int, 16>{}), true;
+  if (m <= 24 * T) return f(std::integral_constant<int, 24>{}), true;
+  if (m <= 40 * T) return f(std::integral_constant<int, 40>{}), true;
+  return false;
+}
+
 // bs: the workspace row (written and read here: plain loads, no read-only cache path).
 // Block b's score in the pool of a row of t scores (sc) whose last visible block is `forced`: its
 // maximum in index order (std::max semantics), +inf for the forced block.
@@ -245,6 +323,13 @@ bool wide_on() {
   return g_wide >= 0 ? g_wide != 0 : env;
 }
 
+// DS41_TOPK_REG=0: the radix selects (wide / four-pass) for every row; tests may force either.
+int g_reg = -1;
+bool reg_on() {
+  static const bool env = switch_on("DS41_TOPK_REG");
+  return g_reg >= 0 ? g_reg != 0 : env;
+}
+
 // DS41_TOPK_EMIT_RUNS=1: the emit of rows in shared memory with one barrier (sel::select_emit_runs) instead of
 // two per blockDim scores. Opt-in: written without a device (session of 2026-12-07 00:38 UTC), not yet timed;
 // the same outputs either way (SelectionParity runs both).
@@ -275,6 +360,7 @@ void allow_wide_once() {
 
 void set_topk_wide_for_tests(int wide) { g_wide = wide < 0 ? -1 : (wide ? 1 : 0); }
 void set_topk_emit_runs_for_tests(int runs) { g_runs = runs < 0 ? -1 : (runs ? 1 : 0); }
+void set_topk_reg_for_tests(int reg) { g_reg = reg < 0 ? -1 : (reg ? 1 : 0); }
 
 size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k) {
   const Chunks c = chunks_for(std::min(n, kChunkedMaxRows), t, k);
@@ -292,9 +378,22 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   const Chunks ch = chunks_for(n, t, k);
   const bool wide = wide_on();
   if (wide) allow_wide_once();
+  const bool reg = reg_on();
   if (ch.g > 1) {
     if (!workspace) return invalid_argument("topk_rows: the chunked path needs topk_workspace_bytes of workspace");
     int32_t* cand = static_cast<int32_t*>(workspace);
+    if (reg && ch.chunk <= kRegMaxScores && ch.g * k <= kRegMaxScores) {
+      with_reg_kpt(ch.chunk, [&](auto c) {
+        launch(topk_chunks_reg_kernel<decltype(c)::value>, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)),
+               sel::kRegThreads, 0, stream, scores, t, k, ch.chunk, cand);
+      });
+      DS41_RETURN_IF_ERROR(last_launch_status("topk_rows (chunks)"));
+      with_reg_kpt(ch.g * k, [&](auto c) {
+        launch(topk_merge_reg_kernel<decltype(c)::value>, static_cast<unsigned>(n), sel::kRegThreads, 0, stream, scores,
+               t, k, ch.g, static_cast<const int32_t*>(cand), out);
+      });
+      return last_launch_status("topk_rows (merge)");
+    }
     launch(wide ? topk_chunks_kernel<true> : topk_chunks_kernel<false>, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)), threads_for(ch.chunk),
            static_cast<size_t>(ch.chunk) * sizeof(float), stream, scores, t, k, ch.chunk, cand, runs_on());
     DS41_RETURN_IF_ERROR(last_launch_status("topk_rows (chunks)"));
@@ -303,6 +402,11 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
            static_cast<const int32_t*>(cand), out, runs_on());
     return last_launch_status("topk_rows (merge)");
   }
+  if (reg && with_reg_kpt(t, [&](auto c) {
+        launch(topk_rows_reg_kernel<decltype(c)::value>, static_cast<unsigned>(n), sel::kRegThreads, 0, stream, scores,
+               t, k, out);
+      }))
+    return last_launch_status("topk_rows");
   static const bool cache_allowed = switch_on("DS41_TOPK_CACHE");
   const bool cached = cache_allowed && t <= kMaxCachedScores;
   const int threads = threads_for(t);

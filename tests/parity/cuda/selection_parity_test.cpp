@@ -95,8 +95,9 @@ void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, 
   std::vector<int32_t> want(c.n * c.k);
   cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
   auto dsc = upload(sc);
-  for (int mode : {2, 0, 3, 1}) {  // bit 1: wide select, bit 0: the one-barrier emit
-    const int wide = mode >> 1, runs = mode & 1;
+  for (int mode : {4, 2, 0, 3, 1}) {  // 4: the register select; else bit 1: wide select, bit 0: one-barrier emit
+    const int wide = (mode >> 1) & 1, runs = mode & 1, reg = mode == 4;
+    set_topk_reg_for_tests(reg);
     set_topk_wide_for_tests(wide);
     set_topk_emit_runs_for_tests(runs);
     DevBuf<int32_t> dout(want.size());
@@ -106,16 +107,18 @@ void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, 
     auto got = from_dev(dout.p, want.size());
     int64_t bad = 0;
     for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
-    static const char* const kNames[4] = {"topk_rows (four-pass select)",
+    static const char* const kNames[5] = {"topk_rows (four-pass select)",
                                           "topk_rows (four-pass select, one-barrier emit)",
-                                          "topk_rows (wide select)", "topk_rows (wide select, one-barrier emit)"};
+                                          "topk_rows (wide select)", "topk_rows (wide select, one-barrier emit)",
+                                          "topk_rows (register select; radix past 10,240 scores)"};
     report(kNames[mode],
            std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
                " k=" + std::to_string(c.k),
            static_cast<double>(bad), 0, "index sets in the tie order: exact");
     EXPECT_EQ(bad, 0) << gen_name(c.gen) << " n=" << c.n << " t=" << c.t << " k=" << c.k << " wide=" << wide
-                      << " runs=" << runs;
+                      << " runs=" << runs << " reg=" << reg;
   }
+  set_topk_reg_for_tests(-1);
   set_topk_wide_for_tests(-1);
   set_topk_emit_runs_for_tests(-1);
 }
@@ -175,6 +178,9 @@ TEST(SelectionParity, TopkWideSelect) {
       {2, 12289, 512, Gen::kBandTies},   // two launches: chunks resolved in shared memory, the merge falls back
       {3, 1500, 512, Gen::kUlpBand},     // bits 9..0 decide, in shared memory
       {3, 6000, 512, Gen::kUlpBand},     // bits 4..0 decide, in the fallback's last pass over the row
+      // The register select's sizes (256 threads x 4, 8, 16, 24, 40 keys) at and past their edges.
+      {3, 1024, 512, Gen::kTies},        {3, 1025, 512, Gen::kUlpBand},   {3, 6145, 512, Gen::kBandTies},
+      {3, 10240, 512, Gen::kGauss},      {2, 10241, 512, Gen::kTies},
   };
   for (const TopkCase& c : cases)
     check_topk_both_selects(cpu, c, static_cast<uint32_t>(c.t * 5 + c.k + static_cast<int>(c.gen)));
