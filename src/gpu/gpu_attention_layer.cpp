@@ -322,11 +322,19 @@ Status GpuForward::index_side(int64_t l, const float* x) {
   return index_keys(l);
 }
 
+// The weights' factor 1 / sqrt(index heads) (3.4.6) is applied by the packed indexer as it reads them (the same
+// float product: IndexerDeviceArgs::w_scale), else by run_scale here: one launch fewer per index layer of a
+// decode-shaped step.
+float GpuForward::index_weight_scale() const {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_->index_n_heads)));
+}
+
 Status GpuForward::index_weights(int64_t l, const float* x) {
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t n = n_, nih = c_->index_n_heads;
   DS41_RETURN_IF_ERROR(linear(w.idx_weights_proj, x, n, ws_.wt));
-  return cuda::run_scale(ws_.wt, n * nih, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nih))), stream_);
+  if (index_packed()) return ok_status();
+  return cuda::run_scale(ws_.wt, n * nih, index_weight_scale(), stream_);
 }
 
 // DS41_INDEX_SIDE=1: an index source's head weights and key offsets on the side stream (index_side);
@@ -434,6 +442,7 @@ Status GpuForward::index(int64_t l, const GpuForwardOptions& opt, std::vector<mo
     if (packed) {
       ia.key_base = pool_->base();
       ia.key_offsets = ws_.key_offsets;
+      ia.w_scale = index_weight_scale();  // index_weights left ws_.wt unscaled
     } else {
       ia.keys = ws_.keys;
     }

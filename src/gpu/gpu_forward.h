@@ -277,6 +277,7 @@ class GpuForward {
   Status index_queries(int64_t l, float* q_r, const float* q_norm, bool qi_done = false);
   Status index_side(int64_t l, const float* x);
   Status index_weights(int64_t l, const float* x);
+  float index_weight_scale() const;
   static bool index_side_on();
   static bool index_norm_staged_on();
   static bool qkv_dual_on();

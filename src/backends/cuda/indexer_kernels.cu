@@ -168,13 +168,13 @@ constexpr int kPackedRowBytes = kPackedD / 2 + kPackedD / 32;  // 68
 __device__ __forceinline__ void stage_packed(const float* __restrict__ q, const float* __restrict__ w, int64_t r,
                                              int64_t n_heads, const uint8_t* __restrict__ key_base,
                                              const int64_t* __restrict__ offs, int64_t nk, float* q_s, float* w_s,
-                                             uint8_t* k_s) {
+                                             uint8_t* k_s, float w_scale) {
   __shared__ int64_t off_s[kSplitKeys];
   const int tid = threadIdx.x;
   const float* qr = q + r * n_heads * kPackedD;
   const int64_t n4 = n_heads * kPackedD / 4;
   if (tid < kSplitKeys) off_s[tid] = tid < nk ? offs[tid] : -1;
-  for (int64_t i = tid; i < n_heads; i += blockDim.x) w_s[i] = w[r * n_heads + i];
+  for (int64_t i = tid; i < n_heads; i += blockDim.x) w_s[i] = __fmul_rn(w[r * n_heads + i], w_scale);
   if ((reinterpret_cast<uintptr_t>(qr) & 15u) == 0) {
     constexpr int kLoads = 8;  // 32 heads: every float4 of the row in one round
     const float4* q4 = reinterpret_cast<const float4*>(qr);
@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(kThreads)
     indexer_scores_packed_kernel(int64_t n_heads, int64_t t_stride, int64_t tiles, const float* __restrict__ q,
                                  const float* __restrict__ w, const uint8_t* __restrict__ key_base,
                                  const int64_t* __restrict__ key_offsets, const int64_t* __restrict__ key_begin,
-                                 const int64_t* __restrict__ visible, float scale, float* __restrict__ out) {
+                                 const int64_t* __restrict__ visible, float scale, float w_scale,
+                                 float* __restrict__ out) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;                    // [n_heads][128]
@@ -240,7 +241,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
   const int64_t vis = min(visible[r], t_stride);
   const int64_t nk = max(int64_t{0}, min(static_cast<int64_t>(kSplitKeys), vis - t0));
-  stage_packed(q, w, r, n_heads, key_base, key_offsets + key_begin[r] + t0, nk, q_s, w_s, k_s);  // ends with a barrier
+  stage_packed(q, w, r, n_heads, key_base, key_offsets + key_begin[r] + t0, nk, q_s, w_s, k_s,
+               w_scale);  // ends with a barrier
   const int64_t t = t0 + lane;
   const bool live = t < vis;
   const int64_t hp = (n_heads + kHeadGroups - 1) / kHeadGroups;
@@ -300,9 +302,13 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
       return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " +
                               std::to_string(a.t_stride) + " too large for one grid");
     launch(indexer_scores_packed_kernel, static_cast<unsigned>(a.n * tiles), kThreads, packed_smem(a.n_heads), stream,
-           a.n_heads, a.t_stride, tiles, a.q, a.w, a.key_base, a.key_offsets, a.key_begin, a.visible, a.scale, a.out);
+           a.n_heads, a.t_stride, tiles, a.q, a.w, a.key_base, a.key_offsets, a.key_begin, a.visible, a.scale,
+           a.w_scale, a.out);
     return last_launch_status("indexer_scores (packed keys)");
   }
+  if (a.w_scale != 1.0f)
+    return invalid_argument("indexer_scores: w_scale " + std::to_string(a.w_scale) +
+                            " is taken by the packed-key kernel only (scale the weights first)");
   if (!a.q || !a.w || !a.keys || !a.key_begin || !a.visible || !a.out)
     return invalid_argument("indexer_scores: null q, w, keys, key_begin, visible or out");
   // Prefill-shaped calls (rows of one sequence share their keys) take the tensor cores: the same

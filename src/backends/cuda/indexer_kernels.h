@@ -31,6 +31,10 @@ struct IndexerDeviceArgs {
   // decodes. No float copy of the keys is written or read.
   const uint8_t* key_base = nullptr;
   const int64_t* key_offsets = nullptr;
+  // The packed kernel only: each head weight w[r, h] multiplied by w_scale as it is read (the float product of
+  // run_scale(w, .., w_scale), so the same bits as scaling w first: one launch fewer per index layer). Other
+  // paths take 1 only (anything else: invalid_argument).
+  float w_scale = 1.0f;
 };
 Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream);
 

@@ -272,6 +272,9 @@ Status run_indexer_scores_tc(const IndexerDeviceArgs& a, cudaStream_t stream) {
   if (!indexer_scores_tc_supported(a))
     return invalid_argument("indexer_scores_tc: needs head_dim 128 and 1..32 heads, got " +
                             std::to_string(a.n_heads) + " x " + std::to_string(a.head_dim));
+  if (a.w_scale != 1.0f)
+    return invalid_argument("indexer_scores_tc: w_scale " + std::to_string(a.w_scale) +
+                            " is taken by the packed-key kernel only (scale the weights first)");
   if (a.t_stride == 0) return ok_status();
   if (!a.q || !a.w || !a.keys || !a.key_begin || !a.visible || !a.out)
     return invalid_argument("indexer_scores_tc: null q, w, keys, key_begin, visible or out");

@@ -3,6 +3,9 @@
 // scores lower index first, -inf and NaN never selected, +inf selected; -0 folded onto +0). The same Threshold
 // as radix_select.cuh's selects (the k-th key T and the number of ties at T to take), the same emit calls.
 //
+// NT = 256 by default (KPT 4 / 8 / 16 / 24 / 40); DS41_TOPK_REG_THREADS=512 takes 512 (KPT 2 / 4 / 8 / 12 / 20:
+// half the compares per thread and round, twice the warps per barrier).
+//
 // Why: the radix selects build shared-memory histograms (warp-aggregated atomics, bin scans, a copy of the
 // chosen bin) and emit in chunks of blockDim entries with two barriers each. At the decode shapes (4,096
 // ratio-1 scores, k = 512) that one-CTA chain took 26 us on an H100 (ncu, session of 2026-12-07 09:38 UTC), on
@@ -23,11 +26,12 @@
 
 namespace ds41::cuda::sel {
 
-constexpr int kRegThreads = 256, kRegWarps = kRegThreads / 32;
+constexpr int kRegThreads = 256;   // the default CTA
+constexpr int kRegMaxWarps = 16;   // CTAs of up to 512 threads (DS41_TOPK_REG_THREADS=512)
 
 struct RegShared {
-  uint2 cnt[2][kRegWarps];  // a round's per-warp counts (double-buffered by round: one barrier per round)
-  uint2 warp_ge[kRegWarps];  // the emit's per-warp counts (x: keys > T, y: keys == T)
+  uint2 cnt[2][kRegMaxWarps];  // a round's per-warp counts (double-buffered by round: one barrier per round)
+  uint2 warp_ge[kRegMaxWarps];  // the emit's per-warp counts (x: keys > T, y: keys == T)
 };
 
 __device__ __forceinline__ uint32_t warp_sum_u32(uint32_t v) {
@@ -42,6 +46,7 @@ __device__ __forceinline__ uint32_t warp_sum_u32(uint32_t v) {
 // The sums over the block of the threads' (a, b) (each field of a and b a 16-bit count: block totals < 2^16).
 // All threads get the sums; buf alternates between calls so that one barrier suffices (a thread writes buffer
 // p again only after the next call's barrier, which every thread reaches after reading buffer p).
+template <int NW>
 __device__ __forceinline__ uint2 block_sum2(uint32_t a, uint32_t b, RegShared& sh, int buf) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   a = warp_sum_u32(a);
@@ -50,7 +55,7 @@ __device__ __forceinline__ uint2 block_sum2(uint32_t a, uint32_t b, RegShared& s
   __syncthreads();
   uint2 s = make_uint2(0u, 0u);
 #pragma unroll
-  for (int w = 0; w < kRegWarps; ++w) {
+  for (int w = 0; w < NW; ++w) {
     const uint2 v = sh.cnt[buf][w];
     s.x += v.x;
     s.y += v.y;
@@ -58,13 +63,15 @@ __device__ __forceinline__ uint2 block_sum2(uint32_t a, uint32_t b, RegShared& s
   return s;
 }
 
-// The k best of load(0..m), m <= 256 KPT <= 65,535, k >= 1: calls emit(i, selected, pos) for every i < m in
+// The k best of load(0..m), m <= NT KPT <= 65,535, k >= 0: calls emit(i, selected, pos) for every i < m in
 // ascending index order per warp (pos: the entry's rank among the selected in ascending index order, meaningful
-// when selected) and returns the number selected (min(k, selectable entries)). blockDim.x == kRegThreads; all
+// when selected) and returns the number selected (min(k, selectable entries)). blockDim.x == NT (256 or 512); all
 // threads call it. Ends with a barrier (sh may be reused).
-template <int KPT, typename Load, typename Emit>
+template <int KPT, int NT, typename Load, typename Emit>
 __device__ int64_t reg_select(const Load& load, int64_t m, int64_t k, RegShared& sh, const Emit& emit) {
-  static_assert(KPT >= 1 && KPT * kRegThreads < 65536, "16-bit packed counts");
+  static_assert(KPT >= 1 && KPT * NT < 65536, "16-bit packed counts");
+  static_assert(NT % 32 == 0 && NT / 32 <= kRegMaxWarps, "CTA size");
+  constexpr int NW = NT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t base = static_cast<int64_t>(warp) * 32 * KPT + lane;
   uint32_t key[KPT];  // 0: not selectable (every selectable key is >= order_key(-FLT_MAX) = 2^23)
@@ -96,7 +103,7 @@ __device__ int64_t reg_select(const Load& load, int64_t m, int64_t k, RegShared&
       n2 += key[j] >= c2 ? 1u : 0u;
       n3 += key[j] >= c3 ? 1u : 0u;
     }
-    const uint2 s = block_sum2(n1 | (n2 << 16), n3 | (r == 0 ? n0 << 16 : 0u), sh, r & 1);
+    const uint2 s = block_sum2<NW>(n1 | (n2 << 16), n3 | (r == 0 ? n0 << 16 : 0u), sh, r & 1);
     if (r == 0 && (s.y >> 16) <= kk) {  // uniform
       take_all = true;
       break;
@@ -117,7 +124,7 @@ __device__ int64_t reg_select(const Load& load, int64_t m, int64_t k, RegShared&
   __syncthreads();
   int64_t run_gt = 0, run_eq = 0, tot_gt = 0, tot_eq = 0;
 #pragma unroll
-  for (int w = 0; w < kRegWarps; ++w) {
+  for (int w = 0; w < NW; ++w) {
     const uint2 v = sh.warp_ge[w];
     if (w < warp) {
       run_gt += v.x;

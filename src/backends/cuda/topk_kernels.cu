@@ -15,6 +15,7 @@
 // blocks are selected like top-k and their entries' mask bytes set (all other bytes cleared).
 // mask_restrict: elementwise.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -153,16 +154,16 @@ __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restric
 // The register select (reg_select.cuh; DS41_TOPK_REG, on by default) for rows, chunks and merges of at most
 // kRegMaxScores scores: 256 threads with KPT keys each, no shared-memory row, no dynamic shared memory. The same
 // sets and order as the radix selects' kernels above (the same Threshold and emit ranks).
-constexpr int64_t kRegMaxScores = 40 * sel::kRegThreads;  // 10,240 (= kMaxCachedScores)
+constexpr int64_t kRegMaxScores = 10240;  // (= kMaxCachedScores)
 
-template <int KPT>
-__global__ void __launch_bounds__(sel::kRegThreads) topk_rows_reg_kernel(const float* __restrict__ scores, int64_t t,
+template <int KPT, int NT>
+__global__ void __launch_bounds__(NT) topk_rows_reg_kernel(const float* __restrict__ scores, int64_t t,
                                                                          int64_t k, int32_t* __restrict__ out) {
   dev::pdl_enter();
   __shared__ sel::RegShared sh;
   const float* row = scores + static_cast<int64_t>(blockIdx.x) * t;
   int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
-  const int64_t taken = sel::reg_select<KPT>([row](int64_t i) { return row[i]; }, t, k, sh,
+  const int64_t taken = sel::reg_select<KPT, NT>([row](int64_t i) { return row[i]; }, t, k, sh,
                                              [o](int64_t i, bool s, int64_t pos) {
                                                if (s) o[pos] = static_cast<int32_t>(i);
                                              });
@@ -170,8 +171,8 @@ __global__ void __launch_bounds__(sel::kRegThreads) topk_rows_reg_kernel(const f
 }
 
 // topk_chunks_kernel's phase 1 with the register select (chunk <= kRegMaxScores).
-template <int KPT>
-__global__ void __launch_bounds__(sel::kRegThreads) topk_chunks_reg_kernel(const float* __restrict__ scores,
+template <int KPT, int NT>
+__global__ void __launch_bounds__(NT) topk_chunks_reg_kernel(const float* __restrict__ scores,
                                                                            int64_t t, int64_t k, int64_t chunk,
                                                                            int32_t* __restrict__ cand) {
   dev::pdl_enter();
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(sel::kRegThreads) topk_chunks_reg_kernel(const
   const int64_t b0 = c * chunk, e0 = b0 + chunk < t ? b0 + chunk : t, m = e0 > b0 ? e0 - b0 : 0;
   const float* row = scores + r * t + b0;
   int32_t* o = cand + (r * g + c) * k;
-  const int64_t taken = sel::reg_select<KPT>([row](int64_t i) { return row[i]; }, m, k, sh,
+  const int64_t taken = sel::reg_select<KPT, NT>([row](int64_t i) { return row[i]; }, m, k, sh,
                                              [o, b0](int64_t i, bool s, int64_t pos) {
                                                if (s) o[pos] = static_cast<int32_t>(b0 + i);
                                              });
@@ -189,8 +190,8 @@ __global__ void __launch_bounds__(sel::kRegThreads) topk_chunks_reg_kernel(const
 
 // topk_merge_kernel's phase 2 with the register select (g x k <= kRegMaxScores): the candidates' scores
 // gathered from the row (-inf for padding), list position as the index.
-template <int KPT>
-__global__ void __launch_bounds__(sel::kRegThreads) topk_merge_reg_kernel(const float* __restrict__ scores, int64_t t,
+template <int KPT, int NT>
+__global__ void __launch_bounds__(NT) topk_merge_reg_kernel(const float* __restrict__ scores, int64_t t,
                                                                           int64_t k, int64_t g,
                                                                           const int32_t* __restrict__ cand,
                                                                           int32_t* __restrict__ out) {
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(sel::kRegThreads) topk_merge_reg_kernel(const 
   const float* row = scores + r * t;
   const int32_t* cr = cand + r * m;
   int32_t* o = out + r * k;
-  const int64_t taken = sel::reg_select<KPT>(
+  const int64_t taken = sel::reg_select<KPT, NT>(
       [row, cr](int64_t i) {
         const int32_t j = cr[i];
         return j >= 0 ? row[j] : -INFINITY;
@@ -212,17 +213,36 @@ __global__ void __launch_bounds__(sel::kRegThreads) topk_merge_reg_kernel(const 
   for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
 }
 
-// f(std::integral_constant<int, KPT>) with the smallest KPT of 4, 8, 16, 24, 40 whose 256 x KPT keys hold m
-// scores; false (f not called) past kRegMaxScores.
+// The register select's launch shape: KPT keys per thread of NT.
+template <int K, int N>
+struct RegCfg {
+  static constexpr int kpt = K, nt = N;
+};
+int g_reg_threads = -1;  // set_topk_reg_for_tests(2): 512
+int reg_threads() {
+  static const int env = [] {
+    const char* v = std::getenv("DS41_TOPK_REG_THREADS");
+    return v != nullptr && std::string(v) == "512" ? 512 : 256;
+  }();
+  return g_reg_threads > 0 ? g_reg_threads : env;
+}
+// f(RegCfg<KPT, NT>) with the smallest KPT whose NT x KPT keys hold m scores (NT = reg_threads(): KPT 4, 8, 16,
+// 24, 40 at 256 threads, 2, 4, 8, 12, 20 at 512); false (f not called) past kRegMaxScores.
 template <typename F>
 bool with_reg_kpt(int64_t m, const F& f) {
-  constexpr int64_t T = sel::kRegThreads;
-  if (m <= 4 * T) return f(std::integral_constant<int, 4>{}), true;
-  if (m <= 8 * T) return f(std::integral_constant<int, 8>{}), true;
-  if (m <= 16 * T) return f(std::integral_constant<int, 16>{}), true;
-  if (m <= 24 * T) return f(std::integral_constant<int, 24>{}), true;
-  if (m <= 40 * T) return f(std::integral_constant<int, 40>{}), true;
-  return false;
+  if (m > kRegMaxScores) return false;
+  if (reg_threads() == 512) {
+    if (m <= 2 * 512) return f(RegCfg<2, 512>{}), true;
+    if (m <= 4 * 512) return f(RegCfg<4, 512>{}), true;
+    if (m <= 8 * 512) return f(RegCfg<8, 512>{}), true;
+    if (m <= 12 * 512) return f(RegCfg<12, 512>{}), true;
+    return f(RegCfg<20, 512>{}), true;
+  }
+  if (m <= 4 * 256) return f(RegCfg<4, 256>{}), true;
+  if (m <= 8 * 256) return f(RegCfg<8, 256>{}), true;
+  if (m <= 16 * 256) return f(RegCfg<16, 256>{}), true;
+  if (m <= 24 * 256) return f(RegCfg<24, 256>{}), true;
+  return f(RegCfg<40, 256>{}), true;
 }
 
 // bs: the workspace row (written and read here: plain loads, no read-only cache path).
@@ -274,6 +294,31 @@ __global__ void candidate_pool_kernel(const float* __restrict__ scores, const in
     const int64_t e = min(t, (b + 1) * block);
     for (int64_t i = b * block; i < e; ++i) mr[i] = s ? 1 : 0;
   });
+}
+
+// candidate_pool_kernel with the register select (blocks <= kRegMaxScores, DS41_TOPK_REG): each thread computes
+// its KPT blocks' scores in registers (or reads them from ws when launch 1 wrote them), nothing is written to
+// the workspace; the same mask bytes.
+template <int KPT, int NT>
+__global__ void __launch_bounds__(NT)
+    candidate_pool_reg_kernel(const float* __restrict__ scores, const int64_t* __restrict__ visible, int64_t t,
+                              int64_t block, int64_t keep, const float* __restrict__ ws, uint8_t* __restrict__ mask,
+                              bool scored) {
+  dev::pdl_enter();
+  __shared__ sel::RegShared sh;
+  const int64_t r = blockIdx.x;
+  const int64_t nb = (t + block - 1) / block;
+  const float* sc = scores + r * t;
+  const float* bs = ws + r * nb;
+  uint8_t* mr = mask + r * t;
+  const int64_t vis = visible[r];
+  const int64_t forced = vis > 0 ? (vis - 1) / block : -1;
+  sel::reg_select<KPT, NT>(
+      [&](int64_t b) { return scored ? bs[b] : pool_block_score(sc, t, block, b, forced); }, nb, keep, sh,
+      [&](int64_t b, bool s, int64_t) {
+        const int64_t e = min(t, (b + 1) * block);
+        for (int64_t i = b * block; i < e; ++i) mr[i] = s ? 1 : 0;
+      });
 }
 
 __global__ void mask_restrict_kernel(float* __restrict__ scores, int64_t t, const uint8_t* __restrict__ mask,
@@ -360,7 +405,10 @@ void allow_wide_once() {
 
 void set_topk_wide_for_tests(int wide) { g_wide = wide < 0 ? -1 : (wide ? 1 : 0); }
 void set_topk_emit_runs_for_tests(int runs) { g_runs = runs < 0 ? -1 : (runs ? 1 : 0); }
-void set_topk_reg_for_tests(int reg) { g_reg = reg < 0 ? -1 : (reg ? 1 : 0); }
+void set_topk_reg_for_tests(int reg) {
+  g_reg = reg < 0 ? -1 : (reg ? 1 : 0);
+  g_reg_threads = reg == 2 ? 512 : (reg == 1 ? 256 : -1);
+}
 
 size_t topk_workspace_bytes(int64_t n, int64_t t, int64_t k) {
   const Chunks c = chunks_for(std::min(n, kChunkedMaxRows), t, k);
@@ -384,12 +432,12 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
     int32_t* cand = static_cast<int32_t*>(workspace);
     if (reg && ch.chunk <= kRegMaxScores && ch.g * k <= kRegMaxScores) {
       with_reg_kpt(ch.chunk, [&](auto c) {
-        launch(topk_chunks_reg_kernel<decltype(c)::value>, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)),
-               sel::kRegThreads, 0, stream, scores, t, k, ch.chunk, cand);
+        launch(topk_chunks_reg_kernel<decltype(c)::kpt, decltype(c)::nt>, dim3(static_cast<unsigned>(ch.g), static_cast<unsigned>(n)),
+               decltype(c)::nt, 0, stream, scores, t, k, ch.chunk, cand);
       });
       DS41_RETURN_IF_ERROR(last_launch_status("topk_rows (chunks)"));
       with_reg_kpt(ch.g * k, [&](auto c) {
-        launch(topk_merge_reg_kernel<decltype(c)::value>, static_cast<unsigned>(n), sel::kRegThreads, 0, stream, scores,
+        launch(topk_merge_reg_kernel<decltype(c)::kpt, decltype(c)::nt>, static_cast<unsigned>(n), decltype(c)::nt, 0, stream, scores,
                t, k, ch.g, static_cast<const int32_t*>(cand), out);
       });
       return last_launch_status("topk_rows (merge)");
@@ -403,7 +451,7 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
     return last_launch_status("topk_rows (merge)");
   }
   if (reg && with_reg_kpt(t, [&](auto c) {
-        launch(topk_rows_reg_kernel<decltype(c)::value>, static_cast<unsigned>(n), sel::kRegThreads, 0, stream, scores,
+        launch(topk_rows_reg_kernel<decltype(c)::kpt, decltype(c)::nt>, static_cast<unsigned>(n), decltype(c)::nt, 0, stream, scores,
                t, k, out);
       }))
     return last_launch_status("topk_rows");
@@ -443,6 +491,11 @@ Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n
            t, block, tiles, ws);
     DS41_RETURN_IF_ERROR(last_launch_status("candidate_pool (block scores)"));
   }
+  if (reg_on() && with_reg_kpt(nb, [&](auto c) {
+        launch(candidate_pool_reg_kernel<decltype(c)::kpt, decltype(c)::nt>, static_cast<unsigned>(n), decltype(c)::nt, 0, stream,
+               scores, visible, t, block, keep_blocks, static_cast<const float*>(ws), mask, split);
+      }))
+    return last_launch_status("candidate_pool");
   launch(candidate_pool_kernel, static_cast<unsigned>(n), threads_for(nb), 0, stream, scores, visible, t, block,
          keep_blocks, ws, mask, split);
   return last_launch_status("candidate_pool");

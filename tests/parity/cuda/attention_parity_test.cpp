@@ -571,10 +571,13 @@ struct IdxCase {
 // the values stay on the grid).
 // packed: the keys as packed Q_idx rows (run_indexer_scores' key_base / key_offsets) at scattered
 // 4-byte-aligned offsets, as pages place them, every 41st key's offset -1 (a zero key).
+// w_scale (packed only): the kernel gets the weights unscaled and IndexerDeviceArgs::w_scale, the CPU the weights
+// scaled first (run_scale's float product): the same bits expected.
 struct IdxTcKnobs {
   bool tc = false;
   int raw_every = 0, spread_every = 0, spread = 0;
   bool packed = false;
+  float w_scale = 1.0f;
 };
 
 void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTcKnobs& k = {}) {
@@ -638,8 +641,10 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
       ia.n_heads = H;
       ia.head_dim = D;
       ia.n_keys = Ts;
+      std::vector<float> ws(&w[r0 * H], &w[(r0 + c.rows_per_seq) * H]);
+      for (float& v : ws) v *= k.w_scale;  // 1: unchanged
       ia.q = &q[r0 * H * D];
-      ia.w = &w[r0 * H];
+      ia.w = ws.data();
       ia.keys = &keys[kb * D];
       ia.visible = &vis[r0];
       ia.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
@@ -677,6 +682,7 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
       ga.keys = nullptr;
       ga.key_base = dpacked->p;
       ga.key_offsets = doff->p;
+      ga.w_scale = k.w_scale;
       ASSERT_TRUE(indexer_scores_packed_supported(ga)) << c.name;
     }
     if (k.tc) {
@@ -753,6 +759,9 @@ TEST(AttentionParity, IndexerScoresPackedKeys) {
   check_indexer({"packed released 32x128", 32, 128, {17000, 3000}, 6, 5}, cpu, packed);
   check_indexer({"packed verification 6 rows x 3 sequences", 32, 128, {4100, 129, 1}, 6, 3}, cpu, packed);
   check_indexer({"packed 8 heads", 8, 128, {2100, 700}, 3, 40}, cpu, packed);
+  IdxTcKnobs scaled = packed;  // the engine's decode: the weights' 1 / sqrt(32) applied as they are read
+  scaled.w_scale = static_cast<float>(1.0 / std::sqrt(32.0));
+  check_indexer({"packed released 32x128, w_scale", 32, 128, {4097, 2049}, 2, 3}, cpu, scaled);
 }
 
 // Cheap enough for the host emulator.
@@ -764,6 +773,23 @@ TEST(AttentionParity, IndexerScoresPackedKeysSmall) {
   packed.packed = true;
   check_indexer({"packed emu 8 heads", 8, 128, {300, 70}, 3, 9}, cpu, packed);
   check_indexer({"packed emu 5 heads", 5, 128, {130, 1}, 2, 1}, cpu, packed);
+  IdxTcKnobs scaled = packed;  // the weights' 1 / sqrt(heads) applied as they are read (the engine's decode)
+  scaled.w_scale = static_cast<float>(1.0 / std::sqrt(8.0));
+  check_indexer({"packed emu 8 heads, w_scale", 8, 128, {300, 70}, 3, 9}, cpu, scaled);
+  {  // the float-key paths take no w_scale: a clear error, nothing launched
+    IndexerDeviceArgs fl;
+    fl.n = 1;
+    fl.n_heads = 8;
+    fl.head_dim = 128;
+    fl.t_stride = 4;
+    fl.q = fl.w = fl.keys = reinterpret_cast<const float*>(16);
+    fl.key_begin = fl.visible = reinterpret_cast<const int64_t*>(16);
+    fl.out = reinterpret_cast<float*>(16);
+    fl.w_scale = 0.5f;
+    const Status st = run_indexer_scores(fl, nullptr);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("w_scale"), std::string::npos) << st.message();
+  }
   IndexerDeviceArgs bad;  // packed keys of another width: a clear error, nothing launched
   bad.n = 1;
   bad.n_heads = 8;

@@ -95,8 +95,9 @@ void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, 
   std::vector<int32_t> want(c.n * c.k);
   cpu.topk_rows(sc.data(), c.n, c.t, c.k, want.data());
   auto dsc = upload(sc);
-  for (int mode : {4, 2, 0, 3, 1}) {  // 4: the register select; else bit 1: wide select, bit 0: one-barrier emit
-    const int wide = (mode >> 1) & 1, runs = mode & 1, reg = mode == 4;
+  for (int mode : {4, 5, 2, 0, 3, 1}) {  // 4 / 5: the register select at 256 / 512 threads; else bit 1: wide
+                                         // select, bit 0: one-barrier emit
+    const int wide = (mode >> 1) & 1, runs = mode & 1, reg = mode == 4 ? 1 : (mode == 5 ? 2 : 0);
     set_topk_reg_for_tests(reg);
     set_topk_wide_for_tests(wide);
     set_topk_emit_runs_for_tests(runs);
@@ -107,10 +108,11 @@ void check_topk_both_selects(backends::cpu::CpuBackend& cpu, const TopkCase& c, 
     auto got = from_dev(dout.p, want.size());
     int64_t bad = 0;
     for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
-    static const char* const kNames[5] = {"topk_rows (four-pass select)",
+    static const char* const kNames[6] = {"topk_rows (four-pass select)",
                                           "topk_rows (four-pass select, one-barrier emit)",
                                           "topk_rows (wide select)", "topk_rows (wide select, one-barrier emit)",
-                                          "topk_rows (register select; radix past 10,240 scores)"};
+                                          "topk_rows (register select; radix past 10,240 scores)",
+                                          "topk_rows (register select, 512 threads; radix past 10,240 scores)"};
     report(kNames[mode],
            std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
                " k=" + std::to_string(c.k),
@@ -282,6 +284,11 @@ TEST(SelectionParity, CandidatePool) {
       // Past 12,288 scores in calls of <= 64 rows (the first three too) the block scores come from a
       // launch of their own: 128K keys with ties across its CTAs' borders.
       {2, 131073, 8, 2048, Gen::kTies},
+      {3, 4097, 8, 2048, Gen::kIndexerLike},   // the slice's 4K decode: 513 blocks, all kept
+      {3, 32769, 8, 2048, Gen::kIndexerLike},  // 32K: 4,097 blocks from launch 1, 2,048 kept
+      {2, 81920, 8, 2048, Gen::kGauss},        // 10,240 blocks: the register select's largest
+      {2, 81928, 8, 2048, Gen::kGauss},        // 10,241: the radix select
+      {3, 2000, 8, 0, Gen::kGauss},            // keep 0: no block
   };
   for (const Case& c : cases) {
     std::mt19937 rng(static_cast<uint32_t>(c.t + c.keep));
@@ -301,19 +308,25 @@ TEST(SelectionParity, CandidatePool) {
     cpu.candidate_pool(sc.data(), vis.data(), c.n, c.t, c.block, c.keep, want.data());
     auto dsc = upload(sc);
     auto dvis = upload(vis);
-    DevBuf<uint8_t> dmask(want.size());
-    DevBuf<uint8_t> ws(candidate_pool_workspace_bytes(c.n, c.t, c.block, c.keep));
-    ASSERT_TRUE(dsc->p && dvis->p && dmask.p && ws.p);
-    ASSERT_EQ(cudaMemset(dmask.p, 0x77, want.size()), cudaSuccess);
-    KC_OK(run_candidate_pool(dsc->p, dvis->p, c.n, c.t, c.block, c.keep, dmask.p, ws.p, nullptr));
-    auto got = from_dev(dmask.p, want.size());
-    int64_t bad = 0;
-    for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
-    report("candidate_pool",
-           std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
-               " block=" + std::to_string(c.block) + " keep=" + std::to_string(c.keep),
-           static_cast<double>(bad), 0, "mask bytes: exact");
-    EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t;
+    for (int reg : {1, 2, 0}) {  // the register select at 256 / 512 threads (blocks <= 10,240), the radix select
+      set_topk_reg_for_tests(reg);
+      DevBuf<uint8_t> dmask(want.size());
+      DevBuf<uint8_t> ws(candidate_pool_workspace_bytes(c.n, c.t, c.block, c.keep));
+      ASSERT_TRUE(dsc->p && dvis->p && dmask.p && ws.p);
+      ASSERT_EQ(cudaMemset(dmask.p, 0x77, want.size()), cudaSuccess);
+      KC_OK(run_candidate_pool(dsc->p, dvis->p, c.n, c.t, c.block, c.keep, dmask.p, ws.p, nullptr));
+      auto got = from_dev(dmask.p, want.size());
+      int64_t bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) bad += got[i] != want[i];
+      report(reg == 1 ? "candidate_pool (register select)"
+             : reg == 2 ? "candidate_pool (register select, 512 threads)"
+                        : "candidate_pool (radix select)",
+             std::string(gen_name(c.gen)) + " n=" + std::to_string(c.n) + " t=" + std::to_string(c.t) +
+                 " block=" + std::to_string(c.block) + " keep=" + std::to_string(c.keep),
+             static_cast<double>(bad), 0, "mask bytes: exact");
+      EXPECT_EQ(bad, 0) << gen_name(c.gen) << " t=" << c.t << " reg=" << reg;
+    }
+    set_topk_reg_for_tests(-1);
   }
 }
 
