@@ -280,6 +280,7 @@ class GpuForward {
   float index_weight_scale() const;
   static bool index_side_on();
   static bool index_norm_staged_on();
+  static bool index_paged_on();
   static bool qkv_dual_on();
   Status index_keys(int64_t l);
   bool index_packed() const;

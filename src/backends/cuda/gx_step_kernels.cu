@@ -7,6 +7,7 @@
 #include "backends/cuda/gx_step_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/paged_rows.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rows_norm_rope_quant_device.cuh"
 
@@ -17,10 +18,7 @@ constexpr int kThreads = 256;
 constexpr int kScanThreads = 1024;
 constexpr int64_t kWideRows = 256;  // build_sparse_index: from this many rows, the three-launch form
 
-__device__ __forceinline__ int64_t paged_offset(const PagedRowsArgs& p, int64_t s, int64_t k) {
-  const int64_t page = p.pages[p.seq_page_begin[s] + k / p.entries_per_page];
-  return page * p.page_bytes + p.offset_in_page + (k % p.entries_per_page) * p.row_bytes;
-}
+using dev::paged_offset;
 
 __global__ void paged_row_offsets_kernel(PagedRowsArgs p, const int64_t* seq_row_begin, int64_t n_seqs,
                                          int64_t total, int64_t* out) {

@@ -23,6 +23,7 @@
 #include "backends/cuda/indexer_kernels.h"
 #include "backends/cuda/indexer_tc_kernels.h"
 #include "backends/cuda/launch.h"
+#include "backends/cuda/paged_rows.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace ds41::cuda {
@@ -168,12 +169,14 @@ constexpr int kPackedRowBytes = kPackedD / 2 + kPackedD / 32;  // 68
 __device__ __forceinline__ void stage_packed(const float* __restrict__ q, const float* __restrict__ w, int64_t r,
                                              int64_t n_heads, const uint8_t* __restrict__ key_base,
                                              const int64_t* __restrict__ offs, int64_t nk, float* q_s, float* w_s,
-                                             uint8_t* k_s, float w_scale) {
+                                             uint8_t* k_s, float w_scale, const PagedRowsArgs& pg, int64_t seq,
+                                             int64_t t0) {
   __shared__ int64_t off_s[kSplitKeys];
   const int tid = threadIdx.x;
   const float* qr = q + r * n_heads * kPackedD;
   const int64_t n4 = n_heads * kPackedD / 4;
-  if (tid < kSplitKeys) off_s[tid] = tid < nk ? offs[tid] : -1;
+  // offs null: the offsets from the pages (entry t0 + tid of sequence seq).
+  if (tid < kSplitKeys) off_s[tid] = tid < nk ? (offs ? offs[tid] : dev::paged_offset(pg, seq, t0 + tid)) : -1;
   for (int64_t i = tid; i < n_heads; i += blockDim.x) w_s[i] = __fmul_rn(w[r * n_heads + i], w_scale);
   if ((reinterpret_cast<uintptr_t>(qr) & 15u) == 0) {
     constexpr int kLoads = 8;  // 32 heads: every float4 of the row in one round
@@ -229,7 +232,7 @@ __global__ void __launch_bounds__(kThreads)
                                  const float* __restrict__ w, const uint8_t* __restrict__ key_base,
                                  const int64_t* __restrict__ key_offsets, const int64_t* __restrict__ key_begin,
                                  const int64_t* __restrict__ visible, float scale, float w_scale,
-                                 float* __restrict__ out) {
+                                 PagedRowsArgs pg, const int32_t* __restrict__ row_seq, float* __restrict__ out) {
   dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   float* q_s = smem;                    // [n_heads][128]
@@ -241,8 +244,8 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
   const int64_t vis = min(visible[r], t_stride);
   const int64_t nk = max(int64_t{0}, min(static_cast<int64_t>(kSplitKeys), vis - t0));
-  stage_packed(q, w, r, n_heads, key_base, key_offsets + key_begin[r] + t0, nk, q_s, w_s, k_s,
-               w_scale);  // ends with a barrier
+  stage_packed(q, w, r, n_heads, key_base, key_offsets ? key_offsets + key_begin[r] + t0 : nullptr, nk, q_s, w_s,
+               k_s, w_scale, pg, row_seq ? row_seq[r] : 0, t0);  // ends with a barrier
   const int64_t t = t0 + lane;
   const bool live = t < vis;
   const int64_t hp = (n_heads + kHeadGroups - 1) / kHeadGroups;
@@ -290,9 +293,22 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
     return invalid_argument("indexer_scores: n_heads x head_dim " + std::to_string(a.n_heads * a.head_dim) +
                             " does not fit the shared-memory query tile (48 KiB)");
   if (a.n == 0 || a.t_stride == 0) return ok_status();
-  if (a.key_base != nullptr || a.key_offsets != nullptr) {  // packed keys
-    if (!a.key_base || !a.key_offsets || !a.q || !a.w || !a.key_begin || !a.visible || !a.out)
-      return invalid_argument("indexer_scores: packed keys need key_base, key_offsets, q, w, key_begin, visible, out");
+  if (a.key_base != nullptr || a.key_offsets != nullptr || a.row_seq != nullptr) {  // packed keys
+    const bool paged = a.key_offsets == nullptr;
+    if (!a.key_base || (paged && !a.row_seq) || !a.q || !a.w || !a.key_begin || !a.visible || !a.out)
+      return invalid_argument(
+          "indexer_scores: packed keys need key_base, key_offsets (or row_seq and key_pages), q, w, key_begin, "
+          "visible, out");
+    if (paged && (!a.key_pages.pages || !a.key_pages.seq_page_begin || a.key_pages.entries_per_page <= 0 ||
+                  a.key_pages.page_bytes <= 0 || a.key_pages.row_bytes < kPackedRowBytes ||
+                  a.key_pages.offset_in_page < 0 ||
+                  a.key_pages.offset_in_page + a.key_pages.entries_per_page * a.key_pages.row_bytes >
+                      a.key_pages.page_bytes))
+      return invalid_argument("indexer_scores: paged keys need pages, seq_page_begin and a page geometry whose " +
+                              std::to_string(a.key_pages.entries_per_page) + " rows of " +
+                              std::to_string(a.key_pages.row_bytes) + " bytes (>= " +
+                              std::to_string(kPackedRowBytes) + ") fit a page of " +
+                              std::to_string(a.key_pages.page_bytes) + " bytes");
     if (a.head_dim != kPackedD || a.n_heads < kHeadGroups || packed_smem(a.n_heads) > kMaxSmem)
       return invalid_argument("indexer_scores: packed keys need head_dim 128 and 4.." +
                               std::to_string((kMaxSmem / sizeof(float)) / (kPackedD + 2)) + " heads, got " +
@@ -302,8 +318,8 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
       return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " +
                               std::to_string(a.t_stride) + " too large for one grid");
     launch(indexer_scores_packed_kernel, static_cast<unsigned>(a.n * tiles), kThreads, packed_smem(a.n_heads), stream,
-           a.n_heads, a.t_stride, tiles, a.q, a.w, a.key_base, a.key_offsets, a.key_begin, a.visible, a.scale,
-           a.w_scale, a.out);
+           a.n_heads, a.t_stride, tiles, a.q, a.w, a.key_base, paged ? nullptr : a.key_offsets, a.key_begin,
+           a.visible, a.scale, a.w_scale, a.key_pages, paged ? a.row_seq : nullptr, a.out);
     return last_launch_status("indexer_scores (packed keys)");
   }
   if (a.w_scale != 1.0f)

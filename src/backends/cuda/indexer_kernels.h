@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/gx_step_kernels.h"
 #include "core/status.h"
 
 namespace ds41::cuda {
@@ -31,6 +32,11 @@ struct IndexerDeviceArgs {
   // decodes. No float copy of the keys is written or read.
   const uint8_t* key_base = nullptr;
   const int64_t* key_offsets = nullptr;
+  // Packed keys addressed through the pool's pages instead of key_offsets (key_offsets null, row_seq set): key t
+  // of row r is entry t of sequence row_seq[r] in key_pages (dev::paged_offset), as run_paged_row_offsets would
+  // list it; the same bytes, no offsets launch.
+  PagedRowsArgs key_pages;
+  const int32_t* row_seq = nullptr;  // [n]
   // The packed kernel only: each head weight w[r, h] multiplied by w_scale as it is read (the float product of
   // run_scale(w, .., w_scale), so the same bits as scaling w first: one launch fewer per index layer). Other
   // paths take 1 only (anything else: invalid_argument).

@@ -578,6 +578,10 @@ struct IdxTcKnobs {
   int raw_every = 0, spread_every = 0, spread = 0;
   bool packed = false;
   float w_scale = 1.0f;
+  // paged (with packed): the keys in pages of 16 rows (68 bytes each, 12 bytes of other data before them and 20
+  // after), each sequence's pages at shuffled page ids, addressed through key_pages / row_seq instead of
+  // key_offsets (no zero keys: every listed entry has a page).
+  bool paged = false;
 };
 
 void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTcKnobs& k = {}) {
@@ -607,7 +611,34 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
         for (int64_t i = std::min<int64_t>(96, D); i < D; ++i) keys[r * D + i] = std::ldexp(keys[r * D + i], k.spread);
     std::vector<int64_t> key_off;  // packed: each key's byte offset (-1: a zero key)
     std::vector<uint8_t> packed;
-    if (k.packed) {
+    PagedRowsArgs pg;  // paged: the geometry (device pointers set at the upload)
+    std::vector<int32_t> page_ids, row_seq(S * c.rows_per_seq);
+    std::vector<int64_t> seq_page_begin;
+    if (k.paged) {
+      const int64_t rb = quant::idx_row_bytes(D), E = 16;
+      pg.entries_per_page = E;
+      pg.offset_in_page = 12;
+      pg.row_bytes = rb;
+      pg.page_bytes = 12 + E * rb + 20;
+      int64_t n_pages = 0;
+      for (int64_t cnt : c.seq_keys) n_pages += (cnt + E - 1) / E;
+      std::vector<int32_t> ids(n_pages);
+      for (int64_t i = 0; i < n_pages; ++i) ids[i] = static_cast<int32_t>(i);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      packed.assign(n_pages * pg.page_bytes, 0xa5);
+      int64_t kb2 = 0;
+      for (int64_t s2 = 0; s2 < S; ++s2) {
+        seq_page_begin.push_back(static_cast<int64_t>(page_ids.size()));
+        const int64_t cnt = c.seq_keys[s2];
+        for (int64_t e = 0; e < (cnt + E - 1) / E; ++e) page_ids.push_back(ids[page_ids.size()]);
+        for (int64_t e = 0; e < cnt; ++e) {
+          const int64_t off = page_ids[seq_page_begin.back() + e / E] * pg.page_bytes + pg.offset_in_page + (e % E) * rb;
+          quant::q_idx_encode(&keys[(kb2 + e) * D], D, packed.data() + off);
+        }
+        for (int64_t j = 0; j < c.rows_per_seq; ++j) row_seq[s2 * c.rows_per_seq + j] = static_cast<int32_t>(s2);
+        kb2 += cnt;
+      }
+    } else if (k.packed) {
       const int64_t rb = quant::idx_row_bytes(D);
       for (int64_t r = 0; r < total_keys; ++r) {
         if (r % 41 == 40) {
@@ -675,7 +706,23 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
     ga.out = dout.p;
     std::unique_ptr<DevBuf<uint8_t>> dpacked;
     std::unique_ptr<DevBuf<int64_t>> doff;
-    if (k.packed) {
+    std::unique_ptr<DevBuf<int32_t>> dpages, drow_seq;
+    std::unique_ptr<DevBuf<int64_t>> dspb;
+    if (k.paged) {
+      dpacked = upload(packed);
+      dpages = upload(page_ids);
+      dspb = upload(seq_page_begin);
+      drow_seq = upload(row_seq);
+      ASSERT_TRUE(dpacked->p && dpages->p && dspb->p && drow_seq->p);
+      ga.keys = nullptr;
+      ga.key_base = dpacked->p;
+      pg.pages = dpages->p;
+      pg.seq_page_begin = dspb->p;
+      ga.key_pages = pg;
+      ga.row_seq = drow_seq->p;
+      ga.w_scale = k.w_scale;
+      ASSERT_TRUE(indexer_scores_packed_supported(ga)) << c.name;
+    } else if (k.packed) {
       dpacked = upload(packed);
       doff = upload(key_off);
       ASSERT_TRUE(dpacked->p && doff->p);
@@ -693,7 +740,10 @@ void check_indexer(const IdxCase& c, backends::cpu::CpuBackend& cpu, const IdxTc
     }
     auto got = from_dev(dout.p, want.size());
     const int64_t bad = bit_mismatches(got, want);
-    report(k.tc ? "indexer_scores_tc" : k.packed ? "indexer_scores packed keys" : "indexer_scores",
+    report(k.tc       ? "indexer_scores_tc"
+           : k.paged  ? "indexer_scores packed keys through pages"
+           : k.packed ? "indexer_scores packed keys"
+                      : "indexer_scores",
            std::string(c.name) + " n=" + std::to_string(n) + " T=" + std::to_string(T) + " " +
                std::to_string(H) + "x" + std::to_string(D),
            static_cast<double>(bad), 0,
@@ -762,6 +812,9 @@ TEST(AttentionParity, IndexerScoresPackedKeys) {
   IdxTcKnobs scaled = packed;  // the engine's decode: the weights' 1 / sqrt(32) applied as they are read
   scaled.w_scale = static_cast<float>(1.0 / std::sqrt(32.0));
   check_indexer({"packed released 32x128, w_scale", 32, 128, {4097, 2049}, 2, 3}, cpu, scaled);
+  IdxTcKnobs paged = scaled;  // the engine's decode with DS41_INDEX_PAGED=1: offsets from the pages in the kernel
+  paged.paged = true;
+  check_indexer({"paged released 32x128, w_scale", 32, 128, {4097, 2049, 17}, 2, 3}, cpu, paged);
 }
 
 // Cheap enough for the host emulator.
@@ -776,6 +829,29 @@ TEST(AttentionParity, IndexerScoresPackedKeysSmall) {
   IdxTcKnobs scaled = packed;  // the weights' 1 / sqrt(heads) applied as they are read (the engine's decode)
   scaled.w_scale = static_cast<float>(1.0 / std::sqrt(8.0));
   check_indexer({"packed emu 8 heads, w_scale", 8, 128, {300, 70}, 3, 9}, cpu, scaled);
+  IdxTcKnobs paged = scaled;  // keys through pages of 16 rows at shuffled page ids (DS41_INDEX_PAGED)
+  paged.paged = true;
+  check_indexer({"paged emu 8 heads, w_scale", 8, 128, {300, 70, 1}, 3, 9}, cpu, paged);
+  {  // pages whose rows overflow the page: a clear error, nothing launched
+    IndexerDeviceArgs pb;
+    pb.n = 1;
+    pb.n_heads = 8;
+    pb.head_dim = 128;
+    pb.t_stride = 4;
+    pb.key_base = reinterpret_cast<const uint8_t*>(16);
+    pb.q = pb.w = reinterpret_cast<const float*>(16);
+    pb.key_begin = pb.visible = reinterpret_cast<const int64_t*>(16);
+    pb.out = reinterpret_cast<float*>(16);
+    pb.row_seq = reinterpret_cast<const int32_t*>(16);
+    pb.key_pages.pages = reinterpret_cast<const int32_t*>(16);
+    pb.key_pages.seq_page_begin = reinterpret_cast<const int64_t*>(16);
+    pb.key_pages.entries_per_page = 16;
+    pb.key_pages.row_bytes = 68;
+    pb.key_pages.page_bytes = 16 * 68 - 1;
+    const Status st = run_indexer_scores(pb, nullptr);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("page geometry"), std::string::npos) << st.message();
+  }
   {  // the float-key paths take no w_scale: a clear error, nothing launched
     IndexerDeviceArgs fl;
     fl.n = 1;
