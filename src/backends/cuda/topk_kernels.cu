@@ -3,10 +3,10 @@
 // reference: both are defined by the same total order (score desc, index asc), and the selection
 // (radix_select.cuh) computes that order's k-th element exactly.
 //
-// topk_rows: one CTA per row, no workspace: rows of up to 10240 scores by the register select
-//   (reg_select.cuh: the keys in registers, the k-th key by a radix-4 search of block-wide counts, then the
-//   ascending emit); with DS41_TOPK_REG=0 (or longer rows of calls of more than 64 rows) the radix selects
-//   (radix_select.cuh), rows of up to 10240 scores first copied into shared memory. Long rows of calls of at most
+// topk_rows: one CTA per row, no workspace: in calls of at most 64 rows (decode-shaped), rows of up to 10240
+//   scores by the register select (reg_select.cuh: the keys in registers, the k-th key by a radix-4 search of
+//   block-wide counts, then the ascending emit); otherwise (prefill-shaped calls, DS41_TOPK_REG=0) the radix
+//   selects (radix_select.cuh), rows of up to 10240 scores first copied into shared memory. Long rows of calls of at most
 //   64 rows (decode steps at long contexts) take two launches: the k best of each chunk of the row
 //   (many CTAs), then the k best of the chunks' candidates (topk_chunks_kernel, topk_merge_kernel);
 //   the same selection, with the candidates in the workspace.
@@ -426,7 +426,9 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   const Chunks ch = chunks_for(n, t, k);
   const bool wide = wide_on();
   if (wide) allow_wide_once();
-  const bool reg = reg_on();
+  // The register select for calls of at most kChunkedMaxRows rows (decode steps, drafts, verifications: timed);
+  // prefill-shaped calls keep the radix selects until the prefill is timed with it.
+  const bool reg = reg_on() && n <= kChunkedMaxRows;
   if (ch.g > 1) {
     if (!workspace) return invalid_argument("topk_rows: the chunked path needs topk_workspace_bytes of workspace");
     int32_t* cand = static_cast<int32_t*>(workspace);
@@ -491,7 +493,7 @@ Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n
            t, block, tiles, ws);
     DS41_RETURN_IF_ERROR(last_launch_status("candidate_pool (block scores)"));
   }
-  if (reg_on() && with_reg_kpt(nb, [&](auto c) {
+  if (reg_on() && n <= kChunkedMaxRows && with_reg_kpt(nb, [&](auto c) {
         launch(candidate_pool_reg_kernel<decltype(c)::kpt, decltype(c)::nt>, static_cast<unsigned>(n), decltype(c)::nt, 0, stream,
                scores, visible, t, block, keep_blocks, static_cast<const float*>(ws), mask, split);
       }))

@@ -27,8 +27,9 @@ void set_topk_wide_for_tests(int wide);
 // chunks of blockDim scores with two each; the same outputs. Tests: 1 / 0, -1 back to the environment.
 void set_topk_emit_runs_for_tests(int runs);
 // The register select (reg_select.cuh: every key in registers, T by a radix-4 search of block-wide counts) for
-// rows, chunks and merges of at most 10,240 scores, by default (DS41_TOPK_REG=0: the radix selects above). The
-// same index sets and order. The pool (run_candidate_pool) takes it too for up to 10,240 blocks. CTAs of 256
+// rows, chunks and merges of at most 10,240 scores in calls of at most 64 rows, by default (DS41_TOPK_REG=0: the
+// radix selects above; calls of more rows keep them until prefill is timed with it). The same index sets and
+// order. The pool (run_candidate_pool) takes it too for up to 10,240 blocks in calls of at most 64 rows. CTAs of 256
 // threads, or 512 with DS41_TOPK_REG_THREADS=512. Tests: 1 on (256), 2 on (512), 0 off, -1 back to the environment.
 void set_topk_reg_for_tests(int reg);
 // As ops::Backend::candidate_pool (mask [n, t]).
