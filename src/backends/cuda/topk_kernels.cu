@@ -15,8 +15,8 @@
 // blocks are selected like top-k and their entries' mask bytes set (all other bytes cleared).
 // mask_restrict: elementwise.
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -152,29 +152,29 @@ __global__ void __launch_bounds__(1024) topk_merge_kernel(const float* __restric
 }
 
 // The register select (reg_select.cuh; DS41_TOPK_REG, on by default) for rows, chunks and merges of at most
-// kRegMaxScores scores: 256 threads with KPT keys each, no shared-memory row, no dynamic shared memory. The same
-// sets and order as the radix selects' kernels above (the same Threshold and emit ranks).
+// kRegMaxScores scores in calls of at most 64 rows: NT (256, or 512 with DS41_TOPK_REG_THREADS=512) threads with
+// KPT keys each, no shared-memory row, no dynamic shared memory. The same sets and order as the radix selects'
+// kernels above (the same Threshold and emit ranks).
 constexpr int64_t kRegMaxScores = 10240;  // (= kMaxCachedScores)
 
 template <int KPT, int NT>
-__global__ void __launch_bounds__(NT) topk_rows_reg_kernel(const float* __restrict__ scores, int64_t t,
-                                                                         int64_t k, int32_t* __restrict__ out) {
+__global__ void __launch_bounds__(NT) topk_rows_reg_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
+                                                           int32_t* __restrict__ out) {
   dev::pdl_enter();
   __shared__ sel::RegShared sh;
   const float* row = scores + static_cast<int64_t>(blockIdx.x) * t;
   int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
   const int64_t taken = sel::reg_select<KPT, NT>([row](int64_t i) { return row[i]; }, t, k, sh,
-                                             [o](int64_t i, bool s, int64_t pos) {
-                                               if (s) o[pos] = static_cast<int32_t>(i);
-                                             });
+                                                 [o](int64_t i, bool s, int64_t pos) {
+                                                   if (s) o[pos] = static_cast<int32_t>(i);
+                                                 });
   for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
 }
 
 // topk_chunks_kernel's phase 1 with the register select (chunk <= kRegMaxScores).
 template <int KPT, int NT>
-__global__ void __launch_bounds__(NT) topk_chunks_reg_kernel(const float* __restrict__ scores,
-                                                                           int64_t t, int64_t k, int64_t chunk,
-                                                                           int32_t* __restrict__ cand) {
+__global__ void __launch_bounds__(NT) topk_chunks_reg_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
+                                                             int64_t chunk, int32_t* __restrict__ cand) {
   dev::pdl_enter();
   __shared__ sel::RegShared sh;
   const int64_t c = blockIdx.x, g = gridDim.x, r = blockIdx.y;
@@ -182,19 +182,18 @@ __global__ void __launch_bounds__(NT) topk_chunks_reg_kernel(const float* __rest
   const float* row = scores + r * t + b0;
   int32_t* o = cand + (r * g + c) * k;
   const int64_t taken = sel::reg_select<KPT, NT>([row](int64_t i) { return row[i]; }, m, k, sh,
-                                             [o, b0](int64_t i, bool s, int64_t pos) {
-                                               if (s) o[pos] = static_cast<int32_t>(b0 + i);
-                                             });
+                                                 [o, b0](int64_t i, bool s, int64_t pos) {
+                                                   if (s) o[pos] = static_cast<int32_t>(b0 + i);
+                                                 });
   for (int64_t j = taken + threadIdx.x; j < k; j += blockDim.x) o[j] = -1;
 }
 
 // topk_merge_kernel's phase 2 with the register select (g x k <= kRegMaxScores): the candidates' scores
 // gathered from the row (-inf for padding), list position as the index.
 template <int KPT, int NT>
-__global__ void __launch_bounds__(NT) topk_merge_reg_kernel(const float* __restrict__ scores, int64_t t,
-                                                                          int64_t k, int64_t g,
-                                                                          const int32_t* __restrict__ cand,
-                                                                          int32_t* __restrict__ out) {
+__global__ void __launch_bounds__(NT) topk_merge_reg_kernel(const float* __restrict__ scores, int64_t t, int64_t k,
+                                                            int64_t g, const int32_t* __restrict__ cand,
+                                                            int32_t* __restrict__ out) {
   dev::pdl_enter();
   __shared__ sel::RegShared sh;
   const int64_t r = blockIdx.x, m = g * k;
