@@ -290,7 +290,9 @@ __global__ void __launch_bounds__(kScanThreads)
 
 unsigned blocks_for(int64_t total) { return static_cast<unsigned>((total + kThreads - 1) / kThreads); }
 
-Status check_paged(const PagedRowsArgs& p) {
+}  // namespace
+
+Status check_paged_rows(const PagedRowsArgs& p) {
   if (p.entries_per_page <= 0 || p.page_bytes <= 0 || p.row_bytes <= 0)
     return invalid_argument("paged rows: entries_per_page, page_bytes and row_bytes must be > 0");
   if (p.offset_in_page < 0 || p.offset_in_page + p.entries_per_page * p.row_bytes > p.page_bytes)
@@ -298,11 +300,9 @@ Status check_paged(const PagedRowsArgs& p) {
   return ok_status();
 }
 
-}  // namespace
-
 Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begin, int64_t n_seqs,
                              int64_t total, int64_t* out, cudaStream_t stream) {
-  DS41_RETURN_IF_ERROR(check_paged(p));
+  DS41_RETURN_IF_ERROR(check_paged_rows(p));
   if (total < 0 || n_seqs < 0) return invalid_argument("paged_row_offsets: total and n_seqs must be >= 0");
   if (total == 0) return ok_status();
   if (n_seqs == 0) return invalid_argument("paged_row_offsets: rows without sequences");
@@ -312,7 +312,7 @@ Status run_paged_row_offsets(const PagedRowsArgs& p, const int64_t* seq_row_begi
 
 Status run_selection_row_offsets(const PagedRowsArgs& p, const int32_t* sel, int64_t n, int64_t k,
                                  const int32_t* row_seq, int64_t* out, cudaStream_t stream) {
-  DS41_RETURN_IF_ERROR(check_paged(p));
+  DS41_RETURN_IF_ERROR(check_paged_rows(p));
   if (n < 0 || k < 0) return invalid_argument("selection_row_offsets: n and k must be >= 0");
   if (n * k == 0) return ok_status();
   launch(selection_row_offsets_kernel, blocks_for(n * k), kThreads, 0, stream, p, sel, n, k, row_seq, out);
@@ -344,7 +344,7 @@ Status run_build_sparse_index(const int64_t* win_offsets, const int32_t* win_ind
 }
 
 Status run_selected_entries(const SelectedEntriesArgs& a, int64_t* offsets_scratch, cudaStream_t stream) {
-  DS41_RETURN_IF_ERROR(check_paged(a.pages));
+  DS41_RETURN_IF_ERROR(check_paged_rows(a.pages));
   const int iop = static_cast<int>(a.op);
   if (iop < 0 || iop > 2) return invalid_argument("selected_entries: op " + std::to_string(iop) + " unknown");
   if (a.channels <= 0 || a.channels % fq::block_of(iop) || a.channels > (int64_t{1} << 24))
@@ -384,7 +384,7 @@ bool window_kv_step_fused(const WindowKvStepArgs& a) {
   int64_t blocks = r.rows + (a.ring_rows * r.dim + kScanThreads - 1) / kScanThreads;
   if (a.entries) {
     const SelectedEntriesArgs& e = *a.entries;
-    if (e.op != FakeQuantOp::kKv || !check_paged(e.pages).ok() || e.n <= 0 || e.n >= kWideRows || e.k <= 0 ||
+    if (e.op != FakeQuantOp::kKv || !check_paged_rows(e.pages).ok() || e.n <= 0 || e.n >= kWideRows || e.k <= 0 ||
         e.channels <= 0 || e.channels % fq::block_of(static_cast<int>(FakeQuantOp::kKv)) ||
         e.channels > (int64_t{1} << 24) || e.comp_base < 0 || e.comp_base + e.n * e.k > INT32_MAX)
       return false;

@@ -24,6 +24,10 @@ struct PagedRowsArgs {
   int64_t entries_per_page = 0, page_bytes = 0, offset_in_page = 0, row_bytes = 0;
 };
 
+// The page geometry of p: positive sizes, entries_per_page rows of row_bytes from offset_in_page within a page
+// (invalid_argument naming what is wrong). The launchers here and the packed indexer's paged keys check it.
+Status check_paged_rows(const PagedRowsArgs& p);
+
 // All entries of every sequence, concatenated: for i < total, s is the sequence with
 // seq_row_begin[s] <= i < seq_row_begin[s + 1] (seq_row_begin: device [n_seqs + 1], ascending),
 // k = i - seq_row_begin[s], out[i] = the byte offset of entry k of s; out[i] = -1 for

@@ -299,16 +299,15 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
       return invalid_argument(
           "indexer_scores: packed keys need key_base, key_offsets (or row_seq and key_pages), q, w, key_begin, "
           "visible, out");
-    if (paged && (!a.key_pages.pages || !a.key_pages.seq_page_begin || a.key_pages.entries_per_page <= 0 ||
-                  a.key_pages.page_bytes <= 0 || a.key_pages.row_bytes < kPackedRowBytes ||
-                  a.key_pages.offset_in_page < 0 ||
-                  a.key_pages.offset_in_page + a.key_pages.entries_per_page * a.key_pages.row_bytes >
-                      a.key_pages.page_bytes))
-      return invalid_argument("indexer_scores: paged keys need pages, seq_page_begin and a page geometry whose " +
-                              std::to_string(a.key_pages.entries_per_page) + " rows of " +
-                              std::to_string(a.key_pages.row_bytes) + " bytes (>= " +
-                              std::to_string(kPackedRowBytes) + ") fit a page of " +
-                              std::to_string(a.key_pages.page_bytes) + " bytes");
+    if (paged) {  // check_paged_rows' geometry, rows wide enough for a Q_idx row, the page table
+      Status geo = check_paged_rows(a.key_pages);
+      if (geo.ok() && a.key_pages.row_bytes < kPackedRowBytes)
+        geo = invalid_argument("rows of " + std::to_string(a.key_pages.row_bytes) + " bytes, a Q_idx row has " +
+                               std::to_string(kPackedRowBytes));
+      if (geo.ok() && (!a.key_pages.pages || !a.key_pages.seq_page_begin))
+        geo = invalid_argument("null pages or seq_page_begin");
+      if (!geo.ok()) return invalid_argument("indexer_scores: paged keys need a page geometry: " + geo.message());
+    }
     if (a.head_dim != kPackedD || a.n_heads < kHeadGroups || packed_smem(a.n_heads) > kMaxSmem)
       return invalid_argument("indexer_scores: packed keys need head_dim 128 and 4.." +
                               std::to_string((kMaxSmem / sizeof(float)) / (kPackedD + 2)) + " heads, got " +
@@ -318,8 +317,8 @@ Status run_indexer_scores(const IndexerDeviceArgs& a, cudaStream_t stream) {
       return invalid_argument("indexer_scores: n " + std::to_string(a.n) + " x t_stride " +
                               std::to_string(a.t_stride) + " too large for one grid");
     launch(indexer_scores_packed_kernel, static_cast<unsigned>(a.n * tiles), kThreads, packed_smem(a.n_heads), stream,
-           a.n_heads, a.t_stride, tiles, a.q, a.w, a.key_base, paged ? nullptr : a.key_offsets, a.key_begin,
-           a.visible, a.scale, a.w_scale, a.key_pages, paged ? a.row_seq : nullptr, a.out);
+           a.n_heads, a.t_stride, tiles, a.q, a.w, a.key_base, a.key_offsets, a.key_begin, a.visible, a.scale,
+           a.w_scale, a.key_pages, a.row_seq, a.out);  // the kernel takes key_offsets where set
     return last_launch_status("indexer_scores (packed keys)");
   }
   if (a.w_scale != 1.0f)

@@ -892,11 +892,11 @@ struct WarpTask {
     }
   }
 
-  // A step's tiles in order, each tested alone where the step's vote failed (step_fast false): a tile on
-  // the fast path as fast_tile, another in the oracle's arithmetic (exact_tile: a scale that can overflow a
-  // dequantized weight, where the oracle's fl(w * s) is inf, a NaN scale, or a multiplier outside the
-  // normal floats; rare). f.b advances past the step. t: the step's first tile.
-  __device__ __forceinline__ static void step_tiles(const typename D::Raw& cur, bool step_fast, Fast& f, int J, int64_t t,
+  // A step whose vote failed, tile by tile: a tile that passes the scale window alone as fast_tile, another
+  // in the oracle's arithmetic (exact_tile: a scale that can overflow a dequantized weight, where the oracle's
+  // fl(w * s) is inf, a NaN scale, or a multiplier outside the normal floats; rare). f.b advances past the
+  // step. t: the step's first tile.
+  __device__ __forceinline__ static void step_tiles(const typename D::Raw& cur, Fast& f, int J, int64_t t,
                                                     const uint2* xs, const int* ex, float (&acc)[NT][4]) {
 #pragma unroll
     for (int j = 0; j < D::kSub; ++j) {
@@ -904,8 +904,7 @@ struct WarpTask {
       const uint32_t sc0 = D::scale_a(cur, j), sc1 = D::scale_b(cur, j);
       const uint2* bp = f.b;
       f.b += f.bstride;
-      bool fast = step_fast;
-      if (D::kSub > 1 && !fast) fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
+      const bool fast = __all_sync(0xffffffffu, scale_fast(sc0) && scale_fast(sc1));
       if (fast) {
         fast_tile(w, sc0, sc1, bp, bp[0], bp[4 * J], f, J, acc);
       } else {
@@ -972,7 +971,7 @@ struct WarpTask {
         }
       } else {
         Fast g = f;
-        step_tiles(cur, false, g, J, (t0 + k) * D::kSub, xs, ex, acc);
+        step_tiles(cur, g, J, (t0 + k) * D::kSub, xs, ex, acc);
       }
       f.b += D::kSub * f.bstride;
     } else {

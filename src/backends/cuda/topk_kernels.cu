@@ -221,7 +221,7 @@ int g_reg_threads = -1;  // set_topk_reg_for_tests(2): 512
 int reg_threads() {
   static const int env = [] {
     const char* v = std::getenv("DS41_TOPK_REG_THREADS");
-    return v != nullptr && std::string(v) == "512" ? 512 : 256;
+    return v != nullptr && std::string(v) == "512" ? 512 : sel::kRegThreads;
   }();
   return g_reg_threads > 0 ? g_reg_threads : env;
 }
