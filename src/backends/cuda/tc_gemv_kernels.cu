@@ -52,6 +52,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -490,6 +491,15 @@ struct Bf16 {
   }
 };
 
+// D with kDeep steps in flight per warp instead of D::kU: the same loads in the same order and the same
+// arithmetic, so the same bits; for launches of fewer blocks than SMs, where a warp's task is a chain of
+// dependent round trips (U steps each) and the registers of one block per SM are spare. The launcher keeps
+// D::kU for the shape (KS: a row's bits).
+template <class D, int kDeep>
+struct InFlight : D {
+  static constexpr int kU = kDeep;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Staging: rows b < nb (<= NB) of x (K = in; rows 16-byte aligned) into xs as [tile][mma][column j =
 // 3b + part][lane group] of 4 f16 (one B fragment). x' = x * 2^-e_b, e_b = ilogb(max |x_b|) - 14 (0
@@ -694,6 +704,16 @@ struct Cols {
   // rows the accumulators of 2-3 column tiles and both A fragments want more (spills at 128), and
   // their staged x mostly leaves one block per SM anyway.
   static constexpr int kMinBlocks = NB <= 3 ? 2 : 1;
+};
+// The blocks per SM a kernel's registers are budgeted for: Cols<NB>'s, or one for an InFlight format (launched
+// at most one block per SM: its extra steps' registers are spare there).
+template <class D, int NB>
+struct MinBlocks {
+  static constexpr int value = Cols<NB>::kMinBlocks;
+};
+template <class D, int U, int NB>
+struct MinBlocks<InFlight<D, U>, NB> {
+  static constexpr int value = 1;
 };
 
 // kRing: the weights stream through a shared-memory ring of `rd` stages per warp (2, 3 or 4) of
@@ -1161,7 +1181,7 @@ struct Dual {
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
 // reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
 template <class D, bool kFp8, int NB, bool kRing>
-__global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
+__global__ void __launch_bounds__(kThreads, MinBlocks<D, NB>::value)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
@@ -1612,6 +1632,34 @@ bool early_on() {
   return on;
 }
 
+// DS41_ENTRY_IN_FLIGHT=4|8 (opt-in until timed on a device): the MoE entry's gate GEMV with 4 or 8 steps in
+// flight per warp (InFlight) instead of Bf16's 2. The same bits (the parity rows run each).
+int g_entry_in_flight = -1;
+int entry_in_flight() {
+  if (g_entry_in_flight >= 0) return g_entry_in_flight;
+  static const int env = [] {
+    const char* v = std::getenv("DS41_ENTRY_IN_FLIGHT");
+    const int u = v != nullptr ? std::atoi(v) : 0;
+    return u == 4 || u == 8 ? u : Bf16::kU;
+  }();
+  return env;
+}
+
+// DS41_DENSE_IN_FLIGHT=4|8 (opt-in until timed on a device): a one-row dense launch (Fp8x2 or BF16, the register
+// ring) whose grid has at most one block per SM takes InFlight<D, 4 or 8>: the same grid and KS (the same bits),
+// more of each warp's chain of round trips in flight (the dual wq_a + wkv launch, the indexer's head weights).
+int g_dense_in_flight = -1;
+std::atomic<uint64_t> g_dense_in_flight_launches{0};
+int dense_in_flight() {
+  if (g_dense_in_flight >= 0) return g_dense_in_flight;
+  static const int env = [] {
+    const char* v = std::getenv("DS41_DENSE_IN_FLIGHT");
+    const int u = v != nullptr ? std::atoi(v) : 0;
+    return u == 4 || u == 8 ? u : 0;
+  }();
+  return env;
+}
+
 // DS41_TCG_EXPERT_STAGE_FIRST=1 (opt-in until timed on a device): the expert kernel stages x before its
 // first weight loads (block_rows' stage_first). No value changes.
 // DS41_TCG_DENSE_SWIGLU=1 (opt-in until timed on a device): a dense pair's SwiGLU epilogue (the shared
@@ -1705,6 +1753,9 @@ void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 
 void set_expert_early_for_tests(int mode) { g_expert_early = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_entry_in_flight_for_tests(int steps) { g_entry_in_flight = steps == 4 || steps == 8 ? steps : -1; }
+void set_dense_in_flight_for_tests(int steps) { g_dense_in_flight = steps == 4 || steps == 8 ? steps : (steps == 0 ? 0 : -1); }
+uint64_t dense_in_flight_launches() { return g_dense_in_flight_launches.load(); }
 
 int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool fused, int64_t ref_blocks) {
   const int64_t other = (fused ? 1 : mats) * groups;
@@ -1723,6 +1774,28 @@ int balanced_ks_log2(int l_max, int64_t n_rg, int64_t groups, int64_t mats, bool
   return best;
 }
 
+
+// The kernel of a dense launch of `blocks` blocks: K, or (dense_in_flight, decode-sized blocks (NB 2), Fp8x2 / BF16 on the
+// register ring, at most one block per SM) K's InFlight<D, 4 or 8> twin: the same parameters, grid and KS.
+using DenseKernelFn = decltype(&tc_dense_kernel<Bf16, false, 2, false>);
+template <class D, bool kFp8, int NB, bool kR>
+DenseKernelFn dense_kernel_for(int64_t blocks) {
+  DenseKernelFn k = tc_dense_kernel<D, kFp8, NB, kR>;
+  if constexpr (NB == 2 && !kR && (std::is_same_v<D, Bf16> || std::is_same_v<D, Fp8x2>)) {
+    const int u = dense_in_flight();
+    if (u > D::kU && blocks <= sm_count()) {
+      g_dense_in_flight_launches.fetch_add(1);
+      if (u == 4) {
+        allow_smem<tc_dense_kernel<InFlight<D, 4>, kFp8, NB, false>>();
+        k = tc_dense_kernel<InFlight<D, 4>, kFp8, NB, false>;
+      } else {
+        allow_smem<tc_dense_kernel<InFlight<D, 8>, kFp8, NB, false>>();
+        k = tc_dense_kernel<InFlight<D, 8>, kFp8, NB, false>;
+      }
+    }
+  }
+  return k;
+}
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm,
@@ -1763,12 +1836,13 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   const int64_t units = (n + nbr - 1) / nbr;
   // kernel: the register ring; ring_kernel: the shared-memory ring (stage_bytes 0: none). U (the
   // register ring's) sizes KS in both, so both give the same bits.
-  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {
+  // pick(blocks): the register ring's kernel for a grid of that many blocks (dense_kernel_for).
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes, auto pick) {
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
     const int rd = ring_depth<K, KR>(smem, stage_bytes);
-    auto run = [&](auto kt, size_t sm) {
+    auto run = [&](auto kt, size_t sm, bool ring) {
       constexpr auto KK = decltype(kt)::value;
       allow_smem<KK>();
       const bool fused = swiglu != nullptr;
@@ -1784,14 +1858,16 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
         sw.c = expand->c;
         sw.h = out_rows;
       }
-      launch(KK, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
+      const DenseKernelFn kk =
+          ring ? KK : pick(static_cast<int64_t>(grid.x) * static_cast<int64_t>(grid.y) * static_cast<int64_t>(grid.z));
+      launch(kk, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
              norm != nullptr ? *norm : RowNorm{}, early_on(), sw, Dual{});
     };
     if (rd > 0) {
-      run(ring_kernel, ring_smem(smem, rd, stage_bytes));
+      run(ring_kernel, ring_smem(smem, rd, stage_bytes), true);
     } else {
-      run(kernel, smem);
+      run(kernel, smem, false);
     }
   };
   with_nb(nbr, [&](auto nbc) {
@@ -1799,16 +1875,17 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
     constexpr bool kR = NB <= 3;  // the ring for decode-sized blocks only
     if (fp8 && wide) {
       go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8x2, true, NB, kR>>{},
-         Fp8x2::kU, Fp8x2::kSub, kR && ring_dense() ? Fp8x2::kRingStageBytes : 0);
+         Fp8x2::kU, Fp8x2::kSub, kR && ring_dense() ? Fp8x2::kRingStageBytes : 0,
+         dense_kernel_for<Fp8x2, true, NB, false>);
     } else if (fp8) {
       go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, KernelT<tc_dense_kernel<Fp8, true, NB, kR>>{}, Fp8::kU,
-         Fp8::kSub, kR ? Fp8::kRingStageBytes : 0);
+         Fp8::kSub, kR ? Fp8::kRingStageBytes : 0, dense_kernel_for<Fp8, true, NB, false>);
     } else if (fp4) {
       go(KernelT<tc_dense_kernel<Fp4, false, NB, false>>{}, KernelT<tc_dense_kernel<Fp4, false, NB, kR>>{}, Fp4::kU,
-         Fp4::kSub, kR ? Fp4::kRingStageBytes : 0);
+         Fp4::kSub, kR ? Fp4::kRingStageBytes : 0, dense_kernel_for<Fp4, false, NB, false>);
     } else {
       go(KernelT<tc_dense_kernel<Bf16, false, NB, false>>{}, KernelT<tc_dense_kernel<Bf16, false, NB, false>>{},
-         Bf16::kU, Bf16::kSub, 0);
+         Bf16::kU, Bf16::kSub, 0, dense_kernel_for<Bf16, false, NB, false>);
     }
   });
   return true;
@@ -1844,7 +1921,7 @@ bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* 
   const size_t smem = smem_bytes(w.in_dim, nbr);
   const int64_t units = (n + nbr - 1) / nbr;
   bool launched = false;
-  auto go = [&](auto kernel, int U, int sub) {
+  auto go = [&](auto kernel, int U, int sub, auto pick) {
     constexpr auto K = decltype(kernel)::value;
     allow_smem<K>();
     const int per_sm = resident_blocks<K>(smem);
@@ -1858,20 +1935,20 @@ bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* 
     du.slots1 = static_cast<int>(s1.slots);
     du.slots2 = static_cast<int>(s2.slots);
     const dim3 grid(static_cast<unsigned>(units), s1.slots + s2.slots, 1);
-    launch(K, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, w.out_dim, x, w.in_dim, n, y, ldy, s1.ks_log2,
+    launch(pick(static_cast<int64_t>(grid.x) * static_cast<int64_t>(grid.y)), grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, w.out_dim, x, w.in_dim, n, y, ldy, s1.ks_log2,
            w2.data, w2.scale, y2, 0, RowNorm{}, early_on(), Epilogue{}, du);
     launched = true;
   };
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
     if (fp8 && wide) {
-      go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, Fp8x2::kU, Fp8x2::kSub);
+      go(KernelT<tc_dense_kernel<Fp8x2, true, NB, false>>{}, Fp8x2::kU, Fp8x2::kSub, dense_kernel_for<Fp8x2, true, NB, false>);
     } else if (fp8) {
-      go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, Fp8::kU, Fp8::kSub);
+      go(KernelT<tc_dense_kernel<Fp8, true, NB, false>>{}, Fp8::kU, Fp8::kSub, dense_kernel_for<Fp8, true, NB, false>);
     } else if (fp4) {
-      go(KernelT<tc_dense_kernel<Fp4, false, NB, false>>{}, Fp4::kU, Fp4::kSub);
+      go(KernelT<tc_dense_kernel<Fp4, false, NB, false>>{}, Fp4::kU, Fp4::kSub, dense_kernel_for<Fp4, false, NB, false>);
     } else {
-      go(KernelT<tc_dense_kernel<Bf16, false, NB, false>>{}, Bf16::kU, Bf16::kSub);
+      go(KernelT<tc_dense_kernel<Bf16, false, NB, false>>{}, Bf16::kU, Bf16::kSub, dense_kernel_for<Bf16, false, NB, false>);
     }
   });
   return launched;
@@ -1973,16 +2050,25 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
   // KS (a row's bits) and the slots as try_dense's one-row call of the gate (tc_dense_kernel<Bf16, false, 2>,
   // the register ring).
   constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
-  constexpr auto K = tc_moe_entry_kernel<Bf16, 2>;
   allow_smem<KD>();
-  static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                kEntryMaxSmem) == cudaSuccess;
-  if (!attr) return false;
   const Shape s = shape(E, 1, 1, in, Bf16::kU, Bf16::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
-  launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
-         router_two_stage(), a.row, r);
-  return true;
+  // The gate's steps in flight per warp (entry_in_flight): its 24 blocks at the released width are one per
+  // SM, each warp a chain of 20 one-tile steps.
+  const auto go = [&](auto kt) {
+    constexpr auto K = decltype(kt)::value;
+    static const bool attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(K),
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kEntryMaxSmem) == cudaSuccess;
+    if (!attr) return false;
+    launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
+           router_two_stage(), a.row, r);
+    return true;
+  };
+  switch (entry_in_flight()) {
+    case 4: return go(KernelT<tc_moe_entry_kernel<InFlight<Bf16, 4>, 2>>{});
+    case 8: return go(KernelT<tc_moe_entry_kernel<InFlight<Bf16, 8>, 2>>{});
+    default: return go(KernelT<tc_moe_entry_kernel<Bf16, 2>>{});
+  }
 }
 
 }  // namespace ds41::cuda::tcg

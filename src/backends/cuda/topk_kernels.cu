@@ -374,6 +374,19 @@ bool reg_on() {
   return g_reg >= 0 ? g_reg != 0 : env;
 }
 
+// The register select's row limit: calls of at most this many rows take it (default kChunkedMaxRows: decode steps,
+// drafts, verifications, what was timed). DS41_TOPK_REG_ROWS=N moves the limit (prefill A/B measurements).
+int64_t reg_max_rows() {
+  static const int64_t env = [] {
+    const char* v = std::getenv("DS41_TOPK_REG_ROWS");
+    if (v == nullptr || *v == '\0') return kChunkedMaxRows;
+    char* end = nullptr;
+    const long long r = std::strtoll(v, &end, 10);
+    return end != nullptr && *end == '\0' && r >= 0 ? static_cast<int64_t>(r) : kChunkedMaxRows;
+  }();
+  return env;
+}
+
 // DS41_TOPK_EMIT_RUNS=1: the emit of rows in shared memory with one barrier (sel::select_emit_runs) instead of
 // two per blockDim scores. Opt-in: written without a device (session of 2026-12-07 00:38 UTC), not yet timed;
 // the same outputs either way (SelectionParity runs both).
@@ -427,7 +440,7 @@ Status run_topk_rows(const float* scores, int64_t n, int64_t t, int64_t k, int32
   if (wide) allow_wide_once();
   // The register select for calls of at most kChunkedMaxRows rows (decode steps, drafts, verifications: timed);
   // prefill-shaped calls keep the radix selects until the prefill is timed with it.
-  const bool reg = reg_on() && n <= kChunkedMaxRows;
+  const bool reg = reg_on() && n <= reg_max_rows();
   if (ch.g > 1) {
     if (!workspace) return invalid_argument("topk_rows: the chunked path needs topk_workspace_bytes of workspace");
     int32_t* cand = static_cast<int32_t*>(workspace);
@@ -492,7 +505,7 @@ Status run_candidate_pool(const float* scores, const int64_t* visible, int64_t n
            t, block, tiles, ws);
     DS41_RETURN_IF_ERROR(last_launch_status("candidate_pool (block scores)"));
   }
-  if (reg_on() && n <= kChunkedMaxRows && with_reg_kpt(nb, [&](auto c) {
+  if (reg_on() && n <= reg_max_rows() && with_reg_kpt(nb, [&](auto c) {
         launch(candidate_pool_reg_kernel<decltype(c)::kpt, decltype(c)::nt>, static_cast<unsigned>(n), decltype(c)::nt, 0, stream,
                scores, visible, t, block, keep_blocks, static_cast<const float*>(ws), mask, split);
       }))

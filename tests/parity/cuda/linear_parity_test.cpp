@@ -614,6 +614,89 @@ TEST(LinearParity, LinearDualEqualsTwoLaunchesSmall) {
                     17200);
 }
 
+// One-row dense launches of at most one block per SM with 4 or 8 steps in flight per warp (DS41_DENSE_IN_FLIGHT,
+// tcg::InFlight): the same bits as the default 2, for plain linears (FP8 16-byte pieces, BF16: the released
+// indexer head weights 32 x 5120 and the MoE gate 384 x 5120 on a device) and the dual wq_a | wkv launch; rows
+// of x spread over binades; the InFlight kernel must be taken (its launch counter), and a launch of more blocks
+// than SMs must not take it.
+TEST(LinearParity, TensorCoreGemvInFlightKeepsTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_tc_gemv_fp8_wide_for_tests(-1);
+      tcg::set_dense_in_flight_for_tests(-1);
+    }
+  } reset;
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  set_tc_gemv_for_tests(1);
+  set_tc_gemv_fp8_wide_for_tests(1);
+  struct C {
+    WeightFormat f;
+    int64_t out, out2, in;  // out2 > 0: the dual launch of (out, in) and (out2, in)
+  };
+  std::vector<C> cases = {{WeightFormat::kFp8Tiles, 96, 0, 1024}, {WeightFormat::kBF16, 32, 0, 512},
+                          {WeightFormat::kFp8Tiles, 160, 64, 1024}};
+  if (!emu) {
+    cases.push_back({WeightFormat::kBF16, 32, 0, 5120});
+    cases.push_back({WeightFormat::kBF16, 384, 0, 5120});
+    cases.push_back({WeightFormat::kFp8Tiles, 1280, 512, 5120});
+  }
+  uint64_t seed = 17400;
+  for (const C& c : cases) {
+    const HostWeight h1 = make_weight(c.f, c.out, c.in, ++seed);
+    const HostWeight h2 = make_weight(c.f, c.out2 > 0 ? c.out2 : 16, c.in, ++seed);
+    const DevWeight d1(h1), d2(h2);
+    const int64_t n = 1;
+    auto x = rand_floats(static_cast<size_t>(c.in), ++seed);
+    for (int64_t i = 0; i < c.in; ++i) x[i] = std::ldexp(x[i], static_cast<int>(i % 13) - 6);
+    Dev<float> dx(x);
+    auto run = [&](int u) {
+      tcg::set_dense_in_flight_for_tests(u);
+      Dev<float> y1(static_cast<size_t>(c.out)), y2(static_cast<size_t>(h2.out));
+      if (c.out2 > 0) {
+        bool took = false;
+        EXPECT_TRUE(try_linear_dual(d1.dw, d2.dw, dx.p, n, y1.p, y2.p, nullptr, true, &took).ok());
+        EXPECT_TRUE(took);
+      } else {
+        EXPECT_TRUE(run_linear(d1.dw, dx.p, n, y1.p, nullptr, true).ok());
+      }
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> o = y1.get();
+      if (c.out2 > 0) {
+        const std::vector<float> o2 = y2.get();
+        o.insert(o.end(), o2.begin(), o2.end());
+      }
+      return o;
+    };
+    const std::vector<float> want = run(0);
+    for (int u : {4, 8}) {
+      const uint64_t before = tcg::dense_in_flight_launches();
+      const std::vector<float> got = run(u);
+      const uint64_t took = tcg::dense_in_flight_launches() - before;
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) differ += bits_of(got[i]) != bits_of(want[i]);
+      const std::string shape = std::string(fmt_name(c.f)) + " " + dims({c.out, c.in}) +
+                                (c.out2 > 0 ? " | " + dims({c.out2, c.in}) + " (dual)" : "") + " n=1, " +
+                                std::to_string(u) + " steps in flight";
+      report("linear tc-gemv in flight", shape + ": bits differing from 2 in flight", static_cast<double>(differ), 0,
+             "the same loads and arithmetic, more of them in flight");
+      EXPECT_EQ(differ, 0u) << shape;
+      EXPECT_EQ(took, 1u) << shape << ": a launch of at most one block per SM takes the InFlight kernel";
+    }
+  }
+  {  // more blocks than SMs (the released wq_b, 32768 x 1280 FP8, on a device; a wide one on the emulator): not taken
+    const HostWeight h = make_weight(WeightFormat::kFp8Tiles, emu ? 8192 : 32768, emu ? 256 : 1280, ++seed);
+    const DevWeight d(h);
+    Dev<float> dx(rand_floats(static_cast<size_t>(h.in), ++seed)), dy(static_cast<size_t>(h.out));
+    tcg::set_dense_in_flight_for_tests(8);
+    const uint64_t before = tcg::dense_in_flight_launches();
+    ASSERT_TRUE(run_linear(d.dw, dx.p, 1, dy.p, nullptr, true).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(tcg::dense_in_flight_launches(), before) << "a grid wider than the SMs keeps the default kernel";
+  }
+}
+
 // A pair with its SwiGLU as the launch's epilogue (run_expert_linear_pair_swiglu: the decode MoE's routed
 // w1 / w3 then act; run_linear_pair_swiglu with the opt-in dense switch: the shared expert's): against the CPU ops (linear, linear, swiglu), and
 // bit for bit against the two-launch path (the pair, then run_swiglu) where the pair's warps per row
