@@ -23,6 +23,37 @@ namespace ds41::cuda::moe {
 // thread of the block calls it (barriers); blockDim.x >= n * k.
 __device__ __forceinline__ void bucket_pairs(const MoeRouteArgs& a, RouterSmem& sm, int* ex, int* part, bool alone) {
   const int64_t E = a.n_experts, k = a.k;
+  if (alone && a.n == 1) {
+    // One row's picks (a decode step: the MoE entry, a one-row route): the same integers from the k picks
+    // alone, without the histogram, the scan and their barriers. offsets[i] = the valid picks of an expert
+    // below i (offsets[E]: all valid picks); pick t's position = the valid picks ordered before it (a
+    // lower expert, or the same expert at an earlier slot): the stable order by expert, then slot.
+    for (int64_t i = threadIdx.x; i <= E; i += blockDim.x) {
+      int below = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const int e = sm.sel[j];
+        below += (e >= 0 && e < E && e < i) ? 1 : 0;
+      }
+      a.offsets[i] = below;
+    }
+    const int64_t t = threadIdx.x;
+    if (t < k) {
+      const int e = sm.sel[t];
+      if (e < 0 || e >= E) {
+        a.slot_pos[t] = -1;
+      } else {
+        int pos = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          const int f = sm.sel[j];
+          pos += (f >= 0 && f < E && (f < e || (f == e && j < t))) ? 1 : 0;
+        }
+        a.perm_rows[pos] = 0;
+        a.perm_weight[pos] = sm.wsel[t];
+        a.slot_pos[t] = pos;
+      }
+    }
+    return;
+  }
   int* cnt = reinterpret_cast<int*>(sm.bs);  // the router's scratch, free now: E ints
   const int t = threadIdx.x;
   const int64_t pairs = a.n * k;
@@ -42,7 +73,7 @@ __device__ __forceinline__ void bucket_pairs(const MoeRouteArgs& a, RouterSmem& 
   int s = 0;
   for (int64_t i = tr.begin; i < tr.end; ++i) s += cnt[i];
   int total = 0;
-  int run = dev::block_exclusive_scan(s, part, &total);
+  int run = dev::block_exclusive_scan_shfl(s, part, &total);  // one barrier (integers: any order)
   for (int64_t i = tr.begin; i < tr.end; ++i) {
     const int c = cnt[i];
     cnt[i] = run;  // the expert's base

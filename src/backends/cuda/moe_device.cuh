@@ -60,18 +60,64 @@ __device__ __forceinline__ void warp_best(float& bv, int& bi) {
   }
 }
 
-// One pick of a warp: the best (v, i) over the lanes' pairs (value, index), -1 indices never.
+// The warp's largest / smallest unsigned value: redux.sync (sm_80+); a xor tree of shuffles under the host
+// emulator (the same result).
+__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);
+#else
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+#endif
+}
+__device__ __forceinline__ uint32_t warp_min_u32(uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint32_t w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w < v ? w : v;
+  }
+  return v;
+#endif
+}
+
+// A float's order as an unsigned key for redux.sync: larger value, larger key; equal values (-0 and +0 too),
+// equal keys; NaN key 1, below every number (-inf's key is 0x007fffff); 0 is kept for "none".
+__device__ __forceinline__ uint32_t pick_key(float v) {
+  if (v != v) return 1u;
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// One pick of a warp: the best (v, i) over the lanes' pairs (value, index), -1 indices never: the largest
+// key, then the smallest index (better()'s order for numbers; a NaN below every number). Each lane's own best
+// first, then the warp's largest key (redux.sync max) and the smallest index among the lanes holding it
+// (redux.sync min): two reductions instead of five rounds of two shuffles (the router's picks are on the
+// decode's critical path). bv is the winning lane's own value.
 __device__ __forceinline__ void warp_pick(const float (&v)[kPickPer], const int (&id)[kPickPer], float& bv,
                                           int& bi) {
+  uint32_t key = id[0] >= 0 ? pick_key(v[0]) : 0u;
   bv = v[0];
   bi = id[0];
 #pragma unroll
-  for (int u = 1; u < kPickPer; ++u)
-    if (better(v[u], id[u], bv, bi)) {
+  for (int u = 1; u < kPickPer; ++u) {
+    const uint32_t ku = id[u] >= 0 ? pick_key(v[u]) : 0u;
+    if (ku > key || (ku == key && ku != 0u && (bi < 0 || id[u] < bi))) {
+      key = ku;
       bv = v[u];
       bi = id[u];
     }
-  warp_best(bv, bi);
+  }
+  const uint32_t kmax = warp_max_u32(key);
+  const uint32_t cand = (key == kmax && key != 0u) ? static_cast<uint32_t>(bi) : 0xffffffffu;
+  const uint32_t imin = warp_min_u32(cand);
+  const int src = __ffs(__ballot_sync(0xffffffffu, cand == imin && imin != 0xffffffffu)) - 1;
+  bv = __shfl_sync(0xffffffffu, bv, src < 0 ? 0 : src);
+  bi = imin == 0xffffffffu ? -1 : static_cast<int>(imin);
 }
 
 // k picks of one warp over its lanes' pairs (an entry with index -1 is none): pick j to out_v / out_i

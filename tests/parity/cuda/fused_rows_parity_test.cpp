@@ -381,7 +381,19 @@ TEST(FusedRowsParity, MoeRoute) {
   const std::vector<C> cases = {{1, 384, 6, false, false, false}, {3, 384, 6, true, false, false},
                                 {42, 384, 6, false, true, false}, {43, 384, 6, false, false, false},
                                 {2, 128, 3, false, false, false}, {5, 8, 6, false, true, true},
-                                {2, 600, 10, true, true, true}};  // the block-wide selection (E > 512, k > 8)
+                                {2, 600, 10, true, true, true},   // the block-wide selection (E > 512, k > 8)
+                                // one row (the bucketing from the picks alone), with too few selectable experts
+                                // (-1 picks), ties, image rows and the block-wide selection
+                                {1, 8, 6, false, true, true}, {1, 600, 10, true, true, true},
+                                {1, 128, 3, true, true, false}};
+  // The two selections' outputs per case, compared at the end: the two-stage picks (each warp's by redux.sync
+  // keys) against the block-wide rounds (warp_best's shuffle tree), ties and -inf included.
+  struct HostRoute {
+    std::vector<int32_t> ex;
+    std::vector<float> w, pw;
+    std::vector<int64_t> off, pr, sp;
+  };
+  std::vector<std::vector<HostRoute>> by_sel(2);
   for (int two_stage : {1, 0}) {  // both selections of route_row
   set_router_two_stage_for_tests(two_stage);
   uint64_t seed = 1700;
@@ -433,9 +445,19 @@ TEST(FusedRowsParity, MoeRoute) {
           "router_kernel's code + the stable bucketing (integers): experts, weights, offsets, perm, slot_pos "
           "equal; counter zero after");
     }
+    by_sel[two_stage].push_back(HostRoute{f.ex.get(), f.w.get(), f.pw.get(), f.off.get(), f.pr.get(), f.sp.get()});
   }
   }
   set_router_two_stage_for_tests(-1);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const HostRoute &a = by_sel[1][i], &b = by_sel[0][i];
+    const size_t bad = (a.ex != b.ex) + count_bit_diffs(a.w, b.w) + count_bit_diffs(a.pw, b.pw) + (a.off != b.off) +
+                       (a.pr != b.pr) + (a.sp != b.sp);
+    const C& c = cases[i];
+    report("moe_route selections", dims({c.n, c.E, c.k}) + (c.ties ? " ties" : "") + (c.masked ? " -inf" : ""),
+           static_cast<double>(bad), 0, "two-stage (redux.sync keys) vs block-wide rounds: the same picks and outputs");
+    EXPECT_EQ(bad, 0u) << dims({c.n, c.E, c.k});
+  }
 }
 
 // The MoE entry of a one-row decode step (run_moe_entry: the FFN site's collapse + norm, the gate, the
