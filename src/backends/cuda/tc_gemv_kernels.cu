@@ -1377,11 +1377,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (!last) return;  // block-uniform
     __threadfence();
-    float* lg = smem;  // the x parts are done with: the logits through L2 (other blocks wrote them)
-    for (int64_t i = threadIdx.x; i < E; i += kThreads) lg[i] = __ldcg(ra.logits + i);
+    // The x parts are done with: the logits through L2 (other blocks wrote them) and the row's bias (route_row's
+    // choice of bias / bias_vl) into shared memory, the loads of both in flight together (route_row would load
+    // the image flag, then the bias, after the logits).
+    float* lg = smem;
+    float* bs = smem + E;
+    const float* bvec = (ra.vl && ra.vl[0] && ra.bias_vl) ? ra.bias_vl : ra.bias;
+    for (int64_t i = threadIdx.x; i < E; i += kThreads) {
+      lg[i] = __ldcg(ra.logits + i);
+      if (bvec) bs[i] = bvec[i];
+    }
     __syncthreads();
-    moe::route_row(lg, E, ra.bias, ra.bias_vl, ra.vl, ra.k, ra.temp, ra.route_scale, ra.experts, ra.weights, 0,
-                   rsm, two_stage);
+    moe::route_row(lg, E, bvec ? bs : nullptr, nullptr, nullptr, ra.k, ra.temp, ra.route_scale, ra.experts, ra.weights,
+                   0, rsm, two_stage);
     __syncthreads();
     moe::bucket_pairs(ra, rsm, bex, bpart, true);
   }
@@ -2046,7 +2054,7 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
       reinterpret_cast<uintptr_t>(gate.data) % 16 != 0)
     return false;
   const size_t parts = smem_bytes(in, 2), smem = parts + static_cast<size_t>(in) * sizeof(float);
-  if (smem > static_cast<size_t>(kEntryMaxSmem) || static_cast<size_t>(E) * sizeof(float) > parts) return false;
+  if (smem > static_cast<size_t>(kEntryMaxSmem) || 2 * static_cast<size_t>(E) * sizeof(float) > parts) return false;
   // KS (a row's bits) and the slots as try_dense's one-row call of the gate (tc_dense_kernel<Bf16, false, 2>,
   // the register ring).
   constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
