@@ -626,7 +626,11 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   // writes its pre into the other buffer, the next layer collapses with it).
   float* const pi = l % 2 == 0 ? ws_.pi : ws_.pre_f;
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
-  DS41_RETURN_IF_ERROR(hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x));
+  // The previous layer's combine may have collapsed and normed this site's x already (next_collapse_).
+  const bool collapsed = carry_.x_collapsed;
+  carry_.x_collapsed = false;
+  DS41_RETURN_IF_ERROR(
+      hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, !collapsed));
   // The attention's output projection expands into the streams (after joining the site's map).
   const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
   DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
@@ -636,8 +640,25 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   DS41_RETURN_IF_ERROR(
       hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x, !entry));
   if (entry) DS41_RETURN_IF_ERROR(moe_entry(w, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
-  DS41_RETURN_IF_ERROR(moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, entry));  // expands into the streams
-  return ok_status();
+  // The next layer's attention-site collapse (with this FFN site's pre) and norm in the MoE's combine launch
+  // (DS41_COMBINE_COLLAPSE): where the next layer starts with that collapse (no Engram stage or DSpark capture
+  // before it, which read or change the streams or ws_.x) and the site's collapse would take the quads kernel
+  // (C = 4, the same bits: run_moe_combine_expand_collapse).
+  cuda::NextCollapse nc;
+  next_collapse_ = nullptr;
+  if (cuda::combine_collapse_enabled() && l + 1 < c_->num_hidden_layers && !c_->is_engram_layer(l + 1) && !ds_.on &&
+      C == 4 && c_->hidden_size % 4 == 0 && n <= ws_.counters_size) {
+    nc.collapse_w = pre_f;
+    nc.norm_weight = m_->weights().layers[l + 1].attn_norm.ptr;
+    nc.eps = static_cast<float>(c_->rms_norm_eps);
+    nc.sum_threads = cuda::rms_norm_sum_threads(n, c_->hidden_size);
+    nc.x = ws_.x;
+    nc.counters = ws_.counters;
+    next_collapse_ = &nc;
+  }
+  const Status st = moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, entry);  // expands into the streams
+  next_collapse_ = nullptr;
+  return st;
 }
 
 Status GpuForward::head(const GpuForwardOptions& opt) {

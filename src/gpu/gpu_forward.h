@@ -405,6 +405,7 @@ class GpuForward {
     int64_t keys_of_source = -1;
     int64_t cand_stride = 0;
     const int64_t* cand_t_mask = nullptr;
+    bool x_collapsed = false;  // the previous layer's combine wrote this layer's attention-site x (next_collapse_)
   };
   Carry carry_;
   std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)
@@ -462,6 +463,11 @@ class GpuForward {
   cudaStream_t side_ = nullptr;                                // null: off (GpuLimits::side_stream)
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // side-stream work not yet joined into the main stream
+  // DS41_COMBINE_COLLAPSE (cuda::combine_collapse_enabled): run_layer hands its MoE the next layer's
+  // attention-site collapse (next_collapse_), whose combine launch then writes the next layer's x
+  // (carry_.x_collapsed: restored with the carry when a segment runs again); that layer's site launches its
+  // map alone.
+  const cuda::NextCollapse* next_collapse_ = nullptr;
   HostTimes host_times_;
   bool device_span_ = false;
   cudaEvent_t span_ev_[2] = {nullptr, nullptr};

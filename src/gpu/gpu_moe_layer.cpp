@@ -126,7 +126,15 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
     return ok_status();
   }
   // y = combine + the shared output, and its expand into the streams: one launch (the same float
-  // operations as combine, add, expand).
+  // operations as combine, add, expand); with next_collapse_ also the next layer's attention-site collapse.
+  if (next_collapse_ != nullptr) {
+    DS41_RETURN_IF_ERROR(cuda::run_moe_combine_expand_collapse(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H,
+                                                               shared ? ws_.sout : nullptr, y, ws_.streams,
+                                                               expand_post, expand_comb, c_->hc_mult, *next_collapse_,
+                                                               s));
+    carry_.x_collapsed = true;
+    return ok_status();
+  }
   return cuda::run_moe_combine_expand(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H,
                                       shared ? ws_.sout : nullptr, y, ws_.streams, expand_post, expand_comb,
                                       c_->hc_mult, s);

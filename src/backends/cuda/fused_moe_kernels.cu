@@ -26,6 +26,7 @@
 #include "backends/cuda/moe_device.cuh"
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/pdl.cuh"
+#include "backends/cuda/rms_norm_device.cuh"
 #include "backends/cuda/row_reduce.cuh"
 #include "backends/cuda/swiglu_device.cuh"
 #include "backends/cuda/tc_gemv_kernels.h"
@@ -35,6 +36,7 @@ namespace {
 
 constexpr int kThreads = moe::kThreads;
 constexpr int64_t kMaxHcC = 8;
+constexpr int64_t kNextMaxH = 12288;  // the next collapse's row in dynamic shared memory (48 KB)
 
 __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, bool two_stage) {
   dev::pdl_enter();
@@ -63,11 +65,69 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, boo
   moe::bucket_pairs(a, sm, ex, part, alone);
 }
 
+// The row's tail of moe_combine_expand_kernel<true>: the block of row r that finishes last (its counter)
+// normalizes the collapsed row as hc_collapse_norm_quads does (the row through L2: every block wrote its
+// channels), then zeroes the counter. Every thread of the block calls it (barriers).
+__device__ __forceinline__ void next_norm_tail(const NextCollapse& nc, int64_t r, int64_t h, unsigned blocks,
+                                               float* row /* h floats of shared memory */) {
+  __shared__ int last;
+  __shared__ double scratch[32];
+  __threadfence();  // this block's channels of x, visible before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t done = atomicAdd(&nc.counters[r], 1u);
+    last = done + 1 == blocks;
+    if (last) nc.counters[r] = 0;  // zero again for the next call (kernels of the stream run in order)
+  }
+  __syncthreads();
+  if (!last) return;  // block-uniform
+  __threadfence();
+  float* xr = nc.x + r * h;
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) row[i] = __ldcg(xr + i);
+  __syncthreads();
+  const float inv = dev::rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, h, nc.sum_threads, nc.eps, scratch);
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x)
+    xr[i] = __fmul_rn(row[i], inv) * (nc.norm_weight ? nc.norm_weight[i] : 1.0f);
+}
+
+// Channel i of row r: combine_kernel's sorted sum, the add, hc_expand_kernel's streams; with nw4 (kNext) the
+// next collapse of the new stream values into x (hc_collapse_kernel's order: 0 + w0 s0 + w1 s1 + w2 s2 + w3 s3).
+__device__ __forceinline__ void combine_expand_channel(const float* __restrict__ out_perm, const int64_t* pos, int cnt,
+                                                       const float* pc, int64_t i, int64_t r, int64_t h,
+                                                       const float* __restrict__ add, float ad, float* __restrict__ y,
+                                                       float* S, int64_t c, const float (&old)[kMaxHcC],
+                                                       const float* nw4, float* x) {
+  float s = 0.0f;
+  for (int q0 = 0; q0 < cnt; q0 += 8) {
+    float o[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) o[u] = q0 + u < cnt ? out_perm[pos[q0 + u] * h + i] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (q0 + u < cnt) s = __fadd_rn(s, o[u]);
+  }
+  if (add) s = __fadd_rn(s, ad);
+  y[r * h + i] = s;
+  const float* cb = pc + c;
+  float xv = 0.0f;
+  for (int64_t kk = 0; kk < c; ++kk) {
+    float v = __fmul_rn(pc[kk], s);
+#pragma unroll
+    for (int j = 0; j < kMaxHcC; ++j)
+      if (j < c) v = __fadd_rn(v, __fmul_rn(cb[j * c + kk], old[j]));
+    S[kk * h + i] = v;
+    if (nw4) xv = __fadd_rn(xv, __fmul_rn(nw4[kk], v));  // c == 4 (the launcher's check)
+  }
+  if (nw4) x[r * h + i] = xv;
+}
+
+template <bool kNext>
 __global__ void __launch_bounds__(kThreads)
     moe_combine_expand_kernel(const float* __restrict__ out_perm, const int64_t* __restrict__ slot_pos,
                               const int32_t* __restrict__ experts, int64_t k, int64_t h,
                               const float* __restrict__ add, float* __restrict__ y, float* streams,
-                              const float* __restrict__ post, const float* __restrict__ comb, int64_t c) {
+                              const float* __restrict__ post, const float* __restrict__ comb, int64_t c,
+                              NextCollapse nc) {
   dev::pdl_enter();
   // Every load of a round is issued before the arithmetic that waits for it (ncu: 7 us per call at
   // one row when thread 0's sort and each thread's sum, stream and comb loads were one L2 round trip
@@ -113,28 +173,20 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < kMaxHcC; ++j) old[j] = (in && j < c) ? S[j * h + i] : 0.0f;
   const float ad = (in && add) ? add[r * h + i] : 0.0f;
-  __syncthreads();
-  if (!in) return;
-  float s = 0.0f;
-  for (int q0 = 0; q0 < cnt; q0 += 8) {
-    float o[8];
+  float nw4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // kNext: the next collapse's weights of row r
+  if constexpr (kNext) {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) o[u] = q0 + u < cnt ? out_perm[pos[q0 + u] * h + i] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < 8; ++u)
-      if (q0 + u < cnt) s = __fadd_rn(s, o[u]);
+    for (int j = 0; j < 4; ++j) nw4[j] = nc.collapse_w[r * 4 + j];
   }
-  if (add) s = __fadd_rn(s, ad);
-  y[r * h + i] = s;
-  const float* cb = pc + c;
-  for (int64_t kk = 0; kk < c; ++kk) {
-    float v = __fmul_rn(pc[kk], s);
-#pragma unroll
-    for (int j = 0; j < kMaxHcC; ++j)
-      if (j < c) v = __fadd_rn(v, __fmul_rn(cb[j * c + kk], old[j]));
-    S[kk * h + i] = v;
+  __syncthreads();
+  if (!kNext && !in) return;
+  if (in) combine_expand_channel(out_perm, pos, cnt, pc, i, r, h, add, ad, y, S, c, old, kNext ? nw4 : nullptr, nc.x);
+  if constexpr (kNext) {
+    extern __shared__ __align__(16) float smem[];  // h floats (the name the host emulator's rewrite knows)
+    next_norm_tail(nc, r, h, gridDim.x, smem);
   }
 }
+
 
 // swiglu_kernel's operations on one element (swiglu_device.cuh).
 using dev::swiglu_value;
@@ -271,9 +323,41 @@ Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, co
     return run_hc_expand(streams, y, post, comb, n, c, h, stream);
   }
   const dim3 grid(grid_1d(h, kThreads), static_cast<unsigned>(n));
-  launch(moe_combine_expand_kernel, grid, dim3(kThreads), 0, stream, out_perm, slot_pos, experts, k, h, add,
-         y, streams, post, comb, c);
+  launch(moe_combine_expand_kernel<false>, grid, dim3(kThreads), 0, stream, out_perm, slot_pos, experts, k, h, add,
+         y, streams, post, comb, c, NextCollapse{});
   return last_launch_status("moe_combine_expand");
+}
+
+namespace {
+int g_combine_collapse = -1;
+}  // namespace
+
+// DS41_COMBINE_COLLAPSE=1 (opt-in: written without a device, session of 2026-12-07 12:01 UTC, not yet timed).
+bool combine_collapse_enabled() {
+  if (g_combine_collapse >= 0) return g_combine_collapse != 0;
+  static const bool on = switch_opt_in("DS41_COMBINE_COLLAPSE");
+  return on;
+}
+void set_combine_collapse_for_tests(int mode) { g_combine_collapse = mode < 0 ? -1 : (mode ? 1 : 0); }
+
+Status run_moe_combine_expand_collapse(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
+                                       int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
+                                       const float* post, const float* comb, int64_t c, const NextCollapse& next,
+                                       cudaStream_t stream) {
+  if (n < 0) return invalid_argument("moe_combine_expand_collapse: n is negative");
+  if (k <= 0 || k > moe::kMaxK) return invalid_argument("moe_combine_expand_collapse: k out of range");
+  if (c != 4) return invalid_argument("moe_combine_expand_collapse: the collapse takes c = 4 streams, not " + std::to_string(c));
+  if (h <= 0 || h % 4 != 0 || h > kNextMaxH)
+    return invalid_argument("moe_combine_expand_collapse: h " + std::to_string(h) + " outside (0, 12288] or not a multiple of 4");
+  if (n > 65535) return invalid_argument("moe_combine_expand_collapse: more than 65535 rows");
+  if (!next.collapse_w || !next.x || !next.counters || next.sum_threads < 32 || next.sum_threads % 32 != 0 ||
+      next.sum_threads > 1024)
+    return invalid_argument("moe_combine_expand_collapse: null collapse weights / x / counters or a bad sum_threads");
+  if (n == 0) return ok_status();
+  const dim3 grid(grid_1d(h, kThreads), static_cast<unsigned>(n));
+  launch(moe_combine_expand_kernel<true>, grid, dim3(kThreads), static_cast<size_t>(h) * sizeof(float), stream,
+         out_perm, slot_pos, experts, k, h, add, y, streams, post, comb, c, next);
+  return last_launch_status("moe_combine_expand_collapse");
 }
 
 }  // namespace ds41::cuda

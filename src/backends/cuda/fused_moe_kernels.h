@@ -65,6 +65,30 @@ Status run_moe_combine_expand(const float* out_perm, const int64_t* slot_pos, co
                               int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
                               const float* post, const float* comb, int64_t c, cudaStream_t stream);
 
+// The next site's collapse and norm in the combine's launch (MODEL_SPEC 3.3: the next layer's attention site
+// collapses the streams this launch writes, with the pre of the FFN site that just ran): every thread collapses
+// its channel's c = 4 new stream values (hc_collapse_kernel's fp32 order) into x, and the block of each row
+// that finishes last (a counter per row, zero before and after) normalizes the row in place (run_rms_norm's
+// float64 order for sum_threads threads, then fl(fl(v inv) norm_weight)): the bits of run_hc_site's collapse
+// part (hc_collapse_norm_quads_kernel) over the streams written, one launch fewer on the decode's chain.
+struct NextCollapse {
+  const float* collapse_w = nullptr;   // [n, 4] the rows' pre weights
+  const float* norm_weight = nullptr;  // [h] (nullable: 1)
+  float eps = 0.0f;
+  int sum_threads = 0;                 // rms_norm_sum_threads(n, h)
+  float* x = nullptr;                  // [n, h] the collapsed, normed rows
+  uint32_t* counters = nullptr;        // [n], zero
+};
+// run_moe_combine_expand, then (next set, c == 4) the next collapse; refused (invalid argument) where the fused
+// launch cannot take the shape (more than 65535 rows, c != 4, h % 4 != 0, h > 16384).
+Status run_moe_combine_expand_collapse(const float* out_perm, const int64_t* slot_pos, const int32_t* experts,
+                                       int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
+                                       const float* post, const float* comb, int64_t c, const NextCollapse& next,
+                                       cudaStream_t stream);
+// Whether the decode step takes run_moe_combine_expand_collapse (DS41_COMBINE_COLLAPSE=1, opt-in until timed).
+bool combine_collapse_enabled();
+void set_combine_collapse_for_tests(int mode);  // -1 the environment, 0 off, 1 on
+
 // Two run_swiglu calls (the routed experts' rows and the shared expert's) in one launch: out_a =
 // swiglu(g_a, u_a) over n_a x dim_a (row_scale_a nullable), out_b likewise, the same limit.
 struct SwigluRows {

@@ -606,6 +606,87 @@ TEST(FusedRowsParity, MoeCombineExpand) {
   }
 }
 
+// The combine with the next site's collapse and norm (run_moe_combine_expand_collapse, DS41_COMBINE_COLLAPSE): y and
+// the streams as run_moe_combine_expand, and x as run_hc_collapse + run_rms_norm over the streams it wrote (the
+// sequence the MoE entry's fallback runs, which equals hc_collapse_norm_quads), bit for bit; the counters zero
+// after; twice (the counters reused). The released width at decode rows 1 / 3, a null norm weight, a row of two
+// blocks' channels where the second is partial, streams scaled apart (the collapse weights matter); c = 3 refused.
+TEST(FusedRowsParity, MoeCombineExpandCollapse) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct C {
+    int64_t n, k, h;
+    bool add, norm;
+  };
+  const std::vector<C> cases = {{1, 6, 5120, true, true}, {3, 6, 5120, false, true}, {2, 6, 1024, true, false},
+                                {1, 13, 260, true, true}};
+  uint64_t seed = 1950;
+  for (const C& c : cases) {
+    const int64_t n = c.n, k = c.k, h = c.h, nk = n * k, cc = 4;
+    auto out_perm = rand_floats(static_cast<size_t>(nk * h), ++seed, 2.0f);
+    auto add = rand_floats(static_cast<size_t>(n * h), ++seed, 2.0f);
+    auto streams = rand_floats(static_cast<size_t>(n * cc * h), ++seed, 3.0f);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < cc; ++j)
+        for (int64_t i = 0; i < h; ++i)
+          streams[(r * cc + j) * h + i] = std::ldexp(streams[(r * cc + j) * h + i], static_cast<int>(2 * j - 3));
+    auto post = rand_floats(static_cast<size_t>(n * cc), ++seed);
+    auto comb = rand_floats(static_cast<size_t>(n * cc * cc), ++seed);
+    auto cw = rand_floats(static_cast<size_t>(n * cc), ++seed, 1.5f);
+    auto nw = rand_floats(static_cast<size_t>(h), ++seed, 0.5f);
+    for (auto& v : nw) v += 1.0f;
+    std::vector<int32_t> ex(nk);
+    std::vector<int64_t> sp(nk);
+    for (int64_t p = 0; p < nk; ++p) {
+      ex[p] = static_cast<int32_t>(((p / k) * 7 + 5 * (k - p % k)) % 50);
+      sp[p] = p % 7 == 6 ? -1 : (p * 5 + 3) % nk;
+    }
+    Dev<float> dop(out_perm), dadd(add), dpost(post), dcomb(comb), dcw(cw), dnw(nw), uy(static_cast<size_t>(n * h)),
+        fy(uy.n), us(streams), ux(uy.n), fx(uy.n);
+    Dev<int32_t> dex(ex);
+    Dev<int64_t> dsp(sp);
+    Dev<uint32_t> cnt(std::vector<uint32_t>(static_cast<size_t>(n) + 2, 0u));
+    ASSERT_TRUE(run_moe_combine_expand(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, uy.p, us.p, dpost.p,
+                                       dcomb.p, cc, nullptr)
+                    .ok());
+    ASSERT_TRUE(run_hc_collapse(us.p, dcw.p, n, cc, h, ux.p, nullptr).ok());
+    ASSERT_TRUE(run_rms_norm(ux.p, n, h, c.norm ? dnw.p : nullptr, 1e-6f, ux.p, nullptr).ok());
+    NextCollapse nc;
+    nc.collapse_w = dcw.p;
+    nc.norm_weight = c.norm ? dnw.p : nullptr;
+    nc.eps = 1e-6f;
+    nc.sum_threads = rms_norm_sum_threads(n, h);
+    nc.x = fx.p;
+    nc.counters = cnt.p;
+    const std::string shape = dims({n, k, h}) + (c.add ? " +shared" : "") + (c.norm ? "" : " no norm weight");
+    for (int rep = 0; rep < 2; ++rep) {
+      Dev<float> fs(streams);
+      const Status st = run_moe_combine_expand_collapse(dop.p, dsp.p, dex.p, n, k, h, c.add ? dadd.p : nullptr, fy.p,
+                                                        fs.p, dpost.p, dcomb.p, cc, nc, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message();
+      size_t left = 0;
+      for (uint32_t v : cnt.get()) left += v != 0;
+      const size_t bad =
+          count_bit_diffs(fy.get(), uy.get()) + count_bit_diffs(fs.get(), us.get()) + count_bit_diffs(fx.get(), ux.get());
+      report(rep == 0 ? "combine_collapse" : "combine_collapse again", shape, static_cast<double>(bad + left), 0,
+             "moe_combine_expand's y and streams, then hc_collapse + rms_norm's x of the new streams; counters zero");
+    }
+  }
+  {  // c = 3: refused with a clear error, nothing launched
+    Dev<float> d(std::vector<float>(64, 1.0f));
+    Dev<int32_t> e(std::vector<int32_t>(2, 0));
+    Dev<int64_t> p(std::vector<int64_t>(2, 0));
+    Dev<uint32_t> cnt(std::vector<uint32_t>(2, 0u));
+    NextCollapse nc;
+    nc.collapse_w = d.p;
+    nc.x = d.p;
+    nc.counters = cnt.p;
+    nc.sum_threads = 32;
+    const Status st = run_moe_combine_expand_collapse(d.p, p.p, e.p, 1, 2, 16, nullptr, d.p, d.p, d.p, d.p, 3, nc, nullptr);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("c = 4"), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace ds41::cuda::parity
 
