@@ -647,7 +647,7 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   cuda::NextCollapse nc;
   next_collapse_ = nullptr;
   if (cuda::combine_collapse_enabled() && l + 1 < c_->num_hidden_layers && !c_->is_engram_layer(l + 1) && !ds_.on &&
-      C == 4 && c_->hidden_size % 4 == 0 && n <= ws_.counters_size) {
+      C == 4 && c_->hidden_size % 4 == 0 && c_->hidden_size <= 12288 && n <= 65535 && n <= ws_.counters_size) {
     nc.collapse_w = pre_f;
     nc.norm_weight = m_->weights().layers[l + 1].attn_norm.ptr;
     nc.eps = static_cast<float>(c_->rms_norm_eps);
