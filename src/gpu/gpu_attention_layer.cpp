@@ -145,10 +145,18 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         // it in its staging (decode steps), q_r stays raw for idx_wq_b's to do the same (one norm launch
         // fewer on the chain); by default normalized in place first (index_norm_staged_on).
         bool normed = false;
+        bool qi_done = false;
+        // DS41_QB_DUAL_NORMED: both projections and the norm in one launch; q_r stays raw (no other reader).
+        if (qkv_dual_on() && qb_dual_normed_on() && !index_norm_staged_on())
+          DS41_RETURN_IF_ERROR(try_linear_dual_normed(w.wq_b, w.idx_wq_b, ws_.q_r, n, ws_.q, ws_.qi, w.q_norm.ptr,
+                                                      &qi_done));
+        if (qi_done) {
+          DS41_RETURN_IF_ERROR(index_queries(l, ws_.q_r, nullptr, true).with_context("indexer"));
+          return index_side_on() ? ok_status() : index_weights(l, x).with_context("indexer");
+        }
         if (index_norm_staged_on())
           DS41_RETURN_IF_ERROR(try_linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr, &normed));
         // With DS41_QKV_DUAL (default) wq_b and idx_wq_b (both over the normalized q_r) in one launch too.
-        bool qi_done = false;
         if (!normed) {
           DS41_RETURN_IF_ERROR(cuda::run_rms_norm(ws_.q_r, n, qr, w.q_norm.ptr, eps, ws_.q_r, s));
           if (qkv_dual_on()) DS41_RETURN_IF_ERROR(try_linear_dual(w.wq_b, w.idx_wq_b, ws_.q_r, n, ws_.q, ws_.qi, &qi_done));
@@ -365,6 +373,13 @@ bool GpuForward::index_norm_staged_on() {
 // per step). The same bits either way (LinearParity.LinearDual*).
 bool GpuForward::qkv_dual_on() {
   static const bool on = cuda::switch_on("DS41_QKV_DUAL");
+  return on;
+}
+// DS41_QB_DUAL_NORMED=1 (opt-in: written in the session of 2026-12-07 12:01 UTC, not yet timed): an index
+// source's wq_b and idx_wq_b in one launch with q_r's norm in the staging they share (try_linear_dual_normed),
+// so the norm's own launch leaves the chain. The same bits (LinearParity.LinearDualNormed*).
+bool GpuForward::qb_dual_normed_on() {
+  static const bool on = cuda::switch_opt_in("DS41_QB_DUAL_NORMED");
   return on;
 }
 

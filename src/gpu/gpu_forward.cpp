@@ -209,6 +209,14 @@ Status GpuForward::try_linear_dual(const cuda::DeviceWeight& w, const cuda::Devi
   return cuda::try_linear_dual(w, w2, x, n, y, y2, stream_, row_invariant_, took);
 }
 
+Status GpuForward::try_linear_dual_normed(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
+                                          int64_t n, float* y, float* y2, const float* norm_weight, bool* took) {
+  *took = false;
+  if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) return ok_status();  // prefill
+  return cuda::try_linear_dual_normed(w, w2, x, n, y, y2, norm_weight, static_cast<float>(c_->rms_norm_eps), stream_,
+                                      row_invariant_, took);
+}
+
 Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
                                   float* y) {
   if (tc_ && !row_invariant_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);

@@ -282,6 +282,7 @@ class GpuForward {
   static bool index_norm_staged_on();
   static bool index_paged_on();
   static bool qkv_dual_on();
+  static bool qb_dual_normed_on();
   Status index_keys(int64_t l);
   bool index_packed() const;
   cuda::PagedRowsArgs source_rows(const PlanSource& src, bool keys) const;
@@ -316,6 +317,9 @@ class GpuForward {
   // the two linears).
   Status try_linear_dual(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n,
                          float* y, float* y2, bool* took);
+  // try_linear_dual over x's rows normalized with norm_weight in the shared staging (x not written).
+  Status try_linear_dual_normed(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n,
+                                float* y, float* y2, const float* norm_weight, bool* took);
   // routing_early: the routing (ws_.offsets) was written two or more launches back on stream_ (the
   // MoE's w2 after its pair: cuda::run_expert_linear's routing_early).
   Status expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,

@@ -1430,6 +1430,23 @@ Status try_linear_dual(const DeviceWeight& w, const DeviceWeight& w2, const floa
   return ok_status();
 }
 
+Status try_linear_dual_normed(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y,
+                              float* y2, const float* norm_weight, float eps, cudaStream_t stream, bool row_invariant,
+                              bool* took) {
+  *took = false;
+  if (!check_weight(w, "linear_dual_normed").ok() || !check_weight(w2, "linear_dual_normed").ok() || !norm_weight)
+    return ok_status();
+  if (n > 0 && n <= int64_t{65535} * kTileM && x && y && y2 && w.format == w2.format && w.in_dim == w2.in_dim) {
+    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
+    const tcg::RowNorm norm{norm_weight, eps, rms_norm_sum_threads(n, w.in_dim)};
+    if (tc_rows && tcg::try_dense_dual(w, w2, x, n, y, w.out_dim, y2, w2.out_dim, stream, &norm)) {
+      *took = true;
+      return last_launch_status("linear_dual_normed");
+    }
+  }
+  return ok_status();
+}
+
 Status run_linear_expand(const DeviceWeight& w, const float* x, int64_t n, float* y, const HcExpandEpilogue& ex,
                          cudaStream_t stream, bool row_invariant) {
   const char* fn = "linear_expand";

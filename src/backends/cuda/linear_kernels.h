@@ -48,6 +48,13 @@ Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const floa
 // weight is left to them to report). The attention's wq_a and wkv of a decode step (one launch fewer).
 Status try_linear_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
                        cudaStream_t stream, bool row_invariant, bool* took);
+// try_linear_dual over the rows of x normalized (run_rms_norm(x, n, in, norm_weight, eps) then the two linears,
+// x itself left as it is): one launch where the tensor-core GEMV takes both with the norm in the staging they
+// share (*took = true; y and y2 the bits of run_linear_normed's); otherwise nothing launched, *took = false. The
+// attention's wq_b and idx_wq_b over q_r at an index layer of a decode step (DS41_QB_DUAL_NORMED).
+Status try_linear_dual_normed(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y,
+                              float* y2, const float* norm_weight, float eps, cudaStream_t stream, bool row_invariant,
+                              bool* took);
 // MODEL_SPEC 3.4.8 grouped projection (as ops::Backend::grouped_linear).
 Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
                           cudaStream_t stream, bool row_invariant = false);

@@ -1900,7 +1900,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 }
 
 bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, int64_t ldy,
-                    float* y2, int64_t ldy2, cudaStream_t stream) {
+                    float* y2, int64_t ldy2, cudaStream_t stream, const RowNorm* norm) {
   // try_dense's conditions for each weight alone (one group, rows of x of in floats), plus one format and width.
   if (!enabled() || !pairs_enabled() || n < 1 || n > kMaxRows || y == nullptr || y2 == nullptr) return false;
   if (ring_mode() != 0) return false;  // the shared-memory ring (measurements) takes no dual launch
@@ -1908,6 +1908,9 @@ bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* 
       ldy < w.out_dim || ldy2 < w2.out_dim)
     return false;
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || w.in_dim % 4 != 0) return false;  // float4 staging
+  if (norm != nullptr && (norm->weight == nullptr || reinterpret_cast<uintptr_t>(norm->weight) % 16 != 0 ||
+                          norm->sum_threads < 32 || norm->sum_threads % 32 != 0 || norm->sum_threads > 1024))
+    return false;  // try_dense's conditions for a norm
   const bool fp8 = w.format == WeightFormat::kFp8Tiles, fp4 = w.format == WeightFormat::kFp4Rows,
              bf16 = w.format == WeightFormat::kBF16;
   if (!fp8 && !fp4 && !bf16) return false;
@@ -1944,7 +1947,7 @@ bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* 
     du.slots2 = static_cast<int>(s2.slots);
     const dim3 grid(static_cast<unsigned>(units), s1.slots + s2.slots, 1);
     launch(pick(static_cast<int64_t>(grid.x) * static_cast<int64_t>(grid.y)), grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, w.out_dim, x, w.in_dim, n, y, ldy, s1.ks_log2,
-           w2.data, w2.scale, y2, 0, RowNorm{}, early_on(), Epilogue{}, du);
+           w2.data, w2.scale, y2, 0, norm != nullptr ? *norm : RowNorm{}, early_on(), Epilogue{}, du);
     launched = true;
   };
   with_nb(nbr, [&](auto nbc) {

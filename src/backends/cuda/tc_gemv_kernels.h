@@ -98,9 +98,10 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 // Two weights of one format and input width over the same rows of x (ldx = in), each with its own output
 // width, in one launch: the slots of each run as its own try_dense launch would (its KS and slots), so y
 // and y2 get the bits of two try_dense calls. False (nothing launched) where either would not be taken,
-// or where the weights would take the shared-memory ring (DS41_TCG_RING).
+// or where the weights would take the shared-memory ring (DS41_TCG_RING). norm (as try_dense's): x's rows are
+// normalized in the staging both weights share (run_rms_norm's bits), x itself is not written.
 bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, int64_t ldy,
-                    float* y2, int64_t ldy2, cudaStream_t stream);
+                    float* y2, int64_t ldy2, cudaStream_t stream, const RowNorm* norm = nullptr);
 
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
