@@ -355,12 +355,14 @@ bool GpuForward::index_side_on() {
   static const bool on = cuda::switch_opt_in("DS41_INDEX_SIDE");
   return on;
 }
-// DS41_INDEX_PAGED=1 (opt-in until timed; written in the session of 2026-12-07 09:38 UTC without device time
-// left): a decode step's packed indexer computes its keys' offsets from the KV owner's pages
-// (IndexerDeviceArgs::key_pages / row_seq), so index_keys launches nothing: one launch fewer per index source.
-// The same bytes read, the same scores (AttentionParity.IndexerScoresPackedKeys*, paged rows).
+// DS41_INDEX_PAGED (on by default since the session of 2026-12-07 12:01 UTC; =0 off): a decode step's packed
+// indexer computes its keys' offsets from the KV owner's pages (IndexerDeviceArgs::key_pages / row_seq), so
+// index_keys launches nothing: one launch fewer per index source. The same bytes read, the same scores
+// (AttentionParity.IndexerScoresPackedKeys*, paged rows, on an H100). Timed on an H100 with DS41_QB_DUAL_NORMED,
+// alternating in one call: batch-1 layers 2,071 / 2,089 / 2,078 us against 2,084 / 2,082 / 2,056 (neutral), 168
+// kernels per step against 173.
 bool GpuForward::index_paged_on() {
-  static const bool on = cuda::switch_opt_in("DS41_INDEX_PAGED");
+  static const bool on = cuda::switch_on("DS41_INDEX_PAGED");
   return on;
 }
 bool GpuForward::index_norm_staged_on() {
@@ -375,11 +377,12 @@ bool GpuForward::qkv_dual_on() {
   static const bool on = cuda::switch_on("DS41_QKV_DUAL");
   return on;
 }
-// DS41_QB_DUAL_NORMED=1 (opt-in: written in the session of 2026-12-07 12:01 UTC, not yet timed): an index
-// source's wq_b and idx_wq_b in one launch with q_r's norm in the staging they share (try_linear_dual_normed),
-// so the norm's own launch leaves the chain. The same bits (LinearParity.LinearDualNormed*).
+// DS41_QB_DUAL_NORMED (on by default since the session of 2026-12-07 12:01 UTC; =0 off): an index source's
+// wq_b and idx_wq_b in one launch with q_r's norm in the staging they share (try_linear_dual_normed), so the
+// norm's own launch leaves the chain. The same bits (LinearParity.LinearDualNormed*, the released wq_b | idx_wq_b
+// on an H100). Timed with DS41_INDEX_PAGED (above): neutral in time, one launch fewer per index source.
 bool GpuForward::qb_dual_normed_on() {
-  static const bool on = cuda::switch_opt_in("DS41_QB_DUAL_NORMED");
+  static const bool on = cuda::switch_on("DS41_QB_DUAL_NORMED");
   return on;
 }
 

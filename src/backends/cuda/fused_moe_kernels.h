@@ -85,7 +85,7 @@ Status run_moe_combine_expand_collapse(const float* out_perm, const int64_t* slo
                                        int64_t n, int64_t k, int64_t h, const float* add, float* y, float* streams,
                                        const float* post, const float* comb, int64_t c, const NextCollapse& next,
                                        cudaStream_t stream);
-// Whether the decode step takes run_moe_combine_expand_collapse (DS41_COMBINE_COLLAPSE=1, opt-in until timed).
+// Whether the decode step takes run_moe_combine_expand_collapse (DS41_COMBINE_COLLAPSE=1, opt-in: measured slower).
 bool combine_collapse_enabled();
 void set_combine_collapse_for_tests(int mode);  // -1 the environment, 0 off, 1 on
 

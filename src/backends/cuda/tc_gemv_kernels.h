@@ -45,11 +45,11 @@ void set_expert_early_for_tests(int mode);
 void set_dense_swiglu_for_tests(int mode);
 // The balanced KS rule (tc_gemv_kernels.cu, balanced_ks_log2): 1 on, 0 off, -1 the default (DS41_TCG_KS_BALANCE).
 void set_ks_balance_for_tests(int mode);
-// The MoE entry's gate with 4 or 8 steps in flight per warp (DS41_ENTRY_IN_FLIGHT, opt-in until timed); any other
-// value: the environment (default Bf16's 2). The same bits.
+// The MoE entry's gate with 2, 4 or 8 steps in flight per warp; any other value: the environment
+// (DS41_ENTRY_IN_FLIGHT, default 8). The same bits.
 void set_entry_in_flight_for_tests(int steps);
 // One-row dense launches of at most one block per SM (Fp8x2 / BF16) with 4 or 8 steps in flight per warp
-// (DS41_DENSE_IN_FLIGHT, opt-in until timed); 0 off, any other value the environment. The same bits.
+// (DS41_DENSE_IN_FLIGHT, opt-in: timed neutral); 0 off, any other value the environment. The same bits.
 void set_dense_in_flight_for_tests(int steps);
 uint64_t dense_in_flight_launches();  // launches that took an InFlight kernel so far (tests)
 // The balanced rule itself (host only, no device): the warps per row group (log2) for a weight of n_rg
