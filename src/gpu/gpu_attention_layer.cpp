@@ -148,8 +148,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         bool qi_done = false;
         // DS41_QB_DUAL_NORMED: both projections and the norm in one launch; q_r stays raw (no other reader).
         if (qkv_dual_on() && qb_dual_normed_on() && !index_norm_staged_on())
-          DS41_RETURN_IF_ERROR(try_linear_dual_normed(w.wq_b, w.idx_wq_b, ws_.q_r, n, ws_.q, ws_.qi, w.q_norm.ptr,
-                                                      &qi_done));
+          DS41_RETURN_IF_ERROR(try_linear_dual(w.wq_b, w.idx_wq_b, ws_.q_r, n, ws_.q, ws_.qi, &qi_done, w.q_norm.ptr));
         if (qi_done) {
           DS41_RETURN_IF_ERROR(index_queries(l, ws_.q_r, nullptr, true).with_context("indexer"));
           return index_side_on() ? ok_status() : index_weights(l, x).with_context("indexer");

@@ -203,16 +203,10 @@ Status GpuForward::linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWe
 }
 
 Status GpuForward::try_linear_dual(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
-                                   int64_t n, float* y, float* y2, bool* took) {
+                                   int64_t n, float* y, float* y2, bool* took, const float* norm_weight) {
   *took = false;
   if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) return ok_status();  // prefill
-  return cuda::try_linear_dual(w, w2, x, n, y, y2, stream_, row_invariant_, took);
-}
-
-Status GpuForward::try_linear_dual_normed(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
-                                          int64_t n, float* y, float* y2, const float* norm_weight, bool* took) {
-  *took = false;
-  if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) return ok_status();  // prefill
+  if (norm_weight == nullptr) return cuda::try_linear_dual(w, w2, x, n, y, y2, stream_, row_invariant_, took);
   return cuda::try_linear_dual_normed(w, w2, x, n, y, y2, norm_weight, static_cast<float>(c_->rms_norm_eps), stream_,
                                       row_invariant_, took);
 }
@@ -634,7 +628,7 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   // writes its pre into the other buffer, the next layer collapses with it).
   float* const pi = l % 2 == 0 ? ws_.pi : ws_.pre_f;
   float* const pre_f = l % 2 == 0 ? ws_.pre_f : ws_.pi;
-  // The previous layer's combine may have collapsed and normed this site's x already (next_collapse_).
+  // The previous layer's combine may have collapsed and normed this site's x already (moe_rows' next).
   const bool collapsed = carry_.x_collapsed;
   carry_.x_collapsed = false;
   DS41_RETURN_IF_ERROR(
@@ -650,10 +644,10 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   if (entry) DS41_RETURN_IF_ERROR(moe_entry(w, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
   // The next layer's attention-site collapse (with this FFN site's pre) and norm in the MoE's combine launch
   // (DS41_COMBINE_COLLAPSE): where the next layer starts with that collapse (no Engram stage or DSpark capture
-  // before it, which read or change the streams or ws_.x) and the site's collapse would take the quads kernel
-  // (C = 4, the same bits: run_moe_combine_expand_collapse).
+  // before it, which read or change the streams or ws_.x), C = 4 and the launch's limits hold (the same bits as
+  // the site's collapse: run_moe_combine_expand_collapse).
   cuda::NextCollapse nc;
-  next_collapse_ = nullptr;
+  const cuda::NextCollapse* next = nullptr;
   if (cuda::combine_collapse_enabled() && l + 1 < c_->num_hidden_layers && !c_->is_engram_layer(l + 1) && !ds_.on &&
       C == 4 && c_->hidden_size % 4 == 0 && c_->hidden_size <= 12288 && n <= 65535 && n <= ws_.counters_size) {
     nc.collapse_w = pre_f;
@@ -662,11 +656,9 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
     nc.sum_threads = cuda::rms_norm_sum_threads(n, c_->hidden_size);
     nc.x = ws_.x;
     nc.counters = ws_.counters;
-    next_collapse_ = &nc;
+    next = &nc;
   }
-  const Status st = moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, entry);  // expands into the streams
-  next_collapse_ = nullptr;
-  return st;
+  return moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, entry, next);  // expands into the streams
 }
 
 Status GpuForward::head(const GpuForwardOptions& opt) {

@@ -266,8 +266,12 @@ class GpuForward {
   // The MoE of n_ rows into y. With expand_post / expand_comb set it also expands y into ws_.streams
   // (run_hc_expand with that post / comb), fused with the combine and the shared expert's add.
   // routed_ready: the gate and the routing ran already (moe_entry).
+  // next (nullable): the next layer's attention-site collapse in the combine's launch (DS41_COMBINE_COLLAPSE;
+  // sets carry_.x_collapsed, restored with the carry when a segment runs again; that layer's site then launches
+  // its map alone).
   Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y,
-                  const float* expand_post = nullptr, const float* expand_comb = nullptr, bool routed_ready = false);
+                  const float* expand_post = nullptr, const float* expand_comb = nullptr, bool routed_ready = false,
+                  const cuda::NextCollapse* next = nullptr);
 
   Status engram_stage(int64_t l);
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
@@ -289,7 +293,7 @@ class GpuForward {
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
-             const float* expand_comb = nullptr, bool routed_ready = false);
+             const float* expand_comb = nullptr, bool routed_ready = false, const cuda::NextCollapse* next = nullptr);
 
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.
@@ -315,11 +319,10 @@ class GpuForward {
   // wkv): *took true where one launch ran them at decode sizes (cuda::try_linear_dual: each output the
   // bits of its own linear()); false with nothing launched otherwise (prefill: the GEMMs; the caller runs
   // the two linears).
+  // norm_weight (nullable): over x's rows normalized in the shared staging (cuda::try_linear_dual_normed; x not
+  // written).
   Status try_linear_dual(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n,
-                         float* y, float* y2, bool* took);
-  // try_linear_dual over x's rows normalized with norm_weight in the shared staging (x not written).
-  Status try_linear_dual_normed(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x, int64_t n,
-                                float* y, float* y2, const float* norm_weight, bool* took);
+                         float* y, float* y2, bool* took, const float* norm_weight = nullptr);
   // routing_early: the routing (ws_.offsets) was written two or more launches back on stream_ (the
   // MoE's w2 after its pair: cuda::run_expert_linear's routing_early).
   Status expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
@@ -409,7 +412,7 @@ class GpuForward {
     int64_t keys_of_source = -1;
     int64_t cand_stride = 0;
     const int64_t* cand_t_mask = nullptr;
-    bool x_collapsed = false;  // the previous layer's combine wrote this layer's attention-site x (next_collapse_)
+    bool x_collapsed = false;  // the previous layer's combine wrote this layer's attention-site x (moe_rows' next)
   };
   Carry carry_;
   std::vector<cudaEvent_t> events_;  // n_layers + 2, created with the forward (layer_ms)
@@ -467,11 +470,6 @@ class GpuForward {
   cudaStream_t side_ = nullptr;                                // null: off (GpuLimits::side_stream)
   cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
   bool side_pending_ = false;  // side-stream work not yet joined into the main stream
-  // DS41_COMBINE_COLLAPSE (cuda::combine_collapse_enabled): run_layer hands its MoE the next layer's
-  // attention-site collapse (next_collapse_), whose combine launch then writes the next layer's x
-  // (carry_.x_collapsed: restored with the carry when a segment runs again); that layer's site launches its
-  // map alone.
-  const cuda::NextCollapse* next_collapse_ = nullptr;
   HostTimes host_times_;
   bool device_span_ = false;
   cudaEvent_t span_ev_[2] = {nullptr, nullptr};

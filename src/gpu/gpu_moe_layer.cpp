@@ -58,7 +58,8 @@ Status GpuForward::moe_entry(const DeviceLayer& w, const float* collapse_w, cons
 // The MoE of n_ rows through block w with E routed experts, top-k (the text layers, or a DSpark
 // stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
 Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
-                            float* y, const float* expand_post, const float* expand_comb, bool routed_ready) {
+                            float* y, const float* expand_post, const float* expand_comb, bool routed_ready,
+                            const cuda::NextCollapse* next) {
   const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
@@ -126,12 +127,11 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
     return ok_status();
   }
   // y = combine + the shared output, and its expand into the streams: one launch (the same float
-  // operations as combine, add, expand); with next_collapse_ also the next layer's attention-site collapse.
-  if (next_collapse_ != nullptr) {
+  // operations as combine, add, expand); with `next` also the next layer's attention-site collapse.
+  if (next != nullptr) {
     DS41_RETURN_IF_ERROR(cuda::run_moe_combine_expand_collapse(ws_.out_perm, ws_.slot_pos, ws_.experts, n, k, H,
                                                                shared ? ws_.sout : nullptr, y, ws_.streams,
-                                                               expand_post, expand_comb, c_->hc_mult, *next_collapse_,
-                                                               s));
+                                                               expand_post, expand_comb, c_->hc_mult, *next, s));
     carry_.x_collapsed = true;
     return ok_status();
   }
@@ -142,10 +142,10 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out, const float* expand_post,
-                       const float* expand_comb, bool routed_ready) {
+                       const float* expand_comb, bool routed_ready, const cuda::NextCollapse* next) {
   const int64_t n = n_, k = c_->num_experts_per_tok, nk = n * k;
   DS41_RETURN_IF_ERROR(moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post,
-                                expand_comb, routed_ready));
+                                expand_comb, routed_ready, next));
   cudaStream_t s = stream_;
   if (!opt.record) return ok_status();
   std::vector<int32_t> ex(nk);

@@ -1415,36 +1415,39 @@ Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const floa
   return run_linear(w2, x, n, y2, stream, row_invariant);
 }
 
-Status try_linear_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
-                       cudaStream_t stream, bool row_invariant, bool* took) {
+namespace {
+// try_linear_dual and try_linear_dual_normed: one launch of both weights where the tensor-core GEMV takes it (a
+// norm in the shared staging when norm_weight is set).
+Status linear_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
+                   const float* norm_weight, float eps, cudaStream_t stream, bool row_invariant, bool* took,
+                   const char* fn) {
   *took = false;
-  if (!check_weight(w, "linear_dual").ok() || !check_weight(w2, "linear_dual").ok()) return ok_status();
+  if (!check_weight(w, fn).ok() || !check_weight(w2, fn).ok()) return ok_status();
   if (n > 0 && n <= int64_t{65535} * kTileM && x && y && y2 && w.format == w2.format && w.in_dim == w2.in_dim) {
     // run_linear's tensor-core condition (dense()) for both weights: each alone would take try_dense.
     const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
-    if (tc_rows && tcg::try_dense_dual(w, w2, x, n, y, w.out_dim, y2, w2.out_dim, stream)) {
+    const tcg::RowNorm norm{norm_weight, eps, rms_norm_sum_threads(n, w.in_dim)};
+    if (tc_rows && tcg::try_dense_dual(w, w2, x, n, y, w.out_dim, y2, w2.out_dim, stream,
+                                       norm_weight != nullptr ? &norm : nullptr)) {
       *took = true;
-      return last_launch_status("linear_dual");
+      return last_launch_status(fn);
     }
   }
   return ok_status();
+}
+}  // namespace
+
+Status try_linear_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
+                       cudaStream_t stream, bool row_invariant, bool* took) {
+  return linear_dual(w, w2, x, n, y, y2, nullptr, 0.0f, stream, row_invariant, took, "linear_dual");
 }
 
 Status try_linear_dual_normed(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y,
                               float* y2, const float* norm_weight, float eps, cudaStream_t stream, bool row_invariant,
                               bool* took) {
   *took = false;
-  if (!check_weight(w, "linear_dual_normed").ok() || !check_weight(w2, "linear_dual_normed").ok() || !norm_weight)
-    return ok_status();
-  if (n > 0 && n <= int64_t{65535} * kTileM && x && y && y2 && w.format == w2.format && w.in_dim == w2.in_dim) {
-    const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
-    const tcg::RowNorm norm{norm_weight, eps, rms_norm_sum_threads(n, w.in_dim)};
-    if (tc_rows && tcg::try_dense_dual(w, w2, x, n, y, w.out_dim, y2, w2.out_dim, stream, &norm)) {
-      *took = true;
-      return last_launch_status("linear_dual_normed");
-    }
-  }
-  return ok_status();
+  if (!norm_weight) return ok_status();
+  return linear_dual(w, w2, x, n, y, y2, norm_weight, eps, stream, row_invariant, took, "linear_dual_normed");
 }
 
 Status run_linear_expand(const DeviceWeight& w, const float* x, int64_t n, float* y, const HcExpandEpilogue& ex,

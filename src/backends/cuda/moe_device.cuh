@@ -60,29 +60,25 @@ __device__ __forceinline__ void warp_best(float& bv, int& bi) {
   }
 }
 
-// The warp's largest / smallest unsigned value: redux.sync (sm_80+); a xor tree of shuffles under the host
+// The warp's largest (kMax) or smallest unsigned value: redux.sync (sm_80+); a xor tree of shuffles under the host
 // emulator (the same result).
-__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
+template <bool kMax>
+__device__ __forceinline__ uint32_t warp_extreme_u32(uint32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(0xffffffffu, v);
+  return kMax ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
   for (int o = 16; o > 0; o >>= 1) {
     const uint32_t w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = w > v ? w : v;
+    v = (kMax ? w > v : w < v) ? w : v;
   }
   return v;
 #endif
 }
-__device__ __forceinline__ uint32_t warp_min_u32(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(0xffffffffu, v);
-#else
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint32_t w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = w < v ? w : v;
-  }
-  return v;
-#endif
+
+// The bias row r routes with: bias_vl for an image row (vl[r], where bias_vl is given), else bias (nullable).
+__device__ __forceinline__ const float* row_bias(const float* bias, const float* bias_vl, const uint8_t* vl,
+                                                 int64_t r) {
+  return (vl && vl[r] && bias_vl) ? bias_vl : bias;
 }
 
 // A float's order as an unsigned key for redux.sync: larger value, larger key; equal values (-0 and +0 too),
@@ -112,9 +108,9 @@ __device__ __forceinline__ void warp_pick(const float (&v)[kPickPer], const int 
       bi = id[u];
     }
   }
-  const uint32_t kmax = warp_max_u32(key);
+  const uint32_t kmax = warp_extreme_u32<true>(key);
   const uint32_t cand = (key == kmax && key != 0u) ? static_cast<uint32_t>(bi) : 0xffffffffu;
-  const uint32_t imin = warp_min_u32(cand);
+  const uint32_t imin = warp_extreme_u32<false>(cand);
   const int src = __ffs(__ballot_sync(0xffffffffu, cand == imin && imin != 0xffffffffu)) - 1;
   bv = __shfl_sync(0xffffffffu, bv, src < 0 ? 0 : src);
   bi = imin == 0xffffffffu ? -1 : static_cast<int>(imin);
@@ -157,7 +153,7 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   float* wv = sm.wv;
   int* wi = sm.wi;
   int* sel = sm.sel;
-  const float* bvec = (vl && vl[r] && bias_vl) ? bias_vl : bias;
+  const float* bvec = row_bias(bias, bias_vl, vl, r);
   // Two experts per thread and round (e and e + blockDim.x): all four loads first, then the two fp64
   // softplus chains side by side (independent: the scheduler interleaves them), so a thread with two
   // experts (E = 384: warps 0-3) waits one chain's latency, not two (ncu, H100: the router one block of

@@ -1382,7 +1382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the image flag, then the bias, after the logits).
     float* lg = smem;
     float* bs = smem + E;
-    const float* bvec = (ra.vl && ra.vl[0] && ra.bias_vl) ? ra.bias_vl : ra.bias;
+    const float* bvec = moe::row_bias(ra.bias, ra.bias_vl, ra.vl, 0);
     for (int64_t i = threadIdx.x; i < E; i += kThreads) {
       lg[i] = __ldcg(ra.logits + i);
       if (bvec) bs[i] = bvec[i];

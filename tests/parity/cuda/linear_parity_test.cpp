@@ -558,32 +558,54 @@ struct DualCase {
   WeightFormat format;
   int64_t out1, out2, in;
 };
-void check_linear_dual(const std::vector<DualCase>& cases, uint64_t seed) {
+// normed: try_linear_dual_normed (an index layer's wq_b | idx_wq_b over q_r with its norm in the shared staging,
+// DS41_QB_DUAL_NORMED) against run_rms_norm into a copy of x and the two row-invariant run_linear calls, x left as it
+// was.
+void check_linear_dual(const std::vector<DualCase>& cases, uint64_t seed, bool normed = false) {
   for (const DualCase& c : cases) {
     const HostWeight h1 = make_weight(c.format, c.out1, c.in, ++seed), h2 = make_weight(c.format, c.out2, c.in, ++seed);
     const DevWeight d1(h1), d2(h2);
+    std::vector<float> nw;
+    if (normed) {
+      nw = rand_floats(static_cast<size_t>(c.in), ++seed, 0.5f);
+      for (auto& v : nw) v += 1.0f;
+    }
+    Dev<float> dnw(normed ? nw : std::vector<float>(1, 1.0f));
     for (int64_t n : {1, 3, 7}) {
       auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
       for (int64_t r = 0; r < n; ++r)
         for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(2 * (r % 9) - 8));
-      Dev<float> dx(x), a1(static_cast<size_t>(n * c.out1)), a2(static_cast<size_t>(n * c.out2)), b1(a1.n), b2(a2.n);
-      const bool inv = c.format == WeightFormat::kBF16;  // BF16 takes the tensor cores as decode steps do
-      ASSERT_TRUE(run_linear(d1.dw, dx.p, n, a1.p, nullptr, inv).ok());
-      ASSERT_TRUE(run_linear(d2.dw, dx.p, n, a2.p, nullptr, inv).ok());
+      Dev<float> dx(x), dxn(x), a1(static_cast<size_t>(n * c.out1)), a2(static_cast<size_t>(n * c.out2)), b1(a1.n),
+          b2(a2.n);
+      // BF16 takes the tensor cores as decode steps do; the normed launch is a decode step's
+      const bool inv = normed || c.format == WeightFormat::kBF16;
+      if (normed) ASSERT_TRUE(run_rms_norm(dxn.p, n, c.in, dnw.p, 1e-6f, dxn.p, nullptr).ok());
+      ASSERT_TRUE(run_linear(d1.dw, dxn.p, n, a1.p, nullptr, inv).ok());
+      ASSERT_TRUE(run_linear(d2.dw, dxn.p, n, a2.p, nullptr, inv).ok());
       bool took = false;
-      ASSERT_TRUE(try_linear_dual(d1.dw, d2.dw, dx.p, n, b1.p, b2.p, nullptr, inv, &took).ok());
+      if (normed)
+        ASSERT_TRUE(try_linear_dual_normed(d1.dw, d2.dw, dx.p, n, b1.p, b2.p, dnw.p, 1e-6f, nullptr, inv, &took).ok());
+      else
+        ASSERT_TRUE(try_linear_dual(d1.dw, d2.dw, dx.p, n, b1.p, b2.p, nullptr, inv, &took).ok());
       const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out1, c.in}) + " | " +
                                 dims({c.out2, c.in}) + " n=" + std::to_string(n);
-      EXPECT_TRUE(took) << shape << ": the dual launch must take a decode-sized call of one format";
+      EXPECT_TRUE(took) << shape << (normed ? ": the normed dual launch" : ": the dual launch")
+                        << " must take a decode-sized call of one format";
       const std::vector<float> w1 = a1.get(), w2 = a2.get(), g1 = b1.get(), g2 = b2.get();
       size_t differ = 0;
       for (size_t i = 0; i < w1.size(); ++i) differ += bits_of(w1[i]) != bits_of(g1[i]);
       for (size_t i = 0; i < w2.size(); ++i) differ += bits_of(w2[i]) != bits_of(g2[i]);
-      report("linear dual", shape + ": bits differing from two run_linear launches", static_cast<double>(differ), 0,
-             "each weight's slots run its own launch's KS and order");
+      if (normed) differ += count_bit_diffs(dx.get(), x);  // x not written
+      if (normed)
+        report("linear dual normed", shape + ": bits differing from rms_norm + two run_linear launches",
+               static_cast<double>(differ), 0, "the norm in the staging both weights share (run_rms_norm's order)");
+      else
+        report("linear dual", shape + ": bits differing from two run_linear launches", static_cast<double>(differ), 0,
+               "each weight's slots run its own launch's KS and order");
       EXPECT_EQ(differ, 0u) << shape;
     }
   }
+  if (normed) return;
   {  // two formats: nothing launched, outputs untouched
     const HostWeight h1 = make_weight(WeightFormat::kFp8Tiles, 64, 256, ++seed),
                      h2 = make_weight(WeightFormat::kBF16, 32, 256, ++seed);
@@ -598,52 +620,18 @@ void check_linear_dual(const std::vector<DualCase>& cases, uint64_t seed) {
   }
 }
 
-// try_linear_dual_normed (an index layer's wq_b | idx_wq_b over q_r with its norm in the shared staging,
-// DS41_QB_DUAL_NORMED) against run_rms_norm into a copy of x and the two row-invariant run_linear calls: y, y2 bit
-// for bit, x left as it was; rows of x spread over binades, n = 1, 3, 7.
-void check_linear_dual_normed(const std::vector<DualCase>& cases, uint64_t seed) {
-  for (const DualCase& c : cases) {
-    const HostWeight h1 = make_weight(c.format, c.out1, c.in, ++seed), h2 = make_weight(c.format, c.out2, c.in, ++seed);
-    const DevWeight d1(h1), d2(h2);
-    auto nw = rand_floats(static_cast<size_t>(c.in), ++seed, 0.5f);
-    for (auto& v : nw) v += 1.0f;
-    Dev<float> dnw(nw);
-    for (int64_t n : {1, 3, 7}) {
-      auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t i = 0; i < c.in; ++i) x[r * c.in + i] = std::ldexp(x[r * c.in + i], static_cast<int>(2 * (r % 9) - 8));
-      Dev<float> dx(x), dxn(x), a1(static_cast<size_t>(n * c.out1)), a2(static_cast<size_t>(n * c.out2)), b1(a1.n),
-          b2(a2.n);
-      ASSERT_TRUE(run_rms_norm(dxn.p, n, c.in, dnw.p, 1e-6f, dxn.p, nullptr).ok());
-      ASSERT_TRUE(run_linear(d1.dw, dxn.p, n, a1.p, nullptr, true).ok());
-      ASSERT_TRUE(run_linear(d2.dw, dxn.p, n, a2.p, nullptr, true).ok());
-      bool took = false;
-      ASSERT_TRUE(try_linear_dual_normed(d1.dw, d2.dw, dx.p, n, b1.p, b2.p, dnw.p, 1e-6f, nullptr, true, &took).ok());
-      const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out1, c.in}) + " | " +
-                                dims({c.out2, c.in}) + " n=" + std::to_string(n);
-      EXPECT_TRUE(took) << shape << ": the normed dual launch must take a decode-sized call of one format";
-      const std::vector<float> w1 = a1.get(), w2 = a2.get(), g1 = b1.get(), g2 = b2.get();
-      size_t differ = 0;
-      for (size_t i = 0; i < w1.size(); ++i) differ += bits_of(w1[i]) != bits_of(g1[i]);
-      for (size_t i = 0; i < w2.size(); ++i) differ += bits_of(w2[i]) != bits_of(g2[i]);
-      differ += count_bit_diffs(dx.get(), x);  // x not written
-      report("linear dual normed", shape + ": bits differing from rms_norm + two run_linear launches",
-             static_cast<double>(differ), 0, "the norm in the staging both weights share (run_rms_norm's order)");
-      EXPECT_EQ(differ, 0u) << shape;
-    }
-  }
-}
-
+// try_linear_dual_normed: y, y2 bit for bit against rms_norm + two linears, x left as it was (check_linear_dual).
 TEST(LinearParity, LinearDualNormed) {
   DS41_SKIP_WITHOUT_GPU();
   // The released wq_b | idx_wq_b (q rank 1280: 64 x 512 and 32 x 128 outputs).
-  check_linear_dual_normed({{WeightFormat::kFp8Tiles, 32768, 4096, 1280}, {WeightFormat::kFp8Tiles, 1024, 160, 1024}},
-                           17300);
+  check_linear_dual({{WeightFormat::kFp8Tiles, 32768, 4096, 1280}, {WeightFormat::kFp8Tiles, 1024, 160, 1024}}, 17300,
+                    /*normed=*/true);
 }
 
 TEST(LinearParity, LinearDualNormedSmall) {
   DS41_SKIP_WITHOUT_GPU();
-  check_linear_dual_normed({{WeightFormat::kFp8Tiles, 160, 64, 1024}, {WeightFormat::kFp8Tiles, 96, 32, 512}}, 17350);
+  check_linear_dual({{WeightFormat::kFp8Tiles, 160, 64, 1024}, {WeightFormat::kFp8Tiles, 96, 32, 512}}, 17350,
+                    /*normed=*/true);
 }
 
 TEST(LinearParity, LinearDualEqualsTwoLaunches) {
