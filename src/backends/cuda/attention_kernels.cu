@@ -219,11 +219,29 @@ __device__ __forceinline__ bool split_cta(int64_t n_heads, int64_t d, const int6
 // float and its cos / sin in double rounded to float, at q_cs[2i], q_cs[2i + 1], computed once per CTA
 // (in the lanes' q loads the double sincos took the kernel from 128 to 172 registers: one CTA per SM
 // instead of two, measured on an H100). Every thread calls it (a barrier when q_n_freq > 0).
+// The split kernels fill it before their PDL wait (split_row gives r from the block index alone): the
+// positions are the step plan's upload and inv_freq a weight, written by no kernel of the step (launch.h
+// contract 1), so the fp64 sincos chain and its two loads overlap the previous kernel's tail instead of
+// leading the CTA's critical path. DS41_PRE_WAIT=0 fills it after the wait (launch.h; the same bits).
 __device__ __forceinline__ void q_rope_table(const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
                                              int64_t q_n_freq, int64_t r, float* q_cs) {
   if (q_n_freq <= 0) return;  // CTA-uniform
   dev::rope_table_fill(static_cast<float>(q_pos[r]), q_inv_freq, q_n_freq, false, q_cs, threadIdx.x, kThreads);
   __syncthreads();
+}
+
+// The row of a split CTA (split_cta's c.r) from the block index alone.
+__device__ __forceinline__ int64_t split_row(int64_t n_heads, int64_t splits) {
+  const int64_t groups = (n_heads + kSplitHeads - 1) / kSplitHeads;
+  return (blockIdx.x / groups) / splits;
+}
+
+// The split kernels' prologue: the query's table (table_early: before the PDL wait), then the wait.
+__device__ __forceinline__ void split_prologue(const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
+                                               int64_t q_n_freq, int64_t n_heads, int64_t splits, bool table_early,
+                                               float* q_cs) {
+  if (table_early) q_rope_table(q_pos, q_inv_freq, q_n_freq, split_row(n_heads, splits), q_cs);
+  dev::pdl_enter();
 }
 
 // The warps' softmax states merged per head, in warp order: M = max_w m_w, L = sum_w l_w exp(m_w - M)
@@ -260,11 +278,11 @@ __global__ void __launch_bounds__(kThreads)
                                   const float* __restrict__ sink, float scale, float* __restrict__ out,
                                   int64_t splits, int64_t chunk, float* __restrict__ part_acc,
                                   float* __restrict__ part_ml, const int64_t* __restrict__ q_pos,
-                                  const float* __restrict__ q_inv_freq, int64_t q_n_freq) {
-  dev::pdl_enter();
+                                  const float* __restrict__ q_inv_freq, int64_t q_n_freq, bool table_early) {
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ float acc_s[kSplitHeads * kMaxDim];
   __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
+  split_prologue(q_pos, q_inv_freq, q_n_freq, n_heads, splits, table_early, q_cs);
   SplitCta cta;
   if (!split_cta(n_heads, d, kv_offsets, out, splits, chunk, part_ml, cta)) return;
   const int64_t r = cta.r, sp = cta.sp, h0 = cta.h0, e0 = cta.e0, e1 = cta.e1;
@@ -275,7 +293,7 @@ __global__ void __launch_bounds__(kThreads)
   // c >= off pairs with c ^ 1 (off is even, so the partner is the adjacent lane), the angles' cos /
   // sin from q_rope_table.
   const int64_t q_off = d - 2 * q_n_freq;
-  q_rope_table(q_pos, q_inv_freq, q_n_freq, r, q_cs);
+  if (!table_early) q_rope_table(q_pos, q_inv_freq, q_n_freq, r, q_cs);
   float qr[kSplitHeads][kLaneDims], acc[kSplitHeads][kLaneDims], m[kSplitHeads], l[kSplitHeads];
 #pragma unroll
   for (int h = 0; h < kSplitHeads; ++h) {
@@ -573,13 +591,13 @@ __global__ void __launch_bounds__(kThreads, 2)
                                       const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
                                       int64_t q_n_freq, uint32_t* __restrict__ counters,
                                       const int64_t* __restrict__ out_pos, const float* __restrict__ out_inv_freq,
-                                      int64_t out_n_freq) {
+                                      int64_t out_n_freq, bool table_early) {
   constexpr int kD = 128 * kJ;
   static_assert(kWarps * kSplitHeads * kD >= 3 * kD + 2 * kTailHalfFloats, "the fused combine's tail fits acc_w");
-  dev::pdl_enter();
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
   __shared__ __align__(16) float acc_w[kWarps][kSplitHeads][kD];
   __shared__ float q_cs[kMaxDim];  // cos, sin of frequency i at 2i, 2i + 1
+  split_prologue(q_pos, q_inv_freq, q_n_freq, n_heads, splits, table_early, q_cs);
   SplitCta cta;
   // counters (splits > 1): the fused combine (split_count_and_combine): this CTA counts itself, and
   // the group's last CTA merges it and rotates it back by out_pos / out_inv_freq / out_n_freq (the
@@ -595,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const bool seed = warp == 0 && sp == 0;
   const int64_t q_off = kD - 2 * q_n_freq;
-  q_rope_table(q_pos, q_inv_freq, q_n_freq, r, q_cs);
+  if (!table_early) q_rope_table(q_pos, q_inv_freq, q_n_freq, r, q_cs);
   float4 qr[kSplitHeads][kJ], acc[kSplitHeads][kJ];
   float m[kSplitHeads], l[kSplitHeads];
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -869,6 +887,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   const int64_t* rp = rotate_in_kernel ? a.rope_pos : nullptr;
   const float* rf = rotate_in_kernel ? a.rope_inv_freq : nullptr;
   const int64_t rn = rotate_in_kernel ? a.rope_n_freq : int64_t{0};
+  const bool table_early = pre_wait_enabled();  // the query table before the PDL wait (launch.h)
   // The vector kernel where the width and alignment allow (DS41_ATTN_SPLIT_VEC=0: the scalar one,
   // measurements).
   static const bool vec_allowed = switch_on("DS41_ATTN_SPLIT_VEC");
@@ -895,7 +914,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
       if (smem > 0) DS41_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
       launch(kernel, grid, kThreads, smem, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
              a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf, rn,
-             fused ? a.counters : nullptr, a.rope_pos, a.rope_inv_freq, a.rope_n_freq);
+             fused ? a.counters : nullptr, a.rope_pos, a.rope_inv_freq, a.rope_n_freq, table_early);
       return ok_status();
     };
     auto by_depth = [&](auto k0, auto k2, auto k4) {
@@ -922,7 +941,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   } else {
     launch(sparse_attention_split_kernel, grid, kThreads, 0, stream, a.n_heads, a.head_dim, a.q, a.kv_offsets,
            a.kv_index, a.kv, a.sink, a.scale, a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf,
-           rn);
+           rn, table_early);
   }
   DS41_RETURN_IF_ERROR(last_launch_status("sparse_attention_split"));
   if (splits == 1) return rotate_back();

@@ -37,12 +37,15 @@ constexpr int64_t kMaxRowDim = dev::kMaxNormRopeRowDim;
 // kOp: fq::kWin / kKv / kIdx, or -1 (no quantization). One CTA per row (rows_norm_rope_quant_device.cuh).
 template <int kOp>
 __global__ void __launch_bounds__(kMaxRowDim)
-    rows_norm_rope_quant_kernel(RowsNormRopeQuantArgs a, int sum_threads) {
-  dev::pdl_enter();
+    rows_norm_rope_quant_kernel(RowsNormRopeQuantArgs a, int sum_threads, bool pre_wait) {
+  if (!pre_wait) dev::pdl_enter();
   __shared__ float row[kMaxRowDim];
   __shared__ float cs[kMaxRowDim];
   __shared__ double scratch[32];
-  dev::norm_rope_quant_row<kOp>(a, sum_threads, blockIdx.x, row, cs, scratch);
+  // pre_wait (launch.h pre_wait_enabled): the norm weight and the rotation table before the PDL wait.
+  dev::norm_rope_quant_row<kOp>(a, sum_threads, blockIdx.x, row, cs, scratch, [&] {
+    if (pre_wait) dev::pdl_enter();
+  });
 }
 
 constexpr int64_t kMaxSiteH = 10240;  // the collapsed row in dynamic shared memory: <= 40 KB (no opt-in)
@@ -151,14 +154,17 @@ __global__ void __launch_bounds__(hc::kThreads)
 // bounds checks of one scalar load per stream and element; here a thread issues 4 x kCollapseQ
 // 16-byte loads with 32-bit offsets before it adds.
 __global__ void __launch_bounds__(hc::kThreads)
-    hc_collapse_norm_quads_kernel(HcSiteArgs s, int sum_threads) {
-  dev::pdl_enter();
+    hc_collapse_norm_quads_kernel(HcSiteArgs s, int sum_threads, bool pre_wait) {
+  if (!pre_wait) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   __shared__ double scratch[32];
   const HcMapDeviceArgs& a = s.map;
   const int64_t r = blockIdx.x;
+  // pre_wait (launch.h pre_wait_enabled): the norm weights' loads before the PDL wait.
   dev::collapse_norm_quads(a.streams + r * 4 * a.h, s.collapse_w + r * 4, a.h, s.norm_weight, s.eps, sum_threads,
-                           smem, scratch, s.x + r * a.h, false);
+                           smem, scratch, s.x + r * a.h, false, [&] {
+                             if (pre_wait) dev::pdl_enter();
+                           });
 }
 
 Status bad(const std::string& what) { return invalid_argument("rows_norm_rope_quant: " + what); }
@@ -231,10 +237,10 @@ Status run_rows_norm_rope_quant(const RowsNormRopeQuantArgs& a, cudaStream_t str
   const int sum_threads = rms_norm_sum_threads(a.rows, a.dim);
   const dim3 grid(static_cast<unsigned>(a.rows));
   if (!a.quant) {
-    launch(rows_norm_rope_quant_kernel<-1>, grid, dim3(threads), 0, stream, a, sum_threads);
+    launch(rows_norm_rope_quant_kernel<-1>, grid, dim3(threads), 0, stream, a, sum_threads, pre_wait_enabled());
   } else {
     fq::dispatch_op(static_cast<int>(a.op), [&]<int kOp>() {
-      launch(rows_norm_rope_quant_kernel<kOp>, grid, dim3(threads), 0, stream, a, sum_threads);
+      launch(rows_norm_rope_quant_kernel<kOp>, grid, dim3(threads), 0, stream, a, sum_threads, pre_wait_enabled());
     });
   }
   return last_launch_status("rows_norm_rope_quant");
@@ -278,7 +284,7 @@ Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream, HcSitePart part) {
   }
   if (part == HcSitePart::kCollapse && hc_site_collapse_quads(s)) {
     launch(hc_collapse_norm_quads_kernel, dim3(static_cast<unsigned>(a.n)), dim3(hc::kThreads),
-           static_cast<size_t>(a.h) * sizeof(float), stream, s, rms_norm_sum_threads(a.n, a.h));
+           static_cast<size_t>(a.h) * sizeof(float), stream, s, rms_norm_sum_threads(a.n, a.h), pre_wait_enabled());
     return last_launch_status("hc_site collapse");
   }
   const hc::HcSplit sp = hc::hc_split(a.n, a.c, a.h);

@@ -253,14 +253,18 @@ __global__ void __launch_bounds__(kScanThreads) selected_entries_kernel(Selected
 // wait; every block waits before it triggers (launch.h contract 3).
 template <int kWin, int kKv, bool kEntries>
 __global__ void __launch_bounds__(kScanThreads)
-    window_kv_step_kernel(WindowKvStepArgs a, SelectedEntriesArgs se, int sum_threads, int64_t ring_blocks) {
+    window_kv_step_kernel(WindowKvStepArgs a, SelectedEntriesArgs se, int sum_threads, int64_t ring_blocks,
+                          bool pre_wait) {
   __shared__ float row[dev::kMaxNormRopeRowDim];
   __shared__ float cs[dev::kMaxNormRopeRowDim];
   __shared__ double scratch[32];
   const int64_t b = blockIdx.x, nr = a.rows.rows;
   if (b < nr) {
-    dev::pdl_enter();
-    dev::norm_rope_quant_row<kWin>(a.rows, sum_threads, b, row, cs, scratch);
+    if (!pre_wait) dev::pdl_enter();
+    // pre_wait (launch.h pre_wait_enabled): the norm weight and the rotation table before the PDL wait.
+    dev::norm_rope_quant_row<kWin>(a.rows, sum_threads, b, row, cs, scratch, [&] {
+      if (pre_wait) dev::pdl_enter();
+    });
     return;
   }
   const int64_t q = b - nr;
@@ -420,10 +424,10 @@ Status run_window_kv_step(const WindowKvStepArgs& a, int64_t* offsets_scratch, c
     const SelectedEntriesArgs& e = *a.entries;
     const int64_t blocks = a.rows.rows + ring_blocks + 1 + (e.n * e.k * e.channels + kScanThreads - 1) / kScanThreads;
     launch(window_kv_step_kernel<kWin, kKv, true>, static_cast<unsigned>(blocks), kScanThreads, 0, stream, a, e,
-           sum_threads, ring_blocks);
+           sum_threads, ring_blocks, pre_wait_enabled());
   } else {
     launch(window_kv_step_kernel<kWin, kKv, false>, static_cast<unsigned>(a.rows.rows + ring_blocks), kScanThreads,
-           0, stream, a, SelectedEntriesArgs{}, sum_threads, ring_blocks);
+           0, stream, a, SelectedEntriesArgs{}, sum_threads, ring_blocks, pre_wait_enabled());
   }
   return last_launch_status("window_kv_step");
 }

@@ -21,14 +21,29 @@ constexpr int kCollapseQ = 5;  // quads per thread in flight (times the 4 stream
 // (global), the norm weight (nullable: 1), into the block's shared sm (h floats, 16-byte aligned).
 // x (nullable): the normed row written there (global); normed_in_sm: also kept in sm (else sm holds
 // v). Every thread calls it (barriers); scratch: 32 doubles of shared memory.
+// wait(): called once, after the thread's first round of norm weights is loaded and before anything an
+// earlier kernel wrote is read (the kernels pass their PDL wait): the norm weight is a weight, so its
+// loads overlap the previous kernel's tail instead of following the row's sum of squares (one global
+// round trip fewer on the decode step's critical path at h <= kCollapseQ x 4 x blockDim.x). The same
+// values reach the same operations: the same bits.
+template <class Wait>
 __device__ __forceinline__ void collapse_norm_quads(const float* __restrict__ S0, const float* __restrict__ w4,
                                                     int64_t h, const float* __restrict__ norm_weight, float eps,
                                                     int sum_threads, float* sm, double* scratch, float* x,
-                                                    bool normed_in_sm) {
+                                                    bool normed_in_sm, Wait&& wait) {
   const int H4 = static_cast<int>(h >> 2), t = threadIdx.x, T = blockDim.x;
   const float4* S = reinterpret_cast<const float4*>(S0);
   float4* sm4 = reinterpret_cast<float4*>(sm);
   const float4 zero4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* nw4 = reinterpret_cast<const float4*>(norm_weight);
+  const float4 ones = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+  float4 nw0[kCollapseQ];  // the norm weights of the thread's first round (q0 = t)
+#pragma unroll
+  for (int q = 0; q < kCollapseQ; ++q) {
+    const int i = t + q * T;
+    nw0[q] = (i < H4 && nw4) ? nw4[i] : ones;
+  }
+  wait();
   float w[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) w[j] = w4[j];
@@ -61,14 +76,12 @@ __device__ __forceinline__ void collapse_norm_quads(const float* __restrict__ S0
   __syncthreads();
   const float inv = rms_inv_like_rms_norm([&](int64_t i) { return sm[i]; }, h, sum_threads, eps, scratch);
   float4* x4 = reinterpret_cast<float4*>(x);
-  const float4* nw4 = reinterpret_cast<const float4*>(norm_weight);
-  const float4 ones = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
   for (int q0 = t; q0 < H4; q0 += kCollapseQ * T) {
     float4 nw[kCollapseQ];
 #pragma unroll
     for (int q = 0; q < kCollapseQ; ++q) {
       const int i = q0 + q * T;
-      nw[q] = (i < H4 && nw4) ? nw4[i] : ones;
+      nw[q] = q0 == t ? nw0[q] : (i < H4 && nw4) ? nw4[i] : ones;
     }
 #pragma unroll
     for (int q = 0; q < kCollapseQ; ++q) {

@@ -16,6 +16,19 @@ bool pdl_enabled() {
 }
 
 namespace {
+std::atomic<int> g_pre_wait_override{-1};
+}
+
+bool pre_wait_enabled() {
+  const int o = g_pre_wait_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o != 0;
+  static const bool on = switch_on("DS41_PRE_WAIT");
+  return on;
+}
+
+void set_pre_wait_for_tests(int mode) { g_pre_wait_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
+
+namespace {
 thread_local cudaError_t t_launch_error = cudaSuccess;
 }
 

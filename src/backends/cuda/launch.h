@@ -49,6 +49,14 @@ inline bool switch_opt_in(const char* name) {
 bool pdl_enabled();
 // Tests: 0 off, 1 on, -1 back to DS41_PDL.
 void set_pdl_for_tests(int mode);
+// Whether the decode chain's small kernels load their constant inputs (norm weights; rotation tables from
+// the step plan's positions and the inv_freq weights) before their PDL wait (contract 1: nothing a kernel
+// of the step writes): the hc collapse + norm, rows_norm_rope_quant, the window KV step's rows and the
+// decode attention's query table. DS41_PRE_WAIT (default on; 0: after the wait, as measured until
+// 2026-12-07), read once. The same bits either way.
+bool pre_wait_enabled();
+// Tests: 0 off, 1 on, -1 back to DS41_PRE_WAIT.
+void set_pre_wait_for_tests(int mode);
 // The first error a launch() of the calling thread got since the last call (cudaSuccess if none),
 // cleared by the read: last_launch_status() reports it with cudaGetLastError's.
 cudaError_t take_launch_error();

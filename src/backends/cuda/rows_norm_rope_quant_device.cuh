@@ -25,27 +25,35 @@ constexpr int64_t kMaxNormRopeRowDim = 1024;  // channels of a row: one thread e
 // Row r of `a` by this block (blockDim.x a multiple of 32 and >= a.dim; every thread calls it: barriers).
 // kOp: fq::kWin / kKv / kIdx, or -1 (no quantization). Shared memory: row and cs of
 // kMaxNormRopeRowDim floats, scratch of 32 doubles.
-template <int kOp>
+// wait(): called once, before anything an earlier kernel wrote is read (the kernels pass their PDL wait).
+// Before it: the thread's norm weight and the rotation table (positions from the step plan's upload,
+// inv_freq a weight: written by no kernel of the step, launch.h contract 1), so their loads and the fp64
+// sincos overlap the previous kernel's tail instead of following the row's norm. The same values reach
+// the same operations: the same bits.
+template <int kOp, class Wait>
 __device__ __forceinline__ void norm_rope_quant_row(const RowsNormRopeQuantArgs& a, int sum_threads, int64_t r,
-                                                    float* row, float* cs, double* scratch) {
+                                                    float* row, float* cs, double* scratch, Wait&& wait) {
   const int64_t dim = a.dim;
   const int t = threadIdx.x;
   const bool active = t < dim;
+  const float nw = (a.norm && active && a.norm_weight) ? a.norm_weight[t] : 1.0f;
+  if (a.n_freq > 0)  // cs is read after the barriers below
+    rope_table_fill(static_cast<float>(a.pos[r / a.rows_per_pos]), a.inv_freq, a.n_freq, a.inverse, cs, t,
+                    blockDim.x);
+  wait();
   float v = active ? a.in[r * dim + t] : 0.0f;
   if (a.norm) {
     if (active) row[t] = v;
     __syncthreads();
     const float inv = rms_inv_like_rms_norm([&](int64_t i) { return row[i]; }, dim, sum_threads, a.eps, scratch);
     if (active) {
-      v = __fmul_rn(v, inv) * (a.norm_weight ? a.norm_weight[t] : 1.0f);
+      v = __fmul_rn(v, inv) * nw;
       if (a.normed) a.normed[r * dim + t] = v;
     }
   }
   if (a.n_freq > 0) {
     __syncthreads();  // the norm's reads of row[] are done
     if (active) row[t] = v;
-    const float p = static_cast<float>(a.pos[r / a.rows_per_pos]);
-    rope_table_fill(p, a.inv_freq, a.n_freq, a.inverse, cs, t, blockDim.x);
     __syncthreads();
     const int64_t off = dim - 2 * a.n_freq;
     if (active && t >= off) {

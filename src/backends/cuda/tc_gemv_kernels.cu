@@ -1352,10 +1352,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* logits = const_cast<float*>(ra.logits);  // the router's input: the gate writes it first
   block_rows<D, false, NB, false>(data, sc, in, E, 0, ks_log2, smem_u2, 1, ex, logits, E, red_d, nullptr, 0,
                                   blockIdx.y, gridDim.y, [&] {
-                                   if (early) dev::pdl_enter();
+                                   // With `early`, the wait after the norm weights' loads too.
                                    dev::collapse_norm_quads(c.streams, c.collapse_w, in, c.norm_weight, c.eps,
                                                             c.sum_threads, xv, scratch,
-                                                            blockIdx.y == 0 ? c.x : nullptr, true);
+                                                            blockIdx.y == 0 ? c.x : nullptr, true, [&] {
+                                                              if (early) dev::pdl_enter();
+                                                            });
                                    if (threadIdx.x == 0) xrow[0] = xv;
                                    __syncthreads();
                                    stage_x<D, NB, true>(nullptr, in, 1, in, smem_u2, red, ex, nullptr, RowNorm{},

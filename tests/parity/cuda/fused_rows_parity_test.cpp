@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "backends/cuda/launch.h"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
@@ -30,8 +31,20 @@ const char* op_name(FakeQuantOp op) {
   return op == FakeQuantOp::kWin ? "win" : op == FakeQuantOp::kKv ? "kv" : "idx";
 }
 
+void norm_rope_quant_cases();
+// Both placements of the constant loads (launch.h pre_wait_enabled: before / after the PDL wait) give the
+// same bits as the reference sequence.
 TEST(FusedRowsParity, NormRopeQuant) {
   DS41_SKIP_WITHOUT_GPU();
+  for (const int pre : {1, 0}) {
+    SCOPED_TRACE(pre ? "constants before the PDL wait" : "constants after the PDL wait");
+    set_pre_wait_for_tests(pre);
+    norm_rope_quant_cases();
+  }
+  set_pre_wait_for_tests(-1);
+}
+
+void norm_rope_quant_cases() {
   struct C {
     const char* site;
     int64_t rows, dim, rows_per_pos, n_freq;
@@ -168,8 +181,20 @@ TEST(FusedRowsParity, NormRopeQuantRejectsBadShapes) {
 namespace ds41::cuda::parity {
 namespace {
 
+void hc_site_cases();
+// Both placements of the constant loads (launch.h pre_wait_enabled: before / after the PDL wait) give the
+// same bits as the reference sequence.
 TEST(FusedRowsParity, HcSite) {
   DS41_SKIP_WITHOUT_GPU();
+  for (const int pre : {1, 0}) {
+    SCOPED_TRACE(pre ? "constants before the PDL wait" : "constants after the PDL wait");
+    set_pre_wait_for_tests(pre);
+    hc_site_cases();
+  }
+  set_pre_wait_for_tests(-1);
+}
+
+void hc_site_cases() {
   struct C {
     int64_t n, c, h;
     bool weight;

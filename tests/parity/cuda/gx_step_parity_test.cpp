@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cuda/launch.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/gx_step_kernels.h"
@@ -302,8 +303,20 @@ TEST(GxStepKernels, SelectedEntriesEqualTheThreeLaunches) {
 // channels, 127 earlier rows, 512 selections with -1 padding) at one and five sequences; no entries; an
 // empty ring; and a call whose written slots are also read, which must run the sequence (slots_disjoint
 // false): with a written slot read back after its packing, a fused launch would decode new bytes there.
+void window_kv_step_cases();
+// Both placements of the row blocks' constant loads (launch.h pre_wait_enabled: before / after the PDL
+// wait) give the same bits.
 TEST(GxStepKernels, WindowKvStepEqualsTheThreeLaunches) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const int pre : {1, 0}) {
+    SCOPED_TRACE(pre ? "constants before the PDL wait" : "constants after the PDL wait");
+    set_pre_wait_for_tests(pre);
+    window_kv_step_cases();
+  }
+  set_pre_wait_for_tests(-1);
+}
+
+void window_kv_step_cases() {
   std::mt19937 g(41);
   struct Case {
     const char* what;
