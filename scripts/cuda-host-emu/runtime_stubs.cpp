@@ -37,6 +37,14 @@ LaunchRecorder*& thread_recorder() {
   thread_local LaunchRecorder* r = nullptr;
   return r;
 }
+// launch.h's switches (launch.cpp's): the environment, or a test's override.
+namespace {
+int g_pre_wait = -1, g_one_fence = -1;
+}
+bool pre_wait_enabled() { return g_pre_wait >= 0 ? g_pre_wait != 0 : switch_on("DS41_PRE_WAIT"); }
+void set_pre_wait_for_tests(int mode) { g_pre_wait = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
+bool one_fence_enabled() { return g_one_fence >= 0 ? g_one_fence != 0 : switch_opt_in("DS41_ONE_FENCE"); }
+void set_one_fence_for_tests(int mode) { g_one_fence = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
 cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
   std::memmove(dst, src, bytes);
   return cudaSuccess;

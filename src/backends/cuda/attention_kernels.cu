@@ -28,6 +28,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/sparse_attention_tc_kernels.h"
+#include "backends/cuda/last_block.cuh"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/rope_table.cuh"
@@ -527,20 +528,12 @@ __device__ __forceinline__ void split_count_and_combine(int64_t n_heads, int64_t
                                                         uint32_t* __restrict__ counters, int64_t r, int64_t h0,
                                                         const int64_t* __restrict__ rope_pos,
                                                         const float* __restrict__ inv_freq, int64_t n_freq,
-                                                        float* tail) {
+                                                        float* tail, bool one_fence) {
   static_assert(kThreads == 2 * 128 && kSplitHeads == 2, "one half of the CTA per head of the group");
-  __shared__ bool last;
-  __threadfence();  // this CTA's partials, visible before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t* c = counters + r * (n_heads / kSplitHeads) + h0 / kSplitHeads;
-    const uint32_t done = atomicAdd(c, 1u);
-    last = done + 1 == static_cast<uint32_t>(splits);
-    if (last) *c = 0;  // zero again for the next call (kernels of the stream run in order)
-  }
-  __syncthreads();
-  if (!last) return;  // CTA-uniform
-  __threadfence();
+  // This CTA's partials counted on the group's counter; the last CTA of the group goes on (last_block.cuh).
+  if (!dev::count_last_block(counters + r * (n_heads / kSplitHeads) + h0 / kSplitHeads,
+                             static_cast<uint32_t>(splits), one_fence))
+    return;  // CTA-uniform
   const int half = static_cast<int>(threadIdx.x) / 128, t = static_cast<int>(threadIdx.x) % 128;
   float* ov = tail + half * d;
   float* cs = tail + 2 * d;
@@ -591,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                       const int64_t* __restrict__ q_pos, const float* __restrict__ q_inv_freq,
                                       int64_t q_n_freq, uint32_t* __restrict__ counters,
                                       const int64_t* __restrict__ out_pos, const float* __restrict__ out_inv_freq,
-                                      int64_t out_n_freq, bool table_early) {
+                                      int64_t out_n_freq, bool table_early, bool merge_shared, bool one_fence) {
   constexpr int kD = 128 * kJ;
   static_assert(kWarps * kSplitHeads * kD >= 3 * kD + 2 * kTailHalfFloats, "the fused combine's tail fits acc_w");
   __shared__ float m_s[kWarps][kSplitHeads], l_s[kWarps][kSplitHeads];
@@ -605,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (!split_cta(n_heads, kD, kv_offsets, out, splits, chunk, part_ml, cta)) {
     if (counters != nullptr)
       split_count_and_combine(n_heads, kD, kv_offsets, splits, part_acc, part_ml, out, counters, cta.r, cta.h0,
-                              out_pos, out_inv_freq, out_n_freq, &acc_w[0][0][0]);
+                              out_pos, out_inv_freq, out_n_freq, &acc_w[0][0][0], one_fence);
     return;
   }
   const int64_t r = cta.r, sp = cta.sp, h0 = cta.h0, e0 = cta.e0, e1 = cta.e1;
@@ -734,13 +727,41 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   float big_m[kSplitHeads], big_l[kSplitHeads];
-  merge_warp_ml(m_s, l_s, big_m, big_l);
+  // The warps' weights exp(m_w - M) per head: computed once per (warp, head) into shared memory
+  // (merge_shared, DS41_ATTN_MERGE_SHARED, default on) or by every thread for its channels (merge_warp_ml
+  // and the loop's expf, as measured until 2026-12-07: 8 + 16 expf per thread and long unrolled code,
+  // ncu's "no instruction" stalls of the merge). The same expressions of the same values, so the same bits.
+  __shared__ float f_s[kWarps][kSplitHeads], bm_s[kSplitHeads], bl_s[kSplitHeads];
+  if (merge_shared) {
+    if (tid < kWarps * kSplitHeads) {
+      const int w = tid / kSplitHeads, h = tid % kSplitHeads;
+      float bm = m_s[0][h];
+      for (int u = 1; u < kWarps; ++u) bm = fmaxf(bm, m_s[u][h]);
+      f_s[w][h] = m_s[w][h] == -INFINITY ? 0.0f : expf(m_s[w][h] - bm);
+      if (w == 0) bm_s[h] = bm;
+    }
+    __syncthreads();
+    if (tid < kSplitHeads) {  // merge_warp_ml's L: the same terms (its expf values are f_s) in warp order
+      float bl = 0.0f;
+      for (int w = 0; w < kWarps; ++w)
+        if (m_s[w][tid] != -INFINITY) bl += l_s[w][tid] * f_s[w][tid];
+      bl_s[tid] = bl;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < kSplitHeads; ++h) {
+      big_m[h] = bm_s[h];
+      big_l[h] = bl_s[h];
+    }
+  } else {
+    merge_warp_ml(m_s, l_s, big_m, big_l);
+  }
   float* o = splits == 1 ? out + (r * n_heads + h0) * kD : part_acc + ((r * splits + sp) * n_heads + h0) * kD;
   for (int i = tid; i < nh * kD / 4; i += kThreads) {  // a float4 of head h's channels
     const int h = (4 * i) / kD, c = 4 * i - h * kD;
     float4 a = zero4;
     for (int w = 0; w < kWarps; ++w) {
-      const float f = m_s[w][h] == -INFINITY ? 0.0f : expf(m_s[w][h] - big_m[h]);
+      const float f = merge_shared ? f_s[w][h] : m_s[w][h] == -INFINITY ? 0.0f : expf(m_s[w][h] - big_m[h]);
       const float4 x = reinterpret_cast<const float4*>(acc_w[w][h])[c / 4];
       a = make_float4(a.x + x.x * f, a.y + x.y * f, a.z + x.z * f, a.w + x.w * f);
     }
@@ -753,7 +774,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (splits > 1) write_split_ml(part_ml, n_heads, splits, cta, big_m, big_l);
   if (counters != nullptr)
     split_count_and_combine(n_heads, kD, kv_offsets, splits, part_acc, part_ml, out, counters, r, h0, out_pos,
-                            out_inv_freq, out_n_freq, &acc_w[0][0][0]);
+                            out_inv_freq, out_n_freq, &acc_w[0][0][0], one_fence);
 }
 
 // One CTA per (row, head): sparse_attention_combine_head into the output row, or (n_freq > 0) into
@@ -810,6 +831,15 @@ int attention_prefetch_depth() {
     const int v = std::atoi(e);
     return v == 2 || v == 4 ? v : 0;
   }();
+  return env;
+}
+
+// The vector split kernel's warp merge with its weights in shared memory: DS41_ATTN_MERGE_SHARED (default on;
+// 0: every thread computes them, as measured until 2026-12-07), or a test's override. The same bits.
+int g_merge_shared = -1;
+bool attention_merge_shared() {
+  if (g_merge_shared >= 0) return g_merge_shared != 0;
+  static const bool env = switch_on("DS41_ATTN_MERGE_SHARED");
   return env;
 }
 
@@ -888,6 +918,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
   const float* rf = rotate_in_kernel ? a.rope_inv_freq : nullptr;
   const int64_t rn = rotate_in_kernel ? a.rope_n_freq : int64_t{0};
   const bool table_early = pre_wait_enabled();  // the query table before the PDL wait (launch.h)
+  const bool merge_shared = attention_merge_shared();
   // The vector kernel where the width and alignment allow (DS41_ATTN_SPLIT_VEC=0: the scalar one,
   // measurements).
   static const bool vec_allowed = switch_on("DS41_ATTN_SPLIT_VEC");
@@ -914,7 +945,8 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
       if (smem > 0) DS41_RETURN_IF_ERROR(allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem));
       launch(kernel, grid, kThreads, smem, stream, a.n_heads, a.q, a.kv_offsets, a.kv_index, a.kv, a.sink, a.scale,
              a.out, splits, std::max<int64_t>(chunk, 1), part_acc, part_ml, rp, rf, rn,
-             fused ? a.counters : nullptr, a.rope_pos, a.rope_inv_freq, a.rope_n_freq, table_early);
+             fused ? a.counters : nullptr, a.rope_pos, a.rope_inv_freq, a.rope_n_freq, table_early, merge_shared,
+             one_fence_enabled());
       return ok_status();
     };
     auto by_depth = [&](auto k0, auto k2, auto k4) {
@@ -954,6 +986,7 @@ Status run_sparse_attention_decode(const SparseAttentionArgs& a, int64_t splits,
 
 }  // namespace
 
+void set_attention_merge_shared_for_tests(int mode) { g_merge_shared = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_attention_prefetch_for_tests(int depth) { g_prefetch = depth == 0 || depth == 2 || depth == 4 ? depth : -1; }
 
 Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream) {

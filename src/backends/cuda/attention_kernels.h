@@ -71,5 +71,8 @@ Status run_sparse_attention(const SparseAttentionArgs& a, cudaStream_t stream);
 // Tests: the decode vector kernel's prefetch ring depth (0: one entry in flight; 2, 4: cp.async slots),
 // -1 back to DS41_ATTN_PREFETCH. Every depth gives the same bits.
 void set_attention_prefetch_for_tests(int depth);
+// Tests: the vector split kernel's warp merge weights in shared memory (1) or per thread (0), -1 back to
+// DS41_ATTN_MERGE_SHARED (default 1). The same bits either way.
+void set_attention_merge_shared_for_tests(int mode);
 
 }  // namespace ds41::cuda

@@ -1,7 +1,7 @@
 // ds41 backends/cuda: fused MoE kernels of the decode step (fused_moe_kernels.h).
 //
 // moe_route: grid n, 256 threads. Block r routes row r with moe::route_row (router_kernel's code;
-//   the two-stage picks where E <= 512 and k <= 8, router_two_stage()).
+//   the two-stage selection where E <= 512 and k <= 8, router_selection()).
 //   Each block fences its row's experts / weights and counts itself; the last one resets the
 //   counter and buckets all pairs (n * k <= 256) as one bucketing chunk: the pair's rank among
 //   earlier pairs of its expert, a shared-memory histogram, an exclusive scan over the experts,
@@ -38,7 +38,7 @@ constexpr int kThreads = moe::kThreads;
 constexpr int64_t kMaxHcC = 8;
 constexpr int64_t kNextMaxH = 12288;  // the next collapse's row in dynamic shared memory (48 KB)
 
-__global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, bool two_stage) {
+__global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, int sel_mode) {
   dev::pdl_enter();
   __shared__ moe::RouterSmem sm;
   __shared__ int ex[moe::kChunk];
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) moe_route_kernel(MoeRouteArgs a, boo
   __shared__ int last;
   const int64_t E = a.n_experts, k = a.k;
   moe::route_row(a.logits, E, a.bias, a.bias_vl, a.vl, k, a.temp, a.route_scale, a.experts, a.weights,
-                 blockIdx.x, sm, two_stage);
+                 blockIdx.x, sm, sel_mode);
   const bool alone = gridDim.x == 1;  // a one-row call is its own last block: no count, no fence
   if (!alone) __threadfence();  // this row's experts / weights, visible before it is counted or read below
   __syncthreads();
@@ -268,7 +268,7 @@ Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
     return run_moe_bucket(a.experts, a.weights, a.n, a.k, a.n_experts, a.offsets, a.perm_rows, a.perm_weight,
                           a.slot_pos, a.workspace, stream);
   }
-  launch(moe_route_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a, router_two_stage());
+  launch(moe_route_kernel, dim3(static_cast<unsigned>(a.n)), dim3(kThreads), 0, stream, a, router_selection());
   return last_launch_status("moe_route");
 }
 

@@ -29,6 +29,19 @@ bool pre_wait_enabled() {
 void set_pre_wait_for_tests(int mode) { g_pre_wait_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
 
 namespace {
+std::atomic<int> g_one_fence_override{-1};
+}
+
+bool one_fence_enabled() {
+  const int o = g_one_fence_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o != 0;
+  static const bool on = switch_opt_in("DS41_ONE_FENCE");
+  return on;
+}
+
+void set_one_fence_for_tests(int mode) { g_one_fence_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
+
+namespace {
 thread_local cudaError_t t_launch_error = cudaSuccess;
 }
 

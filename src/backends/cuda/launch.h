@@ -57,6 +57,12 @@ void set_pdl_for_tests(int mode);
 bool pre_wait_enabled();
 // Tests: 0 off, 1 on, -1 back to DS41_PRE_WAIT.
 void set_pre_wait_for_tests(int mode);
+// The last-block counts (last_block.cuh count_last_block) with one thread's fence after a barrier instead of
+// every thread's: DS41_ONE_FENCE=1 (opt-in: neutral in decode on an H100, docs/perf/README.md session of
+// 2026-12-07 14:51 UTC), read once. The same bits.
+bool one_fence_enabled();
+// Tests: 0 off, 1 on, -1 back to DS41_ONE_FENCE.
+void set_one_fence_for_tests(int mode);
 // The first error a launch() of the calling thread got since the last call (cudaSuccess if none),
 // cleared by the read: last_launch_status() reports it with cudaGetLastError's.
 cudaError_t take_launch_error();

@@ -44,6 +44,7 @@ struct RouterSmem {
   float cand_v[kPickCands];  // the two-stage selection's candidates: warp w's picks at kPickMaxK w
   int cand_i[kPickCands];
   float cand_v2[kPickMaxK];
+  unsigned long long cand_key[kPickCands];  // the sorted selection's candidates (pick_key64): warp w's at kPickMaxK w
 };
 
 // The warp's best (bv, bi) of its lanes' by the xor tree: every lane ends with the same pair, since
@@ -135,6 +136,55 @@ __device__ __forceinline__ void warp_picks(float (&v)[kPickPer], int (&id)[kPick
   }
 }
 
+// The house order of (value, index) as one unsigned 64-bit key, larger = picked first: pick_key(v) above,
+// then the smaller index (its complement below); 0 for "none" (id < 0), below every entry.
+__device__ __forceinline__ uint64_t pick_key64(float v, int id) {
+  if (id < 0) return 0;
+  return (static_cast<uint64_t>(pick_key(v)) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(id));
+}
+// The index of a pick_key64 key (-1 for "none").
+__device__ __forceinline__ int pick_index(uint64_t key) {
+  return key == 0 ? -1 : static_cast<int>(~static_cast<uint32_t>(key));
+}
+
+__device__ __forceinline__ uint64_t shfl_xor_u64(uint64_t v, int m) {
+  const uint32_t lo = __shfl_xor_sync(0xffffffffu, static_cast<uint32_t>(v), m);
+  const uint32_t hi = __shfl_xor_sync(0xffffffffu, static_cast<uint32_t>(v >> 32), m);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// A warp's 64 keys (element lane in k[0], element 32 + lane in k[1]) sorted descending by a bitonic network:
+// element 0 (lane 0's k[0]) the largest. 21 compare-exchange stages, 20 of them one shuffle pair per slot:
+// a pick list in ~21 dependent shuffles instead of k rounds of reductions, votes and shuffles (the router's
+// picks: a single block's chain on the decode step's critical path). Measured on an H100 (session of
+// 2026-12-07 14:51 UTC) it was not faster than the picks (~440 instructions per sort, 64-bit compares), so
+// it is opt-in (DS41_ROUTE_SORT=1). Keys are distinct except for "none" (0), so the order is the same total
+// order as the picks'.
+__device__ __forceinline__ void warp_sort64_desc(uint64_t (&k)[2]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int size = 2; size <= 64; size <<= 1) {
+#pragma unroll
+    for (int j = size >> 1; j > 0; j >>= 1) {
+      if (j == 32) {  // elements lane and lane + 32 (size 64: the whole list descends)
+        const uint64_t a = k[0], b = k[1];
+        k[0] = a > b ? a : b;
+        k[1] = a > b ? b : a;
+        continue;
+      }
+#pragma unroll
+      for (int sl = 0; sl < 2; ++sl) {
+        const int i = lane + 32 * sl;
+        const uint64_t o = shfl_xor_u64(k[sl], j);
+        // The pair (i, i ^ j) of a block of `size` that descends where (i & size) == 0 (ascends otherwise):
+        // its lower element keeps the larger key in a descending block.
+        const bool keep_max = ((i & j) == 0) == ((i & size) == 0);
+        k[sl] = keep_max ? (k[sl] > o ? k[sl] : o) : (k[sl] < o ? k[sl] : o);
+      }
+    }
+  }
+}
+
 // Row r's routing by one kThreads-thread block (every thread calls it: barriers). The k picks are
 // the k best of the biased scores in the house tie order (score desc, index asc), -inf never picked
 // (a pick without a selectable expert is -1), as the CPU's best_k. two_stage (up to 512 experts and
@@ -142,12 +192,15 @@ __device__ __forceinline__ void warp_picks(float (&v)[kPickPer], int (&id)[kPick
 // 8 k picks: two barriers in all. Otherwise k block-wide rounds, each a warp tree, a barrier, thread
 // 0's scan of the warps' bests and a barrier (ncu: the router as a 12 us single-block kernel on the
 // decode's critical path). The same picks either way for every input without NaN.
+// sel_mode: 0 the block-wide rounds; 1 the two stages by k picks each (warp_picks); 2 the two stages by
+// sorting (warp_sort64_desc: each warp's 64 keys, then warp 0's 64 candidates; the first k are the picks).
+// Modes 1 and 2 give the same picks in the same order (one total order of pick_key64 keys).
 __device__ __forceinline__ void route_row(const float* __restrict__ logits, int64_t E,
                                           const float* __restrict__ bias, const float* __restrict__ bias_vl,
                                           const uint8_t* __restrict__ vl, int64_t k, float temp,
                                           float route_scale, int32_t* __restrict__ experts,
                                           float* __restrict__ weights, int64_t r, RouterSmem& sm,
-                                          bool two_stage) {
+                                          int sel_mode) {
   float* sc = sm.sc;
   float* bs = sm.bs;
   float* wv = sm.wv;
@@ -177,7 +230,28 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float ninf = -__int_as_float(0x7f800000);
   if (E <= kPickPer * static_cast<int64_t>(blockDim.x) && k <= kPickMaxK && blockDim.x == kThreads &&
-      two_stage) {
+      sel_mode == 2) {
+    static_assert(kPickPer == 2 && kThreads / 32 * kPickMaxK == 64, "a warp's 64 keys, then 64 candidates");
+    uint64_t key[2];
+#pragma unroll
+    for (int u = 0; u < kPickPer; ++u) {
+      const int e = threadIdx.x + u * kThreads;  // this thread's own scores (no other thread's)
+      const bool ok = e < E && bs[e] != ninf;    // -inf is never picked
+      key[u] = ok ? pick_key64(bs[e], e) : 0;
+    }
+    warp_sort64_desc(key);
+    uint64_t* cand = reinterpret_cast<uint64_t*>(sm.cand_key);
+    if (lane < kPickMaxK) cand[warp * kPickMaxK + lane] = lane < k ? key[0] : 0;  // the warp's k best
+    __syncthreads();
+    if (warp == 0) {  // the k best of the warps' k best (every global pick is among its warp's)
+      key[0] = cand[lane];
+      key[1] = cand[lane + 32];
+      warp_sort64_desc(key);
+      if (lane < k) sel[lane] = pick_index(key[0]);
+    }
+    __syncthreads();
+  } else if (E <= kPickPer * static_cast<int64_t>(blockDim.x) && k <= kPickMaxK && blockDim.x == kThreads &&
+             sel_mode == 1) {
     float v[kPickPer];
     int id[kPickPer];
 #pragma unroll
@@ -236,9 +310,18 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   // values in the same order: the same float), then pick j's division by thread j (k divisions side by
   // side instead of one thread's chain of k). The same operations per weight as one thread's loop.
   if (warp == 0) {
+    // Lane j loads pick j's score (k <= kMaxK = 32: one load per lane, side by side), then every lane adds
+    // them by shuffles in pick order: the same additions in the same order as a loop over sel, without its
+    // chain of dependent shared-memory loads.
+    static_assert(kMaxK <= 32, "one pick per lane of warp 0");
+    const int sj = lane < k ? sel[lane] : -1;
+    const float scj = sj >= 0 ? sc[sj] : 0.0f;
     float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j)
-      if (sel[j] >= 0) sum = __fadd_rn(sum, sc[sel[j]]);
+    for (int j = 0; j < static_cast<int>(k); ++j) {
+      const int s = __shfl_sync(0xffffffffu, sj, j);
+      const float v = __shfl_sync(0xffffffffu, scj, j);
+      if (s >= 0) sum = __fadd_rn(sum, v);
+    }
     for (int64_t j = lane; j < k; j += 32) {
       const int i = sel[j];
       const float w = i >= 0 ? __fmul_rn(__fdiv_rn(sc[i], __fadd_rn(sum, 1e-20f)), route_scale) : 0.0f;

@@ -33,10 +33,10 @@ using moe::kThreads;
 __global__ void __launch_bounds__(kThreads)
     router_kernel(const float* __restrict__ logits, int64_t E, const float* __restrict__ bias,
                   const float* __restrict__ bias_vl, const uint8_t* __restrict__ vl, int64_t k, float temp,
-                  float route_scale, int32_t* __restrict__ experts, float* __restrict__ weights, bool two_stage) {
+                  float route_scale, int32_t* __restrict__ experts, float* __restrict__ weights, int sel_mode) {
   dev::pdl_enter();
   __shared__ moe::RouterSmem sm;
-  moe::route_row(logits, E, bias, bias_vl, vl, k, temp, route_scale, experts, weights, blockIdx.x, sm, two_stage);
+  moe::route_row(logits, E, bias, bias_vl, vl, k, temp, route_scale, experts, weights, blockIdx.x, sm, sel_mode);
 }
 
 // Bucketing pass 1: per chunk, counts[chunk][e] and each pair's rank inside its chunk.
@@ -169,15 +169,15 @@ Status check_moe(const char* fn, int64_t n, int64_t k, int64_t E) {
 }  // namespace
 
 namespace {
-int g_two_stage = -1;
+int g_selection = -1;
 }  // namespace
 
-bool router_two_stage() {
-  if (g_two_stage >= 0) return g_two_stage != 0;
-  static const bool on = switch_on("DS41_ROUTE_TWO_STAGE");
-  return on;
+int router_selection() {
+  if (g_selection >= 0) return g_selection;
+  static const int mode = !switch_on("DS41_ROUTE_TWO_STAGE") ? 0 : switch_opt_in("DS41_ROUTE_SORT") ? 2 : 1;
+  return mode;
 }
-void set_router_two_stage_for_tests(int mode) { g_two_stage = mode; }
+void set_router_selection_for_tests(int mode) { g_selection = mode < 0 || mode > 2 ? -1 : mode; }
 
 Status run_router(const float* logits, int64_t n, int64_t n_experts, const float* bias, const float* bias_vl,
                   const uint8_t* vl, int64_t k, float temp, float route_scale, int32_t* experts,
@@ -186,7 +186,7 @@ Status run_router(const float* logits, int64_t n, int64_t n_experts, const float
   if (n == 0) return ok_status();
   launch(router_kernel, static_cast<unsigned>(n), kThreads, 0, stream, logits, n_experts, bias, bias_vl, vl, k,
                                                                    temp, route_scale, experts, weights,
-         router_two_stage());
+         router_selection());
   return last_launch_status("router");
 }
 

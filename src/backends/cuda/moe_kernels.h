@@ -15,11 +15,13 @@ namespace ds41::cuda {
 
 // As ops::Backend::router (same tie order, same outputs). A row with fewer than k selectable
 // (non -inf) experts gets expert -1 / weight 0 in the missing slots (the CPU op aborts).
-// The router's expert picks in two stages (each warp its k best, then warp 0 the k best of those:
-// moe_device.cuh) where E <= 512 and k <= 8, else block-wide rounds; the same picks either way.
-// Default on; DS41_ROUTE_TWO_STAGE=0 turns it off (measurements). Tests: -1 the environment, 0 off, 1 on.
-bool router_two_stage();
-void set_router_two_stage_for_tests(int mode);
+// The router's expert selection (moe_device.cuh route_row's sel_mode): 1 (default) two stages by k picks
+// each, 2 two stages by sorting (each warp's 64 keys by a bitonic network, then warp 0's 64 candidates;
+// DS41_ROUTE_SORT=1, opt-in: not faster on an H100, docs/perf/README.md session of 2026-12-07 14:51 UTC),
+// 0 block-wide rounds (DS41_ROUTE_TWO_STAGE=0); the two stages where E <= 512 and k <= 8, else the rounds.
+// The same picks in every mode. Tests: -1 the environment, else the mode.
+int router_selection();
+void set_router_selection_for_tests(int mode);
 
 Status run_router(const float* logits, int64_t n, int64_t n_experts, const float* bias,
                   const float* bias_vl /* nullable */, const uint8_t* vl /* nullable */, int64_t k,

@@ -65,6 +65,7 @@
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/hc_collapse_device.cuh"
 #include "backends/cuda/hc_expand_device.cuh"
+#include "backends/cuda/last_block.cuh"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/quant_device.cuh"
 #include "backends/cuda/launch.h"
@@ -1338,7 +1339,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
 template <class D, int NB>
 __global__ void __launch_bounds__(kThreads, 1)
     tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int ks_log2,
-                        bool early, bool two_stage, CollapseRow c, MoeRouteArgs ra) {
+                        bool early, int sel_mode, CollapseRow c, MoeRouteArgs ra, bool one_fence) {
   if (!early) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -1367,18 +1368,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __shared__ moe::RouterSmem rsm;
     __shared__ int bex[moe::kChunk];
     __shared__ int bpart[kThreads];
-    __shared__ int last;
-    // The routing by the block that finishes last (its logits are every block's).
-    __threadfence();  // this block's logits (and x), visible before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const uint32_t done = atomicAdd(&ra.counters[0], 1u);
-      last = done + 1 == gridDim.x * gridDim.y * gridDim.z;
-      if (last) ra.counters[0] = 0;  // zero again for the next call (kernels of the stream run in order)
-    }
-    __syncthreads();
-    if (!last) return;  // block-uniform
-    __threadfence();
+    // The routing by the block that finishes last (its logits are every block's; last_block.cuh).
+    if (!dev::count_last_block(&ra.counters[0], gridDim.x * gridDim.y * gridDim.z, one_fence)) return;
     // The x parts are done with: the logits through L2 (other blocks wrote them) and the row's bias (route_row's
     // choice of bias / bias_vl) into shared memory, the loads of both in flight together (route_row would load
     // the image flag, then the bias, after the logits).
@@ -1391,7 +1382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     moe::route_row(lg, E, bvec ? bs : nullptr, nullptr, nullptr, ra.k, ra.temp, ra.route_scale, ra.experts, ra.weights,
-                   0, rsm, two_stage);
+                   0, rsm, sel_mode);
     __syncthreads();
     moe::bucket_pairs(ra, rsm, bex, bpart, true);
   }
@@ -2079,7 +2070,7 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
                                                   kEntryMaxSmem) == cudaSuccess;
     if (!attr) return false;
     launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
-           router_two_stage(), a.row, r);
+           router_selection(), a.row, r, one_fence_enabled());
     return true;
   };
   switch (entry_in_flight()) {

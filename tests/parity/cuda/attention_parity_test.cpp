@@ -305,6 +305,23 @@ void check_prefetch_bits(const PrefetchCase& c) {
              static_cast<double>(differ), 0, "the same rows reach the same arithmetic in the same order");
       EXPECT_EQ(differ, 0) << c.name << " depth " << depth << (fused ? " fused" : "");
     }
+    set_attention_prefetch_for_tests(0);
+    // The warp merge's weights per thread (DS41_ATTN_MERGE_SHARED=0) and every thread's fence around the
+    // fused combine's count (DS41_ONE_FENCE=0): the defaults' bits.
+    for (const int variant : {0, 1}) {
+      if (variant == 0) set_attention_merge_shared_for_tests(0);
+      if (variant == 1) set_one_fence_for_tests(0);
+      KC_OK(run_sparse_attention(a, nullptr));
+      const int64_t differ = bit_mismatches(from_dev(dout.p, dout.n), want);
+      report("sparse_attention merge / fence",
+             std::string(c.name) + " n=" + std::to_string(c.n) + " " + std::to_string(H) + "x" + std::to_string(D) +
+                 (variant == 0 ? ", merge weights per thread" : ", every thread's fence") +
+                 (fused ? ", fused combine" : "") + ": bits differing from the defaults",
+             static_cast<double>(differ), 0, "the same expressions of the same values; the same CTA finishes");
+      EXPECT_EQ(differ, 0) << c.name << " variant " << variant << (fused ? " fused" : "");
+      set_attention_merge_shared_for_tests(-1);
+      set_one_fence_for_tests(-1);
+    }
   }
   set_attention_prefetch_for_tests(-1);
 }

@@ -418,9 +418,9 @@ TEST(FusedRowsParity, MoeRoute) {
     std::vector<float> w, pw;
     std::vector<int64_t> off, pr, sp;
   };
-  std::vector<std::vector<HostRoute>> by_sel(2);
-  for (int two_stage : {1, 0}) {  // both selections of route_row
-  set_router_two_stage_for_tests(two_stage);
+  std::vector<std::vector<HostRoute>> by_sel(3);
+  for (int two_stage : {2, 1, 0}) {  // every selection of route_row (sorted, picks, block rounds)
+  set_router_selection_for_tests(two_stage);
   uint64_t seed = 1700;
   for (const C& c : cases) {
     const int64_t n = c.n, E = c.E, k = c.k, nk = n * k;
@@ -458,7 +458,7 @@ TEST(FusedRowsParity, MoeRoute) {
     a.workspace = dws.p;
     a.counters = counters.p;
     const std::string shape = dims({n, E, k}) + (c.vl ? " vl" : "") + (c.ties ? " ties" : "") +
-                              (c.masked ? " -inf" : "") + (two_stage ? " two-stage" : " block rounds");
+                              (c.masked ? " -inf" : "") + (two_stage == 2 ? " two-stage sorted" : two_stage == 1 ? " two-stage picks" : " block rounds");
     for (int rep = 0; rep < 2; ++rep) {
       const Status st = run_moe_route(a, nullptr);
       ASSERT_TRUE(st.ok()) << st.message();
@@ -473,14 +473,18 @@ TEST(FusedRowsParity, MoeRoute) {
     by_sel[two_stage].push_back(HostRoute{f.ex.get(), f.w.get(), f.pw.get(), f.off.get(), f.pr.get(), f.sp.get()});
   }
   }
-  set_router_two_stage_for_tests(-1);
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const HostRoute &a = by_sel[1][i], &b = by_sel[0][i];
+  set_router_selection_for_tests(-1);
+  for (size_t i = 0; i < 2 * cases.size(); ++i) {  // the picks, then the sorted, against the block rounds
+    const HostRoute &a = by_sel[1 + i / cases.size()][i % cases.size()], &b = by_sel[0][i % cases.size()];
     const size_t bad = (a.ex != b.ex) + count_bit_diffs(a.w, b.w) + count_bit_diffs(a.pw, b.pw) + (a.off != b.off) +
                        (a.pr != b.pr) + (a.sp != b.sp);
-    const C& c = cases[i];
-    report("moe_route selections", dims({c.n, c.E, c.k}) + (c.ties ? " ties" : "") + (c.masked ? " -inf" : ""),
-           static_cast<double>(bad), 0, "two-stage (redux.sync keys) vs block-wide rounds: the same picks and outputs");
+    const C& c = cases[i % cases.size()];
+    report("moe_route selections",
+           dims({c.n, c.E, c.k}) + (c.ties ? " ties" : "") + (c.masked ? " -inf" : "") +
+               (i < cases.size() ? " picks" : " sorted"),
+           static_cast<double>(bad), 0,
+           "two-stage (redux.sync picks or bitonic sorts of pick_key64 keys) vs block-wide rounds: the same picks "
+           "and outputs");
     EXPECT_EQ(bad, 0u) << dims({c.n, c.E, c.k});
   }
 }
@@ -492,8 +496,20 @@ TEST(FusedRowsParity, MoeRoute) {
 // widths (h 5120, 384 experts top 6) on a device, a small one everywhere; an image row (bias_vl); 600
 // experts (the block-wide selection); streams scaled apart (the collapse's weights matter) and a norm
 // weight; and a shape the kernel refuses (h 768) checked to fall back.
+void moe_entry_cases();
+// Both forms of the routing tail's last-block count (launch.h one_fence_enabled: one thread's fence after a
+// barrier, or every thread's) give the same integers and bits.
 TEST(FusedRowsParity, MoeEntry) {
   DS41_SKIP_WITHOUT_GPU();
+  for (const int one : {1, 0}) {
+    SCOPED_TRACE(one ? "one fence" : "every thread's fence");
+    set_one_fence_for_tests(one);
+    moe_entry_cases();
+  }
+  set_one_fence_for_tests(-1);
+}
+
+void moe_entry_cases() {
   struct Reset {
     ~Reset() {
       set_moe_entry_for_tests(-1);

@@ -38,8 +38,8 @@ TEST(MoeParity, Router) {
       {6, 640, 6, true, false, true, 1.0f, 1.5f},   {5, 96, 12, false, true, false, 1.0f, 1.5f}};
   CpuBackend cpu(nullptr);
   // Both selections (the two-stage picks up to 512 experts and 8 picks, the block-wide rounds).
-  for (int two_stage : {1, 0}) {
-  set_router_two_stage_for_tests(two_stage);
+  for (int two_stage : {2, 1, 0}) {
+  set_router_selection_for_tests(two_stage);
   uint64_t seed = 300;
   for (const C& c : cases) {
     Rng r(++seed);
@@ -69,14 +69,14 @@ TEST(MoeParity, Router) {
     for (size_t i = 0; i < got_e.size(); ++i) bad += got_e[i] != want_e[i];
     const std::string shape = dims({c.n, c.E}) + " k=" + std::to_string(c.k) + (c.ties ? " ties" : "") +
                               (c.vl ? " vl" : "") + (c.ninf ? " -inf" : "") +
-                              (two_stage ? " two-stage" : " block rounds");
+                              (two_stage == 2 ? " two-stage sorted" : two_stage == 1 ? " two-stage picks" : " block rounds");
     report("router experts", shape, static_cast<double>(bad), 0, "exact (house tie order)");
     report("router weights", shape, rel_elem(dw.get(), want_w), 5e-7,
            "softplus in fp64 (CUDA vs libm <= 1 ulp): expected bit-exact, a rare score flip moves w by <= 4 "
            "ulp");
   }
   }
-  set_router_two_stage_for_tests(-1);
+  set_router_selection_for_tests(-1);
 }
 
 struct Bucketing {
