@@ -36,6 +36,7 @@ cuda::MoeRouteArgs GpuForward::route_args(const DeviceLayer& w, int64_t E, int64
   ra.perm_weight = ws_.perm_weight;
   ra.slot_pos = ws_.slot_pos;
   ra.workspace = ws_.scratch;
+  ra.workspace_bytes = ws_.scratch_bytes;
   ra.counters = ws_.counters;
   return ra;
 }

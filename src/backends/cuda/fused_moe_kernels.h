@@ -35,6 +35,9 @@ struct MoeRouteArgs {
   float* perm_weight = nullptr;
   int64_t* slot_pos = nullptr;
   void* workspace = nullptr;  // moe_bucket_workspace_bytes(n, k, n_experts), for the unfused path
+  // Its size where the caller knows it (0: unknown). The MoE entry's split routing (DS41_ENTRY_SPLIT_ROUTE=1)
+  // keeps the gate blocks' candidates there: tcg::entry_split_route_bytes(slots).
+  size_t workspace_bytes = 0;
   uint32_t* counters = nullptr;
 };
 Status run_moe_route(const MoeRouteArgs& a, cudaStream_t stream);

@@ -153,6 +153,14 @@ __device__ __forceinline__ uint64_t shfl_xor_u64(uint64_t v, int m) {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
+// The warp's largest pick_key64 key (every lane gets it): the largest high word by redux.sync, then the
+// largest low word among the lanes holding it.
+__device__ __forceinline__ uint64_t warp_max_key64(uint64_t key) {
+  const uint32_t hi = warp_extreme_u32<true>(static_cast<uint32_t>(key >> 32));
+  const uint32_t lo = warp_extreme_u32<true>(static_cast<uint32_t>(key >> 32) == hi ? static_cast<uint32_t>(key) : 0u);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
 // A warp's 64 keys (element lane in k[0], element 32 + lane in k[1]) sorted descending by a bitonic network:
 // element 0 (lane 0's k[0]) the largest. 21 compare-exchange stages, 20 of them one shuffle pair per slot:
 // a pick list in ~21 dependent shuffles instead of k rounds of reductions, votes and shuffles (the router's

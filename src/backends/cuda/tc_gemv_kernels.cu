@@ -1336,10 +1336,102 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
 // loads go out before the PDL wait. Three launches of the decode step's critical path in one: the FFN
 // site's collapse, the gate, the router. (The same collapse inside the attention site's wq_a and wkv
 // launches measured slower and was removed: docs/gpu_kernels.md.)
+// split_route (DS41_ENTRY_SPLIT_ROUTE=1, opt-in, not timed yet; the host checks entry_split_route_fits): the
+// routing's first stage in the gate's blocks instead of the last block's tail. ncu (H100, session of
+// 2026-12-07 14:51 UTC) put that tail, one block's serial program (the fp64 softplus of 384 experts, two
+// stages of k picks, the weights, the bucketing), at ~12-13 us of every layer's chain. Here warp 0 of each
+// block scores its own <= 32 experts right after its GEMV (one softplus chain per lane, route_row's
+// expressions) and writes its k best as pick_key64 keys in pick order with their scores to the workspace;
+// the last block's warp 0 then picks k times over the blocks' lists (lane b holds block b's, best first), and
+// the weights are route_row's expressions of the same scores in the same order. The global k best are among
+// the blocks' k best, so the picks, weights and bucketing are the same bits.
+constexpr int kSplitRouteMaxBlocks = 32;  // one lane per gate block in the tail
+__device__ __forceinline__ uint64_t* split_route_keys(void* ws) { return static_cast<uint64_t*>(ws); }
+__device__ __forceinline__ float* split_route_scores(void* ws, int blocks) {
+  return reinterpret_cast<float*>(split_route_keys(ws) + static_cast<int64_t>(blocks) * moe::kPickMaxK);
+}
+
+// Warp 0 of gate block `blk` (rows [row0, row0 + nrows) of the logits, nrows <= 32, its own output): the
+// block's k best (biased score, index) keys in pick order, then none, with their unbiased scores.
+__device__ __forceinline__ void split_route_block(const MoeRouteArgs& ra, const float* logits, int64_t row0, int nrows,
+                                                  int blk, int blocks) {
+  const int lane = threadIdx.x & 31;
+  const float* bvec = moe::row_bias(ra.bias, ra.bias_vl, ra.vl, 0);
+  float s = 0.0f;
+  uint64_t key = 0;
+  if (lane < nrows) {
+    const int64_t e = row0 + lane;
+    s = sqrtf(moe::softplus_ref(__fdiv_rn(logits[e], ra.temp)));
+    const float b = __fadd_rn(s, bvec ? bvec[e] : 0.0f);
+    key = b != -__int_as_float(0x7f800000) ? moe::pick_key64(b, static_cast<int>(e)) : 0;  // -inf never picked
+  }
+  uint64_t* keys = split_route_keys(ra.workspace) + static_cast<int64_t>(blk) * moe::kPickMaxK;
+  float* scores = split_route_scores(ra.workspace, blocks) + static_cast<int64_t>(blk) * moe::kPickMaxK;
+  for (int j = 0; j < moe::kPickMaxK; ++j) {
+    const uint64_t best = j < ra.k ? moe::warp_max_key64(key) : 0;
+    const int win = best != 0 ? __ffs(__ballot_sync(0xffffffffu, key == best)) - 1 : -1;
+    const float sw = __shfl_sync(0xffffffffu, s, win < 0 ? 0 : win);
+    if (lane == 0) {
+      keys[j] = best;
+      scores[j] = best != 0 ? sw : 0.0f;
+    }
+    if (lane == win) key = 0;
+  }
+}
+
+// Warp 0 of the last block: the k picks over the blocks' lists, the weights (route_row's), into sm (sel, wsel)
+// and the outputs; the caller buckets.
+__device__ __forceinline__ void split_route_tail(const MoeRouteArgs& ra, int blocks, moe::RouterSmem& sm) {
+  const int lane = threadIdx.x & 31;
+  const int64_t k = ra.k;
+  uint64_t ck[moe::kPickMaxK];
+  float cs[moe::kPickMaxK];
+  const uint64_t* keys = split_route_keys(ra.workspace) + static_cast<int64_t>(lane) * moe::kPickMaxK;
+  const float* scores = split_route_scores(ra.workspace, blocks) + static_cast<int64_t>(lane) * moe::kPickMaxK;
+#pragma unroll
+  for (int j = 0; j < moe::kPickMaxK; ++j) {  // other blocks wrote them: through L2
+    ck[j] = lane < blocks ? __ldcg(reinterpret_cast<const unsigned long long*>(keys) + j) : 0;
+    cs[j] = lane < blocks ? __ldcg(scores + j) : 0.0f;
+  }
+  float pick_sc = 0.0f;  // lane j: pick j's score
+  int pick_e = -1;       // lane j: pick j's expert
+  for (int j = 0; j < static_cast<int>(k); ++j) {
+    const uint64_t best = moe::warp_max_key64(ck[0]);
+    const int win = best != 0 ? __ffs(__ballot_sync(0xffffffffu, ck[0] == best)) - 1 : -1;
+    const float sw = __shfl_sync(0xffffffffu, cs[0], win < 0 ? 0 : win);
+    if (lane == j) {
+      pick_e = moe::pick_index(best);
+      pick_sc = best != 0 ? sw : 0.0f;
+    }
+    if (lane == win) {  // the winner's list moves up by one
+#pragma unroll
+      for (int u = 0; u + 1 < moe::kPickMaxK; ++u) {
+        ck[u] = ck[u + 1];
+        cs[u] = cs[u + 1];
+      }
+      ck[moe::kPickMaxK - 1] = 0;
+    }
+  }
+  // route_row's weights: the picks' scores summed in pick order, then pick j's division by lane j.
+  float sum = 0.0f;
+  for (int j = 0; j < static_cast<int>(k); ++j) {
+    const int e = __shfl_sync(0xffffffffu, pick_e, j);
+    const float v = __shfl_sync(0xffffffffu, pick_sc, j);
+    if (e >= 0) sum = __fadd_rn(sum, v);
+  }
+  if (lane < k) {
+    const float w = pick_e >= 0 ? __fmul_rn(__fdiv_rn(pick_sc, __fadd_rn(sum, 1e-20f)), ra.route_scale) : 0.0f;
+    ra.experts[lane] = pick_e;
+    ra.weights[lane] = w;
+    sm.sel[lane] = pick_e;
+    sm.wsel[lane] = w;
+  }
+}
+
 template <class D, int NB>
 __global__ void __launch_bounds__(kThreads, 1)
     tc_moe_entry_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int ks_log2,
-                        bool early, int sel_mode, CollapseRow c, MoeRouteArgs ra, bool one_fence) {
+                        bool early, int sel_mode, CollapseRow c, MoeRouteArgs ra, bool one_fence, bool split_route) {
   if (!early) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
@@ -1368,8 +1460,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     __shared__ moe::RouterSmem rsm;
     __shared__ int bex[moe::kChunk];
     __shared__ int bpart[kThreads];
+    if (split_route && threadIdx.x < 32) {  // this block's rows: one row group of RPB x 16 <= 32 (host-checked)
+      const int64_t rows = static_cast<int64_t>(kWarps >> ks_log2) * 16, row0 = blockIdx.y * rows;
+      const int64_t nr = E - row0 < rows ? E - row0 : rows;  // the last group may be short, a spare block empty
+      split_route_block(ra, logits, row0, static_cast<int>(nr > 0 ? nr : 0), blockIdx.y, gridDim.y);
+    }
     // The routing by the block that finishes last (its logits are every block's; last_block.cuh).
     if (!dev::count_last_block(&ra.counters[0], gridDim.x * gridDim.y * gridDim.z, one_fence)) return;
+    if (split_route) {
+      if (threadIdx.x < 32) split_route_tail(ra, gridDim.y, rsm);
+      __syncthreads();
+      moe::bucket_pairs(ra, rsm, bex, bpart, true);
+      return;
+    }
     // The x parts are done with: the logits through L2 (other blocks wrote them) and the row's bias (route_row's
     // choice of bias / bias_vl) into shared memory, the loads of both in flight together (route_row would load
     // the image flag, then the bias, after the logits).
@@ -1637,6 +1740,13 @@ bool early_on() {
 // (InFlight) instead of Bf16's 2. The same bits (FusedRowsParity.MoeEntry runs 2, 4 and 8). H100, alternating in
 // one call (session of 2026-12-07 12:01 UTC): batch-1 layers 2,080 / 2,078 / 2,053 us against 2,084 / 2,082 /
 // 2,056 right before each (a few us per step; batch 8 mixed, +-25 us).
+int g_split_route = -1;
+std::atomic<uint64_t> g_split_route_launches{0};
+bool entry_split_route() {
+  if (g_split_route >= 0) return g_split_route != 0;
+  static const bool on = switch_opt_in("DS41_ENTRY_SPLIT_ROUTE");
+  return on;
+}
 int g_entry_in_flight = -1;
 int entry_in_flight() {
   if (g_entry_in_flight >= 0) return g_entry_in_flight;
@@ -1757,6 +1867,11 @@ void set_expert_stage_first_for_tests(int mode) { g_stage_first = mode < 0 ? -1 
 void set_expert_early_for_tests(int mode) { g_expert_early = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_entry_split_route_for_tests(int mode) { g_split_route = mode < 0 ? -1 : (mode ? 1 : 0); }
+uint64_t entry_split_route_launches() { return g_split_route_launches.load(std::memory_order_relaxed); }
+size_t entry_split_route_bytes(int64_t blocks) {
+  return static_cast<size_t>(blocks) * moe::kPickMaxK * (sizeof(uint64_t) + sizeof(float));
+}
 void set_entry_in_flight_for_tests(int steps) {
   g_entry_in_flight = steps == 2 || steps == 4 || steps == 8 ? steps : -1;
 }
@@ -2061,6 +2176,14 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
   constexpr auto KD = tc_dense_kernel<Bf16, false, 2, false>;
   allow_smem<KD>();
   const Shape s = shape(E, 1, 1, in, Bf16::kU, Bf16::kSub, resident_blocks<KD>(parts), env_dense_ks_log2());
+  // The split routing where every gate block is one row group of <= 32 rows, k <= 8, <= 32 blocks and the
+  // workspace holds the candidates (tc_moe_entry_kernel's split_route).
+  const int64_t rpb = kWarps >> s.ks_log2, n_rgb = ((E + 15) / 16 + rpb - 1) / rpb;
+  const bool split = entry_split_route() && rpb * 16 <= 32 && n_rgb <= s.slots && s.slots <= kSplitRouteMaxBlocks &&
+                     r.k <= moe::kPickMaxK && r.workspace != nullptr &&
+                     r.workspace_bytes >= entry_split_route_bytes(s.slots) &&
+                     reinterpret_cast<uintptr_t>(r.workspace) % 8 == 0;
+  if (split) g_split_route_launches.fetch_add(1, std::memory_order_relaxed);
   // The gate's steps in flight per warp (entry_in_flight): its 24 blocks at the released width are one per
   // SM, each warp a chain of 20 one-tile steps.
   const auto go = [&](auto kt) {
@@ -2070,7 +2193,7 @@ bool try_moe_entry(const DeviceWeight& gate, const MoeEntryArgs& a, cudaStream_t
                                                   kEntryMaxSmem) == cudaSuccess;
     if (!attr) return false;
     launch(K, dim3(1, s.slots, 1), kThreads, smem, stream, gate.data, gate.scale, in, s.ks_log2, early_on(),
-           router_selection(), a.row, r, one_fence_enabled());
+           router_selection(), a.row, r, one_fence_enabled(), split);
     return true;
   };
   switch (entry_in_flight()) {

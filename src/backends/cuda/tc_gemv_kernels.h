@@ -48,6 +48,12 @@ void set_ks_balance_for_tests(int mode);
 // The MoE entry's gate with 2, 4 or 8 steps in flight per warp; any other value: the environment
 // (DS41_ENTRY_IN_FLIGHT, default 8). The same bits.
 void set_entry_in_flight_for_tests(int steps);
+// The MoE entry's split routing (tc_moe_entry_kernel: each gate block's k best, the last block picks over
+// them): DS41_ENTRY_SPLIT_ROUTE=1 (opt-in, not timed yet), tests: -1 the environment, 0 off, 1 on. Its
+// launches so far, and the workspace it needs (MoeRouteArgs::workspace_bytes) for `blocks` gate blocks.
+void set_entry_split_route_for_tests(int mode);
+uint64_t entry_split_route_launches();
+size_t entry_split_route_bytes(int64_t blocks);
 // One-row dense launches of at most one block per SM (Fp8x2 / BF16) with 4 or 8 steps in flight per warp
 // (DS41_DENSE_IN_FLIGHT, opt-in: timed neutral); 0 off, any other value the environment. The same bits.
 void set_dense_in_flight_for_tests(int steps);

@@ -514,15 +514,18 @@ void moe_entry_cases() {
     ~Reset() {
       set_moe_entry_for_tests(-1);
       tcg::set_entry_in_flight_for_tests(-1);
+      tcg::set_entry_split_route_for_tests(-1);
     }
   } reset;
+  const uint64_t split_before = tcg::entry_split_route_launches();
   const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
   struct C {
     int64_t h, E, k;
     bool vl;
     bool fused;  // the one launch takes it
   };
-  std::vector<C> cases = {{1024, 24, 3, false, true}, {1024, 600, 10, true, true}, {768, 16, 4, false, false}};
+  std::vector<C> cases = {{1024, 24, 3, false, true}, {1024, 600, 10, true, true}, {768, 16, 4, false, false},
+                          {1024, 200, 8, true, true}};
   if (!emu) {
     cases.push_back({5120, 384, 6, false, true});
     cases.push_back({5120, 384, 6, true, true});
@@ -541,7 +544,8 @@ void moe_entry_cases() {
     auto bias = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
     auto bias_vl = rand_floats(static_cast<size_t>(E), ++seed, 0.1f);
     Dev<float> dst(streams), dcw(cw), dnw(nw), db(bias), dbv(bias_vl);
-    Dev<uint8_t> dvl(std::vector<uint8_t>{1}), dws(moe_bucket_workspace_bytes(1, k, E) + 256);
+    const size_t ws_bytes = std::max(moe_bucket_workspace_bytes(1, k, E), tcg::entry_split_route_bytes(32)) + 256;
+    Dev<uint8_t> dvl(std::vector<uint8_t>{1}), dws(ws_bytes);
     struct Out {
       Dev<float> x, lg;
       RouteOut route;
@@ -572,6 +576,7 @@ void moe_entry_cases() {
       r.route_scale = 2.5f;
       o.route.into(r);
       r.workspace = dws.p;
+      r.workspace_bytes = ws_bytes;
       r.counters = o.cnt.p;
       return a;
     };
@@ -585,8 +590,10 @@ void moe_entry_cases() {
     const std::string shape = dims({h, E, k}) + (c.vl ? " image row" : "") + (c.fused ? "" : " (refused)");
     // The default steps in flight (8), then the gate's 2, 4 and 8 (tcg::InFlight: the same bits; the counter
     // reused each time).
-    for (int rep = 0; rep < 4; ++rep) {
+    // Then (rep 4) the split routing: the gate blocks' k best, the last block's picks over them.
+    for (int rep = 0; rep < 5; ++rep) {
       tcg::set_entry_in_flight_for_tests(rep == 1 ? 2 : (rep == 2 ? 4 : (rep == 3 ? 8 : -1)));
+      tcg::set_entry_split_route_for_tests(rep == 4 ? 1 : 0);
       const uint64_t before = moe_entry_fused_launches();
       st = run_moe_entry(dgate.dw, args(f), nullptr);
       ASSERT_TRUE(st.ok()) << st.message();
@@ -595,7 +602,12 @@ void moe_entry_cases() {
           count_bit_diffs(f.x.get(), u.x.get()) + count_bit_diffs(f.lg.get(), u.lg.get()) + f.route.diffs(u.route);
       size_t left = 0;
       for (uint32_t v : f.cnt.get()) left += v != 0;
-      report(rep == 0 ? "moe_entry" : (rep == 1 ? "moe_entry, 2 in flight" : (rep == 2 ? "moe_entry, 4 in flight" : "moe_entry, 8 in flight")), shape, static_cast<double>(bad + left), 0,
+      report(rep == 0 ? "moe_entry"
+                      : (rep == 1   ? "moe_entry, 2 in flight"
+                         : rep == 2 ? "moe_entry, 4 in flight"
+                         : rep == 3 ? "moe_entry, 8 in flight"
+                                    : "moe_entry, split routing"),
+             shape, static_cast<double>(bad + left), 0,
              "collapse_norm_quads + the gate's tensor-core GEMV (try_dense's KS) + moe_route's code: x, logits, "
              "experts, weights, offsets, perm, slot_pos equal; counter zero after");
       EXPECT_EQ(bad + left, 0u) << shape;
@@ -603,6 +615,9 @@ void moe_entry_cases() {
     // The routing is not trivially equal: another gate routes otherwise (the test could fail).
     EXPECT_NE(u.route.ex.get(), std::vector<int32_t>(static_cast<size_t>(k), 7));
   }
+  // The split routing ran (k <= 8 and one row group per block of <= 32 rows: the released gate, and the
+  // small cases whose KS leaves one or two row groups per block).
+  EXPECT_GT(tcg::entry_split_route_launches(), split_before) << "no case took the split routing";
 }
 
 TEST(FusedRowsParity, MoeCombineExpand) {
