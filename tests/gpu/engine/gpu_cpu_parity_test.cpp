@@ -18,6 +18,7 @@
 #include "backends/cuda/fused_moe_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/linear_kernels.h"
+#include "backends/cuda/tc_gemv_kernels.h"
 #include "gpu/engine/gpu_test_util.h"
 #include "gpu/gpu_forward.h"
 
@@ -241,23 +242,35 @@ TEST_P(GpuCpuParity, ProgrammaticLaunchIsBitIdenticalToStreamOrder) {
 // The MoE entry (cuda::run_moe_entry, default on, DS41_MOE_ENTRY=0 off): a one-row decode step collapses the FFN
 // site, runs the gate and routes in one launch instead of three. Decode steps past every limit give the
 // same logits bits with it on and off; the small model (hidden 1024) takes the one launch (counted), the
-// golden tiny one (hidden not a multiple of 1024) its three-launch fallback.
+// golden tiny one (hidden not a multiple of 1024) its three-launch fallback. Then the entry's split routing
+// (DS41_ENTRY_SPLIT_ROUTE, opt-in: the gate blocks' k best in the engine's scratch, counted on the small
+// model): the same bits again.
 TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
   auto toks = tokens(len_ + 12, 6);
   struct Back {
-    ~Back() { cuda::set_moe_entry_for_tests(-1); }
+    ~Back() {
+      cuda::set_moe_entry_for_tests(-1);
+      cuda::tcg::set_entry_split_route_for_tests(-1);
+    }
   } back;
-  auto run = [&](int entry) {
+  auto run = [&](int entry, int split) {
     cuda::set_moe_entry_for_tests(entry);
+    cuda::tcg::set_entry_split_route_for_tests(split);
     return prefill_then_decode_logits(toks, false);
   };
-  const std::vector<float> off = run(0);
+  const std::vector<float> off = run(0, 0);
   const uint64_t before = cuda::moe_entry_fused_launches();
-  const std::vector<float> on = run(1);
+  const std::vector<float> on = run(1, 0);
   const uint64_t fused = cuda::moe_entry_fused_launches() - before;
   ASSERT_EQ(off.size(), on.size());
   EXPECT_TRUE(off == on) << "logits differ with the MoE entry launch";
   if (GetParam().small) EXPECT_GT(fused, 0u) << "the small model's decode steps take the one launch";
+  const uint64_t split_before = cuda::tcg::entry_split_route_launches();
+  const std::vector<float> split = run(1, 1);
+  const uint64_t split_launches = cuda::tcg::entry_split_route_launches() - split_before;
+  ASSERT_EQ(off.size(), split.size());
+  EXPECT_TRUE(off == split) << "logits differ with the MoE entry's split routing";
+  if (GetParam().small) EXPECT_GT(split_launches, 0u) << "the small model's decode steps take the split routing";
 }
 
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's
