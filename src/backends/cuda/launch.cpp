@@ -1,45 +1,42 @@
-// ds41 backends/cuda: the PDL switch of launch.h.
+// ds41 backends/cuda: launch.h's switches (PDL, the constants before the wait, the one fence) and launch state.
 #include "backends/cuda/launch.h"
 
 #include <atomic>
 
 namespace ds41::cuda {
 namespace {
-std::atomic<int> g_pdl_override{-1};
-}
+// A switch of the environment read once (on_by_default: switch_on, else switch_opt_in), which a test may
+// override: -1 back to the environment, 0 off, 1 on.
+struct TestableSwitch {
+  const char* name;
+  bool on_by_default;
+  std::atomic<int> override_mode{-1};
+  bool enabled(const bool& env) const {
+    const int o = override_mode.load(std::memory_order_relaxed);
+    return o >= 0 ? o != 0 : env;
+  }
+  bool read_env() const { return on_by_default ? switch_on(name) : switch_opt_in(name); }
+  void set(int mode) { override_mode.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
+};
+TestableSwitch g_pdl{"DS41_PDL", true};
+TestableSwitch g_pre_wait{"DS41_PRE_WAIT", true};
+TestableSwitch g_one_fence{"DS41_ONE_FENCE", false};
+}  // namespace
 
 bool pdl_enabled() {
-  const int o = g_pdl_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o != 0;
-  static const bool on = switch_on("DS41_PDL");
-  return on;
+  static const bool env = g_pdl.read_env();
+  return g_pdl.enabled(env);
 }
-
-namespace {
-std::atomic<int> g_pre_wait_override{-1};
-}
-
 bool pre_wait_enabled() {
-  const int o = g_pre_wait_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o != 0;
-  static const bool on = switch_on("DS41_PRE_WAIT");
-  return on;
+  static const bool env = g_pre_wait.read_env();
+  return g_pre_wait.enabled(env);
 }
-
-void set_pre_wait_for_tests(int mode) { g_pre_wait_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
-
-namespace {
-std::atomic<int> g_one_fence_override{-1};
-}
-
 bool one_fence_enabled() {
-  const int o = g_one_fence_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o != 0;
-  static const bool on = switch_opt_in("DS41_ONE_FENCE");
-  return on;
+  static const bool env = g_one_fence.read_env();
+  return g_one_fence.enabled(env);
 }
-
-void set_one_fence_for_tests(int mode) { g_one_fence_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
+void set_pre_wait_for_tests(int mode) { g_pre_wait.set(mode); }
+void set_one_fence_for_tests(int mode) { g_one_fence.set(mode); }
 
 namespace {
 thread_local cudaError_t t_launch_error = cudaSuccess;
@@ -133,6 +130,6 @@ cudaError_t stream_wait(cudaStream_t waiter, cudaStream_t signaler, cudaEvent_t 
   return e != cudaSuccess ? e : cudaStreamWaitEvent(waiter, event, 0);
 }
 
-void set_pdl_for_tests(int mode) { g_pdl_override.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
+void set_pdl_for_tests(int mode) { g_pdl.set(mode); }
 
 }  // namespace ds41::cuda

@@ -193,6 +193,20 @@ __device__ __forceinline__ void warp_sort64_desc(uint64_t (&k)[2]) {
   }
 }
 
+// A pick's routing weight, by every lane of a warp: lane j holds pick j's expert e (-1: none) and unbiased score
+// s (j < k <= 32). The picks' scores are summed in pick order (every lane adds the same values in the same order:
+// the same float), then s / (sum + 1e-20) * route_scale, 0 for none: route_row's weights, also the MoE entry's
+// split routing's (tc_gemv_kernels.cu split_route_tail).
+__device__ __forceinline__ float pick_weight(int e, float s, int k, float route_scale) {
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int ej = __shfl_sync(0xffffffffu, e, j);
+    const float v = __shfl_sync(0xffffffffu, s, j);
+    if (ej >= 0) sum = __fadd_rn(sum, v);
+  }
+  return e >= 0 ? __fmul_rn(__fdiv_rn(s, __fadd_rn(sum, 1e-20f)), route_scale) : 0.0f;
+}
+
 // Row r's routing by one kThreads-thread block (every thread calls it: barriers). The k picks are
 // the k best of the biased scores in the house tie order (score desc, index asc), -inf never picked
 // (a pick without a selectable expert is -1), as the CPU's best_k. two_stage (up to 512 experts and
@@ -318,24 +332,16 @@ __device__ __forceinline__ void route_row(const float* __restrict__ logits, int6
   // values in the same order: the same float), then pick j's division by thread j (k divisions side by
   // side instead of one thread's chain of k). The same operations per weight as one thread's loop.
   if (warp == 0) {
-    // Lane j loads pick j's score (k <= kMaxK = 32: one load per lane, side by side), then every lane adds
-    // them by shuffles in pick order: the same additions in the same order as a loop over sel, without its
-    // chain of dependent shared-memory loads.
+    // Lane j loads pick j's score (k <= kMaxK = 32: one load per lane, side by side); pick_weight adds them
+    // by shuffles in pick order.
     static_assert(kMaxK <= 32, "one pick per lane of warp 0");
     const int sj = lane < k ? sel[lane] : -1;
     const float scj = sj >= 0 ? sc[sj] : 0.0f;
-    float sum = 0.0f;
-    for (int j = 0; j < static_cast<int>(k); ++j) {
-      const int s = __shfl_sync(0xffffffffu, sj, j);
-      const float v = __shfl_sync(0xffffffffu, scj, j);
-      if (s >= 0) sum = __fadd_rn(sum, v);
-    }
-    for (int64_t j = lane; j < k; j += 32) {
-      const int i = sel[j];
-      const float w = i >= 0 ? __fmul_rn(__fdiv_rn(sc[i], __fadd_rn(sum, 1e-20f)), route_scale) : 0.0f;
-      experts[r * k + j] = i;
-      weights[r * k + j] = w;
-      sm.wsel[j] = w;
+    const float w = pick_weight(sj, scj, static_cast<int>(k), route_scale);
+    if (lane < k) {
+      experts[r * k + lane] = sj;
+      weights[r * k + lane] = w;
+      sm.wsel[lane] = w;
     }
   }
 }

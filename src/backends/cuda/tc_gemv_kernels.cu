@@ -1412,15 +1412,8 @@ __device__ __forceinline__ void split_route_tail(const MoeRouteArgs& ra, int blo
       ck[moe::kPickMaxK - 1] = 0;
     }
   }
-  // route_row's weights: the picks' scores summed in pick order, then pick j's division by lane j.
-  float sum = 0.0f;
-  for (int j = 0; j < static_cast<int>(k); ++j) {
-    const int e = __shfl_sync(0xffffffffu, pick_e, j);
-    const float v = __shfl_sync(0xffffffffu, pick_sc, j);
-    if (e >= 0) sum = __fadd_rn(sum, v);
-  }
+  const float w = moe::pick_weight(pick_e, pick_sc, static_cast<int>(k), ra.route_scale);  // route_row's weights
   if (lane < k) {
-    const float w = pick_e >= 0 ? __fmul_rn(__fdiv_rn(pick_sc, __fadd_rn(sum, 1e-20f)), ra.route_scale) : 0.0f;
     ra.experts[lane] = pick_e;
     ra.weights[lane] = w;
     sm.sel[lane] = pick_e;

@@ -22,6 +22,7 @@
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/moe_kernels.h"
 #include "backends/cuda/tc_gemv_kernels.h"
+#include "parity/cuda/switch_forms.h"
 #include "kernel_parity_util.h"
 
 namespace ds41::cuda::parity {
@@ -36,12 +37,8 @@ void norm_rope_quant_cases();
 // same bits as the reference sequence.
 TEST(FusedRowsParity, NormRopeQuant) {
   DS41_SKIP_WITHOUT_GPU();
-  for (const int pre : {1, 0}) {
-    SCOPED_TRACE(pre ? "constants before the PDL wait" : "constants after the PDL wait");
-    set_pre_wait_for_tests(pre);
-    norm_rope_quant_cases();
-  }
-  set_pre_wait_for_tests(-1);
+  for_both_forms(set_pre_wait_for_tests, "constants before the PDL wait", "constants after the PDL wait",
+                 norm_rope_quant_cases);
 }
 
 void norm_rope_quant_cases() {
@@ -186,12 +183,8 @@ void hc_site_cases();
 // same bits as the reference sequence.
 TEST(FusedRowsParity, HcSite) {
   DS41_SKIP_WITHOUT_GPU();
-  for (const int pre : {1, 0}) {
-    SCOPED_TRACE(pre ? "constants before the PDL wait" : "constants after the PDL wait");
-    set_pre_wait_for_tests(pre);
-    hc_site_cases();
-  }
-  set_pre_wait_for_tests(-1);
+  for_both_forms(set_pre_wait_for_tests, "constants before the PDL wait", "constants after the PDL wait",
+                 hc_site_cases);
 }
 
 void hc_site_cases() {
@@ -501,12 +494,7 @@ void moe_entry_cases();
 // barrier, or every thread's) give the same integers and bits.
 TEST(FusedRowsParity, MoeEntry) {
   DS41_SKIP_WITHOUT_GPU();
-  for (const int one : {1, 0}) {
-    SCOPED_TRACE(one ? "one fence" : "every thread's fence");
-    set_one_fence_for_tests(one);
-    moe_entry_cases();
-  }
-  set_one_fence_for_tests(-1);
+  for_both_forms(set_one_fence_for_tests, "one fence", "every thread's fence", moe_entry_cases);
 }
 
 void moe_entry_cases() {

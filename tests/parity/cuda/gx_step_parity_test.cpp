@@ -18,6 +18,7 @@
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/gx_step_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
+#include "parity/cuda/switch_forms.h"
 #include "quant/fake_quant.h"
 
 namespace ds41::cuda {
@@ -308,12 +309,8 @@ void window_kv_step_cases();
 // wait) give the same bits.
 TEST(GxStepKernels, WindowKvStepEqualsTheThreeLaunches) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  for (const int pre : {1, 0}) {
-    SCOPED_TRACE(pre ? "constants before the PDL wait" : "constants after the PDL wait");
-    set_pre_wait_for_tests(pre);
-    window_kv_step_cases();
-  }
-  set_pre_wait_for_tests(-1);
+  parity::for_both_forms(set_pre_wait_for_tests, "constants before the PDL wait", "constants after the PDL wait",
+                 window_kv_step_cases);
 }
 
 void window_kv_step_cases() {
