@@ -219,8 +219,9 @@ Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, c
 
 Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                                  const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
-                                 int64_t m_max, float* y, bool routing_early) {
+                                 int64_t m_max, float* y, bool routing_early, cuda::SharedUnits* shared) {
   const int64_t E = static_cast<int64_t>(experts.size());
+  if (shared != nullptr) shared->folded = false;
   if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {
     expert_scratch_.resize(experts.size());
     for (size_t e = 0; e < experts.size(); ++e) expert_scratch_[e] = experts[e].*which;
@@ -228,7 +229,8 @@ Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda:
       return tc_->expert_linear(expert_scratch_, d_w, out_dim, in_dim, ws_.offsets, x, m_max, y);
   }
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
-  return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_, format, routing_early);
+  return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_, format, routing_early,
+                                 shared);
 }
 
 Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
@@ -293,7 +295,9 @@ Status GpuForward::expert_linear_pair_swiglu(const std::vector<DeviceExpert>& ex
                                              cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
                                              const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
                                              const float* x, const int64_t* x_rows, float* gathered, int64_t m_max,
-                                             float* y, float* y2, const cuda::SwigluEpilogue& sw) {
+                                             float* y, float* y2, const cuda::SwigluEpilogue& sw,
+                                             cuda::SharedUnits* shared) {
+  if (shared != nullptr) shared->folded = false;
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
   const quant::WeightFormat format2 = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which2).format;
   const bool gemms = tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows;
@@ -303,7 +307,8 @@ Status GpuForward::expert_linear_pair_swiglu(const std::vector<DeviceExpert>& ex
     return cuda::run_swiglu(y, y2, m_max, out_dim, sw.limit, sw.row_scale, sw.act, stream_);
   }
   return cuda::run_expert_linear_pair_swiglu(d_w, d_w2, static_cast<int64_t>(experts.size()), out_dim, in_dim,
-                                             ws_.offsets, x, x_rows, gathered, m_max, y, y2, sw, stream_, format);
+                                             ws_.offsets, x, x_rows, gathered, m_max, y, y2, sw, stream_, format,
+                                             shared);
 }
 
 GpuForward::~GpuForward() {

@@ -327,7 +327,7 @@ class GpuForward {
   // MoE's w2 after its pair: cuda::run_expert_linear's routing_early).
   Status expert_linear(const std::vector<DeviceExpert>& experts, cuda::DeviceWeight DeviceExpert::*which,
                        const cuda::DeviceWeight* d_w, int64_t out_dim, int64_t in_dim, const float* x,
-                       int64_t m_max, float* y, bool routing_early = false);
+                       int64_t m_max, float* y, bool routing_early = false, cuda::SharedUnits* shared = nullptr);
   // Two expert matrices over the same rows (w1 and w3): one launch at decode sizes
   // (cuda::run_expert_linear_pair_rows), else two expert_linear calls. The routed rows are token rows
   // x[x_rows[i]], i < m_max: the tensor-core GEMMs of prefill split them straight from x, and so does
@@ -347,7 +347,12 @@ class GpuForward {
                                    cuda::DeviceWeight DeviceExpert::*which2, const cuda::DeviceWeight* d_w,
                                    const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
                                    const int64_t* x_rows, float* gathered, int64_t m_max, float* y, float* y2,
-                                   const cuda::SwigluEpilogue& sw);
+                                   const cuda::SwigluEpilogue& sw, cuda::SharedUnits* shared = nullptr);
+  // The shared expert folded into the routed launches (cuda::moe_shared_fold, DS41_MOE_SHARED_FOLD) for a MoE of
+  // nk routed rows: at the sizes whose routed pairs take the decode GEMV (the branch that runs them with their
+  // SwiGLU) and whose dense pairs take the tensor-core GEMV's epilogue (row-invariant calls, or <= 16 rows), so
+  // the shared expert's bits are the same whether a launch folded it or not.
+  bool shared_fold_ok(int64_t nk) const;
 
   // Decode steps pad key and score counts to multiples of this, or of the power of two in
   // (count / 128, count / 64] when larger (gpu_step_plan.cpp).

@@ -6,7 +6,9 @@
 // expert added. Where the forward has a side stream (decode steps, verifications, drafts: gpu_forward.h
 // "Side stream") the shared expert runs there beside the router and the routed experts; at prefill
 // sizes its w1 / w3 run before the SwiGLUs (one launch for both). With an expand target (the layer's FFN site) the combine, the shared add and the
-// mHC expand are one launch (backends/cuda/fused_moe_kernels.h).
+// mHC expand are one launch (backends/cuda/fused_moe_kernels.h). With DS41_MOE_SHARED_FOLD=1 (opt-in until
+// timed) the decode MoE runs the shared expert as extra units of the routed pair's and w2's launches instead
+// (cuda::SharedUnits): no side stream, three launches fewer per layer, the same bits as its dense pair fused.
 #include <string>
 
 #include "backends/cuda/cuda_status.h"
@@ -56,6 +58,11 @@ Status GpuForward::moe_entry(const DeviceLayer& w, const float* collapse_w, cons
   return cuda::run_moe_entry(w.gate, a, stream_);
 }
 
+bool GpuForward::shared_fold_ok(int64_t nk) const {
+  return cuda::moe_shared_fold() && (!tc_ || row_invariant_ || nk < lim_.tensor_core_min_rows) &&
+         (row_invariant_ || n_ <= cuda::kTensorCoreGemvRows);
+}
+
 // The MoE of n_ rows through block w with E routed experts, top-k (the text layers, or a DSpark
 // stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
 Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
@@ -66,30 +73,52 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
   const float lim = static_cast<float>(c_->swiglu_limit);
   const bool shared = w.shared.w1.present();
   const int64_t Is = shared ? w.shared.w1.out_dim : 0;
+  // The router and the bucketing (unless the MoE entry ran them), on the stream current when called.
+  auto route = [&]() -> Status {
+    if (routed_ready) return ok_status();
+    DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
+    return cuda::run_moe_route(route_args(w, E, k, vl), stream_);  // router + bucketing: one launch
+  };
+  // The routed rows x[perm_rows[i]]: read straight from x by the prefill GEMMs' split and by the decode
+  // GEMV's staging (no gather launch); gathered into xs for the other paths. At decode sizes the
+  // SwiGLU with the routing weights is the pair's epilogue (one launch). sh: the shared expert's units in the
+  // same launch where they fit (cuda::SharedUnits; sh->folded says).
+  auto routed_pair_swiglu = [&](cuda::SharedUnits* sh) {
+    return expert_linear_pair_swiglu(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
+                                     ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up,
+                                     cuda::SwigluEpilogue{ws_.act, ws_.perm_weight, lim}, sh);
+  };
+  // The routing is two or more launches back here (the route, then the pair's one or more launches, each of
+  // which waits before it triggers: launch.h contract 3), so w2 may look up its units and start its weight
+  // loads before its PDL wait.
+  auto routed_w2 = [&](cuda::SharedUnits* sh) {
+    return expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm,
+                         /*routing_early=*/true, sh);
+  };
   // The router, the bucketing and the routed experts' w1 / w3 (and, with `swiglu`, their SwiGLU and
   // w2), on the stream current when called.
   auto routed = [&](bool swiglu) -> Status {
-    cudaStream_t s = stream_;
-    if (!routed_ready) {
-      DS41_RETURN_IF_ERROR(linear(w.gate, x, n, ws_.gate_logits));
-      DS41_RETURN_IF_ERROR(cuda::run_moe_route(route_args(w, E, k, vl), s));  // router + bucketing: one launch
-    }
-    // The routed rows x[perm_rows[i]]: read straight from x by the prefill GEMMs' split and by the decode
-    // GEMV's staging (no gather launch); gathered into xs for the other paths. At decode sizes the
-    // SwiGLU with the routing weights is the pair's epilogue (one launch).
+    DS41_RETURN_IF_ERROR(route());
     if (!swiglu)
       return expert_linear_pair(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I, H, x,
                                 ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up);
-    DS41_RETURN_IF_ERROR(expert_linear_pair_swiglu(w.experts, &DeviceExpert::w1, &DeviceExpert::w3, w.d_w1, w.d_w3, I,
-                                                   H, x, ws_.perm_rows, ws_.xs, nk, ws_.g, ws_.up,
-                                                   cuda::SwigluEpilogue{ws_.act, ws_.perm_weight, lim}));
-    // The routing is two or more launches back now (the route, then the pair's one or more launches,
-    // each of which waits before it triggers: launch.h contract 3), so w2 may look up its units and
-    // start its weight loads before its PDL wait.
-    return expert_linear(w.experts, &DeviceExpert::w2, w.d_w2, H, I, ws_.act, nk, ws_.out_perm,
-                         /*routing_early=*/true);
+    DS41_RETURN_IF_ERROR(routed_pair_swiglu(nullptr));
+    return routed_w2(nullptr);
   };
-  if (shared && side_ok()) {
+  if (shared && shared_fold_ok(nk)) {
+    // DS41_MOE_SHARED_FOLD: the shared expert's pair (with its SwiGLU) and its w2 as units of the routed
+    // pair's and w2's launches, in order on this stream (no side stream). Where a launch did not take them,
+    // the shared expert's own launch follows it, with the same bits (its dense pair fused: shared_fold_ok).
+    DS41_RETURN_IF_ERROR(route());
+    cuda::SharedUnits sp{&w.shared.w1, &w.shared.w3, x, n, ws_.sa};
+    DS41_RETURN_IF_ERROR(routed_pair_swiglu(&sp));
+    if (!sp.folded)
+      DS41_RETURN_IF_ERROR(linear_pair_swiglu(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su,
+                                              cuda::SwigluEpilogue{ws_.sa, nullptr, lim}));
+    cuda::SharedUnits s2{&w.shared.w2, nullptr, ws_.sa, n, ws_.sout};
+    DS41_RETURN_IF_ERROR(routed_w2(&s2));
+    if (!s2.folded) DS41_RETURN_IF_ERROR(linear(w.shared.w2, ws_.sa, n, ws_.sout));
+  } else if (shared && side_ok()) {
     // The shared expert (ws_.sg / su / sa / sout, from x alone) on the side stream beside the router
     // and the routed experts (gpu_forward.h "Side stream"), its SwiGLU the pair's epilogue at decode
     // sizes (the same operations as the pair kernel's second set).

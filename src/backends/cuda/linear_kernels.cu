@@ -1293,10 +1293,10 @@ Status dense(const char* fn, const DeviceWeight& dw, int64_t groups, const float
 
 void launch_expert(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                    const int64_t* offsets, const float* x, int64_t m_max, float* y, cudaStream_t stream,
-                   WeightFormat format, bool routing_early) {
+                   WeightFormat format, bool routing_early, SharedUnits* shared = nullptr) {
   // Decode over FP8 / FP4 experts of a known format: the tensor-core GEMV (tc_gemv_kernels.h).
   if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, nullptr, nullptr,
-                       nullptr, nullptr, routing_early))
+                       nullptr, nullptr, routing_early, shared))
     return;
   if (m_max >= 16 * n_experts) {  // many rows per expert: tiles
     const unsigned gx = ceil_u(out_dim, kTileN);
@@ -1368,6 +1368,9 @@ void set_tc_gemv_early_for_tests(int before_wait) { tcg::set_early_for_tests(bef
 void set_tc_gemv_expert_stage_first_for_tests(int mode) { tcg::set_expert_stage_first_for_tests(mode); }
 void set_tc_gemv_expert_early_for_tests(int mode) { tcg::set_expert_early_for_tests(mode); }
 void set_tc_gemv_dense_swiglu_for_tests(int mode) { tcg::set_dense_swiglu_for_tests(mode); }
+static_assert(kTensorCoreGemvRows == tcg::kDecodeRows, "linear_kernels.h states the tensor-core GEMV's rows");
+void set_moe_shared_fold_for_tests(int mode) { tcg::set_moe_shared_fold_for_tests(mode); }
+bool moe_shared_fold() { return tcg::moe_shared_fold_enabled(); }
 
 Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cudaStream_t stream,
                   bool row_invariant) {
@@ -1494,8 +1497,9 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                         cudaStream_t stream, WeightFormat format, bool routing_early) {
+                         cudaStream_t stream, WeightFormat format, bool routing_early, SharedUnits* shared) {
   const char* fn = "expert_linear";
+  if (shared != nullptr) shared->folded = false;
   if (n_experts <= 0 || n_experts > kMaxExperts)
     return invalid_argument(std::string(fn) + ": n_experts " + std::to_string(n_experts) + " outside [1, " +
                             std::to_string(kMaxExperts) + "]");
@@ -1510,7 +1514,7 @@ Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t
   if (!weights || !offsets) return invalid_argument(std::string(fn) + ": weights or offsets is null");
   if (m_max == 0) return ok_status();
   if (!x || !y) return invalid_argument(std::string(fn) + ": x or y is null");
-  launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format, routing_early);
+  launch_expert(weights, n_experts, out_dim, in_dim, offsets, x, m_max, y, stream, format, routing_early, shared);
   return last_launch_status(fn);
 }
 
@@ -1549,8 +1553,10 @@ Status run_expert_linear_pair(const DeviceWeight* weights, const DeviceWeight* w
 Status run_expert_linear_pair_swiglu(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
                                      int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
                                      const int64_t* x_rows, float* gathered, int64_t m_max, float* g, float* u,
-                                     const SwigluEpilogue& sw, cudaStream_t stream, WeightFormat format) {
+                                     const SwigluEpilogue& sw, cudaStream_t stream, WeightFormat format,
+                                     SharedUnits* shared) {
   const char* fn = "expert_linear_pair_swiglu";
+  if (shared != nullptr) shared->folded = false;
   if (!weights2) return invalid_argument(std::string(fn) + ": weights2 is null");
   // The single call's checks (its errors name the problem) on a call that launches nothing.
   DS41_RETURN_IF_ERROR(run_expert_linear(weights, n_experts, out_dim, in_dim, offsets, x, 0, g, stream, format));
@@ -1559,7 +1565,7 @@ Status run_expert_linear_pair_swiglu(const DeviceWeight* weights, const DeviceWe
   if (m_max == 0) return ok_status();
   if (!x || !sw.act) return invalid_argument(std::string(fn) + ": x or act is null");
   if (tcg::try_experts(format, weights, n_experts, out_dim, in_dim, offsets, x, m_max, nullptr, stream, weights2,
-                       nullptr, x_rows, &sw))
+                       nullptr, x_rows, &sw, false, shared))
     return last_launch_status(fn);
   if (!g || !u) return invalid_argument(std::string(fn) + ": g or u is null");
   if (x_rows) {

@@ -71,7 +71,7 @@ Status run_grouped_linear(const DeviceWeight& w, int64_t groups, const float* x,
 Status run_expert_linear(const DeviceWeight* weights, int64_t n_experts, int64_t out_dim, int64_t in_dim,
                          const int64_t* offsets, const float* x, int64_t m_max, float* y,
                          cudaStream_t stream, quant::WeightFormat format = quant::WeightFormat::kNone,
-                         bool routing_early = false);
+                         bool routing_early = false, SharedUnits* shared = nullptr);
 
 // Two expert matrices of the same shape and format over the same rows (the MoE's w1 and w3): y =
 // x . weights^T and y2 = x . weights2^T, the contract of run_expert_linear for each. Decode-sized
@@ -111,7 +111,8 @@ Status run_linear_pair_swiglu(const DeviceWeight& w, const DeviceWeight& w2, con
 Status run_expert_linear_pair_swiglu(const DeviceWeight* weights, const DeviceWeight* weights2, int64_t n_experts,
                                      int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
                                      const int64_t* x_rows, float* gathered, int64_t m_max, float* g, float* u,
-                                     const SwigluEpilogue& sw, cudaStream_t stream, quant::WeightFormat format);
+                                     const SwigluEpilogue& sw, cudaStream_t stream, quant::WeightFormat format,
+                                     SharedUnits* shared = nullptr);
 
 // Tests: caps the row-group slots (blocks along W rows) of the persistent GEMV launches and of the
 // tensor-core GEMV (0: the device's fill), so small shapes exercise warps that loop over many row
@@ -147,5 +148,14 @@ void set_tc_gemv_expert_early_for_tests(int mode);
 // A dense pair's SwiGLU as the tensor-core GEMV's epilogue (tcg::set_dense_swiglu_for_tests, opt-in
 // DS41_TCG_DENSE_SWIGLU=1): -1 the environment, 0 off, 1 on. Off: run_linear_pair_swiglu is two launches.
 void set_tc_gemv_dense_swiglu_for_tests(int mode);
+// The shared expert as extra units of the decode MoE's routed launches (DS41_MOE_SHARED_FOLD=1, opt-in until
+// timed; linear_epilogue.h SharedUnits, passed to run_expert_linear_pair_swiglu and run_expert_linear): -1 the
+// environment, 0 off, 1 on; moe_shared_fold() its state. On, dense pairs with a SwiGLU take the epilogue
+// (set_tc_gemv_dense_swiglu_for_tests' on), so the shared expert's bits do not depend on where it ran.
+void set_moe_shared_fold_for_tests(int mode);
+bool moe_shared_fold();
+// Rows up to which FP8 / FP4 calls without row_invariant take the tensor-core GEMV (tcg::kDecodeRows): the
+// calls whose dense pairs run_linear_pair_swiglu fuses.
+inline constexpr int64_t kTensorCoreGemvRows = 16;
 
 }  // namespace ds41::cuda

@@ -1233,27 +1233,67 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<D, NB>::value)
                                  false, ps);
 }
 
+// The shared expert's units in a routed launch (SharedUnits, try_experts): grid rows [0, units x reps), unit
+// su = blockIdx.y / reps (x rows [su NB, su NB + NB)), its row-group batches over the reps x gridDim.x blocks of
+// the unit (persistent, as a dense launch's slots: a row's sums do not depend on the slots). The weight is a
+// dense FP8 one (DS: Fp8x2) at the warps per row group its dense call takes (ks_log2), so its bits are that
+// call's. data2 set: a pair with its SwiGLU (the launch's Epilogue limit, no row scale) into y as act.
+struct SharedArgs {
+  const uint8_t* data = nullptr;
+  const uint8_t* sc = nullptr;
+  const uint8_t* data2 = nullptr;
+  const uint8_t* sc2 = nullptr;
+  const float* x = nullptr;  // [n, in]
+  int64_t n = 0;
+  float* y = nullptr;  // [n, out_dim]
+  int ks_log2 = 0;
+  int units = 0, reps = 0;  // 0: none
+};
+
 // Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
 // picks the matrix: 0 = weights into y, 1 = weights2 into y2 (a pair over the same rows of x: the
-// MoE's w1 and w3 in one launch).
-template <class D, bool kFp8, int NB, bool kRing>
+// MoE's w1 and w3 in one launch). DS (not void): the shared expert's units first (SharedArgs), then the
+// routed ones.
+template <class D, bool kFp8, int NB, bool kRing, class DS = void>
 __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
     tc_expert_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
                      const float* __restrict__ x, const int64_t* __restrict__ x_rows, float* __restrict__ y,
                      float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first, bool early,
-                     Epilogue sw) {
+                     Epilogue sw, SharedArgs sh) {
   // PDL (pdl.cuh, launch.h): offsets and x_rows (the routing's) say which weights. Without `early` they
   // may come from the previous kernel, so nothing is loaded before the wait. With `early` (the routing
   // was written two or more launches back: launch.h contract 3; the MoE's w2 after its pair) the unit
   // lookup reads them through L2 and the first task's weight loads go out before the wait, which
   // precedes the x staging (x, the pair's act, is the previous kernel's): the lookup's round trips and
-  // the first loads' latency overlap the previous kernel's tail.
-  if (!early) dev::pdl_enter();
+  // the first loads' latency overlap the previous kernel's tail. A shared unit's block reads no routing:
+  // its first weight loads always go out before the wait (its x staging waits).
+  const int n_shared = std::is_void_v<DS> ? 0 : sh.units * sh.reps;
+  if (!early && static_cast<int>(blockIdx.y) >= n_shared) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * NB];
   __shared__ int ex[NB];
+  if constexpr (!std::is_void_v<DS>) {
+    if (static_cast<int>(blockIdx.y) < n_shared) {  // block-uniform
+      const int su = static_cast<int>(blockIdx.y) / sh.reps, rep = static_cast<int>(blockIdx.y) - su * sh.reps;
+      const int64_t r0 = static_cast<int64_t>(su) * NB;
+      const int nb = static_cast<int>(min(static_cast<int64_t>(NB), sh.n - r0));
+      float* red_s = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
+      Epilogue ps;
+      if (sh.data2 != nullptr) ps = Epilogue{sh.data2, sh.sc2, sh.y + r0 * out_dim, nullptr, sw.limit, out_dim};
+      block_rows<DS, true, NB, false>(sh.data, sh.sc, in, out_dim, 0, sh.ks_log2, smem_u2, nb, ex,
+                                      sh.data2 != nullptr ? nullptr : sh.y + r0 * out_dim, out_dim, red_s, nullptr, 0,
+                                      static_cast<int64_t>(rep) * gridDim.x + blockIdx.x,
+                                      static_cast<int64_t>(sh.reps) * gridDim.x,
+                                      [&] {
+                                        dev::pdl_enter();
+                                        stage_x<DS, NB>(sh.x + r0 * in, in, nb, in, smem_u2, red, ex);
+                                      },
+                                      false, ps);
+      return;
+    }
+  }
   __shared__ int wtot[kWarps];
   __shared__ const uint8_t* unit_w[4];  // the unit's weight: payload, scales (fused: then the second's)
   __shared__ const float* unit_x[NB];   // its rows of x
@@ -1267,7 +1307,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   // thread loads its <= kPer experts' offsets at once, one shuffle scan, and the thread whose expert
   // holds u loads the weight pointers and the row indices together (one more round trip).
   constexpr int kPer = kMaxExperts / kThreads;
-  const int u = static_cast<int>(blockIdx.y);
+  const int u = static_cast<int>(blockIdx.y) - n_shared;
   {
     const dev::ThreadRange tr = dev::thread_range(n_experts);  // <= kPer experts per thread
     int64_t o[kPer + 1];
@@ -1774,11 +1814,33 @@ int dense_in_flight() {
 // run as 144 blocks of KS = 4 where the two-launch pair runs 264 of KS = 8: half the warps in flight, the
 // SwiGLU launch saved. The routed experts' pair keeps its blocks and warps fused (KS = 1 either way), so
 // it is fused always. A process-wide choice: every decode call of a pair takes the same path (bits).
+// DS41_MOE_SHARED_FOLD=1 (opt-in until timed on a device): the shared expert's pair (with its SwiGLU) and w2 as
+// extra units of the routed experts' pair and w2 launches (SharedUnits, shared_args): three launches fewer per
+// MoE layer in decode (the shared pair, its SwiGLU, its w2), no side stream for it. Its warps per row group are
+// its dense pair's fused ones, so with it on, every decode call of a dense pair with a SwiGLU takes that
+// epilogue too (dense_swiglu below): the shared expert's bits are then the same folded or not.
+// DS41_MOE_SHARED_REPS=N (measurements) forces the blocks per shared unit (N x the routed launch's slots).
+int g_shared_fold = -1;
+std::atomic<uint64_t> g_shared_fold_launches{0};
+bool moe_shared_fold() {
+  if (g_shared_fold >= 0) return g_shared_fold != 0;
+  static const bool on = switch_opt_in("DS41_MOE_SHARED_FOLD");
+  return on;
+}
+int moe_shared_reps() {
+  static const int v = [] {
+    const char* e = std::getenv("DS41_MOE_SHARED_REPS");
+    const int n = e != nullptr ? std::atoi(e) : 0;
+    return n > 0 && n <= 64 ? n : 0;
+  }();
+  return v;
+}
+
 int g_dense_swiglu = -1;
 bool dense_swiglu() {
-  if (g_dense_swiglu >= 0) return g_dense_swiglu != 0;
+  if (g_dense_swiglu >= 0) return g_dense_swiglu != 0 || moe_shared_fold();
   static const bool on = switch_opt_in("DS41_TCG_DENSE_SWIGLU");
-  return on;
+  return on || moe_shared_fold();
 }
 
 int g_stage_first = -1;
@@ -1861,6 +1923,9 @@ void set_expert_early_for_tests(int mode) { g_expert_early = mode < 0 ? -1 : (mo
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_entry_split_route_for_tests(int mode) { g_split_route = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_moe_shared_fold_for_tests(int mode) { g_shared_fold = mode < 0 ? -1 : (mode ? 1 : 0); }
+bool moe_shared_fold_enabled() { return moe_shared_fold(); }
+uint64_t moe_shared_fold_launches() { return g_shared_fold_launches.load(std::memory_order_relaxed); }
 uint64_t entry_split_route_launches() { return g_split_route_launches.load(std::memory_order_relaxed); }
 size_t entry_split_route_bytes(int64_t blocks) {
   return static_cast<size_t>(blocks) * moe::kPickMaxK * (sizeof(uint64_t) + sizeof(float));
@@ -2071,10 +2136,67 @@ bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* 
   return launched;
 }
 
+// The shared units of a routed launch (SharedUnits) where they fit it: the shared weight(s) dense FP8 read as
+// 16-byte pieces (Fp8x2: what try_dense takes for them), the routed call's shape, a pair with its SwiGLU where
+// the routed call is one (else the single weight), x rows 16-byte aligned. The warps per row group (a row's
+// bits) are try_dense's for the same call (shape(): from the weight's shape, the pair fused), the reps so that
+// a shared block's warps stream about as many steps as a routed block's (reps x slots blocks per unit).
+namespace {
+
+bool shared_fits(const SharedUnits* su, int64_t out_dim, int64_t in_dim, bool pair) {
+  if (su == nullptr || !moe_shared_fold() || su->w == nullptr || su->x == nullptr || su->y == nullptr || su->n < 1 ||
+      su->n > kMaxExpertRows || (su->w2 != nullptr) != pair || !fp8_wide() || in_dim % 64 != 0 || ring_mode() != 0 ||
+      !pairs_enabled() || reinterpret_cast<uintptr_t>(su->x) % 16 != 0)
+    return false;
+  for (const DeviceWeight* w : {su->w, su->w2}) {
+    if (w == nullptr) continue;
+    if (w->format != WeightFormat::kFp8Tiles || w->out_dim != out_dim || w->in_dim != in_dim ||
+        reinterpret_cast<uintptr_t>(w->data) % 16 != 0 || w->scale == nullptr ||
+        reinterpret_cast<uintptr_t>(w->scale) % 2 != 0)
+      return false;
+  }
+  return true;
+}
+
+// For a call shared_fits takes.
+SharedArgs shared_args(const SharedUnits* su, int64_t out_dim, int64_t in_dim, bool pair, int routed_ks, bool fused,
+                       unsigned slots, int nb) {
+  SharedArgs a;
+  const int ks = shape(out_dim, 1, 1, in_dim, Fp8x2::kU, Fp8x2::kSub, 1, env_dense_ks_log2(), pair ? 2 : 1, pair)
+                     .ks_log2;
+  const int64_t n_rg = (out_dim + 15) / 16;
+  auto batches = [&](bool f, int l) {
+    const int64_t rpb = (f ? kWarps / 2 : kWarps) >> l;
+    return (n_rg + rpb - 1) / rpb;
+  };
+  const int64_t routed_steps = ((batches(fused, routed_ks) + slots - 1) / slots) * ((in_dim / (32 * Fp4::kSub)) >> routed_ks);
+  const int64_t task_steps = std::max<int64_t>(1, (in_dim / (32 * Fp8x2::kSub)) >> ks);
+  const int64_t rounds = std::max<int64_t>(1, routed_steps / task_steps), nb_s = batches(pair, ks);
+  int64_t reps = (nb_s + rounds * slots - 1) / (rounds * slots);
+  if (const int forced = moe_shared_reps(); forced > 0) reps = forced;
+  reps = std::clamp<int64_t>(reps, 1, (nb_s + slots - 1) / slots);
+  a.data = su->w->data;
+  a.sc = su->w->scale;
+  if (pair) {
+    a.data2 = su->w2->data;
+    a.sc2 = su->w2->scale;
+  }
+  a.x = su->x;
+  a.n = su->n;
+  a.y = su->y;
+  a.ks_log2 = ks;
+  a.units = static_cast<int>((su->n + nb - 1) / nb);
+  a.reps = static_cast<int>(reps);
+  return a;
+}
+
+}  // namespace
+
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2, float* y2, const int64_t* x_rows,
-                 const SwigluEpilogue* swiglu, bool routing_early) {
+                 const SwigluEpilogue* swiglu, bool routing_early, SharedUnits* shared) {
+  if (shared != nullptr) shared->folded = false;
   if (swiglu != nullptr && (weights2 == nullptr || swiglu->act == nullptr)) return false;
   // Decode and DSpark verification (about one row per used expert): every such call takes this
   // kernel, so a row's bits do not depend on the batch (row-count invariance, as try_dense).
@@ -2097,7 +2219,8 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
   // Blocks over units <= rows <= m_max.
   const int64_t units = (m_max + nbr - 1) / nbr + n_experts;  // an upper bound of the units
   const int64_t grid_units = std::min(m_max, units);
-  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes) {  // as try_dense's
+  // with_shared: the kernel has the shared units (tc_expert_kernel's DS), taken where they fit (shared_args).
+  auto go = [&](auto kernel, auto ring_kernel, int U, int sub, int stage_bytes, bool with_shared = false) {
     constexpr auto K = decltype(kernel)::value;
     constexpr auto KR = decltype(ring_kernel)::value;
     allow_smem<K>();
@@ -2108,11 +2231,19 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       const bool fused = swiglu != nullptr;
       const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<KK>(sm),
                             expert_ks_log2(in_dim, U, sub, mats), mats, fused);
-      const dim3 grid(s.slots, static_cast<unsigned>(grid_units), static_cast<unsigned>(fused ? 1 : mats));
+      const SharedArgs sh = with_shared ? shared_args(shared, out_dim, in_dim, fused, s.ks_log2, fused,
+                                                                 s.slots, nbr)
+                                                   : SharedArgs{};
+      const dim3 grid(s.slots, static_cast<unsigned>(grid_units + int64_t{sh.units} * sh.reps),
+                      static_cast<unsigned>(fused ? 1 : mats));
       const Epilogue sw = fused ? Epilogue{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_dim}
                                   : Epilogue{};
       launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
-             y2, s.ks_log2, rd, expert_stage_first(), routing_early && expert_early(), sw);
+             y2, s.ks_log2, rd, expert_stage_first(), routing_early && expert_early(), sw, sh);
+      if (sh.units > 0) {
+        shared->folded = true;
+        g_shared_fold_launches.fetch_add(1, std::memory_order_relaxed);
+      }
     };
     if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes));
@@ -2120,6 +2251,16 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       run(kernel, smem);
     }
   };
+  // The shared units: FP4 routed experts at two rows per block (decode), a single weight or a fused pair
+  // (a pair into y / y2 has its matrix in grid z). Elsewhere the caller runs the shared expert itself, with the
+  // same bits (the same warps per row group in its dense launch).
+  const bool fold = fp4 && nbr == 2 && (swiglu != nullptr || weights2 == nullptr) &&
+                    shared_fits(shared, out_dim, in_dim, swiglu != nullptr);
+  if (fold) {
+    using KS = KernelT<tc_expert_kernel<Fp4, false, 2, false, Fp8x2>>;
+    go(KS{}, KS{}, Fp4::kU, Fp4::kSub, 0, true);
+    return true;
+  }
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
     constexpr bool kR = NB <= 3;

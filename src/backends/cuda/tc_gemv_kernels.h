@@ -52,6 +52,12 @@ void set_entry_in_flight_for_tests(int steps);
 // them): DS41_ENTRY_SPLIT_ROUTE=1 (opt-in, not timed yet), tests: -1 the environment, 0 off, 1 on. Its
 // launches so far, and the workspace it needs (MoeRouteArgs::workspace_bytes) for `blocks` gate blocks.
 void set_entry_split_route_for_tests(int mode);
+// The shared expert folded into the routed experts' launches (DS41_MOE_SHARED_FOLD=1, opt-in until timed):
+// -1 the environment, 0 off, 1 on. On, dense pairs take their SwiGLU epilogue (as DS41_TCG_DENSE_SWIGLU=1).
+// Its state, and the launches that ran shared units so far (tests).
+void set_moe_shared_fold_for_tests(int mode);
+bool moe_shared_fold_enabled();
+uint64_t moe_shared_fold_launches();
 uint64_t entry_split_route_launches();
 size_t entry_split_route_bytes(int64_t blocks);
 // One-row dense launches of at most one block per SM (Fp8x2 / BF16) with 4 or 8 steps in flight per warp
@@ -109,11 +115,15 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
 bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, int64_t ldy,
                     float* y2, int64_t ldy2, cudaStream_t stream, const RowNorm* norm = nullptr);
 
+// shared (nullable; DS41_MOE_SHARED_FOLD, linear_epilogue.h SharedUnits): the shared expert's rows as extra
+// units of this launch where they fit (FP4 routed experts at decode sizes; the shared weight FP8 of the routed
+// shape; a pair with swiglu or a single weight); shared->folded says whether they ran. Their bits are those of
+// try_dense on the same weight and rows (its warps per row group; a pair fused with its SwiGLU).
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr,
                  const int64_t* x_rows = nullptr, const SwigluEpilogue* swiglu = nullptr,
-                 bool routing_early = false);
+                 bool routing_early = false, SharedUnits* shared = nullptr);
 
 // The MoE entry's one launch (fused_moe_kernels.h run_moe_entry's contract): true if launched, false if
 // the shape is not taken or moe_entry_enabled() is off (nothing launched).

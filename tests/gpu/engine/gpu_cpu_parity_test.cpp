@@ -273,6 +273,34 @@ TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
   if (GetParam().small) EXPECT_GT(split_launches, 0u) << "the small model's decode steps take the split routing";
 }
 
+// The shared expert folded into the routed experts' launches (DS41_MOE_SHARED_FOLD, opt-in: its pair and w2 as
+// units of the routed pair's and w2's launches, three launches fewer per MoE layer) against the separate
+// launches with the same dense pair form (its SwiGLU epilogue, which the fold implies): decode steps past every
+// limit give the same logits bits; the small model (FP4 routed experts of hidden 1024, an FP8 shared expert)
+// takes the fold (counted), the golden tiny one (hidden 192, not a multiple of the FP4 decode GEMV's 128) runs
+// the shared expert itself.
+TEST_P(GpuCpuParity, SharedFoldIsBitIdenticalToSeparateLaunches) {
+  auto toks = tokens(len_ + 12, 7);
+  struct Back {
+    ~Back() {
+      cuda::set_moe_shared_fold_for_tests(-1);
+      cuda::set_tc_gemv_dense_swiglu_for_tests(-1);
+    }
+  } back;
+  auto run = [&](int fold) {
+    cuda::set_moe_shared_fold_for_tests(fold);
+    cuda::set_tc_gemv_dense_swiglu_for_tests(1);
+    return prefill_then_decode_logits(toks, false);
+  };
+  const std::vector<float> off = run(0);
+  const uint64_t before = cuda::tcg::moe_shared_fold_launches();
+  const std::vector<float> on = run(1);
+  const uint64_t folded = cuda::tcg::moe_shared_fold_launches() - before;
+  ASSERT_EQ(off.size(), on.size());
+  EXPECT_TRUE(off == on) << "logits differ with the shared expert folded into the routed launches";
+  if (GetParam().small) EXPECT_GT(folded, 0u) << "the small model's decode steps fold the shared expert";
+}
+
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's
 // entries at its own offset) instead of once per selection; the values are the same, so the
 // logits and every selection must be bit-identical. Two sequences of different lengths in one

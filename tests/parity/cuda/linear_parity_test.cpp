@@ -885,6 +885,146 @@ TEST(LinearParity, PairSwigluEpilogue) {
   }
 }
 
+// The shared expert as extra units of the routed launches (DS41_MOE_SHARED_FOLD; SharedUnits): the routed pair
+// with its SwiGLU carrying the shared w1 / w3 pair (act, no row scale), the routed w2 carrying the shared w2.
+// Bit for bit against the launches it replaces (the routed call alone; the shared pair's fused dense launch,
+// the shared w2's dense launch), the routed outputs too; the shared outputs against the CPU ops. 1-8 token rows
+// (1-8 x k routed rows, every row's exponent different), the released widths on a device (384 FP4 experts of
+// 2304 x 5120, the FP8 shared expert); slot caps so that a shared unit's blocks loop over many row-group
+// batches. A shared weight the launch cannot take (FP4) leaves it to the caller (folded false, nothing written).
+TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_moe_shared_fold_for_tests(-1);
+      tcg::set_slot_cap_for_tests(0);
+    }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
+  uint64_t seed = 31700;
+  auto bits_differ = [](const std::vector<float>& a, const std::vector<float>& b) {
+    size_t d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += bits_of(a[i]) != bits_of(b[i]);
+    return d;
+  };
+  struct Case {
+    int64_t E, k, inter, hidden;
+    std::vector<int64_t> ns;
+    std::vector<int> caps;
+  };
+  std::vector<Case> cases = {{24, 4, 256, 512, emu ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 3, 8},
+                              emu ? std::vector<int>{0} : std::vector<int>{0, 2}}};
+  if (!emu) cases.push_back({384, 6, 2304, 5120, {1, 8}, {0}});
+  for (const Case& c : cases) {
+    const Experts w1 = make_experts(WeightFormat::kFp4Rows, c.E, c.inter, c.hidden, seed);
+    const Experts w3 = make_experts(WeightFormat::kFp4Rows, c.E, c.inter, c.hidden, seed);
+    const Experts w2 = make_experts(WeightFormat::kFp4Rows, c.E, c.hidden, c.inter, seed);
+    const HostWeight hs1 = make_weight(WeightFormat::kFp8Tiles, c.inter, c.hidden, ++seed),
+                     hs3 = make_weight(WeightFormat::kFp8Tiles, c.inter, c.hidden, ++seed),
+                     hs2 = make_weight(WeightFormat::kFp8Tiles, c.hidden, c.inter, ++seed);
+    const DevWeight ds1(hs1), ds3(hs3), ds2(hs2);
+    for (int64_t n : c.ns) {
+      for (int cap : c.caps) {
+        tcg::set_slot_cap_for_tests(cap);
+        const auto off = routed_offsets(n, c.k, c.E, ++seed, 0);
+        const int64_t m = off[c.E];
+        auto x = rand_floats(static_cast<size_t>(n * c.hidden), ++seed);
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t i = 0; i < c.hidden; ++i)
+            x[r * c.hidden + i] = std::ldexp(x[r * c.hidden + i], static_cast<int>(3 * (r % 5) - 6));
+        std::vector<int64_t> rows(static_cast<size_t>(m));
+        for (int64_t r = 0; r < m; ++r) rows[r] = (r * 5) % n;
+        const auto scale = rand_floats(static_cast<size_t>(m), ++seed);
+        // The CPU's shared expert, for the tolerance row and the clamp.
+        std::vector<float> g(static_cast<size_t>(n * c.inter)), u(g.size()), sa_want(g.size());
+        cpu.linear(host_ref(hs1, hs1.data.data(), hs1.scale.data()), x.data(), n, g.data());
+        cpu.linear(host_ref(hs3, hs3.data.data(), hs3.scale.data()), x.data(), n, u.data());
+        float lim = 0.f;
+        for (size_t i = 0; i < g.size(); ++i) lim = std::max({lim, std::fabs(g[i]), std::fabs(u[i])});
+        lim *= 0.3f;
+        cpu.swiglu(g.data(), u.data(), n, c.inter, lim, nullptr, sa_want.data());
+        const std::string shape = std::to_string(c.E) + "x" + dims({c.inter, c.hidden}) + " n=" + std::to_string(n) +
+                                  " k=" + std::to_string(c.k) + (cap ? " slot cap " + std::to_string(cap) : "");
+        Dev<int64_t> doff(off), drows(rows);
+        Dev<float> dx(x), dscale(scale), gathered(static_cast<size_t>(m * c.hidden)),
+            dg(static_cast<size_t>(std::max(m, n) * c.inter)), du(dg.n);
+        // Both forms: 0 the separate launches (the fold's switch on for the dense pair's fused form, no
+        // SharedUnits passed), 1 the fold.
+        std::vector<float> act[2], sa[2], out[2], sout[2];
+        for (int form : {0, 1}) {
+          set_moe_shared_fold_for_tests(1);
+          Dev<float> dact(static_cast<size_t>(m * c.inter)), dsa(static_cast<size_t>(n * c.inter)),
+              dout(static_cast<size_t>(m * c.hidden)), dsout(static_cast<size_t>(n * c.hidden));
+          cudaMemset(dsa.p, 0xff, dsa.n * sizeof(float));
+          cudaMemset(dsout.p, 0xff, dsout.n * sizeof(float));
+          SharedUnits sp{&ds1.dw, &ds3.dw, dx.p, n, dsa.p};
+          const uint64_t before = tcg::moe_shared_fold_launches();
+          Status st = run_expert_linear_pair_swiglu(w1.dweights->p, w3.dweights->p, c.E, c.inter, c.hidden, doff.p,
+                                                    dx.p, drows.p, gathered.p, m, dg.p, du.p,
+                                                    SwigluEpilogue{dact.p, dscale.p, lim}, nullptr,
+                                                    WeightFormat::kFp4Rows, form ? &sp : nullptr);
+          ASSERT_TRUE(st.ok()) << st.message();
+          if (form == 0) {
+            EXPECT_EQ(off_sentinel(dsa.get()), 0u) << "no SharedUnits: the shared rows are the caller's";
+            ASSERT_TRUE(run_linear_pair_swiglu(ds1.dw, ds3.dw, dx.p, n, dg.p, du.p, SwigluEpilogue{dsa.p, nullptr, lim},
+                                               nullptr, false)
+                            .ok());
+          } else {
+            EXPECT_TRUE(sp.folded) << shape;
+          }
+          SharedUnits s2{&ds2.dw, nullptr, dsa.p, n, dsout.p};
+          st = run_expert_linear(w2.dweights->p, c.E, c.hidden, c.inter, doff.p, dact.p, m, dout.p, nullptr,
+                                 WeightFormat::kFp4Rows, true, form ? &s2 : nullptr);
+          ASSERT_TRUE(st.ok()) << st.message();
+          if (form == 0) {
+            ASSERT_TRUE(run_linear(ds2.dw, dsa.p, n, dsout.p, nullptr, false).ok());
+          } else {
+            EXPECT_TRUE(s2.folded) << shape;
+            EXPECT_EQ(tcg::moe_shared_fold_launches(), before + 2) << shape;
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          act[form] = dact.get();
+          sa[form] = dsa.get();
+          out[form] = dout.get();
+          sout[form] = dsout.get();
+        }
+        report("shared fold", shape + " shared act vs CPU linear, linear, swiglu", rel_to_max(sa[1], sa_want),
+               2 * kLinearTol, "the pair's sums in another order, then the same SwiGLU");
+        EXPECT_LE(rel_to_max(sa[1], sa_want), 2 * kLinearTol) << shape;
+        const size_t d = bits_differ(act[1], act[0]) + bits_differ(sa[1], sa[0]) + bits_differ(out[1], out[0]) +
+                         bits_differ(sout[1], sout[0]);
+        report("shared fold", shape + " routed and shared outputs vs the separate launches: bits differing",
+               static_cast<double>(d), 0, "the same warps per row group and operations in each unit");
+        EXPECT_EQ(d, 0u) << shape;
+      }
+    }
+  }
+  // A shared weight the fold cannot take (FP4, not the dense FP8 kernel): the routed launch alone, folded false.
+  set_moe_shared_fold_for_tests(1);
+  const Experts w1 = make_experts(WeightFormat::kFp4Rows, 8, 256, 512, seed);
+  const Experts w3 = make_experts(WeightFormat::kFp4Rows, 8, 256, 512, seed);
+  const HostWeight h4 = make_weight(WeightFormat::kFp4Rows, 256, 512, ++seed);
+  const DevWeight d4(h4);
+  const auto off = routed_offsets(1, 2, 8, ++seed, 0);
+  std::vector<int64_t> rows = {0, 0};
+  Dev<int64_t> doff(off), drows(rows);
+  Dev<float> dx(rand_floats(512, ++seed)), dscale(rand_floats(2, ++seed)), gathered(1024), dg(512), du(512), dact(512),
+      dsa(256);
+  cudaMemset(dsa.p, 0xff, dsa.n * sizeof(float));
+  SharedUnits sp{&d4.dw, &d4.dw, dx.p, 1, dsa.p};
+  sp.folded = true;
+  ASSERT_TRUE(run_expert_linear_pair_swiglu(w1.dweights->p, w3.dweights->p, 8, 256, 512, doff.p, dx.p, drows.p,
+                                            gathered.p, 2, dg.p, du.p, SwigluEpilogue{dact.p, dscale.p, 1.f}, nullptr,
+                                            WeightFormat::kFp4Rows, &sp)
+                  .ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_FALSE(sp.folded);
+  EXPECT_EQ(off_sentinel(dsa.get()), 0u) << "a refused shared weight must not be written";
+}
+
 // The output projection with the mHC expand as its epilogue (run_linear_expand: the attention's wo_b
 // writing the residual streams): bit for bit against run_linear then run_hc_expand, C = 4 (the released
 // C, the unrolled path) and C = 3 (the general loop), FP8 / FP4 decode-sized and BF16 row-invariant
