@@ -26,8 +26,15 @@ namespace ds41::gpu {
 using cuda::FakeQuantOp;
 
 Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                             std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand) {
+                             std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand,
+                             cuda::HcMapFold* map) {
   const model::LayerPlan& p = m_->schedule().layers[l];
+  // The site's map (run_layer left it to this call, DS41_HC_MAP_FOLD): carried by wq_b's one-weight normed launch
+  // below; an index source's wq_b runs with idx_wq_b, so its map goes out now, as hc_site would launch it.
+  if (map != nullptr && p.index_source) {
+    DS41_RETURN_IF_ERROR(site_map(map->site));
+    map = nullptr;
+  }
   const DeviceLayer& w = m_->weights().layers[l];
   const int64_t n = n_, hd = c_->head_dim, qr = c_->q_lora_rank;
   const int64_t W = c_->sliding_window, K = c_->index_topk;
@@ -139,8 +146,8 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
         // 3.4.2 query: q_r = RMSNorm(wq_a x), q = wq_b q_r, rotated per head (no per-head norm).
         cudaStream_t s = stream_;
         if (!dual) DS41_RETURN_IF_ERROR(linear(w.wq_a, x, n, ws_.q_r));
-        if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging
-          return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr);  // q rotated in attention_output
+        if (!p.index_source)  // q_r has no other reader: the norm inside wq_b's staging (with the site's map)
+          return linear_normed(w.wq_b, ws_.q_r, n, ws_.q, w.q_norm.ptr, map);  // q rotated in attention_output
         // q_r feeds wq_b and the indexer's queries: with DS41_INDEX_NORM_STAGED=1, where wq_b's GEMV normalizes
         // it in its staging (decode steps), q_r stays raw for idx_wq_b's to do the same (one norm launch
         // fewer on the chain); by default normalized in place first (index_norm_staged_on).
@@ -165,6 +172,7 @@ Status GpuForward::attention(int64_t l, const float* x, float* y, const GpuForwa
             index_queries(l, ws_.q_r, normed ? w.q_norm.ptr : nullptr, qi_done).with_context("indexer"));
         return index_side_on() ? ok_status() : index_weights(l, x).with_context("indexer");
       }));
+  if (map != nullptr && !map->folded) DS41_RETURN_IF_ERROR(site_map(map->site));  // wq_b's launch did not carry it
   if (p.index_source) {
     DS41_RETURN_IF_ERROR(index(l, opt, out).with_context("indexer"));
     DS41_RETURN_IF_ERROR(entries());

@@ -176,13 +176,15 @@ Status GpuForward::linear(const cuda::DeviceWeight& w, const float* x, int64_t n
   return cuda::run_linear(w, x, n, y, stream_, row_invariant_);
 }
 
-Status GpuForward::linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight) {
+Status GpuForward::linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight,
+                                 cuda::HcMapFold* map) {
   const float eps = static_cast<float>(c_->rms_norm_eps);
+  if (map != nullptr) map->folded = false;
   if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the norm, then the GEMM
     DS41_RETURN_IF_ERROR(cuda::run_rms_norm(x, n, w.in_dim, norm_weight, eps, x, stream_));
     return tc_->linear(w, x, n, y);
   }
-  return cuda::run_linear_normed(w, x, n, y, norm_weight, eps, stream_, row_invariant_);
+  return cuda::run_linear_normed(w, x, n, y, norm_weight, eps, stream_, row_invariant_, map);
 }
 
 Status GpuForward::try_linear_normed(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y,
@@ -565,8 +567,9 @@ Status GpuForward::hc_site_map(const DeviceHcSite& hw, int64_t n, float* pre, fl
   return cuda::run_hc_map(a, stream_);
 }
 
-Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
-                           const float* collapse_w, const float* norm_weight, float* x, bool collapse) {
+cuda::HcSiteArgs GpuForward::site_args(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
+                                       const float* collapse_w, const float* norm_weight, float* x,
+                                       bool side_map) const {
   cuda::HcSiteArgs s;
   s.map.n = n;
   s.map.c = c_->hc_mult;
@@ -589,12 +592,31 @@ Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float*
   s.x = x;
   s.counters = ws_.counters;
   s.counters_size = ws_.counters_size;
+  if (side_map) {
+    s.map.workspace = ws_.hc_scratch;
+    s.map.workspace_bytes = ws_.hc_scratch_bytes;
+    s.counters = ws_.hc_counters;
+  }
+  return s;
+}
+
+Status GpuForward::site_map(const cuda::HcSiteArgs& m) {
   static const bool split = cuda::switch_on("DS41_HC_SPLIT");
   if (split && side_ok()) {
-    cuda::HcSiteArgs m = s;  // the map beside the main stream's kernels: its own partials and counters
-    m.map.workspace = ws_.hc_scratch;
-    m.map.workspace_bytes = ws_.hc_scratch_bytes;
-    m.counters = ws_.hc_counters;
+    DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, stream_, fork_ev_), "fork the side stream"));
+    side_pending_ = true;  // joined before the expand reads post / comb (join_pending)
+    return cuda::run_hc_site(m, side_, cuda::HcSitePart::kMap);
+  }
+  return cuda::run_hc_site(m, stream_, cuda::HcSitePart::kMap);
+}
+
+Status GpuForward::hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
+                           const float* collapse_w, const float* norm_weight, float* x, bool collapse) {
+  const cuda::HcSiteArgs s = site_args(hw, n, pre, post, comb, collapse_w, norm_weight, x, false);
+  static const bool split = cuda::switch_on("DS41_HC_SPLIT");
+  if (split && side_ok()) {
+    // The map beside the main stream's kernels: its own partials and counters.
+    const cuda::HcSiteArgs m = site_args(hw, n, pre, post, comb, collapse_w, norm_weight, x, true);
     if (cuda::hc_site_fused(m)) {
       DS41_RETURN_IF_ERROR(cuda::cuda_status(cuda::stream_wait(side_, stream_, fork_ev_), "fork the side stream"));
       side_pending_ = true;  // joined before the expand reads post / comb (join_pending)
@@ -636,16 +658,40 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
   // The previous layer's combine may have collapsed and normed this site's x already (moe_rows' next).
   const bool collapsed = carry_.x_collapsed;
   carry_.x_collapsed = false;
-  DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, !collapsed));
+  // DS41_HC_MAP_FOLD (opt-in): the site's map as extra blocks of the attention's wq_b launch (attention()), one
+  // launch fewer; the collapse (unless done) in its own launch as before.
+  cuda::HcMapFold attn_map;
+  const bool carry_attn_map =
+      n <= cuda::kTensorCoreGemvRows &&
+      cuda::hc_site_map_fold(site_args(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x,
+                                       true),
+                             &attn_map);
+  if (carry_attn_map) {
+    if (!collapsed)
+      DS41_RETURN_IF_ERROR(cuda::run_hc_site(
+          site_args(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, false), stream_,
+          cuda::HcSitePart::kCollapse));
+  } else {
+    DS41_RETURN_IF_ERROR(
+        hc_site(w.hc_attn, n, ws_.pre_a, ws_.post_a, ws_.comb_a, pi, w.attn_norm.ptr, ws_.x, !collapsed));
+  }
   // The attention's output projection expands into the streams (after joining the site's map).
   const cuda::HcExpandEpilogue expand{ws_.streams, ws_.post_a, ws_.comb_a, C};
-  DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand));
+  DS41_RETURN_IF_ERROR(attention(l, ws_.x, ws_.y, opt, out, &expand, carry_attn_map ? &attn_map : nullptr));
   // FFN site. A one-row decode step may collapse there in the MoE's entry launch (with the gate and the
   // router: moe_entry); the site then launches its map alone.
   const bool entry = moe_entry_ok(w);
-  DS41_RETURN_IF_ERROR(
-      hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x, !entry));
+  // DS41_HC_MAP_FOLD (opt-in): that map as extra blocks of the routed pair's launch (with the shared expert's
+  // units, DS41_MOE_SHARED_FOLD), one launch fewer; moe_rows launches it where the pair did not carry it.
+  cuda::HcMapFold ffn_map;
+  const bool carry_map =
+      entry && w.shared.w1.present() && shared_fold_ok(n * c_->num_experts_per_tok) &&
+      cuda::hc_site_map_fold(site_args(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x,
+                                       true),
+                             &ffn_map);
+  if (!carry_map)
+    DS41_RETURN_IF_ERROR(
+        hc_site(w.hc_ffn, n, pre_f, ws_.post_f, ws_.comb_f, ws_.pre_a, w.ffn_norm.ptr, ws_.x, !entry));
   if (entry) DS41_RETURN_IF_ERROR(moe_entry(w, ws_.pre_a, w.ffn_norm.ptr, ws_.x));
   // The next layer's attention-site collapse (with this FFN site's pre) and norm in the MoE's combine launch
   // (DS41_COMBINE_COLLAPSE): where the next layer starts with that collapse (no Engram stage or DSpark capture
@@ -663,7 +709,8 @@ Status GpuForward::run_layer(int64_t l, const GpuForwardOptions& opt,
     nc.counters = ws_.counters;
     next = &nc;
   }
-  return moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, entry, next);  // expands into the streams
+  return moe(l, ws_.x, ws_.y, opt, out, ws_.post_f, ws_.comb_f, entry, next,
+             carry_map ? &ffn_map : nullptr);  // expands into the streams
 }
 
 Status GpuForward::head(const GpuForwardOptions& opt) {

@@ -244,6 +244,9 @@ class GpuForward {
   // collapse false: the map alone (the MoE entry kernel collapses: moe_entry).
   Status hc_site(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
                  const float* collapse_w, const float* norm_weight, float* x, bool collapse = true);
+  // The site's arguments (hc_site's), with the side stream's map partials and counters where side_map.
+  cuda::HcSiteArgs site_args(const DeviceHcSite& hw, int64_t n, float* pre, float* post, float* comb,
+                             const float* collapse_w, const float* norm_weight, float* x, bool side_map) const;
   // The FFN site's collapse + norm into x, the gate and the routing of a one-row decode step in one
   // launch (cuda::run_moe_entry) where moe_entry_ok(); moe() then starts at the routed experts.
   bool moe_entry_ok(const DeviceLayer& w) const;
@@ -269,13 +272,21 @@ class GpuForward {
   // next (nullable): the next layer's attention-site collapse in the combine's launch (DS41_COMBINE_COLLAPSE;
   // sets carry_.x_collapsed, restored with the carry when a segment runs again; that layer's site then launches
   // its map alone).
+  // map (nullable): the FFN site's map, not launched yet (run_layer: cuda::HcMapFold), carried by the routed pair's
+  // launch with the shared units where it takes them, else launched here before the combine reads it.
   Status moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x, float* y,
                   const float* expand_post = nullptr, const float* expand_comb = nullptr, bool routed_ready = false,
-                  const cuda::NextCollapse* next = nullptr);
+                  const cuda::NextCollapse* next = nullptr, cuda::HcMapFold* map = nullptr);
 
   Status engram_stage(int64_t l);
+  // map (nullable): the attention site's map, not launched yet (run_layer: cuda::HcMapFold), carried by wq_b's
+  // launch where a layer's wq_b is a one-weight normed GEMV (no index source), else launched as hc_site would.
   Status attention(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
-                   std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr);
+                   std::vector<model::SequenceOutput>* out, const cuda::HcExpandEpilogue* expand = nullptr,
+                   cuda::HcMapFold* map = nullptr);
+  // A site's map part alone (the arguments of site_args(..., side_map = true)): on the side stream where hc_site
+  // would put it there (joined before the expand), else on the main one.
+  Status site_map(const cuda::HcSiteArgs& m);
   Status compress(int64_t l, const float* x);
   // qi_done: idx_wq_b already ran into ws_.qi (with wq_b in one launch, DS41_QKV_DUAL); then only the rotation.
   Status index_queries(int64_t l, float* q_r, const float* q_norm, bool qi_done = false);
@@ -293,7 +304,8 @@ class GpuForward {
   Status index(int64_t l, const GpuForwardOptions& opt, std::vector<model::SequenceOutput>* out);
   Status moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
              std::vector<model::SequenceOutput>* out, const float* expand_post = nullptr,
-             const float* expand_comb = nullptr, bool routed_ready = false, const cuda::NextCollapse* next = nullptr);
+             const float* expand_comb = nullptr, bool routed_ready = false, const cuda::NextCollapse* next = nullptr,
+             cuda::HcMapFold* map = nullptr);
 
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.
@@ -301,7 +313,8 @@ class GpuForward {
   // y = RMSNorm(x; norm_weight) . W^T (the query path's q_r into wq_b): the norm inside the decode GEMV's
   // staging of x where it takes the call (cuda::run_linear_normed), else x normalized in place first (the
   // prefill GEMMs too): x holds the raw rows only until this call.
-  Status linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight);
+  Status linear_normed(const cuda::DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight,
+                       cuda::HcMapFold* map = nullptr);
   // linear_normed's one-launch form alone (cuda::try_linear_normed): *took false, nothing launched, x raw,
   // where the call is not a decode-sized tensor-core GEMV.
   Status try_linear_normed(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y, const float* norm_weight,

@@ -14,6 +14,7 @@
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fused_moe_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/moe_kernels.h"
 #include "gpu/gpu_forward.h"
@@ -67,7 +68,7 @@ bool GpuForward::shared_fold_ok(int64_t nk) const {
 // stage with E_d / k_d and no image rows, MODEL_SPEC 3.10.4).
 Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const uint8_t* vl, const float* x,
                             float* y, const float* expand_post, const float* expand_comb, bool routed_ready,
-                            const cuda::NextCollapse* next) {
+                            const cuda::NextCollapse* next, cuda::HcMapFold* map) {
   const int64_t n = n_, H = c_->hidden_size;
   const int64_t I = c_->moe_intermediate_size, nk = n * k;
   const float lim = static_cast<float>(c_->swiglu_limit);
@@ -105,13 +106,21 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
     DS41_RETURN_IF_ERROR(routed_pair_swiglu(nullptr));
     return routed_w2(nullptr);
   };
-  if (shared && shared_fold_ok(nk)) {
+  const bool fold = shared && shared_fold_ok(nk);
+  if (map != nullptr && !fold) {  // no launch here carries it: its own, first
+    DS41_RETURN_IF_ERROR(cuda::run_hc_site(map->site, stream_, cuda::HcSitePart::kMap));
+    map = nullptr;
+  }
+  if (fold) {
     // DS41_MOE_SHARED_FOLD: the shared expert's pair (with its SwiGLU) and its w2 as units of the routed
     // pair's and w2's launches, in order on this stream (no side stream). Where a launch did not take them,
     // the shared expert's own launch follows it, with the same bits (its dense pair fused: shared_fold_ok).
     DS41_RETURN_IF_ERROR(route());
     cuda::SharedUnits sp{&w.shared.w1, &w.shared.w3, x, n, ws_.sa};
+    sp.map = map;  // the FFN site's map, where run_layer left it to this launch (DS41_HC_MAP_FOLD)
     DS41_RETURN_IF_ERROR(routed_pair_swiglu(&sp));
+    if (map != nullptr && !map->folded)
+      DS41_RETURN_IF_ERROR(cuda::run_hc_site(map->site, stream_, cuda::HcSitePart::kMap));
     if (!sp.folded)
       DS41_RETURN_IF_ERROR(linear_pair_swiglu(w.shared.w1, w.shared.w3, x, n, ws_.sg, ws_.su,
                                               cuda::SwigluEpilogue{ws_.sa, nullptr, lim}));
@@ -172,10 +181,11 @@ Status GpuForward::moe_rows(const DeviceLayer& w, int64_t E, int64_t k, const ui
 
 Status GpuForward::moe(int64_t l, const float* x, float* y, const GpuForwardOptions& opt,
                        std::vector<model::SequenceOutput>* out, const float* expand_post,
-                       const float* expand_comb, bool routed_ready, const cuda::NextCollapse* next) {
+                       const float* expand_comb, bool routed_ready, const cuda::NextCollapse* next,
+                       cuda::HcMapFold* map) {
   const int64_t n = n_, k = c_->num_experts_per_tok, nk = n * k;
   DS41_RETURN_IF_ERROR(moe_rows(m_->weights().layers[l], c_->n_routed_experts, k, vl_, x, y, expand_post,
-                                expand_comb, routed_ready, next));
+                                expand_comb, routed_ready, next, map));
   cudaStream_t s = stream_;
   if (!opt.record) return ok_status();
   std::vector<int32_t> ex(nk);

@@ -19,6 +19,7 @@
 #include "backends/cuda/elementwise_kernels.h"
 #include "backends/cuda/fake_quant_device.cuh"
 #include "backends/cuda/hc_collapse_device.cuh"
+#include "backends/cuda/hc_site_map_device.cuh"
 #include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/kv_rows_kernels.h"
 #include "backends/cuda/launch.h"
@@ -55,10 +56,7 @@ __global__ void __launch_bounds__(hc::kThreads)
     hc_site_kernel(HcSiteArgs s, int64_t splits, int64_t steps, int64_t map_blocks, int sum_threads) {
   dev::pdl_enter();
   extern __shared__ float smem[];
-  __shared__ double tot[hc::kMaxC * hc::kMaxC + 2 * hc::kMaxC + 1];
-  __shared__ float m[(2 + hc::kMaxC) * hc::kMaxC];
   __shared__ double scratch[32];
-  __shared__ int last;
   const HcMapDeviceArgs& a = s.map;
   const int64_t b = blockIdx.x;
   if (b >= map_blocks) {  // collapse + norm of row r
@@ -111,32 +109,7 @@ __global__ void __launch_bounds__(hc::kThreads)
     }
     return;
   }
-  double* part = static_cast<double*>(a.workspace);
-  hc::hc_map_partial_block<kJ, kVec>(a, splits, steps, part, b);
-  const int64_t g = b / splits;
-  __threadfence();  // this block's partials, visible before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t done = atomicAdd(&s.counters[g], 1u);
-    last = done + 1 == static_cast<uint32_t>(splits);
-    if (last) s.counters[g] = 0;  // zero again for the next call (kernels of the stream run in order)
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int64_t r0 = g * hc::kHcRows, r1 = min(a.n, r0 + hc::kHcRows);
-  if constexpr (kC == 4) {  // warp w finishes row r0 + w (kHcRows == the block's 8 warps)
-    static_assert(hc::kHcRows == hc::kThreads / 32, "one warp per row of a group");
-    __shared__ double wtot[hc::kHcRows][32];
-    __shared__ float wm[hc::kHcRows][32];
-    const int w = threadIdx.x >> 5;
-    if (r0 + w < r1) hc::hc_map_finish_row_warp4(a, splits, part, r0 + w, wtot[w], wm[w]);
-  } else {
-    for (int64_t r = r0; r < r1; ++r) {
-      hc::hc_map_finish_row<kC>(a, splits, part, r, tot, m);
-      __syncthreads();  // the tail's warps are done with m before the next row
-    }
-  }
+  dev::hc_site_map_block<kJ, kVec, kC>(s, splits, steps, b);
 }
 
 // The collapse + norm part alone at C = 4 with float4 columns (h % 1024 == 0, 16-byte aligned
@@ -272,6 +245,29 @@ bool hc_site_collapse_quads(const HcSiteArgs& s) {
          al(s.x) && al(s.norm_weight);
 }
 void set_hc_collapse_quads_for_tests(int mode) { g_collapse_quads = mode; }
+
+namespace {
+int g_map_fold = -1;
+}  // namespace
+bool hc_map_fold_enabled() {
+  static const bool env = switch_opt_in("DS41_HC_MAP_FOLD");
+  return g_map_fold >= 0 ? g_map_fold != 0 : env;
+}
+void set_hc_map_fold_for_tests(int mode) { g_map_fold = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
+
+bool hc_site_map_fold(const HcSiteArgs& s, HcMapFold* f) {
+  const HcMapDeviceArgs& a = s.map;
+  if (f == nullptr || !hc_map_fold_enabled() || !hc_site_fused(s) || a.c != 4 ||
+      (reinterpret_cast<uintptr_t>(a.fn) | reinterpret_cast<uintptr_t>(a.streams)) % 16 != 0)
+    return false;  // run_hc_site's kernel for these is hc_site_kernel<3, true, 4>: the carriers' one form
+  const hc::HcSplit sp = hc::hc_split(a.n, a.c, a.h);
+  f->site = s;
+  f->splits = sp.splits;
+  f->steps = sp.steps;
+  f->blocks = sp.groups * sp.splits;
+  f->folded = false;
+  return f->blocks > 0 && f->blocks <= 65535;
+}
 
 Status run_hc_site(const HcSiteArgs& s, cudaStream_t stream, HcSitePart part) {
   const HcMapDeviceArgs& a = s.map;

@@ -90,6 +90,20 @@ Status run_hc_site(const HcSiteArgs& a, cudaStream_t stream, HcSitePart part = H
 // 16-byte aligned streams / x / norm weight, unless DS41_HC_COLLAPSE_QUADS=0 (the scalar block; on by
 // default since it was timed on an H100: 6.8 us per call against 11.6-12.0). The same bits either way.
 bool hc_site_collapse_quads(const HcSiteArgs& a);
+// A site's map as extra blocks of another launch of the decode step (DS41_HC_MAP_FOLD, opt-in until timed: the
+// GEMVs that carry it, tc_gemv_kernels.h), instead of its own launch (run_hc_site's HcSitePart::kMap): the same
+// blocks (hc_site_map_device.cuh, hc::hc_split's geometry), so the same pre / post / comb bits. hc_site_map_fold
+// fills f where a carrying launch can take the site's map (hc_site_fused, C = 4, the float4 map: 16-byte
+// aligned fn and streams) and the switch is on; false otherwise. `folded` is written by the carrying call: false
+// where it did not take the map (the caller then runs run_hc_site's map part).
+struct HcMapFold {
+  HcSiteArgs site;
+  int64_t splits = 0, steps = 0, blocks = 0;
+  bool folded = false;
+};
+bool hc_site_map_fold(const HcSiteArgs& s, HcMapFold* f);
+bool hc_map_fold_enabled();
+void set_hc_map_fold_for_tests(int mode);  // -1 the environment, 0 off, 1 on
 void set_hc_collapse_quads_for_tests(int mode);  // -1 the environment, 0 off, 1 on
 
 }  // namespace ds41::cuda

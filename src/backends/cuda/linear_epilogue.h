@@ -41,6 +41,8 @@ struct CollapseRow {
 // is the w1 / w3 pair with a SwigluEpilogue): y = act = silu(min(g, limit)) * clamp(u, -limit, limit), no row
 // scale; w2 null: the single weight (the routed call is w2), y = x . w^T. `folded` is written by the call:
 // true where the shared units ran in its launch, false where the caller must run the shared expert itself.
+struct HcMapFold;  // fused_rows_kernels.h
+
 struct SharedUnits {
   const DeviceWeight* w = nullptr;   // the shared w1 (a pair) or w2: FP8 tiles, the routed call's shape
   const DeviceWeight* w2 = nullptr;  // the shared w3 (a pair), else null
@@ -48,6 +50,7 @@ struct SharedUnits {
   int64_t n = 0;                     // the token rows
   float* y = nullptr;                // [n, out] device: act (a pair) or the output
   bool folded = false;               // out
+  HcMapFold* map = nullptr;          // nullable: a site's map carried by the same launch (its own `folded`)
 };
 
 struct HcExpandEpilogue {

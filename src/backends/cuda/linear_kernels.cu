@@ -1378,13 +1378,16 @@ Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cu
 }
 
 Status try_linear_normed(const DeviceWeight& w, const float* x, int64_t n, float* y, const float* norm_weight,
-                         float eps, cudaStream_t stream, bool row_invariant, bool* took) {
+                         float eps, cudaStream_t stream, bool row_invariant, bool* took, HcMapFold* map) {
   *took = false;
+  if (map != nullptr) map->folded = false;
   if (!check_weight(w, "linear_normed").ok() || !norm_weight) return ok_status();
   if (n > 0 && n <= int64_t{65535} * kTileM && x && y) {
     const bool tc_rows = row_invariant || (n <= tcg::kDecodeRows && w.format != WeightFormat::kBF16);
     const tcg::RowNorm norm{norm_weight, eps, rms_norm_sum_threads(n, w.in_dim)};
-    if (tc_rows && tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, y, w.out_dim, stream, nullptr, nullptr, &norm)) {
+    if (tc_rows &&
+        tcg::try_dense(w, w.out_dim, 1, x, w.in_dim, n, y, w.out_dim, stream, nullptr, nullptr, &norm, nullptr,
+                       nullptr, map)) {
       *took = true;
       return last_launch_status("linear_normed");
     }
@@ -1393,12 +1396,13 @@ Status try_linear_normed(const DeviceWeight& w, const float* x, int64_t n, float
 }
 
 Status run_linear_normed(const DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight, float eps,
-                         cudaStream_t stream, bool row_invariant) {
+                         cudaStream_t stream, bool row_invariant, HcMapFold* map) {
   const char* fn = "linear_normed";
+  if (map != nullptr) map->folded = false;
   DS41_RETURN_IF_ERROR(check_weight(w, fn));
   if (!norm_weight) return invalid_argument(std::string(fn) + ": norm_weight is null");
   bool took = false;
-  DS41_RETURN_IF_ERROR(try_linear_normed(w, x, n, y, norm_weight, eps, stream, row_invariant, &took));
+  DS41_RETURN_IF_ERROR(try_linear_normed(w, x, n, y, norm_weight, eps, stream, row_invariant, &took, map));
   if (took) return ok_status();
   DS41_RETURN_IF_ERROR(run_rms_norm(x, n, w.in_dim, norm_weight, eps, x, stream));
   return run_linear(w, x, n, y, stream, row_invariant);

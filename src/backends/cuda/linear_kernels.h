@@ -31,14 +31,16 @@ Status run_linear(const DeviceWeight& w, const float* x, int64_t n, float* y, cu
 // takes the call (decode-sized or row_invariant, a dense FP8 / FP4 / BF16 weight) the norm happens inside
 // its staging of x (one launch, x untouched); otherwise x is normalized in place first (x may be
 // overwritten: the caller must not read the raw rows afterwards).
+// map (nullable; fused_rows_kernels.h HcMapFold, DS41_HC_MAP_FOLD): a site's map as extra blocks of the one launch
+// where the tensor-core GEMV takes it (tcg::try_dense); map->folded says whether it ran (else the caller's).
 Status run_linear_normed(const DeviceWeight& w, float* x, int64_t n, float* y, const float* norm_weight, float eps,
-                         cudaStream_t stream, bool row_invariant = false);
+                         cudaStream_t stream, bool row_invariant = false, HcMapFold* map = nullptr);
 // run_linear_normed's one-launch form alone: *took = true when the tensor-core GEMV took the call (the norm
 // inside its staging, x untouched), false when nothing was launched (x untouched; a bad weight is left to
 // the caller's fallback to report). So x may feed several normed calls (an index source's wq_b and
 // idx_wq_b, MODEL_SPEC 3.4.2 / 3.4.6).
 Status try_linear_normed(const DeviceWeight& w, const float* x, int64_t n, float* y, const float* norm_weight,
-                         float eps, cudaStream_t stream, bool row_invariant, bool* took);
+                         float eps, cudaStream_t stream, bool row_invariant, bool* took, HcMapFold* map = nullptr);
 Status run_linear_pair(const DeviceWeight& w, const DeviceWeight& w2, const float* x, int64_t n, float* y, float* y2,
                        cudaStream_t stream, bool row_invariant = false);
 // Two weights of one format and input width over the same rows of x, each with its own output width (y:

@@ -65,6 +65,7 @@
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/hc_collapse_device.cuh"
 #include "backends/cuda/hc_expand_device.cuh"
+#include "backends/cuda/hc_site_map_device.cuh"
 #include "backends/cuda/last_block.cuh"
 #include "backends/cuda/device_sm_count.h"
 #include "backends/cuda/quant_device.cuh"
@@ -1179,14 +1180,36 @@ struct Dual {
   int ks2 = 0, slots1 = 0, slots2 = 0;
 };
 
+// A site's map carried as extra blocks of a GEMV launch (HcMapFold, hc_site_map_device.cuh): `rows` layers of the
+// grid (the expert kernel: rows of y before its units; the dense kernel: layers of z past its groups), block b of
+// them (in x-fastest order) map block b where b < blocks, the rest wait and exit.
+struct MapArgs {
+  HcSiteArgs site;
+  int64_t splits = 0, steps = 0, blocks = 0;
+  int rows = 0;  // 0: none
+};
+__device__ __forceinline__ void map_rows_block(const MapArgs& mp, int64_t b) {
+  dev::pdl_enter();  // the streams: a kernel earlier in the stream wrote them
+  if (b < mp.blocks) dev::hc_site_map_block<3, true, 4>(mp.site, mp.splits, mp.steps, b);
+}
+
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
 // reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
-template <class D, bool kFp8, int NB, bool kRing>
+// kMap: the grid's z layers past the GEMV's carry a site's map (MapArgs; mp.rows layers).
+template <class D, bool kFp8, int NB, bool kRing, bool kMap = false>
 __global__ void __launch_bounds__(kThreads, MinBlocks<D, NB>::value)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy,
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
-                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, Epilogue sw, Dual du) {
+                    float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, Epilogue sw, Dual du,
+                    MapArgs mp) {
+  if constexpr (kMap) {
+    const unsigned gz = gridDim.z - static_cast<unsigned>(mp.rows);  // the GEMV's layers
+    if (blockIdx.z >= gz) {  // block-uniform
+      map_rows_block(mp, (static_cast<int64_t>(blockIdx.z - gz) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+      return;
+    }
+  }
   // PDL (pdl.cuh): with `early` (early_on) the first task's weight loads go out before the wait (the
   // weights are written by no kernel), so they stream while the previous kernel finishes; x, the norm
   // and y are touched only after it (in the staging).
@@ -1250,6 +1273,7 @@ struct SharedArgs {
   int units = 0, reps = 0;  // 0: none
 };
 
+
 // Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
 // picks the matrix: 0 = weights into y, 1 = weights2 into y2 (a pair over the same rows of x: the
 // MoE's w1 and w3 in one launch). DS (not void): the shared expert's units first (SharedArgs), then the
@@ -1260,7 +1284,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
                      int64_t n_experts, int64_t out_dim, int64_t in, const int64_t* __restrict__ offsets,
                      const float* __restrict__ x, const int64_t* __restrict__ x_rows, float* __restrict__ y,
                      float* __restrict__ y2, int ks_log2, int ring_depth, bool stage_first, bool early,
-                     Epilogue sw, SharedArgs sh) {
+                     Epilogue sw, SharedArgs sh, MapArgs mp) {
   // PDL (pdl.cuh, launch.h): offsets and x_rows (the routing's) say which weights. Without `early` they
   // may come from the previous kernel, so nothing is loaded before the wait. With `early` (the routing
   // was written two or more launches back: launch.h contract 3; the MoE's w2 after its pair) the unit
@@ -1268,15 +1292,23 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   // precedes the x staging (x, the pair's act, is the previous kernel's): the lookup's round trips and
   // the first loads' latency overlap the previous kernel's tail. A shared unit's block reads no routing:
   // its first weight loads always go out before the wait (its x staging waits).
+  // DS (not void): the grid's rows of y are the carried site map's (mp.rows), then the shared units', then the
+  // routed units'.
+  const int map_rows = std::is_void_v<DS> ? 0 : mp.rows;
   const int n_shared = std::is_void_v<DS> ? 0 : sh.units * sh.reps;
-  if (!early && static_cast<int>(blockIdx.y) >= n_shared) dev::pdl_enter();
+  const int yb = static_cast<int>(blockIdx.y) - map_rows;  // the row past the map's
+  if (!early && yb >= n_shared) dev::pdl_enter();
   extern __shared__ __align__(16) float smem[];
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * NB];
   __shared__ int ex[NB];
   if constexpr (!std::is_void_v<DS>) {
-    if (static_cast<int>(blockIdx.y) < n_shared) {  // block-uniform
-      const int su = static_cast<int>(blockIdx.y) / sh.reps, rep = static_cast<int>(blockIdx.y) - su * sh.reps;
+    if (yb < 0) {  // block-uniform
+      map_rows_block(mp, static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x);
+      return;
+    }
+    if (yb < n_shared) {  // block-uniform
+      const int su = yb / sh.reps, rep = yb - su * sh.reps;
       const int64_t r0 = static_cast<int64_t>(su) * NB;
       const int nb = static_cast<int>(min(static_cast<int64_t>(NB), sh.n - r0));
       float* red_s = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
@@ -1307,7 +1339,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   // thread loads its <= kPer experts' offsets at once, one shuffle scan, and the thread whose expert
   // holds u loads the weight pointers and the row indices together (one more round trip).
   constexpr int kPer = kMaxExperts / kThreads;
-  const int u = static_cast<int>(blockIdx.y) - n_shared;
+  const int u = yb - n_shared;
   {
     const dev::ThreadRange tr = dev::thread_range(n_experts);  // <= kPer experts per thread
     int64_t o[kPer + 1];
@@ -1822,6 +1854,7 @@ int dense_in_flight() {
 // DS41_MOE_SHARED_REPS=N (measurements) forces the blocks per shared unit (N x the routed launch's slots).
 int g_shared_fold = -1;
 std::atomic<uint64_t> g_shared_fold_launches{0};
+std::atomic<uint64_t> g_map_fold_launches{0};  // launches that carried a site's map (HcMapFold)
 bool moe_shared_fold() {
   if (g_shared_fold >= 0) return g_shared_fold != 0;
   static const bool on = switch_opt_in("DS41_MOE_SHARED_FOLD");
@@ -1926,6 +1959,7 @@ void set_entry_split_route_for_tests(int mode) { g_split_route = mode < 0 ? -1 :
 void set_moe_shared_fold_for_tests(int mode) { g_shared_fold = mode < 0 ? -1 : (mode ? 1 : 0); }
 bool moe_shared_fold_enabled() { return moe_shared_fold(); }
 uint64_t moe_shared_fold_launches() { return g_shared_fold_launches.load(std::memory_order_relaxed); }
+uint64_t map_fold_launches() { return g_map_fold_launches.load(std::memory_order_relaxed); }
 uint64_t entry_split_route_launches() { return g_split_route_launches.load(std::memory_order_relaxed); }
 size_t entry_split_route_bytes(int64_t blocks) {
   return static_cast<size_t>(blocks) * moe::kPickMaxK * (sizeof(uint64_t) + sizeof(float));
@@ -1978,7 +2012,8 @@ DenseKernelFn dense_kernel_for(int64_t blocks) {
 
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2, float* y2, const RowNorm* norm,
-               const SwigluEpilogue* swiglu, const HcExpandEpilogue* expand) {
+               const SwigluEpilogue* swiglu, const HcExpandEpilogue* expand, HcMapFold* map) {
+  if (map != nullptr) map->folded = false;
   if (swiglu != nullptr && (w2 == nullptr || swiglu->act == nullptr || !dense_swiglu())) return false;
   if (expand != nullptr && (w2 != nullptr || swiglu != nullptr || groups != 1 || expand->streams == nullptr ||
                             expand->post == nullptr || expand->comb == nullptr || expand->c < 1 ||
@@ -2041,7 +2076,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
           ring ? KK : pick(static_cast<int64_t>(grid.x) * static_cast<int64_t>(grid.y) * static_cast<int64_t>(grid.z));
       launch(kk, grid, kThreads, sm, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
              w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, rd,
-             norm != nullptr ? *norm : RowNorm{}, early_on(), sw, Dual{});
+             norm != nullptr ? *norm : RowNorm{}, early_on(), sw, Dual{}, MapArgs{});
     };
     if (rd > 0) {
       run(ring_kernel, ring_smem(smem, rd, stage_bytes), true);
@@ -2049,6 +2084,30 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
       run(kernel, smem, false);
     }
   };
+  // A carried site map (HcMapFold): the register-ring Fp8x2 kernel at two rows per block, a plain output (no
+  // epilogue), no in-flight variant: that kernel's kMap twin, the same shape (KS: the same bits), the map's blocks
+  // in the z layers past the GEMV's.
+  if (map != nullptr && map->blocks > 0 && fp8 && wide && nbr == 2 && swiglu == nullptr && expand == nullptr &&
+      ring_mode() == 0 && dense_in_flight() == 0) {
+    constexpr auto KM = tc_dense_kernel<Fp8x2, true, 2, false, true>;
+    allow_smem<KM>();
+    const Shape s = shape(out_rows, groups, units, w.in_dim, Fp8x2::kU, Fp8x2::kSub, resident_blocks<KM>(smem),
+                          env_dense_ks_log2(), mats, false);
+    const int64_t layer = units * static_cast<int64_t>(s.slots);
+    MapArgs mp;
+    mp.site = map->site;
+    mp.splits = map->splits;
+    mp.steps = map->steps;
+    mp.blocks = map->blocks;
+    mp.rows = static_cast<int>((map->blocks + layer - 1) / layer);
+    const dim3 grid(static_cast<unsigned>(units), s.slots, static_cast<unsigned>(groups * mats + mp.rows));
+    launch(KM, grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, out_rows, x, ldx, n, y, ldy, s.ks_log2,
+           w2 != nullptr ? w2->data : nullptr, w2 != nullptr ? w2->scale : nullptr, y2, 0,
+           norm != nullptr ? *norm : RowNorm{}, early_on(), Epilogue{}, Dual{}, mp);
+    map->folded = true;
+    g_map_fold_launches.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
   with_nb(nbr, [&](auto nbc) {
     constexpr int NB = decltype(nbc)::value;
     constexpr bool kR = NB <= 3;  // the ring for decode-sized blocks only
@@ -2118,7 +2177,7 @@ bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* 
     du.slots2 = static_cast<int>(s2.slots);
     const dim3 grid(static_cast<unsigned>(units), s1.slots + s2.slots, 1);
     launch(pick(static_cast<int64_t>(grid.x) * static_cast<int64_t>(grid.y)), grid, kThreads, smem, stream, w.data, w.scale, w.in_dim, w.out_dim, x, w.in_dim, n, y, ldy, s1.ks_log2,
-           w2.data, w2.scale, y2, 0, norm != nullptr ? *norm : RowNorm{}, early_on(), Epilogue{}, du);
+           w2.data, w2.scale, y2, 0, norm != nullptr ? *norm : RowNorm{}, early_on(), Epilogue{}, du, MapArgs{});
     launched = true;
   };
   with_nb(nbr, [&](auto nbc) {
@@ -2196,7 +2255,9 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2, float* y2, const int64_t* x_rows,
                  const SwigluEpilogue* swiglu, bool routing_early, SharedUnits* shared) {
+  HcMapFold* map = shared != nullptr ? shared->map : nullptr;
   if (shared != nullptr) shared->folded = false;
+  if (map != nullptr) map->folded = false;
   if (swiglu != nullptr && (weights2 == nullptr || swiglu->act == nullptr)) return false;
   // Decode and DSpark verification (about one row per used expert): every such call takes this
   // kernel, so a row's bits do not depend on the batch (row-count invariance, as try_dense).
@@ -2234,15 +2295,28 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       const SharedArgs sh = with_shared ? shared_args(shared, out_dim, in_dim, fused, s.ks_log2, fused,
                                                                  s.slots, nbr)
                                                    : SharedArgs{};
-      const dim3 grid(s.slots, static_cast<unsigned>(grid_units + int64_t{sh.units} * sh.reps),
+      // The carried map (with the shared units only: tc_expert_kernel's DS form): rows of s.slots blocks.
+      MapArgs mp;
+      if (sh.units > 0 && map != nullptr && map->blocks > 0) {
+        mp.site = map->site;
+        mp.splits = map->splits;
+        mp.steps = map->steps;
+        mp.blocks = map->blocks;
+        mp.rows = static_cast<int>((map->blocks + s.slots - 1) / s.slots);
+      }
+      const dim3 grid(s.slots, static_cast<unsigned>(mp.rows + grid_units + int64_t{sh.units} * sh.reps),
                       static_cast<unsigned>(fused ? 1 : mats));
       const Epilogue sw = fused ? Epilogue{nullptr, nullptr, swiglu->act, swiglu->row_scale, swiglu->limit, out_dim}
                                   : Epilogue{};
       launch(KK, grid, kThreads, sm, stream, weights, weights2, n_experts, out_dim, in_dim, offsets, x, x_rows, y,
-             y2, s.ks_log2, rd, expert_stage_first(), routing_early && expert_early(), sw, sh);
+             y2, s.ks_log2, rd, expert_stage_first(), routing_early && expert_early(), sw, sh, mp);
       if (sh.units > 0) {
         shared->folded = true;
         g_shared_fold_launches.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (mp.rows > 0) {
+        map->folded = true;
+        g_map_fold_launches.fetch_add(1, std::memory_order_relaxed);
       }
     };
     if (rd > 0) {

@@ -11,6 +11,7 @@
 
 #include "backends/cuda/device_weight.h"
 #include "backends/cuda/fused_moe_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/linear_epilogue.h"
 
 namespace ds41::cuda::tcg {
@@ -58,6 +59,7 @@ void set_entry_split_route_for_tests(int mode);
 void set_moe_shared_fold_for_tests(int mode);
 bool moe_shared_fold_enabled();
 uint64_t moe_shared_fold_launches();
+uint64_t map_fold_launches();  // launches that carried a site's map so far (HcMapFold; tests)
 uint64_t entry_split_route_launches();
 size_t entry_split_route_bytes(int64_t blocks);
 // One-row dense launches of at most one block per SM (Fp8x2 / BF16) with 4 or 8 steps in flight per warp
@@ -90,6 +92,8 @@ struct RowNorm {
 };
 // expand (optional, one weight, groups = 1): y's rows go into their mHC streams in the same launch
 // (linear_epilogue.h), y itself not written (then unused).
+// map (optional; fused_rows_kernels.h HcMapFold, DS41_HC_MAP_FOLD): a site's map as extra blocks of the launch where
+// it takes the FP8 16-byte-piece kernel at two rows per block with no epilogue; map->folded says whether it ran.
 // swiglu (optional, with a pair): the pair's SwiGLU in the same launch (linear_epilogue.h), act written
 // instead of y and y2 (then unused); dense pairs only with set_dense_swiglu_for_tests / DS41_TCG_DENSE_SWIGLU. Each block multiplies both weights for its rows (half its warps
 // each), so a pair whose KS (warps per row group) would be 8 takes 4 here; every call of a pair through
@@ -97,7 +101,7 @@ struct RowNorm {
 bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const float* x, int64_t ldx, int64_t n,
                float* y, int64_t ldy, cudaStream_t stream, const DeviceWeight* w2 = nullptr, float* y2 = nullptr,
                const RowNorm* norm = nullptr, const SwigluEpilogue* swiglu = nullptr,
-               const HcExpandEpilogue* expand = nullptr);
+               const HcExpandEpilogue* expand = nullptr, HcMapFold* map = nullptr);
 
 // Routed experts (the contract of run_expert_linear) with the experts' common format given by the
 // host: launches and returns true for FP8 / FP4 experts, in_dim % 32 == 0 and m_max <= 65535;
@@ -119,6 +123,8 @@ bool try_dense_dual(const DeviceWeight& w, const DeviceWeight& w2, const float* 
 // units of this launch where they fit (FP4 routed experts at decode sizes; the shared weight FP8 of the routed
 // shape; a pair with swiglu or a single weight); shared->folded says whether they ran. Their bits are those of
 // try_dense on the same weight and rows (its warps per row group; a pair fused with its SwiGLU).
+// shared->map (nullable; fused_rows_kernels.h HcMapFold, DS41_HC_MAP_FOLD): a site's map as extra blocks of a
+// launch that takes the shared units; map->folded says whether it ran.
 bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_t n_experts, int64_t out_dim,
                  int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
                  cudaStream_t stream, const DeviceWeight* weights2 = nullptr, float* y2 = nullptr,

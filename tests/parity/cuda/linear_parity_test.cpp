@@ -16,6 +16,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/elementwise_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/mhc_kernels.h"
 #include "backends/cuda/tc_gemv_kernels.h"
@@ -892,15 +893,19 @@ TEST(LinearParity, PairSwigluEpilogue) {
 // (1-8 x k routed rows, every row's exponent different), the released widths on a device (384 FP4 experts of
 // 2304 x 5120, the FP8 shared expert); slot caps so that a shared unit's blocks loop over many row-group
 // batches. A shared weight the launch cannot take (FP4) leaves it to the caller (folded false, nothing written).
+// The pair's launch also carries an mHC site's map (DS41_HC_MAP_FOLD: HcMapFold, the FFN site's at C = 4 over the
+// same token rows): pre / post / comb bit for bit against run_hc_site's map part, its counters zero after.
 TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
   DS41_SKIP_WITHOUT_GPU();
   struct Reset {
     ~Reset() {
       set_tc_gemv_for_tests(-1);
       set_moe_shared_fold_for_tests(-1);
+      set_hc_map_fold_for_tests(-1);
       tcg::set_slot_cap_for_tests(0);
     }
   } reset;
+  set_hc_map_fold_for_tests(1);
   set_tc_gemv_for_tests(1);
   const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
   backends::cpu::CpuBackend cpu(&ref_pool(), backends::cpu::CpuBackendOptions{false});
@@ -951,6 +956,16 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
         Dev<int64_t> doff(off), drows(rows);
         Dev<float> dx(x), dscale(scale), gathered(static_cast<size_t>(m * c.hidden)),
             dg(static_cast<size_t>(std::max(m, n) * c.inter)), du(dg.n);
+        // The site: n rows of 4 streams of `hidden` floats, random map weights.
+        const int64_t F = 4 * c.hidden, M = 24;
+        Dev<float> hs(rand_floats(static_cast<size_t>(n * F), ++seed, 4.0f)),
+            hfn(rand_floats(static_cast<size_t>(M * F), ++seed, 1.7f / std::sqrt(static_cast<float>(F) / 3.0f))),
+            hbase(rand_floats(static_cast<size_t>(M), ++seed)), hscale(std::vector<float>{0.8f, 1.3f, 2.0f}),
+            hcw(static_cast<size_t>(n * 4)), hx(static_cast<size_t>(n * c.hidden));
+        const size_t hws = hc_map_workspace_bytes(n, 4, c.hidden);
+        const int64_t hnc = hc_site_counter_count(n);
+        std::vector<float> pre[2], post[2], comb[2];
+        size_t counters_left = 0;
         // Both forms: 0 the separate launches (the fold's switch on for the dense pair's fused form, no
         // SharedUnits passed), 1 the fold.
         std::vector<float> act[2], sa[2], out[2], sout[2];
@@ -960,8 +975,36 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
               dout(static_cast<size_t>(m * c.hidden)), dsout(static_cast<size_t>(n * c.hidden));
           cudaMemset(dsa.p, 0xff, dsa.n * sizeof(float));
           cudaMemset(dsout.p, 0xff, dsout.n * sizeof(float));
+          Dev<float> hpre(static_cast<size_t>(n * 4)), hpost(hpre.n), hcomb(static_cast<size_t>(n * 16));
+          Dev<uint8_t> hw(hws);
+          Dev<uint32_t> hcnt(std::vector<uint32_t>(static_cast<size_t>(hnc), 0u));
+          HcSiteArgs site;
+          site.map.n = n;
+          site.map.c = 4;
+          site.map.h = c.hidden;
+          site.map.sinkhorn_iters = 20;
+          site.map.streams = hs.p;
+          site.map.fn = hfn.p;
+          site.map.scale = hscale.p;
+          site.map.base = hbase.p;
+          site.map.pre = hpre.p;
+          site.map.post = hpost.p;
+          site.map.comb = hcomb.p;
+          site.map.workspace = hw.p;
+          site.map.workspace_bytes = hws;
+          site.collapse_w = hcw.p;
+          site.x = hx.p;
+          site.counters = hcnt.p;
+          site.counters_size = hnc;
+          HcMapFold mf;
           SharedUnits sp{&ds1.dw, &ds3.dw, dx.p, n, dsa.p};
-          const uint64_t before = tcg::moe_shared_fold_launches();
+          if (form == 1) {
+            ASSERT_TRUE(hc_site_map_fold(site, &mf)) << shape;
+            sp.map = &mf;
+          } else {
+            ASSERT_TRUE(run_hc_site(site, nullptr, HcSitePart::kMap).ok());
+          }
+          const uint64_t before = tcg::moe_shared_fold_launches(), maps_before = tcg::map_fold_launches();
           Status st = run_expert_linear_pair_swiglu(w1.dweights->p, w3.dweights->p, c.E, c.inter, c.hidden, doff.p,
                                                     dx.p, drows.p, gathered.p, m, dg.p, du.p,
                                                     SwigluEpilogue{dact.p, dscale.p, lim}, nullptr,
@@ -974,6 +1017,8 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
                             .ok());
           } else {
             EXPECT_TRUE(sp.folded) << shape;
+            EXPECT_TRUE(mf.folded) << shape;
+            EXPECT_EQ(tcg::map_fold_launches(), maps_before + 1) << shape;
           }
           SharedUnits s2{&ds2.dw, nullptr, dsa.p, n, dsout.p};
           st = run_expert_linear(w2.dweights->p, c.E, c.hidden, c.inter, doff.p, dact.p, m, dout.p, nullptr,
@@ -990,7 +1035,15 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
           sa[form] = dsa.get();
           out[form] = dout.get();
           sout[form] = dsout.get();
+          pre[form] = hpre.get();
+          post[form] = hpost.get();
+          comb[form] = hcomb.get();
+          for (uint32_t v : hcnt.get()) counters_left += v != 0;
         }
+        const size_t dm = bits_differ(pre[1], pre[0]) + bits_differ(post[1], post[0]) + bits_differ(comb[1], comb[0]);
+        report("shared fold", shape + " carried site map (pre, post, comb) vs its own launch: bits differing",
+               static_cast<double>(dm + counters_left), 0, "the same map blocks, counters zero after");
+        EXPECT_EQ(dm + counters_left, 0u) << shape;
         report("shared fold", shape + " shared act vs CPU linear, linear, swiglu", rel_to_max(sa[1], sa_want),
                2 * kLinearTol, "the pair's sums in another order, then the same SwiGLU");
         EXPECT_LE(rel_to_max(sa[1], sa_want), 2 * kLinearTol) << shape;
@@ -1023,6 +1076,106 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_FALSE(sp.folded);
   EXPECT_EQ(off_sentinel(dsa.get()), 0u) << "a refused shared weight must not be written";
+}
+
+// A site's map carried by a normed dense GEMV (DS41_HC_MAP_FOLD: the attention site's map in wq_b's launch):
+// y bit for bit against run_linear_normed alone, pre / post / comb against run_hc_site's map part, counters zero
+// after; 1-8 rows (emulator: 1 and 3), slot caps so the GEMV's blocks loop. A call the carrying kernel does not
+// take (BF16) leaves the map to the caller (folded false, nothing written).
+TEST(LinearParity, NormedGemvCarriesSiteMap) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() {
+      set_tc_gemv_for_tests(-1);
+      set_hc_map_fold_for_tests(-1);
+      tcg::set_slot_cap_for_tests(0);
+    }
+  } reset;
+  set_tc_gemv_for_tests(1);
+  set_hc_map_fold_for_tests(1);
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  uint64_t seed = 32900;
+  struct Case {
+    WeightFormat format;
+    int64_t out, in, h;
+  };
+  std::vector<Case> cases = {{WeightFormat::kFp8Tiles, 256, 512, 1024}, {WeightFormat::kBF16, 64, 512, 1024}};
+  if (!emu) cases.push_back({WeightFormat::kFp8Tiles, 32768, 1536, 5120});  // the released wq_b, the site's h
+  for (const Case& c : cases) {
+    const HostWeight hw = make_weight(c.format, c.out, c.in, ++seed);
+    const DevWeight dw(hw);
+    for (int64_t n : emu ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{1, 3, 8}) {
+      for (int cap : emu ? std::vector<int>{0} : std::vector<int>{0, 3}) {
+        tcg::set_slot_cap_for_tests(cap);
+        const std::string shape = std::string(fmt_name(c.format)) + " " + dims({c.out, c.in}) + " n=" +
+                                  std::to_string(n) + " site h=" + std::to_string(c.h) +
+                                  (cap ? " slot cap " + std::to_string(cap) : "");
+        const auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
+        const auto nw = rand_floats(static_cast<size_t>(c.in), ++seed, 1.5f);
+        const int64_t F = 4 * c.h;
+        Dev<float> dnw(nw), hs(rand_floats(static_cast<size_t>(n * F), ++seed, 4.0f)),
+            hfn(rand_floats(static_cast<size_t>(24 * F), ++seed, 1.7f / std::sqrt(static_cast<float>(F) / 3.0f))),
+            hbase(rand_floats(24, ++seed)), hscale(std::vector<float>{0.8f, 1.3f, 2.0f}),
+            hcw(static_cast<size_t>(n * 4)), hx(static_cast<size_t>(n * c.h));
+        const size_t hws = hc_map_workspace_bytes(n, 4, c.h);
+        const int64_t hnc = hc_site_counter_count(n);
+        std::vector<float> y[2], pre[2], post[2], comb[2];
+        size_t left = 0;
+        bool folded = false;
+        for (int form : {0, 1}) {
+          Dev<float> dx(x), dy(static_cast<size_t>(n * c.out)), hpre(static_cast<size_t>(n * 4)), hpost(hpre.n),
+              hcomb(static_cast<size_t>(n * 16));
+          Dev<uint8_t> ws(hws);
+          Dev<uint32_t> cnt(std::vector<uint32_t>(static_cast<size_t>(hnc), 0u));
+          cudaMemset(hpre.p, 0xff, hpre.n * sizeof(float));
+          HcSiteArgs site;
+          site.map.n = n;
+          site.map.c = 4;
+          site.map.h = c.h;
+          site.map.sinkhorn_iters = 20;
+          site.map.streams = hs.p;
+          site.map.fn = hfn.p;
+          site.map.scale = hscale.p;
+          site.map.base = hbase.p;
+          site.map.pre = hpre.p;
+          site.map.post = hpost.p;
+          site.map.comb = hcomb.p;
+          site.map.workspace = ws.p;
+          site.map.workspace_bytes = hws;
+          site.collapse_w = hcw.p;
+          site.x = hx.p;
+          site.counters = cnt.p;
+          site.counters_size = hnc;
+          HcMapFold mf;
+          ASSERT_TRUE(hc_site_map_fold(site, &mf)) << shape;
+          const uint64_t before = tcg::map_fold_launches();
+          ASSERT_TRUE(run_linear_normed(dw.dw, dx.p, n, dy.p, dnw.p, 1e-6f, nullptr, false, form ? &mf : nullptr).ok());
+          if (form == 1) {
+            folded = mf.folded;
+            EXPECT_EQ(tcg::map_fold_launches(), before + (mf.folded ? 1 : 0)) << shape;
+            if (!mf.folded) {
+              EXPECT_EQ(off_sentinel(hpre.get()), 0u) << shape << ": a map not carried must not be written";
+              ASSERT_TRUE(run_hc_site(site, nullptr, HcSitePart::kMap).ok());
+            }
+          } else {
+            ASSERT_TRUE(run_hc_site(site, nullptr, HcSitePart::kMap).ok());
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          y[form] = dy.get();
+          pre[form] = hpre.get();
+          post[form] = hpost.get();
+          comb[form] = hcomb.get();
+          for (uint32_t v : cnt.get()) left += v != 0;
+        }
+        EXPECT_EQ(folded, c.format == WeightFormat::kFp8Tiles) << shape << ": the FP8 GEMV carries the map, BF16's not";
+        const size_t d = count_bit_diffs(y[1], y[0]) + count_bit_diffs(pre[1], pre[0]) +
+                         count_bit_diffs(post[1], post[0]) + count_bit_diffs(comb[1], comb[0]);
+        report("normed gemv + site map", shape + " y, pre, post, comb vs the two launches: bits differing",
+               static_cast<double>(d + left), 0, "the same GEMV blocks and map blocks, counters zero after");
+        EXPECT_EQ(d + left, 0u) << shape;
+      }
+    }
+  }
 }
 
 // The output projection with the mHC expand as its epilogue (run_linear_expand: the attention's wo_b
