@@ -1180,9 +1180,10 @@ struct Dual {
   int ks2 = 0, slots1 = 0, slots2 = 0;
 };
 
-// A site's map carried as extra blocks of a GEMV launch (HcMapFold, hc_site_map_device.cuh): `rows` layers of the
-// grid (the expert kernel: rows of y before its units; the dense kernel: layers of z past its groups), block b of
-// them (in x-fastest order) map block b where b < blocks, the rest wait and exit.
+// A site's map carried as extra blocks of a GEMV launch (HcMapFold, hc_site_map_device.cuh): the grid's first `rows`
+// layers (the expert kernel: rows of y before its units; the dense kernel: layers of z before its groups), so that
+// the scheduler dispatches them first; block b of them (x fastest) is map block b where b < blocks, the rest wait
+// and exit.
 struct MapArgs {
   HcSiteArgs site;
   int64_t splits = 0, steps = 0, blocks = 0;
@@ -1195,7 +1196,7 @@ __device__ __forceinline__ void map_rows_block(const MapArgs& mp, int64_t b) {
 
 // ring_depth (kRing): the stages per warp of the weight ring, in the dynamic shared memory past the
 // reduction's (smem_bytes(in, NB) + kRingBarBytes + kWarps x ring_depth x D::kRingStageBytes in all).
-// kMap: the grid's z layers past the GEMV's carry a site's map (MapArgs; mp.rows layers).
+// kMap: the grid's first mp.rows z layers carry a site's map (MapArgs), the GEMV's follow.
 template <class D, bool kFp8, int NB, bool kRing, bool kMap = false>
 __global__ void __launch_bounds__(kThreads, MinBlocks<D, NB>::value)
     tc_dense_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ sc, int64_t in, int64_t out_rows,
@@ -1203,12 +1204,15 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<D, NB>::value)
                     int ks_log2, const uint8_t* __restrict__ data2, const uint8_t* __restrict__ sc2,
                     float* __restrict__ y2, int ring_depth, RowNorm norm, bool early, Epilogue sw, Dual du,
                     MapArgs mp) {
+  // The map's layers first (the block scheduler dispatches them before the GEMV's persistent blocks, which fill
+  // the SMs: behind them the map, its finisher's serial tail included, would start only as the GEMV drains).
+  unsigned bz = blockIdx.z;  // the GEMV's layer
   if constexpr (kMap) {
-    const unsigned gz = gridDim.z - static_cast<unsigned>(mp.rows);  // the GEMV's layers
-    if (blockIdx.z >= gz) {  // block-uniform
-      map_rows_block(mp, (static_cast<int64_t>(blockIdx.z - gz) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+    if (blockIdx.z < static_cast<unsigned>(mp.rows)) {  // block-uniform
+      map_rows_block(mp, (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
       return;
     }
+    bz -= static_cast<unsigned>(mp.rows);
   }
   // PDL (pdl.cuh): with `early` (early_on) the first task's weight loads go out before the wait (the
   // weights are written by no kernel), so they stream while the previous kernel finishes; x, the norm
@@ -1226,12 +1230,12 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<D, NB>::value)
   // sw.act set: the pair with its SwiGLU in every block (grid z = 1; Epilogue), rows of act from r0;
   // sw.streams set: the expand into the streams of rows from r0.
   const bool fused = sw.act != nullptr, expand = sw.streams != nullptr, dual = du.out_rows2 > 0;
-  const bool second = dual ? static_cast<int>(blockIdx.y) >= du.slots1 : !fused && data2 != nullptr && blockIdx.z != 0;
+  const bool second = dual ? static_cast<int>(blockIdx.y) >= du.slots1 : !fused && data2 != nullptr && bz != 0;
   const int64_t slot = dual && second ? blockIdx.y - du.slots1 : blockIdx.y;
   const int64_t n_slots = dual ? (second ? du.slots2 : du.slots1) : gridDim.y;
   const int64_t rows = dual && second ? du.out_rows2 : out_rows, ldo = dual && second ? du.ldy2 : ldy;
   const int ks = dual && second ? du.ks2 : ks_log2;
-  const int64_t grp = second || fused ? 0 : blockIdx.z, r0 = static_cast<int64_t>(blockIdx.x) * NB;
+  const int64_t grp = second || fused ? 0 : bz, r0 = static_cast<int64_t>(blockIdx.x) * NB;
   const int nb = static_cast<int>(min(static_cast<int64_t>(NB), n - r0));
   const float* xb = x + r0 * ldx + grp * in;
   uint8_t* ring = reinterpret_cast<uint8_t*>(red_d + 4 * Cols<NB>::NT * kThreads);
@@ -2086,7 +2090,7 @@ bool try_dense(const DeviceWeight& w, int64_t out_rows, int64_t groups, const fl
   };
   // A carried site map (HcMapFold): the register-ring Fp8x2 kernel at two rows per block, a plain output (no
   // epilogue), no in-flight variant: that kernel's kMap twin, the same shape (KS: the same bits), the map's blocks
-  // in the z layers past the GEMV's.
+  // in the z layers before the GEMV's.
   if (map != nullptr && map->blocks > 0 && fp8 && wide && nbr == 2 && swiglu == nullptr && expand == nullptr &&
       ring_mode() == 0 && dense_in_flight() == 0) {
     constexpr auto KM = tc_dense_kernel<Fp8x2, true, 2, false, true>;

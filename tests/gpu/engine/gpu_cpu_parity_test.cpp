@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "backends/cuda/fused_moe_kernels.h"
+#include "backends/cuda/fused_rows_kernels.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/linear_kernels.h"
 #include "backends/cuda/tc_gemv_kernels.h"
@@ -279,26 +280,36 @@ TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
 // limit give the same logits bits; the small model (FP4 routed experts of hidden 1024, an FP8 shared expert)
 // takes the fold (counted), the golden tiny one (hidden 192, not a multiple of the FP4 decode GEMV's 128) runs
 // the shared expert itself.
+// Then the mHC sites' maps carried by those launches too (DS41_HC_MAP_FOLD: the attention site's in wq_b's, the
+// FFN site's in the routed pair's): the same bits again, counted (both models carry the attention site's).
 TEST_P(GpuCpuParity, SharedFoldIsBitIdenticalToSeparateLaunches) {
   auto toks = tokens(len_ + 12, 7);
   struct Back {
     ~Back() {
       cuda::set_moe_shared_fold_for_tests(-1);
       cuda::set_tc_gemv_dense_swiglu_for_tests(-1);
+      cuda::set_hc_map_fold_for_tests(-1);
     }
   } back;
-  auto run = [&](int fold) {
+  auto run = [&](int fold, int map) {
     cuda::set_moe_shared_fold_for_tests(fold);
     cuda::set_tc_gemv_dense_swiglu_for_tests(1);
+    cuda::set_hc_map_fold_for_tests(map);
     return prefill_then_decode_logits(toks, false);
   };
-  const std::vector<float> off = run(0);
+  const std::vector<float> off = run(0, 0);
   const uint64_t before = cuda::tcg::moe_shared_fold_launches();
-  const std::vector<float> on = run(1);
+  const std::vector<float> on = run(1, 0);
   const uint64_t folded = cuda::tcg::moe_shared_fold_launches() - before;
   ASSERT_EQ(off.size(), on.size());
   EXPECT_TRUE(off == on) << "logits differ with the shared expert folded into the routed launches";
   if (GetParam().small) EXPECT_GT(folded, 0u) << "the small model's decode steps fold the shared expert";
+  const uint64_t maps_before = cuda::tcg::map_fold_launches();
+  const std::vector<float> maps = run(1, 1);
+  const uint64_t maps_carried = cuda::tcg::map_fold_launches() - maps_before;
+  ASSERT_EQ(off.size(), maps.size());
+  EXPECT_TRUE(off == maps) << "logits differ with the sites' maps carried by the GEMV launches";
+  EXPECT_GT(maps_carried, 0u) << "the decode steps carry the sites' maps";
 }
 
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's
