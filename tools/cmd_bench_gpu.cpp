@@ -574,6 +574,9 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
       // Context: prefill in chunks (timed for the prefill bench).
       std::vector<double> layer_sum(L + 1, 0.0);
       std::vector<float> lm;
+      // The exact prefill's kernels per layer (and the head) of its last chunk (issue 11: <= 15 per Reuse layer).
+      std::vector<int64_t> chunk_launches;
+      int64_t chunk_rows = 0;
       const auto t0 = std::chrono::steady_clock::now();
       // The timed region is bracketed for a profiler started with --profile-from-start off
       // (ncu / nsys); without one these calls do nothing.
@@ -584,7 +587,9 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           engine::StepItem it{seqs[s], std::span<const int32_t>(toks).subspan(p, e - p), false};
           std::vector<model::SequenceOutput> out;
           DS41_RETURN_IF_ERROR(eng->forward(std::span<const engine::StepItem>(&it, 1),
-                                            model::LogitsRows::kLast, false, &out, &lm));
+                                            model::LogitsRows::kLast, false, &out, &lm,
+                                            decode ? nullptr : &chunk_launches));
+          chunk_rows = e - p;
           for (int64_t l = 0; l <= L; ++l) layer_sum[l] += lm[l];
         }
       if (!decode && want_exact) cudaProfilerStop();
@@ -595,6 +600,21 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
       if (!decode) {
         DS41_RETURN_IF_ERROR(prefill_run(a, *eng, *m, seqs[0], toks, ctx, W, want_exact, want_replay, pre_s, tc_rate, layer_sum,
                                          target ? &*target : nullptr, target_sched ? &*target_sched : nullptr, &r));
+        if (want_exact && static_cast<int64_t>(chunk_launches.size()) == L + 1) {
+          std::map<std::string, int64_t> kk, kl;
+          for (int64_t l = 0; l < L; ++l) {
+            const std::string k = layer_kind(m->schedule().layers[l]);
+            kk[k] += chunk_launches[l];
+            ++kl[k];
+          }
+          nlohmann::ordered_json per;
+          for (const auto& [k, v] : kk) per[k] = static_cast<double>(v) / static_cast<double>(kl[k]);
+          r["kernels_per_layer"] = {{"chunk_rows", chunk_rows},
+                                    {"per_kind", per},
+                                    {"head", chunk_launches[L]},
+                                    {"note", "launches per layer of the exact prefill's last chunk, counted by the "
+                                             "forward (both streams); issue 11: <= 15 per Reuse layer"}};
+        }
       } else {
         std::vector<double> step_ms;
         std::vector<std::vector<float>> per_layer;
