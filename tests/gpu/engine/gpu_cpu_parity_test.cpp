@@ -312,6 +312,55 @@ TEST_P(GpuCpuParity, SharedFoldIsBitIdenticalToSeparateLaunches) {
   EXPECT_GT(maps_carried, 0u) << "the decode steps carry the sites' maps";
 }
 
+// Issue 11's launch count: a one-row decode step launches at most 11 kernels per Reuse layer (no compressor, no
+// indexer, no Engram stage) with the shared expert folded into the routed launches and both sites' maps carried
+// (DS41_MOE_SHARED_FOLD, DS41_HC_MAP_FOLD), 5 fewer than without (the shared pair, its SwiGLU, its w2, two maps),
+// counted by the forward as the benchmark counts them. The small model (hidden 1024) takes every fold.
+TEST_P(GpuCpuParity, ReuseLayerLaunchesWithTheFolds) {
+  if (!GetParam().small) GTEST_SKIP() << "the tiny model's routed experts (hidden 192) take no decode GEMV fold";
+  auto toks = tokens(len_ + 1, 8);
+  struct Back {
+    ~Back() {
+      cuda::set_moe_shared_fold_for_tests(-1);
+      cuda::set_hc_map_fold_for_tests(-1);
+    }
+  } back;
+  auto count = [&](int on) {
+    cuda::set_moe_shared_fold_for_tests(on);
+    cuda::set_hc_map_fold_for_tests(on);
+    auto a = eng_->create_sequence();
+    EXPECT_TRUE(a.ok());
+    engine::StepItem pi{*a, std::span<const int32_t>(toks.data(), len_), true};
+    engine::StepOutput so;
+    Status s = eng_->step(std::span<const engine::StepItem>(&pi, 1), &so);
+    EXPECT_TRUE(s.ok()) << s.message();
+    engine::StepItem di{*a, std::span<const int32_t>(&toks[len_], 1), true};
+    std::vector<model::SequenceOutput> out;
+    std::vector<float> lm;
+    std::vector<int64_t> launches;
+    s = eng_->forward(std::span<const engine::StepItem>(&di, 1), model::LogitsRows::kLast, false, &out, &lm,
+                      &launches);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(eng_->free_sequence(*a).ok());
+    return launches;
+  };
+  const std::vector<int64_t> off = count(0), on = count(1);
+  const model::LayerSchedule& sched = dev_->schedule();
+  const int64_t L = static_cast<int64_t>(sched.layers.size());
+  ASSERT_EQ(static_cast<int64_t>(off.size()), L + 1);
+  ASSERT_EQ(static_cast<int64_t>(on.size()), L + 1);
+  int reuse = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const model::LayerPlan& p = sched.layers[l];
+    if (p.ratio == 0 || p.kv_source || p.index_source || p.engram) continue;
+    ++reuse;
+    EXPECT_LE(on[l], 11) << "layer " << l << " (Reuse) launches " << on[l] << " kernels with the folds";
+    EXPECT_EQ(off[l] - on[l], 5) << "layer " << l << ": " << off[l] << " kernels without the folds, " << on[l]
+                                 << " with";
+  }
+  EXPECT_GT(reuse, 0) << "the small model has Reuse layers";
+}
+
 // Prefill chunks decode the attention's compressed entries once into a table (each sequence's
 // entries at its own offset) instead of once per selection; the values are the same, so the
 // logits and every selection must be bit-identical. Two sequences of different lengths in one
