@@ -281,7 +281,8 @@ TEST_P(GpuCpuParity, MoeEntryIsBitIdenticalToThreeLaunches) {
 // takes the fold (counted), the golden tiny one (hidden 192, not a multiple of the FP4 decode GEMV's 128) runs
 // the shared expert itself.
 // Then the mHC sites' maps carried by those launches too (DS41_HC_MAP_FOLD: the attention site's in wq_b's, the
-// FFN site's in the routed pair's): the same bits again, counted (both models carry the attention site's).
+// FFN site's in the routed pair's): the same bits again, counted on the small model (the tiny one's wq_b takes no
+// carrying kernel: its maps run as before, after wq_b, which the emulator ran bit-identical).
 TEST_P(GpuCpuParity, SharedFoldIsBitIdenticalToSeparateLaunches) {
   auto toks = tokens(len_ + 12, 7);
   struct Back {
@@ -309,7 +310,7 @@ TEST_P(GpuCpuParity, SharedFoldIsBitIdenticalToSeparateLaunches) {
   const uint64_t maps_carried = cuda::tcg::map_fold_launches() - maps_before;
   ASSERT_EQ(off.size(), maps.size());
   EXPECT_TRUE(off == maps) << "logits differ with the sites' maps carried by the GEMV launches";
-  EXPECT_GT(maps_carried, 0u) << "the decode steps carry the sites' maps";
+  if (GetParam().small) EXPECT_GT(maps_carried, 0u) << "the small model's decode steps carry the sites' maps";
 }
 
 // Issue 11's launch count: a one-row decode step launches at most 11 kernels per Reuse layer (no compressor, no
