@@ -39,12 +39,13 @@ LaunchRecorder*& thread_recorder() {
 }
 // launch.h's switches (launch.cpp's): the environment, or a test's override.
 namespace {
-int g_pre_wait = -1, g_one_fence = -1;
-}
-bool pre_wait_enabled() { return g_pre_wait >= 0 ? g_pre_wait != 0 : switch_on("DS41_PRE_WAIT"); }
-void set_pre_wait_for_tests(int mode) { g_pre_wait = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
-bool one_fence_enabled() { return g_one_fence >= 0 ? g_one_fence != 0 : switch_opt_in("DS41_ONE_FENCE"); }
-void set_one_fence_for_tests(int mode) { g_one_fence = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
+TestableSwitch g_pre_wait{"DS41_PRE_WAIT", true};
+TestableSwitch g_one_fence{"DS41_ONE_FENCE", false};
+}  // namespace
+bool pre_wait_enabled() { return g_pre_wait.enabled(); }
+void set_pre_wait_for_tests(int mode) { g_pre_wait.set(mode); }
+bool one_fence_enabled() { return g_one_fence.enabled(); }
+void set_one_fence_for_tests(int mode) { g_one_fence.set(mode); }
 cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
   std::memmove(dst, src, bytes);
   return cudaSuccess;

@@ -247,13 +247,10 @@ bool hc_site_collapse_quads(const HcSiteArgs& s) {
 void set_hc_collapse_quads_for_tests(int mode) { g_collapse_quads = mode; }
 
 namespace {
-int g_map_fold = -1;
+TestableSwitch g_map_fold{"DS41_HC_MAP_FOLD", false};
 }  // namespace
-bool hc_map_fold_enabled() {
-  static const bool env = switch_opt_in("DS41_HC_MAP_FOLD");
-  return g_map_fold >= 0 ? g_map_fold != 0 : env;
-}
-void set_hc_map_fold_for_tests(int mode) { g_map_fold = mode < 0 ? -1 : (mode != 0 ? 1 : 0); }
+bool hc_map_fold_enabled() { return g_map_fold.enabled(); }
+void set_hc_map_fold_for_tests(int mode) { g_map_fold.set(mode); }
 
 bool hc_site_map_fold(const HcSiteArgs& s, HcMapFold* f) {
   const HcMapDeviceArgs& a = s.map;

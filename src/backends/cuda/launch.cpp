@@ -5,36 +5,14 @@
 
 namespace ds41::cuda {
 namespace {
-// A switch of the environment read once (on_by_default: switch_on, else switch_opt_in), which a test may
-// override: -1 back to the environment, 0 off, 1 on.
-struct TestableSwitch {
-  const char* name;
-  bool on_by_default;
-  std::atomic<int> override_mode{-1};
-  bool enabled(const bool& env) const {
-    const int o = override_mode.load(std::memory_order_relaxed);
-    return o >= 0 ? o != 0 : env;
-  }
-  bool read_env() const { return on_by_default ? switch_on(name) : switch_opt_in(name); }
-  void set(int mode) { override_mode.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0)); }
-};
 TestableSwitch g_pdl{"DS41_PDL", true};
 TestableSwitch g_pre_wait{"DS41_PRE_WAIT", true};
 TestableSwitch g_one_fence{"DS41_ONE_FENCE", false};
 }  // namespace
 
-bool pdl_enabled() {
-  static const bool env = g_pdl.read_env();
-  return g_pdl.enabled(env);
-}
-bool pre_wait_enabled() {
-  static const bool env = g_pre_wait.read_env();
-  return g_pre_wait.enabled(env);
-}
-bool one_fence_enabled() {
-  static const bool env = g_one_fence.read_env();
-  return g_one_fence.enabled(env);
-}
+bool pdl_enabled() { return g_pdl.enabled(); }
+bool pre_wait_enabled() { return g_pre_wait.enabled(); }
+bool one_fence_enabled() { return g_one_fence.enabled(); }
 void set_pre_wait_for_tests(int mode) { g_pre_wait.set(mode); }
 void set_one_fence_for_tests(int mode) { g_one_fence.set(mode); }
 

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +45,27 @@ inline bool switch_opt_in(const char* name) {
   const char* e = std::getenv(name);
   return e && std::strcmp(e, "1") == 0;
 }
+
+// A switch of the environment read once (on_by_default: switch_on, else switch_opt_in) that a test may override
+// (set: -1 back to the environment, 0 off, 1 on). A namespace-scope object; enabled() reads the environment on its
+// first call.
+struct TestableSwitch {
+  const char* name;
+  bool on_by_default;
+  std::atomic<int> override_mode{-1};
+  std::atomic<int> env_mode{-1};
+  bool enabled() {
+    const int o = override_mode.load(std::memory_order_relaxed);
+    if (o >= 0) return o != 0;
+    int e = env_mode.load(std::memory_order_relaxed);
+    if (e < 0) {
+      e = (on_by_default ? switch_on(name) : switch_opt_in(name)) ? 1 : 0;
+      env_mode.store(e, std::memory_order_relaxed);
+    }
+    return e != 0;
+  }
+  void set(int mode) { override_mode.store(mode < 0 ? -1 : (mode != 0 ? 1 : 0), std::memory_order_relaxed); }
+};
 
 // Whether launch() asks for programmatic serialization: DS41_PDL (default on), read once.
 bool pdl_enabled();

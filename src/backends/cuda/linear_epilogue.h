@@ -34,6 +34,8 @@ struct CollapseRow {
   float* x = nullptr;   // [h] the collapsed, normed row (nullable: not written)
 };
 
+struct HcMapFold;  // fused_rows_kernels.h
+
 // The shared expert (MODEL_SPEC 3.5) as extra units of a routed experts' launch (tc_gemv_kernels.h try_experts,
 // DS41_MOE_SHARED_FOLD): the same products as its own launch (its dense FP8 weight, the warps per row group
 // its dense call takes: see try_experts), in the blocks of the routed launch, so the decode MoE runs its
@@ -41,8 +43,6 @@ struct CollapseRow {
 // is the w1 / w3 pair with a SwigluEpilogue): y = act = silu(min(g, limit)) * clamp(u, -limit, limit), no row
 // scale; w2 null: the single weight (the routed call is w2), y = x . w^T. `folded` is written by the call:
 // true where the shared units ran in its launch, false where the caller must run the shared expert itself.
-struct HcMapFold;  // fused_rows_kernels.h
-
 struct SharedUnits {
   const DeviceWeight* w = nullptr;   // the shared w1 (a pair) or w2: FP8 tiles, the routed call's shape
   const DeviceWeight* w2 = nullptr;  // the shared w3 (a pair), else null

@@ -1277,7 +1277,6 @@ struct SharedArgs {
   int units = 0, reps = 0;  // 0: none
 };
 
-
 // Experts: unit u = (expert, <= NB of its rows); unit_start[e] = units before expert e. blockIdx.z
 // picks the matrix: 0 = weights into y, 1 = weights2 into y2 (a pair over the same rows of x: the
 // MoE's w1 and w3 in one launch). DS (not void): the shared expert's units first (SharedArgs), then the
@@ -1306,6 +1305,7 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   uint2* smem_u2 = reinterpret_cast<uint2*>(smem);
   __shared__ float red[kWarps * NB];
   __shared__ int ex[NB];
+  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
   if constexpr (!std::is_void_v<DS>) {
     if (yb < 0) {  // block-uniform
       map_rows_block(mp, static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x);
@@ -1315,11 +1315,10 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
       const int su = yb / sh.reps, rep = yb - su * sh.reps;
       const int64_t r0 = static_cast<int64_t>(su) * NB;
       const int nb = static_cast<int>(min(static_cast<int64_t>(NB), sh.n - r0));
-      float* red_s = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
       Epilogue ps;
       if (sh.data2 != nullptr) ps = Epilogue{sh.data2, sh.sc2, sh.y + r0 * out_dim, nullptr, sw.limit, out_dim};
       block_rows<DS, true, NB, false>(sh.data, sh.sc, in, out_dim, 0, sh.ks_log2, smem_u2, nb, ex,
-                                      sh.data2 != nullptr ? nullptr : sh.y + r0 * out_dim, out_dim, red_s, nullptr, 0,
+                                      sh.data2 != nullptr ? nullptr : sh.y + r0 * out_dim, out_dim, red_d, nullptr, 0,
                                       static_cast<int64_t>(rep) * gridDim.x + blockIdx.x,
                                       static_cast<int64_t>(sh.reps) * gridDim.x,
                                       [&] {
@@ -1335,7 +1334,6 @@ __global__ void __launch_bounds__(kThreads, Cols<NB>::kMinBlocks)
   __shared__ const float* unit_x[NB];   // its rows of x
   __shared__ int64_t unit_r0;           // its first routed row
   __shared__ int unit_nb;
-  float* red_d = reinterpret_cast<float*>(smem_u2 + (in / 32) * 8 * Cols<NB>::J);
   // Unit u = blockIdx.y: the u-th (expert, <= NB of its routed rows) in expert order, unit_start[e] =
   // sum over e' < e of ceil(rows_e' / NB). The lookup is on the latency chain before any weight load
   // (the profile: the former scan by warp 0, 12 experts' offsets per lane one after another, then a
@@ -1856,14 +1854,10 @@ int dense_in_flight() {
 // its dense pair's fused ones, so with it on, every decode call of a dense pair with a SwiGLU takes that
 // epilogue too (dense_swiglu below): the shared expert's bits are then the same folded or not.
 // DS41_MOE_SHARED_REPS=N (measurements) forces the blocks per shared unit (N x the routed launch's slots).
-int g_shared_fold = -1;
+TestableSwitch g_shared_fold{"DS41_MOE_SHARED_FOLD", false};
 std::atomic<uint64_t> g_shared_fold_launches{0};
 std::atomic<uint64_t> g_map_fold_launches{0};  // launches that carried a site's map (HcMapFold)
-bool moe_shared_fold() {
-  if (g_shared_fold >= 0) return g_shared_fold != 0;
-  static const bool on = switch_opt_in("DS41_MOE_SHARED_FOLD");
-  return on;
-}
+bool moe_shared_fold() { return g_shared_fold.enabled(); }
 int moe_shared_reps() {
   static const int v = [] {
     const char* e = std::getenv("DS41_MOE_SHARED_REPS");
@@ -1960,7 +1954,7 @@ void set_expert_early_for_tests(int mode) { g_expert_early = mode < 0 ? -1 : (mo
 void set_dense_swiglu_for_tests(int mode) { g_dense_swiglu = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_ks_balance_for_tests(int mode) { g_ks_balance = mode < 0 ? -1 : (mode ? 1 : 0); }
 void set_entry_split_route_for_tests(int mode) { g_split_route = mode < 0 ? -1 : (mode ? 1 : 0); }
-void set_moe_shared_fold_for_tests(int mode) { g_shared_fold = mode < 0 ? -1 : (mode ? 1 : 0); }
+void set_moe_shared_fold_for_tests(int mode) { g_shared_fold.set(mode); }
 bool moe_shared_fold_enabled() { return moe_shared_fold(); }
 uint64_t moe_shared_fold_launches() { return g_shared_fold_launches.load(std::memory_order_relaxed); }
 uint64_t map_fold_launches() { return g_map_fold_launches.load(std::memory_order_relaxed); }
@@ -2222,7 +2216,8 @@ bool shared_fits(const SharedUnits* su, int64_t out_dim, int64_t in_dim, bool pa
 }
 
 // For a call shared_fits takes.
-SharedArgs shared_args(const SharedUnits* su, int64_t out_dim, int64_t in_dim, bool pair, int routed_ks, bool fused,
+// pair: the routed call is the fused pair with its SwiGLU (so are the shared units), else a single weight.
+SharedArgs shared_args(const SharedUnits* su, int64_t out_dim, int64_t in_dim, bool pair, int routed_ks,
                        unsigned slots, int nb) {
   SharedArgs a;
   const int ks = shape(out_dim, 1, 1, in_dim, Fp8x2::kU, Fp8x2::kSub, 1, env_dense_ks_log2(), pair ? 2 : 1, pair)
@@ -2232,7 +2227,7 @@ SharedArgs shared_args(const SharedUnits* su, int64_t out_dim, int64_t in_dim, b
     const int64_t rpb = (f ? kWarps / 2 : kWarps) >> l;
     return (n_rg + rpb - 1) / rpb;
   };
-  const int64_t routed_steps = ((batches(fused, routed_ks) + slots - 1) / slots) * ((in_dim / (32 * Fp4::kSub)) >> routed_ks);
+  const int64_t routed_steps = ((batches(pair, routed_ks) + slots - 1) / slots) * ((in_dim / (32 * Fp4::kSub)) >> routed_ks);
   const int64_t task_steps = std::max<int64_t>(1, (in_dim / (32 * Fp8x2::kSub)) >> ks);
   const int64_t rounds = std::max<int64_t>(1, routed_steps / task_steps), nb_s = batches(pair, ks);
   int64_t reps = (nb_s + rounds * slots - 1) / (rounds * slots);
@@ -2296,7 +2291,7 @@ bool try_experts(quant::WeightFormat format, const DeviceWeight* weights, int64_
       const bool fused = swiglu != nullptr;
       const Shape s = shape(out_dim, 1, grid_units, in_dim, U, sub, resident_blocks<KK>(sm),
                             expert_ks_log2(in_dim, U, sub, mats), mats, fused);
-      const SharedArgs sh = with_shared ? shared_args(shared, out_dim, in_dim, fused, s.ks_log2, fused,
+      const SharedArgs sh = with_shared ? shared_args(shared, out_dim, in_dim, fused, s.ks_log2,
                                                                  s.slots, nbr)
                                                    : SharedArgs{};
       // The carried map (with the shared units only: tc_expert_kernel's DS form): rows of s.slots blocks.

@@ -886,6 +886,61 @@ TEST(LinearParity, PairSwigluEpilogue) {
   }
 }
 
+// An mHC site of n rows of 4 streams of h floats with random map weights (the carried-map tests): the inputs,
+// drawn from ++seed (streams, fn, base); MapSiteOut: one form's outputs (pre filled with the NaN sentinel), its
+// workspace and zeroed counters, and the site's arguments over them.
+struct MapSite {
+  int64_t n, h;
+  Dev<float> streams, fn, base, scale, cw, x;
+  MapSite(int64_t rows, int64_t width, uint64_t& seed)
+      : n(rows),
+        h(width),
+        streams(rand_floats(static_cast<size_t>(rows * 4 * width), ++seed, 4.0f)),
+        fn(rand_floats(static_cast<size_t>(24 * 4 * width), ++seed,
+                       1.7f / std::sqrt(static_cast<float>(4 * width) / 3.0f))),
+        base(rand_floats(24, ++seed)),
+        scale(std::vector<float>{0.8f, 1.3f, 2.0f}),
+        cw(static_cast<size_t>(rows * 4)),
+        x(static_cast<size_t>(rows * width)) {}
+};
+struct MapSiteOut {
+  Dev<float> pre, post, comb;
+  Dev<uint8_t> ws;
+  Dev<uint32_t> counters;
+  HcSiteArgs args;
+  explicit MapSiteOut(MapSite& s)
+      : pre(static_cast<size_t>(s.n * 4)),
+        post(static_cast<size_t>(s.n * 4)),
+        comb(static_cast<size_t>(s.n * 16)),
+        ws(hc_map_workspace_bytes(s.n, 4, s.h)),
+        counters(std::vector<uint32_t>(static_cast<size_t>(hc_site_counter_count(s.n)), 0u)) {
+    cudaMemset(pre.p, 0xff, pre.n * sizeof(float));
+    HcMapDeviceArgs& m = args.map;
+    m.n = s.n;
+    m.c = 4;
+    m.h = s.h;
+    m.sinkhorn_iters = 20;
+    m.streams = s.streams.p;
+    m.fn = s.fn.p;
+    m.scale = s.scale.p;
+    m.base = s.base.p;
+    m.pre = pre.p;
+    m.post = post.p;
+    m.comb = comb.p;
+    m.workspace = ws.p;
+    m.workspace_bytes = hc_map_workspace_bytes(s.n, 4, s.h);
+    args.collapse_w = s.cw.p;
+    args.x = s.x.p;
+    args.counters = counters.p;
+    args.counters_size = hc_site_counter_count(s.n);
+  }
+  size_t counters_left() {
+    size_t left = 0;
+    for (uint32_t v : counters.get()) left += v != 0;
+    return left;
+  }
+};
+
 // The shared expert as extra units of the routed launches (DS41_MOE_SHARED_FOLD; SharedUnits): the routed pair
 // with its SwiGLU carrying the shared w1 / w3 pair (act, no row scale), the routed w2 carrying the shared w2.
 // Bit for bit against the launches it replaces (the routed call alone; the shared pair's fused dense launch,
@@ -956,14 +1011,7 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
         Dev<int64_t> doff(off), drows(rows);
         Dev<float> dx(x), dscale(scale), gathered(static_cast<size_t>(m * c.hidden)),
             dg(static_cast<size_t>(std::max(m, n) * c.inter)), du(dg.n);
-        // The site: n rows of 4 streams of `hidden` floats, random map weights.
-        const int64_t F = 4 * c.hidden, M = 24;
-        Dev<float> hs(rand_floats(static_cast<size_t>(n * F), ++seed, 4.0f)),
-            hfn(rand_floats(static_cast<size_t>(M * F), ++seed, 1.7f / std::sqrt(static_cast<float>(F) / 3.0f))),
-            hbase(rand_floats(static_cast<size_t>(M), ++seed)), hscale(std::vector<float>{0.8f, 1.3f, 2.0f}),
-            hcw(static_cast<size_t>(n * 4)), hx(static_cast<size_t>(n * c.hidden));
-        const size_t hws = hc_map_workspace_bytes(n, 4, c.hidden);
-        const int64_t hnc = hc_site_counter_count(n);
+        MapSite site(n, c.hidden, seed);  // the FFN site the pair's launch carries
         std::vector<float> pre[2], post[2], comb[2];
         size_t counters_left = 0;
         // Both forms: 0 the separate launches (the fold's switch on for the dense pair's fused form, no
@@ -975,34 +1023,14 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
               dout(static_cast<size_t>(m * c.hidden)), dsout(static_cast<size_t>(n * c.hidden));
           cudaMemset(dsa.p, 0xff, dsa.n * sizeof(float));
           cudaMemset(dsout.p, 0xff, dsout.n * sizeof(float));
-          Dev<float> hpre(static_cast<size_t>(n * 4)), hpost(hpre.n), hcomb(static_cast<size_t>(n * 16));
-          Dev<uint8_t> hw(hws);
-          Dev<uint32_t> hcnt(std::vector<uint32_t>(static_cast<size_t>(hnc), 0u));
-          HcSiteArgs site;
-          site.map.n = n;
-          site.map.c = 4;
-          site.map.h = c.hidden;
-          site.map.sinkhorn_iters = 20;
-          site.map.streams = hs.p;
-          site.map.fn = hfn.p;
-          site.map.scale = hscale.p;
-          site.map.base = hbase.p;
-          site.map.pre = hpre.p;
-          site.map.post = hpost.p;
-          site.map.comb = hcomb.p;
-          site.map.workspace = hw.p;
-          site.map.workspace_bytes = hws;
-          site.collapse_w = hcw.p;
-          site.x = hx.p;
-          site.counters = hcnt.p;
-          site.counters_size = hnc;
+          MapSiteOut so(site);
           HcMapFold mf;
           SharedUnits sp{&ds1.dw, &ds3.dw, dx.p, n, dsa.p};
           if (form == 1) {
-            ASSERT_TRUE(hc_site_map_fold(site, &mf)) << shape;
+            ASSERT_TRUE(hc_site_map_fold(so.args, &mf)) << shape;
             sp.map = &mf;
           } else {
-            ASSERT_TRUE(run_hc_site(site, nullptr, HcSitePart::kMap).ok());
+            ASSERT_TRUE(run_hc_site(so.args, nullptr, HcSitePart::kMap).ok());
           }
           const uint64_t before = tcg::moe_shared_fold_launches(), maps_before = tcg::map_fold_launches();
           Status st = run_expert_linear_pair_swiglu(w1.dweights->p, w3.dweights->p, c.E, c.inter, c.hidden, doff.p,
@@ -1035,10 +1063,10 @@ TEST(LinearParity, SharedUnitsFoldKeepTheBits) {
           sa[form] = dsa.get();
           out[form] = dout.get();
           sout[form] = dsout.get();
-          pre[form] = hpre.get();
-          post[form] = hpost.get();
-          comb[form] = hcomb.get();
-          for (uint32_t v : hcnt.get()) counters_left += v != 0;
+          pre[form] = so.pre.get();
+          post[form] = so.post.get();
+          comb[form] = so.comb.get();
+          counters_left += so.counters_left();
         }
         const size_t dm = bits_differ(pre[1], pre[0]) + bits_differ(post[1], post[0]) + bits_differ(comb[1], comb[0]);
         report("shared fold", shape + " carried site map (pre, post, comb) vs its own launch: bits differing",
@@ -1112,60 +1140,34 @@ TEST(LinearParity, NormedGemvCarriesSiteMap) {
                                   (cap ? " slot cap " + std::to_string(cap) : "");
         const auto x = rand_floats(static_cast<size_t>(n * c.in), ++seed);
         const auto nw = rand_floats(static_cast<size_t>(c.in), ++seed, 1.5f);
-        const int64_t F = 4 * c.h;
-        Dev<float> dnw(nw), hs(rand_floats(static_cast<size_t>(n * F), ++seed, 4.0f)),
-            hfn(rand_floats(static_cast<size_t>(24 * F), ++seed, 1.7f / std::sqrt(static_cast<float>(F) / 3.0f))),
-            hbase(rand_floats(24, ++seed)), hscale(std::vector<float>{0.8f, 1.3f, 2.0f}),
-            hcw(static_cast<size_t>(n * 4)), hx(static_cast<size_t>(n * c.h));
-        const size_t hws = hc_map_workspace_bytes(n, 4, c.h);
-        const int64_t hnc = hc_site_counter_count(n);
+        Dev<float> dnw(nw);
+        MapSite site(n, c.h, seed);
         std::vector<float> y[2], pre[2], post[2], comb[2];
         size_t left = 0;
         bool folded = false;
         for (int form : {0, 1}) {
-          Dev<float> dx(x), dy(static_cast<size_t>(n * c.out)), hpre(static_cast<size_t>(n * 4)), hpost(hpre.n),
-              hcomb(static_cast<size_t>(n * 16));
-          Dev<uint8_t> ws(hws);
-          Dev<uint32_t> cnt(std::vector<uint32_t>(static_cast<size_t>(hnc), 0u));
-          cudaMemset(hpre.p, 0xff, hpre.n * sizeof(float));
-          HcSiteArgs site;
-          site.map.n = n;
-          site.map.c = 4;
-          site.map.h = c.h;
-          site.map.sinkhorn_iters = 20;
-          site.map.streams = hs.p;
-          site.map.fn = hfn.p;
-          site.map.scale = hscale.p;
-          site.map.base = hbase.p;
-          site.map.pre = hpre.p;
-          site.map.post = hpost.p;
-          site.map.comb = hcomb.p;
-          site.map.workspace = ws.p;
-          site.map.workspace_bytes = hws;
-          site.collapse_w = hcw.p;
-          site.x = hx.p;
-          site.counters = cnt.p;
-          site.counters_size = hnc;
+          Dev<float> dx(x), dy(static_cast<size_t>(n * c.out));
+          MapSiteOut so(site);
           HcMapFold mf;
-          ASSERT_TRUE(hc_site_map_fold(site, &mf)) << shape;
+          ASSERT_TRUE(hc_site_map_fold(so.args, &mf)) << shape;
           const uint64_t before = tcg::map_fold_launches();
           ASSERT_TRUE(run_linear_normed(dw.dw, dx.p, n, dy.p, dnw.p, 1e-6f, nullptr, false, form ? &mf : nullptr).ok());
           if (form == 1) {
             folded = mf.folded;
             EXPECT_EQ(tcg::map_fold_launches(), before + (mf.folded ? 1 : 0)) << shape;
             if (!mf.folded) {
-              EXPECT_EQ(off_sentinel(hpre.get()), 0u) << shape << ": a map not carried must not be written";
-              ASSERT_TRUE(run_hc_site(site, nullptr, HcSitePart::kMap).ok());
+              EXPECT_EQ(off_sentinel(so.pre.get()), 0u) << shape << ": a map not carried must not be written";
+              ASSERT_TRUE(run_hc_site(so.args, nullptr, HcSitePart::kMap).ok());
             }
           } else {
-            ASSERT_TRUE(run_hc_site(site, nullptr, HcSitePart::kMap).ok());
+            ASSERT_TRUE(run_hc_site(so.args, nullptr, HcSitePart::kMap).ok());
           }
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           y[form] = dy.get();
-          pre[form] = hpre.get();
-          post[form] = hpost.get();
-          comb[form] = hcomb.get();
-          for (uint32_t v : cnt.get()) left += v != 0;
+          pre[form] = so.pre.get();
+          post[form] = so.post.get();
+          comb[form] = so.comb.get();
+          left += so.counters_left();
         }
         EXPECT_EQ(folded, c.format == WeightFormat::kFp8Tiles) << shape << ": the FP8 GEMV carries the map, BF16's not";
         const size_t d = count_bit_diffs(y[1], y[0]) + count_bit_diffs(pre[1], pre[0]) +
