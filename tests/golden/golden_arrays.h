@@ -64,10 +64,11 @@ struct TestModel {
   std::unique_ptr<model::Model> model;
 };
 
-inline TestModel load_golden_model(int threads = 2, const std::string& dir = golden_dir()) {
+inline TestModel load_golden_model(int threads = 2, const std::string& dir = golden_dir(),
+                                   backends::cpu::CpuBackendOptions opt = {}) {
   TestModel t;
   t.pool = std::make_unique<ThreadPool>(threads);
-  t.backend = std::make_unique<backends::cpu::CpuBackend>(t.pool.get());
+  t.backend = std::make_unique<backends::cpu::CpuBackend>(t.pool.get(), opt);
   model::LoadOptions lo;
   lo.tokenizer_dir = tokenizer_dir();
   auto m = model::Model::load(dir, lo, t.backend.get());

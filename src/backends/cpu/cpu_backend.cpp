@@ -135,6 +135,12 @@ void CpuBackend::linear(const WeightRef& w, const float* x, int64_t n, float* y)
   DS41_CHECK(w.present(), "linear on an absent weight '%s'", w.name);
   const int64_t in = w.in_dim, out = w.out_dim;
   if (n == 0) return;
+  std::vector<float> xq;  // the official path's quantized activations (MODEL_SPEC 3.0, Q3)
+  if (quant::act_quant_applies(opt_.act, w.format)) {
+    xq.resize(static_cast<size_t>(n * in));
+    quant::act_quant_fp8_rows(x, n, in, xq.data());
+    x = xq.data();
+  }
   if (opt_.cache_dequantized || w.format == WeightFormat::kF32) {
     const float* wf = dequantized(w);
     for_rows(out, 16, [&](int64_t ob, int64_t oe) { linear_rows(wf, 0, ob, oe, x, n, in, out, y); });
@@ -158,6 +164,12 @@ void CpuBackend::grouped_linear(const WeightRef& w, int64_t groups, const float*
   DS41_CHECK_EQ(w.out_dim % groups, 0, "grouped_linear '%s': out_dim %lld not divisible by %lld groups",
                 w.name, static_cast<long long>(w.out_dim), static_cast<long long>(groups));
   const int64_t in_g = w.in_dim, out_g = w.out_dim / groups, out = w.out_dim;
+  std::vector<float> xq;  // each group's K = in_g is quantized on its own (one GEMM per group)
+  if (quant::act_quant_applies(opt_.act, w.format) && n > 0) {
+    xq.resize(static_cast<size_t>(n * groups * in_g));
+    quant::act_quant_fp8_rows(x, n * groups, in_g, xq.data());
+    x = xq.data();
+  }
   const float* wf = dequantized(w);  // always cached: the reference path (small)
   for_rows(out, 16, [&](int64_t ob, int64_t oe) {
     for (int64_t o = ob; o < oe; ++o) {

@@ -16,11 +16,15 @@
 
 #include "core/thread_pool.h"
 #include "ops/backend.h"
+#include "quant/act_quant.h"
 
 namespace ds41::backends::cpu {
 
 struct CpuBackendOptions {
   bool cache_dequantized = true;
+  // The activation numerics of the FP8 / FP4 linears (quant/act_quant.h): kExact keeps x in float32
+  // (the goldens' numerics), kFp8Block32 quantizes x per 32 along K to E4M3 first (the official path).
+  quant::ActNumerics act = quant::ActNumerics::kExact;
 };
 
 class CpuBackend final : public ops::Backend {

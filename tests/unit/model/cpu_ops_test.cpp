@@ -65,5 +65,52 @@ TEST(CpuOps, QuantizedResidentLinearEqualsCached) {
   EXPECT_EQ(y1, y2);
 }
 
+// --numerics fp8-act (quant/act_quant.h): an FP8 or FP4 linear (plain and grouped) computes with its
+// input quantized per 32 along K, in both weight-residency modes; a BF16 linear takes x as it is.
+TEST(CpuOps, Fp8ActLinearQuantizesTheInputOfFp8AndFp4Weights) {
+  ThreadPool pool(2);
+  CpuBackendOptions fo;
+  fo.act = quant::ActNumerics::kFp8Block32;
+  CpuBackendOptions fo_res = fo;
+  fo_res.cache_dequantized = false;
+  CpuBackend exact(&pool), fp8(&pool, fo), fp8_res(&pool, fo_res);
+  const int64_t n = 3, in = 96, out = 64;
+  std::vector<uint8_t> q(out * in), sc(2 * 3, 127), bf(out * in * 2), f4(out * in / 2), s4(out * in / 32, 126);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<uint8_t>((i * 37 + 11) % 0x7e);  // finite E4M3
+  for (size_t i = 0; i < bf.size(); i += 2) { bf[i] = 0; bf[i + 1] = static_cast<uint8_t>(0x3f - (i / 2) % 3); }
+  for (size_t i = 0; i < f4.size(); ++i) f4[i] = static_cast<uint8_t>(i * 29 + 5);
+  ops::WeightRef w8{ops::WeightFormat::kFp8Tiles, q.data(), sc.data(), out, in, "w8"};
+  ops::WeightRef w4{ops::WeightFormat::kFp4Rows, f4.data(), s4.data(), out, in, "w4"};
+  ops::WeightRef wb{ops::WeightFormat::kBF16, bf.data(), nullptr, out, in, "wb"};
+  std::vector<float> x(n * in);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + i % 5);
+  std::vector<float> xq(x.size());
+  quant::act_quant_fp8_rows(x.data(), n, in, xq.data());
+  ASSERT_NE(x, xq);
+  auto lin = [&](CpuBackend& be, const ops::WeightRef& w, const std::vector<float>& in_x) {
+    std::vector<float> y(n * out);
+    be.linear(w, in_x.data(), n, y.data());
+    return y;
+  };
+  for (const ops::WeightRef* w : {&w8, &w4}) {
+    SCOPED_TRACE(w->name);
+    EXPECT_EQ(lin(fp8, *w, x), lin(exact, *w, xq));
+    EXPECT_EQ(lin(fp8_res, *w, x), lin(exact, *w, xq));
+    EXPECT_NE(lin(fp8, *w, x), lin(exact, *w, x));
+  }
+  EXPECT_EQ(lin(fp8, wb, x), lin(exact, wb, x));
+  // Grouped (wo_a): 2 groups of K = 48 each; each group's K is quantized on its own (blocks 32 + 16).
+  ops::WeightRef wg{ops::WeightFormat::kFp8Tiles, q.data(), sc.data(), out, in / 2, "wg"};
+  std::vector<uint8_t> scg(2 * 2, 127);
+  wg.scale = scg.data();
+  std::vector<float> xg(n * in), xgq(n * in);
+  for (size_t i = 0; i < xg.size(); ++i) xg[i] = (i % 48 < 32 ? 100.0f : 0.01f) * std::cos(0.11f * static_cast<float>(i));
+  quant::act_quant_fp8_rows(xg.data(), n * 2, in / 2, xgq.data());
+  std::vector<float> ya(n * out), yb(n * out);
+  fp8.grouped_linear(wg, 2, xg.data(), n, ya.data());
+  exact.grouped_linear(wg, 2, xgq.data(), n, yb.data());
+  EXPECT_EQ(ya, yb);
+}
+
 }  // namespace
 }  // namespace ds41::backends::cpu
