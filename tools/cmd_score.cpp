@@ -502,10 +502,12 @@ Status run_score_dspark(const ScoreArgs& a, const engine::DsparkScoreInput& in) 
   std::string producer;
   if (device == "cpu") {
     DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
+    Result<quant::ActNumerics> act = quant::parse_act_numerics(a.device.numerics);
+    if (!act.ok()) return act.status().with_context("--numerics");
     DS41_ASSIGN_OR_RETURN(LoadedModel lm,
-                          load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
+                          load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit, *act));
     DS41_ASSIGN_OR_RETURN(arrays, engine::dspark_score(lm.model.get(), in));
-    producer = "ds41 score --dspark (CPU reference)";
+    producer = std::string("ds41 score --dspark (CPU reference, numerics ") + quant::act_numerics_name(*act) + ")";
   } else {
     EngineRequest req;
     req.model_dir = a.model_dir;
@@ -559,13 +561,15 @@ Status run_score(const ScoreArgs& a) {
   DS41_ASSIGN_OR_RETURN(const std::string device, engine_device(a.device));
   if (device != "cpu") return run_score_engine(a, prompts, dec, replay_decoder, replay_h, input.image_paths);
   DS41_ASSIGN_OR_RETURN(const uint64_t memory_limit, parse_memory_limit(a.memory_limit));
+  Result<quant::ActNumerics> act = quant::parse_act_numerics(a.device.numerics);
+  if (!act.ok()) return act.status().with_context("--numerics");
   DS41_ASSIGN_OR_RETURN(LoadedModel lm,
-                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit));
+                        load_cpu_model(a.model_dir, a.tokenizer_dir, a.threads, 4096, memory_limit, *act));
   model::Model& m = *lm.model;
   const model::ModelConfig& c = m.config();
   const int64_t V = c.vocab_size;
   model::SafetensorsWriter w;
-  w.set_metadata("producer", "ds41 score (CPU reference)");
+  w.set_metadata("producer", std::string("ds41 score (CPU reference, numerics ") + quant::act_numerics_name(*act) + ")");
   const bool vision = !input.image_paths.empty();
   std::vector<model::EncodedImage> encoded;
   if (vision) {

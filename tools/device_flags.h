@@ -32,6 +32,8 @@ struct DeviceFlags {
   std::string load_format = "auto";
   uint64_t seed = 0;
   bool engram_host_pinned = false;
+  // --numerics of the engine commands (add_engine_device_flags): exact | fp8-act (quant/act_quant.h).
+  std::string numerics = "exact";
 };
 
 // Registers --device (and, with load_flags, --load-format, --seed, --engram-host-pinned) on `sub`.

@@ -52,21 +52,25 @@ class OwningEngine final : public engine::ForwardingEngine {
   std::unique_ptr<engine::Engine> owned_;
 };
 
-Result<EngineHandle> make_cpu_engine(const EngineRequest& r) {
+Result<EngineHandle> make_cpu_engine(const EngineRequest& r, quant::ActNumerics act) {
   auto lm = std::make_shared<LoadedModel>();
   DS41_RETURN_IF_ERROR(check_model_fits(r.model_dir, r.context_tokens, r.memory_limit));
   const auto t0 = std::chrono::steady_clock::now();
   lm->pool = std::make_unique<ThreadPool>(r.threads);
-  lm->backend = std::make_unique<backends::cpu::CpuBackend>(lm->pool.get());
+  backends::cpu::CpuBackendOptions bo;
+  bo.act = act;
+  lm->backend = std::make_unique<backends::cpu::CpuBackend>(lm->pool.get(), bo);
   model::LoadOptions lo;
   lo.tokenizer_dir = r.tokenizer_dir;
   LoadProgress progress(stderr, LoadProgress::mode_for(stderr, r.quiet), r.who + ": weights");
   lo.progress = [&progress](uint64_t done, uint64_t total) { progress.update(done, total); };
   DS41_ASSIGN_OR_RETURN(lm->model, model::Model::load(r.model_dir, lo, lm->backend.get()));
   if (!r.quiet)
-    std::fprintf(stderr, "%s: model loaded in %.1f s (cpu, %d threads)\n", r.who.c_str(),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), r.threads);
+    std::fprintf(stderr, "%s: model loaded in %.1f s (cpu, %d threads, numerics %s)\n", r.who.c_str(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), r.threads,
+                 quant::act_numerics_name(act));
   EngineHandle h;
+  h.numerics = act;
   h.config = lm->model->config();
   h.schedule = lm->model->schedule();
   h.cpu_pool = lm->pool.get();
@@ -167,6 +171,9 @@ void add_engine_device_flags(CLI::App* cmd, DeviceFlags* f, bool seed_flag) {
       "--load-format", f->load_format,
       "--device cuda: auto (default), safetensors, or dummy (seeded random weights on the device)");
 #endif
+  cmd->add_option("--numerics", f->numerics,
+                  "exact (default: activations in float32, the goldens' numerics) | fp8-act (the official path: "
+                  "activations quantized to FP8 per 32 before every FP8 / FP4 linear; --device cpu only so far)");
 }
 
 Result<std::string> engine_device(const DeviceFlags& f) {
@@ -196,7 +203,13 @@ std::string device_name(const DeviceFlags& f) {
 
 Result<EngineHandle> make_engine(const DeviceFlags& flags, const EngineRequest& req) {
   DS41_ASSIGN_OR_RETURN(const std::string dev, engine_device(flags));
-  if (dev == "cpu") return make_cpu_engine(req);
+  Result<quant::ActNumerics> act = quant::parse_act_numerics(flags.numerics);
+  if (!act.ok()) return act.status().with_context("--numerics");
+  if (dev == "cpu") return make_cpu_engine(req, *act);
+  if (*act != quant::ActNumerics::kExact)
+    return unimplemented(std::string("--numerics ") + quant::act_numerics_name(*act) +
+                         ": the cuda engine computes the exact numerics only so far "
+                         "(docs/numerics_fp8_activations.md); use --device cpu or --numerics exact");
 #ifdef DS41_HAVE_CUDA_ENGINE
   return make_gpu_engine(flags, req);
 #else

@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/layer_schedule.h"
 #include "model/model.h"
+#include "quant/act_quant.h"
 
 #if __has_include("device_flags.h")
 #include "device_flags.h"  // DeviceFlags, add_device_flags, resolve_device (tools/device_flags.h)
@@ -33,14 +34,15 @@ struct DeviceFlags {
   std::string load_format = "auto";
   uint64_t seed = 0;
   bool engram_host_pinned = false;
+  std::string numerics = "exact";
 };
 }  // namespace ds41::cli
 #endif
 
 namespace ds41::cli {
 
-// Registers --device and --load-format on `cmd` (and, through tools/device_flags.h when it is
-// there, --seed unless seed_flag is false, and --engram-host-pinned).
+// Registers --device, --load-format and --numerics on `cmd` (and, through tools/device_flags.h when it
+// is there, --seed unless seed_flag is false, and --engram-host-pinned).
 void add_engine_device_flags(CLI::App* cmd, DeviceFlags* f, bool seed_flag = true);
 // "cpu" or "cuda" for the flags; InvalidArgument for another name or load format,
 // FailedPrecondition for cuda in a build without the GPU engine ("this ds41 was built without
@@ -71,6 +73,9 @@ struct EngineHandle {
   model::LayerSchedule schedule;
   ThreadPool* cpu_pool = nullptr;  // the CPU engine's thread pool (idle between forwards); null for the GPU
   const model::Model* cpu_model = nullptr;  // the CPU engine's model; null for the GPU
+  // The activation numerics the engine computes with (--numerics); part of the prefix cache's model
+  // identity (KV computed under one never serves the other).
+  quant::ActNumerics numerics = quant::ActNumerics::kExact;
   // Every row's logits (and records) of `tokens` continuing `seq`, in chunks (0 = as large as
   // the engine takes), with optional image spans (flags per token + the flagged positions' rows,
   // as engine::StepItem; each chunk carries its slice): `ds41 score`. Set for the GPU engine (the

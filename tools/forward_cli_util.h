@@ -81,13 +81,17 @@ inline Status check_model_fits(const std::string& dir, int64_t context_tokens, u
       e.value(), avail, memory_limit > 0 ? "under --memory-limit" : "on this machine (MemAvailable)");
 }
 
+// act: the activation numerics of the FP8 / FP4 linears (--numerics; quant/act_quant.h).
 inline Result<LoadedModel> load_cpu_model(const std::string& dir, const std::string& tokenizer_dir,
                                           int threads, int64_t context_tokens = 4096,
-                                          uint64_t memory_limit = 0) {
+                                          uint64_t memory_limit = 0,
+                                          quant::ActNumerics act = quant::ActNumerics::kExact) {
   DS41_RETURN_IF_ERROR(check_model_fits(dir, context_tokens, memory_limit));
   LoadedModel lm;
   lm.pool = std::make_unique<ThreadPool>(threads);
-  lm.backend = std::make_unique<backends::cpu::CpuBackend>(lm.pool.get());
+  backends::cpu::CpuBackendOptions bo;
+  bo.act = act;
+  lm.backend = std::make_unique<backends::cpu::CpuBackend>(lm.pool.get(), bo);
   model::LoadOptions lo;
   lo.tokenizer_dir = tokenizer_dir;
   DS41_ASSIGN_OR_RETURN(lm.model, model::Model::load(dir, lo, lm.backend.get()));

@@ -195,6 +195,10 @@ Result<std::unique_ptr<ServingEngine>> start_serving_engine(const EngineArgs& a,
   if (!a.no_prefix_cache) {
     DS41_ASSIGN_OR_RETURN(model::KvLayout layout, model::make_kv_layout(se->engine.config, se->engine.schedule));
     DS41_ASSIGN_OR_RETURN(std::string identity, engine::model_identity(a.model_dir, layout));
+    // KV computed with FP8 activations never serves an exact request nor the reverse (the exact
+    // identity keeps its form: caches written before --numerics stay valid).
+    if (se->engine.numerics != quant::ActNumerics::kExact)
+      identity += std::string(" numerics=") + quant::act_numerics_name(se->engine.numerics);
     DS41_ASSIGN_OR_RETURN(engine::PrefixCacheConfig pcc, prefix_cache_config(a, identity));
     se->cache_registry = std::make_unique<kvcache::MetricsRegistry>();
     DS41_ASSIGN_OR_RETURN(se->cache,

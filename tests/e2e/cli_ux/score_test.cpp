@@ -58,5 +58,43 @@ TEST(ScoreUx, ReadOnlyOutputFolderFailsBeforeLoading) {
   std::filesystem::remove_all(dir);
 }
 
+// --numerics fp8-act (quant/act_quant.h): the CPU reference scores with FP8 activations, says so in the
+// file's producer, and its logits differ from the exact path's; an unknown value is refused by name
+// before the model loads.
+TEST(ScoreUx, NumericsFp8ActIsAppliedAndNamed) {
+  const std::string dir = fresh_dir("score_numerics");
+  const std::string in = " --input " + kGold + "/manifest.json";
+  RunResult ex = run_ds41("score --model " + kGold + " --tokenizer " + kTok + in + " --out " + dir + "/ex.safetensors");
+  ASSERT_EQ(ex.exit_code, 0) << dump(ex);
+  RunResult f8 = run_ds41("score --model " + kGold + " --tokenizer " + kTok + in + " --numerics fp8-act --out " + dir +
+                          "/f8.safetensors");
+  ASSERT_EQ(f8.exit_code, 0) << dump(f8);
+  auto header = [](const std::string& st) {
+    uint64_t n = 0;
+    std::memcpy(&n, st.data(), 8);
+    return nlohmann::json::parse(st.substr(8, n));
+  };
+  const std::string a = slurp(dir + "/ex.safetensors"), b = slurp(dir + "/f8.safetensors");
+  ASSERT_GT(a.size(), 8u);
+  ASSERT_GT(b.size(), 8u);
+  auto ha = header(a), hb = header(b);
+  EXPECT_EQ(ha["__metadata__"]["producer"], "ds41 score (CPU reference, numerics exact)");
+  EXPECT_EQ(hb["__metadata__"]["producer"], "ds41 score (CPU reference, numerics fp8-act)");
+  // prompt0.logits: same shape, different values.
+  auto off = [](const nlohmann::json& h, const std::string& st, const char* name) {
+    uint64_t n = 0;
+    std::memcpy(&n, st.data(), 8);
+    const auto& o = h[name]["data_offsets"];
+    return st.substr(8 + n + o[0].get<size_t>(), o[1].get<size_t>() - o[0].get<size_t>());
+  };
+  const std::string la = off(ha, a, "prompt0.logits"), lb = off(hb, b, "prompt0.logits");
+  EXPECT_EQ(la.size(), lb.size());
+  EXPECT_NE(la, lb);
+  RunResult bad = run_ds41("score --model /nonexistent/m" + in + " --numerics fp16 --out " + dir + "/x.safetensors");
+  EXPECT_EQ(bad.exit_code, 1) << dump(bad);
+  EXPECT_TRUE(has(bad.err, "unknown numerics 'fp16' (accepted: exact, fp8-act)")) << dump(bad);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace ds41::testing_cli
