@@ -81,7 +81,7 @@ Result<EngineHandle> make_cpu_engine(const EngineRequest& r, quant::ActNumerics 
 }
 
 #ifdef DS41_HAVE_CUDA_ENGINE
-Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& r) {
+Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& r, quant::ActNumerics act) {
   const auto t0 = std::chrono::steady_clock::now();
   gpu::DeviceLoadOptions o;
   DS41_ASSIGN_OR_RETURN(o.format, load_format_of(f));
@@ -99,6 +99,7 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
   eo.limits.max_step_seqs = r.max_sequences;
   eo.limits.max_context = r.max_context;
   eo.limits.max_logit_rows = r.max_logit_rows;
+  eo.limits.numerics = act;
   // DSpark (issue 17): a verification returns B + 1 logits rows per sequence; room for every
   // sequence's in one forward (unless the caller sized the rows).
   const model::ModelConfig& mc = model->config();
@@ -114,6 +115,7 @@ Result<EngineHandle> make_gpu_engine(const DeviceFlags& f, const EngineRequest& 
   EngineHandle h;
   h.config = model->config();
   h.schedule = model->schedule();
+  h.numerics = act;
   gpu::CudaEngine* raw = ce.get();
   const size_t H = static_cast<size_t>(model->config().hidden_size);
   h.forward_all = [raw, H](engine::SeqId seq, std::span<const int32_t> tokens, int64_t chunk, bool record,
@@ -173,7 +175,7 @@ void add_engine_device_flags(CLI::App* cmd, DeviceFlags* f, bool seed_flag) {
 #endif
   cmd->add_option("--numerics", f->numerics,
                   "exact (default: activations in float32, the goldens' numerics) | fp8-act (the official path: "
-                  "activations quantized to FP8 per 32 before every FP8 / FP4 linear; --device cpu only so far)");
+                  "activations quantized to FP8 per 32 before every FP8 / FP4 linear, prefill GEMMs in one pass)");
 }
 
 Result<std::string> engine_device(const DeviceFlags& f) {
@@ -206,12 +208,8 @@ Result<EngineHandle> make_engine(const DeviceFlags& flags, const EngineRequest& 
   Result<quant::ActNumerics> act = quant::parse_act_numerics(flags.numerics);
   if (!act.ok()) return act.status().with_context("--numerics");
   if (dev == "cpu") return make_cpu_engine(req, *act);
-  if (*act != quant::ActNumerics::kExact)
-    return unimplemented(std::string("--numerics ") + quant::act_numerics_name(*act) +
-                         ": the cuda engine computes the exact numerics only so far "
-                         "(docs/numerics_fp8_activations.md); use --device cpu or --numerics exact");
 #ifdef DS41_HAVE_CUDA_ENGINE
-  return make_gpu_engine(flags, req);
+  return make_gpu_engine(flags, req, *act);
 #else
   return failed_precondition("--device cuda: this ds41 was built without CUDA");
 #endif

@@ -41,7 +41,10 @@ Result<std::unique_ptr<CudaEngine>> CudaEngine::create(const DeviceModel* model,
   DS41_ASSIGN_OR_RETURN(e->pool_, KvBlockPool::create(layout, pages, opt.entries_per_page));
   DS41_ASSIGN_OR_RETURN(e->slots_, SequenceSlots::create(layout, opt.max_sequences));
   DS41_ASSIGN_OR_RETURN(e->fwd_, GpuForward::create(*model, lim, &e->pool_, &e->slots_, e->stream_));
-  if (opt.vision && c.has_vision) {
+  // The vision tower computes with exact activations only: under --numerics fp8-act the engine has no
+  // tower, and an image is refused by name (encode_images) rather than encoded with other numerics than
+  // the CPU reference's.
+  if (opt.vision && c.has_vision && lim.numerics == quant::ActNumerics::kExact) {
     DS41_RETURN_IF_ERROR(cuda::cuda_status(cudaStreamCreateWithFlags(&e->vision_stream_, cudaStreamNonBlocking),
                                            "create the vision encoder stream"));
     DS41_ASSIGN_OR_RETURN(e->vision_, GpuVisionTower::create(*model, opt.vision_limits, e->vision_stream_));
@@ -374,9 +377,11 @@ Result<std::vector<std::vector<float>>> CudaEngine::encode_images(
     std::span<const image::PreparedImage* const> images) {
   if (!vision_)
     return failed_precondition(
-        model_->config().has_vision
-            ? "the GPU engine was created without its vision tower (CudaEngineOptions::vision)"
-            : "this model has no vision tower (no vision_config in config.json)");
+        !model_->config().has_vision ? "this model has no vision tower (no vision_config in config.json)"
+        : fwd_->limits().numerics != quant::ActNumerics::kExact
+            ? "images need --numerics exact on the cuda engine (its vision tower has no fp8-act form yet; "
+              "--device cpu encodes them with FP8 activations)"
+            : "the GPU engine was created without its vision tower (CudaEngineOptions::vision)");
   // The caller may be the loop's encoder thread: the tower's device is current on it, and it runs
   // alone on its stream (Engine contract: encode_images concurrently with step()).
   std::lock_guard<std::mutex> lk(encode_mu_);

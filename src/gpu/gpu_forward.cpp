@@ -171,8 +171,19 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(const DeviceModel& m, con
 // prefill tensor cores: their rows must get the bits a one-row decode step gives them, whatever the
 // batch (MODEL_SPEC 3.10.7 lossless). The GEMV kernels they take are row-count invariant
 // (tc_gemv_kernels.h), as is the attention with SparseAttentionArgs::row_invariant.
+Result<const float*> GpuForward::act_input(quant::WeightFormat f, const float* x, int64_t rows, int64_t k) {
+  if (!act_quantized(f) || rows <= 0) return x;
+  if (rows * k > ws_.xq_elems)
+    return internal_error("--numerics fp8-act: a linear's input of " + std::to_string(rows) + " x " +
+                          std::to_string(k) + " values exceeds the workspace's " + std::to_string(ws_.xq_elems));
+  DS41_RETURN_IF_ERROR(cuda::run_act_quant_rows(x, rows, k, ws_.xq, stream_));
+  return static_cast<const float*>(ws_.xq);
+}
+
 Status GpuForward::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y) {
-  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) return tc_->linear(w, x, n, y);
+  DS41_ASSIGN_OR_RETURN(x, act_input(w.format, x, n, w.in_dim));
+  // Quantized inputs are exact in bfloat16: the prefill GEMM takes one part (tensor_core_linear.h).
+  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) return tc_->linear(w, x, n, y, act_quantized(w.format));
   return cuda::run_linear(w, x, n, y, stream_, row_invariant_);
 }
 
@@ -180,9 +191,10 @@ Status GpuForward::linear_normed(const cuda::DeviceWeight& w, float* x, int64_t 
                                  cuda::HcMapFold* map) {
   const float eps = static_cast<float>(c_->rms_norm_eps);
   if (map != nullptr) map->folded = false;
-  if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the norm, then the GEMM
+  if ((tc_ && !row_invariant_ && tc_->accepts(w, n)) || act_quantized(w.format)) {
+    // prefill (and fp8-act: the input is quantized after the norm): the norm, then the linear
     DS41_RETURN_IF_ERROR(cuda::run_rms_norm(x, n, w.in_dim, norm_weight, eps, x, stream_));
-    return tc_->linear(w, x, n, y);
+    return linear(w, x, n, y);
   }
   return cuda::run_linear_normed(w, x, n, y, norm_weight, eps, stream_, row_invariant_, map);
 }
@@ -191,16 +203,19 @@ Status GpuForward::try_linear_normed(const cuda::DeviceWeight& w, const float* x
                                      const float* norm_weight, bool* took) {
   *took = false;
   if (tc_ && !row_invariant_ && tc_->accepts(w, n)) return ok_status();  // prefill: the GEMMs
+  if (act_quantized(w.format)) return ok_status();  // fp8-act: the norm, then linear() (quantizing)
   return cuda::try_linear_normed(w, x, n, y, norm_weight, static_cast<float>(c_->rms_norm_eps), stream_,
                                  row_invariant_, took);
 }
 
 Status GpuForward::linear_pair(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
                                int64_t n, float* y, float* y2) {
-  if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) {  // prefill: the GEMMs
+  if ((tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) ||
+      act_quantized(w.format) != act_quantized(w2.format)) {  // prefill: the GEMMs (or one input each)
     DS41_RETURN_IF_ERROR(linear(w, x, n, y));
     return linear(w2, x, n, y2);
   }
+  DS41_ASSIGN_OR_RETURN(x, act_input(w.format, x, n, w.in_dim));
   return cuda::run_linear_pair(w, w2, x, n, y, y2, stream_, row_invariant_);
 }
 
@@ -208,6 +223,12 @@ Status GpuForward::try_linear_dual(const cuda::DeviceWeight& w, const cuda::Devi
                                    int64_t n, float* y, float* y2, bool* took, const float* norm_weight) {
   *took = false;
   if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) return ok_status();  // prefill
+  if (act_quantized(w.format) || act_quantized(w2.format)) {
+    // fp8-act: one quantized input for both, where both quantize it and the norm is not in the staging
+    if (norm_weight != nullptr || act_quantized(w.format) != act_quantized(w2.format) || w.in_dim != w2.in_dim)
+      return ok_status();
+    DS41_ASSIGN_OR_RETURN(x, act_input(w.format, x, n, w.in_dim));
+  }
   if (norm_weight == nullptr) return cuda::try_linear_dual(w, w2, x, n, y, y2, stream_, row_invariant_, took);
   return cuda::try_linear_dual_normed(w, w2, x, n, y, y2, norm_weight, static_cast<float>(c_->rms_norm_eps), stream_,
                                       row_invariant_, took);
@@ -215,7 +236,10 @@ Status GpuForward::try_linear_dual(const cuda::DeviceWeight& w, const cuda::Devi
 
 Status GpuForward::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
                                   float* y) {
-  if (tc_ && !row_invariant_ && tc_->accepts_grouped(w, groups, n)) return tc_->grouped_linear(w, groups, x, n, y);
+  // Each group's K (in_dim) quantized on its own, as the CPU reference's grouped_linear.
+  DS41_ASSIGN_OR_RETURN(x, act_input(w.format, x, n * groups, w.in_dim));
+  if (tc_ && !row_invariant_ && tc_->accepts_grouped(w, groups, n))
+    return tc_->grouped_linear(w, groups, x, n, y, act_quantized(w.format));
   return cuda::run_grouped_linear(w, groups, x, n, y, stream_, row_invariant_);
 }
 
@@ -224,6 +248,10 @@ Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda:
                                  int64_t m_max, float* y, bool routing_early, cuda::SharedUnits* shared) {
   const int64_t E = static_cast<int64_t>(experts.size());
   if (shared != nullptr) shared->folded = false;
+  if (!experts.empty()) {
+    if (shared != nullptr && act_quantized((experts.front().*which).format)) shared = nullptr;  // not folded
+    DS41_ASSIGN_OR_RETURN(x, act_input((experts.front().*which).format, x, m_max, in_dim));
+  }
   if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {
     expert_scratch_.resize(experts.size());
     for (size_t e = 0; e < experts.size(); ++e) expert_scratch_[e] = experts[e].*which;
@@ -241,6 +269,12 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
                                       const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
                                       const float* x, const int64_t* x_rows, float* gathered, int64_t m_max,
                                       float* y, float* y2) {
+  if (!experts.empty() && act_quantized((experts.front().*which).format)) {
+    // fp8-act: the token rows x (n_ of them, read through x_rows) quantized once for both matrices
+    if (act_quantized((experts.front().*which).format) != act_quantized((experts.front().*which2).format))
+      return invalid_argument("--numerics fp8-act: an expert pair of two weight formats");
+    DS41_ASSIGN_OR_RETURN(x, act_input((experts.front().*which).format, x, n_, in_dim));
+  }
   if (tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows) {  // prefill: the tensor-core GEMMs
     expert_scratch_.resize(experts.size());
     expert_scratch2_.resize(experts.size());
@@ -276,8 +310,9 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
 
 Status GpuForward::linear_expand(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y,
                                  const cuda::HcExpandEpilogue& ex) {
+  DS41_ASSIGN_OR_RETURN(x, act_input(w.format, x, n, w.in_dim));
   if (tc_ && !row_invariant_ && tc_->accepts(w, n)) {  // prefill: the GEMM, then the expand
-    DS41_RETURN_IF_ERROR(tc_->linear(w, x, n, y));
+    DS41_RETURN_IF_ERROR(tc_->linear(w, x, n, y, act_quantized(w.format)));
     return cuda::run_hc_expand(ex.streams, y, ex.post, ex.comb, n, ex.c, w.out_dim, stream_);
   }
   return cuda::run_linear_expand(w, x, n, y, ex, stream_, row_invariant_);
@@ -285,10 +320,12 @@ Status GpuForward::linear_expand(const cuda::DeviceWeight& w, const float* x, in
 
 Status GpuForward::linear_pair_swiglu(const cuda::DeviceWeight& w, const cuda::DeviceWeight& w2, const float* x,
                                       int64_t n, float* y, float* y2, const cuda::SwigluEpilogue& sw) {
-  if (tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) {  // prefill: the GEMMs, the SwiGLU
+  if ((tc_ && !row_invariant_ && (tc_->accepts(w, n) || tc_->accepts(w2, n))) ||
+      act_quantized(w.format) != act_quantized(w2.format)) {  // prefill: the GEMMs, the SwiGLU
     DS41_RETURN_IF_ERROR(linear_pair(w, w2, x, n, y, y2));
     return cuda::run_swiglu(y, y2, n, w.out_dim, sw.limit, sw.row_scale, sw.act, stream_);
   }
+  DS41_ASSIGN_OR_RETURN(x, act_input(w.format, x, n, w.in_dim));
   return cuda::run_linear_pair_swiglu(w, w2, x, n, y, y2, sw, stream_, row_invariant_);
 }
 
@@ -303,6 +340,12 @@ Status GpuForward::expert_linear_pair_swiglu(const std::vector<DeviceExpert>& ex
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
   const quant::WeightFormat format2 = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which2).format;
   const bool gemms = tc_ && !row_invariant_ && m_max >= lim_.tensor_core_min_rows;
+  if (act_quantized(format)) {  // fp8-act: the token rows quantized here (expert_linear_pair's rule); no units
+    shared = nullptr;
+    if (!gemms && format == format2 && !routed_rows_gather()) {
+      DS41_ASSIGN_OR_RETURN(x, act_input(format, x, n_, in_dim));
+    }
+  }
   if (gemms || format != format2 || routed_rows_gather()) {  // the paths of expert_linear_pair, then the SwiGLU
     DS41_RETURN_IF_ERROR(
         expert_linear_pair(experts, which, which2, d_w, d_w2, out_dim, in_dim, x, x_rows, gathered, m_max, y, y2));
@@ -326,6 +369,7 @@ GpuForward::~GpuForward() {
 // forwards whose every linear, routed rows included, is below tensor_core_min_rows.
 bool GpuForward::side_ok() const {
   if (side_ == nullptr) return false;
+  if (lim_.numerics != quant::ActNumerics::kExact) return false;  // one ws_.xq: every launch on the main stream
   if (row_invariant_ || !tc_) return true;
   const int64_t k = std::max({c_->num_experts_per_tok, c_->dspark_num_experts_per_tok, int64_t{1}});
   return n_ * k < lim_.tensor_core_min_rows;

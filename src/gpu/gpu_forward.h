@@ -307,6 +307,14 @@ class GpuForward {
              const float* expand_comb = nullptr, bool routed_ready = false, const cuda::NextCollapse* next = nullptr,
              cuda::HcMapFold* map = nullptr);
 
+  // --numerics fp8-act (GpuLimits::numerics): the input of a linear over a weight of format f, rows x k
+  // values, quantized per 32 along K into ws_.xq (cuda::run_act_quant_rows, the CPU reference's
+  // quant::act_quant_fp8_rows bit for bit); x itself where the mode or the format leaves x as it is.
+  // Every linear entry point below takes its input through it (the one-launch forms that normalize x in
+  // their staging or carry the shared expert's units do not run in that mode).
+  Result<const float*> act_input(quant::WeightFormat f, const float* x, int64_t rows, int64_t k);
+  bool act_quantized(quant::WeightFormat f) const { return quant::act_quant_applies(lim_.numerics, f); }
+
   // The linears: tensor cores (TensorCoreLinear) for prefill-sized calls, else the GEMV / tile
   // kernels of backends/cuda/linear_kernels.h.
   Status linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y);

@@ -60,7 +60,7 @@ Status GpuForward::moe_entry(const DeviceLayer& w, const float* collapse_w, cons
 }
 
 bool GpuForward::shared_fold_ok(int64_t nk) const {
-  return cuda::moe_shared_fold() && (!tc_ || row_invariant_ || nk < lim_.tensor_core_min_rows) &&
+  return cuda::moe_shared_fold() && lim_.numerics == quant::ActNumerics::kExact && (!tc_ || row_invariant_ || nk < lim_.tensor_core_min_rows) &&
          (row_invariant_ || n_ <= cuda::kTensorCoreGemvRows);
 }
 

@@ -72,6 +72,15 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
 
   GpuWorkspace w;
   w.ts_max = TS;
+  if (lim.numerics != quant::ActNumerics::kExact) {
+    // The widest input of an FP8 / FP4 linear over N rows (x, q_r, the attention output into wo_a, z into
+    // wo_b, the shared expert's act, Engram rows, DSpark's concatenated features), and the routed experts'
+    // w2 input (N * k rows of I).
+    const int64_t kd = std::max(k, c.dspark_num_experts_per_tok);
+    const int64_t kmax = std::max({H, c.q_lora_rank, nh * hd, c.o_groups * c.o_lora_rank, Is, cols * ed,
+                                   c.num_nextn_predict_layers > 0 ? 3 * H : int64_t{0}});
+    w.xq_elems = std::max(N * kmax, N * kd * I);
+  }
   w.kvf_rows = N + S * W + N * K;
   w.scratch_bytes =
       std::max({cuda::topk_workspace_bytes(N, std::max<int64_t>(TS, 1), std::max<int64_t>(K, 1)),
@@ -138,6 +147,7 @@ Result<GpuWorkspace> create_workspace(const DeviceModel& m, const GpuLimits& lim
     cv.take(w.hp, L * C);
     cv.take(w.h, L * H);
     cv.take(w.logits, L * V);
+    cv.take(w.xq, w.xq_elems);
     // One array for the main stream's fused kernels (hc_site, the router, the attention's split
     // combine: self-resetting, in stream order), sized for the largest.
     w.counters_size = std::max(cuda::hc_site_counter_count(N), cuda::sparse_attention_counter_count(N, nh));

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "gpu/device_buffer.h"
 #include "gpu/device_model.h"
+#include "quant/act_quant.h"
 
 namespace ds41::gpu {
 
@@ -34,6 +35,11 @@ struct GpuLimits {
   // Prefill's routed FP4 experts as the grouped FP4 GEMM (TensorCoreLimits::fp4_expert_gemm): 1 on, 0 off,
   // -1: on unless DS41_TC_FP4_GEMM=0.
   int64_t fp4_expert_gemm = -1;
+  // The activation numerics of the FP8 / FP4 linears (--numerics; quant/act_quant.h): kFp8Block32 quantizes
+  // each such linear's input per 32 along K into GpuWorkspace::xq first (as the CPU reference's linears do),
+  // runs the prefill GEMMs on one bfloat16 part instead of three (the quantized values are exact in
+  // bfloat16) and keeps every launch on the main stream (one xq).
+  quant::ActNumerics numerics = quant::ActNumerics::kExact;
 };
 
 // The limits with every 0 resolved from the config.
@@ -76,6 +82,9 @@ struct GpuWorkspace {
   float *erows = nullptr, *ez = nullptr, *gates = nullptr;
   // Head (3.6).
   float *hs = nullptr, *hp = nullptr, *h = nullptr, *logits = nullptr;
+  // --numerics fp8-act: a linear's quantized input (GpuLimits::numerics; null and 0 in the exact numerics).
+  float* xq = nullptr;
+  int64_t xq_elems = 0;
   // Kernel scratch (top-k, candidate pool, MoE bucketing, hc_map split-K partials, sparse
   // attention split states): the largest need; dead after each call (one stream, calls in order).
   void* scratch = nullptr;

@@ -228,7 +228,7 @@ Status TensorCoreLinear::gemm_on(void* handle, const void* w, int64_t out, int64
                      "GemmEx");
 }
 
-Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y) {
+Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y, bool x_bf16_exact) {
   if (!accepts(w, n)) return invalid_argument("tensor-core linears: this weight / row count is not accepted");
   if (f16(w)) {
     const int64_t in = w.in_dim, out = w.out_dim;
@@ -256,6 +256,10 @@ Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t R = std::min(chunk, n - r0);
     DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in, R, in, nullptr, 1, x3, stream_));
+    if (x_bf16_exact) {  // hi = x, lo = lo2 = 0: the first part's GEMM alone
+      DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3, R, y + r0 * out, CUDA_R_16BF));
+      continue;
+    }
     if (lim_.accumulate_parts) {
       for (int p = 2; p >= 0; --p)  // x2 W, then + x1 W, then + x0 W
         DS41_RETURN_IF_ERROR(
@@ -269,7 +273,7 @@ Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int
 }
 
 Status TensorCoreLinear::grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n,
-                                        float* y) {
+                                        float* y, bool x_bf16_exact) {
   if (!accepts_grouped(w, groups, n))
     return invalid_argument("tensor-core linears: this grouped weight / row count is not accepted");
   const bool h = f16(w);
@@ -308,6 +312,10 @@ Status TensorCoreLinear::grouped_linear(const cuda::DeviceWeight& w, int64_t gro
       DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__half>(), tau, stream_));
     else
       DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__nv_bfloat16>(), stream_));
+    if (!h && x_bf16_exact) {  // hi = x, lo = lo2 = 0: the first part's GEMM alone
+      DS41_RETURN_IF_ERROR(batched(xparts, R, 0.0f, y + r0 * out_t));
+      continue;
+    }
     if (!h && lim_.accumulate_parts) {  // x2 W, then + x1 W, then + x0 W, into y
       for (int p = 2; p >= 0; --p)
         DS41_RETURN_IF_ERROR(batched(xparts + p * R * in_t, R, p == 2 ? 0.0f : 1.0f, y + r0 * out_t));

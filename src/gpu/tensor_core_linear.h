@@ -94,11 +94,14 @@ class TensorCoreLinear {
   // Whether this path takes w for n rows (a decodable format, n in [min_rows, max_rows], widths
   // within the buffers, aligned payload).
   bool accepts(const cuda::DeviceWeight& w, int64_t n) const;
-  // y[n, out] = x[n, in] . W^T (as cuda::run_linear).
-  Status linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y);
+  // y[n, out] = x[n, in] . W^T (as cuda::run_linear). x_bf16_exact: every x value is exact in bfloat16
+  // (--numerics fp8-act's quantized inputs, quant/act_quant.h), so the bfloat16 path multiplies its first
+  // part only (lo and lo2 are zero: the same products and sums as the three parts', one MMA pass).
+  Status linear(const cuda::DeviceWeight& w, const float* x, int64_t n, float* y, bool x_bf16_exact = false);
   // MODEL_SPEC 3.4.8 grouped projection (as cuda::run_grouped_linear).
   bool accepts_grouped(const cuda::DeviceWeight& w, int64_t groups, int64_t n) const;
-  Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y);
+  Status grouped_linear(const cuda::DeviceWeight& w, int64_t groups, const float* x, int64_t n, float* y,
+                        bool x_bf16_exact = false);
   // Routed experts (as cuda::run_expert_linear): host copies of the expert weights (for the
   // formats and pointers), the same weights as a DEVICE array, device offsets [E + 1].
   bool accepts_experts(const std::vector<cuda::DeviceWeight>& w, int64_t out_dim, int64_t in_dim,

@@ -63,6 +63,20 @@ __global__ void e2m1_encode_kernel(const float* __restrict__ x, int64_t n, uint8
   if (e < n) codes[e] = static_cast<uint8_t>(dev::e2m1_encode(x[e]));
 }
 
+// One warp per 32-value block of a row (blocks_per_row = ceil(k / 32)); lanes past k take 0, which
+// leaves the block maximum of the row's values (the short last block's own scale).
+__global__ void act_quant_rows_kernel(const float* x, int64_t k, int64_t blocks_per_row, int64_t total_blocks,
+                                      float* out) {
+  dev::pdl_enter();
+  const int64_t blk = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (blk >= total_blocks) return;  // whole warps: blk is the same on every lane of a warp
+  const int64_t r = blk / blocks_per_row, i = (blk % blocks_per_row) * 32 + (threadIdx.x & 31);
+  const bool in = i < k;
+  const float v = in ? x[r * k + i] : 0.0f;
+  const fq::LaneCode c = fq::encode_lane<fq::kWin>(v);
+  if (in) out[r * k + i] = fq::decode_code<fq::kWin>(c.code, c.scale);
+}
+
 unsigned grid_for(int64_t items, int threads) {
   return static_cast<unsigned>((items + threads - 1) / threads);
 }
@@ -120,6 +134,17 @@ Status run_fake_quant_decode(const FakeQuantPlan& p, const uint8_t* packed_rows,
       launch(fake_quant_decode_kernel<kOp, __nv_bfloat16>, grid, p.threads, 0, stream, packed_rows, p.n, total, static_cast<__nv_bfloat16*>(out));
   });
   return last_launch_status("fake_quant_decode");
+}
+
+Status run_act_quant_rows(const float* x, int64_t rows, int64_t k, float* out, cudaStream_t stream) {
+  if (rows < 0 || k <= 0 || k > (int64_t{1} << 24))
+    return invalid_argument("act_quant_rows: " + std::to_string(rows) + " rows of " + std::to_string(k) +
+                            " values out of range");
+  if (rows == 0) return ok_status();
+  const int64_t bpr = (k + 31) / 32, total = rows * bpr;
+  DS41_RETURN_IF_ERROR(check_elementwise("act_quant_rows", total * 32));
+  launch(act_quant_rows_kernel, grid_for(total * 32, 256), 256, 0, stream, x, k, bpr, total, out);
+  return last_launch_status("act_quant_rows");
 }
 
 Status run_e4m3_encode(const float* x, int64_t n, uint8_t* codes, cudaStream_t stream) {

@@ -39,4 +39,9 @@ Status run_fake_quant_decode(const FakeQuantPlan& plan, const uint8_t* packed_ro
 Status run_e4m3_encode(const float* x, int64_t n, uint8_t* codes, cudaStream_t stream);
 Status run_e2m1_encode(const float* x, int64_t n, uint8_t* codes, cudaStream_t stream);
 
+// The official path's activation quantization (--numerics fp8-act, quant/act_quant.h): out[r, :] =
+// quant::act_quant_fp8_rows of x[r, :] (rows x k, blocks of 32 along k, a short last block with its own
+// scale), bit for bit; out may alias x. One warp per block of 32.
+Status run_act_quant_rows(const float* x, int64_t rows, int64_t k, float* out, cudaStream_t stream);
+
 }  // namespace ds41::cuda

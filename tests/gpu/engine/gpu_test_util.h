@@ -49,10 +49,10 @@ inline std::unique_ptr<gpu::DeviceModel> load_device_model(const std::string& di
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
-inline TestModel load_cpu_model(const std::string& dir, int threads) {
+inline TestModel load_cpu_model(const std::string& dir, int threads, backends::cpu::CpuBackendOptions opt = {}) {
   TestModel t;
   t.pool = std::make_unique<ThreadPool>(threads);
-  t.backend = std::make_unique<backends::cpu::CpuBackend>(t.pool.get());
+  t.backend = std::make_unique<backends::cpu::CpuBackend>(t.pool.get(), opt);
   model::LoadOptions lo;
   lo.tokenizer_dir = tokenizer_dir();
   auto m = model::Model::load(dir, lo, t.backend.get());
@@ -79,8 +79,10 @@ inline std::string small_model_dir() {
 inline std::unique_ptr<gpu::CudaEngine> make_engine(const gpu::DeviceModel& m, int64_t logit_rows,
                                                     int64_t max_context = 4096, int64_t step_tokens = 1024,
                                                     int64_t tensor_core_min_rows = 128, int64_t decode_graphs = -1,
-                                                    int64_t side_stream = -1, int64_t fp4_expert_gemm = -1) {
+                                                    int64_t side_stream = -1, int64_t fp4_expert_gemm = -1,
+                                                    quant::ActNumerics numerics = quant::ActNumerics::kExact) {
   gpu::CudaEngineOptions o;
+  o.limits.numerics = numerics;
   o.limits.fp4_expert_gemm = fp4_expert_gemm;
   o.limits.tensor_core_min_rows = tensor_core_min_rows;
   o.limits.decode_graphs = decode_graphs;

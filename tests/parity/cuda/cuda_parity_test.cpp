@@ -17,6 +17,7 @@
 #include "backends/cuda/fake_quant_kernels.h"
 #include "backends/cuda/weight_dequant.h"
 #include "core/dtype.h"
+#include "quant/act_quant.h"
 #include "quant/e2m1.h"
 #include "quant/e4m3.h"
 #include "quant/fake_quant.h"
@@ -175,6 +176,37 @@ TEST(CudaParity, QKvRows) {
   check_fake_quant(FakeQuantOp::kKv, 512, 4099);
   check_fake_quant(FakeQuantOp::kKv, 48, 33);  // n not a multiple of 32: blocks straddle warps
 }
+// --numerics fp8-act's activation quantization against quant::act_quant_fp8_rows, bit for bit, at the
+// released K of the FP8 / FP4 linears (5120, 2304, 1280, 4096 per wo_a group), a K with a short last
+// block (40: 32 + 8), and one row; the specials of fake_quant_input (zeros, -0, ties, NaN, inf), in
+// place too.
+TEST(CudaParity, ActQuantRows) {
+  SKIP_WITHOUT_GPU();
+  for (auto [k, rows] : std::vector<std::pair<int64_t, int64_t>>{{5120, 67}, {2304, 129}, {1280, 5}, {4096, 16},
+                                                                  {40, 333}, {5120, 1}}) {
+    SCOPED_TRACE("k " + std::to_string(k) + " rows " + std::to_string(rows));
+    auto x = fake_quant_input(k, rows, 7 + static_cast<uint32_t>(k));
+    std::vector<float> want(x.size());
+    quant::act_quant_fp8_rows(x.data(), rows, k, want.data());
+    DevBuf<float> dx(k * rows), dy(k * rows);
+    ASSERT_TRUE(dx.p && dy.p);
+    to_dev(dx.p, x);
+    ASSERT_TRUE(run_act_quant_rows(dx.p, rows, k, dy.p, nullptr).ok());
+    ASSERT_TRUE(run_act_quant_rows(dx.p, rows, k, dx.p, nullptr).ok());  // in place
+    auto got = from_dev(dy.p, k * rows), got_in_place = from_dev(dx.p, k * rows);
+    size_t bad = 0, changed = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      changed += !same_f32(want[i], x[i]);
+      if ((!same_f32(got[i], want[i]) || !same_f32(got_in_place[i], want[i])) && ++bad <= 10)
+        ADD_FAILURE() << "i " << i << " x " << x[i] << ": gpu " << got[i] << " / " << got_in_place[i] << " cpu "
+                      << want[i];
+    }
+    EXPECT_EQ(bad, 0u);
+    EXPECT_GT(changed, got.size() / 4);
+  }
+  EXPECT_FALSE(run_act_quant_rows(nullptr, 1, 0, nullptr, nullptr).ok());
+}
+
 TEST(CudaParity, QIdxRows) {
   SKIP_WITHOUT_GPU();
   check_fake_quant(FakeQuantOp::kIdx, 128, 16411);
