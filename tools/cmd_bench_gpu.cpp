@@ -52,6 +52,7 @@ struct GpuBenchArgs {
   std::string speculative = "off";  // decode: off | dspark
   std::string prefill_modes = "exact";  // prefill: exact and / or decoder-replay, comma-separated
   std::string project_to = "v41-flash";  // the preset whose layer schedule the per-kind numbers project to
+  std::string numerics = "exact";        // --numerics: exact | fp8-act (quant/act_quant.h)
   int64_t steps = 8, chunk = 2048;
   uint64_t seed = 1;
   bool engram_host_pinned = false;
@@ -521,6 +522,11 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
                           std::max<int64_t>(3 * a.steps + 1 + 2 * a.steps * (Bd + 1), decode ? 0 : 2 * W + 1);
   gpu::CudaEngineOptions eo;
   eo.model_name = "bench";
+  {
+    Result<quant::ActNumerics> act = quant::parse_act_numerics(a.numerics);
+    if (!act.ok()) return act.status().with_context("--numerics");
+    eo.limits.numerics = *act;
+  }
   eo.limits.max_step_tokens = std::max(a.chunk, max_b * (Bd + 1));
   eo.limits.max_step_seqs = max_b;
   if (spec) eo.limits.max_logit_rows = max_b * (Bd + 1);
@@ -542,6 +548,7 @@ Status run_gpu_bench(const GpuBenchArgs& a, bool decode) {
           {"model", a.model_dir},
           {"preset", a.preset},
           {"load_format", a.load_format},
+          {"numerics", a.numerics},
           {"hidden", c.hidden_size},
           {"layers", c.num_hidden_layers},
           {"chunk", a.chunk},
@@ -921,6 +928,9 @@ void setup_common(CLI::App* cmd, GpuBenchArgs* a) {
   cmd->add_option("--context", a->contexts, "Context tokens, comma-separated (default 4096)");
   cmd->add_option("--chunk", a->chunk, "Prefill chunk tokens (default 2048)");
   cmd->add_option("--device", a->device, "cuda (the only device of this benchmark)");
+  cmd->add_option("--numerics", a->numerics,
+                  "exact (default) | fp8-act: activations quantized to FP8 per 32 before every FP8 / FP4 linear "
+                  "(the official path; prefill GEMMs in one pass); named in the JSON");
 }
 
 void setup_decode(CLI::App& parent, int& exit_code) {
