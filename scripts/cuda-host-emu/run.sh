@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ds41 scripts/cuda-host-emu/run.sh: builds the attention / indexer / selection / KV-row / mHC / index-list /
 # linear / vision / fused-row / Engram / tensor-core-prep parity tests
-# (tests/parity/cuda/{kv_rows,attention,selection,mhc,gx_step,tc_prep,expert_gemm,linear,vision,fused_rows,engram,moe}_parity_test.cpp)
+# (tests/parity/cuda/{cuda,kv_rows,attention,selection,mhc,gx_step,tc_prep,expert_gemm,linear,vision,fused_rows,engram,moe}_parity_test.cpp)
 # against the kernels of
 # src/backends/cuda run by the host SIMT emulator (simt_emu.h), and runs them with an optional gtest
 # filter. Needs a configured ./build with ds41_backend_cpu built (ninja -C build ds41_backend_cpu),
@@ -20,8 +20,8 @@ out=${DS41_EMU_DIR:-$root/build/cuda-host-emu}
 mkdir -p "$out"
 emu=$root/scripts/cuda-host-emu
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
-fl=(-std=c++20 -O1 -ffp-contract=off -w -I"$root/src" -I"$root/tests" -I"$cuda_inc")
-kernels=(argmax tc_prep expert_gemm kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise elementwise fused_rows moe fused_moe engram)
+fl=(-std=c++20 -O1 -ffp-contract=off -w -I"$root/src" -I"$root/tests" -I"$cuda_inc" -DDS41_SOURCE_DIR="\"$root\"")
+kernels=(fake_quant argmax tc_prep expert_gemm kv_rows attention sparse_attention_tc indexer indexer_tc topk compressor mhc gx_step linear tc_gemv rope_2d dense_attention space_to_depth vision_pointwise elementwise fused_rows moe fused_moe engram)
 extra=(weight_dequant)  # sources not named *_kernels.cu (the Engram gather's row dequantizer)
 # An object newer than its source, every backends/cuda header and the emulator is kept (2-core hosts).
 fresh() {  # fresh OBJ SRC...
@@ -39,7 +39,7 @@ for k in "${extra[@]}"; do
   python3 "$emu/rewrite_launches.py" "$root/src/backends/cuda/${k}.cu" "$out/${k}_emu.cpp"
   g++ "${fl[@]}" -include "$emu/simt_emu.h" -c "$out/${k}_emu.cpp" -o "$out/${k}_emu.o" &
 done
-for t in kv_rows attention selection mhc gx_step tc_prep expert_gemm linear vision fused_rows engram moe; do
+for t in cuda kv_rows attention selection mhc gx_step tc_prep expert_gemm linear vision fused_rows engram moe; do
   fresh "$out/${t}_parity_test.o" "$root/tests/parity/cuda/${t}_parity_test.cpp" "$root/tests/parity/cuda"/*.h && continue
   g++ "${fl[@]}" -c "$root/tests/parity/cuda/${t}_parity_test.cpp" -o "$out/${t}_parity_test.o" &
 done

@@ -23,6 +23,13 @@ cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return c
 // The tensor-core GEMV sizes its grid from the resident blocks (two per SM where the shared memory allows).
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void*, int, size_t smem) { *n = smem * 2 + 2048 <= 227 * 1024 ? 2 : 1; return cudaSuccess; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
+// Timing events (cuda_parity_test's throughput report): the emulator runs a launch to completion, so an
+// event is a no-op and every interval reads 0 ms.
+cudaError_t cudaEventCreate(cudaEvent_t* e) { static char h; *e = reinterpret_cast<cudaEvent_t>(&h); return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { *ms = 0.0f; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 }
 namespace ds41::cuda {
 Status cuda_status(cudaError_t e, const char* what) { return e == cudaSuccess ? ok_status() : internal_error(what); }
