@@ -394,8 +394,10 @@ Status prefill_run(const GpuBenchArgs& a, gpu::CudaEngine& eng, const gpu::Devic
                     {"tflops", tflops},
                     {"ratio_to_dense_bf16", tc_rate > 0 ? tflops * 1e12 / tc_rate : 0.0},
                     {"x_parts", split && std::atoi(split) == 2 ? 2 : 3},
+                    {"x_parts_dense", a.numerics == "fp8-act" ? 1 : (split && std::atoi(split) == 2 ? 2 : 3)},
                     {"note", "one pass of the linears' FLOPs (dense + num_experts_per_tok routed experts); "
-                             "the exact prefill multiplies FP8 / FP4 linears as x_parts BF16 products"}};
+                             "the exact prefill multiplies FP8 / FP4 linears as x_parts BF16 products (with "
+                             "--numerics fp8-act the dense and grouped ones as x_parts_dense: one)"}};
     // One window of rows at the prompt's end, per layer (the rows decoder replay's layers after the
     // cut run on; their attention sees the whole prompt here, a bound on the replay's floored windows).
     // Two chunks of W rows, the second timed: the first pays the first-use costs of the W-row shapes

@@ -6,9 +6,14 @@
 //
 // FP8 activations make the model more sensitive to float noise than the exact path: a value one ulp
 // on the other side of an E4M3 rounding midpoint moves by a whole E4M3 step (golden README
-// "Discontinuities"). As in GpuCpuParity, rows are compared strictly only up to the first row where two
-// GPU runs that differ in summation order alone (the tensor-core prefill and the GEMV one) part; that
-// prefix must be long enough on the tiny model that the comparison means something.
+// "Discontinuities"), and the CPU's float64 norms and sums put some values on the other side where the
+// GPU's kernels do not. So the GPU runs are compared with the CPU strictly up to the first row where
+// they part (the flip), which must come late enough to mean something: on the H100 (2026-12-07) the
+// tiny model's rows 0..50 agreed within 5e-3 and row 51 parted (0.17), the small model's rows 0..1 (its
+// random weights amplify more; GpuCpuParity sees ~3 rows there in the exact path too). On those rows
+// the fp8-act GPU must also differ from the exact GPU by far more than the tolerance: a linear that
+// missed (or wrongly got) its quantization would show from row 0. The two GPU forms (the tensor-core
+// prefill and the GEMV one) agree with each other further (114 rows on the tiny model).
 #include <gtest/gtest.h>
 
 #include "backends/cuda/tc_gemv_kernels.h"
@@ -20,8 +25,13 @@ namespace {
 struct Fp8Case {
   const char* name;
   bool small;
-  int64_t min_flip_free;  // rows the two GPU orders must agree on before the strict comparison
+  int64_t min_rows;  // rows from 0 on which the GPU must match the CPU before the first flip
 };
+
+// Rows [0, first row with e_r > tol).
+int64_t rows_before_parting(const std::vector<float>& a, const std::vector<float>& b, int64_t V, double tol) {
+  return flip_free_rows(a, b, V, tol);
+}
 
 class GpuFp8Act : public ::testing::TestWithParam<Fp8Case> {
  protected:
@@ -98,21 +108,25 @@ TEST_P(GpuFp8Act, PrefillAndDecodeMatchTheCpuReference) {
   const std::vector<float> ex = run(*exact, prompt, {});
   ASSERT_EQ(a.size(), want.size());
   ASSERT_EQ(b.size(), want.size());
-  // The mode is applied: the exact engine's first row differs from the fp8-act one's.
-  EXPECT_GT(row_error(&ex[0], &a[0], V), 1e-3) << name << ": fp8-act logits equal the exact path's";
-  // Strict on the rows before the GPU's own two orders part (prefill rows first, decode rows after).
-  const int64_t ff = flip_free_rows(a, b, V, kTolGpuLogits);
-  std::cout << name << ": fp8-act GPU orders agree on " << ff << " of " << a.size() / V << " rows\n";
-  EXPECT_GE(ff, GetParam().min_flip_free);
-  const int64_t rows = std::min(ff, static_cast<int64_t>(a.size()) / V);
-  expect_rows_close(first_logit_rows(want, rows, V), first_logit_rows(a, rows, V), V, kTolGpuLogits,
-                    name + " fp8-act tensor-core prefill vs CPU");
-  expect_rows_close(first_logit_rows(want, rows, V), first_logit_rows(b, rows, V), V, kTolGpuLogits,
-                    name + " fp8-act GEMV prefill vs CPU");
+  const int64_t all = static_cast<int64_t>(a.size()) / V;
+  std::cout << name << ": fp8-act GPU forms agree on " << rows_before_parting(a, b, V, kTolGpuLogits) << " of "
+            << all << " rows\n";
+  // Both GPU forms against the CPU up to their first parting; it comes at min_rows or later.
+  for (const std::vector<float>* got : {&a, static_cast<const std::vector<float>*>(&b)}) {
+    const int64_t rows = rows_before_parting(want, *got, V, kTolGpuLogits);
+    std::cout << name << (got == &a ? " tensor-core" : " GEMV") << " fp8-act GPU vs CPU: first " << rows
+              << " rows within " << kTolGpuLogits << "\n";
+    EXPECT_GE(rows, GetParam().min_rows) << name << (got == &a ? " tensor-core" : " GEMV");
+    // On those rows the mode is what makes the numbers: fp8-act vs exact differ by 10x the tolerance on
+    // at least 3 in 4 of them.
+    int64_t far = 0;
+    for (int64_t r = 0; r < GetParam().min_rows; ++r) far += row_error(&ex[r * V], &(*got)[r * V], V) > 10 * kTolGpuLogits;
+    EXPECT_GE(4 * far, 3 * GetParam().min_rows) << name << ": fp8-act rows too close to the exact path's";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuFp8Act,
-                         ::testing::Values(Fp8Case{"tiny", false, 16}, Fp8Case{"small", true, 1}),
+                         ::testing::Values(Fp8Case{"tiny", false, 32}, Fp8Case{"small", true, 2}),
                          [](const ::testing::TestParamInfo<Fp8Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
