@@ -256,7 +256,8 @@ Status GpuForward::expert_linear(const std::vector<DeviceExpert>& experts, cuda:
     expert_scratch_.resize(experts.size());
     for (size_t e = 0; e < experts.size(); ++e) expert_scratch_[e] = experts[e].*which;
     if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max))
-      return tc_->expert_linear(expert_scratch_, d_w, out_dim, in_dim, ws_.offsets, x, m_max, y);
+      return tc_->expert_linear(expert_scratch_, d_w, out_dim, in_dim, ws_.offsets, x, m_max, y,
+                                act_quantized(expert_scratch_.front().format));
   }
   const quant::WeightFormat format = experts.empty() ? quant::WeightFormat::kNone : (experts.front().*which).format;
   return cuda::run_expert_linear(d_w, E, out_dim, in_dim, ws_.offsets, x, m_max, y, stream_, format, routing_early,
@@ -285,7 +286,7 @@ Status GpuForward::expert_linear_pair(const std::vector<DeviceExpert>& experts,
     if (tc_->accepts_experts(expert_scratch_, out_dim, in_dim, m_max) &&
         tc_->accepts_experts(expert_scratch2_, out_dim, in_dim, m_max))  // x split once for both, from the token rows
       return tc_->expert_linear_pair(expert_scratch_, &expert_scratch2_, d_w, d_w2, out_dim, in_dim, ws_.offsets,
-                                     x, m_max, y, y2, x_rows);
+                                     x, m_max, y, y2, x_rows, act_quantized(expert_scratch_.front().format));
     DS41_RETURN_IF_ERROR(cuda::run_gather_rows(x, x_rows, m_max, in_dim, gathered, stream_));
     DS41_RETURN_IF_ERROR(expert_linear(experts, which, d_w, out_dim, in_dim, gathered, m_max, y));
     return expert_linear(experts, which2, d_w2, out_dim, in_dim, gathered, m_max, y2);

@@ -256,7 +256,7 @@ Status TensorCoreLinear::linear(const cuda::DeviceWeight& w, const float* x, int
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t R = std::min(chunk, n - r0);
     DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in, R, in, nullptr, 1, x3, stream_));
-    if (x_bf16_exact) {  // hi = x, lo = lo2 = 0: the first part's GEMM alone
+    if (x_bf16_exact && cuda::tc_one_part()) {  // hi = x, lo = lo2 = 0: the first part's GEMM alone
       DS41_RETURN_IF_ERROR(gemm(wb, out, in, x3, R, y + r0 * out, CUDA_R_16BF));
       continue;
     }
@@ -312,7 +312,7 @@ Status TensorCoreLinear::grouped_linear(const cuda::DeviceWeight& w, int64_t gro
       DS41_RETURN_IF_ERROR(cuda::run_split2_f16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__half>(), tau, stream_));
     else
       DS41_RETURN_IF_ERROR(cuda::run_split3_bf16(x + r0 * in_t, R, in_t, nullptr, 1, x3_.as<__nv_bfloat16>(), stream_));
-    if (!h && x_bf16_exact) {  // hi = x, lo = lo2 = 0: the first part's GEMM alone
+    if (!h && x_bf16_exact && cuda::tc_one_part()) {  // hi = x, lo = lo2 = 0: the first part's GEMM alone
       DS41_RETURN_IF_ERROR(batched(xparts, R, 0.0f, y + r0 * out_t));
       continue;
     }
@@ -344,15 +344,16 @@ bool TensorCoreLinear::accepts_experts(const std::vector<cuda::DeviceWeight>& w,
 
 Status TensorCoreLinear::expert_linear(const std::vector<cuda::DeviceWeight>& w, const cuda::DeviceWeight* d_w,
                                        int64_t out_dim, int64_t in_dim, const int64_t* offsets, const float* x,
-                                       int64_t m_max, float* y) {
-  return expert_linear_pair(w, nullptr, d_w, nullptr, out_dim, in_dim, offsets, x, m_max, y, nullptr);
+                                       int64_t m_max, float* y, bool x_quantized) {
+  return expert_linear_pair(w, nullptr, d_w, nullptr, out_dim, in_dim, offsets, x, m_max, y, nullptr, nullptr,
+                            x_quantized);
 }
 
 Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight>& w,
                                             const std::vector<cuda::DeviceWeight>* w2, const cuda::DeviceWeight* d_w,
                                             const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim,
                                             const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                                            float* y2, const int64_t* x_rows) {
+                                            float* y2, const int64_t* x_rows, bool x_quantized) {
   if (!accepts_experts(w, out_dim, in_dim, m_max) || (w2 && !accepts_experts(*w2, out_dim, in_dim, m_max)))
     return invalid_argument("tensor-core linears: these experts / row count are not accepted");
   if (w2 && (w2->size() != w.size() || !d_w2 || !y2))
@@ -381,7 +382,8 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
                           std::to_string(m_max));
   if (m == 0) return ok_status();
   if (fp4g && *outside == 0 && m <= lim_.fp4_gemm_rows_per_expert * E)
-    return fp4_gemm(off, E, d_w, w2 ? d_w2 : nullptr, out_dim, in_dim, x, x_rows, y, w2 ? y2 : nullptr);
+    return fp4_gemm(off, E, d_w, w2 ? d_w2 : nullptr, out_dim, in_dim, x, x_rows, y, w2 ? y2 : nullptr,
+                    x_quantized && cuda::tc_one_part());
   // The fp16 split when every expert of both matrices takes it (one call, one numerics).
   bool h = lim_.split_parts == 2 && lim_.decode_weights &&
            out_dim <= std::max(lim_.expert_out, lim_.expert_in) &&  // the experts' bands fit w_shift_
@@ -456,18 +458,20 @@ bool TensorCoreLinear::fp4_gemm_eligible(const std::vector<cuda::DeviceWeight>& 
 
 Status TensorCoreLinear::fp4_gemm(const int64_t* off, int64_t E, const cuda::DeviceWeight* d_w,
                                   const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
-                                  const int64_t* x_rows, float* y, float* y2) {
+                                  const int64_t* x_rows, float* y, float* y2, bool one_part) {
   auto* units = static_cast<cuda::ExpertGemmUnit*>(units_host_.data());
-  const int64_t n = cuda::expert_gemm_units(off, E, units);
+  const int64_t n =
+      cuda::expert_gemm_units(off, E, units, one_part ? cuda::kExpertGemmRows1 : cuda::kExpertGemmRows);
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
       cudaMemcpyAsync(units_.data(), units, static_cast<size_t>(n) * sizeof(cuda::ExpertGemmUnit),
                       cudaMemcpyHostToDevice, stream_),
       "upload the expert GEMM units"));
   uint2* parts = x3_.as<uint2>();
   int32_t* ex = row_shift_.as<int32_t>();
-  DS41_RETURN_IF_ERROR(cuda::run_expert_gemm_split(x, in_dim, x_rows, off[E], parts, ex, stream_));
+  const int np = one_part ? 1 : 3;
+  DS41_RETURN_IF_ERROR(cuda::run_expert_gemm_split(x, in_dim, x_rows, off[E], parts, ex, stream_, np));
   return cuda::run_expert_gemm_fp4(d_w, d_w2, units_.as<cuda::ExpertGemmUnit>(), n, out_dim, in_dim, parts, ex, y, y2,
-                                   stream_);
+                                   stream_, np);
 }
 
 // The pipeline (TensorCoreLimits::expert_streams): the scratch holds nbuf buffers of `batch`

@@ -106,8 +106,11 @@ class TensorCoreLinear {
   // formats and pointers), the same weights as a DEVICE array, device offsets [E + 1].
   bool accepts_experts(const std::vector<cuda::DeviceWeight>& w, int64_t out_dim, int64_t in_dim,
                        int64_t m_max) const;
+  // x_quantized: x's rows are --numerics fp8-act's quantized inputs (E4M3 values times powers of two), so the
+  // FP4 expert GEMM takes one f16 part per row (cuda::kExpertGemmRows1; the three parts' bits).
   Status expert_linear(const std::vector<cuda::DeviceWeight>& w, const cuda::DeviceWeight* d_w, int64_t out_dim,
-                       int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y);
+                       int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
+                       bool x_quantized = false);
   // Two expert matrices of one shape over the same routed rows (the MoE's w1 and w3): one offsets
   // read-back and one split of x for both; y = x . W^T, y2 = x . W2^T, each as expert_linear.
   // w2 null: expert_linear. x_rows (device int64 [m], optional): routed row i is x row x_rows[i]
@@ -115,7 +118,7 @@ class TensorCoreLinear {
   Status expert_linear_pair(const std::vector<cuda::DeviceWeight>& w, const std::vector<cuda::DeviceWeight>* w2,
                             const cuda::DeviceWeight* d_w, const cuda::DeviceWeight* d_w2, int64_t out_dim,
                             int64_t in_dim, const int64_t* offsets, const float* x, int64_t m_max, float* y,
-                            float* y2, const int64_t* x_rows = nullptr);
+                            float* y2, const int64_t* x_rows = nullptr, bool x_quantized = false);
 
  private:
   TensorCoreLinear() = default;
@@ -143,7 +146,8 @@ class TensorCoreLinear {
   // The FP4 expert GEMM of the routed rows off[0 .. E] (host offsets, read back): units uploaded, x split
   // into the kernel's fragments (x_rows as in expert_linear_pair), one launch for the matrix or the pair.
   Status fp4_gemm(const int64_t* off, int64_t E, const cuda::DeviceWeight* d_w, const cuda::DeviceWeight* d_w2,
-                  int64_t out_dim, int64_t in_dim, const float* x, const int64_t* x_rows, float* y, float* y2);
+                  int64_t out_dim, int64_t in_dim, const float* x, const int64_t* x_rows, float* y, float* y2,
+                  bool one_part);
   // gemm() on a given cuBLAS handle (an expert stream's).
   Status gemm_on(void* handle, const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp,
                  int dtype, float beta = 0.0f);

@@ -84,6 +84,9 @@ constexpr int64_t kMaxIn = 16384;  // K of a call (the loader's per-row offsets 
 // zero or non-finite maximum), x' = x 2^-e as one or two exact power-of-two products, three f16 parts of
 // each x' (hi, the rounded rest, the rounded rest of that), in B fragment order: the lane group g of tile
 // t holds K 8g .. 8g + 7, slot s of mma m being K 8g + fp4_kofs(m, s).
+// kP = 1 (one part: inputs exact in f16 after the row's power of two, --numerics fp8-act's quantized rows):
+// the hi part alone, 8 bytes per K.
+template <int kP>
 __global__ void __launch_bounds__(kSplitThreads)
     expert_gemm_split_kernel(const float* __restrict__ x, int64_t in, const int64_t* __restrict__ rows_of,
                              uint2* __restrict__ parts, int32_t* __restrict__ ex) {
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
   __syncthreads();
   const float i0f = inv_s[0], i1f = inv_s[1];
-  uint2* pr = parts + i * (in / 32) * 24;
+  uint2* pr = parts + i * (in / 32) * (8 * kP);
   for (int u = tid; u < units; u += kSplitThreads) {
     const int t = u >> 2, g = u & 3;
     const float4 v0 = __ldg(xr + 8 * t + 2 * g), v1 = __ldg(xr + 8 * t + 2 * g + 1);
@@ -123,7 +126,7 @@ __global__ void __launch_bounds__(kSplitThreads)
 #pragma unroll
     for (int mm = 0; mm < 2; ++mm)
 #pragma unroll
-      for (int p = 0; p < 3; ++p) pr[((t * 2 + mm) * 3 + p) * 4 + g] = fr[mm][p];
+      for (int p = 0; p < kP; ++p) pr[((t * 2 + mm) * kP + p) * 4 + g] = fr[mm][p];
   }
 }
 
@@ -192,7 +195,9 @@ struct Stage {
       : xs(reinterpret_cast<uint2*>(base)), ws(base + kXStageU2 * 8), ss(base + kXStageU2 * 8 + kWStageBytes) {}
 };
 
-template <int WN, bool kFold, int kCG>
+// kP: the parts per routed row (3, or 1 with kExpertGemmRows1 rows a unit: expert_gemm_kernels.h); a routed
+// row b's parts are B columns kP b .. kP b + kP - 1.
+template <int WN, bool kFold, int kCG, int kP = 3>
 __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
     expert_gemm_fp4_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
                            const ExpertGemmUnit* __restrict__ units, int64_t out_dim, int64_t in,
@@ -211,9 +216,9 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
   float* __restrict__ out = second ? y2 : y;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int tiles = static_cast<int>(in / 32), steps = tiles / kStepTiles;
-  const int nrows = u.rows, nt = (3 * nrows + 7) / 8;
+  const int nrows = u.rows, nt = (kP * nrows + 7) / 8;
   const int64_t half_in = in / 2;
-  const uint2* __restrict__ xp = parts + static_cast<int64_t>(u.row0) * tiles * 24;
+  const uint2* __restrict__ xp = parts + static_cast<int64_t>(u.row0) * tiles * (8 * kP);
 
   // Step k into stage slot: the unit's B fragments of tiles [4k, 4k + 4) (a row's step is 768 contiguous
   // bytes of parts: 48 pieces of 16, piece q = (tile * 2 + mma) * 6 + c landing at (tile * 2 + mma) * 3072 +
@@ -222,16 +227,19 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
   // the B fragments (thread t: piece t % 48 of rows t / 48, + 2 WN, ...), the last WN warps the W rows
   // (thread l of them: rows l + 32 WN i, four pieces each) and their scale words. One cp.async group per
   // thread and call.
-  const int64_t row_bytes = static_cast<int64_t>(tiles) * 192;
-  const int xq = tid % 48, xb0 = tid / 48;
-  const int x_soff = (xq / 6) * (kJ * 32) + (xq % 6) * 16;
+  // (kP parts: a row's step is 256 kP bytes, 16 kP pieces, piece q = (tile * 2 + mma) * 2 kP + c at
+  // (tile * 2 + mma) * 3072 + 32 kP b + 16 c; 6 WN / kP rows a round.)
+  constexpr int kPieces = 16 * kP, kXRowsP = 6 * WN / kP;
+  const int64_t row_bytes = static_cast<int64_t>(tiles) * 64 * kP;
+  const int xq = tid % kPieces, xb0 = tid / kPieces;
+  const int x_soff = (xq / (2 * kP)) * (kJ * 32) + (xq % (2 * kP)) * 16;
   const uint8_t* const x_g = reinterpret_cast<const uint8_t*>(xp) + xb0 * row_bytes + xq * 16;
   auto load = [&](int slot, int k) {
     uint8_t* const base = sm + slot * kStageBytes;
     if (warp < L::kXWarps) {
-      const uint8_t* src = x_g + k * (kStepTiles * 192);
-      for (int b = xb0; b < nrows; b += L::kXRows, src += L::kXRows * row_bytes)
-        dev::cp_async16(base + x_soff + 96 * b, src);
+      const uint8_t* src = x_g + k * (kStepTiles * 64 * kP);
+      for (int b = xb0; b < nrows; b += kXRowsP, src += kXRowsP * row_bytes)
+        dev::cp_async16(base + x_soff + 32 * kP * b, src);
     } else {
       const Stage st(base);
 #pragma unroll
@@ -460,19 +468,25 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
     const int64_t o = o0 + row;
     if (o >= out_dim) continue;
     const int rwm = row >> 5, mt = (row >> 4) & 1, rr = row & 15;
-    float part[3];
+    float part[kP];
 #pragma unroll
-    for (int p = 0; p < 3; ++p) {
-      const int j = 3 * b + p, cg = j >> 3, jj = j & 7, ln = 4 * (rr & 7) + (jj >> 1), i = (rr >= 8 ? 2 : 0) + (jj & 1);
+    for (int p = 0; p < kP; ++p) {
+      const int j = kP * b + p, cg = j >> 3, jj = j & 7, ln = 4 * (rr & 7) + (jj >> 1), i = (rr >= 8 ? 2 : 0) + (jj & 1);
       const int wp = rwm + kWarpsM * (cg / kNTW), c = cg % kNTW;
       part[p] = red[(((wp * 2 + mt) * kNTW + c) * 4 + i) * 32 + ln];
     }
     const int64_t rowg = static_cast<int64_t>(u.row0) + b;
-    out[rowg * out_dim + o] = scalbnf(part[0] + (part[1] + part[2]), ex[rowg] + 14);
+    float sum = part[0];
+    if constexpr (kP == 3) sum = part[0] + (part[1] + part[2]);
+    out[rowg * out_dim + o] = scalbnf(sum, ex[rowg] + 14);
   }
 }
 
 }  // namespace
+
+TestableSwitch g_one_part{"DS41_TC_ONE_PART", true};
+bool tc_one_part() { return g_one_part.enabled(); }
+void set_tc_one_part_for_tests(int mode) { g_one_part.set(mode); }
 
 void set_expert_gemm_warps8_for_tests(int mode) { warps8_for_tests = mode; }
 void set_expert_gemm_fold_for_tests(int mode) { fold_for_tests = mode; }
@@ -480,14 +494,14 @@ void set_expert_gemm_group_for_tests(int tiles) { group_for_tests = tiles; }
 
 int64_t expert_gemm_max_units(int64_t m_max, int64_t E) { return m_max / kExpertGemmRows + E + 1; }
 
-int64_t expert_gemm_units(const int64_t* off, int64_t E, ExpertGemmUnit* units) {
+int64_t expert_gemm_units(const int64_t* off, int64_t E, ExpertGemmUnit* units, int64_t rows_per_unit) {
   int64_t n = 0;
   for (int64_t e = 0; e < E; ++e)
-    for (int64_t r0 = off[e]; r0 < off[e + 1]; r0 += kExpertGemmRows) {
+    for (int64_t r0 = off[e]; r0 < off[e + 1]; r0 += rows_per_unit) {
       ExpertGemmUnit u;
       u.expert = static_cast<int32_t>(e);
       u.row0 = static_cast<int32_t>(r0);
-      u.rows = static_cast<int32_t>(std::min<int64_t>(kExpertGemmRows, off[e + 1] - r0));
+      u.rows = static_cast<int32_t>(std::min<int64_t>(rows_per_unit, off[e + 1] - r0));
       units[n++] = u;
     }
   return n;
@@ -499,13 +513,18 @@ bool expert_gemm_supported(int64_t out_dim, int64_t in_dim) {
 }
 
 Status run_expert_gemm_split(const float* x, int64_t in_dim, const int64_t* rows_of, int64_t m, uint2* parts,
-                             int32_t* ex, cudaStream_t stream) {
+                             int32_t* ex, cudaStream_t stream, int n_parts) {
+  if (n_parts != 1 && n_parts != 3)
+    return invalid_argument("expert GEMM split: " + std::to_string(n_parts) + " parts (1 or 3)");
   if (in_dim <= 0 || in_dim % 32 != 0 || in_dim > kMaxIn)
     return invalid_argument("expert GEMM split: in_dim " + std::to_string(in_dim) +
                             " must be a positive multiple of 32 up to " + std::to_string(kMaxIn));
   if (m < 0 || m > int64_t{1} << 31) return invalid_argument("expert GEMM split: rows " + std::to_string(m));
   if (m == 0) return ok_status();
-  launch(expert_gemm_split_kernel, static_cast<unsigned>(m), kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+  if (n_parts == 1)
+    launch(expert_gemm_split_kernel<1>, static_cast<unsigned>(m), kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+  else
+    launch(expert_gemm_split_kernel<3>, static_cast<unsigned>(m), kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
   return last_launch_status("expert_gemm_split_kernel");
 }
 
@@ -522,7 +541,8 @@ Status run_fp4_scales_outside_window(const DeviceWeight* weights, int64_t E, int
 
 Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,
                            int64_t n_units, int64_t out_dim, int64_t in_dim, const uint2* parts, const int32_t* ex,
-                           float* y, float* y2, cudaStream_t stream) {
+                           float* y, float* y2, cudaStream_t stream, int n_parts) {
+  if (n_parts != 1 && n_parts != 3) return invalid_argument("expert GEMM: " + std::to_string(n_parts) + " parts");
   if (!expert_gemm_supported(out_dim, in_dim))
     return invalid_argument("expert GEMM: " + std::to_string(out_dim) + " x " + std::to_string(in_dim) +
                             " (in_dim must be a positive multiple of 128 up to " + std::to_string(kMaxIn) + ")");
@@ -539,7 +559,9 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
                           reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true, 3>),
                           reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true, 4>),
                           reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, true, 1>),
-                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, true, 3>)})
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<2, true, 3>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, false, 1, 1>),
+                          reinterpret_cast<const void*>(expert_gemm_fp4_kernel<1, true, 2, 1>)})
       if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess) return false;
     return true;
   }();
@@ -560,6 +582,11 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
     launch(kernel, grid, threads, kSmem, stream, weights, weights2, units, out_dim, in_dim, parts, ex, y, y2);
   };
   const int t1 = Layout<1>::kThreads, t2 = Layout<2>::kThreads;
+  if (n_parts == 1) {  // one part: 4 warps, folded in column-tile pairs or unfolded
+    if (fold) go(expert_gemm_fp4_kernel<1, true, 2, 1>, t1);
+    else go(expert_gemm_fp4_kernel<1, false, 1, 1>, t1);
+    return last_launch_status("expert_gemm_fp4_kernel");
+  }
   if (wide) {
     if (!fold) go(expert_gemm_fp4_kernel<2, false, 1>, t2);
     else if (cg == 3) go(expert_gemm_fp4_kernel<2, true, 3>, t2);

@@ -36,6 +36,10 @@
 namespace ds41::cuda {
 
 constexpr int kExpertGemmRows = 32;  // routed rows (x rows) of a unit: 96 B columns, 12 column tiles
+// With one part per routed row (run_expert_gemm_split / run_expert_gemm_fp4 n_parts 1: rows whose values are
+// exact in f16 after the row's power of two, as --numerics fp8-act's quantized inputs are down to 2^-35 of the
+// row's largest): a unit holds this many routed rows, one B column each (a third of the mma work per row).
+constexpr int kExpertGemmRows1 = 3 * kExpertGemmRows;
 
 // Routed rows [row0, row0 + rows) of `expert`, 1 <= rows <= kExpertGemmRows.
 struct ExpertGemmUnit {
@@ -45,19 +49,23 @@ struct ExpertGemmUnit {
 // The units of host offsets[E + 1] (expert e's rows [off[e], off[e + 1])): each expert's rows cut into
 // runs of kExpertGemmRows, in expert order, into units (room for expert_gemm_max_units). Returns their
 // count.
-int64_t expert_gemm_units(const int64_t* off, int64_t E, ExpertGemmUnit* units);
+// rows_per_unit: kExpertGemmRows (three parts) or kExpertGemmRows1 (one part).
+int64_t expert_gemm_units(const int64_t* off, int64_t E, ExpertGemmUnit* units,
+                          int64_t rows_per_unit = kExpertGemmRows);
 int64_t expert_gemm_max_units(int64_t m_max, int64_t E);
 
 // Whether run_expert_gemm_fp4 takes experts of this shape (FP4 rows, in_dim a positive multiple of
 // 128, both dims within the grid's limits).
 bool expert_gemm_supported(int64_t out_dim, int64_t in_dim);
-// Bytes of the parts of m routed rows of in_dim (3 f16 per element).
-inline int64_t expert_gemm_parts_bytes(int64_t m, int64_t in_dim) { return m * in_dim * 6; }
+// Bytes of the parts of m routed rows of in_dim (3 f16 per element; n_parts 1: one).
+inline int64_t expert_gemm_parts_bytes(int64_t m, int64_t in_dim, int n_parts = 3) { return m * in_dim * 2 * n_parts; }
 
 // parts / ex for routed rows i < m: row i of the split is x row rows_of[i] (rows_of null: row i), of
 // in_dim floats (ld in_dim). parts: expert_gemm_parts_bytes(m, in_dim) bytes, 16-byte aligned; ex: m.
+// n_parts 1: the hi part alone (exact only for rows whose values are exact in f16 after the row's power of
+// two: kExpertGemmRows1); with such rows the GEMM gives the three parts' bits (their lo parts are zero).
 Status run_expert_gemm_split(const float* x, int64_t in_dim, const int64_t* rows_of, int64_t m, uint2* parts,
-                             int32_t* ex, cudaStream_t stream);
+                             int32_t* ex, cudaStream_t stream, int n_parts = 3);
 
 // count (device int32, set to 0 by the caller) += the E experts' scale bytes outside the fast window
 // (0 or more; any non-zero value means the GEMM's contract does not hold). weights: DEVICE array.
@@ -82,9 +90,15 @@ void set_expert_gemm_fold_for_tests(int mode);
 // 8K / 2048 on the H100); the same operations per output, so the folded bits. Tests: the group's tiles, 0 the
 // switch.
 void set_expert_gemm_group_for_tests(int tiles);
+// --numerics fp8-act's quantized inputs on one part (DS41_TC_ONE_PART, default on): the FP4 expert GEMM with
+// n_parts 1 and the dense / grouped tensor-core GEMMs on the first bfloat16 part only
+// (gpu/tensor_core_linear.h). Off: three parts (two of them zero): the same bits, three times the mma work.
+// Tests: 1 / 0 force it, -1 the switch.
+bool tc_one_part();
+void set_tc_one_part_for_tests(int mode);
 
 Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,
                            int64_t n_units, int64_t out_dim, int64_t in_dim, const uint2* parts, const int32_t* ex,
-                           float* y, float* y2, cudaStream_t stream);
+                           float* y, float* y2, cudaStream_t stream, int n_parts = 3);
 
 }  // namespace ds41::cuda

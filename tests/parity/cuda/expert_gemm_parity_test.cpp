@@ -27,6 +27,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/expert_gemm_kernels.h"
 #include "parity/cuda/kernel_parity_util.h"
+#include "quant/act_quant.h"
 #include "quant/weight_format.h"
 
 namespace ds41::cuda {
@@ -132,23 +133,24 @@ struct GemmOut {
   std::vector<float> y, y2;
 };
 GemmOut run_gemm(const Problem& p, const DevWeightList& w1, const DevWeightList* w2, const std::vector<int64_t>& off,
-        int64_t m_pad) {
+        int64_t m_pad, int n_parts = 3) {
   const int64_t m = off[p.E];
   std::vector<ExpertGemmUnit> units(static_cast<size_t>(expert_gemm_max_units(m, p.E)));
-  const int64_t n = expert_gemm_units(off.data(), p.E, units.data());
+  const int64_t n =
+      expert_gemm_units(off.data(), p.E, units.data(), n_parts == 1 ? kExpertGemmRows1 : kExpertGemmRows);
   units.resize(static_cast<size_t>(n));
   Dev<ExpertGemmUnit> du(units);
   Dev<float> dx(p.x);
   Dev<int64_t> drows(p.rows_of);
-  Dev<uint2> parts(static_cast<size_t>(expert_gemm_parts_bytes(m, p.in) / 8));
+  Dev<uint2> parts(static_cast<size_t>(expert_gemm_parts_bytes(m, p.in, n_parts) / 8));
   Dev<int32_t> ex(static_cast<size_t>(m));
   Dev<float> y(static_cast<size_t>(m_pad * p.out)), y2(static_cast<size_t>(m_pad * p.out));
   cudaMemset(y.p, 0xff, y.n * sizeof(float));  // NaN sentinel
   cudaMemset(y2.p, 0xff, y2.n * sizeof(float));
-  Status s = run_expert_gemm_split(dx.p, p.in, drows.p, m, parts.p, ex.p, nullptr);
+  Status s = run_expert_gemm_split(dx.p, p.in, drows.p, m, parts.p, ex.p, nullptr, n_parts);
   EXPECT_TRUE(s.ok()) << s.message();
   s = run_expert_gemm_fp4(w1.p(), w2 ? w2->p() : nullptr, du.p, n, p.out, p.in, parts.p, ex.p, y.p,
-                          w2 ? y2.p : nullptr, nullptr);
+                          w2 ? y2.p : nullptr, nullptr, n_parts);
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return GemmOut{y.get(), y2.get()};
@@ -279,6 +281,61 @@ TEST(ExpertGemmParity, StepFoldMatchesTheCpuOp) {
   const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad);
   set_expert_gemm_fold_for_tests(-1);
   EXPECT_EQ(parity::count_bit_diffs(alone.y, fold_single.y), 0u) << shape << ": a row alone vs in full units";
+}
+
+// --numerics fp8-act: routed rows quantized as quant::act_quant_fp8_rows (E4M3 values times powers of two) take
+// one f16 part (n_parts 1, units of kExpertGemmRows1 = 96 rows: experts of 0, 1, 95, 96, 97 and 150 rows). The
+// parts a three-part split would add are zero for every element down to 2^-35 of its row's largest, so such
+// rows get the three parts' bits; every row (the 40-decade ones too) within the CPU op's tolerance; pair, fold
+// on and off, row-count invariance, rows past the units unwritten.
+TEST(ExpertGemmParity, OnePartOnQuantizedRowsKeepsTheThreePartsBits) {
+  DS41_SKIP_WITHOUT_GPU();
+  for (int64_t in : {256, 640}) {
+    Problem p = problem(200, in, {0, 1, 95, 96, 97, 150}, 47000 + in);
+    quant::act_quant_fp8_rows(p.x.data(), static_cast<int64_t>(p.x.size()) / in, in, p.x.data());
+    const int64_t m = p.off[p.E], m_pad = m + 4;
+    DevWeightList w1(p.w1), w2(p.w2);
+    const std::string shape = "fp4 " + parity::dims({p.out, in}) + " E=" + std::to_string(p.E) + " m=" +
+                              std::to_string(m) + " one part, quantized rows";
+    for (int fold : {1, 0}) {
+      set_expert_gemm_fold_for_tests(fold);
+      const GemmOut three = run_gemm(p, w1, &w2, p.off, m_pad, 3);
+      const GemmOut one = run_gemm(p, w1, &w2, p.off, m_pad, 1);
+      const GemmOut one_single = run_gemm(p, w1, nullptr, p.off, m_pad, 1);
+      // Rows spanning less than 2^30 (kinds plain, x 1e20, x 1e-15, zeros): the three parts' bits.
+      size_t diffs = 0, compared = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        const float* xr = p.x.data() + p.rows_of[i] * in;
+        float mx = 0, mn = INFINITY;
+        for (int64_t k = 0; k < in; ++k)
+          if (xr[k] != 0.f) mx = std::max(mx, std::fabs(xr[k])), mn = std::min(mn, std::fabs(xr[k]));
+        if (mx > 0 && mx / mn >= 0x1p30f) continue;
+        for (int64_t o = 0; o < p.out; ++o) {
+          const size_t q = static_cast<size_t>(i * p.out + o);
+          diffs += parity::bits_of(one.y[q]) != parity::bits_of(three.y[q]);
+          diffs += parity::bits_of(one.y2[q]) != parity::bits_of(three.y2[q]);
+          compared += 2;
+        }
+      }
+      EXPECT_GT(compared, static_cast<size_t>(m * p.out));  // most rows
+      EXPECT_EQ(diffs, 0u) << shape << " fold " << fold << ": one part vs three";
+      EXPECT_EQ(parity::count_bit_diffs(one_single.y, one.y), 0u) << shape << ": the pair's first matrix";
+      std::vector<float> g1(one.y.begin(), one.y.begin() + m * p.out), g2(one.y2.begin(), one.y2.begin() + m * p.out);
+      const double err = std::max(worst_row_error(g1, cpu_ref(p, p.w1), m, p.out),
+                                  worst_row_error(g2, cpu_ref(p, p.w2), m, p.out));
+      parity::report("expert gemm", shape + (fold ? " folded" : ""), err, kTol, kWhy);
+      EXPECT_LE(err, kTol) << shape;
+      size_t touched = 0;
+      for (size_t i = static_cast<size_t>(m * p.out); i < one.y.size(); ++i)
+        touched += parity::bits_of(one.y[i]) != 0xffffffffu || parity::bits_of(one.y2[i]) != 0xffffffffu;
+      EXPECT_EQ(touched, 0u) << shape << ": rows past the units were written";
+      const Problem q = one_row_experts(p);
+      DevWeightList wq(q.w1);
+      const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad, 1);
+      EXPECT_EQ(parity::count_bit_diffs(alone.y, one_single.y), 0u) << shape << ": a row alone vs in full units";
+    }
+    set_expert_gemm_fold_for_tests(-1);
+  }
 }
 
 TEST(ExpertGemmParity, ScaleCheckCountsBytesOutsideTheWindow) {
