@@ -218,6 +218,41 @@ test('restart with the same --kv-dir: persistent tier serves, replay counted; re
     }
   });
 
+// --numerics is part of the model identity: KV computed with FP8 activations never serves an exact request and
+// the reverse, over one --kv-dir; each mode's blocks serve its own later requests.
+test('--numerics fp8-act and exact never share cached blocks', { skip: REDIS_ONLY }, async () => {
+  const dir = tmpDir('kvdir_numerics');
+  const messages = conversation(31);
+  const a = await start(['--kv-dir', dir]);
+  const first = await chat(a, messages, 4);
+  await stop(a);
+  const expect = Math.floor((first.usage.prompt_tokens - 1) / 128) * 128;
+  assert.ok(expect > 0);
+  const b = await start(['--kv-dir', dir, '--numerics', 'fp8-act']);
+  let f8;
+  try {
+    f8 = await chat(b, messages, 4);
+    assert.equal(f8.usage.prompt_tokens_details.cached_tokens, 0, 'fp8-act read the exact server\'s blocks');
+  } finally {
+    await stop(b);
+  }
+  const c = await start(['--kv-dir', dir, '--numerics', 'fp8-act']);
+  try {
+    const r = await chat(c, messages, 4);
+    assert.equal(r.usage.prompt_tokens_details.cached_tokens, expect, 'fp8-act blocks serve fp8-act');
+    assert.equal(r.usage.ds41.swa, 'replayed');  // approximate (MODEL_SPEC 4.5): tokens may differ from f8's
+  } finally {
+    await stop(c);
+  }
+  const d = await start(['--kv-dir', dir, '--swa-miss', 'recompute']);
+  try {
+    const r = await chat(d, messages, 4);
+    assert.deepEqual(r.tokens, first.tokens, 'the exact server after fp8-act ones: still the exact answer');
+  } finally {
+    await stop(d);
+  }
+});
+
 // ---------------------------------------------------------------- Redis (label `redis`)
 
 function freePort() {
