@@ -2,11 +2,8 @@
 #include "quant/act_quant.h"
 
 #include <algorithm>
-#include <cfloat>
-#include <cmath>
 
-#include "quant/e4m3.h"
-#include "quant/e8m0.h"
+#include "quant/fake_quant.h"
 
 namespace ds41::quant {
 
@@ -25,23 +22,20 @@ Result<ActNumerics> parse_act_numerics(std::string_view s) {
                                   "' (accepted: exact, fp8-act)");
 }
 
+// Q_win's operator (quant/fake_quant.h) on each full block; a short last block through Q_win padded with zeros
+// (a zero leaves the block's maximum, so the block takes the scale of its own values).
 void act_quant_fp8_rows(const float* x, int64_t rows, int64_t k, float* out) {
+  const int64_t full = k / kActQuantBlock * kActQuantBlock;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * k;
     float* yr = out + r * k;
-    for (int64_t b0 = 0; b0 < k; b0 += kActQuantBlock) {
-      const int64_t b1 = std::min(k, b0 + kActQuantBlock);
-      float a = 0.0f;
-      for (int64_t i = b0; i < b1; ++i) {
-        const float v = std::fabs(xr[i]);
-        if (v > a) a = v;  // false for NaN
-      }
-      a = std::max(std::min(a, FLT_MAX), 1e-4f);
-      const float s = std::ldexp(1.0f, pow2ceil_exponent(a * (1.0f / 448.0f)));
-      for (int64_t i = b0; i < b1; ++i) {
-        const float v = xr[i];
-        yr[i] = std::isnan(v) ? v : e4m3_round(std::clamp(v / s, -448.0f, 448.0f)) * s;
-      }
+    if (yr != xr) std::copy(xr, xr + k, yr);
+    q_win_inplace(yr, full);
+    if (full < k) {
+      float tail[kActQuantBlock] = {};
+      std::copy(yr + full, yr + k, tail);
+      q_win_inplace(tail, kActQuantBlock);
+      std::copy(tail, tail + (k - full), yr + full);
     }
   }
 }

@@ -32,7 +32,7 @@ enum class ActNumerics : uint8_t {
   kFp8Block32,  // x quantized to E4M3 per 32 along K with pow2 scales before FP8 / FP4 linears (official)
 };
 
-inline constexpr int kActQuantBlock = 32;
+inline constexpr int kActQuantBlock = 32;  // = quant::kQwinBlock
 
 // "exact" / "fp8-act" (the names of the CLI flag and of the model identity).
 const char* act_numerics_name(ActNumerics a);

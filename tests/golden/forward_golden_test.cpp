@@ -164,27 +164,8 @@ TEST_F(GoldenForward, LayerByLayerTeacherForced) {
     in.tokens = ids.v;
     in.streams = &streams.v[l * per_layer];
     in.pi = &pre.v[l * S * C];
-    Array<float> okv, okeys;
-    Array<int32_t> otopk;
-    Array<uint8_t> cmask;
-    if (p.ratio > 0 && p.kv_owner != l) {
-      okv = gold_->get<float>("prompt2.layer" + std::to_string(p.kv_owner) + ".compressed_kv");
-      okeys = gold_->get<float>("prompt2.layer" + std::to_string(p.kv_owner) + ".index_keys");
-      in.owner_kv = okv.v.data();
-      in.owner_keys = okeys.v.data();
-      in.owner_entries = okv.rows();
-    }
-    if (p.ratio > 0 && p.idx_owner != l) {
-      otopk = gold_->get<int32_t>("prompt2.layer" + std::to_string(p.idx_owner) + ".topk_indices");
-      in.owner_topk = otopk.v.data();
-      in.owner_topk_width = otopk.row_size();
-    }
-    if (p.candidate_restricted) {
-      cmask = gold_->get<uint8_t>("prompt2.layer" + std::to_string(c.candidate_source_layer_id) +
-                                  ".candidate_mask");
-      in.cand_mask = cmask.v.data();
-      in.cand_width = cmask.row_size();
-    }
+    TeacherForcedOwners owners;
+    owners.fill(*gold_, c, p, l, &in);
     auto out = m.run_layer_teacher_forced(l, in);
     ASSERT_TRUE(out.ok()) << out.status().message();
     const float* ref = &streams.v[(l + 1) * per_layer];

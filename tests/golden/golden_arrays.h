@@ -77,6 +77,36 @@ inline TestModel load_golden_model(int threads = 2, const std::string& dir = gol
   return t;
 }
 
+// The golden owner state layer l of prompt2 reads in the teacher-forced check (golden README "How to check
+// an engine"): its KV owner's compressed KV and index keys, its index owner's top-k, the candidate mask; the
+// arrays live here, `in` points into them (tokens / streams / pi are the caller's).
+struct TeacherForcedOwners {
+  Array<float> okv, okeys;
+  Array<int32_t> otopk;
+  Array<uint8_t> cmask;
+  void fill(const GoldenFile& gold, const model::ModelConfig& c, const model::LayerPlan& p, int64_t l,
+            model::TeacherForcedInput* in) {
+    const std::string L = "prompt2.layer";
+    if (p.ratio > 0 && p.kv_owner != l) {
+      okv = gold.get<float>(L + std::to_string(p.kv_owner) + ".compressed_kv");
+      okeys = gold.get<float>(L + std::to_string(p.kv_owner) + ".index_keys");
+      in->owner_kv = okv.v.data();
+      in->owner_keys = okeys.v.data();
+      in->owner_entries = okv.rows();
+    }
+    if (p.ratio > 0 && p.idx_owner != l) {
+      otopk = gold.get<int32_t>(L + std::to_string(p.idx_owner) + ".topk_indices");
+      in->owner_topk = otopk.v.data();
+      in->owner_topk_width = otopk.row_size();
+    }
+    if (p.candidate_restricted) {
+      cmask = gold.get<uint8_t>(L + std::to_string(c.candidate_source_layer_id) + ".candidate_mask");
+      in->cand_mask = cmask.v.data();
+      in->cand_width = cmask.row_size();
+    }
+  }
+};
+
 // Golden README row error.
 inline double row_error(const float* g, const float* c, int64_t n) {
   double mx = 0, ss = 0;

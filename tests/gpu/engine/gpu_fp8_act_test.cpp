@@ -28,10 +28,6 @@ struct Fp8Case {
   int64_t min_rows;  // rows from 0 on which the GPU must match the CPU before the first flip
 };
 
-// Rows [0, first row with e_r > tol).
-int64_t rows_before_parting(const std::vector<float>& a, const std::vector<float>& b, int64_t V, double tol) {
-  return flip_free_rows(a, b, V, tol);
-}
 
 class GpuFp8Act : public ::testing::TestWithParam<Fp8Case> {
  protected:
@@ -66,6 +62,23 @@ class GpuFp8Act : public ::testing::TestWithParam<Fp8Case> {
     }
     return logits;
   }
+  // The same rows from the CPU reference (fp8-act): the prompt's, then one per decode step.
+  std::vector<float> cpu_run(std::span<const int32_t> toks, std::span<const int32_t> extra) {
+    auto st = cpu_.model->new_sequence();
+    model::ForwardOptions fo;
+    fo.logits = model::LogitsRows::kAll;
+    auto r = cpu_.model->prefill(*st, toks, 0, fo);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    if (!r.ok()) return {};
+    std::vector<float> logits = r->logits;
+    for (int32_t t : extra) {
+      auto o = cpu_.model->decode_step(*st, t, model::ForwardOptions{});
+      EXPECT_TRUE(o.ok()) << o.status().message();
+      if (!o.ok()) break;
+      logits.insert(logits.end(), o->logits.begin(), o->logits.end());
+    }
+    return logits;
+  }
   std::string dir_;
   TestModel cpu_;
   std::unique_ptr<gpu::DeviceModel> dev_;
@@ -78,18 +91,7 @@ TEST_P(GpuFp8Act, PrefillAndDecodeMatchTheCpuReference) {
   const std::string name = GetParam().name;
   const auto toks = seeded_tokens(len_ + 6, V, 3);
   const std::span<const int32_t> prompt(toks.data(), len_), extra(toks.data() + len_, 6);
-  // CPU reference, fp8-act: the prompt's rows, then the decode steps.
-  auto st = cpu_.model->new_sequence();
-  model::ForwardOptions fo;
-  fo.logits = model::LogitsRows::kAll;
-  auto want_r = cpu_.model->prefill(*st, prompt, 0, fo);
-  ASSERT_TRUE(want_r.ok()) << want_r.status().message();
-  std::vector<float> want = want_r->logits;
-  for (int32_t t : extra) {
-    auto o = cpu_.model->decode_step(*st, t, model::ForwardOptions{});
-    ASSERT_TRUE(o.ok()) << o.status().message();
-    want.insert(want.end(), o->logits.begin(), o->logits.end());
-  }
+  const std::vector<float> want = cpu_run(prompt, extra);  // CPU reference, fp8-act
   // GPU, fp8-act: the tensor-core prefill (one bfloat16 part) and the GEMV / tile kernels only.
   auto tc = make_engine(*dev_, 400, 4096, 1024, 128, -1, -1, -1, quant::ActNumerics::kFp8Block32);
   auto gemv = make_engine(*dev_, 400, 4096, 1024, /*tensor_core_min_rows=*/0, -1, -1, -1,
@@ -109,11 +111,11 @@ TEST_P(GpuFp8Act, PrefillAndDecodeMatchTheCpuReference) {
   ASSERT_EQ(a.size(), want.size());
   ASSERT_EQ(b.size(), want.size());
   const int64_t all = static_cast<int64_t>(a.size()) / V;
-  std::cout << name << ": fp8-act GPU forms agree on " << rows_before_parting(a, b, V, kTolGpuLogits) << " of "
+  std::cout << name << ": fp8-act GPU forms agree on " << flip_free_rows(a, b, V, kTolGpuLogits) << " of "
             << all << " rows\n";
   // Both GPU forms against the CPU up to their first parting; it comes at min_rows or later.
   for (const std::vector<float>* got : {&a, static_cast<const std::vector<float>*>(&b)}) {
-    const int64_t rows = rows_before_parting(want, *got, V, kTolGpuLogits);
+    const int64_t rows = flip_free_rows(want, *got, V, kTolGpuLogits);
     std::cout << name << (got == &a ? " tensor-core" : " GEMV") << " fp8-act GPU vs CPU: first " << rows
               << " rows within " << kTolGpuLogits << "\n";
     EXPECT_GE(rows, GetParam().min_rows) << name << (got == &a ? " tensor-core" : " GEMV");
@@ -128,15 +130,7 @@ TEST_P(GpuFp8Act, PrefillAndDecodeMatchTheCpuReference) {
   // model: its first parting was at row 51; the small model parts too early for this).
   if (GetParam().min_rows >= 30) {
     const std::span<const int32_t> p20(toks.data(), 20), d10(toks.data() + 20, 10);
-    auto st2 = cpu_.model->new_sequence();
-    auto w2 = cpu_.model->prefill(*st2, p20, 0, fo);
-    ASSERT_TRUE(w2.ok()) << w2.status().message();
-    std::vector<float> want2 = w2->logits;
-    for (int32_t t : d10) {
-      auto o = cpu_.model->decode_step(*st2, t, model::ForwardOptions{});
-      ASSERT_TRUE(o.ok()) << o.status().message();
-      want2.insert(want2.end(), o->logits.begin(), o->logits.end());
-    }
+    const std::vector<float> want2 = cpu_run(p20, d10);
     const std::vector<float> got2 = run(*tc, p20, d10);
     ASSERT_EQ(got2.size(), want2.size());
     expect_rows_close(want2, got2, V, kTolGpuLogits, name + " fp8-act 20-token prefill + 10 decode steps vs CPU");
