@@ -45,7 +45,8 @@ cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 // The persistent GEMV (linear_kernels.cu) sizes its grid from the SM count and raises the
 // dynamic shared memory limit; the emulator has no such limits (as runtime_stubs.cpp).
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
-  *v = a == cudaDevAttrMultiProcessorCount ? 132 : 0;
+  // An H100 / H200's: 132 SMs, compute capability 9.0 (the wgmma kernels' emulation runs).
+  *v = a == cudaDevAttrMultiProcessorCount ? 132 : a == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }

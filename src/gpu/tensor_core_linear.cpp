@@ -88,8 +88,8 @@ Result<std::unique_ptr<TensorCoreLinear>> TensorCoreLinear::create(const TensorC
   DS41_ASSIGN_OR_RETURN(t->units_host_, PinnedBuffer::allocate(
                                             static_cast<size_t>(max_units) * sizeof(cuda::ExpertGemmUnit),
                                             "tensor-core linears: FP4 expert GEMM units"));
-  DS41_ASSIGN_OR_RETURN(t->window_count_, DeviceBuffer::allocate(sizeof(int32_t), "tensor-core linears: scale check"));
-  DS41_ASSIGN_OR_RETURN(t->window_host_, PinnedBuffer::allocate(sizeof(int32_t), "tensor-core linears: scale check"));
+  DS41_ASSIGN_OR_RETURN(t->window_count_, DeviceBuffer::allocate(2 * sizeof(int32_t), "tensor-core linears: scale check"));
+  DS41_ASSIGN_OR_RETURN(t->window_host_, PinnedBuffer::allocate(2 * sizeof(int32_t), "tensor-core linears: scale check"));
   if (lim.split_parts != 2 && lim.split_parts != 3)
     return invalid_argument("tensor-core linears: split_parts must be 2 or 3, got " +
                             std::to_string(lim.split_parts));
@@ -364,12 +364,14 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
   int32_t* outside = static_cast<int32_t*>(window_host_.data());
   if (fp4g) {
     int32_t* count = window_count_.as<int32_t>();
+    // count[1]: the (row, step)s the fold cannot take, counted only where the wgmma form could run.
+    int32_t* wide = cuda::expert_gemm_wgmma() ? count + 1 : nullptr;
     DS41_RETURN_IF_ERROR(
-        cuda::cuda_status(cudaMemsetAsync(count, 0, sizeof(int32_t), stream_), "clear the scale check"));
-    DS41_RETURN_IF_ERROR(cuda::run_fp4_scales_outside_window(d_w, E, out_dim, in_dim, count, stream_));
-    if (w2) DS41_RETURN_IF_ERROR(cuda::run_fp4_scales_outside_window(d_w2, E, out_dim, in_dim, count, stream_));
+        cuda::cuda_status(cudaMemsetAsync(count, 0, 2 * sizeof(int32_t), stream_), "clear the scale check"));
+    DS41_RETURN_IF_ERROR(cuda::run_fp4_scales_outside_window(d_w, E, out_dim, in_dim, count, stream_, wide));
+    if (w2) DS41_RETURN_IF_ERROR(cuda::run_fp4_scales_outside_window(d_w2, E, out_dim, in_dim, count, stream_, wide));
     DS41_RETURN_IF_ERROR(cuda::cuda_status(
-        cudaMemcpyAsync(outside, count, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "copy the scale check"));
+        cudaMemcpyAsync(outside, count, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "copy the scale check"));
   }
   int64_t* off = static_cast<int64_t*>(offsets_host_.data());
   DS41_RETURN_IF_ERROR(cuda::cuda_status(
@@ -381,9 +383,12 @@ Status TensorCoreLinear::expert_linear_pair(const std::vector<cuda::DeviceWeight
     return internal_error("tensor-core linears: expert offsets end at " + std::to_string(m) + " > m_max " +
                           std::to_string(m_max));
   if (m == 0) return ok_status();
-  if (fp4g && *outside == 0 && m <= lim_.fp4_gemm_rows_per_expert * E)
+  if (fp4g && outside[0] == 0 && m <= lim_.fp4_gemm_rows_per_expert * E) {
+    const cuda::ExpertGemmForm form = cuda::expert_gemm_wgmma() && outside[1] == 0 ? cuda::ExpertGemmForm::kWgmma
+                                                                                   : cuda::ExpertGemmForm::kMma;
     return fp4_gemm(off, E, d_w, w2 ? d_w2 : nullptr, out_dim, in_dim, x, x_rows, y, w2 ? y2 : nullptr,
-                    x_quantized && cuda::tc_one_part());
+                    x_quantized && cuda::tc_one_part(), form);
+  }
   // The fp16 split when every expert of both matrices takes it (one call, one numerics).
   bool h = lim_.split_parts == 2 && lim_.decode_weights &&
            out_dim <= std::max(lim_.expert_out, lim_.expert_in) &&  // the experts' bands fit w_shift_
@@ -458,7 +463,8 @@ bool TensorCoreLinear::fp4_gemm_eligible(const std::vector<cuda::DeviceWeight>& 
 
 Status TensorCoreLinear::fp4_gemm(const int64_t* off, int64_t E, const cuda::DeviceWeight* d_w,
                                   const cuda::DeviceWeight* d_w2, int64_t out_dim, int64_t in_dim, const float* x,
-                                  const int64_t* x_rows, float* y, float* y2, bool one_part) {
+                                  const int64_t* x_rows, float* y, float* y2, bool one_part,
+                                  cuda::ExpertGemmForm form) {
   auto* units = static_cast<cuda::ExpertGemmUnit*>(units_host_.data());
   const int64_t n =
       cuda::expert_gemm_units(off, E, units, one_part ? cuda::kExpertGemmRows1 : cuda::kExpertGemmRows);
@@ -469,9 +475,9 @@ Status TensorCoreLinear::fp4_gemm(const int64_t* off, int64_t E, const cuda::Dev
   uint2* parts = x3_.as<uint2>();
   int32_t* ex = row_shift_.as<int32_t>();
   const int np = one_part ? 1 : 3;
-  DS41_RETURN_IF_ERROR(cuda::run_expert_gemm_split(x, in_dim, x_rows, off[E], parts, ex, stream_, np));
+  DS41_RETURN_IF_ERROR(cuda::run_expert_gemm_split(x, in_dim, x_rows, off[E], parts, ex, stream_, np, form));
   return cuda::run_expert_gemm_fp4(d_w, d_w2, units_.as<cuda::ExpertGemmUnit>(), n, out_dim, in_dim, parts, ex, y, y2,
-                                   stream_, np);
+                                   stream_, np, form);
 }
 
 // The pipeline (TensorCoreLimits::expert_streams): the scratch holds nbuf buffers of `batch`

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backends/cuda/device_weight.h"
+#include "backends/cuda/expert_gemm_kernels.h"
 #include "core/status.h"
 #include "gpu/device_buffer.h"
 
@@ -145,9 +146,10 @@ class TensorCoreLinear {
                          int64_t out_dim, int64_t in_dim, int64_t m_max) const;
   // The FP4 expert GEMM of the routed rows off[0 .. E] (host offsets, read back): units uploaded, x split
   // into the kernel's fragments (x_rows as in expert_linear_pair), one launch for the matrix or the pair.
+  // form: kWgmma where expert_gemm_wgmma() holds and the scale check found no step spanning more than 15.
   Status fp4_gemm(const int64_t* off, int64_t E, const cuda::DeviceWeight* d_w, const cuda::DeviceWeight* d_w2,
                   int64_t out_dim, int64_t in_dim, const float* x, const int64_t* x_rows, float* y, float* y2,
-                  bool one_part);
+                  bool one_part, cuda::ExpertGemmForm form);
   // gemm() on a given cuBLAS handle (an expert stream's).
   Status gemm_on(void* handle, const void* w, int64_t out, int64_t in, const void* xp, int64_t rows_p, float* yp,
                  int dtype, float beta = 0.0f);
@@ -163,7 +165,7 @@ class TensorCoreLinear {
   PinnedBuffer offsets_host_, ids_host_;
   DeviceBuffer units_;         // FP4 expert GEMM: its units (cuda::ExpertGemmUnit), uploaded per call
   PinnedBuffer units_host_;
-  DeviceBuffer window_count_;  // FP4 expert GEMM: scale bytes outside the kernel's window (device int32)
+  DeviceBuffer window_count_;  // FP4 expert GEMM: scale bytes outside the kernel's window, wide steps (2 int32)
   PinnedBuffer window_host_;
   DeviceBuffer ptrs_;    // grouped GEMM: device arrays of A / B / C pointers, 3 x n_experts per matrix of a pair
   PinnedBuffer ptrs_host_;

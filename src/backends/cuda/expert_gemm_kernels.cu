@@ -26,12 +26,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/tc_frag.cuh"
+#include "backends/cuda/wgmma.cuh"
 
 namespace ds41::cuda {
 namespace {
@@ -86,7 +88,9 @@ constexpr int64_t kMaxIn = 16384;  // K of a call (the loader's per-row offsets 
 // t holds K 8g .. 8g + 7, slot s of mma m being K 8g + fp4_kofs(m, s).
 // kP = 1 (one part: inputs exact in f16 after the row's power of two, --numerics fp8-act's quantized rows):
 // the hi part alone, 8 bytes per K.
-template <int kP>
+// kWg: the wgmma form's layout (expert_gemm_kernels.h): a (tile, mma, part)'s four lane groups as their four b0
+// words, then their four b1 words (each 16-byte half one core-matrix row of B: wgmma.cuh).
+template <int kP, bool kWg = false>
 __global__ void __launch_bounds__(kSplitThreads)
     expert_gemm_split_kernel(const float* __restrict__ x, int64_t in, const int64_t* __restrict__ rows_of,
                              uint2* __restrict__ parts, int32_t* __restrict__ ex) {
@@ -126,22 +130,16 @@ __global__ void __launch_bounds__(kSplitThreads)
 #pragma unroll
     for (int mm = 0; mm < 2; ++mm)
 #pragma unroll
-      for (int p = 0; p < kP; ++p) pr[((t * 2 + mm) * kP + p) * 4 + g] = fr[mm][p];
+      for (int p = 0; p < kP; ++p) {
+        if constexpr (kWg) {
+          uint32_t* const q = reinterpret_cast<uint32_t*>(pr + ((t * 2 + mm) * kP + p) * 4);
+          q[g] = fr[mm][p].x;
+          q[4 + g] = fr[mm][p].y;
+        } else {
+          pr[((t * 2 + mm) * kP + p) * 4 + g] = fr[mm][p];
+        }
+      }
   }
-}
-
-// ---- The scale check ----
-__global__ void scales_outside_window_kernel(const DeviceWeight* __restrict__ weights, int64_t bytes,
-                                             int32_t* __restrict__ count) {
-  dev::pdl_enter();
-  const uint8_t* sc = weights[blockIdx.y].scale;
-  int bad = 0;
-  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < bytes;
-       q += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    bad += tcg::scale_fast(__ldg(sc + q)) ? 0 : 1;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
-  if ((threadIdx.x & 31) == 0 && bad != 0) atomicAdd(count, bad);
 }
 
 // ---- The step fold (kFold) ----
@@ -184,6 +182,32 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t f) {
   const float hi = tcg::part_float<false>(a >> 16) * tcg::part_float<false>(f >> 16);
   return tcg::part_bits<false>(lo) | (tcg::part_bits<false>(hi) << 16);
 #endif
+}
+
+// ---- The scale check ----
+// Per word of four scale bytes (one W row's step: tiles % 4 == 0): the bytes outside the window; with wide, the
+// words whose bytes span more than 15 (a step the fold cannot take: the wgmma form's contract).
+__global__ void scales_outside_window_kernel(const DeviceWeight* __restrict__ weights, int64_t words,
+                                             int32_t* __restrict__ count, int32_t* __restrict__ wide) {
+  dev::pdl_enter();
+  const uint32_t* sc = reinterpret_cast<const uint32_t*>(weights[blockIdx.y].scale);
+  int bad = 0, spread = 0;
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < words;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t v = __ldg(sc + q);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) bad += tcg::scale_fast((v >> (8 * i)) & 0xffu) ? 0 : 1;
+    spread += spread_within_15(v, byte_min(v)) ? 0 : 1;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    bad += __shfl_xor_sync(0xffffffffu, bad, o);
+    spread += __shfl_xor_sync(0xffffffffu, spread, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (bad != 0) atomicAdd(count, bad);
+    if (wide != nullptr && spread != 0) atomicAdd(wide, spread);
+  }
 }
 
 // ---- The GEMM ----
@@ -482,9 +506,218 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
   }
 }
 
+// ---- The wgmma form (DS41_TC_FP4_GEMM_WGMMA) ----
+// The same block tile (128 W rows of one matrix x one unit's 96 B columns), the same numerics as the folded
+// mma form above (a step's 128 K as one chain from zero, then acc = fma(d, 2^(s_min - 127), acc)), on Hopper's
+// warpgroup MMA: two warpgroups (8 warps); warpgroup wg owns W rows [64 wg, 64 wg + 64), warp
+// q of it rows 16 q .. 16 q + 15 (the lane's rows 16 q + r and + 8, as one mma row tile). Per step each warpgroup
+// issues 8 wgmma.mma_async m64nNk16 (one per k16 slice) with A, the decoded and folded E2M1 weights, from
+// registers and B, the unit's parts, from the stage in shared memory (wgmma.cuh's layout: the split writes it
+// with kWg), N = 32, 64 or 96 (the unit's kP x rows rounded up: a short unit multiplies fewer columns). While
+// they run, the threads wait for the next step's copies and decode its A into the other register buffer; then
+// they wait for the chain and fold it. One mma_async replaces the mma form's 12 x 2 mma.sync of a warp and k16
+// slice: the issue slots the mma form spends on mma.sync go to the decode.
+//
+// Contract: every (row, step) of the experts has its four scale bytes within 15 of their least (the caller
+// checks: run_fp4_scales_outside_window's wide count), so every step folds. There is no per-tile fallback in the
+// kernel: a branch around the mma_async makes ptxas serialize them ("wgmma.mma_async instructions are
+// serialized due to program dependence on compiler-inserted WG.DP in divergent path"), measured when written.
+// Every output's terms and their order are then the folded mma form's: a chain of 8 k16 products from zero, one
+// fma per step, so on hardware whose wgmma sums a k16 slice as mma.sync does the two forms give the same bits
+// (parity row ExpertGemmParity.WgmmaFormMatchesTheMmaForm).
+//
+// Pipeline: 4 stages (138 KB of shared memory: one block per SM); the copies of step k + 3 go out once every
+// thread has waited for step k - 1's chain (the barrier before step k + 1's decode).
+constexpr int kWgThreads = 256, kWgStages = 4;
+constexpr int kWgSmem = kWgStages * kStageBytes;
+constexpr int kSliceBytes = kJ * 32;  // one k16 slice of the unit's 96 B columns (3,072 bytes)
+static_assert(8 * kSliceBytes == kXStageU2 * 8, "a stage's B is its 8 slices");
+static_assert(kJ == 96 && kJ % 8 == 0, "N = 96 columns at most (wgmma.cuh kMaxAcc)");
+static_assert(kWgThreads / 32 * wg::kMaxAcc * 32 * 4 <= kWgSmem, "the epilogue's accumulators fit the stages");
+
+template <int kP>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    expert_gemm_wgmma_kernel(const DeviceWeight* __restrict__ weights, const DeviceWeight* __restrict__ weights2,
+                             const ExpertGemmUnit* __restrict__ units, int64_t out_dim, int64_t in,
+                             const uint2* __restrict__ parts, const int32_t* __restrict__ ex, float* __restrict__ y,
+                             float* __restrict__ y2) {
+  extern __shared__ __align__(16) float smem[];  // the host emulator's rewrite expects this spelling
+  uint8_t* const sm = reinterpret_cast<uint8_t*>(smem);
+  dev::pdl_enter();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, g = lane & 3;
+  const ExpertGemmUnit u = units[blockIdx.y];
+  const bool second = blockIdx.z != 0;
+  const DeviceWeight w = (second ? weights2 : weights)[u.expert];
+  float* __restrict__ out = second ? y2 : y;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  const int tiles = static_cast<int>(in / 32), steps = tiles / kStepTiles;
+  const int nrows = u.rows;
+  const int64_t half_in = in / 2;
+  // The unit's parts: a routed row's step is 16 kP pieces of 16 bytes, piece (q kP + p) 2 + h = slice q (tile
+  // q / 2, mma q % 2), part p, half h; column n = kP b + p of routed row b lands at wg::b_offset(8 h, n) of slice q.
+  constexpr int kPieces = 16 * kP;
+  const int64_t row_bytes = static_cast<int64_t>(tiles) * 64 * kP;
+  const uint8_t* const xg = reinterpret_cast<const uint8_t*>(parts) + static_cast<int64_t>(u.row0) * row_bytes;
+  // W: thread t copies row t / 2's pieces 2 (t % 2) and 2 (t % 2) + 1 of the step, the even thread its scale word
+  // (rows past out_dim read the last row: their outputs are not written).
+  const int wrow = tid >> 1, wpc = 2 * (tid & 1);
+  const int64_t wo = min(o0 + wrow, out_dim - 1);
+  const uint8_t* const wsrc = w.data + wo * half_in + wpc * 16;
+  const uint8_t* const ssrc = w.scale + wo * tiles;
+  auto load = [&](int slot, int k) {
+    uint8_t* const base = sm + slot * kStageBytes;
+    const Stage st(base);
+    const uint8_t* const xk = xg + static_cast<int64_t>(k) * (kStepTiles * 64 * kP);
+    for (int i = tid; i < nrows * kPieces; i += kWgThreads) {
+      const int b = i / kPieces, pc = i - b * kPieces;
+      const int q = pc / (2 * kP), rem = pc - q * (2 * kP), n = kP * b + (rem >> 1);
+      dev::cp_async16(base + q * kSliceBytes + wg::b_offset(8 * (rem & 1), n), xk + b * row_bytes + pc * 16);
+    }
+    const uint8_t* const src = wsrc + k * (kStepTiles * 16);
+    dev::cp_async16(st.ws + wrow * kWRowStride + wpc * 16, src);
+    dev::cp_async16(st.ws + wrow * kWRowStride + wpc * 16 + 16, src + 16);
+    if ((tid & 1) == 0) dev::cp_async4(st.ss + 4 * wrow, ssrc + k * kStepTiles);
+    dev::cp_async_commit();
+  };
+  const int row_a = (warp >> 2) * 64 + (warp & 3) * 16 + r;  // the lane's rows: row_a, row_a + 8
+  // Step k's A fragments from its stage (slice q = 2 j + h: tile j, mma h), each row's tile j weights times
+  // 2^(s_j - s_min) (the contract: within 15), and the rows' 2^(s_min - 127).
+  struct Dec {
+    uint32_t a[8][4];
+    float m0, m1;
+  };
+  auto decode = [&](int slot, Dec& dc) {
+    const Stage st(sm + slot * kStageBytes);
+    const uint8_t* const pa = st.ws + row_a * kWRowStride + 4 * g;
+    const uint8_t* const pb = pa + 8 * kWRowStride;
+    const uint32_t sa = *reinterpret_cast<const uint32_t*>(st.ss + 4 * row_a);
+    const uint32_t sb = *reinterpret_cast<const uint32_t*>(st.ss + 4 * (row_a + 8));
+    const uint32_t mna = byte_min(sa), mnb = byte_min(sb);
+#pragma unroll
+    for (int j = 0; j < kStepTiles; ++j) {
+      uint32_t qa[4], qb[4];
+      fp4_row_pairs(*reinterpret_cast<const uint32_t*>(pa + 16 * j), qa);
+      fp4_row_pairs(*reinterpret_cast<const uint32_t*>(pb + 16 * j), qb);
+      const uint32_t fa = fold_factor(sa, mna, j), fb = fold_factor(sb, mnb, j);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t* const a = dc.a[2 * j + h];
+        a[0] = hmul2_bits(qa[2 * h], fa);
+        a[1] = hmul2_bits(qb[2 * h], fb);
+        a[2] = hmul2_bits(qa[2 * h + 1], fa);
+        a[3] = hmul2_bits(qb[2 * h + 1], fb);
+      }
+    }
+    dc.m0 = __uint_as_float(mna << 23);
+    dc.m1 = __uint_as_float(mnb << 23);
+  };
+
+  float acc[wg::kMaxAcc], d[wg::kMaxAcc];
+#pragma unroll
+  for (int i = 0; i < wg::kMaxAcc; ++i) acc[i] = d[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kWgStages - 1; ++s) {
+    if (s < steps)
+      load(s, s);
+    else
+      dev::cp_async_commit();
+  }
+  dev::cp_async_wait<kWgStages - 2>();  // step 0's copies (this thread's)
+  wg::fence_proxy_async();
+  __syncthreads();
+  Dec dec[2];
+  decode(0, dec[0]);
+
+  // N: the unit's columns rounded up to 32 (block-uniform).
+  auto run = [&](auto ncols) {
+    constexpr int N = decltype(ncols)::value;
+    // Step k with its A in dec[B] (B = k % 2, a constant: the buffers stay in registers).
+    auto step = [&](auto bc, int k) {
+      constexpr int B = decltype(bc)::value;
+      Dec& dc = dec[B];
+      const uint8_t* const xs = sm + (k % kWgStages) * kStageBytes;
+      wg::fence();
+#pragma unroll
+      for (int q = 0; q < 8; ++q) wg::mma<N>(d, dc.a[q], xs + q * kSliceBytes, q > 0);
+      wg::commit();
+      wg::fence_operand(d);
+      if (k + 1 < steps) {
+        dev::cp_async_wait<kWgStages - 3>();  // step k + 1's copies (this thread's; step k + 2's may be pending)
+        wg::fence_proxy_async();
+        __syncthreads();  // everyone's; every thread waited for step k - 1's chain: its slot is free
+        if (k + kWgStages - 1 < steps)
+          load((k + kWgStages - 1) % kWgStages, k + kWgStages - 1);
+        else
+          dev::cp_async_commit();
+        decode((k + 1) % kWgStages, dec[B ^ 1]);
+      }
+      wg::wait<0>();
+      wg::fence_operand(d);
+#pragma unroll
+      for (int c = 0; c < N / 8; ++c) {
+        acc[4 * c + 0] = __fmaf_rn(d[4 * c + 0], dc.m0, acc[4 * c + 0]);
+        acc[4 * c + 1] = __fmaf_rn(d[4 * c + 1], dc.m0, acc[4 * c + 1]);
+        acc[4 * c + 2] = __fmaf_rn(d[4 * c + 2], dc.m1, acc[4 * c + 2]);
+        acc[4 * c + 3] = __fmaf_rn(d[4 * c + 3], dc.m1, acc[4 * c + 3]);
+      }
+    };
+    for (int k = 0; k < steps; k += 2) {
+      step(std::integral_constant<int, 0>{}, k);
+      if (k + 1 < steps) step(std::integral_constant<int, 1>{}, k + 1);
+    }
+  };
+  const int ncols = kP * nrows;
+  if (ncols <= 32)
+    run(std::integral_constant<int, 32>{});
+  else if (ncols <= 64)
+    run(std::integral_constant<int, 64>{});
+  else
+    run(std::integral_constant<int, 96>{});
+
+  dev::cp_async_wait<0>();
+  __syncthreads();  // the stages are free: the accumulators meet there
+  float* red = smem;  // [warp][entry][lane]
+#pragma unroll
+  for (int i = 0; i < wg::kMaxAcc; ++i) red[(warp * wg::kMaxAcc + i) * 32 + lane] = acc[i];
+  __syncthreads();
+  // Output (row, b): warp row / 16, entry 4 (j / 8) + 2 (row % 16 >= 8) + j % 2 of lane 4 (row % 8) + (j % 8) / 2
+  // for column j = kP b + p.
+  for (int q = tid; q < kRowsPerBlock * nrows; q += kWgThreads) {
+    const int b = q / kRowsPerBlock, row = q - b * kRowsPerBlock;
+    const int64_t o = o0 + row;
+    if (o >= out_dim) continue;
+    const int wp = row >> 4, rr = row & 15;
+    float part[kP];
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+      const int j = kP * b + p, jj = j & 7;
+      const int e = 4 * (j >> 3) + (rr >= 8 ? 2 : 0) + (jj & 1), ln = 4 * (rr & 7) + (jj >> 1);
+      part[p] = red[(wp * wg::kMaxAcc + e) * 32 + ln];
+    }
+    const int64_t rowg = static_cast<int64_t>(u.row0) + b;
+    float sum = part[0];
+    if constexpr (kP == 3) sum = part[0] + (part[1] + part[2]);
+    out[rowg * out_dim + o] = scalbnf(sum, ex[rowg] + 14);
+  }
+}
+
 }  // namespace
 
 TestableSwitch g_one_part{"DS41_TC_ONE_PART", true};
+TestableSwitch g_wgmma{"DS41_TC_FP4_GEMM_WGMMA", false};
+bool expert_gemm_wgmma() {  // the switch, on a 9.0 device, with the fold on
+  static const bool hopper = [] {
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+           minor == 0;
+  }();
+  static const bool fold_env = switch_on("DS41_TC_FP4_GEMM_FOLD");
+  const bool fold = fold_for_tests >= 0 ? fold_for_tests != 0 : fold_env;
+  return hopper && fold && g_wgmma.enabled();
+}
+void set_expert_gemm_wgmma_for_tests(int mode) { g_wgmma.set(mode); }
 bool tc_one_part() { return g_one_part.enabled(); }
 void set_tc_one_part_for_tests(int mode) { g_one_part.set(mode); }
 
@@ -513,7 +746,7 @@ bool expert_gemm_supported(int64_t out_dim, int64_t in_dim) {
 }
 
 Status run_expert_gemm_split(const float* x, int64_t in_dim, const int64_t* rows_of, int64_t m, uint2* parts,
-                             int32_t* ex, cudaStream_t stream, int n_parts) {
+                             int32_t* ex, cudaStream_t stream, int n_parts, ExpertGemmForm form) {
   if (n_parts != 1 && n_parts != 3)
     return invalid_argument("expert GEMM split: " + std::to_string(n_parts) + " parts (1 or 3)");
   if (in_dim <= 0 || in_dim % 32 != 0 || in_dim > kMaxIn)
@@ -521,27 +754,35 @@ Status run_expert_gemm_split(const float* x, int64_t in_dim, const int64_t* rows
                             " must be a positive multiple of 32 up to " + std::to_string(kMaxIn));
   if (m < 0 || m > int64_t{1} << 31) return invalid_argument("expert GEMM split: rows " + std::to_string(m));
   if (m == 0) return ok_status();
-  if (n_parts == 1)
-    launch(expert_gemm_split_kernel<1>, static_cast<unsigned>(m), kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
-  else
-    launch(expert_gemm_split_kernel<3>, static_cast<unsigned>(m), kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+  const unsigned grid = static_cast<unsigned>(m);
+  if (form == ExpertGemmForm::kWgmma) {
+    if (n_parts == 1)
+      launch(expert_gemm_split_kernel<1, true>, grid, kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+    else
+      launch(expert_gemm_split_kernel<3, true>, grid, kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+  } else if (n_parts == 1) {
+    launch(expert_gemm_split_kernel<1>, grid, kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+  } else {
+    launch(expert_gemm_split_kernel<3>, grid, kSplitThreads, 0, stream, x, in_dim, rows_of, parts, ex);
+  }
   return last_launch_status("expert_gemm_split_kernel");
 }
 
 Status run_fp4_scales_outside_window(const DeviceWeight* weights, int64_t E, int64_t out_dim, int64_t in_dim,
-                                     int32_t* count, cudaStream_t stream) {
-  if (E <= 0 || E > 65535 || out_dim <= 0 || in_dim <= 0 || in_dim % 32 != 0)
+                                     int32_t* count, cudaStream_t stream, int32_t* wide) {
+  if (E <= 0 || E > 65535 || out_dim <= 0 || in_dim <= 0 || in_dim % 128 != 0)
     return invalid_argument("FP4 scale check: " + std::to_string(E) + " experts of " + std::to_string(out_dim) +
-                            " x " + std::to_string(in_dim));
-  const int64_t bytes = out_dim * (in_dim / 32);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((bytes + 255) / 256, 64));
-  launch(scales_outside_window_kernel, dim3(blocks, static_cast<unsigned>(E)), 256, 0, stream, weights, bytes, count);
+                            " x " + std::to_string(in_dim) + " (in_dim a positive multiple of 128)");
+  const int64_t words = out_dim * (in_dim / 128);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((words + 255) / 256, 64));
+  launch(scales_outside_window_kernel, dim3(blocks, static_cast<unsigned>(E)), 256, 0, stream, weights, words, count,
+         wide);
   return last_launch_status("scales_outside_window_kernel");
 }
 
 Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,
                            int64_t n_units, int64_t out_dim, int64_t in_dim, const uint2* parts, const int32_t* ex,
-                           float* y, float* y2, cudaStream_t stream, int n_parts) {
+                           float* y, float* y2, cudaStream_t stream, int n_parts, ExpertGemmForm form) {
   if (n_parts != 1 && n_parts != 3) return invalid_argument("expert GEMM: " + std::to_string(n_parts) + " parts");
   if (!expert_gemm_supported(out_dim, in_dim))
     return invalid_argument("expert GEMM: " + std::to_string(out_dim) + " x " + std::to_string(in_dim) +
@@ -569,6 +810,24 @@ Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weig
                                       " bytes of shared memory to a block");
   const dim3 grid(static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>(n_units), weights2 ? 2u : 1u);
+  if (form == ExpertGemmForm::kWgmma) {  // the wgmma form (the split wrote its layout; the caller checked the spread)
+    static const bool wg_smem_ok = [] {
+      for (const void* f : {reinterpret_cast<const void*>(expert_gemm_wgmma_kernel<1>),
+                            reinterpret_cast<const void*>(expert_gemm_wgmma_kernel<3>)})
+        if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgSmem) != cudaSuccess) return false;
+      return true;
+    }();
+    if (!wg_smem_ok)
+      return internal_error("expert GEMM: the device does not give " + std::to_string(kWgSmem) +
+                            " bytes of shared memory to a block (the wgmma form)");
+    if (n_parts == 1)
+      launch(expert_gemm_wgmma_kernel<1>, grid, kWgThreads, kWgSmem, stream, weights, weights2, units, out_dim, in_dim,
+             parts, ex, y, y2);
+    else
+      launch(expert_gemm_wgmma_kernel<3>, grid, kWgThreads, kWgSmem, stream, weights, weights2, units, out_dim, in_dim,
+             parts, ex, y, y2);
+    return last_launch_status("expert_gemm_wgmma_kernel");
+  }
   static const bool eight = switch_opt_in("DS41_TC_FP4_GEMM_WARPS8");
   static const bool fold_env = switch_on("DS41_TC_FP4_GEMM_FOLD");
   static const int cg_env = [] {

@@ -41,6 +41,9 @@ constexpr int kExpertGemmRows = 32;  // routed rows (x rows) of a unit: 96 B col
 // row's largest): a unit holds this many routed rows, one B column each (a third of the mma work per row).
 constexpr int kExpertGemmRows1 = 3 * kExpertGemmRows;
 
+// The GEMM's kernel: the mma.sync form, or the wgmma form (Hopper's warpgroup MMA: expert_gemm_wgmma below).
+enum class ExpertGemmForm { kMma, kWgmma };
+
 // Routed rows [row0, row0 + rows) of `expert`, 1 <= rows <= kExpertGemmRows.
 struct ExpertGemmUnit {
   int32_t expert = 0, row0 = 0, rows = 0, pad = 0;
@@ -64,13 +67,17 @@ inline int64_t expert_gemm_parts_bytes(int64_t m, int64_t in_dim, int n_parts = 
 // in_dim floats (ld in_dim). parts: expert_gemm_parts_bytes(m, in_dim) bytes, 16-byte aligned; ex: m.
 // n_parts 1: the hi part alone (exact only for rows whose values are exact in f16 after the row's power of
 // two: kExpertGemmRows1); with such rows the GEMM gives the three parts' bits (their lo parts are zero).
+// form: the GEMM that reads the parts (their B layout); kWgmma only where expert_gemm_wgmma() is true.
 Status run_expert_gemm_split(const float* x, int64_t in_dim, const int64_t* rows_of, int64_t m, uint2* parts,
-                             int32_t* ex, cudaStream_t stream, int n_parts = 3);
+                             int32_t* ex, cudaStream_t stream, int n_parts = 3,
+                             ExpertGemmForm form = ExpertGemmForm::kMma);
 
 // count (device int32, set to 0 by the caller) += the E experts' scale bytes outside the fast window
-// (0 or more; any non-zero value means the GEMM's contract does not hold). weights: DEVICE array.
+// (0 or more; any non-zero value means the GEMM's contract does not hold). weights: DEVICE array; in_dim a
+// multiple of 128. wide (optional, device int32, set to 0 by the caller) += the (W row, step of 4 tiles) whose
+// scale bytes span more than 15 (non-zero: the wgmma form's contract does not hold; the mma form takes them).
 Status run_fp4_scales_outside_window(const DeviceWeight* weights, int64_t E, int64_t out_dim, int64_t in_dim,
-                                     int32_t* count, cudaStream_t stream);
+                                     int32_t* count, cudaStream_t stream, int32_t* wide = nullptr);
 
 // y[row][o] (ld out_dim) for every routed row of the units = x_row . W_e[o] (the unit's expert's FP4 rows
 // from weights, a DEVICE array), from run_expert_gemm_split's parts / ex. weights2 / y2 (both or neither):
@@ -96,9 +103,20 @@ void set_expert_gemm_group_for_tests(int tiles);
 // Tests: 1 / 0 force it, -1 the switch.
 bool tc_one_part();
 void set_tc_one_part_for_tests(int mode);
+// The wgmma form (expert_gemm_kernels.cu "The wgmma form"; DS41_TC_FP4_GEMM_WGMMA=1, opt-in): the folded GEMM on
+// Hopper's warpgroup MMA, on a compute capability 9.0 device with the step fold on. The split and the GEMM must
+// run under the same answer: the split then writes the parts in the wgmma form's B layout (a (tile, mma, part)'s
+// four b0 words, then its four b1 words; the same bytes per row). Same terms and order per output as the folded
+// mma form, the fold's vote taken per block of 128 W rows rather than per warp of 32. Tests: 1 / 0 force it,
+// -1 the switch.
+bool expert_gemm_wgmma();
+void set_expert_gemm_wgmma_for_tests(int mode);
 
+// form kWgmma (parts from a kWgmma split): the caller guarantees the scale check's wide count is zero for
+// these experts; expert_gemm_wgmma() must be true.
 Status run_expert_gemm_fp4(const DeviceWeight* weights, const DeviceWeight* weights2, const ExpertGemmUnit* units,
                            int64_t n_units, int64_t out_dim, int64_t in_dim, const uint2* parts, const int32_t* ex,
-                           float* y, float* y2, cudaStream_t stream, int n_parts = 3);
+                           float* y, float* y2, cudaStream_t stream, int n_parts = 3,
+                           ExpertGemmForm form = ExpertGemmForm::kMma);
 
 }  // namespace ds41::cuda

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -133,7 +134,7 @@ struct GemmOut {
   std::vector<float> y, y2;
 };
 GemmOut run_gemm(const Problem& p, const DevWeightList& w1, const DevWeightList* w2, const std::vector<int64_t>& off,
-        int64_t m_pad, int n_parts = 3) {
+        int64_t m_pad, int n_parts = 3, ExpertGemmForm form = ExpertGemmForm::kMma) {
   const int64_t m = off[p.E];
   std::vector<ExpertGemmUnit> units(static_cast<size_t>(expert_gemm_max_units(m, p.E)));
   const int64_t n =
@@ -147,10 +148,10 @@ GemmOut run_gemm(const Problem& p, const DevWeightList& w1, const DevWeightList*
   Dev<float> y(static_cast<size_t>(m_pad * p.out)), y2(static_cast<size_t>(m_pad * p.out));
   cudaMemset(y.p, 0xff, y.n * sizeof(float));  // NaN sentinel
   cudaMemset(y2.p, 0xff, y2.n * sizeof(float));
-  Status s = run_expert_gemm_split(dx.p, p.in, drows.p, m, parts.p, ex.p, nullptr, n_parts);
+  Status s = run_expert_gemm_split(dx.p, p.in, drows.p, m, parts.p, ex.p, nullptr, n_parts, form);
   EXPECT_TRUE(s.ok()) << s.message();
   s = run_expert_gemm_fp4(w1.p(), w2 ? w2->p() : nullptr, du.p, n, p.out, p.in, parts.p, ex.p, y.p,
-                          w2 ? y2.p : nullptr, nullptr, n_parts);
+                          w2 ? y2.p : nullptr, nullptr, n_parts, form);
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return GemmOut{y.get(), y2.get()};
@@ -342,14 +343,18 @@ TEST(ExpertGemmParity, ScaleCheckCountsBytesOutsideTheWindow) {
   DS41_SKIP_WITHOUT_GPU();
   std::vector<HostWeight> w;
   for (int e = 0; e < 3; ++e) w.push_back(parity::make_weight(WeightFormat::kFp4Rows, 40, 128, 42000 + e));
+  int32_t wide = -1;  // the last call's count of (row, step)s spanning more than 15
   auto count = [&](const std::vector<HostWeight>& list) {
     DevWeightList d(list);
-    Dev<int32_t> c(std::vector<int32_t>{0});
-    Status s = run_fp4_scales_outside_window(d.p(), static_cast<int64_t>(list.size()), 40, 128, c.p, nullptr);
+    Dev<int32_t> c(std::vector<int32_t>{0, 0});
+    Status s = run_fp4_scales_outside_window(d.p(), static_cast<int64_t>(list.size()), 40, 128, c.p, nullptr, c.p + 1);
     EXPECT_TRUE(s.ok()) << s.message();
-    return c.get()[0];
+    const std::vector<int32_t> got = c.get();
+    wide = got[1];
+    return got[0];
   };
   EXPECT_EQ(count(w), 0);
+  EXPECT_EQ(wide, 0);
   w[1].scale[7] = 63;   // just under the window
   w[2].scale[0] = 192;  // just over it
   w[2].scale[159] = 255;  // NaN
@@ -358,6 +363,90 @@ TEST(ExpertGemmParity, ScaleCheckCountsBytesOutsideTheWindow) {
   w[2].scale[0] = 191;
   w[2].scale[159] = 120;
   EXPECT_EQ(count(w), 0);
+  EXPECT_EQ(wide, 2) << "the window's bounds 64 and 191 beside bytes of 120..126 span more than 15";
+  w[1].scale[7] = 122;
+  w[2].scale[0] = 122;
+  EXPECT_EQ(count(w), 0);
+  EXPECT_EQ(wide, 0);
+  // Row 3 of expert 0 (its one step: bytes 12..15) spanning 15, then 16; row 9 of expert 2 spanning 40.
+  for (int i = 0; i < 4; ++i) w[0].scale[12 + i] = 100;
+  w[0].scale[13] = 115;
+  EXPECT_EQ(count(w), 0);
+  EXPECT_EQ(wide, 0) << "a step spanning 15 folds";
+  w[0].scale[13] = 116;
+  for (int i = 0; i < 4; ++i) w[2].scale[36 + i] = static_cast<uint8_t>(80 + 40 * (i & 1));
+  EXPECT_EQ(count(w), 0);
+  EXPECT_EQ(wide, 2) << "steps spanning 16 and 40";
+  // Without the wide counter: the window count alone (the mma form's callers).
+  DevWeightList d(w);
+  Dev<int32_t> c(std::vector<int32_t>{0});
+  EXPECT_TRUE(run_fp4_scales_outside_window(d.p(), 3, 40, 128, c.p, nullptr).ok());
+  EXPECT_EQ(c.get()[0], 0);
+}
+
+// The wgmma form (DS41_TC_FP4_GEMM_WGMMA: Hopper's warpgroup MMA, the folded numerics) against the CPU op and the
+// folded mma form: units of 1-33 rows (N = 32 / 64 / 96 columns), output widths past the block, 2 and 5 K steps,
+// three parts and one (quantized rows, units of 96), a pair, and on a device the released shapes (w1 | w3
+// 2304 x 5120 and w2 5120 x 2304, experts of 0-97 rows). Every row within the CPU op's tolerance; the pair's
+// matrices the single launches' bits; a routed row alone in a unit of one the same bits as in full units;
+// rows past the units unwritten; bits differing from the mma form reported (0 required on the host emulator,
+// whose wgmma sums as its mma.sync).
+TEST(ExpertGemmParity, WgmmaFormMatchesTheMmaForm) {
+  DS41_SKIP_WITHOUT_GPU();
+  struct Reset {
+    ~Reset() { set_expert_gemm_wgmma_for_tests(-1); }
+  } reset;
+  set_expert_gemm_wgmma_for_tests(1);
+  if (!expert_gemm_wgmma()) GTEST_SKIP() << "the wgmma form needs a compute capability 9.0 device";
+  const bool emu = std::getenv("DS41_PARITY_SMALL") != nullptr;
+  struct Case {
+    int64_t out, in;
+    std::vector<int64_t> rows;
+    int parts;
+  };
+  std::vector<Case> cases = {
+      {200, 256, {0, 1, 10, 11, 21, 22, 32, 33, 70}, 3},  // N 32 (1-10 rows), 64 (11-21), 96; 2 K steps
+      {136, 640, {5, 0, 64, 2}, 3},                        // 5 K steps, 8 rows in the second block
+      {200, 640, {0, 1, 32, 33, 64, 95, 96, 97, 150}, 1},  // one part: N 32 / 64 / 96 at 1-32 / 33-64 / 65-96 rows
+  };
+  if (!emu) {
+    cases.push_back({2304, 5120, {0, 1, 17, 32, 40, 64, 3, 96}, 3});  // the released w1 | w3
+    cases.push_back({5120, 2304, {2, 0, 31, 33, 96, 7}, 3});          // the released w2
+    cases.push_back({2304, 5120, {0, 1, 95, 96, 97, 40}, 1});
+  }
+  uint64_t seed = 48000;
+  for (const Case& c : cases) {
+    Problem p = problem(c.out, c.in, c.rows, seed += 100);
+    if (c.parts == 1) quant::act_quant_fp8_rows(p.x.data(), static_cast<int64_t>(p.x.size()) / c.in, c.in, p.x.data());
+    const int64_t m = p.off[p.E], m_pad = m + 4;
+    DevWeightList w1(p.w1), w2(p.w2);
+    const std::string shape = "fp4 " + parity::dims({c.out, c.in}) + " E=" + std::to_string(p.E) + " m=" +
+                              std::to_string(m) + (c.parts == 1 ? " one part" : "") + " wgmma";
+    const GemmOut mma = run_gemm(p, w1, &w2, p.off, m_pad, c.parts, ExpertGemmForm::kMma);
+    const GemmOut pair = run_gemm(p, w1, &w2, p.off, m_pad, c.parts, ExpertGemmForm::kWgmma);
+    const GemmOut single1 = run_gemm(p, w1, nullptr, p.off, m_pad, c.parts, ExpertGemmForm::kWgmma);
+    const GemmOut single2 = run_gemm(p, w2, nullptr, p.off, m_pad, c.parts, ExpertGemmForm::kWgmma);
+    std::vector<float> g1(pair.y.begin(), pair.y.begin() + m * c.out), g2(pair.y2.begin(), pair.y2.begin() + m * c.out);
+    const double err = std::max(worst_row_error(g1, cpu_ref(p, p.w1), m, c.out),
+                                worst_row_error(g2, cpu_ref(p, p.w2), m, c.out));
+    parity::report("expert gemm", shape, err, kTol, kWhy);
+    EXPECT_LE(err, kTol) << shape;
+    const size_t differ = parity::count_bit_diffs(pair.y, mma.y) + parity::count_bit_diffs(pair.y2, mma.y2);
+    parity::report("expert gemm", shape + " vs the mma form: bits differing", static_cast<double>(differ),
+                   emu ? 0.0 : static_cast<double>(2 * m * c.out),
+                   "the same terms and order; equal where wgmma sums a k16 slice as mma.sync");
+    if (emu) EXPECT_EQ(differ, 0u) << shape << ": the emulator's wgmma sums as its mma.sync";
+    EXPECT_EQ(parity::count_bit_diffs(pair.y, single1.y), 0u) << shape << ": the pair's first matrix";
+    EXPECT_EQ(parity::count_bit_diffs(pair.y2, single2.y), 0u) << shape << ": the pair's second matrix";
+    size_t touched = 0;
+    for (size_t i = static_cast<size_t>(m * c.out); i < pair.y.size(); ++i)
+      touched += parity::bits_of(pair.y[i]) != 0xffffffffu || parity::bits_of(pair.y2[i]) != 0xffffffffu;
+    EXPECT_EQ(touched, 0u) << shape << ": rows past the units were written";
+    const Problem q = one_row_experts(p);
+    DevWeightList wq(q.w1);
+    const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad, c.parts, ExpertGemmForm::kWgmma);
+    EXPECT_EQ(parity::count_bit_diffs(alone.y, single1.y), 0u) << shape << ": a row alone (N = 32) vs in full units";
+  }
 }
 
 TEST(ExpertGemmParity, RefusesShapesItCannotRun) {

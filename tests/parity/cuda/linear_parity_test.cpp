@@ -1169,7 +1169,13 @@ TEST(LinearParity, NormedGemvCarriesSiteMap) {
           comb[form] = so.comb.get();
           left += so.counters_left();
         }
-        EXPECT_EQ(folded, c.format == WeightFormat::kFp8Tiles) << shape << ": the FP8 GEMV carries the map, BF16's not";
+        // The carrying kernel runs at two rows per block: up to 4 rows always (tc_gemv_kernels.cu pick_nb); past
+        // that a weight of many row groups (the released wq_b) takes more rows per block and the map stays its own
+        // launch (folded false; measured on an H100 at 8 rows).
+        if (n <= 4 || c.out < 4096)
+          EXPECT_EQ(folded, c.format == WeightFormat::kFp8Tiles) << shape << ": the FP8 GEMV carries the map, BF16's not";
+        else
+          EXPECT_FALSE(folded) << shape << ": more rows per block than the carrying kernel's two";
         const size_t d = count_bit_diffs(y[1], y[0]) + count_bit_diffs(pre[1], pre[0]) +
                          count_bit_diffs(post[1], post[0]) + count_bit_diffs(comb[1], comb[0]);
         report("normed gemv + site map", shape + " y, pre, post, comb vs the two launches: bits differing",
