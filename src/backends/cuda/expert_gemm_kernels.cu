@@ -653,6 +653,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       wg::wait<0>();
       wg::fence_operand(d);
+      wg::fence_a(dc.a);  // the chain read them until now
 #pragma unroll
       for (int c = 0; c < N / 8; ++c) {
         acc[4 * c + 0] = __fmaf_rn(d[4 * c + 0], dc.m0, acc[4 * c + 0]);

@@ -11,7 +11,8 @@
 //
 // The calls are warpgroup-collective (all 128 threads, converged). mma_async only issues: D is valid after
 // commit() and wait<0>() (or wait<N> with N newer groups still pending); the A registers and D must not be
-// touched in between (fence_operand keeps the compiler from moving their uses across). fence() (wgmma.fence)
+// touched in between (fence_operand and fence_a after the wait keep the compiler from moving their uses across
+// it or giving their registers to other values before it). fence() (wgmma.fence)
 // comes before the first mma_async after ordinary writes of A or D; fence_proxy_async() after shared
 // memory written by ordinary stores or cp.async, before a barrier that publishes it to mma_async (the async
 // proxy). Without a device (the host SIMT emulator, scripts/cuda-host-emu) mma_rs computes each lane's D
@@ -46,6 +47,15 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void fence_operand(float (&d)[kMaxAcc]) {
 #pragma unroll
   for (int i = 0; i < kMaxAcc; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for A fragments in flight: placed after the wait, it keeps them live (and their registers out of the
+// next decode's hands) until the chain that reads them has completed.
+template <int Q>
+__device__ __forceinline__ void fence_a(uint32_t (&a)[Q][4]) {
+#pragma unroll
+  for (int q = 0; q < Q; ++q)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[q][i])::"memory");
 }
 // The descriptor of a B slice at shared address b (16-byte aligned): start, LBO, SBO (each >> 4), no swizzle.
 __device__ __forceinline__ uint64_t b_desc(const void* b) {
@@ -115,6 +125,8 @@ template <int N>
 __device__ __forceinline__ void wait() {}
 __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void fence_operand(float (&)[kMaxAcc]) {}
+template <int Q>
+__device__ __forceinline__ void fence_a(uint32_t (&)[Q][4]) {}
 template <int N>
 __device__ __forceinline__ void mma(float (&d)[kMaxAcc], const uint32_t (&a)[4], const void* b, int scale_d) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, g = lane & 3;
