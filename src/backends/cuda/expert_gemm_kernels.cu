@@ -528,6 +528,10 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
 //
 // Pipeline: 4 stages (138 KB of shared memory: one block per SM); the copies of step k + 3 go out once every
 // thread has waited for step k - 1's chain (the barrier before step k + 1's decode).
+//
+// Measured (H100, docs/perf session of 2026-12-08 00:14 UTC): the mma form's bits everywhere, but slower (the pair
+// 12.3 ms against 10.4 at 2,048 tokens, the tensor pipe 20 % busy): both forms are bound by the E2M1 decode (each
+// decoded weight feeds only N = 96 MACs), and this one runs one block per SM. Hence opt-in.
 constexpr int kWgThreads = 256, kWgStages = 4;
 constexpr int kWgSmem = kWgStages * kStageBytes;
 constexpr int kSliceBytes = kJ * 32;  // one k16 slice of the unit's 96 B columns (3,072 bytes)
