@@ -210,6 +210,35 @@ __global__ void scales_outside_window_kernel(const DeviceWeight* __restrict__ we
   }
 }
 
+// ---- Shared by both forms ----
+// A block's unit, its expert's matrix (grid z: the pair's second) and that matrix's output.
+struct UnitOperands {
+  ExpertGemmUnit u;
+  DeviceWeight w;
+  float* out;
+};
+__device__ __forceinline__ UnitOperands unit_operands(const DeviceWeight* __restrict__ weights,
+                                                      const DeviceWeight* __restrict__ weights2,
+                                                      const ExpertGemmUnit* __restrict__ units, float* y, float* y2) {
+  const ExpertGemmUnit u = units[blockIdx.y];
+  const bool second = blockIdx.z != 0;
+  return UnitOperands{u, (second ? weights2 : weights)[u.expert], second ? y2 : y};
+}
+// A chain's m16n8 tile t into the accumulators: row r's entries (0, 1) times m0, row r + 8's (2, 3) times m1.
+__device__ __forceinline__ void fold_tile(float* __restrict__ ac, const float* __restrict__ t, float m0, float m1) {
+  ac[0] = __fmaf_rn(t[0], m0, ac[0]);
+  ac[1] = __fmaf_rn(t[1], m0, ac[1]);
+  ac[2] = __fmaf_rn(t[2], m1, ac[2]);
+  ac[3] = __fmaf_rn(t[3], m1, ac[3]);
+}
+// A routed row's output from its parts: hi + (lo + lo2) (or the one part) times 2^(e + 14).
+template <int kP>
+__device__ __forceinline__ float parts_output(const float (&part)[kP], int32_t e) {
+  float sum = part[0];
+  if constexpr (kP == 3) sum = part[0] + (part[1] + part[2]);
+  return scalbnf(sum, e + 14);
+}
+
 // ---- The GEMM ----
 struct Stage {
   uint2* xs;     // [tile][mma][column][lane group]
@@ -234,10 +263,10 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
   constexpr int kThreads = L::kThreads, kNTW = L::kNTW;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, g = lane & 3;
   const int wm = warp % kWarpsM, wn = warp / kWarpsM;  // the warp's W rows and column tiles
-  const ExpertGemmUnit u = units[blockIdx.y];
-  const bool second = blockIdx.z != 0;
-  const DeviceWeight w = (second ? weights2 : weights)[u.expert];
-  float* __restrict__ out = second ? y2 : y;
+  const UnitOperands uo = unit_operands(weights, weights2, units, y, y2);
+  const ExpertGemmUnit u = uo.u;
+  const DeviceWeight w = uo.w;
+  float* __restrict__ out = uo.out;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int tiles = static_cast<int>(in / 32), steps = tiles / kStepTiles;
   const int nrows = u.rows, nt = (kP * nrows + 7) / 8;
@@ -383,11 +412,7 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
                   mma_16816<false>(d, a0, bf[j][0].x, bf[j][0].y);
                   mma_16816<false>(d, a1, bf[j][1].x, bf[j][1].y);
                 }
-                float* ac = acc[mq + q][c];
-                ac[0] = __fmaf_rn(d[0], m0[q], ac[0]);
-                ac[1] = __fmaf_rn(d[1], m0[q], ac[1]);
-                ac[2] = __fmaf_rn(d[2], m1[q], ac[2]);
-                ac[3] = __fmaf_rn(d[3], m1[q], ac[3]);
+                fold_tile(acc[mq + q][c], d, m0[q], m1[q]);
               }
             }
           }
@@ -420,11 +445,7 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
               for (int ci = 0; ci < kCG; ++ci)
 #pragma unroll
                 for (int q = 0; q < kMtPer; ++q) {
-                  float* ac = acc[mq + q][cg + ci];
-                  ac[0] = __fmaf_rn(d[ci][q][0], m0[q], ac[0]);
-                  ac[1] = __fmaf_rn(d[ci][q][1], m0[q], ac[1]);
-                  ac[2] = __fmaf_rn(d[ci][q][2], m1[q], ac[2]);
-                  ac[3] = __fmaf_rn(d[ci][q][3], m1[q], ac[3]);
+                  fold_tile(acc[mq + q][cg + ci], d[ci][q], m0[q], m1[q]);
                 }
             }
           }
@@ -464,10 +485,7 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
               float d[4] = {0.f, 0.f, 0.f, 0.f};
               mma_16816<false>(d, a0[mt], b0.x, b0.y);
               mma_16816<false>(d, a1[mt], b1.x, b1.y);
-              acc[mt][c][0] = __fmaf_rn(d[0], m0[mt], acc[mt][c][0]);
-              acc[mt][c][1] = __fmaf_rn(d[1], m0[mt], acc[mt][c][1]);
-              acc[mt][c][2] = __fmaf_rn(d[2], m1[mt], acc[mt][c][2]);
-              acc[mt][c][3] = __fmaf_rn(d[3], m1[mt], acc[mt][c][3]);
+              fold_tile(acc[mt][c], d, m0[mt], m1[mt]);
             }
           }
         }
@@ -500,9 +518,7 @@ __global__ void __launch_bounds__(Layout<WN>::kThreads, 2)
       part[p] = red[(((wp * 2 + mt) * kNTW + c) * 4 + i) * 32 + ln];
     }
     const int64_t rowg = static_cast<int64_t>(u.row0) + b;
-    float sum = part[0];
-    if constexpr (kP == 3) sum = part[0] + (part[1] + part[2]);
-    out[rowg * out_dim + o] = scalbnf(sum, ex[rowg] + 14);
+    out[rowg * out_dim + o] = parts_output(part, ex[rowg]);
   }
 }
 
@@ -549,10 +565,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   uint8_t* const sm = reinterpret_cast<uint8_t*>(smem);
   dev::pdl_enter();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = lane >> 2, g = lane & 3;
-  const ExpertGemmUnit u = units[blockIdx.y];
-  const bool second = blockIdx.z != 0;
-  const DeviceWeight w = (second ? weights2 : weights)[u.expert];
-  float* __restrict__ out = second ? y2 : y;
+  const UnitOperands uo = unit_operands(weights, weights2, units, y, y2);
+  const ExpertGemmUnit u = uo.u;
+  const DeviceWeight w = uo.w;
+  float* __restrict__ out = uo.out;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int tiles = static_cast<int>(in / 32), steps = tiles / kStepTiles;
   const int nrows = u.rows;
@@ -659,12 +675,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wg::fence_operand(d);
       wg::fence_a(dc.a);  // the chain read them until now
 #pragma unroll
-      for (int c = 0; c < N / 8; ++c) {
-        acc[4 * c + 0] = __fmaf_rn(d[4 * c + 0], dc.m0, acc[4 * c + 0]);
-        acc[4 * c + 1] = __fmaf_rn(d[4 * c + 1], dc.m0, acc[4 * c + 1]);
-        acc[4 * c + 2] = __fmaf_rn(d[4 * c + 2], dc.m1, acc[4 * c + 2]);
-        acc[4 * c + 3] = __fmaf_rn(d[4 * c + 3], dc.m1, acc[4 * c + 3]);
-      }
+      for (int c = 0; c < N / 8; ++c) fold_tile(acc + 4 * c, d + 4 * c, dc.m0, dc.m1);
     };
     for (int k = 0; k < steps; k += 2) {
       step(std::integral_constant<int, 0>{}, k);
@@ -700,9 +711,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       part[p] = red[(wp * wg::kMaxAcc + e) * 32 + ln];
     }
     const int64_t rowg = static_cast<int64_t>(u.row0) + b;
-    float sum = part[0];
-    if constexpr (kP == 3) sum = part[0] + (part[1] + part[2]);
-    out[rowg * out_dim + o] = scalbnf(sum, ex[rowg] + 14);
+    out[rowg * out_dim + o] = parts_output(part, ex[rowg]);
   }
 }
 

@@ -157,6 +157,21 @@ GemmOut run_gemm(const Problem& p, const DevWeightList& w1, const DevWeightList*
   return GemmOut{y.get(), y2.get()};
 }
 
+// Entries of both outputs past the first m rows that a run wrote (their NaN sentinel changed).
+size_t written_past_units(const GemmOut& o, int64_t m, int64_t out) {
+  size_t n = 0;
+  for (size_t i = static_cast<size_t>(m * out); i < o.y.size(); ++i)
+    n += parity::bits_of(o.y[i]) != 0xffffffffu || parity::bits_of(o.y2[i]) != 0xffffffffu;
+  return n;
+}
+
+// The first matrix with every routed row alone in a unit of one (row-count invariance's other side).
+GemmOut rows_alone(const Problem& p, int64_t m_pad, int n_parts = 3, ExpertGemmForm form = ExpertGemmForm::kMma) {
+  const Problem q = one_row_experts(p);
+  DevWeightList wq(q.w1);
+  return run_gemm(q, wq, nullptr, q.off, m_pad, n_parts, form);
+}
+
 TEST(ExpertGemmParity, MatchesTheCpuOp) {
   DS41_SKIP_WITHOUT_GPU();
   struct Case {
@@ -190,10 +205,7 @@ TEST(ExpertGemmParity, MatchesTheCpuOp) {
     EXPECT_LE(worst_row_error(g2, cpu_ref(p, p.w2), m, c.out), kTol) << shape;
     EXPECT_EQ(parity::count_bit_diffs(pair.y, single1.y), 0u) << shape << ": the pair's first matrix";
     EXPECT_EQ(parity::count_bit_diffs(pair.y2, single2.y), 0u) << shape << ": the pair's second matrix";
-    size_t touched = 0;
-    for (size_t i = static_cast<size_t>(m * c.out); i < pair.y.size(); ++i)
-      touched += parity::bits_of(pair.y[i]) != 0xffffffffu || parity::bits_of(pair.y2[i]) != 0xffffffffu;
-    EXPECT_EQ(touched, 0u) << shape << ": rows past the units were written";
+    EXPECT_EQ(written_past_units(pair, m, c.out), 0u) << shape << ": rows past the units were written";
     // Row-count invariance: every routed row alone in its own unit.
     const Problem q = one_row_experts(p);
     if (q.E == 0) continue;
@@ -277,9 +289,7 @@ TEST(ExpertGemmParity, StepFoldMatchesTheCpuOp) {
   EXPECT_EQ(same_wide, wide) << shape << ": a warp with a row spanning 16 must take the per-tile products";
   EXPECT_GT(differ_folded, 0u) << shape << ": the folded rows gave the per-tile bits everywhere (fold not taken?)";
   // Row-count invariance under the fold: every routed row alone in a unit of one.
-  const Problem q = one_row_experts(p);
-  DevWeightList wq(q.w1);
-  const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad);
+  const GemmOut alone = rows_alone(p, m_pad);
   set_expert_gemm_fold_for_tests(-1);
   EXPECT_EQ(parity::count_bit_diffs(alone.y, fold_single.y), 0u) << shape << ": a row alone vs in full units";
 }
@@ -326,13 +336,8 @@ TEST(ExpertGemmParity, OnePartOnQuantizedRowsKeepsTheThreePartsBits) {
                                   worst_row_error(g2, cpu_ref(p, p.w2), m, p.out));
       parity::report("expert gemm", shape + (fold ? " folded" : ""), err, kTol, kWhy);
       EXPECT_LE(err, kTol) << shape;
-      size_t touched = 0;
-      for (size_t i = static_cast<size_t>(m * p.out); i < one.y.size(); ++i)
-        touched += parity::bits_of(one.y[i]) != 0xffffffffu || parity::bits_of(one.y2[i]) != 0xffffffffu;
-      EXPECT_EQ(touched, 0u) << shape << ": rows past the units were written";
-      const Problem q = one_row_experts(p);
-      DevWeightList wq(q.w1);
-      const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad, 1);
+      EXPECT_EQ(written_past_units(one, m, p.out), 0u) << shape << ": rows past the units were written";
+      const GemmOut alone = rows_alone(p, m_pad, 1);
       EXPECT_EQ(parity::count_bit_diffs(alone.y, one_single.y), 0u) << shape << ": a row alone vs in full units";
     }
     set_expert_gemm_fold_for_tests(-1);
@@ -438,13 +443,8 @@ TEST(ExpertGemmParity, WgmmaFormMatchesTheMmaForm) {
     if (emu) EXPECT_EQ(differ, 0u) << shape << ": the emulator's wgmma sums as its mma.sync";
     EXPECT_EQ(parity::count_bit_diffs(pair.y, single1.y), 0u) << shape << ": the pair's first matrix";
     EXPECT_EQ(parity::count_bit_diffs(pair.y2, single2.y), 0u) << shape << ": the pair's second matrix";
-    size_t touched = 0;
-    for (size_t i = static_cast<size_t>(m * c.out); i < pair.y.size(); ++i)
-      touched += parity::bits_of(pair.y[i]) != 0xffffffffu || parity::bits_of(pair.y2[i]) != 0xffffffffu;
-    EXPECT_EQ(touched, 0u) << shape << ": rows past the units were written";
-    const Problem q = one_row_experts(p);
-    DevWeightList wq(q.w1);
-    const GemmOut alone = run_gemm(q, wq, nullptr, q.off, m_pad, c.parts, ExpertGemmForm::kWgmma);
+    EXPECT_EQ(written_past_units(pair, m, c.out), 0u) << shape << ": rows past the units were written";
+    const GemmOut alone = rows_alone(p, m_pad, c.parts, ExpertGemmForm::kWgmma);
     EXPECT_EQ(parity::count_bit_diffs(alone.y, single1.y), 0u) << shape << ": a row alone (N = 32) vs in full units";
   }
 }
